@@ -1,0 +1,51 @@
+"""trainfit: find the fastest training configuration that fits in memory, by measurement.
+
+Public API (heavy libraries such as torch are imported only when used)::
+
+    import trainfit
+    spec = trainfit.load_spec("examples/tiny-llama.yaml", ["batch_size=8"])
+    m = trainfit.run_probe(spec)
+    print(m.status, m.samples_per_second, m.peak_memory_bytes)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Params": "trainfit.params",
+    "Spec": "trainfit.spec",
+    "load_spec": "trainfit.spec",
+    "TrainfitError": "trainfit.errors",
+    "SpecError": "trainfit.errors",
+    "CustomWorkload": "trainfit.workloads.factory",
+    "Measurement": "trainfit.probe.measurement",
+    "run_probe": "trainfit.probe.runner",
+    "LengthStats": "trainfit.data.stats",
+    "LengthRecipe": "trainfit.data.lengths",
+    "count_lengths": "trainfit.data.lengths",
+    "summarize": "trainfit.data.stats",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+if TYPE_CHECKING:
+    from trainfit.data.lengths import LengthRecipe, count_lengths
+    from trainfit.data.stats import LengthStats, summarize
+    from trainfit.errors import SpecError, TrainfitError
+    from trainfit.params import Params
+    from trainfit.probe.measurement import Measurement
+    from trainfit.probe.runner import run_probe
+    from trainfit.spec import Spec, load_spec
+    from trainfit.workloads.factory import CustomWorkload
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainfit' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,5 @@
+import sys
+
+from trainfit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,55 @@
+"""The ``trainfit`` command. Each sub-command is a module with ``add_parser`` and ``run(args) -> int``;
+they compute with library functions and render separately. Errors a user can fix are printed
+without a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("analyze", "probe", "env")
+
+DESCRIPTION = """\
+Find the fastest training configuration that fits in memory, prove it by measurement.
+
+  trainfit analyze data.jsonl --text-field text --tokenizer ./tok   lengths, percentiles, padding
+  trainfit probe spec.yaml --set batch_size=8                       measure one configuration
+  trainfit env                                                      devices and versions
+
+Run `trainfit COMMAND --help` for the options of each command.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainfit", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"trainfit {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"trainfit.cli.{name}").add_parser(sub)
+    return parser
+
+
+def _version() -> str:
+    from trainfit import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainfit.errors import TrainfitError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args))
+    except TrainfitError as err:
+        print(f"trainfit {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ntrainfit {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,53 @@
+"""Arguments shared by the commands that take a spec."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from trainfit.errors import TrainfitError
+
+
+def add_spec_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="YAML spec (see examples/tiny-llama.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec value; a bare key is a knob under params "
+                        "(--set batch_size=8 --set budget.memory_gb=22); repeatable")
+    p.add_argument("--memory-gb", type=float, help="memory budget in GiB (same as --set budget.memory_gb=...)")
+    p.add_argument("--device", help="auto, cpu, cuda or cuda:N (same as --set probe.device=...)")
+    p.add_argument("--lengths", metavar="JSON",
+                   help="length analysis from `trainfit analyze --json` (default: computed and cached)")
+
+
+def spec_from_args(args: argparse.Namespace):
+    from trainfit.spec import load_spec
+
+    overrides = list(args.overrides)
+    if args.memory_gb is not None:
+        overrides.append(f"budget.memory_gb={args.memory_gb}")
+    if args.device is not None:
+        overrides.append(f"probe.device={args.device}")
+    return load_spec(args.spec, overrides)
+
+
+def stats_from_args(args: argparse.Namespace, spec, progress: bool = True):
+    """The spec's length analysis: the --lengths file when given (checked against the data), else computed."""
+    from trainfit.data.stats import LengthStats
+
+    if args.lengths:
+        path = Path(args.lengths)
+        if not path.is_file():
+            raise TrainfitError(f"--lengths {path} not found", "create it with `trainfit analyze ... --json FILE`")
+        try:
+            stats = LengthStats.from_dict(json.loads(path.read_text()))
+        except (ValueError, TypeError) as err:
+            raise TrainfitError(f"{path} is not a trainfit length analysis ({err})") from None
+        if spec.data is not None and Path(stats.source).resolve() != Path(spec.data.path).resolve():
+            print(f"warning: {path} analyzed {stats.source}, but the spec's data is {spec.data.path}")
+        return stats
+    if spec.data is None:
+        return None
+    from trainfit.data.analyze import analyze_spec
+
+    return analyze_spec(spec, progress=progress)

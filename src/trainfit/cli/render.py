@@ -1,0 +1,83 @@
+"""Turn results into text for a terminal. Nothing here computes; it only formats."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trainfit.probe.measurement import Measurement
+from trainfit.progress import format_duration
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_num(x: float | None, digits: int = 3) -> str:
+    if x is None:
+        return "n/a"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
+    """Left-aligned columns; the first row may be a header."""
+    cells = [[str(c) for c in r] for r in ([header] if header else []) + list(rows)]
+    if not cells:
+        return ""
+    widths = [max(len(r[i]) for r in cells if i < len(r)) for i in range(max(map(len, cells)))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    if header:
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def config_line(config: dict[str, Any]) -> str:
+    lora = config.get("lora_r") is not None
+    return " ".join(f"{k}={v}" for k, v in config.items() if v is not None and (lora or not k.startswith("lora_")))
+
+
+def measurement_report(m: Measurement) -> str:
+    rows: list[tuple[str, str]] = [("status", m.status.upper() if m.status != "ok" else "ok")]
+    if m.status == "ok":
+        ci = f" +-{m.step_time_ci95_rel:.1%} (95% CI)" if m.step_time_ci95_rel is not None else ""
+        rows += [
+            ("samples/s", fmt_num(m.samples_per_second)),
+            ("tokens/s", f"{fmt_num(m.tokens_per_second)} (real tokens, padding excluded)"),
+            ("step time", f"{m.step_time_median_s:.4g} s median, {m.step_time_mean_s:.4g} s mean{ci}, "
+                          f"{m.steps_measured} steps, {'stable' if m.stable else 'NOT stable (step/time cap hit)'}"),
+            ("per step", f"{m.samples_per_step} samples, {fmt_num(m.real_tokens_per_step)} real / "
+                         f"{fmt_num(m.padded_tokens_per_step)} padded tokens"),
+        ]
+    kind = "max reserved (CUDA allocator)" if m.device.startswith("cuda") else "peak RSS of the probe process"
+    mem = f"{fmt_bytes(m.peak_memory_bytes)} ({kind})"
+    if m.budget_memory_gb is not None and m.status in ("ok", "oom"):
+        verdict = "fits" if m.fits else "does NOT fit"
+        mem += f"; budget {m.budget_memory_gb:g} GiB - headroom {m.budget_headroom_gb:g} GiB: {verdict}"
+    rows.append(("peak memory", mem))
+    if m.alloc_retries:
+        rows.append(("alloc retries", str(m.alloc_retries)))
+    if m.status == "ok":
+        mfu = "n/a (no peak FLOP/s on record for this device)" if m.mfu is None else \
+            f"{m.mfu:.1%} (HFU {m.hfu:.1%}; peak from {m.peak_flops_source})"
+        rows.append(("MFU", mfu))
+    if m.worst_case_lengths:
+        rows.append(("worst-case batch", f"{len(m.worst_case_lengths)} x {max(m.worst_case_lengths)} "
+                                         f"(the longest samples)"))
+    rows.append(("device", f"{m.device} ({m.device_name})" if m.device_name else m.device))
+    if m.phases_s:
+        phases = ", ".join(f"{k} {v:.1f}s" for k, v in m.phases_s.items())
+        rows.append(("time", f"{phases}; wall {format_duration(m.wall_time_s)} ({m.wall_time_s:.1f}s)"
+                     if m.wall_time_s else phases))
+    for note in m.notes:
+        rows.append(("note", note))
+    out = table(rows)
+    if m.message:
+        out += "\n\n" + m.message
+    return out

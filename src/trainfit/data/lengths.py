@@ -1,0 +1,358 @@
+"""Count every sample's length (tokens, or a numeric field) with caching and resume.
+
+The count is the expensive pass over a dataset. It streams rows in batches, tokenizes each batch
+with the fast tokenizer (which uses all cores), checkpoints to a cache folder every few seconds
+and, when interrupted and run again, continues from the last checkpoint. A finished count is
+keyed by (file fingerprint, tokenizer, fields), so a repeat is instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainfit.data.readers import BadRow, detect_format, fingerprint, iter_rows
+from trainfit.errors import TrainfitError
+from trainfit.progress import Progress
+
+BAD = -1  # length recorded for a row that could not be read
+_WORDS = re.compile(r"\w+|[^\w\s]")
+FALLBACK_DESCRIPTION = ("no tokenizer given: lengths are regex word pieces (runs of letters/digits and "
+                        "single punctuation marks), an approximation of a subword tokenizer's count; "
+                        "give --tokenizer for exact counts")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LengthRecipe:
+    """How one row's length is obtained."""
+
+    text_fields: tuple[str, ...] = ()
+    messages_field: str | None = None
+    length_field: str | None = None
+    length_scale: float = 1.0
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        given = sum(bool(x) for x in (self.text_fields, self.messages_field, self.length_field))
+        if given != 1:
+            raise TrainfitError("say how long a sample is: give one of a text field, a messages field "
+                                "or a length field", "e.g. --text-field text or --length-field duration_s")
+
+    @property
+    def fields(self) -> list[str]:
+        return list(self.text_fields) or [self.messages_field or self.length_field]  # type: ignore[list-item]
+
+    def describe(self) -> str:
+        if self.length_field:
+            scale = f" x {self.length_scale:g}" if self.length_scale != 1 else ""
+            return f"numeric field {self.length_field!r}{scale}, rounded up to whole positions"
+        what = f"chat messages in {self.messages_field!r}" if self.messages_field else \
+            f"text in {', '.join(map(repr, self.text_fields))}"
+        how = f"tokenized with {self.tokenizer}" if self.tokenizer else FALLBACK_DESCRIPTION
+        return f"{what}, {how}"
+
+
+class _Tokenizer:
+    """A uniform ``count(texts) -> lengths`` over tokenizers, transformers or the fallback."""
+
+    def __init__(self, path: str | None, need_chat: bool) -> None:
+        self.path = path
+        self.fast = None  # tokenizers.Tokenizer
+        self.hf = None  # transformers tokenizer, for chat templates
+        self.chat_note: str | None = None
+        if path is None:
+            return
+        p = Path(path)
+        tok_json = p if p.is_file() else p / "tokenizer.json"
+        if tok_json.is_file():
+            from tokenizers import Tokenizer
+
+            try:
+                self.fast = Tokenizer.from_file(str(tok_json))
+            except Exception as err:  # a corrupt or foreign file
+                raise TrainfitError(f"cannot load tokenizer {tok_json}: {err}") from None
+        if p.is_dir() and (need_chat or self.fast is None):
+            from transformers import AutoTokenizer
+
+            try:
+                self.hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+            except Exception as err:
+                raise TrainfitError(f"cannot load tokenizer folder {p}: {err}",
+                                    "give a folder saved with tokenizer.save_pretrained") from None
+        if self.fast is None and self.hf is None:
+            raise TrainfitError(f"{path} is not a tokenizer", "give a tokenizer folder or a tokenizer.json file")
+        if need_chat and (self.hf is None or not getattr(self.hf, "chat_template", None)):
+            self.chat_note = "the tokenizer has no chat template: messages rendered as 'role: content' lines"
+
+    def count(self, texts: list[str], add_special_tokens: bool = True) -> list[int]:
+        if self.fast is not None:
+            return [len(e.ids) for e in self.fast.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        if self.hf is not None:
+            return [len(ids) for ids in self.hf(texts, add_special_tokens=add_special_tokens)["input_ids"]]
+        return [len(_WORDS.findall(t)) for t in texts]
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        if self.hf is not None and not self.chat_note:
+            return self.hf.apply_chat_template(messages, tokenize=False)
+        return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
+
+
+@dataclass
+class LengthTable:
+    """Per-row lengths of one dataset (``BAD`` where a row was unreadable) and how they were made."""
+
+    lengths: np.ndarray
+    description: str
+    source: str
+    source_fingerprint: str
+    bad_rows: int = 0
+    bad_examples: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    from_cache: bool = False
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.lengths[self.lengths != BAD]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("TRAINFIT_CACHE", Path.home() / ".cache" / "trainfit")) / "lengths"
+
+
+def _tokenizer_id(path: str | None) -> str:
+    if path is None:
+        return "fallback-regex-v1"
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(q for q in p.iterdir() if q.is_file() and q.suffix in (".json", ".model", ".txt"))
+    h = hashlib.sha256()
+    for q in files:
+        h.update(q.name.encode())
+        h.update(q.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def estimate_rows(path: Path, fmt: str) -> int | None:
+    """Row count for a progress ETA: exact for columnar formats, newline count for line formats."""
+    kind = detect_format(path, fmt)
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if kind in ("jsonl", "text", "csv", "tsv"):
+        n = 0
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                n += chunk.count(b"\n")
+        return max(n - (1 if kind in ("csv", "tsv") else 0), 0)
+    return None
+
+
+def _row_value(row: dict[str, Any], name: str) -> Any:
+    if name in row:
+        return row[name]
+    raise KeyError(name)
+
+
+class _Checkpoint:
+    """The cache folder of one count: ``lengths.npy`` when done, else partial lengths + progress."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.final = folder / "lengths.npy"
+        self.meta = folder / "meta.json"
+        self.partial = folder / "partial.i32"
+        self.progress = folder / "progress.json"
+
+    def load_final(self) -> tuple[np.ndarray, dict[str, Any]] | None:
+        if self.final.exists() and self.meta.exists():
+            return np.load(self.final), json.loads(self.meta.read_text())
+        return None
+
+    def load_partial(self) -> tuple[list[int], dict[str, Any]]:
+        if not (self.partial.exists() and self.progress.exists()):
+            return [], {}
+        state = json.loads(self.progress.read_text())
+        rows = int(state.get("rows", 0))
+        data = np.fromfile(self.partial, dtype=np.int32)
+        if len(data) < rows:  # the progress file is written after the data: never ahead of it
+            return [], {}
+        return data[:rows].tolist(), state
+
+    def save_partial(self, lengths_tail: list[int], state: dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self.partial.open("r+b" if self.partial.exists() else "wb") as f:
+            f.seek(4 * (state["rows"] - len(lengths_tail)))
+            np.asarray(lengths_tail, dtype=np.int32).tofile(f)
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
+        tmp = self.progress.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.progress)
+
+    def save_final(self, lengths: np.ndarray, meta: dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        np.save(self.final.with_suffix(".tmp.npy"), lengths)
+        self.final.with_suffix(".tmp.npy").replace(self.final)
+        self.meta.write_text(json.dumps(meta))
+        for p in (self.partial, self.progress):
+            p.unlink(missing_ok=True)
+
+
+def _batches(rows: Iterator[tuple[int, Any]], size: int) -> Iterator[list[tuple[int, Any]]]:
+    batch: list[tuple[int, Any]] = []
+    for item in rows:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def count_lengths(
+    path: str | Path,
+    recipe: LengthRecipe,
+    *,
+    fmt: str = "auto",
+    on_bad_row: str = "stop",
+    cache_dir: Path | None = None,
+    use_cache: bool = True,
+    batch_rows: int = 2000,
+    checkpoint_every_s: float = 2.0,
+    progress: bool = True,
+    on_batch: Callable[[int], None] | None = None,
+) -> LengthTable:
+    """Length of every row of ``path``; resumes an interrupted count and reuses a finished one.
+
+    Raises:
+        TrainfitError: the file is missing or empty, the field does not exist (the message names
+            the fields that do), or a row is malformed while ``on_bad_row='stop'``.
+    """
+    import time
+
+    path = Path(path)
+    if not path.exists():
+        raise TrainfitError(f"{path} does not exist", "check the dataset path")
+    fp = fingerprint(path)
+    key_src = json.dumps([fp, _tokenizer_id(recipe.tokenizer), recipe.text_fields, recipe.messages_field,
+                          recipe.length_field, recipe.length_scale, detect_format(path, fmt)])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
+    ckpt = _Checkpoint((cache_dir or default_cache_dir()) / key)
+    description = recipe.describe()
+
+    if use_cache and (hit := ckpt.load_final()):
+        lengths, meta = hit
+        return LengthTable(lengths=lengths, description=description, source=str(path), source_fingerprint=fp,
+                           bad_rows=meta["bad_rows"], bad_examples=meta["bad_examples"], notes=meta["notes"],
+                           from_cache=True)
+
+    tokenizer = None if recipe.length_field else _Tokenizer(recipe.tokenizer, need_chat=bool(recipe.messages_field))
+    done, state = ckpt.load_partial() if use_cache else ([], {})
+    bad_rows = int(state.get("bad_rows", 0))
+    bad_examples: list[dict[str, Any]] = list(state.get("bad_examples", []))
+    notes: list[str] = [tokenizer.chat_note] if tokenizer is not None and tokenizer.chat_note else []
+    resumed_at = len(done)
+    lengths: list[int] = done
+    pending: list[int] = []
+
+    bar = Progress(f"counting {path.name}", total=estimate_rows(path, fmt), enabled=progress, done=resumed_at)
+    if resumed_at:
+        notes.append(f"resumed an interrupted count at row {resumed_at:,}")
+    last_ckpt = time.perf_counter()
+    rows = iter_rows(path, fmt, columns=recipe.fields)
+
+    def bad(index: int, row: BadRow | None, reason: str | None = None) -> None:
+        nonlocal bad_rows
+        reason = reason or (row.reason if row else "unreadable")
+        line = row.line if row is not None else None
+        where = f"line {line}" if line is not None else f"row {index}"
+        if on_bad_row == "stop":
+            raise TrainfitError(f"{path.name}, {where}: {reason}",
+                                "fix the row, or pass --on-bad-row skip (data.on_bad_row: skip) to count and skip such rows")
+        bad_rows += 1
+        if len(bad_examples) < 20:
+            bad_examples.append({"row": index, "line": line, "reason": reason})
+
+    seen_first = resumed_at > 0
+    for batch in _batches(rows, batch_rows):
+        if batch[-1][0] < resumed_at:
+            continue
+        batch = [(i, r) for i, r in batch if i >= resumed_at]
+        texts: list[str] = []
+        slots: list[int] = []  # position in `out` for each text
+        out: list[int] = []
+        for index, row in batch:
+            out.append(BAD)
+            if isinstance(row, BadRow):
+                bad(index, row)
+                continue
+            try:
+                if recipe.length_field:
+                    value = _row_value(row, recipe.length_field)
+                    out[-1] = int(np.ceil(float(value) * recipe.length_scale))
+                    if out[-1] < 0:
+                        out[-1] = BAD
+                        bad(index, None, f"negative length {value!r} in {recipe.length_field!r}")
+                    continue
+                if recipe.messages_field:
+                    messages = _row_value(row, recipe.messages_field)
+                    if not isinstance(messages, list):
+                        raise TypeError(f"{recipe.messages_field!r} is not a list of messages")
+                    text = tokenizer.render_chat(messages)  # type: ignore[union-attr]
+                else:
+                    parts = [_row_value(row, f) for f in recipe.text_fields]
+                    text = "\n".join("" if p is None else str(p) for p in parts)
+            except KeyError as err:
+                if not seen_first:
+                    raise TrainfitError(f"{path.name} has no field {err.args[0]!r}",
+                                        f"fields in the first row: {', '.join(map(str, row))}") from None
+                bad(index, None, f"missing field {err.args[0]!r}")
+                continue
+            except (TypeError, ValueError) as err:
+                bad(index, None, str(err))
+                continue
+            finally:
+                seen_first = True
+            texts.append(text)
+            slots.append(len(out) - 1)
+        if texts:
+            add_special = not recipe.messages_field or tokenizer.chat_note is not None  # type: ignore[union-attr]
+            for slot, n in zip(slots, tokenizer.count(texts, add_special_tokens=add_special)):  # type: ignore[union-attr]
+                out[slot] = n
+        lengths.extend(out)
+        pending.extend(out)
+        bar.update(len(lengths))
+        if on_batch is not None:
+            on_batch(len(lengths))
+        if use_cache and time.perf_counter() - last_ckpt >= checkpoint_every_s:
+            ckpt.save_partial(pending, {"rows": len(lengths), "bad_rows": bad_rows, "bad_examples": bad_examples})
+            pending, last_ckpt = [], time.perf_counter()
+
+    bar.close()
+    if not lengths:
+        raise TrainfitError(f"{path} has no rows", "check the file is the dataset you meant")
+    array = np.asarray(lengths, dtype=np.int32)
+    if (array == BAD).all():
+        raise TrainfitError(f"no row of {path.name} could be read ({bad_rows} bad rows)",
+                            f"first problem: {bad_examples[0]['reason'] if bad_examples else 'unknown'}")
+    if use_cache:
+        ckpt.save_final(array, {"bad_rows": bad_rows, "bad_examples": bad_examples,
+                                "notes": [n for n in notes if not n.startswith("resumed")]})
+    return LengthTable(lengths=array, description=description, source=str(path), source_fingerprint=fp,
+                       bad_rows=bad_rows, bad_examples=bad_examples, notes=notes)
+
+
+def iter_texts(path: str | Path, field_name: str, fmt: str = "auto") -> Iterable[str]:
+    """The raw text of one field, row by row (for benchmarks that tokenize without trainfit)."""
+    for _, row in iter_rows(path, fmt, columns=[field_name]):
+        if isinstance(row, dict) and field_name in row:
+            yield str(row[field_name])

@@ -1,0 +1,235 @@
+"""Stream rows out of dataset files, one at a time, in bounded memory.
+
+Every reader yields ``(row_index, row)`` where ``row`` is a dict (or a :class:`BadRow` for a line
+that could not be parsed), so callers can report exact positions and apply their own policy.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainfit.errors import TrainfitError
+
+FORMATS = ("jsonl", "json", "csv", "tsv", "parquet", "text", "hf")
+_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
+             ".parquet": "parquet", ".txt": "text", ".text": "text"}
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """A row that could not be read; ``line`` is 1-based in the file where that makes sense."""
+
+    line: int | None
+    reason: str
+
+
+def detect_format(path: Path, fmt: str = "auto") -> str:
+    """The reader to use for ``path``; ``fmt`` other than auto wins."""
+    if fmt != "auto":
+        return fmt
+    if path.is_dir():
+        if (path / "state.json").exists() or (path / "dataset_info.json").exists():
+            return "hf"
+        raise TrainfitError(f"{path} is a folder but not a Hugging Face save_to_disk dataset",
+                            "point at a file, or at a folder holding state.json and *.arrow")
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        # A .json file may still be JSON lines: peek at the first non-blank character.
+        with path.open("rb") as f:
+            head = f.read(4096).lstrip()
+        return "json" if head.startswith(b"[") else "jsonl"
+    if suffix in _SUFFIXES:
+        return _SUFFIXES[suffix]
+    raise TrainfitError(f"cannot tell the format of {path.name}",
+                        f"pass --format (one of {', '.join(FORMATS)})")
+
+
+def _jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    with path.open("rb") as f:
+        index = 0
+        for line_no, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                row = BadRow(line_no, f"not UTF-8 ({err.reason} at byte {err.start})")
+            except json.JSONDecodeError as err:
+                row = BadRow(line_no, f"invalid JSON ({err.msg} at column {err.colno})")
+            else:
+                if not isinstance(row, dict):
+                    row = BadRow(line_no, f"expected a JSON object, got {type(row).__name__}")
+            yield index, row
+            index += 1
+
+
+def _json_array(path: Path, chunk_size: int = 1 << 20) -> Iterator[tuple[int, Any]]:
+    """Stream the elements of a top-level JSON array without loading the whole file."""
+    decoder = json.JSONDecoder()
+    with path.open("r", encoding="utf-8", errors="strict") as f:
+        buf, pos, index, started = "", 0, 0, False
+        eof = False
+        while True:
+            # Skip separators; refill the buffer when it runs low.
+            while True:
+                while pos < len(buf) and buf[pos] in " \t\r\n,":
+                    pos += 1
+                if pos < len(buf) or eof:
+                    break
+                try:
+                    more = f.read(chunk_size)
+                except UnicodeDecodeError as err:
+                    raise TrainfitError(f"{path} is not UTF-8 ({err.reason})",
+                                        "re-encode the file as UTF-8") from None
+                buf, pos, eof = buf[pos:] + more, 0, not more
+            if pos >= len(buf):
+                if not started:
+                    return
+                raise TrainfitError(f"{path}: the JSON array is not closed", "check the end of the file")
+            if not started:
+                if buf[pos] != "[":
+                    raise TrainfitError(f"{path} is not a JSON array", "use JSON lines or an array of objects")
+                started, pos = True, pos + 1
+                continue
+            if buf[pos] == "]":
+                return
+            try:
+                obj, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError as err:
+                if eof:
+                    raise TrainfitError(f"{path}: invalid JSON near element {index} ({err.msg})") from None
+                more = f.read(chunk_size)
+                buf, pos, eof = buf[pos:] + more, 0, not more
+                continue
+            if end == len(buf) and not eof:  # a number may continue in the next chunk
+                more = f.read(chunk_size)
+                buf, pos, eof = buf[pos:] + more, 0, not more
+                continue
+            pos = end
+            yield index, obj if isinstance(obj, dict) else BadRow(None, f"element {index} is not an object")
+            index += 1
+
+
+def _delimited(path: Path, delimiter: str) -> Iterator[tuple[int, Any]]:
+    with path.open("rb") as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
+        reader = csv.DictReader(text, delimiter=delimiter)
+        index = 0
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as err:
+                raise TrainfitError(f"{path} is not UTF-8 near line {reader.line_num + 1} ({err.reason})",
+                                    "re-encode the file as UTF-8") from None
+            except csv.Error as err:
+                row = BadRow(reader.line_num, f"malformed row ({err})")
+            else:
+                if None in row:
+                    row = BadRow(reader.line_num, "more values than header columns")
+            yield index, row
+            index += 1
+
+
+def _text(path: Path) -> Iterator[tuple[int, Any]]:
+    with path.open("rb") as f:
+        for index, raw in enumerate(f):
+            try:
+                yield index, {"text": raw.decode("utf-8").rstrip("\r\n")}
+            except UnicodeDecodeError as err:
+                yield index, BadRow(index + 1, f"not UTF-8 ({err.reason} at byte {err.start})")
+
+
+def _record_batches(batches: Iterator[Any]) -> Iterator[tuple[int, Any]]:
+    index = 0
+    for batch in batches:
+        for row in batch.to_pylist():
+            yield index, row
+            index += 1
+
+
+def _parquet(path: Path, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    cols = [c for c in columns if c in names] if columns else None
+    return _record_batches(pf.iter_batches(batch_size=4096, columns=cols or None))
+
+
+def _hf_arrow_files(path: Path) -> list[Path]:
+    state = path / "state.json"
+    if state.exists():
+        files = [path / d["filename"] for d in json.loads(state.read_text()).get("_data_files", [])]
+        if files:
+            return files
+    files = sorted(path.glob("*.arrow"))
+    if not files:
+        raise TrainfitError(f"{path} holds no .arrow files", "save the dataset with Dataset.save_to_disk")
+    return files
+
+
+def _hf(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
+
+    def batches() -> Iterator[Any]:
+        for file in _hf_arrow_files(path):
+            with pa.memory_map(str(file)) as source:
+                try:
+                    reader = pa.ipc.open_stream(source)
+                except pa.ArrowInvalid:
+                    reader = pa.ipc.open_file(source)
+                    yield from (reader.get_batch(i) for i in range(reader.num_record_batches))
+                    continue
+                yield from reader
+
+    return _record_batches(batches())
+
+
+def iter_rows(path: str | Path, fmt: str = "auto", columns: list[str] | None = None) -> Iterator[tuple[int, Any]]:
+    """Yield ``(row_index, row)`` for every row; ``row`` is a dict or a :class:`BadRow`.
+
+    ``columns`` is a hint: columnar formats read only those columns.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TrainfitError(f"{path} does not exist", "check the dataset path")
+    kind = detect_format(path, fmt)
+    if kind == "jsonl":
+        return _jsonl(path)
+    if kind == "json":
+        return _json_array(path)
+    if kind in ("csv", "tsv"):
+        return _delimited(path, "," if kind == "csv" else "\t")
+    if kind == "parquet":
+        return _parquet(path, columns)
+    if kind == "text":
+        return _text(path)
+    if kind == "hf":
+        return _hf(path)
+    raise TrainfitError(f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+
+
+def fingerprint(path: str | Path) -> str:
+    """Identity of a dataset's content for caching: size, mtime and the bytes at both ends."""
+    import hashlib
+
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for p in files:
+        st = p.stat()
+        h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        with p.open("rb") as f:
+            h.update(f.read(1 << 16))
+            if st.st_size > 1 << 17:
+                f.seek(-(1 << 16), 2)
+                h.update(f.read())
+    return h.hexdigest()[:16]

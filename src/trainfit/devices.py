@@ -1,0 +1,115 @@
+"""Device facts: names, peak FLOP/s with their sources, and library versions.
+
+The peak table holds dense (no 2:4 sparsity) tensor-core figures from vendor datasheets as
+quoted by torchtitan's ``get_peak_flops`` and NVIDIA's spec sheets. A device that is not in the
+table has no peak, so MFU is reported as ``None`` rather than a wrong number.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PeakFlops:
+    """Dense peak FLOP/s of one device per math mode, and where the figures come from."""
+
+    bf16: float
+    tf32: float
+    fp32: float
+    source: str
+
+
+# Matched in order against torch.cuda.get_device_name(); the first substring that matches wins.
+PEAK_FLOPS: tuple[tuple[str, PeakFlops], ...] = (
+    ("H200", PeakFlops(989e12, 494.5e12, 66.9e12,
+                       "NVIDIA H200 datasheet (dense = half the sparsity figure 1,979 TFLOPS)")),
+    ("H100 NVL", PeakFlops(835e12, 417.5e12, 60e12, "torchtitan get_peak_flops; NVIDIA H100 NVL datasheet")),
+    ("H100 PCIe", PeakFlops(756e12, 378e12, 51e12, "torchtitan get_peak_flops; NVIDIA H100 PCIe datasheet")),
+    ("H100", PeakFlops(989e12, 494.5e12, 66.9e12, "torchtitan get_peak_flops (H100 SXM); NVIDIA H100 datasheet")),
+    ("A100", PeakFlops(312e12, 156e12, 19.5e12, "torchtitan get_peak_flops; NVIDIA A100 datasheet")),
+    ("L40S", PeakFlops(362.05e12, 183e12, 91.6e12, "NVIDIA L40S datasheet (dense = half the sparsity figures)")),
+    ("L4", PeakFlops(121e12, 60e12, 30.3e12, "NVIDIA L4 datasheet (dense = half the sparsity figures)")),
+)
+
+
+def peak_flops(device_name: str, precision: str, tf32: bool) -> tuple[float, str] | None:
+    """(peak FLOP/s, source) for the math mode a config uses, or None for an unknown device."""
+    for key, peak in PEAK_FLOPS:
+        if key in device_name:
+            if precision in ("bf16", "fp16"):
+                return peak.bf16, peak.source
+            return (peak.tf32 if tf32 else peak.fp32), peak.source
+    return None
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of everything that changes a measurement."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for pkg in ("trainfit", "torch", "transformers", "peft", "optuna", "flash-attn", "bitsandbytes"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    try:
+        import torch
+
+        out["cuda"] = torch.version.cuda
+    except ImportError:
+        out["cuda"] = None
+    return out
+
+
+def describe_environment() -> dict[str, object]:
+    """What ``trainfit env`` prints: devices, memory, versions, optional kernels."""
+    import psutil
+    import torch
+
+    info: dict[str, object] = {
+        "cpu": cpu_name(),
+        "cpu_cores": psutil.cpu_count(logical=True),
+        "cpu_bf16_native": bool({"avx512_bf16", "amx_bf16"} & cpu_flags()),
+        "ram_gb": round(psutil.virtual_memory().total / 1024**3, 1),
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": [],
+        "versions": versions(),
+    }
+    if torch.cuda.is_available():
+        gpus = []
+        for i in range(torch.cuda.device_count()):
+            prop = torch.cuda.get_device_properties(i)
+            peak = peak_flops(prop.name, "bf16", False)
+            gpus.append({
+                "index": i, "name": prop.name, "memory_gb": round(prop.total_memory / 1024**3, 1),
+                "capability": f"{prop.major}.{prop.minor}",
+                "bf16_supported": torch.cuda.is_bf16_supported(),
+                "peak_bf16_tflops": peak[0] / 1e12 if peak else None,
+            })
+        info["gpus"] = gpus
+    return info

@@ -1,0 +1,42 @@
+"""Errors a user can act on.
+
+Every error trainfit raises on purpose is a :class:`TrainfitError`: the CLI prints its message
+(and hint) without a traceback. A :class:`SpecError` carries every problem found in a spec at
+once, each naming the key and the fix, so a user fixes their file in one pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class TrainfitError(Exception):
+    """A problem the user can fix; ``str(err)`` is the whole message, hint included."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(message if hint is None else f"{message}\n  fix: {hint}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec: where (a dotted key), what, and how to fix it."""
+
+    key: str
+    message: str
+    hint: str | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.key}: {self.message}"
+        return text if self.hint is None else f"{text} ({self.hint})"
+
+
+class SpecError(TrainfitError):
+    """The spec (file plus overrides) is invalid; ``problems`` lists every issue found."""
+
+    def __init__(self, problems: list[Problem], source: str = "spec") -> None:
+        self.problems = list(problems)
+        lines = [f"{source} has {len(problems)} problem(s):"]
+        lines += [f"  - {p}" for p in problems]
+        super().__init__("\n".join(lines))

@@ -1,0 +1,85 @@
+"""Model FLOPs of a training step and MFU.
+
+Per token, a dense transformer step costs (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's
+``estimate_mfu``; torchtitan ``get_num_flop_per_token``)::
+
+    6 * N  +  12 * L * H * Q * T
+
+with N the parameters that take part in matmuls (embedding lookups excluded, an LM head counted
+once), L layers, H attention heads, Q head dim and T the sequence length. The 6N splits into
+2N forward, 2N backward to the inputs and 2N backward to the weights; a frozen weight (LoRA's
+base) skips only the last, so the parameter term is ``4 * N_all + 2 * N_trainable``.
+Unlike nanoGPT we use each sample's *real* length for T, sum per sample, and never count padding.
+
+MFU counts model FLOPs only: activation recomputation is work the hardware does but the model
+does not need, so it appears in HFU (hardware FLOPs utilisation), one extra forward:
+``2 * N_all + 4 * L * H * Q * T`` per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerShape:
+    """What the FLOPs formula needs to know about a model."""
+
+    n_params: int
+    """Parameters in matmuls: all parameters minus embedding tables (an LM head tied to the
+    input embedding is counted once, as the head)."""
+    n_trainable: int
+    """Of those, the ones whose weight gradient is computed (all for full fine-tuning)."""
+    n_layers: int
+    n_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one micro-batch: what the model needs (``model``) and what ran (``hardware``)."""
+
+    model: float
+    hardware: float
+
+
+def step_flops(shape: TransformerShape, seq_lens: Sequence[int], recompute: bool) -> StepFlops:
+    """Model and hardware FLOPs of one forward+backward over samples of these real lengths."""
+    tokens = sum(seq_lens)
+    squares = sum(n * n for n in seq_lens)
+    lhq = shape.n_layers * shape.n_heads * shape.head_dim
+    model = (4 * shape.n_params + 2 * shape.n_trainable) * tokens + 12 * lhq * squares
+    extra = (2 * shape.n_params * tokens + 4 * lhq * squares) if recompute else 0
+    return StepFlops(model=float(model), hardware=float(model + extra))
+
+
+def utilization(flops: float, seconds: float, peak_flops_per_s: float | None) -> float | None:
+    """Achieved share of peak; None when the peak is unknown or nothing was timed."""
+    if not peak_flops_per_s or seconds <= 0:
+        return None
+    return flops / seconds / peak_flops_per_s
+
+
+def matmul_params(model) -> tuple[int, int]:
+    """(N, N_trainable) of a torch module by the rule in :class:`TransformerShape`."""
+    import torch
+
+    seen: set[int] = set()
+    embedding_ids: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            embedding_ids.add(id(module.weight))
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_id = id(head.weight) if head is not None and getattr(head, "weight", None) is not None else None
+    n_all = n_trainable = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if id(p) in embedding_ids and id(p) != head_id:
+            continue
+        n_all += p.numel()
+        if p.requires_grad:
+            n_trainable += p.numel()
+    return n_all, n_trainable

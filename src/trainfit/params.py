@@ -1,0 +1,220 @@
+"""The training configuration a probe runs: every knob trainfit can turn.
+
+``Params`` is the single record of one configuration. The probe applies it, the search varies it,
+the report prints it and the command builder turns it into a launch command, so a knob is
+declared exactly once, here, in ``KNOBS``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainfit.errors import Problem
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+ATTENTIONS = ("eager", "sdpa", "flash_attention_2")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+OPTIMIZERS = ("adamw", "adamw_fused", "adamw_8bit")
+PADDINGS = ("longest", "max_length")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    """How one built-in knob is typed and what it means for training."""
+
+    name: str
+    kind: str  # "int", "float", "bool", "choice", "modules"
+    doc: str
+    choices: tuple[Any, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    nullable: bool = False
+    changes_learning: bool = False
+    """True when two values of this knob train a different model (not only a faster one)."""
+
+
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob(name="batch_size", kind="int", minimum=1,
+             doc="samples per micro-batch on one device"),
+        Knob(name="gradient_accumulation_steps", kind="int", minimum=1,
+             doc="micro-batches per optimizer step; effective batch = batch_size x this"),
+        Knob(name="max_length", kind="int", minimum=1, nullable=True, changes_learning=True,
+             doc="longest sequence (positions) a sample may have; longer samples are truncated. "
+                 "null = the dataset's longest sample"),
+        Knob(name="lora_r", kind="int", minimum=1, nullable=True, changes_learning=True,
+             doc="LoRA rank; null = full fine-tuning"),
+        Knob(name="lora_alpha", kind="float", minimum=0, nullable=True, changes_learning=True,
+             doc="LoRA scaling numerator; null = 2 x lora_r"),
+        Knob(name="lora_dropout", kind="float", minimum=0, maximum=1, changes_learning=True,
+             doc="dropout on the LoRA input; 0 avoids an extra activation copy"),
+        Knob(name="lora_target_modules", kind="modules", nullable=True, changes_learning=True,
+             doc="module names to adapt (list), 'all-linear', or null for peft's default"),
+        Knob(name="gradient_checkpointing", kind="bool",
+             doc="recompute activations in backward: less memory, ~20-40% more compute"),
+        Knob(name="precision", kind="choice", choices=PRECISIONS, changes_learning=True,
+             doc="fp32, or mixed precision bf16/fp16 (autocast; fp16 adds a loss scaler)"),
+        Knob(name="attention", kind="choice", choices=ATTENTIONS,
+             doc="attention kernel (Hugging Face attn_implementation)"),
+        Knob(name="compile", kind="choice", choices=COMPILE_MODES,
+             doc="torch.compile mode; pair with padding: max_length to avoid recompiles"),
+        Knob(name="tf32", kind="bool",
+             doc="allow TF32 matmuls and cuDNN convolutions on Ampere+ GPUs (no effect on CPU)"),
+        Knob(name="optimizer", kind="choice", choices=OPTIMIZERS, changes_learning=True,
+             doc="adamw (torch), adamw_fused (torch fused kernel), adamw_8bit (bitsandbytes)"),
+        Knob(name="padding", kind="choice", choices=PADDINGS,
+             doc="pad each batch to its longest sample, or every batch to max_length"),
+    )
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Params:
+    """One training configuration. Defaults are the safe, plain choice on any device."""
+
+    batch_size: int = 1
+    """Samples per micro-batch on one device."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step."""
+    max_length: int | None = None
+    """Longest sample in positions (tokens, frames); None = the dataset's longest."""
+    lora_r: int | None = None
+    """LoRA rank; None = full fine-tuning."""
+    lora_alpha: float | None = None
+    """LoRA alpha; None = 2 x lora_r."""
+    lora_dropout: float = 0.0
+    """Dropout on LoRA inputs."""
+    lora_target_modules: tuple[str, ...] | str | None = None
+    """Modules to adapt: names, 'all-linear', or None for peft's per-architecture default."""
+    gradient_checkpointing: bool = False
+    """Recompute activations during backward."""
+    precision: str = "fp32"
+    """fp32 | bf16 | fp16 (mixed precision via autocast)."""
+    attention: str = "sdpa"
+    """eager | sdpa | flash_attention_2."""
+    compile: str = "off"
+    """off | default | reduce-overhead | max-autotune."""
+    tf32: bool = False
+    """Allow TF32 on CUDA."""
+    optimizer: str = "adamw"
+    """adamw | adamw_fused | adamw_8bit."""
+    padding: str = "longest"
+    """longest | max_length."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Custom keys passed through to a factory workload (e.g. ``ddpm_batch_mul``)."""
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Samples per optimizer step on one device."""
+        return self.batch_size * self.gradient_accumulation_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat, JSON-ready view: built-in knobs then custom keys."""
+        out = {k: getattr(self, k) for k in KNOBS}
+        if isinstance(out["lora_target_modules"], tuple):
+            out["lora_target_modules"] = list(out["lora_target_modules"])
+        out.update(self.extra)
+        return out
+
+    def replace(self, **changes: Any) -> Params:
+        """A copy with some knobs changed; custom keys go to ``extra``."""
+        raw = self.to_dict()
+        raw.update(changes)
+        params, problems = parse_params(raw, allow_custom=True)
+        if problems:
+            from trainfit.errors import SpecError
+
+            raise SpecError(problems, source="params")
+        return params
+
+
+def _check_value(knob: Knob, value: Any, key: str) -> tuple[Any, Problem | None]:
+    """Coerce ``value`` for ``knob``; return (value, problem-or-None)."""
+    if value is None:
+        if knob.nullable:
+            return None, None
+        return value, Problem(key, "may not be null", f"give a {knob.kind} value")
+    if knob.kind == "bool":
+        if isinstance(value, bool):
+            return value, None
+        return value, Problem(key, f"expected true or false, got {value!r}")
+    if knob.kind == "choice":
+        if value in knob.choices:
+            return value, None
+        if value is False and "off" in knob.choices:  # YAML reads a bare `off` as False
+            return "off", None
+        close = difflib.get_close_matches(str(value), [str(c) for c in knob.choices], n=1)
+        hint = f"did you mean {close[0]!r}?" if close else None
+        return value, Problem(key, f"{value!r} is not one of {', '.join(map(str, knob.choices))}", hint)
+    if knob.kind == "modules":
+        if isinstance(value, str):
+            return value, None
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+            return tuple(value), None
+        return value, Problem(key, "expected a list of module names or 'all-linear'")
+    if knob.kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return value, Problem(key, f"expected an integer, got {value!r}")
+    elif knob.kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value, Problem(key, f"expected a number, got {value!r}")
+        value = float(value)
+    if knob.minimum is not None and value < knob.minimum:
+        return value, Problem(key, f"must be >= {knob.minimum:g}, got {value}")
+    if knob.maximum is not None and value > knob.maximum:
+        return value, Problem(key, f"must be <= {knob.maximum:g}, got {value}")
+    return value, None
+
+
+def check_knob(name: str, value: Any, key: str | None = None) -> Problem | None:
+    """The problem with setting built-in knob ``name`` to ``value``, or None when it is valid."""
+    return _check_value(KNOBS[name], value, key or name)[1]
+
+
+def parse_params(
+    raw: Mapping[str, Any], *, allow_custom: bool, prefix: str = "params"
+) -> tuple[Params, list[Problem]]:
+    """Validate a mapping of knob values into ``Params``; collect every problem instead of raising.
+
+    Unknown keys are custom keys when ``allow_custom`` (factory workloads), unless they look like
+    a typo of a built-in knob; otherwise they are rejected with a did-you-mean.
+    """
+    problems: list[Problem] = []
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for name, value in raw.items():
+        key = f"{prefix}.{name}"
+        knob = KNOBS.get(name)
+        if knob is None:
+            close = difflib.get_close_matches(name, list(KNOBS), n=1, cutoff=0.8 if allow_custom else 0.6)
+            if close:
+                problems.append(Problem(key, "unknown knob", f"did you mean {close[0]!r}?"))
+            elif allow_custom:
+                extra[name] = value
+            else:
+                problems.append(Problem(
+                    key, "unknown knob",
+                    f"built-in knobs are: {', '.join(KNOBS)}; custom keys need a factory model"))
+            continue
+        coerced, problem = _check_value(knob, value, key)
+        if problem:
+            problems.append(problem)
+        else:
+            values[name] = coerced
+    if problems:
+        return Params(), problems
+    params = Params(**values, extra=extra)
+    if params.lora_r is None and any(
+        n in raw for n in ("lora_alpha", "lora_target_modules") if raw.get(n) is not None
+    ):
+        problems.append(Problem(f"{prefix}.lora_r", "LoRA options are set but lora_r is null",
+                                "set lora_r (e.g. 16) or drop the lora_* keys"))
+    if params.padding == "max_length" and params.max_length is None:
+        problems.append(Problem(f"{prefix}.padding", "padding: max_length needs max_length",
+                                "set params.max_length (see `trainfit analyze` for a recommendation)"))
+    return params, problems
+

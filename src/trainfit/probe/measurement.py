@@ -1,0 +1,112 @@
+"""The record one probe produces: frozen, JSON-serializable, versioned, self-describing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "error", "timeout")
+EXIT_CODES = {"ok": 0, "oom": 3, "error": 4, "timeout": 5}
+"""``trainfit probe`` exit status per measurement status (2 is reserved for bad usage)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """What one configuration did on one device.
+
+    Throughput figures are None unless ``status == "ok"``. Memory is the process peak: on CUDA the
+    caching allocator's max reserved bytes (what decides an OOM), on CPU the child's peak RSS.
+    """
+
+    status: str
+    """ok | oom | error | timeout."""
+    config: dict[str, Any]
+    """The full resolved configuration (every knob, custom keys included)."""
+    message: str | None = None
+    """Why a probe did not succeed (last lines of the child's output for crashes)."""
+    samples_per_second: float | None = None
+    """Samples per second over the timed steps (total samples / total time)."""
+    tokens_per_second: float | None = None
+    """Real (non-padding) tokens per second over the timed steps."""
+    step_time_median_s: float | None = None
+    step_time_mean_s: float | None = None
+    step_time_std_s: float | None = None
+    step_time_ci95_rel: float | None = None
+    """95% confidence half-width of the mean step time, as a share of the mean."""
+    steps_measured: int = 0
+    step_times_s: list[float] = field(default_factory=list)
+    """Every timed step, in order (cycles of the typical-batch pool)."""
+    stable: bool = False
+    """True when the timed phase stopped because ``step_time_ci95_rel`` met the target."""
+    samples_per_step: int | None = None
+    real_tokens_per_step: float | None = None
+    padded_tokens_per_step: float | None = None
+    worst_case_lengths: list[int] = field(default_factory=list)
+    """Sample lengths of the worst-case batch the memory phase ran."""
+    truncated_samples: int | None = None
+    """Samples in the dataset longer than max_length (truncated in training)."""
+    peak_memory_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    """CUDA only: max bytes held by tensors."""
+    alloc_retries: int | None = None
+    """CUDA only: times the allocator freed its cache and retried (a sign of pressure)."""
+    memory_cap_bytes: int | None = None
+    """The hard cap the child ran under (None = no cap)."""
+    model_flops_per_step: float | None = None
+    mfu: float | None = None
+    """Model FLOPs utilisation (PaLM formula, real tokens); None when the device's peak is unknown."""
+    hfu: float | None = None
+    """Hardware FLOPs utilisation: like MFU plus recomputed activations."""
+    peak_flops_source: str | None = None
+    device: str = "cpu"
+    device_name: str = ""
+    versions: dict[str, str | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """Fallbacks and facts the reader should know (e.g. 'tf32 has no effect on CPU')."""
+    phases_s: dict[str, float] = field(default_factory=dict)
+    """Seconds spent in start, build, memory, burn_in, timed (child side)."""
+    started_at: str = ""
+    finished_at: str = ""
+    wall_time_s: float | None = None
+    """From spawning the child to reading its result."""
+    budget_memory_gb: float | None = None
+    budget_headroom_gb: float | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+    @property
+    def peak_memory_gb(self) -> float | None:
+        return None if self.peak_memory_bytes is None else self.peak_memory_bytes / 1024**3
+
+    @property
+    def fits(self) -> bool:
+        """Ran, and peak + headroom stays inside the budget (when one was set)."""
+        if self.status != "ok":
+            return False
+        if self.budget_memory_gb is None or self.peak_memory_gb is None:
+            return True
+        return self.peak_memory_gb + (self.budget_headroom_gb or 0.0) <= self.budget_memory_gb
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"measurement schema {data.get('schema_version')} != {SCHEMA_VERSION}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def write_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

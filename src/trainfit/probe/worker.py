@@ -1,0 +1,240 @@
+"""The probe's child process: build one configuration, measure it, write a Measurement.
+
+Run as ``python -m trainfit.probe.worker REQUEST.json RESULT.json``. Whatever happens here (an
+OOM, a segfault in a kernel, a hang) stays here: the parent reads RESULT.json or, when there is
+none, classifies the exit. Progress goes to stderr as ``@@trainfit {json}`` lines.
+
+Phases: start (process + imports) -> build (model, knobs, optimizer) -> memory (optimizer steps on
+the worst-case batch; AdamW allocates its state at the first step, so >= 2) -> burn_in (typical
+batches, untimed: compile, cuDNN autotune, allocator warm-up) -> timed (typical batches until the
+stop rule in :mod:`trainfit.probe.timing` says the estimate is stable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from typing import Any
+
+EVENT_PREFIX = "@@trainfit "
+
+
+def emit(event: str, **fields: Any) -> None:
+    sys.stderr.write(EVENT_PREFIX + json.dumps({"event": event, **fields}) + "\n")
+    sys.stderr.flush()
+
+
+def is_oom(err: BaseException) -> bool:
+    """Out of memory on any device. CPU allocation failures surface as RuntimeError text."""
+    if isinstance(err, MemoryError):
+        return True
+    try:
+        import torch
+
+        if isinstance(err, torch.OutOfMemoryError):
+            return True
+    except ImportError:
+        pass
+    text = str(err)
+    return isinstance(err, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text.lower() or "not enough memory" in text)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def run(req: dict[str, Any], out: dict[str, Any]) -> None:
+    """Measure the configuration in ``req`` into ``out`` (Measurement fields); raises on failure,
+    leaving in ``out`` what was learned before it."""
+    import random
+
+    import torch
+
+    from trainfit.devices import cpu_name, peak_flops, versions
+    from trainfit.flops import utilization
+    from trainfit.params import parse_params
+    from trainfit.probe.timing import StepTimes, StopRule
+    from trainfit.spec import ModelSpec, ProbeSettings, Spec
+    from trainfit.step import TrainStep, check_support, synchronize
+    from trainfit.workloads import build_workload
+
+    phases: dict[str, float] = {"start": time.time() - req["spawned_at"]}
+    out.update(phases_s=phases, versions=versions())
+    settings = ProbeSettings(**req["probe"])
+    params, problems = parse_params(req["params"], allow_custom=True)
+    assert not problems, problems
+    device = torch.device(req["device"])
+    cuda = device.type == "cuda"
+    out["device"] = str(device)
+    out["device_name"] = torch.cuda.get_device_name(device) if cuda else cpu_name()
+    cap = req.get("memory_cap_bytes")
+    if cuda and cap:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    notes: list[str] = out["notes"]
+
+    emit("phase", phase="build")
+    t = time.perf_counter()
+    notes += check_support(params, device)
+    spec = Spec(model=ModelSpec(**{k: v for k, v in req["model"].items()}), data=None, params=params,
+                probe=settings)
+    workload = build_workload(spec, params, device)
+    notes += workload.notes
+    max_len = int(req["max_length"])
+    if workload.max_positions is not None and max_len > workload.max_positions:
+        notes.append(f"max_length {max_len} exceeds the model's {workload.max_positions} positions: capped")
+        max_len = workload.max_positions
+    step = TrainStep(workload, params, device)
+    phases["build"] = time.perf_counter() - t
+
+    accum = params.gradient_accumulation_steps
+    worst = [min(n, max_len) for n in req["worst_lengths"]]
+    fixed = params.padding == "max_length"
+    out["worst_case_lengths"] = worst
+
+    emit("phase", phase="memory")
+    t = time.perf_counter()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    worst_batch = workload.make_batch(worst, max_len if fixed else max(worst))
+    for _ in range(settings.memory_steps):
+        step.run([worst_batch] * accum)
+    synchronize(device)
+    phases["memory"] = time.perf_counter() - t
+
+    # A fixed pool of distinct typical steps, cycled: with fixed padding one step shape suffices;
+    # with padding to the longest, 8 steps sample the spread of batch lengths.
+    rng = random.Random(settings.seed)
+    typical = req["typical_lengths"]
+    cycle = 1 if fixed else max(1, min(8, 64 // accum))
+    pool = []
+    for _ in range(cycle * accum):
+        lens = [min(rng.choice(typical), max_len) for _ in range(params.batch_size)]
+        pool.append(workload.make_batch(lens, max_len if fixed else max(lens)))
+    cursor = 0
+
+    def next_step() -> list[Any]:
+        nonlocal cursor
+        micro = [pool[(cursor + i) % len(pool)] for i in range(accum)]
+        cursor += accum
+        return micro
+
+    emit("phase", phase="burn_in")
+    t = time.perf_counter()
+    # At least one whole cycle, so every batch shape of the pool has been seen before timing.
+    for _ in range(max(settings.burn_in_steps, cycle)):
+        step.run(next_step())
+    synchronize(device)
+    phases["burn_in"] = time.perf_counter() - t
+
+    emit("phase", phase="timed")
+    rule = StopRule(settings.min_steps, settings.max_steps, settings.max_seconds, settings.target_rel_ci, cycle)
+    times: list[float] = []
+    samples = real = padded = 0
+    model_flops = hardware_flops = 0.0
+    flops_known = True
+    t = time.perf_counter()
+    while True:
+        micro = next_step()
+        synchronize(device)
+        t0 = time.perf_counter()
+        step.run(micro)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+        for b in micro:
+            samples += b.samples
+            real += b.real_tokens
+            padded += b.padded_tokens
+            f = workload.flops(b.seq_lens, params.gradient_checkpointing)
+            if f is None:
+                flops_known = False
+            else:
+                model_flops += f.model
+                hardware_flops += f.hardware
+        stop, stable = rule.done(times)
+        emit("step", n=len(times), seconds=times[-1])
+        if stop:
+            break
+    phases["timed"] = time.perf_counter() - t
+
+    st = StepTimes.of(times, cycle)
+    peak = peak_flops(out["device_name"], params.precision, params.tf32) if cuda else None
+    out.update(
+        status="ok",
+        samples_per_second=samples / st.total,
+        tokens_per_second=real / st.total,
+        step_time_median_s=st.median, step_time_mean_s=st.mean, step_time_std_s=st.std,
+        step_time_ci95_rel=st.ci95_rel if st.n > 1 else None,
+        steps_measured=st.n, stable=stable, step_times_s=[round(x, 6) for x in times],
+        samples_per_step=params.effective_batch_size,
+        real_tokens_per_step=real / st.n, padded_tokens_per_step=padded / st.n,
+    )
+    if flops_known:
+        out["model_flops_per_step"] = model_flops / st.n
+        if peak is not None:
+            out["mfu"] = utilization(model_flops, st.total, peak[0])
+            out["hfu"] = utilization(hardware_flops, st.total, peak[0])
+            out["peak_flops_source"] = peak[1]
+    elif not flops_known:
+        notes.append("MFU unknown: the workload does not report FLOPs")
+    if cuda and peak is None:
+        notes.append(f"MFU unknown: no peak FLOP/s on record for {out['device_name']}")
+
+
+def _memory_fields(device_type: str) -> dict[str, Any]:
+    if device_type.startswith("cuda"):
+        import torch
+
+        stats = torch.cuda.memory_stats()
+        return {"peak_memory_bytes": int(torch.cuda.max_memory_reserved()),
+                "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+                "alloc_retries": int(stats.get("num_alloc_retries", 0))}
+    return {"peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def main(argv: list[str]) -> int:
+    request_path, result_path = argv
+    with open(request_path) as f:
+        req = json.load(f)
+    cap = req.get("memory_cap_bytes")
+    if cap and req["device"] == "cpu":
+        # The cap covers the whole process, interpreter and libraries included, so an allocation
+        # beyond it fails for real (torch raises "DefaultCPUAllocator: can't allocate memory").
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+    started = _now()
+    out: dict[str, Any] = {"device": req["device"], "notes": list(req.get("notes", []))}
+    try:
+        run(req, out)
+    except BaseException as err:  # every failure becomes a status, never a crash of the tuner
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        from trainfit.errors import TrainfitError
+
+        status = "oom" if is_oom(err) else "error"
+        if isinstance(err, TrainfitError):
+            message = str(err)
+        elif status == "oom":
+            message = f"out of memory: {str(err).splitlines()[0][:300]}"
+        else:
+            message = "".join(traceback.format_exception(err)[-6:]).strip()
+        out.update(status=status, message=message)
+    out.update(_memory_fields(req["device"]))
+    out.update(started_at=started, finished_at=_now(), config=req["params"],
+               memory_cap_bytes=req.get("memory_cap_bytes"),
+               budget_memory_gb=req.get("budget_memory_gb"), budget_headroom_gb=req.get("budget_headroom_gb"),
+               truncated_samples=req.get("truncated_samples"))
+    tmp = result_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f)
+    os.replace(tmp, result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,353 @@
+"""The user's YAML spec plus ``--set`` overrides, validated into one frozen :class:`Spec`.
+
+Precedence is CLI > file > defaults, merged by :func:`merge_overrides` (pure). Validation collects
+every problem before raising one :class:`~trainfit.errors.SpecError`, so a user sees all of them
+at once. Relative paths are resolved against the spec file's folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainfit.errors import Problem, SpecError, TrainfitError
+from trainfit.params import KNOBS, Params, parse_params
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Which model to train: exactly one of ``path``, ``config`` or ``factory``."""
+
+    path: str | None = None
+    """A local Hugging Face model folder (weights loaded, nothing downloaded)."""
+    config: Mapping[str, Any] | None = None
+    """An inline transformers config with ``model_type``: a random-init model of that shape."""
+    factory: str | None = None
+    """``package.module:function`` or ``file.py:function`` returning a CustomWorkload."""
+
+    @property
+    def kind(self) -> str:
+        return "factory" if self.factory else "hf"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """Where the samples are and how long each one is."""
+
+    path: str
+    """JSONL, JSON, CSV/TSV, Parquet, text (one sample per line) or a save_to_disk folder."""
+    text_field: str | tuple[str, ...] | None = None
+    """Field(s) holding the text; several are joined with a newline."""
+    messages_field: str | None = None
+    """Field holding chat messages, rendered with the tokenizer's chat template."""
+    length_field: str | None = None
+    """A numeric field that already is the sample's length (e.g. ``duration_s``)."""
+    length_scale: float = 1.0
+    """Positions per unit of ``length_field`` (e.g. 100 mel frames per second)."""
+    format: str = "auto"
+    """auto | jsonl | json | csv | tsv | parquet | text | hf."""
+    on_bad_row: str = "stop"
+    """stop | skip: what to do with a malformed row (skipped rows are counted and reported)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """The memory a configuration may use on one device."""
+
+    memory_gb: float | None = None
+    """Hard cap (GiB) the probe runs under; None = the whole device."""
+    headroom_gb: float = 1.0
+    """A config fits when its measured peak + headroom <= memory_gb."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeSettings:
+    """How long and how carefully one configuration is measured."""
+
+    device: str = "auto"
+    """auto (cuda if available, else cpu) | cpu | cuda | cuda:N."""
+    memory_steps: int = 2
+    """Optimizer steps on the worst-case batch (>= 2: AdamW allocates its state at step 1)."""
+    burn_in_steps: int = 2
+    """Untimed steps on typical batches first: compile, cuDNN autotune, allocator warm-up."""
+    min_steps: int = 5
+    """Timed steps before the stability test is applied."""
+    max_steps: int = 200
+    """Timed steps at most."""
+    max_seconds: float = 60.0
+    """Timed phase stops after this many seconds even if not yet stable."""
+    target_rel_ci: float = 0.02
+    """Stable when the 95% CI half-width of the mean step time <= this share of the mean."""
+    timeout_s: float = 900.0
+    """The whole child process is killed after this long (status ``timeout``)."""
+    seed: int = 0
+    """Seed for typical-batch sampling and model init."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """A validated, frozen description of one tuning problem."""
+
+    model: ModelSpec
+    data: DataSpec | None
+    params: Params
+    budget: Budget = field(default_factory=Budget)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    tokenizer: str | None = None
+    """A local tokenizer folder or tokenizer.json; None = a stated fallback count."""
+    source: str | None = None
+    """The spec file this came from (for messages and reports)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view of the resolved spec (what reports and measurements record)."""
+        out = dataclasses.asdict(self)
+        out["params"] = self.params.to_dict()
+        return json.loads(json.dumps(out, default=list))
+
+    def digest(self) -> str:
+        """Short stable hash of everything that changes a measurement except ``params``."""
+        d = self.to_dict()
+        d.pop("params")
+        d.pop("source")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+_SECTIONS = {
+    "model": ModelSpec,
+    "data": DataSpec,
+    "budget": Budget,
+    "probe": ProbeSettings,
+}
+_TOP_LEVEL = ("model", "tokenizer", "data", "params", "budget", "probe")
+_DATA_FORMATS = ("auto", "jsonl", "json", "csv", "tsv", "parquet", "text", "hf")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key=value`` -> (dotted key, YAML-typed value). A bare key means ``params.key``."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise TrainfitError(f"override {text!r} is not key=value", "e.g. --set batch_size=8")
+    if "." not in key:
+        key = f"params.{key}"
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        parsed = value
+    return key, parsed
+
+
+def merge_overrides(raw: Mapping[str, Any], overrides: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """A deep copy of ``raw`` with each dotted override set (CLI wins over file)."""
+    merged = json.loads(json.dumps(raw))
+    for key, value in overrides:
+        node = merged
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node = child
+        node[parts[-1]] = value
+    return merged
+
+
+def _typed(value: Any, annotation: str) -> bool:
+    """Does ``value`` match a field annotation written as a string (``from __future__``)?"""
+    if value is None:
+        return "None" in annotation
+    checks = {
+        "str": lambda v: isinstance(v, str),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "bool": lambda v: isinstance(v, bool),
+        "Mapping": lambda v: isinstance(v, Mapping),
+        "tuple": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
+    }
+    return any(check(value) for name, check in checks.items() if name in annotation)
+
+
+def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str, Any] | None:
+    """Type-check one section against its dataclass; unknown keys get a did-you-mean."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        problems.append(Problem(key, f"expected a mapping, got {type(raw).__name__}"))
+        return None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        f = fields.get(name)
+        if f is None:
+            close = difflib.get_close_matches(str(name), list(fields), n=1)
+            problems.append(Problem(f"{key}.{name}", "unknown key",
+                                    f"did you mean {close[0]!r}?" if close
+                                    else f"known keys: {', '.join(fields)}"))
+        elif not _typed(value, str(f.type)):
+            problems.append(Problem(f"{key}.{name}", f"expected {f.type}, got {value!r}"))
+        else:
+            if isinstance(value, list):
+                value = tuple(value)
+            if "float" in str(f.type) and isinstance(value, int) and "int" not in str(f.type):
+                value = float(value)
+            values[name] = value
+    for name, f in fields.items():
+        if name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if not any(p.key == f"{key}.{name}" for p in problems):
+                problems.append(Problem(f"{key}.{name}", "is required"))
+            return None
+    return values
+
+
+def _resolve(base: Path, value: str | None) -> str | None:
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = None) -> Spec:
+    """Validate a merged spec mapping into a :class:`Spec` or raise one SpecError with all problems."""
+    problems: list[Problem] = []
+    for key in raw:
+        if key not in _TOP_LEVEL:
+            close = difflib.get_close_matches(str(key), _TOP_LEVEL, n=1)
+            problems.append(Problem(str(key), "unknown section",
+                                    f"did you mean {close[0]!r}?" if close
+                                    else f"sections are: {', '.join(_TOP_LEVEL)}"))
+    sections = {name: _section(cls, raw.get(name), name, problems)
+                for name, cls in _SECTIONS.items() if name != "data" or raw.get("data") is not None}
+
+    model = sections["model"]
+    if model is not None:
+        given = [k for k in ("path", "config", "factory") if model.get(k) is not None]
+        if len(given) != 1:
+            problems.append(Problem("model", f"give exactly one of path, config, factory (got {given or 'none'})",
+                                    "e.g. model: {config: {model_type: llama, hidden_size: 64, ...}}"))
+        if model.get("config") is not None and "model_type" not in model["config"]:
+            problems.append(Problem("model.config.model_type", "is required",
+                                    "e.g. model_type: llama (any transformers model type)"))
+        if model.get("path") is not None:
+            model["path"] = _resolve(base_dir, model["path"])
+            if not Path(model["path"]).is_dir():
+                problems.append(Problem("model.path", f"{model['path']} is not a folder",
+                                        "give a local Hugging Face model folder (config.json inside)"))
+        factory = model.get("factory")
+        if factory is not None:
+            target, colon, func = factory.rpartition(":")
+            if not colon or not target or not func:
+                problems.append(Problem("model.factory", f"{factory!r} is not 'module:function'",
+                                        "e.g. mypkg.models:make_workload or models.py:make_workload"))
+            elif target.endswith(".py"):
+                resolved = _resolve(base_dir, target)
+                if not Path(resolved).is_file():
+                    problems.append(Problem("model.factory", f"{resolved} does not exist"))
+                model["factory"] = f"{resolved}:{func}"
+
+    data = sections.get("data")
+    if data is not None:
+        data["path"] = _resolve(base_dir, data.get("path"))
+        if not Path(data["path"]).exists():
+            problems.append(Problem("data.path", f"{data['path']} does not exist",
+                                    "check the path (relative paths start at the spec's folder)"))
+        fields_given = [k for k in ("text_field", "messages_field", "length_field") if data.get(k) is not None]
+        if len(fields_given) > 1:
+            problems.append(Problem("data", f"give one of text_field, messages_field, length_field (got {fields_given})"))
+        if data.get("format", "auto") not in _DATA_FORMATS:
+            problems.append(Problem("data.format", f"{data['format']!r} is not one of {', '.join(_DATA_FORMATS)}"))
+        if data.get("on_bad_row", "stop") not in ("stop", "skip"):
+            problems.append(Problem("data.on_bad_row", "must be stop or skip"))
+        if data.get("length_scale", 1.0) <= 0:
+            problems.append(Problem("data.length_scale", "must be > 0"))
+
+    raw_params = raw.get("params") or {}
+    params = Params()
+    if not isinstance(raw_params, Mapping):
+        problems.append(Problem("params", "expected a mapping of knob: value"))
+    else:
+        allow_custom = model is not None and model.get("factory") is not None
+        params, param_problems = parse_params(raw_params, allow_custom=allow_custom)
+        problems += param_problems
+        if data is None and params.max_length is None and not param_problems:
+            problems.append(Problem("data", "no dataset and no params.max_length",
+                                    "add data: {path: ..., text_field: ...} or set params.max_length"))
+
+    budget = sections["budget"]
+    if budget is not None:
+        mem, head = budget.get("memory_gb"), budget.get("headroom_gb", 1.0)
+        if mem is not None and mem <= 0:
+            problems.append(Problem("budget.memory_gb", "must be > 0"))
+        if head < 0:
+            problems.append(Problem("budget.headroom_gb", "must be >= 0"))
+        if mem is not None and mem > 0 and head >= mem:
+            problems.append(Problem("budget.headroom_gb", f"headroom {head} GiB leaves nothing of memory_gb {mem}",
+                                    "lower headroom_gb or raise memory_gb"))
+    probe = sections["probe"]
+    if probe is not None:
+        for name in ("memory_steps", "min_steps", "max_steps"):
+            if probe.get(name, 1) < 1:
+                problems.append(Problem(f"probe.{name}", "must be >= 1"))
+        if probe.get("burn_in_steps", 0) < 0:
+            problems.append(Problem("probe.burn_in_steps", "must be >= 0"))
+        for name in ("max_seconds", "timeout_s", "target_rel_ci"):
+            if name in probe and probe[name] <= 0:
+                problems.append(Problem(f"probe.{name}", "must be > 0"))
+        dev = probe.get("device", "auto")
+        if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
+            problems.append(Problem("probe.device", f"{dev!r} is not auto, cpu, cuda or cuda:N"))
+
+    tokenizer = raw.get("tokenizer")
+    if tokenizer is not None:
+        if not isinstance(tokenizer, str):
+            problems.append(Problem("tokenizer", "expected a path"))
+        else:
+            tokenizer = _resolve(base_dir, tokenizer)
+            if not Path(tokenizer).exists():
+                problems.append(Problem("tokenizer", f"{tokenizer} does not exist",
+                                        "give a local tokenizer folder or tokenizer.json"))
+
+    if problems:
+        raise SpecError(problems, source=source or "spec")
+    return Spec(
+        model=ModelSpec(**model),
+        data=DataSpec(**data) if data is not None else None,
+        params=params,
+        budget=Budget(**budget),
+        probe=ProbeSettings(**probe),
+        tokenizer=tokenizer,
+        source=source,
+    )
+
+
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
+    """Read a YAML spec, apply ``key=value`` overrides, and validate.
+
+    Raises:
+        TrainfitError: the file is missing or not YAML.
+        SpecError: the content is invalid (all problems listed).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TrainfitError(f"spec file {path} not found", "pass the path of a YAML spec, e.g. examples/tiny-llama.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise TrainfitError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise TrainfitError(f"{path} must hold a mapping (model:, data:, params:, ...)")
+    merged = merge_overrides(raw, [parse_override(o) for o in overrides])
+    return build_spec(merged, base_dir=path.resolve().parent, source=str(path))
+
+
+__all__ = ["Budget", "DataSpec", "GiB", "ModelSpec", "ProbeSettings", "Spec", "build_spec", "load_spec",
+           "merge_overrides", "parse_override", "KNOBS"]

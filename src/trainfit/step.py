@@ -1,0 +1,141 @@
+"""One training step with every speed/memory knob applied, in one place and a fixed order.
+
+Order (each later step wraps the earlier ones, as in torchtitan):
+1. math mode: TF32 for matmuls and cuDNN (CUDA only);
+2. the workload builds the model: attention kernel and weight dtype, checkpointing, LoRA;
+3. ``torch.compile`` wraps the finished model (so it sees checkpointing and adapters);
+4. the optimizer is built over trainable parameters only;
+5. each micro-batch runs under autocast (bf16/fp16); fp16 scales the loss.
+
+The probe and the training loop both use :class:`TrainStep`, so what is measured is what runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+from trainfit.devices import cpu_flags
+from trainfit.errors import TrainfitError
+from trainfit.params import Params
+from trainfit.workloads.base import Batch, Workload
+
+
+class Unsupported(TrainfitError):
+    """A knob this device or installation cannot honour."""
+
+
+def resolve_device(name: str) -> Any:
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise Unsupported("probe.device asks for CUDA but no GPU is visible", "use probe.device: cpu or auto")
+    return device
+
+
+def check_support(params: Params, device: Any) -> list[str]:
+    """Notes on knobs that fall back (recorded in the measurement); raises for knobs that cannot run."""
+    import torch
+
+    notes: list[str] = []
+    cuda = device.type == "cuda"
+    if params.precision == "bf16":
+        if cuda and not torch.cuda.is_bf16_supported():
+            raise Unsupported("precision=bf16 but this GPU has no bf16 support", "use precision: fp16 or fp32")
+        if not cuda and not ({"avx512_bf16", "amx_bf16"} & cpu_flags()):
+            notes.append("bf16 on a CPU without native bf16 instructions runs emulated (slow)")
+    if params.precision == "fp16" and not cuda:
+        notes.append("fp16 autocast on CPU: supported by torch, but CPUs rarely run it faster than fp32")
+    if params.attention == "flash_attention_2":
+        if not cuda:
+            raise Unsupported("attention=flash_attention_2 needs a CUDA GPU", "use attention: sdpa on CPU")
+        if importlib.util.find_spec("flash_attn") is None:
+            raise Unsupported("attention=flash_attention_2 needs the flash-attn package",
+                              "pip install flash-attn --no-build-isolation, or use attention: sdpa")
+    if params.optimizer == "adamw_8bit":
+        if not cuda:
+            raise Unsupported("optimizer=adamw_8bit (bitsandbytes) needs a CUDA GPU", "use adamw or adamw_fused")
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise Unsupported("optimizer=adamw_8bit needs the bitsandbytes package",
+                              "pip install bitsandbytes, or use adamw_fused")
+    if params.tf32 and not cuda:
+        notes.append("tf32 has no effect on CPU")
+    if params.compile != "off" and not cuda:
+        if shutil.which("cc") is None and shutil.which("g++") is None:
+            raise Unsupported("compile on CPU needs a C++ compiler (inductor)", "install gcc, or use compile: off")
+        if params.compile == "reduce-overhead":
+            notes.append("compile=reduce-overhead uses CUDA graphs; on CPU it compiles like 'default'")
+    if params.compile != "off" and params.padding == "longest":
+        notes.append("compile with padding=longest: new batch shapes trigger recompiles; "
+                     "padding=max_length gives one shape")
+    return notes
+
+
+def synchronize(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _optimizer(params: Params, trainable: list[Any]) -> Any:
+    import torch
+
+    lr = 1e-5  # the learning rate does not change a step's cost
+    if params.optimizer == "adamw":
+        return torch.optim.AdamW(trainable, lr=lr, foreach=True)
+    if params.optimizer == "adamw_fused":
+        return torch.optim.AdamW(trainable, lr=lr, fused=True)
+    import bitsandbytes as bnb  # checked by check_support
+
+    return bnb.optim.AdamW8bit(trainable, lr=lr)
+
+
+class TrainStep:
+    """Runs optimizer steps of ``gradient_accumulation_steps`` micro-batches each."""
+
+    def __init__(self, workload: Workload, params: Params, device: Any) -> None:
+        import torch
+
+        self.workload, self.params, self.device = workload, params, device
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = params.tf32
+            torch.backends.cudnn.allow_tf32 = params.tf32
+            torch.backends.cudnn.benchmark = True
+        if params.compile != "off":
+            mode = None if params.compile == "default" else params.compile
+            workload.model = torch.compile(workload.model, mode=mode)
+        trainable = [p for p in workload.model.parameters() if p.requires_grad]
+        if not trainable:
+            raise TrainfitError("the model has no trainable parameters",
+                                "check lora_target_modules, or that the factory leaves parameters trainable")
+        self.optimizer = _optimizer(params, trainable)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(params.precision)
+        self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
+        self.scaler = torch.amp.GradScaler(device.type) if params.precision == "fp16" else None
+
+    def run(self, micro_batches: Sequence[Batch]) -> float:
+        """One optimizer step over ``micro_batches``; returns the mean loss (a host sync)."""
+        n = len(micro_batches)
+        total = None
+        for batch in micro_batches:
+            with self.autocast():
+                loss = self.workload.loss(batch.inputs) / n
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(total)  # one host sync per step, as a training loop that logs its loss has

@@ -1,0 +1,24 @@
+"""Turn a spec and a configuration into a runnable model + batches + loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainfit.params import Params
+from trainfit.spec import Spec
+from trainfit.workloads.base import Batch, Workload
+from trainfit.workloads.factory import CustomWorkload
+
+
+def build_workload(spec: Spec, params: Params, device: Any) -> Workload:
+    """The workload of ``spec.model`` with ``params``'s model-shaping knobs applied."""
+    if spec.model.factory is not None:
+        from trainfit.workloads.factory import FactoryWorkload
+
+        return FactoryWorkload(spec.model.factory, params, device)
+    from trainfit.workloads.hf import HFCausalLM
+
+    return HFCausalLM(spec.model, params, device, seed=spec.probe.seed)
+
+
+__all__ = ["Batch", "CustomWorkload", "Workload", "build_workload"]

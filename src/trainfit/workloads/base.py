@@ -1,0 +1,61 @@
+"""What a workload is: a model, a way to make batches of given sample lengths, and a loss.
+
+The probe and the training loop only talk to this interface, so a Hugging Face model and a custom
+TTS model are measured by the same code.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainfit.flops import StepFlops
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch, ready on the device, and what it holds."""
+
+    inputs: Any
+    """Whatever the workload's ``loss`` takes."""
+    seq_lens: tuple[int, ...]
+    """Real (unpadded, truncated) length of each sample, in positions."""
+    padded_len: int
+    """Positions per sample after padding."""
+
+    @property
+    def samples(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(self.seq_lens)
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.padded_len * len(self.seq_lens)
+
+
+class Workload(ABC):
+    """A model plus batch-making and loss. Built once per probe inside the child process."""
+
+    name: str = "workload"
+    model: Any
+    """The ``torch.nn.Module`` being trained (after LoRA and checkpointing are applied)."""
+    max_positions: int | None = None
+    """Longest sequence the model accepts, when it has such a limit."""
+    notes: list[str]
+
+    @abstractmethod
+    def make_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
+        """A batch of ``len(lengths)`` samples with these real lengths, padded to ``pad_to``."""
+
+    @abstractmethod
+    def loss(self, inputs: Any) -> Any:
+        """Scalar loss tensor of one micro-batch (forward pass)."""
+
+    def flops(self, seq_lens: Sequence[int], recompute: bool) -> StepFlops | None:
+        """Model/hardware FLOPs of forward+backward over these lengths; None when unknown."""
+        return None

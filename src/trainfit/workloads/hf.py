@@ -1,0 +1,127 @@
+"""Hugging Face causal language models (random-init from a config, or a local checkpoint), with
+LoRA through peft. Every knob that shapes the model is applied here, in this order: attention
+kernel and weight dtype at construction, then gradient checkpointing, then LoRA."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trainfit.errors import TrainfitError
+from trainfit.flops import StepFlops, TransformerShape, matmul_params, step_flops
+from trainfit.params import Params
+from trainfit.spec import ModelSpec
+from trainfit.workloads.base import Batch, Workload
+
+
+def load_config(model: ModelSpec) -> Any:
+    """The transformers config of a spec's model (no download: local files or inline keys)."""
+    from transformers import AutoConfig
+
+    try:
+        if model.config is not None:
+            cfg = dict(model.config)
+            return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        return AutoConfig.from_pretrained(model.path, local_files_only=True)
+    except (ValueError, OSError, KeyError) as err:
+        raise TrainfitError(f"cannot build the model config: {err}",
+                            "check model.config.model_type / model.path") from None
+
+
+def max_positions_of(config: Any) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+class HFCausalLM(Workload):
+    """A transformers ``AutoModelForCausalLM`` trained on random token ids of the real lengths.
+
+    Token content does not change a step's cost; lengths, padding and shapes do, and they come
+    from the dataset.
+    """
+
+    name = "hf-causal-lm"
+
+    def __init__(self, model_spec: ModelSpec, params: Params, device: Any, seed: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.notes = []
+        self.device = device
+        config = load_config(model_spec)
+        self.config = config
+        self.max_positions = max_positions_of(config)
+        self.vocab_size = int(config.vocab_size)
+        # LoRA trains adapters only: the frozen base lives in the compute dtype (as QLoRA-style
+        # recipes load it), while full fine-tuning keeps fp32 master weights under autocast.
+        weight_dtype = torch.float32
+        if params.lora_r is not None and params.precision in ("bf16", "fp16"):
+            weight_dtype = torch.bfloat16 if params.precision == "bf16" else torch.float16
+            self.notes.append(f"LoRA: frozen base weights held in {params.precision}, adapters in fp32")
+        kwargs = {"attn_implementation": params.attention, "dtype": weight_dtype}
+        torch.manual_seed(seed)
+        try:
+            if model_spec.path is not None:
+                model = AutoModelForCausalLM.from_pretrained(model_spec.path, config=config,
+                                                             local_files_only=True, **kwargs)
+            else:
+                model = AutoModelForCausalLM.from_config(config, **kwargs)
+        except (ValueError, ImportError) as err:
+            raise TrainfitError(f"cannot build the model with attention={params.attention}: {err}",
+                                "try attention: sdpa or eager") from None
+        model.config.use_cache = False
+        if params.gradient_checkpointing:
+            # Non-reentrant checkpointing works with frozen inputs (LoRA) without extra hooks.
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            try:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            except TypeError:
+                enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if params.lora_r is not None:
+            from peft import LoraConfig, get_peft_model
+
+            targets = params.lora_target_modules
+            lora = LoraConfig(
+                r=params.lora_r,
+                lora_alpha=params.lora_alpha if params.lora_alpha is not None else 2 * params.lora_r,
+                lora_dropout=params.lora_dropout,
+                target_modules=list(targets) if isinstance(targets, tuple) else targets,
+                task_type="CAUSAL_LM",
+            )
+            try:
+                model = get_peft_model(model, lora)
+            except ValueError as err:
+                raise TrainfitError(f"LoRA could not be applied: {err}",
+                                    "set params.lora_target_modules to module names of this model") from None
+        self.model = model.to(device)
+        self.model.train()
+        n_all, n_trainable = matmul_params(self.model)
+        heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_head", 0))
+        hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
+        layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
+        head_dim = int(getattr(config, "head_dim", None) or (hidden // heads if heads else 0))
+        self.shape = TransformerShape(n_params=n_all, n_trainable=n_trainable, n_layers=layers,
+                                      n_heads=heads, head_dim=head_dim) if heads and layers else None
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def make_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
+        import torch
+
+        n = len(lengths)
+        ids = torch.randint(0, self.vocab_size, (n, pad_to), generator=self._generator)
+        positions = torch.arange(pad_to).unsqueeze(0)
+        real = torch.tensor(list(lengths)).unsqueeze(1)
+        mask = positions < real
+        labels = ids.masked_fill(~mask, -100)
+        inputs = {"input_ids": ids.to(self.device), "attention_mask": mask.long().to(self.device),
+                  "labels": labels.to(self.device)}
+        return Batch(inputs=inputs, seq_lens=tuple(int(x) for x in lengths), padded_len=pad_to)
+
+    def loss(self, inputs: Any) -> Any:
+        return self.model(**inputs).loss
+
+    def flops(self, seq_lens: Sequence[int], recompute: bool) -> StepFlops | None:
+        return None if self.shape is None else step_flops(self.shape, seq_lens, recompute)

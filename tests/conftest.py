@@ -1,0 +1,72 @@
+"""Shared fixtures: tiny models built from configs, data generated in code, fast probe settings.
+
+Nothing here downloads anything; every model is random-init from a config dict.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+TESTS = Path(__file__).resolve().parent
+EXAMPLES = TESTS.parent / "examples"
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+              "max_position_embeddings": 512}
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 512,
+             "vocab_size": 256, "bos_token_id": 1, "eos_token_id": 2}
+FAST_PROBE = {"memory_steps": 2, "burn_in_steps": 1, "min_steps": 2, "max_steps": 4, "max_seconds": 3,
+              "timeout_s": 120, "device": "cpu"}
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Length counts are cached per test session in a temp folder, never in the user's home."""
+    monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def write_texts(path: Path, n: int = 200, seed: int = 0) -> list[int]:
+    """A JSONL file whose sample i has a known number of words; returns the word counts."""
+    rng = random.Random(seed)
+    counts = [max(1, int(rng.lognormvariate(3.0, 0.7))) for _ in range(n)]
+    with path.open("w") as f:
+        for i, c in enumerate(counts):
+            f.write(json.dumps({"id": i, "text": " ".join(f"w{j % 50}" for j in range(c))}) + "\n")
+    return counts
+
+
+@pytest.fixture
+def texts_file(tmp_path: Path) -> tuple[Path, list[int]]:
+    path = tmp_path / "train.jsonl"
+    return path, write_texts(path)
+
+
+def make_spec_file(tmp_path: Path, *, model: dict[str, Any], data: dict[str, Any] | None = None,
+                   params: dict[str, Any] | None = None, budget: dict[str, Any] | None = None,
+                   probe: dict[str, Any] | None = None, name: str = "spec.yaml") -> Path:
+    doc: dict[str, Any] = {"model": model, "params": params or {}, "probe": {**FAST_PROBE, **(probe or {})}}
+    if data is not None:
+        doc["data"] = data
+    if budget is not None:
+        doc["budget"] = budget
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def llama_spec(tmp_path: Path, texts_file: tuple[Path, list[int]]):
+    """A factory of spec files for the tiny Llama on the generated texts."""
+
+    def make(params: dict[str, Any] | None = None, **kw: Any) -> Path:
+        return make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                              data={"path": str(texts_file[0]), "text_field": "text"},
+                              params={"batch_size": 2, "max_length": 128, **(params or {})}, **kw)
+
+    return make

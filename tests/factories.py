@@ -1,0 +1,46 @@
+"""Custom factories for tests: a working one with a custom knob, and ones that crash or hang."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+import trainfit
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, width)
+        self.out = torch.nn.Linear(width, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.proj(x))).pow(2).mean()
+
+
+def scaled(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
+    """`width_mul` is a custom knob: it multiplies the hidden width (and so FLOPs and memory)."""
+    width = 16 * int(params.extra["width_mul"])
+    model = Tiny(width).to(device)
+    n = sum(p.numel() for p in model.parameters())
+    return trainfit.CustomWorkload(
+        model=model,
+        make_batch=lambda lengths, pad_to: torch.randn(len(lengths), pad_to, 8, device=device),
+        loss=lambda m, x: m(x),
+        flops_per_sample=lambda length: 6.0 * n * length,
+    )
+
+
+def crash(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
+    os.abort()
+
+
+def hang(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
+    time.sleep(3600)
+    raise AssertionError("unreachable")
+
+
+def broken(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
+    raise ValueError("the factory could not read its config")

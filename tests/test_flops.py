@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pytest
+
+from trainfit.devices import peak_flops
+from trainfit.flops import TransformerShape, matmul_params, step_flops, utilization
+
+
+def test_full_finetune_matches_palm_formula() -> None:
+    # N = 1e6, L = 2, H = 4, Q = 16; two samples of 10 and 20 tokens.
+    shape = TransformerShape(n_params=1_000_000, n_trainable=1_000_000, n_layers=2, n_heads=4, head_dim=16)
+    f = step_flops(shape, [10, 20], recompute=False)
+    # 6N per token over 30 tokens + 12*L*H*Q*T per token = 12*128*(10*10 + 20*20)
+    assert f.model == 6e6 * 30 + 12 * 128 * 500
+    assert f.hardware == f.model
+
+
+def test_lora_skips_frozen_weight_gradients_and_recompute_is_hardware_only() -> None:
+    shape = TransformerShape(n_params=1_010_000, n_trainable=10_000, n_layers=2, n_heads=4, head_dim=16)
+    f = step_flops(shape, [100], recompute=True)
+    attn = 12 * 128 * 100 * 100
+    # 4 * N_all + 2 * N_trainable per token == 4 * N_base + 6 * N_lora.
+    assert f.model == (4 * 1_000_000 + 6 * 10_000) * 100 + attn
+    # Recomputation adds one forward: 2 N_all per token + a third of the attention term.
+    assert f.hardware == f.model + 2 * 1_010_000 * 100 + attn / 3
+
+
+def test_matmul_params_exclude_embedding_lookups_but_count_a_tied_head_once() -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("gpt2", n_embd=16, n_layer=1, n_head=2, n_positions=32, vocab_size=50,
+                               bos_token_id=1, eos_token_id=2)
+    model = AutoModelForCausalLM.from_config(cfg)
+    total = sum(p.numel() for p in model.parameters())  # wte counted once (tied), wpe once
+    n_all, n_trainable = matmul_params(model)
+    assert n_all == total - 32 * 16  # only the position table is left out
+    assert n_trainable == n_all
+
+
+def test_peak_table_and_unknown_devices() -> None:
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16", False)[0] == 989e12
+    assert peak_flops("NVIDIA H100 PCIe", "bf16", False)[0] == 756e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "fp32", True)[0] == 156e12
+    assert peak_flops("Some Future GPU", "bf16", False) is None
+    assert utilization(1e12, 2.0, None) is None
+    assert utilization(1e12, 2.0, 1e12) == pytest.approx(0.5)

@@ -1,0 +1,128 @@
+"""Real probes: each test runs a tiny model's training steps in a child process."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TESTS, TINY_GPT2, TINY_LLAMA, make_spec_file
+from trainfit.cli import main
+from trainfit.probe import Measurement, run_probe
+from trainfit.spec import load_spec
+
+
+def probe(path: Path, *overrides: str) -> Measurement:
+    return run_probe(load_spec(path, list(overrides)))
+
+
+def assert_ok(m: Measurement) -> None:
+    assert m.status == "ok", m.message
+    assert m.samples_per_second > 0 and m.tokens_per_second > 0
+    assert m.steps_measured >= 2 and len(m.step_times_s) == m.steps_measured
+    assert m.peak_memory_bytes > 100 * 2**20  # the process holds torch at least
+    assert m.model_flops_per_step > 0
+    assert m.mfu is None  # no peak FLOP/s on record for a CPU
+    assert m.versions["torch"] and m.device == "cpu"
+
+
+def test_full_finetune_llama_measures_real_tokens(llama_spec) -> None:
+    m = probe(llama_spec({"batch_size": 2, "gradient_accumulation_steps": 2, "max_length": 64}))
+    assert_ok(m)
+    assert m.samples_per_step == 4
+    # padding=longest: padded tokens include the pad, real tokens do not
+    assert m.real_tokens_per_step < m.padded_tokens_per_step
+    assert m.tokens_per_second == pytest.approx(m.samples_per_second * m.real_tokens_per_step / 4, rel=1e-6)
+    assert m.worst_case_lengths == [64, 64]  # the two longest samples, truncated to max_length
+    assert m.truncated_samples > 0 and any("truncated" in n for n in m.notes)
+    assert set(m.phases_s) == {"start", "build", "memory", "burn_in", "timed"}
+    json.dumps(m.to_dict())  # serializable
+    assert Measurement.from_dict(m.to_dict()) == m
+
+
+def test_lora_and_checkpointing_change_the_flops_count(llama_spec) -> None:
+    base = probe(llama_spec({"padding": "max_length"}))
+    lora = probe(llama_spec({"padding": "max_length", "lora_r": 4, "gradient_checkpointing": True}))
+    assert_ok(base)
+    assert_ok(lora)
+    # Same fixed-shape batches; LoRA skips frozen weight gradients, so fewer model FLOPs per token.
+    assert lora.model_flops_per_step / lora.real_tokens_per_step < base.model_flops_per_step / base.real_tokens_per_step
+
+
+def test_gpt2_bf16(tmp_path: Path, texts_file) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_GPT2},
+                          data={"path": str(texts_file[0]), "text_field": "text"},
+                          params={"batch_size": 2, "max_length": 64, "precision": "bf16"})
+    assert_ok(probe(path))
+
+
+def oom_spec(tmp_path: Path) -> Path:
+    """16 x 2048 tokens over a 4096-word vocabulary: ~0.5 GiB of fp32 logits alone, several
+    copies in the loss, under a 0.9 GiB cap of which torch's import takes ~0.4."""
+    model = {"config": {**TINY_LLAMA, "vocab_size": 4096, "max_position_embeddings": 2048}}
+    return make_spec_file(tmp_path, model=model, params={"batch_size": 16, "max_length": 2048},
+                          budget={"memory_gb": 0.9, "headroom_gb": 0.1}, name="oom.yaml")
+
+
+def test_real_oom_under_a_small_cpu_budget(tmp_path: Path) -> None:
+    m = probe(oom_spec(tmp_path))
+    assert m.status == "oom", m.message
+    assert "can't allocate memory" in m.message or "out of memory" in m.message
+    assert m.exit_code == 3 and not m.fits
+    assert m.samples_per_second is None
+
+
+def test_factory_with_custom_knob(tmp_path: Path) -> None:
+    def spec(mul: int) -> Path:
+        return make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:scaled"},
+                              params={"max_length": 16, "batch_size": 2, "width_mul": mul}, name=f"f{mul}.yaml")
+
+    small, big = probe(spec(1)), probe(spec(4))
+    assert_ok(small)
+    assert_ok(big)
+    assert small.config["width_mul"] == 1 and big.config["width_mul"] == 4
+    assert big.model_flops_per_step > 3 * small.model_flops_per_step
+    assert any("no dataset" in n for n in small.notes)
+
+
+@pytest.mark.parametrize("factory, status, text", [
+    ("crash", "error", "SIGABRT"),
+    ("broken", "error", "the factory could not read its config"),
+])
+def test_a_crashing_child_is_a_status_not_a_crash(tmp_path: Path, factory: str, status: str, text: str) -> None:
+    path = make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:{factory}"},
+                          params={"max_length": 8})
+    m = probe(path)
+    assert (m.status, m.exit_code) == (status, 4)
+    assert text in m.message
+
+
+def test_a_hanging_child_is_killed(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:hang"},
+                          params={"max_length": 8}, probe={"timeout_s": 6})
+    start = time.monotonic()
+    m = probe(path)
+    assert m.status == "timeout" and m.exit_code == 5
+    assert time.monotonic() - start < 30
+
+
+def test_unsupported_knobs_are_clear_errors(llama_spec) -> None:
+    m = probe(llama_spec({"attention": "flash_attention_2"}))
+    assert m.status == "error" and "needs a CUDA GPU" in m.message
+    m = probe(llama_spec({"optimizer": "adamw_8bit"}))
+    assert m.status == "error" and "adamw_8bit" in m.message
+    m = probe(llama_spec({"tf32": True, "optimizer": "adamw_fused"}))
+    assert_ok(m)
+    assert "tf32 has no effect on CPU" in m.notes
+
+
+def test_cli_probe_writes_json_and_exits_by_status(llama_spec, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out.json"
+    assert main(["probe", str(llama_spec()), "--set", "batch_size=3", "--json", str(out), "--quiet"]) == 0
+    data = json.loads(out.read_text())
+    assert data["status"] == "ok" and data["config"]["batch_size"] == 3
+    printed = capsys.readouterr().out
+    assert "samples/s" in printed and "peak memory" in printed
+    assert main(["probe", str(oom_spec(tmp_path)), "--quiet"]) == 3

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_LLAMA, make_spec_file
+from trainfit.cli import main
+from trainfit.errors import SpecError, TrainfitError
+from trainfit.params import Params, parse_params
+from trainfit.spec import load_spec, merge_overrides, parse_override
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"config": {"hidden_size": 8}},
+                          data={"path": "missing.jsonl", "text_field": "text"},
+                          params={"batch_sise": 4, "precision": "bf61", "gradient_checkpointing": "yes"},
+                          budget={"memory_gb": 2, "headroom_gb": 3})
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    keys = {p.key for p in info.value.problems}
+    assert keys == {"model.config.model_type", "data.path", "params.batch_sise", "params.precision",
+                    "params.gradient_checkpointing", "budget.headroom_gb"}
+    text = str(info.value)
+    assert "did you mean 'batch_size'?" in text
+    assert "did you mean 'bf16'?" in text
+
+
+def test_unknown_section_and_section_key_get_did_you_mean(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("model: {config: {model_type: llama}}\nparams: {max_length: 8}\nbudjet: {}\n"
+                    "probe: {max_step: 3}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    messages = [str(p) for p in info.value.problems]
+    assert any("budjet" in m and "'budget'" in m for m in messages)
+    assert any("probe.max_step" in m and "'max_steps'" in m for m in messages)
+
+
+def test_overrides_win_over_the_file_and_bare_keys_are_params(tmp_path: Path, llama_spec) -> None:
+    spec = load_spec(llama_spec({"batch_size": 2}),
+                     ["batch_size=8", "lora_r=16", "budget.memory_gb=3", "lora_target_modules=[q_proj,v_proj]"])
+    assert spec.params.batch_size == 8
+    assert spec.params.lora_r == 16
+    assert spec.params.lora_target_modules == ("q_proj", "v_proj")
+    assert spec.budget.memory_gb == 3.0
+    assert merge_overrides({"a": {"b": 1}}, [("a.c", 2)]) == {"a": {"b": 1, "c": 2}}
+    assert parse_override("compile=max-autotune") == ("params.compile", "max-autotune")
+    with pytest.raises(TrainfitError):
+        parse_override("batch_size")
+
+
+def test_model_needs_exactly_one_source(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA, "factory": "x:y"}, params={"max_length": 8})
+    with pytest.raises(SpecError, match="exactly one of path, config, factory"):
+        load_spec(path)
+
+
+def test_custom_keys_pass_through_only_for_factories(tmp_path: Path) -> None:
+    factory = make_spec_file(tmp_path, model={"factory": "tests.factories:scaled"},
+                             params={"max_length": 8, "ddpm_batch_mul": 4}, name="f.yaml")
+    assert load_spec(factory).params.extra == {"ddpm_batch_mul": 4}
+    hf = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 8, "ddpm_batch_mul": 4},
+                        name="h.yaml")
+    with pytest.raises(SpecError, match="params.ddpm_batch_mul: unknown knob"):
+        load_spec(hf)
+    # A near-miss of a built-in knob is a typo even for a factory.
+    typo = make_spec_file(tmp_path, model={"factory": "tests.factories:scaled"},
+                          params={"max_length": 8, "batch_sizes": 4}, name="t.yaml")
+    with pytest.raises(SpecError, match="did you mean 'batch_size'"):
+        load_spec(typo)
+
+
+def test_params_rules() -> None:
+    params, problems = parse_params({"padding": "max_length"}, allow_custom=False)
+    assert [p.key for p in problems] == ["params.padding"]
+    params, problems = parse_params({"lora_alpha": 32}, allow_custom=False)
+    assert [p.key for p in problems] == ["params.lora_r"]
+    params, problems = parse_params({"compile": False, "batch_size": 3, "gradient_accumulation_steps": 4},
+                                    allow_custom=False)
+    assert problems == [] and params.compile == "off" and params.effective_batch_size == 12
+    assert Params().replace(batch_size=5, ddpm_batch_mul=2).extra == {"ddpm_batch_mul": 2}
+
+
+def test_cli_reports_spec_errors_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 8, "optimiser": "adamw"})
+    assert main(["probe", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "params.optimiser: unknown knob (did you mean 'optimizer'?)" in err
+    assert "Traceback" not in err
+    assert main(["probe", str(tmp_path / "nope.yaml")]) == 2
+    assert "not found" in capsys.readouterr().err
