@@ -1,0 +1,183 @@
+"""Length counting and statistics on files written in the test, with exact expected values."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainfit.cli import main
+from trainfit.data import LengthRecipe, LengthStats, count_lengths, summarize
+from trainfit.data.lengths import BAD
+from trainfit.data.readers import iter_rows
+from trainfit.data.stats import count_longer_than, packing_waste, padding_waste, round_up
+from trainfit.errors import TrainfitError
+
+EXAMPLE_TOKENIZER = Path(__file__).resolve().parents[1] / "examples" / "data" / "tokenizer.json"
+WORDS = LengthRecipe(text_fields=("text",))  # the fallback count: one per word here
+
+
+def write_jsonl(path: Path, counts: list[int]) -> Path:
+    with path.open("w") as f:
+        for c in counts:
+            f.write(json.dumps({"text": " ".join(["word"] * c), "extra": 1}) + "\n")
+    return path
+
+
+def test_exact_percentiles_and_longest_rows(tmp_path: Path) -> None:
+    counts = list(range(1, 101))  # 1..100 words
+    counts[10], counts[20] = 500, 400  # two long outliers at known rows
+    table = count_lengths(write_jsonl(tmp_path / "d.jsonl", counts), WORDS, progress=False)
+    assert table.lengths.tolist() == counts
+    stats = summarize(table, percentile=99, multiple=64, batch_size=4, top=3)
+    assert (stats.samples, stats.min, stats.max, stats.total) == (100, 1, 500, sum(counts))
+    assert stats.percentiles["p50"] == float(np.percentile(counts, 50))
+    assert stats.percentiles["p99"] == float(np.percentile(counts, 99))  # 401.0
+    assert [(x["row"], x["length"]) for x in stats.longest[:3]] == [(10, 500), (20, 400), (99, 100)]
+    assert stats.recommended_max_length == 448  # p99 = 401 rounded up to a multiple of 64
+    assert stats.truncated_share == pytest.approx(0.01)
+    assert stats.longest_lengths(2) == [500, 400]
+
+
+def test_padding_waste_figures() -> None:
+    lengths = np.array([1, 3, 2, 2])
+    assert padding_waste(lengths, 1, None) == 0.0
+    assert padding_waste(lengths, 4, None) == pytest.approx(1 - 8 / 12)
+    assert padding_waste(lengths, 4, 4) == pytest.approx(1 - 8 / 16)
+    assert padding_waste(lengths, 4, 2) == pytest.approx(1 - 7 / 8)  # truncation drops a token
+    assert packing_waste(lengths, 3) == pytest.approx(1 - 8 / 9)
+    assert round_up(1, 256) == 256 and round_up(257, 256) == 512
+
+
+def test_every_format_gives_the_same_lengths(tmp_path: Path) -> None:
+    texts = ["a b c", "d e", "f g h i"]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (tmp_path / "d.json").write_text(json.dumps([{"text": t} for t in texts]))
+    with (tmp_path / "d.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "text"])
+        w.writerows(enumerate(texts))
+    (tmp_path / "d.tsv").write_text("text\n" + "\n".join(texts) + "\n")
+    (tmp_path / "d.txt").write_text("\n".join(texts) + "\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": texts}), tmp_path / "d.parquet")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    with pa.OSFile(str(hf / "data-00000-of-00001.arrow"), "wb") as sink:
+        with pa.ipc.new_stream(sink, pa.schema([("text", pa.string())])) as writer:
+            writer.write_table(pa.table({"text": texts}))
+    (hf / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    names = ["d.jsonl", "d.json", "d.csv", "d.tsv", "d.txt", "d.parquet", "hf"]
+    for name in names:
+        table = count_lengths(tmp_path / name, WORDS, progress=False, use_cache=False)
+        assert table.lengths.tolist() == [3, 2, 4], name
+    assert len(names) == 7
+
+
+def test_tokenizer_counts_and_joined_fields(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(EXAMPLE_TOKENIZER))
+    path = tmp_path / "d.jsonl"
+    rows = [{"q": "Kato rimen sa", "a": "lo vi dur"}, {"q": "ne", "a": "pa zu el mor"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = LengthRecipe(text_fields=("q", "a"), tokenizer=str(EXAMPLE_TOKENIZER))
+    table = count_lengths(path, recipe, progress=False)
+    assert table.lengths.tolist() == [len(tok.encode(f"{r['q']}\n{r['a']}").ids) for r in rows]
+    assert "tokenized with" in table.description
+
+
+def test_length_field_with_scale(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text("utt,duration_s\na,1.5\nb,0.014\nc,3\n")
+    table = count_lengths(path, LengthRecipe(length_field="duration_s", length_scale=100), progress=False)
+    assert table.lengths.tolist() == [150, 2, 300]  # rounded up to whole frames
+
+
+def test_missing_field_names_the_fields_that_exist(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [3, 4])
+    with pytest.raises(TrainfitError, match="no field 'txt'") as info:
+        count_lengths(path, LengthRecipe(text_fields=("txt",)), progress=False)
+    assert "text, extra" in str(info.value)
+
+
+def test_bad_rows_stop_with_line_numbers_or_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"text": "a b"}\n{"text": broken\n{"text": "c"}\n{"text": "\xff\xfe"}\n{"other": 1}\n')
+    with pytest.raises(TrainfitError, match="line 2: invalid JSON"):
+        count_lengths(path, WORDS, progress=False)
+    table = count_lengths(path, WORDS, on_bad_row="skip", progress=False)
+    assert table.lengths.tolist() == [2, BAD, 1, BAD, BAD]
+    assert table.bad_rows == 3
+    reasons = [b["reason"] for b in table.bad_examples]
+    assert reasons[0].startswith("invalid JSON") and reasons[1].startswith("not UTF-8")
+    assert reasons[2] == "missing field 'text'"
+    stats = summarize(table)
+    assert stats.samples == 2 and stats.bad_rows == 3
+
+
+def test_empty_and_missing_files(tmp_path: Path) -> None:
+    (tmp_path / "e.jsonl").write_text("")
+    with pytest.raises(TrainfitError, match="has no rows"):
+        count_lengths(tmp_path / "e.jsonl", WORDS, progress=False)
+    with pytest.raises(TrainfitError, match="does not exist"):
+        count_lengths(tmp_path / "nope.jsonl", WORDS, progress=False)
+
+
+def test_interrupted_count_resumes_and_finished_count_is_cached(tmp_path: Path) -> None:
+    counts = [(i % 17) + 1 for i in range(5000)]
+    path = write_jsonl(tmp_path / "d.jsonl", counts)
+    cache = tmp_path / "cache"
+    seen: list[int] = []
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_halfway(rows_done: int) -> None:
+        seen.append(rows_done)
+        if rows_done >= 2500:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        count_lengths(path, WORDS, cache_dir=cache, batch_rows=500, checkpoint_every_s=0, progress=False,
+                      on_batch=stop_halfway)
+    resumed_from: list[int] = []
+    table = count_lengths(path, WORDS, cache_dir=cache, batch_rows=500, progress=False,
+                          on_batch=resumed_from.append)
+    assert table.lengths.tolist() == counts
+    # Interrupted while handling rows 2,000-2,500 (checkpointed up to 2,000): resumes there.
+    assert resumed_from[0] == 2500
+    assert any("resumed" in n for n in table.notes)
+    again = count_lengths(path, WORDS, cache_dir=cache, progress=False)
+    assert again.from_cache and again.lengths.tolist() == counts
+
+
+def test_rows_stream_lazily(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [1] * 10)
+    rows = iter_rows(path)
+    assert next(rows)[0] == 0  # a generator: nothing is read ahead
+
+
+def test_count_longer_than_is_exact_for_small_sets(tmp_path: Path) -> None:
+    table = count_lengths(write_jsonl(tmp_path / "d.jsonl", list(range(1, 201))), WORDS, progress=False)
+    stats = summarize(table)
+    assert count_longer_than(stats, 150) == (50, True)
+
+
+def test_cli_analyze_json_round_trip_and_plot(tmp_path: Path, capsys) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", list(range(1, 51)))
+    out, plot = tmp_path / "lengths.json", tmp_path / "lengths.html"
+    assert main(["analyze", str(path), "--text-field", "text", "--json", str(out), "--plot", str(plot),
+                 "--max-positions", "40", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "p99.5" in printed and "histogram" in printed and "exceed the model's 40 positions" in printed
+    stats = LengthStats.from_dict(json.loads(out.read_text()))
+    assert stats.max == 50 and stats.over_max_positions == 10
+    assert "<svg" in plot.read_text()
+    assert main(["analyze", str(path), "--text-field", "nope", "--quiet"]) == 2
+    assert "fields in the first row: text, extra" in capsys.readouterr().err
