@@ -55,6 +55,7 @@ def make_spec_file(tmp_path: Path, *, model: dict[str, Any], data: dict[str, Any
         doc["data"] = data
     if budget is not None:
         doc["budget"] = budget
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / name
     path.write_text(yaml.safe_dump(doc))
     return path

@@ -94,6 +94,35 @@ class ProbeSettings:
     """Seed for typical-batch sampling and model init."""
 
 
+STRATEGIES = ("auto", "grid", "random", "bayes")
+OBJECTIVES = ("samples_per_second", "tokens_per_second")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneSettings:
+    """How ``trainfit tune`` searches (the space itself is the ``search:`` section)."""
+
+    strategy: str = "auto"
+    """auto (uses memory/throughput structure) | grid | random | bayes (Optuna GP with constraints)."""
+    max_trials: int | None = None
+    """Probes at most (None: the whole grid for grid, 30 otherwise)."""
+    time_budget_s: float | None = None
+    """No new probe starts after this many seconds of tuning."""
+    objective: str = "samples_per_second"
+    """samples_per_second | tokens_per_second."""
+    target_effective_batch: int | None = None
+    """Derive gradient accumulation so batch_size x accumulation ~= this."""
+    constraints: tuple[str, ...] = ()
+    """Expressions such as 'lora_r >= 16' that every configuration must satisfy."""
+    command_template: str | None = None
+    """Your training command with {knob} placeholders, e.g. '--per_device_train_batch_size {batch_size}'."""
+    epochs: float = 1.0
+    """Epochs of the full run, for the runtime estimate in the summary."""
+    seed: int = 0
+    patience: int = 12
+    """random/bayes stop after this many probes without a better feasible config."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """A validated, frozen description of one tuning problem."""
@@ -105,20 +134,26 @@ class Spec:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     tokenizer: str | None = None
     """A local tokenizer folder or tokenizer.json; None = a stated fallback count."""
+    search: Any = None
+    """The :class:`trainfit.search.space.SearchSpace` (None when the spec has no ``search:``)."""
+    tune: TuneSettings = field(default_factory=TuneSettings)
     source: str | None = None
     """The spec file this came from (for messages and reports)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready view of the resolved spec (what reports and measurements record)."""
-        out = dataclasses.asdict(self)
+        out = dataclasses.asdict(dataclasses.replace(self, search=None))
         out["params"] = self.params.to_dict()
+        if self.search is not None:
+            out["search"] = {d.name: list(d.choices) if d.choices else {"low": d.low, "high": d.high, "log": d.log}
+                             for d in self.search.dims}
         return json.loads(json.dumps(out, default=list))
 
     def digest(self) -> str:
         """Short stable hash of everything that changes a measurement except ``params``."""
         d = self.to_dict()
-        d.pop("params")
-        d.pop("source")
+        for key in ("params", "source", "tune"):
+            d.pop(key)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -127,8 +162,9 @@ _SECTIONS = {
     "data": DataSpec,
     "budget": Budget,
     "probe": ProbeSettings,
+    "tune": TuneSettings,
 }
-_TOP_LEVEL = ("model", "tokenizer", "data", "params", "budget", "probe")
+_TOP_LEVEL = ("model", "tokenizer", "data", "params", "budget", "probe", "search", "tune")
 _DATA_FORMATS = ("auto", "jsonl", "json", "csv", "tsv", "parquet", "text", "hf")
 
 
@@ -306,6 +342,27 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
         if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
             problems.append(Problem("probe.device", f"{dev!r} is not auto, cpu, cuda or cuda:N"))
 
+    tune = sections["tune"]
+    space = None
+    if tune is not None:
+        if tune.get("strategy", "auto") not in STRATEGIES:
+            problems.append(Problem("tune.strategy", f"{tune['strategy']!r} is not one of {', '.join(STRATEGIES)}"))
+        if tune.get("objective", "samples_per_second") not in OBJECTIVES:
+            problems.append(Problem("tune.objective", f"{tune['objective']!r} is not one of {', '.join(OBJECTIVES)}"))
+        for name in ("max_trials", "target_effective_batch", "patience"):
+            if tune.get(name) is not None and tune[name] < 1:
+                problems.append(Problem(f"tune.{name}", "must be >= 1"))
+        raw_search = raw.get("search")
+        if raw_search is not None and not isinstance(raw_search, Mapping):
+            problems.append(Problem("search", "expected a mapping of knob: [choices] or {low, high}"))
+        elif raw_search is not None or tune.get("target_effective_batch") or tune.get("constraints"):
+            from trainfit.search.space import parse_space
+
+            space, space_problems = parse_space(
+                raw_search, params, allow_custom=model is not None and model.get("factory") is not None,
+                constraints=tune.get("constraints", ()), target_effective_batch=tune.get("target_effective_batch"))
+            problems += space_problems
+
     tokenizer = raw.get("tokenizer")
     if tokenizer is not None:
         if not isinstance(tokenizer, str):
@@ -325,6 +382,8 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
         budget=Budget(**budget),
         probe=ProbeSettings(**probe),
         tokenizer=tokenizer,
+        search=space,
+        tune=TuneSettings(**tune),
         source=source,
     )
 

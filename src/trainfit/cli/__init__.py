@@ -8,13 +8,14 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("analyze", "probe", "env")
+COMMANDS = ("analyze", "probe", "tune", "env")
 
 DESCRIPTION = """\
 Find the fastest training configuration that fits in memory, prove it by measurement.
 
   trainfit analyze data.jsonl --text-field text --tokenizer ./tok   lengths, percentiles, padding
   trainfit probe spec.yaml --set batch_size=8                       measure one configuration
+  trainfit tune spec.yaml --quick                                   search for the fastest config that fits
   trainfit env                                                      devices and versions
 
 Run `trainfit COMMAND --help` for the options of each command.

@@ -1,0 +1,134 @@
+"""``trainfit tune``: search for the fastest configuration that fits the memory budget."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from trainfit.cli.common import add_spec_arguments, spec_from_args, stats_from_args
+
+EPILOG = """\
+examples:
+  trainfit tune examples/tiny-llama.yaml --quick                 # 6 probes
+  trainfit tune examples/tiny-llama.yaml --memory-gb 22 --max-trials 20 --output runs/llama
+  trainfit tune examples/tiny-llama.yaml --output runs/llama --resume   # after Ctrl-C or a crash
+  trainfit tune spec.yaml --strategy bayes --time-budget 3600 --refine
+
+The search space is the spec's `search:` section (same keys as `params:`; a list = choices,
+{low, high, log} = a range). Outputs in --output: summary.json, trials.csv, train_command.sh,
+study.journal (every trial, as it ends) and probes/ (each probe's request, log and result).
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("tune", help="search for the fastest config that fits in memory",
+                       description="Probe configurations of the spec's search space, learning the memory "
+                                   "boundary from OOMs, and report the fastest that fits with a ready-to-run command.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_spec_arguments(p)
+    p.add_argument("--output", default="trainfit-runs/tune", help="output folder (default trainfit-runs/tune)")
+    p.add_argument("--resume", action="store_true", help="continue the study in --output")
+    p.add_argument("--storage", help="an Optuna storage URL (e.g. postgresql://...) instead of the journal file")
+    p.add_argument("--strategy", choices=("auto", "grid", "random", "bayes"), help="default: the spec's (auto)")
+    p.add_argument("--max-trials", type=int, help="probes at most")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS", help="start no probe after this long")
+    p.add_argument("--quick", action="store_true", help="at most 6 probes")
+    p.add_argument("--refine", action="store_true", help="then probe the neighbours of the best config")
+    p.add_argument("--quiet", action="store_true", help="only the final report")
+    p.set_defaults(run=run)
+
+
+class TuneView:
+    """One line per finished trial, and a live line for the probe in flight on a terminal."""
+
+    def __init__(self, quiet: bool, objective: str) -> None:
+        self.quiet, self.objective = quiet, objective
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        from trainfit.cli.render import fmt_num
+        from trainfit.progress import format_duration
+
+        if self.quiet:
+            return
+        kind = event["event"]
+        if kind == "resumed":
+            print(f"resuming: {event['trials']} trials already measured"
+                  + (f", {event['retried']} interrupted trial(s) retried" if event["retried"] else ""))
+        elif kind == "trial_start" and self.tty:
+            values = " ".join(f"{k}={v}" for k, v in event["values"].items())
+            sys.stderr.write(f"\r\033[K[{event['index']}/{event['max_trials']}] probing {values} ...")
+            sys.stderr.flush()
+        elif kind == "probe" and self.tty and event.get("event") == "phase":
+            sys.stderr.write(f" {event['phase']}")
+            sys.stderr.flush()
+        elif kind == "trial_end":
+            if self.tty:
+                sys.stderr.write("\r\033[K")
+            m, best = event["measurement"], event["best"]
+            values = " ".join(f"{k}={v}" for k, v in event["values"].items())
+            if m.status == "ok":
+                result = (f"{fmt_num(getattr(m, self.objective))} {self.objective.replace('_per_second', '/s')}, "
+                          f"peak {m.peak_memory_gb:.2f} GiB{'' if m.fits else ' (over budget)'}")
+            else:
+                result = m.status.upper() + (f" ({m.message.splitlines()[0][:80]})" if m.status == "error" else "")
+            remaining = event["max_trials"] - event["index"]
+            eta = format_duration(remaining * event["mean_probe_s"]) if remaining > 0 else "0s"
+            best_text = f"best {fmt_num(best.objective)}" if best else "best: none yet"
+            print(f"[{event['index']}/{event['max_trials']}] {values} -> {result} | {best_text} | "
+                  f"elapsed {format_duration(event['elapsed_s'])}, at most {eta} left", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainfit.cli.render import fmt_num, table
+    from trainfit.errors import TrainfitError
+    from trainfit.progress import format_duration
+    from trainfit.search.tune import tune
+
+    spec = spec_from_args(args)
+    if spec.search is None:
+        raise TrainfitError(f"{args.spec} has no search: section, so there is nothing to tune",
+                            "add e.g. search: {batch_size: [1, 2, 4, 8], gradient_checkpointing: [false, true]}")
+    stats = stats_from_args(args, spec, progress=not args.quiet)
+    print(f"trainfit tune: {spec.source} -> {args.output}")
+    print(f"space: {', '.join(f'{d.name} {list(d.grid_values())}' for d in spec.search.dims)}; "
+          f"budget {spec.budget.memory_gb} GiB (headroom {spec.budget.headroom_gb})")
+    result = tune(spec, output=args.output, stats=stats, resume=args.resume, storage=args.storage,
+                  strategy=args.strategy, max_trials=args.max_trials, time_budget_s=args.time_budget,
+                  quick=args.quick, refine=args.refine, on_event=TuneView(args.quiet, spec.tune.objective))
+    s = result.summary
+    print(f"\nstopped: {result.stop_reason}")
+    print(f"tested {s['total_tested']}: {s['successful']} fit, {s['failed_oom']} OOM, {s['over_budget']} over budget, "
+          f"{s['failed_error']} errors, {s['failed_timeout']} timeouts; probe time {s['probe_time_s']:.0f} s")
+    best = s["best_config"]
+    if best is None:
+        print("\nNo configuration fits the budget.")
+        advice = s.get("all_failed", {})
+        for p in advice.get("measured_peaks_gb", []):
+            peak = f"{p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "n/a"
+            print(f"  {p['searched']}: {p['status']}, peak {peak}")
+        if advice.get("advice"):
+            print("To lower peak memory, add to the search space:")
+            for line in advice["advice"]:
+                print(f"  - {line}")
+        return 1
+    rows = [("config", " ".join(f"{k}={v}" for k, v in best["searched"].items())),
+            ("samples/s", fmt_num(best["samples_per_second"])),
+            ("tokens/s", f"{fmt_num(best['tokens_per_second'])} (real tokens)"),
+            ("peak memory", f"{best['memory_peak_gb']:.2f} GiB"),
+            ("effective batch", str(best["effective_batch_size"]))]
+    if best["estimated_full_runtime_hours"] is not None:
+        rows.append(("full run", f"~{format_duration(best['estimated_full_runtime_hours'] * 3600)} for "
+                                 f"{s['epochs_for_estimate']:g} "
+                                 f"epoch(s) of {s['dataset_samples']:,} samples"))
+    print("\nBEST CONFIGURATION (measured on the worst-case batch)")
+    print(table(rows))
+    for knob, by_value in s["fastest_per_value"].items():
+        if len(by_value) > 1:
+            print(f"\nfastest per {knob} (changes what is learned):")
+            print(table([(v, f"{fmt_num(e['samples_per_second'])} samples/s", f"{e['memory_peak_gb']:.2f} GiB",
+                          " ".join(f"{k}={x}" for k, x in e["searched"].items()))
+                         for v, e in by_value.items()]))
+    print(f"\nwrote {result.output}/summary.json, trials.csv, train_command.sh")
+    return 0

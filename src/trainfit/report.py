@@ -1,0 +1,175 @@
+"""What a tuning run leaves behind: summary.json, trials.csv, the command script, advice.
+
+``summary.json`` is a superset of the seeds' ``bayesopt_summary.json`` (``total_tested``,
+``successful``, ``failed_oom``, ``best_config`` with ``samples_per_second``,
+``memory_peak_gb``, ``estimated_full_runtime_hours`` and ``config``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trainfit.command import build_command, command_script
+from trainfit.data.stats import LengthStats
+from trainfit.devices import versions
+from trainfit.errors import TrainfitError
+from trainfit.params import KNOBS
+from trainfit.search.space import SearchSpace
+from trainfit.search.strategies import Trial
+from trainfit.spec import Spec
+
+SCHEMA_VERSION = 1
+
+
+def ranked(trials: Sequence[Trial]) -> list[Trial]:
+    """Feasible trials, fastest first (ties: less memory first)."""
+    ok = [t for t in trials if t.feasible and t.objective is not None]
+    return sorted(ok, key=lambda t: (-t.objective, t.measurement.peak_memory_bytes or 0))
+
+
+def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None) -> dict[str, Any]:
+    m = t.measurement
+    params = space.params(t.values)
+    runtime_h = None
+    if stats is not None and m.samples_per_second:
+        runtime_h = stats.samples * spec.tune.epochs / m.samples_per_second / 3600
+    try:
+        command = build_command(spec, params)
+    except TrainfitError:
+        command = None
+    return {
+        "trial": t.number,
+        "samples_per_second": m.samples_per_second,
+        "tokens_per_second": m.tokens_per_second,
+        "memory_peak_gb": m.peak_memory_gb,
+        "mfu": m.mfu,
+        "stable": m.stable,
+        "estimated_full_runtime_hours": runtime_h,
+        "searched": {k: list(v) if isinstance(v, tuple) else v for k, v in t.values.items()},
+        "effective_batch_size": params.effective_batch_size,
+        "config": params.to_dict(),
+        "command": command,
+    }
+
+
+def learning_knobs(space: SearchSpace) -> list[str]:
+    """Searched knobs whose values train a different model (custom knobs count: we cannot tell)."""
+    return [d.name for d in space.dims if d.name not in KNOBS or KNOBS[d.name].changes_learning]
+
+
+def oom_advice(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -> list[str]:
+    """Concrete knobs that would lower peak memory, from what was searched and measured."""
+    tried: dict[str, set[Any]] = {}
+    for t in trials:
+        for k, v in t.measurement.config.items():
+            tried.setdefault(k, set()).add(json.dumps(v, default=list))
+
+    def never(knob: str, value: Any) -> bool:
+        return json.dumps(value) not in tried.get(knob, set())
+
+    cuda = any(t.measurement.device.startswith("cuda") for t in trials)
+    advice = []
+    if never("gradient_checkpointing", True):
+        advice.append("gradient_checkpointing: true (recompute activations: far less activation memory, ~20-40% slower)")
+    if cuda and never("precision", "bf16"):
+        advice.append("precision: bf16 (half-size activations; with LoRA the frozen base is held in bf16 too)")
+    if never("lora_r", 8) and all(t.measurement.config.get("lora_r") is None for t in trials):
+        advice.append("lora_r: 8-16 (train adapters only: no gradients or Adam state for the base weights)")
+    if cuda and never("optimizer", "adamw_8bit"):
+        advice.append("optimizer: adamw_8bit (Adam state at 2 instead of 8 bytes per trainable parameter)")
+    if never("batch_size", 1):
+        advice.append("batch_size: 1 with more gradient_accumulation_steps (same effective batch)")
+    if stats is not None:
+        max_lengths = {t.measurement.config.get("max_length") for t in trials}
+        rec = stats.recommended_max_length
+        if all(ml is None or ml > rec for ml in max_lengths):
+            advice.append(f"max_length: {rec} ({stats.recommended_rule}; truncates {stats.truncated_share:.2%} "
+                          "of samples) instead of the longest sample")
+    return advice
+
+
+def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, stats: LengthStats | None,
+                  strategy: str, stop_reason: str, elapsed_s: float) -> dict[str, Any]:
+    order = ranked(trials)
+    statuses = [t.measurement.status for t in trials]
+    over_budget = sum(1 for t in trials if t.measurement.status == "ok" and not t.feasible)
+    per_value: dict[str, dict[str, Any]] = {}
+    for knob in learning_knobs(space):
+        best_by_value: dict[str, Any] = {}
+        for t in order:
+            key = json.dumps(t.values.get(knob), default=list)
+            if key not in best_by_value:
+                best_by_value[key] = _entry(t, spec, space, stats)
+        per_value[knob] = best_by_value
+    peaks = [(t.values, t.measurement.peak_memory_gb, t.measurement.status) for t in trials]
+    summary: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "total_tested": len(trials),
+        "successful": sum(1 for t in trials if t.feasible),
+        "failed_oom": statuses.count("oom"),
+        "over_budget": over_budget,
+        "failed_error": statuses.count("error"),
+        "failed_timeout": statuses.count("timeout"),
+        "best_config": _entry(order[0], spec, space, stats) if order else None,
+        "runners_up": [_entry(t, spec, space, stats) for t in order[1:6]],
+        "fastest_per_value": per_value,
+        "objective": spec.tune.objective,
+        "strategy": strategy,
+        "stop_reason": stop_reason,
+        "tuning_time_s": elapsed_s,
+        "probe_time_s": sum(t.measurement.wall_time_s or 0.0 for t in trials),
+        "budget": {"memory_gb": spec.budget.memory_gb, "headroom_gb": spec.budget.headroom_gb},
+        "epochs_for_estimate": spec.tune.epochs,
+        "dataset_samples": stats.samples if stats else None,
+        "device": trials[0].measurement.device_name if trials else None,
+        "versions": versions(),
+        "spec": spec.to_dict(),
+    }
+    if not order and trials:
+        summary["all_failed"] = {
+            "measured_peaks_gb": [{"searched": v, "peak_gb": p, "status": s} for v, p, s in peaks],
+            "advice": oom_advice(spec, trials, stats),
+        }
+    return summary
+
+
+def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial]) -> None:
+    columns = ["trial", "status", *space.names, "samples_per_second", "tokens_per_second", "memory_peak_gb",
+               "fits", "stable", "mfu", "probe_wall_s", "message"]
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        for t in sorted(trials, key=lambda t: t.number):
+            m = t.measurement
+            w.writerow([t.number, m.status, *(t.values.get(n) for n in space.names), m.samples_per_second,
+                        m.tokens_per_second, m.peak_memory_gb, m.fits, m.stable, m.mfu, m.wall_time_s,
+                        (m.message or "").splitlines()[0][:200] if m.message else ""])
+
+
+def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
+                  stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float) -> dict[str, Any]:
+    """Write summary.json, trials.csv and train_command.sh (atomically enough to run after every trial)."""
+    summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
+                            elapsed_s=elapsed_s)
+    tmp = output / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=list) + "\n")
+    tmp.replace(output / "summary.json")
+    write_trials_csv(output / "trials.csv", space, trials)
+    best = summary["best_config"]
+    script = output / "train_command.sh"
+    if best is not None:
+        m = next(t for t in trials if t.number == best["trial"]).measurement
+        header = (f"# trainfit: fastest measured config (trial {best['trial']}): "
+                  f"{m.samples_per_second:.4g} samples/s, peak {m.peak_memory_gb:.2f} GiB on {m.device_name}\n"
+                  f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
+                  f"budget {spec.budget.memory_gb} GiB with {spec.budget.headroom_gb} GiB headroom")
+        script.write_text(command_script(spec, space.params(next(t for t in trials if t.number == best['trial']).values),
+                                         header))
+        script.chmod(0o755)
+    return summary

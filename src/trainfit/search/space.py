@@ -1,0 +1,216 @@
+"""The search space: which knobs vary and over what values, plus constraints.
+
+Written in the spec under ``search:`` with the same keys as ``params``: a list is a set of
+choices, ``{low, high, log, step}`` a range. Everything not searched keeps its ``params`` value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainfit.errors import Problem
+from trainfit.params import KNOBS, Params, check_knob
+
+_OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
+        "<": operator.lt}
+_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*(.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One searched knob: explicit choices, or an int/float range."""
+
+    name: str
+    choices: tuple[Any, ...] = ()
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+
+    @property
+    def is_range(self) -> bool:
+        return not self.choices
+
+    def grid_values(self) -> tuple[Any, ...]:
+        """The values a grid visits: the choices, or a few points across the range."""
+        if self.choices:
+            return self.choices
+        assert self.low is not None and self.high is not None
+        integer = isinstance(self.low, int) and isinstance(self.high, int)
+        if integer and self.log:
+            values = {int(self.low), int(self.high)}
+            p = 1
+            while p <= self.high:
+                if p >= self.low:
+                    values.add(p)
+                p *= 2
+            return tuple(sorted(values))
+        if integer:
+            step = int(self.step or 1)
+            values = list(range(int(self.low), int(self.high) + 1, step))
+            if len(values) > 8:
+                values = sorted({values[round(i * (len(values) - 1) / 7)] for i in range(8)})
+            return tuple(values)
+        if self.log:
+            lo, hi = math.log(self.low), math.log(self.high)
+            return tuple(math.exp(lo + i * (hi - lo) / 4) for i in range(5))
+        return tuple(self.low + i * (self.high - self.low) / 4 for i in range(5))
+
+    def distribution(self) -> Any:
+        import optuna
+
+        if self.choices:
+            return optuna.distributions.CategoricalDistribution(list(self.choices))
+        if isinstance(self.low, int) and isinstance(self.high, int):
+            return optuna.distributions.IntDistribution(int(self.low), int(self.high), log=self.log,
+                                                        step=int(self.step or 1))
+        return optuna.distributions.FloatDistribution(float(self.low), float(self.high), log=self.log,
+                                                      step=self.step)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    knob: str
+    op: str
+    value: Any
+    text: str
+
+    def holds(self, config: Mapping[str, Any]) -> bool:
+        actual = config.get(self.knob)
+        if actual is None and self.op not in ("==", "!="):
+            return False
+        try:
+            return bool(_OPS[self.op](actual, self.value))
+        except TypeError:
+            return False
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Searched dimensions over a base configuration."""
+
+    base: Params
+    dims: tuple[Dimension, ...]
+    constraints: tuple[Constraint, ...] = ()
+    target_effective_batch: int | None = None
+    """When set, gradient accumulation = round(target / batch_size), so configs compare at one effective batch."""
+
+    @property
+    def names(self) -> list[str]:
+        return [d.name for d in self.dims]
+
+    def dim(self, name: str) -> Dimension | None:
+        return next((d for d in self.dims if d.name == name), None)
+
+    def allowed(self, values: Mapping[str, Any]) -> bool:
+        config = {**self.base.to_dict(), **values}
+        return all(c.holds(config) for c in self.constraints)
+
+    def grid(self) -> Iterator[dict[str, Any]]:
+        """Every combination of grid values that satisfies the constraints, in a fixed order."""
+        for combo in itertools.product(*(d.grid_values() for d in self.dims)):
+            values = dict(zip(self.names, combo))
+            if self.allowed(values):
+                yield values
+
+    def grid_size(self) -> int:
+        return sum(1 for _ in self.grid())
+
+    def params(self, values: Mapping[str, Any]) -> Params:
+        """The full configuration for searched ``values``: base + values + derived accumulation."""
+        changes = dict(values)
+        if self.target_effective_batch is not None:
+            bs = int(changes.get("batch_size", self.base.batch_size))
+            changes["gradient_accumulation_steps"] = max(1, round(self.target_effective_batch / bs))
+        return self.base.replace(**changes)
+
+    def distributions(self) -> dict[str, Any]:
+        return {d.name: d.distribution() for d in self.dims}
+
+
+def parse_constraint(text: str) -> Constraint | Problem:
+    m = _CONSTRAINT.match(text)
+    if not m:
+        return Problem("tune.constraints", f"{text!r} is not 'knob OP value'", "e.g. 'lora_r >= 16'")
+    import yaml
+
+    knob, op, raw = m.groups()
+    return Constraint(knob=knob, op=op, value=yaml.safe_load(raw), text=text.strip())
+
+
+def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bool,
+                constraints: Sequence[str] = (), target_effective_batch: int | None = None
+                ) -> tuple[SearchSpace, list[Problem]]:
+    """Validate the ``search:`` section against the knobs; collect every problem."""
+    problems: list[Problem] = []
+    dims: list[Dimension] = []
+    for name, spec in (raw or {}).items():
+        key = f"search.{name}"
+        if name not in KNOBS and not allow_custom:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(KNOBS), n=1)
+            problems.append(Problem(key, "unknown knob", f"did you mean {close[0]!r}?" if close else None))
+            continue
+        if isinstance(spec, list):
+            if not spec:
+                problems.append(Problem(key, "needs at least one choice"))
+                continue
+            values = []
+            for v in spec:
+                if name in KNOBS:
+                    if (p := check_knob(name, v, key)) is not None:
+                        problems.append(p)
+                        continue
+                    if KNOBS[name].kind == "choice" and v is False:
+                        v = "off"
+                    if KNOBS[name].kind == "modules" and isinstance(v, list):
+                        v = tuple(v)
+                values.append(v)
+            dims.append(Dimension(name, choices=tuple(values)))
+        elif isinstance(spec, Mapping):
+            unknown = set(spec) - {"low", "high", "log", "step"}
+            if unknown or "low" not in spec or "high" not in spec:
+                problems.append(Problem(key, "a range is {low, high} with optional log and step",
+                                        "e.g. batch_size: {low: 1, high: 64, log: true}"))
+                continue
+            low, high = spec["low"], spec["high"]
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or low > high:
+                problems.append(Problem(key, f"low {low!r} and high {high!r} must be numbers with low <= high"))
+                continue
+            if name in KNOBS and KNOBS[name].kind not in ("int", "float"):
+                problems.append(Problem(key, f"{name} is not numeric: give a list of choices"))
+                continue
+            for v in (low, high):
+                if name in KNOBS and (p := check_knob(name, v, key)) is not None:
+                    problems.append(p)
+            if spec.get("log") and low <= 0:
+                problems.append(Problem(key, "a log range needs low > 0"))
+            dims.append(Dimension(name, low=low, high=high, log=bool(spec.get("log", False)), step=spec.get("step")))
+        else:
+            problems.append(Problem(key, "expected a list of choices or a {low, high} range"))
+    if target_effective_batch is not None and any(d.name == "gradient_accumulation_steps" for d in dims):
+        problems.append(Problem("search.gradient_accumulation_steps",
+                                "is derived from tune.target_effective_batch; do not search it too",
+                                "drop one of the two"))
+    parsed: list[Constraint] = []
+    known = set(KNOBS) | {d.name for d in dims} | set(base.extra)
+    for text in constraints:
+        c = parse_constraint(text)
+        if isinstance(c, Problem):
+            problems.append(c)
+        elif c.knob not in known:
+            problems.append(Problem("tune.constraints", f"{text!r} names unknown knob {c.knob!r}"))
+        else:
+            parsed.append(c)
+    space = SearchSpace(base=base, dims=tuple(dims), constraints=tuple(parsed),
+                        target_effective_batch=target_effective_batch)
+    if not problems and dims and space.grid_size() == 0:
+        problems.append(Problem("tune.constraints", "no configuration of the search space satisfies them"))
+    return space, problems

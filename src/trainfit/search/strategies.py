@@ -1,0 +1,238 @@
+"""Search strategies behind one small protocol: ``propose(history) -> values | SAMPLER | None``.
+
+``history`` is every finished trial of the study (resumed ones included), so a strategy is a pure
+function of what has been measured. ``SAMPLER`` hands the choice to Optuna's sampler (bayes);
+``None`` means the strategy has nothing left worth probing.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from trainfit.params import KNOBS
+from trainfit.probe.measurement import Measurement
+from trainfit.search.space import SearchSpace
+
+SAMPLER = "sampler"
+
+
+def config_key(values: Mapping[str, Any]) -> str:
+    """Identity of a searched configuration (JSON of the sorted values)."""
+    return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in sorted(values.items())}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One finished probe as the search sees it."""
+
+    number: int
+    values: dict[str, Any]
+    measurement: Measurement
+    objective: float | None
+    """The measured objective (None unless the probe succeeded)."""
+
+    @property
+    def feasible(self) -> bool:
+        return self.measurement.fits
+
+
+class Strategy(Protocol):
+    name: str
+
+    def propose(self, history: Sequence[Trial]) -> dict[str, Any] | str | None: ...
+
+
+class GridStrategy:
+    """Every grid point in order, skipping the ones already measured."""
+
+    name = "grid"
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.points = list(space.grid())
+
+    def propose(self, history: Sequence[Trial]) -> dict[str, Any] | None:
+        done = {config_key(t.values) for t in history}
+        return next((p for p in self.points if config_key(p) not in done), None)
+
+
+class RandomStrategy:
+    """Grid points in a seeded random order."""
+
+    name = "random"
+
+    def __init__(self, space: SearchSpace, seed: int) -> None:
+        self.points = list(space.grid())
+        random.Random(seed).shuffle(self.points)
+
+    def propose(self, history: Sequence[Trial]) -> dict[str, Any] | None:
+        done = {config_key(t.values) for t in history}
+        return next((p for p in self.points if config_key(p) not in done), None)
+
+
+class BayesStrategy:
+    """Optuna's sampler chooses (GPSampler with the memory constraint, see search.study)."""
+
+    name = "bayes"
+
+    def propose(self, history: Sequence[Trial]) -> str:
+        return SAMPLER
+
+
+# Which value of a knob usually wins on each device type: tried first, the rest later. A prior
+# only orders the search; measurements decide.
+_PRIOR: dict[str, dict[str, tuple[Any, ...]]] = {
+    "cuda": {"gradient_checkpointing": (False, True), "precision": ("bf16", "fp16", "fp32"),
+             "attention": ("flash_attention_2", "sdpa", "eager"), "tf32": (True, False),
+             "optimizer": ("adamw_fused", "adamw", "adamw_8bit"), "padding": ("longest", "max_length"),
+             "compile": ("off", "default", "max-autotune", "reduce-overhead")},
+    "cpu": {"gradient_checkpointing": (False, True), "precision": ("fp32", "bf16", "fp16"),
+            "attention": ("sdpa", "eager", "flash_attention_2"), "tf32": (False, True),
+            "optimizer": ("adamw_fused", "adamw", "adamw_8bit"), "padding": ("longest", "max_length"),
+            "compile": ("off", "default", "max-autotune", "reduce-overhead")},
+}
+
+
+class AutoStrategy:
+    """Uses the structure of the problem instead of treating it as a black box.
+
+    The space splits into *families* (every knob but batch size). Within a family peak memory
+    grows about linearly with the batch size, so after two fitting probes a line predicts the
+    largest batch that fits (with a safety margin); no probe is spent on a predicted OOM, and
+    a measured OOM bounds the family from above. Throughput saturates with the batch size, so
+    a family stops once a larger batch no longer helps. Families are visited in a device-aware
+    prior order; a family is dropped when, at the same batch size, it is slower than the best
+    family with the same learning-relevant knobs and uses no less memory (it cannot win by
+    fitting a larger batch either).
+    """
+
+    name = "auto"
+
+    def __init__(self, space: SearchSpace, budget_gb: float | None, headroom_gb: float, device_type: str,
+                 margin: float = 0.05, saturation: float = 0.02) -> None:
+        self.space = space
+        self.budget_gb, self.headroom_gb = budget_gb, headroom_gb
+        self.margin, self.saturation = margin, saturation
+        bdim = space.dim("batch_size")
+        self.batches = sorted(bdim.grid_values()) if bdim else [space.base.batch_size]
+        others = [d for d in space.dims if d.name != "batch_size"]
+        prior = _PRIOR["cuda" if device_type.startswith("cuda") else "cpu"]
+
+        def rank(name: str, value: Any) -> int:
+            order = prior.get(name)
+            return order.index(value) if order and value in order else 0
+
+        import itertools
+
+        families = [dict(zip([d.name for d in others], combo))
+                    for combo in itertools.product(*(d.grid_values() for d in others))]
+        # Learning-relevant knobs keep the user's order (each value gets explored); speed knobs by prior.
+        families.sort(key=lambda f: [rank(k, v) for k, v in f.items() if not self._learning(k)])
+        self.families = [f for f in families if any(self.space.allowed({**f, "batch_size": b}) for b in self.batches)]
+
+    @staticmethod
+    def _learning(name: str) -> bool:
+        knob = KNOBS.get(name)
+        return knob is None or knob.changes_learning  # custom knobs may change the model too
+
+    def _learning_part(self, family: Mapping[str, Any]) -> str:
+        return config_key({k: v for k, v in family.items() if self._learning(k)})
+
+    def _family_trials(self, family: Mapping[str, Any], history: Sequence[Trial]) -> dict[int, Trial]:
+        out = {}
+        for t in history:
+            if all(t.values.get(k) == v for k, v in family.items()):
+                out[int(t.values.get("batch_size", self.space.base.batch_size))] = t
+        return out
+
+    def _limit_bytes(self) -> float | None:
+        if self.budget_gb is None:
+            return None
+        return (self.budget_gb - self.headroom_gb) * (1 - self.margin) * 1024**3
+
+    def _predicted_max_batch(self, fits: dict[int, Trial]) -> float:
+        """Largest batch whose predicted peak stays under the budget (inf without a budget)."""
+        limit = self._limit_bytes()
+        if limit is None or len(fits) < 2:
+            return float("inf")
+        (b0, t0), (b1, t1) = sorted(fits.items())[-2:]
+        m0, m1 = t0.measurement.peak_memory_bytes, t1.measurement.peak_memory_bytes
+        slope = (m1 - m0) / (b1 - b0)
+        if slope <= 0:
+            return float("inf")
+        return b1 + (limit - m1) / slope
+
+    def _dominated(self, family: Mapping[str, Any], mine: dict[int, Trial], history: Sequence[Trial]) -> bool:
+        ok_mine = {b: t for b, t in mine.items() if t.objective is not None}
+        if not ok_mine:
+            return False
+        b, t = min(ok_mine.items())
+        for other in self.families:
+            if other == family or self._learning_part(other) != self._learning_part(family):
+                continue
+            theirs = self._family_trials(other, history).get(b)
+            if theirs is None or theirs.objective is None or not theirs.feasible:
+                continue
+            slower = t.objective < theirs.objective * (1 - self.saturation)
+            no_smaller = t.measurement.peak_memory_bytes >= theirs.measurement.peak_memory_bytes * 0.98
+            other_unbounded = not any(x.measurement.status == "oom" or not x.feasible
+                                      for x in self._family_trials(other, history).values())
+            if slower and (no_smaller or other_unbounded):
+                return True
+        return False
+
+    def _next_batch(self, family: Mapping[str, Any], mine: dict[int, Trial]) -> int | None:
+        allowed = [b for b in self.batches if self.space.allowed({**family, "batch_size": b})]
+        if any(t.measurement.status in ("error", "timeout") for t in mine.values()):
+            return None  # broken for a reason other than memory: do not spend more probes here
+        bad = [b for b, t in mine.items() if not t.feasible]
+        upper = min(bad) if bad else float("inf")
+        fits = {b: t for b, t in mine.items() if t.feasible}
+        open_ = [b for b in allowed if b < upper and b not in mine]
+        if not open_:
+            return None
+        if not fits:
+            return min(open_)
+        best_b = max(fits, key=lambda b: fits[b].objective or 0.0)
+        largest = max(fits)
+        if best_b < largest:
+            # Throughput fell at the larger batch: the peak lies between; try a batch in between.
+            between = [b for b in open_ if best_b < b < largest]
+            return between[len(between) // 2] if between else None
+        if len(fits) >= 2:
+            below = max(b for b in fits if b < largest)
+            gain = fits[largest].objective / max(fits[below].objective, 1e-12) - 1
+            if gain < self.saturation:
+                return None  # saturated: a larger batch is not faster
+        predicted = self._predicted_max_batch(fits)
+        candidates = [b for b in open_ if b > largest and b <= predicted]
+        if not candidates:
+            return None
+        if len(fits) == 1:
+            # A second point for the memory line: far enough for a good slope, not a leap into OOM.
+            return min(candidates, key=lambda b: abs(b - 4 * largest))
+        return max(candidates)
+
+    def propose(self, history: Sequence[Trial]) -> dict[str, Any] | None:
+        for family in self.families:
+            mine = self._family_trials(family, history)
+            if self._dominated(family, mine, history):
+                continue
+            b = self._next_batch(family, mine)
+            if b is not None:
+                return {**family, "batch_size": b} if "batch_size" in self.space.names else dict(family)
+        return None
+
+
+def make_strategy(name: str, space: SearchSpace, *, seed: int, budget_gb: float | None, headroom_gb: float,
+                  device_type: str) -> Strategy:
+    if name == "grid":
+        return GridStrategy(space)
+    if name == "random":
+        return RandomStrategy(space, seed)
+    if name == "bayes":
+        return BayesStrategy()
+    return AutoStrategy(space, budget_gb, headroom_gb, device_type)

@@ -1,0 +1,169 @@
+"""The tuning loop: ask a strategy, probe, persist, repeat; then write the outputs.
+
+Every trial is stored in the study as it ends and the outputs are rewritten after each one, so
+an interrupted run loses at most the probe in flight, and ``resume=True`` picks up from there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainfit.data.stats import LengthStats
+from trainfit.params import Params
+from trainfit.probe.measurement import Measurement
+from trainfit.report import ranked, write_outputs
+from trainfit.search.space import SearchSpace
+from trainfit.search.strategies import SAMPLER, Trial, config_key, make_strategy
+from trainfit.search.study import TrialStore
+from trainfit.spec import Spec
+
+ProbeFn = Callable[[Params, int], Measurement]
+EventFn = Callable[[dict[str, Any]], None]
+QUICK_TRIALS = 6
+
+
+@dataclass
+class TuneResult:
+    trials: list[Trial]
+    best: Trial | None
+    summary: dict[str, Any]
+    output: Path
+    stop_reason: str
+    new_trials: int
+
+
+def neighbours(space: SearchSpace, values: dict[str, Any]) -> list[dict[str, Any]]:
+    """Configs one grid step away from ``values`` in one dimension (for --refine)."""
+    out = []
+    for d in space.dims:
+        grid = list(d.grid_values())
+        if values.get(d.name) not in grid:
+            continue
+        i = grid.index(values[d.name])
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(grid):
+                candidate = {**values, d.name: grid[j]}
+                if space.allowed(candidate):
+                    out.append(candidate)
+    return out
+
+
+def tune(
+    spec: Spec,
+    *,
+    output: str | Path,
+    stats: LengthStats | None = None,
+    resume: bool = False,
+    storage: str | None = None,
+    strategy: str | None = None,
+    max_trials: int | None = None,
+    time_budget_s: float | None = None,
+    quick: bool = False,
+    refine: bool = False,
+    probe_fn: ProbeFn | None = None,
+    on_event: EventFn | None = None,
+    device_type: str | None = None,
+) -> TuneResult:
+    """Search ``spec.search`` for the fastest configuration that fits ``spec.budget``.
+
+    ``probe_fn(params, trial_number)`` measures one configuration (default: a real isolated
+    probe); tests of the search logic pass a deterministic one.
+    """
+    output = Path(output)
+    space = spec.search or SearchSpace(base=spec.params, dims=())
+    strategy_name = strategy or spec.tune.strategy
+    if quick:
+        max_trials = min(max_trials or QUICK_TRIALS, QUICK_TRIALS)
+    if max_trials is None:
+        max_trials = spec.tune.max_trials or (space.grid_size() if strategy_name == "grid" else 30)
+    time_budget_s = time_budget_s if time_budget_s is not None else spec.tune.time_budget_s
+    emit = on_event or (lambda event: None)
+
+    if probe_fn is None:
+        from trainfit.probe.runner import resolve_device_name, run_probe
+
+        device_type = device_type or resolve_device_name(spec.probe.device)
+
+        def probe_fn(params: Params, number: int) -> Measurement:
+            return run_probe(spec, params, stats=stats, workdir=output / "probes" / f"trial-{number:04d}",
+                             on_event=lambda e: emit({"event": "probe", **e}))
+
+    store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=resume,
+                       storage=storage, seed=spec.tune.seed)
+    strat = make_strategy(strategy_name, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
+                          headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
+    history = store.history()
+    if history or store.retried:
+        emit({"event": "resumed", "trials": len(history), "retried": store.retried})
+    start = time.perf_counter()
+    new_trials = 0
+    stop_reason = "search complete: nothing left worth probing"
+    refine_queue: list[dict[str, Any]] | None = None
+    best_at = len(history)
+    reused = 0
+
+    def write(reason: str) -> dict[str, Any]:
+        return write_outputs(output, spec, space, history, stats=stats, strategy=strategy_name, stop_reason=reason,
+                             elapsed_s=time.perf_counter() - start)
+
+    while True:
+        if len(history) >= max_trials and not store.pending_queue():
+            stop_reason = f"trial budget reached ({max_trials})"
+            break
+        if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
+            stop_reason = f"time budget reached ({time_budget_s:g} s)"
+            break
+        if strategy_name in ("random", "bayes") and len(history) - best_at >= spec.tune.patience:
+            stop_reason = f"no better config in the last {spec.tune.patience} trials"
+            break
+        if store.pending_queue():
+            trial = store.ask(None)  # an interrupted trial, retried first
+        else:
+            proposal = strat.propose(history)
+            if proposal is None and refine and ranked(history):
+                if refine_queue is None:
+                    refine_queue = neighbours(space, ranked(history)[0].values)
+                done = {config_key(t.values) for t in history}
+                refine_queue = [v for v in refine_queue if config_key(v) not in done]
+                proposal = refine_queue[0] if refine_queue else None
+            if proposal is None:
+                stop_reason = "search complete: nothing left worth probing"
+                break
+            trial = store.ask(None if proposal == SAMPLER else proposal)
+        values = {k: trial.params[k] for k in space.names}
+        cached = store.find(values, history)
+        if not space.allowed(values) or cached is not None:
+            # The sampler may propose a config that is excluded or already measured: tell it the
+            # known answer instead of probing again.
+            m = cached.measurement if cached is not None else Measurement(
+                status="error", message="excluded by tune.constraints", config=space.params(values).to_dict())
+            store.tell(trial, values, m, history, reused=True)
+            reused += 1
+            if reused > 3 * max_trials:
+                stop_reason = "the sampler keeps proposing measured or excluded configs"
+                break
+            continue
+        params = space.params(values)
+        emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "max_trials": max_trials,
+              "values": values, "elapsed_s": time.perf_counter() - start})
+        m = probe_fn(params, trial.number)
+        prior_best = ranked(history)[0].objective if ranked(history) else None
+        result = store.tell(trial, values, m, history)
+        history.append(result)
+        new_trials += 1
+        if result.feasible and result.objective is not None and (prior_best is None or result.objective > prior_best):
+            best_at = len(history)
+        write("running")
+        best = ranked(history)[0] if ranked(history) else None
+        emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": max_trials,
+              "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
+              "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
+
+    summary = write(stop_reason)
+    order = ranked(history)
+    return TuneResult(trials=history, best=order[0] if order else None, summary=summary, output=output,
+                      stop_reason=stop_reason, new_trials=new_trials)

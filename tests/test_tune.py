@@ -1,0 +1,208 @@
+"""The search: every strategy against a deterministic synthetic surface (a fake probe used only
+to test search logic), persistence and resume on a real journal file, and one real end-to-end
+tune of a tiny model under a real memory cap."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import TINY_LLAMA, make_spec_file
+from trainfit.cli import main
+from trainfit.command import build_command, render_template
+from trainfit.errors import SpecError, TrainfitError
+from trainfit.params import Params
+from trainfit.probe.measurement import Measurement
+from trainfit.search.tune import tune
+from trainfit.spec import load_spec
+
+GiB = 1024**3
+BUDGET, HEADROOM = 40.0, 2.0
+
+
+class Surface:
+    """Memory = 10 GiB + bs x per-sample cost; throughput saturates in bs. Checkpointing halves
+    activation memory and costs 30% speed; LoRA rank 16 is 5% slower than 8."""
+
+    def __init__(self, budget_gb: float = BUDGET) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.budget_gb = budget_gb
+
+    def memory_gb(self, p: Params) -> float:
+        return 10.0 + p.batch_size * (0.9 if p.gradient_checkpointing else 1.8) * (1 + (p.lora_r or 0) / 200)
+
+    def throughput(self, p: Params) -> float:
+        step = (1.3 if p.gradient_checkpointing else 1.0) * (1.05 if p.lora_r == 16 else 1.0)
+        return p.batch_size / (0.5 + 0.1 * step * (p.batch_size + 1.5))
+
+    def __call__(self, p: Params, number: int) -> Measurement:
+        self.calls.append(p.to_dict())
+        common = {"config": p.to_dict(), "budget_memory_gb": self.budget_gb, "budget_headroom_gb": HEADROOM,
+                  "device": "cpu", "device_name": "synthetic", "wall_time_s": 1.0 + p.batch_size / 16}
+        mem = self.memory_gb(p)
+        if mem > self.budget_gb:  # the allocator fails before the step completes
+            return Measurement(status="oom", message="synthetic OOM", peak_memory_bytes=int(self.budget_gb * GiB),
+                               **common)
+        sps = self.throughput(p)
+        return Measurement(status="ok", samples_per_second=sps, tokens_per_second=sps * 100,
+                           peak_memory_bytes=int(mem * GiB), steps_measured=5, stable=True, **common)
+
+    def best_feasible(self, configs: list[dict[str, Any]]) -> float:
+        ok = [self.throughput(Params(**c)) for c in configs
+              if self.memory_gb(Params(**c)) + HEADROOM <= BUDGET]
+        return max(ok)
+
+
+def synthetic_spec(tmp_path: Path, strategy: str, **tune_extra: Any):
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                          budget={"memory_gb": BUDGET, "headroom_gb": HEADROOM})
+    text = path.read_text() + (
+        "search:\n  batch_size: [1, 2, 4, 8, 12, 16, 24, 32]\n  gradient_checkpointing: [false, true]\n"
+        "  lora_r: [8, 16]\n"
+        f"tune:\n  strategy: {strategy}\n  target_effective_batch: 32\n"
+        + "".join(f"  {k}: {v}\n" for k, v in tune_extra.items()))
+    path.write_text(text)
+    return load_spec(path)
+
+
+GRID = [{"batch_size": b, "gradient_checkpointing": g, "lora_r": r}
+        for b in (1, 2, 4, 8, 12, 16, 24, 32) for g in (False, True) for r in (8, 16)]
+
+
+@pytest.mark.parametrize("strategy", ["grid", "random", "bayes", "auto"])
+def test_every_strategy_recommends_only_measured_configs_within_budget(tmp_path: Path, strategy: str) -> None:
+    surface = Surface()
+    spec = synthetic_spec(tmp_path, strategy, max_trials=12 if strategy != "grid" else 64)
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    best = result.summary["best_config"]
+    assert best is not None
+    assert best["memory_peak_gb"] + HEADROOM <= BUDGET
+    assert best["config"] in surface.calls  # recommended == measured
+    assert best["effective_batch_size"] == pytest.approx(32, rel=0.5)
+    assert result.summary["total_tested"] == len(surface.calls) == len(result.trials)
+    assert result.summary["failed_oom"] == sum(1 for c in surface.calls if surface.memory_gb(Params(**c)) > BUDGET)
+    assert set(result.summary["fastest_per_value"]["lora_r"]) == {"8", "16"} or strategy != "grid"
+    assert (tmp_path / "out" / "trials.csv").read_text().count("\n") == len(surface.calls) + 1
+
+
+def test_grid_finds_the_true_optimum_and_auto_gets_there_cheaper(tmp_path: Path) -> None:
+    grid_surface, auto_surface = Surface(), Surface()
+    grid = tune(synthetic_spec(tmp_path / "g", "grid"), output=tmp_path / "g" / "out", probe_fn=grid_surface)
+    auto = tune(synthetic_spec(tmp_path / "a", "auto"), output=tmp_path / "a" / "out", probe_fn=auto_surface)
+    truth = grid_surface.best_feasible(GRID)
+    assert grid.summary["best_config"]["samples_per_second"] == pytest.approx(truth)
+    assert auto.summary["best_config"]["samples_per_second"] >= 0.97 * truth
+    assert len(auto_surface.calls) <= len(GRID) / 2
+    # Memory is extrapolated from fitting probes: auto spends at most one probe per family on an OOM.
+    assert auto.summary["failed_oom"] <= 4
+    # The fastest config per LoRA rank is reported (rank changes what is learned).
+    per_rank = auto.summary["fastest_per_value"]["lora_r"]
+    assert set(per_rank) == {"8", "16"}
+
+
+def test_resume_continues_without_reprobing(tmp_path: Path) -> None:
+    spec = synthetic_spec(tmp_path, "grid")
+    first = Surface()
+    tune(spec, output=tmp_path / "out", probe_fn=first, max_trials=3)
+    with pytest.raises(TrainfitError, match="--resume"):
+        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=6)
+    second = Surface()
+    result = tune(spec, output=tmp_path / "out", probe_fn=second, max_trials=6, resume=True)
+    assert len(first.calls) == 3 and len(second.calls) == 3
+    assert not any(c in first.calls for c in second.calls)
+    assert result.summary["total_tested"] == 6
+
+
+def test_a_trial_cut_off_by_a_crash_is_retried(tmp_path: Path) -> None:
+    spec = synthetic_spec(tmp_path, "grid")
+    crashing = Surface()
+
+    def probe(p: Params, number: int) -> Measurement:
+        if len(crashing.calls) == 2:
+            crashing.calls.append(p.to_dict())
+            raise KeyboardInterrupt  # the tuner dies mid-probe
+        return crashing(p, number)
+
+    with pytest.raises(KeyboardInterrupt):
+        tune(spec, output=tmp_path / "out", probe_fn=probe, max_trials=5)
+    interrupted = crashing.calls[2]
+    again = Surface()
+    result = tune(spec, output=tmp_path / "out", probe_fn=again, max_trials=5, resume=True)
+    assert again.calls[0] == interrupted  # retried first
+    assert result.summary["total_tested"] == 5
+
+
+def test_a_changed_spec_does_not_resume_a_foreign_study(tmp_path: Path) -> None:
+    tune(synthetic_spec(tmp_path, "grid"), output=tmp_path / "out", probe_fn=Surface(), max_trials=2)
+    changed = synthetic_spec(tmp_path / "c", "grid")
+    changed = load_spec(changed.source, ["budget.memory_gb=30"])
+    with pytest.raises(TrainfitError, match="spec changed"):
+        tune(changed, output=tmp_path / "out", probe_fn=Surface(), resume=True)
+
+
+def test_when_everything_ooms_the_summary_says_what_to_change(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                          budget={"memory_gb": 5.0, "headroom_gb": HEADROOM})
+    path.write_text(path.read_text() + "search:\n  batch_size: [2, 4]\n")
+    result = tune(load_spec(path), output=tmp_path / "out", probe_fn=Surface(budget_gb=5.0))
+    failed = result.summary["all_failed"]
+    assert result.summary["best_config"] is None
+    assert len(failed["measured_peaks_gb"]) == 1  # auto stops the family after the smallest batch OOMs
+    assert any(a.startswith("gradient_checkpointing: true") for a in failed["advice"])
+    assert any(a.startswith("lora_r") for a in failed["advice"])
+    assert any(a.startswith("batch_size: 1") for a in failed["advice"])
+
+
+def test_search_section_is_validated(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
+    path.write_text(path.read_text() + "search:\n  batch_size: {low: 8, high: 2}\n  precision: [bf16, fp8]\n"
+                    "  gradient_accumulation_steps: [1, 2]\ntune:\n  target_effective_batch: 16\n"
+                    "  constraints: ['lora_rank >= 4']\n  strategy: genetic\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    keys = sorted(p.key for p in info.value.problems)
+    assert keys == ["search.batch_size", "search.gradient_accumulation_steps", "search.precision",
+                    "tune.constraints", "tune.strategy"]
+
+
+def test_commands_come_from_the_probed_params(tmp_path: Path) -> None:
+    params = Params(batch_size=6, gradient_accumulation_steps=24, lora_r=24, precision="bf16",
+                    gradient_checkpointing=True, extra={"ddpm_batch_mul": 4})
+    template = ("python -m vibevoice.finetune.train_vibevoice --per_device_train_batch_size {batch_size} "
+                "--gradient_accumulation_steps {gradient_accumulation_steps} --lora_r {lora_r} "
+                "--ddpm_batch_mul {ddpm_batch_mul}")
+    assert render_template(template, params).endswith(
+        "--per_device_train_batch_size 6 --gradient_accumulation_steps 24 --lora_r 24 --ddpm_batch_mul 4")
+    with pytest.raises(TrainfitError, match="unknown placeholders: lr"):
+        render_template("train --lr {lr}", params)
+    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64}))
+    cmd = build_command(spec, params)
+    assert cmd.startswith("trl sft ")
+    for flag in ("--per_device_train_batch_size 6", "--gradient_accumulation_steps 24", "--bf16",
+                 "--gradient_checkpointing", "--use_peft --lora_r 24 --lora_alpha 48", "--optim adamw_torch"):
+        assert flag in cmd
+
+
+def test_cli_tune_end_to_end_on_a_tiny_model_under_a_real_cap(tmp_path: Path, texts_file, capsys) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                          data={"path": str(texts_file[0]), "text_field": "text"},
+                          params={"max_length": 64}, budget={"memory_gb": 1.5, "headroom_gb": 0.2})
+    path.write_text(path.read_text() + "search:\n  batch_size: [1, 4]\n  lora_r: [null, 4]\n")
+    out = tmp_path / "out"
+    assert main(["tune", str(path), "--output", str(out), "--quick", "--strategy", "grid"]) == 0
+    printed = capsys.readouterr().out
+    assert "BEST CONFIGURATION" in printed and "fastest per lora_r" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["total_tested"] == 4 and summary["successful"] == 4
+    best = summary["best_config"]
+    assert best["memory_peak_gb"] + 0.2 <= 1.5
+    script = (out / "train_command.sh").read_text()
+    assert f"--per_device_train_batch_size {best['config']['batch_size']}" in script
+    assert len(list((out / "probes").iterdir())) == 4  # each probe's request, log and result kept
+    # Running again into the same folder without --resume is refused; nothing measured is lost.
+    assert main(["tune", str(path), "--output", str(out), "--quick"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["total_tested"] == 4
