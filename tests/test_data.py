@@ -181,3 +181,42 @@ def test_cli_analyze_json_round_trip_and_plot(tmp_path: Path, capsys) -> None:
     assert "<svg" in plot.read_text()
     assert main(["analyze", str(path), "--text-field", "nope", "--quiet"]) == 2
     assert "fields in the first row: text, extra" in capsys.readouterr().err
+
+
+def test_chat_messages_use_the_chat_template(tmp_path: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path / "tok"
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(EXAMPLE_TOKENIZER), bos_token="<s>", eos_token="</s>")
+    hf.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}")
+    hf.save_pretrained(folder)
+    chats = [[{"role": "user", "content": "kato rimen"}, {"role": "assistant", "content": "sa lo vi dur ne"}],
+             [{"role": "user", "content": "pa"}]]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
+    table = count_lengths(path, LengthRecipe(messages_field="messages", tokenizer=str(folder)), progress=False)
+    expected = [len(hf(hf.apply_chat_template(c, tokenize=False), add_special_tokens=False)["input_ids"])
+                for c in chats]
+    assert table.lengths.tolist() == expected
+    assert table.notes == []
+    # Without a template the messages are rendered as 'role: content' lines, and the result says so.
+    plain = tmp_path / "plain"
+    PreTrainedTokenizerFast(tokenizer_file=str(EXAMPLE_TOKENIZER)).save_pretrained(plain)
+    table = count_lengths(path, LengthRecipe(messages_field="messages", tokenizer=str(plain)), progress=False)
+    assert any("no chat template" in n for n in table.notes)
+
+
+def test_resume_works_for_csv_too(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text("text\n" + "".join(" ".join(["w"] * ((i % 9) + 1)) + "\n" for i in range(3000)))
+    cache = tmp_path / "cache"
+
+    def stop(rows_done: int) -> None:
+        if rows_done >= 2000:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        count_lengths(path, WORDS, cache_dir=cache, batch_rows=500, checkpoint_every_s=0, progress=False,
+                      on_batch=stop)
+    table = count_lengths(path, WORDS, cache_dir=cache, batch_rows=500, progress=False)
+    assert table.lengths.tolist() == [(i % 9) + 1 for i in range(3000)]

@@ -67,6 +67,25 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory.
+
+    Linux's ``VmHWM`` belongs to the process's own address space. ``ru_maxrss`` is not used
+    where VmHWM exists: Linux carries it across fork+exec, so a child started by a big parent
+    would report the parent's size.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def versions() -> dict[str, str | None]:
     """Versions of everything that changes a measurement."""
     from importlib.metadata import PackageNotFoundError, version

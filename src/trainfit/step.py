@@ -28,17 +28,6 @@ class Unsupported(TrainfitError):
     """A knob this device or installation cannot honour."""
 
 
-def resolve_device(name: str) -> Any:
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise Unsupported("probe.device asks for CUDA but no GPU is visible", "use probe.device: cpu or auto")
-    return device
-
-
 def check_support(params: Params, device: Any) -> list[str]:
     """Notes on knobs that fall back (recorded in the measurement); raises for knobs that cannot run."""
     import torch

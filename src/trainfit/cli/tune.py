@@ -9,6 +9,8 @@ from typing import Any
 from trainfit.cli.common import add_spec_arguments, spec_from_args, stats_from_args
 
 EPILOG = """\
+exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec, 130 interrupted.
+
 examples:
   trainfit tune examples/tiny-llama.yaml --quick                 # 6 probes
   trainfit tune examples/tiny-llama.yaml --memory-gb 22 --max-trials 20 --output runs/llama
@@ -94,9 +96,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"trainfit tune: {spec.source} -> {args.output}")
     print(f"space: {', '.join(f'{d.name} {list(d.grid_values())}' for d in spec.search.dims)}; "
           f"budget {spec.budget.memory_gb} GiB (headroom {spec.budget.headroom_gb})")
-    result = tune(spec, output=args.output, stats=stats, resume=args.resume, storage=args.storage,
-                  strategy=args.strategy, max_trials=args.max_trials, time_budget_s=args.time_budget,
-                  quick=args.quick, refine=args.refine, on_event=TuneView(args.quiet, spec.tune.objective))
+    try:
+        result = tune(spec, output=args.output, stats=stats, resume=args.resume, storage=args.storage,
+                      strategy=args.strategy, max_trials=args.max_trials, time_budget_s=args.time_budget,
+                      quick=args.quick, refine=args.refine, on_event=TuneView(args.quiet, spec.tune.objective))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every finished trial is saved in {args.output}; continue with\n"
+              f"  trainfit tune {args.spec} --output {args.output} --resume", file=sys.stderr)
+        return 130
     s = result.summary
     print(f"\nstopped: {result.stop_reason}")
     print(f"tested {s['total_tested']}: {s['successful']} fit, {s['failed_oom']} OOM, {s['over_budget']} over budget, "

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,7 @@ class _Tokenizer:
 
     def count(self, texts: list[str], add_special_tokens: bool = True) -> list[int]:
         if self.fast is not None:
-            return [len(e.ids) for e in self.fast.encode_batch(texts, add_special_tokens=add_special_tokens)]
+            return [len(e) for e in self.fast.encode_batch(texts, add_special_tokens=add_special_tokens)]
         if self.hf is not None:
             return [len(ids) for ids in self.hf(texts, add_special_tokens=add_special_tokens)["input_ids"]]
         return [len(_WORDS.findall(t)) for t in texts]
@@ -268,28 +268,24 @@ def count_lengths(
     if resumed_at:
         notes.append(f"resumed an interrupted count at row {resumed_at:,}")
     last_ckpt = time.perf_counter()
-    rows = iter_rows(path, fmt, columns=recipe.fields)
+    rows = iter_rows(path, fmt, columns=recipe.fields, skip=resumed_at)
 
-    def bad(index: int, row: BadRow | None, reason: str | None = None) -> None:
-        nonlocal bad_rows
-        reason = reason or (row.reason if row else "unreadable")
-        line = row.line if row is not None else None
-        where = f"line {line}" if line is not None else f"row {index}"
-        if on_bad_row == "stop":
-            raise TrainfitError(f"{path.name}, {where}: {reason}",
-                                "fix the row, or pass --on-bad-row skip (data.on_bad_row: skip) to count and skip such rows")
-        bad_rows += 1
-        if len(bad_examples) < 20:
-            bad_examples.append({"row": index, "line": line, "reason": reason})
-
-    seen_first = resumed_at > 0
-    for batch in _batches(rows, batch_rows):
-        if batch[-1][0] < resumed_at:
-            continue
-        batch = [(i, r) for i, r in batch if i >= resumed_at]
+    def parse(batch: list[tuple[int, Any]], first: bool) -> tuple[list[int], list[int], list[str], list[dict[str, Any]]]:
+        """Lengths known without a tokenizer, the texts to tokenize and where they go, bad rows."""
         texts: list[str] = []
         slots: list[int] = []  # position in `out` for each text
         out: list[int] = []
+        bads: list[dict[str, Any]] = []
+
+        def bad(index: int, row: BadRow | None, reason: str | None = None) -> None:
+            reason = reason or (row.reason if row else "unreadable")
+            line = row.line if row is not None else None
+            if on_bad_row == "stop":
+                where = f"line {line}" if line is not None else f"row {index}"
+                raise TrainfitError(f"{path.name}, {where}: {reason}", "fix the row, or pass --on-bad-row skip "
+                                    "(data.on_bad_row: skip) to count and skip such rows")
+            bads.append({"row": index, "line": line, "reason": reason})
+
         for index, row in batch:
             out.append(BAD)
             if isinstance(row, BadRow):
@@ -310,9 +306,10 @@ def count_lengths(
                     text = tokenizer.render_chat(messages)  # type: ignore[union-attr]
                 else:
                     parts = [_row_value(row, f) for f in recipe.text_fields]
-                    text = "\n".join("" if p is None else str(p) for p in parts)
+                    text = parts[0] if len(parts) == 1 and isinstance(parts[0], str) else \
+                        "\n".join("" if p is None else str(p) for p in parts)
             except KeyError as err:
-                if not seen_first:
+                if first:
                     raise TrainfitError(f"{path.name} has no field {err.args[0]!r}",
                                         f"fields in the first row: {', '.join(map(str, row))}") from None
                 bad(index, None, f"missing field {err.args[0]!r}")
@@ -321,13 +318,18 @@ def count_lengths(
                 bad(index, None, str(err))
                 continue
             finally:
-                seen_first = True
+                first = False
             texts.append(text)
             slots.append(len(out) - 1)
-        if texts:
-            add_special = not recipe.messages_field or tokenizer.chat_note is not None  # type: ignore[union-attr]
-            for slot, n in zip(slots, tokenizer.count(texts, add_special_tokens=add_special)):  # type: ignore[union-attr]
+        return out, slots, texts, bads
+
+    def finish(out: list[int], slots: list[int], counted: Any, bads: list[dict[str, Any]]) -> None:
+        nonlocal pending, last_ckpt, bad_rows
+        if counted is not None:
+            for slot, n in zip(slots, counted.result()):
                 out[slot] = n
+        bad_rows += len(bads)
+        bad_examples.extend(bads[: max(0, 20 - len(bad_examples))])
         lengths.extend(out)
         pending.extend(out)
         bar.update(len(lengths))
@@ -336,6 +338,24 @@ def count_lengths(
         if use_cache and time.perf_counter() - last_ckpt >= checkpoint_every_s:
             ckpt.save_partial(pending, {"rows": len(lengths), "bad_rows": bad_rows, "bad_examples": bad_examples})
             pending, last_ckpt = [], time.perf_counter()
+
+    # Two-stage pipeline: the tokenizer (native code, GIL released, all cores) counts batch k in a
+    # worker thread while this thread reads and parses batch k+1.
+    from concurrent.futures import ThreadPoolExecutor
+
+    add_special = not recipe.messages_field or (tokenizer is not None and tokenizer.chat_note is not None)
+    previous: tuple[list[int], list[int], Any, list[dict[str, Any]]] | None = None
+    first = resumed_at == 0
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for batch in _batches(rows, batch_rows):
+            out, slots, texts, bads = parse(batch, first)
+            first = False
+            counted = pool.submit(tokenizer.count, texts, add_special) if texts else None  # type: ignore[union-attr]
+            if previous is not None:
+                finish(*previous)
+            previous = (out, slots, counted, bads)
+        if previous is not None:
+            finish(*previous)
 
     bar.close()
     if not lengths:
@@ -350,9 +370,3 @@ def count_lengths(
     return LengthTable(lengths=array, description=description, source=str(path), source_fingerprint=fp,
                        bad_rows=bad_rows, bad_examples=bad_examples, notes=notes)
 
-
-def iter_texts(path: str | Path, field_name: str, fmt: str = "auto") -> Iterable[str]:
-    """The raw text of one field, row by row (for benchmarks that tokenize without trainfit)."""
-    for _, row in iter_rows(path, fmt, columns=[field_name]):
-        if isinstance(row, dict) and field_name in row:
-            yield str(row[field_name])

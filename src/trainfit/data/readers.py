@@ -50,11 +50,14 @@ def detect_format(path: Path, fmt: str = "auto") -> str:
                         f"pass --format (one of {', '.join(FORMATS)})")
 
 
-def _jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+def _jsonl(path: Path, skip: int = 0) -> Iterator[tuple[int, Any]]:
     with path.open("rb") as f:
         index = 0
         for line_no, raw in enumerate(f, start=1):
             if not raw.strip():
+                continue
+            if index < skip:  # resuming: these rows are counted already, do not even parse them
+                index += 1
                 continue
             try:
                 row = json.loads(raw.decode("utf-8"))
@@ -138,9 +141,11 @@ def _delimited(path: Path, delimiter: str) -> Iterator[tuple[int, Any]]:
             index += 1
 
 
-def _text(path: Path) -> Iterator[tuple[int, Any]]:
+def _text(path: Path, skip: int = 0) -> Iterator[tuple[int, Any]]:
     with path.open("rb") as f:
         for index, raw in enumerate(f):
+            if index < skip:
+                continue
             try:
                 yield index, {"text": raw.decode("utf-8").rstrip("\r\n")}
             except UnicodeDecodeError as err:
@@ -193,28 +198,32 @@ def _hf(path: Path) -> Iterator[tuple[int, Any]]:
     return _record_batches(batches())
 
 
-def iter_rows(path: str | Path, fmt: str = "auto", columns: list[str] | None = None) -> Iterator[tuple[int, Any]]:
+def iter_rows(path: str | Path, fmt: str = "auto", columns: list[str] | None = None,
+              skip: int = 0) -> Iterator[tuple[int, Any]]:
     """Yield ``(row_index, row)`` for every row; ``row`` is a dict or a :class:`BadRow`.
 
-    ``columns`` is a hint: columnar formats read only those columns.
+    ``columns`` is a hint: columnar formats read only those columns. ``skip`` rows are passed
+    over (line formats without parsing them); indices stay those of the whole file.
     """
     path = Path(path)
     if not path.exists():
         raise TrainfitError(f"{path} does not exist", "check the dataset path")
     kind = detect_format(path, fmt)
     if kind == "jsonl":
-        return _jsonl(path)
-    if kind == "json":
-        return _json_array(path)
-    if kind in ("csv", "tsv"):
-        return _delimited(path, "," if kind == "csv" else "\t")
-    if kind == "parquet":
-        return _parquet(path, columns)
+        return _jsonl(path, skip)
     if kind == "text":
-        return _text(path)
-    if kind == "hf":
-        return _hf(path)
-    raise TrainfitError(f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+        return _text(path, skip)
+    if kind == "json":
+        rows = _json_array(path)
+    elif kind in ("csv", "tsv"):
+        rows = _delimited(path, "," if kind == "csv" else "\t")
+    elif kind == "parquet":
+        rows = _parquet(path, columns)
+    elif kind == "hf":
+        rows = _hf(path)
+    else:
+        raise TrainfitError(f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+    return ((i, row) for i, row in rows if i >= skip) if skip else rows
 
 
 def fingerprint(path: str | Path) -> str:

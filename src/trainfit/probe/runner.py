@@ -27,11 +27,15 @@ EventCallback = Callable[[dict[str, Any]], None]
 
 def resolve_device_name(name: str) -> str:
     """``auto`` -> ``cuda:0`` or ``cpu`` (decided in the parent so the child's memory cap fits the device)."""
-    if name != "auto":
-        return "cuda:0" if name == "cuda" else name
     import torch
 
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if name == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        from trainfit.step import Unsupported
+
+        raise Unsupported(f"probe.device is {name} but no CUDA GPU is visible", "use probe.device: cpu or auto")
+    return "cuda:0" if name == "cuda" else name
 
 
 def build_request(spec: Spec, params: Params, stats: LengthStats | None, device: str) -> dict[str, Any]:

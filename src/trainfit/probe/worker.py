@@ -195,7 +195,9 @@ def _memory_fields(device_type: str) -> dict[str, Any]:
         return {"peak_memory_bytes": int(torch.cuda.max_memory_reserved()),
                 "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
                 "alloc_retries": int(stats.get("num_alloc_retries", 0))}
-    return {"peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    from trainfit.devices import peak_rss_bytes
+
+    return {"peak_memory_bytes": peak_rss_bytes()}
 
 
 def main(argv: list[str]) -> int:

@@ -125,6 +125,9 @@ class SearchSpace:
     def params(self, values: Mapping[str, Any]) -> Params:
         """The full configuration for searched ``values``: base + values + derived accumulation."""
         changes = dict(values)
+        modules = changes.get("lora_target_modules")
+        if isinstance(modules, str) and "," in modules:
+            changes["lora_target_modules"] = tuple(modules.split(","))
         if self.target_effective_batch is not None:
             bs = int(changes.get("batch_size", self.base.batch_size))
             changes["gradient_accumulation_steps"] = max(1, round(self.target_effective_batch / bs))
@@ -171,7 +174,7 @@ def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bo
                     if KNOBS[name].kind == "choice" and v is False:
                         v = "off"
                     if KNOBS[name].kind == "modules" and isinstance(v, list):
-                        v = tuple(v)
+                        v = ",".join(v)  # Optuna choices are scalars; split again in params()
                 values.append(v)
             dims.append(Dimension(name, choices=tuple(values)))
         elif isinstance(spec, Mapping):

@@ -59,18 +59,14 @@ class GridStrategy:
         return next((p for p in self.points if config_key(p) not in done), None)
 
 
-class RandomStrategy:
+class RandomStrategy(GridStrategy):
     """Grid points in a seeded random order."""
 
     name = "random"
 
     def __init__(self, space: SearchSpace, seed: int) -> None:
-        self.points = list(space.grid())
+        super().__init__(space)
         random.Random(seed).shuffle(self.points)
-
-    def propose(self, history: Sequence[Trial]) -> dict[str, Any] | None:
-        done = {config_key(t.values) for t in history}
-        return next((p for p in self.points if config_key(p) not in done), None)
 
 
 class BayesStrategy:

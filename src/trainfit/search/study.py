@@ -42,7 +42,7 @@ def constraint_value(m: Measurement) -> float:
 
 class TrialStore:
     def __init__(self, *, output: Path, spec: Spec, space: SearchSpace, objective: str, resume: bool,
-                 storage: str | None, seed: int) -> None:
+                 storage: str | None, seed: int, sampler: Any = None) -> None:
         import optuna
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
@@ -65,7 +65,8 @@ class TrialStore:
                                 "restore the spec, or use --output NEW_FOLDER")
         if resume and not existing:
             raise TrainfitError(f"nothing to resume in {output}", "drop --resume to start a new study")
-        sampler = optuna.samplers.GPSampler(seed=seed, n_startup_trials=5)
+        # The sampler only chooses for the bayes strategy; the others fix every trial's values.
+        sampler = sampler or optuna.samplers.GPSampler(seed=seed, n_startup_trials=5)
         self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="maximize",
                                          sampler=sampler, load_if_exists=True)
         self.retried = self._retry_interrupted()

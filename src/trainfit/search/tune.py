@@ -67,14 +67,20 @@ def tune(
     probe_fn: ProbeFn | None = None,
     on_event: EventFn | None = None,
     device_type: str | None = None,
+    sampler: Any = None,
 ) -> TuneResult:
     """Search ``spec.search`` for the fastest configuration that fits ``spec.budget``.
 
     ``probe_fn(params, trial_number)`` measures one configuration (default: a real isolated
-    probe); tests of the search logic pass a deterministic one.
+    probe); tests of the search logic pass a deterministic one. ``sampler`` replaces the
+    Optuna sampler the bayes strategy uses (GPSampler), e.g. to compare with TPE.
     """
     output = Path(output)
     space = spec.search or SearchSpace(base=spec.params, dims=())
+    if stats is None and spec.data is not None and probe_fn is None:
+        from trainfit.data.analyze import analyze_spec
+
+        stats = analyze_spec(spec, progress=False)  # once, for every probe and the runtime estimate
     strategy_name = strategy or spec.tune.strategy
     if quick:
         max_trials = min(max_trials or QUICK_TRIALS, QUICK_TRIALS)
@@ -93,7 +99,7 @@ def tune(
                              on_event=lambda e: emit({"event": "probe", **e}))
 
     store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=resume,
-                       storage=storage, seed=spec.tune.seed)
+                       storage=storage, seed=spec.tune.seed, sampler=sampler)
     strat = make_strategy(strategy_name, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
                           headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
     history = store.history()

@@ -1,0 +1,128 @@
+"""Search efficiency (issue 4) on real CPU workloads.
+
+For each workload the full grid (>= 24 configs) is measured with real probes under a real memory
+cap, in this run. Then every strategy is replayed against those measurements (a probe returns
+the grid's measurement of that config, and costs its measured wall time):
+- auto: best found vs the grid's best, and its probe time as a share of the grid's;
+- random, Optuna TPE and the GP sampler (bayes): best found within auto's probe time, per seed;
+- OOM probes spent by each.
+
+    python bench/search_efficiency.py [--seeds 5] [--workloads llama,gpt2,tts]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import dump  # noqa: E402
+
+FAST = ["probe.max_seconds=2", "probe.min_steps=3", "probe.max_steps=40", "probe.burn_in_steps=1", "probe.device=cpu"]
+WORKLOADS: dict[str, tuple[str, list[str], dict[str, list[Any]]]] = {
+    "llama": ("tiny-llama.yaml", ["budget.memory_gb=0.8", "budget.headroom_gb=0.05", "max_length=1024"],
+              {"batch_size": [1, 2, 4, 8, 16, 32], "gradient_checkpointing": [False, True], "lora_r": [None, 8]}),
+    "gpt2": ("tiny-gpt2.yaml", ["budget.memory_gb=0.8", "budget.headroom_gb=0.05", "max_length=1024"],
+             {"batch_size": [1, 2, 4, 8, 16, 32], "padding": ["longest", "max_length"], "precision": ["fp32", "bf16"]}),
+    "tts": ("tiny-tts.yaml", ["budget.memory_gb=1.0", "budget.headroom_gb=0.05"],
+            {"batch_size": [1, 2, 4, 8, 16, 32], "ddpm_batch_mul": [2, 8], "gradient_checkpointing": [False, True]}),
+}
+
+
+def load(workload: str):
+    from trainfit.spec import load_spec
+    import yaml
+
+    name, overrides, space = WORKLOADS[workload]
+    src = ROOT / "examples" / name
+    doc = yaml.safe_load(src.read_text())
+    doc["search"] = space
+    doc.setdefault("tune", {})["target_effective_batch"] = None
+    doc["tune"]["max_trials"] = None
+    for key in ("model", "data"):
+        for k in ("path", "factory"):
+            if isinstance(doc.get(key), dict) and doc[key].get(k):
+                doc[key][k] = str(src.parent / doc[key][k])
+    if "tokenizer" in doc:
+        doc["tokenizer"] = str(src.parent / doc["tokenizer"])
+    tmp = Path(tempfile.mkdtemp()) / name
+    tmp.write_text(yaml.safe_dump(doc))
+    return load_spec(tmp, overrides + FAST)
+
+
+def replay(spec, strategy: str, table: dict[str, Any], seed: int, sampler: Any = None):
+    from trainfit.search.strategies import config_key
+    from trainfit.search.tune import tune
+    from trainfit.spec import TuneSettings
+    import dataclasses
+
+    spec = dataclasses.replace(spec, tune=TuneSettings(strategy=strategy, seed=seed, patience=10**6,
+                                                       objective="samples_per_second"))
+    with tempfile.TemporaryDirectory() as tmp:
+        res = tune(spec, output=tmp, probe_fn=lambda p, n: table[config_key({k: p.to_dict()[k] for k in spec.search.names})],
+                   max_trials=len(table), sampler=sampler, device_type="cpu")
+    return sorted(res.trials, key=lambda t: t.number)
+
+
+def best_within(trials, budget_s: float) -> tuple[float, int, int]:
+    """(best feasible samples/s, probes, OOM probes) among the trials run within ``budget_s``."""
+    spent, best, n, ooms = 0.0, 0.0, 0, 0
+    for t in trials:
+        spent += t.measurement.wall_time_s or 0.0
+        if spent > budget_s:
+            break
+        n += 1
+        ooms += t.measurement.status == "oom"
+        if t.feasible and t.objective:
+            best = max(best, t.objective)
+    return best, n, ooms
+
+
+def main() -> None:
+    import optuna
+
+    from trainfit.search.strategies import config_key
+    from trainfit.search.tune import tune
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--workloads", default="llama,gpt2,tts")
+    args = ap.parse_args()
+    results = {}
+    for name in args.workloads.split(","):
+        spec = load(name)
+        with tempfile.TemporaryDirectory() as tmp:  # ground truth: the whole grid, real probes
+            grid = tune(spec, output=tmp, strategy="grid", max_trials=10**6,
+                        on_event=lambda e: e["event"] == "trial_end" and print(
+                            f"  {name} grid {e['index']}/{e['max_trials']}", file=sys.stderr, flush=True))
+        table = {config_key(t.values): t.measurement for t in grid.trials}
+        grid_time = sum(t.measurement.wall_time_s for t in grid.trials)
+        truth = max(t.objective for t in grid.trials if t.feasible and t.objective)
+        auto = replay(spec, "auto", table, 0)
+        auto_time = sum(t.measurement.wall_time_s for t in auto)
+        auto_best, auto_n, auto_oom = best_within(auto, float("inf"))
+        rows: dict[str, Any] = {"auto": {"best_over_truth": auto_best / truth, "probes": auto_n, "oom_probes": auto_oom,
+                                         "probe_time_share_of_grid": auto_time / grid_time}}
+        for label, strategy, make_sampler in (
+            ("random", "random", lambda s: None),
+            ("tpe", "bayes", lambda s: optuna.samplers.TPESampler(seed=s)),
+            ("gp", "bayes", lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=5)),
+        ):
+            per_seed = [best_within(replay(spec, strategy, table, s, make_sampler(s)), auto_time)
+                        for s in range(args.seeds)]
+            rows[label] = {"median_best_over_truth_at_auto_time": statistics.median(b / truth for b, _, _ in per_seed),
+                           "median_probes": statistics.median(n for _, n, _ in per_seed),
+                           "mean_oom_probes": statistics.fmean(o for _, _, o in per_seed)}
+        results[name] = {"grid_configs": len(table), "grid_probe_time_s": round(grid_time, 1),
+                         "grid_oom": sum(1 for m in table.values() if m.status == "oom"),
+                         "grid_best_samples_per_s": truth, "strategies": rows}
+    dump("search_efficiency", {"seeds": args.seeds, "workloads": results})
+
+
+if __name__ == "__main__":
+    main()

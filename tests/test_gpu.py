@@ -1,0 +1,46 @@
+"""GPU checks: run where CUDA is present (`pytest -m gpu`), skipped cleanly elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import make_spec_file
+from trainfit.probe import run_probe
+from trainfit.spec import load_spec
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+         "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096, "max_position_embeddings": 2048}
+
+
+def spec(tmp_path: Path, params: dict, budget: dict | None = None) -> Path:
+    return make_spec_file(tmp_path, model={"config": LLAMA}, params={"max_length": 1024, **params},
+                          budget=budget, probe={"device": "cuda"})
+
+
+def test_bf16_probe_reports_reserved_memory_and_mfu(tmp_path: Path) -> None:
+    m = run_probe(load_spec(spec(tmp_path, {"batch_size": 8, "precision": "bf16", "padding": "max_length"})))
+    assert m.status == "ok", m.message
+    assert m.peak_memory_bytes >= m.peak_allocated_bytes > 0
+    assert m.alloc_retries is not None
+    if any(k in m.device_name for k in ("H100", "H200", "A100")):
+        assert 0 < m.mfu < 1 and m.hfu >= m.mfu
+
+
+def test_memory_fraction_cap_turns_an_overflow_into_oom(tmp_path: Path) -> None:
+    m = run_probe(load_spec(spec(tmp_path, {"batch_size": 256, "padding": "max_length"},
+                                 budget={"memory_gb": 1.0, "headroom_gb": 0.1})))
+    assert m.status == "oom", m.message
+    assert m.exit_code == 3
+
+
+def test_fused_adamw_and_checkpointing_run_on_cuda(tmp_path: Path) -> None:
+    m = run_probe(load_spec(spec(tmp_path, {"batch_size": 4, "precision": "bf16", "optimizer": "adamw_fused",
+                                            "gradient_checkpointing": True, "tf32": True})))
+    assert m.status == "ok", m.message
+    assert m.hfu is None or m.hfu > m.mfu  # recomputation counted as hardware FLOPs only
