@@ -7,12 +7,14 @@ the grid's measurement of that config, and costs its measured wall time):
 - random, Optuna TPE and the GP sampler (bayes): best found within auto's probe time, per seed;
 - OOM probes spent by each.
 
-    python bench/search_efficiency.py [--seeds 5] [--workloads llama,gpt2,tts]
+    python bench/search_efficiency.py [--seeds 5] [--workloads llama,gpt2,tts] [--save-tables DIR]
+    python bench/search_efficiency.py --tables DIR     # replay saved grids (strategy work, not for the docs)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -86,23 +88,33 @@ def best_within(trials, budget_s: float) -> tuple[float, int, int]:
 def main() -> None:
     import optuna
 
+    from trainfit.probe.measurement import Measurement
     from trainfit.search.strategies import config_key
     from trainfit.search.tune import tune
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--workloads", default="llama,gpt2,tts")
+    ap.add_argument("--save-tables", type=Path, help="write each measured grid here as JSON")
+    ap.add_argument("--tables", type=Path, help="replay grids saved by --save-tables instead of measuring")
     args = ap.parse_args()
     results = {}
     for name in args.workloads.split(","):
         spec = load(name)
-        with tempfile.TemporaryDirectory() as tmp:  # ground truth: the whole grid, real probes
-            grid = tune(spec, output=tmp, strategy="grid", max_trials=10**6,
-                        on_event=lambda e: e["event"] == "trial_end" and print(
-                            f"  {name} grid {e['index']}/{e['max_trials']}", file=sys.stderr, flush=True))
-        table = {config_key(t.values): t.measurement for t in grid.trials}
-        grid_time = sum(t.measurement.wall_time_s for t in grid.trials)
-        truth = max(t.objective for t in grid.trials if t.feasible and t.objective)
+        if args.tables:
+            saved = json.loads((args.tables / f"{name}.json").read_text())
+            table = {k: Measurement.from_dict(v) for k, v in saved.items()}
+        else:
+            with tempfile.TemporaryDirectory() as tmp:  # ground truth: the whole grid, real probes
+                grid = tune(spec, output=tmp, strategy="grid", max_trials=10**6,
+                            on_event=lambda e: e["event"] == "trial_end" and print(
+                                f"  {name} grid {e['index']}/{e['max_trials']}", file=sys.stderr, flush=True))
+            table = {config_key(t.values): t.measurement for t in grid.trials}
+        if args.save_tables:
+            args.save_tables.mkdir(parents=True, exist_ok=True)
+            (args.save_tables / f"{name}.json").write_text(json.dumps({k: m.to_dict() for k, m in table.items()}))
+        grid_time = sum(m.wall_time_s for m in table.values())
+        truth = max(m.samples_per_second for m in table.values() if m.fits)
         auto = replay(spec, "auto", table, 0)
         auto_time = sum(t.measurement.wall_time_s for t in auto)
         auto_best, auto_n, auto_oom = best_within(auto, float("inf"))

@@ -206,3 +206,60 @@ def test_cli_tune_end_to_end_on_a_tiny_model_under_a_real_cap(tmp_path: Path, te
     assert main(["tune", str(path), "--output", str(out), "--quick"]) == 2
     assert "--resume" in capsys.readouterr().err
     assert json.loads((out / "summary.json").read_text())["total_tested"] == 4
+
+
+def test_ranges_constraints_refine_and_module_lists(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64, "lora_r": 8},
+                          budget={"memory_gb": BUDGET, "headroom_gb": HEADROOM})
+    path.write_text(path.read_text() + (
+        "search:\n  batch_size: {low: 1, high: 32, log: true}\n  lora_r: [4, 8, 16]\n"
+        "  lora_target_modules: [[q_proj, v_proj], all-linear]\n"
+        "tune:\n  constraints: ['lora_r >= 8']\n  objective: tokens_per_second\n"))
+    spec = load_spec(path)
+    assert spec.search.dim("batch_size").grid_values() == (1, 2, 4, 8, 16, 32)
+    surface = Surface()
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface, strategy="bayes", max_trials=8, refine=True)
+    assert all(c["lora_r"] >= 8 for c in surface.calls)  # the constraint holds for every probe
+    assert {tuple(c["lora_target_modules"]) if isinstance(c["lora_target_modules"], list)
+            else c["lora_target_modules"] for c in surface.calls} <= {("q_proj", "v_proj"), "all-linear"}
+    best = result.summary["best_config"]
+    assert result.summary["objective"] == "tokens_per_second"
+    assert best["tokens_per_second"] == max(t.objective for t in result.trials if t.feasible)
+    # bayes may propose a range value off the grid (e.g. batch 11): it is probed like any other
+    assert all(1 <= c["batch_size"] <= 32 for c in surface.calls)
+
+
+def test_refine_probes_the_neighbours_of_the_best(tmp_path: Path) -> None:
+    spec = synthetic_spec(tmp_path, "auto")
+    first = Surface()
+    plain = tune(spec, output=tmp_path / "a", probe_fn=first)
+    refined = Surface()
+    result = tune(spec, output=tmp_path / "b", probe_fn=refined, refine=True)
+    assert refined.calls[:len(first.calls)] == first.calls  # same auto phase (deterministic)
+    extra = refined.calls[len(first.calls):]
+    assert extra, "refine probed nothing"
+    from trainfit.search.strategies import config_key
+    from trainfit.search.tune import neighbours
+
+    auto_best = plain.trials[[t.number for t in plain.trials].index(plain.summary["best_config"]["trial"])].values
+    measured = {config_key({k: c[k] for k in spec.search.names}) for c in first.calls}
+    wanted = {config_key(v) for v in neighbours(spec.search, auto_best)} - measured
+    assert wanted and wanted <= {config_key({k: c[k] for k in spec.search.names}) for c in extra}
+
+
+def test_cli_default_output_is_a_new_folder_and_resume_takes_the_latest(tmp_path: Path, texts_file, capsys,
+                                                                        monkeypatch) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                          data={"path": str(texts_file[0]), "text_field": "text"},
+                          params={"max_length": 32}, name="one.yaml")
+    path.write_text(path.read_text() + "search:\n  batch_size: [1]\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", str(path), "--quiet"]) == 0
+    runs = list((tmp_path / "trainfit-runs" / "one").iterdir())
+    assert len(runs) == 1 and (runs[0] / "summary.json").exists()
+    capsys.readouterr()
+    assert main(["tune", str(path), "--resume"]) == 0  # nothing left to probe: reports the stored result
+    out = capsys.readouterr().out
+    assert f"-> {Path('trainfit-runs') / 'one' / runs[0].name}" in out
+    assert "resuming: 1 trials already measured" in out and "BEST CONFIGURATION" in out
+    assert len(list((tmp_path / "trainfit-runs" / "one").iterdir())) == 1

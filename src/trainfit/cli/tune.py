@@ -14,12 +14,13 @@ exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spe
 examples:
   trainfit tune examples/tiny-llama.yaml --quick                 # 6 probes
   trainfit tune examples/tiny-llama.yaml --memory-gb 22 --max-trials 20 --output runs/llama
-  trainfit tune examples/tiny-llama.yaml --output runs/llama --resume   # after Ctrl-C or a crash
+  trainfit tune examples/tiny-llama.yaml --resume                # the latest run, after Ctrl-C or a crash
   trainfit tune spec.yaml --strategy bayes --time-budget 3600 --refine
 
 The search space is the spec's `search:` section (same keys as `params:`; a list = choices,
-{low, high, log} = a range). Outputs in --output: summary.json, trials.csv, train_command.sh,
-study.journal (every trial, as it ends) and probes/ (each probe's request, log and result).
+{low, high, log} = a range). Outputs in --output (default trainfit-runs/SPEC_NAME/TIMESTAMP):
+summary.json, trials.csv, train_command.sh, study.journal (every trial, as it ends) and probes/
+(each probe's request, log and result). --resume without --output continues the latest run.
 """
 
 
@@ -29,8 +30,9 @@ def add_parser(sub: Any) -> None:
                                    "boundary from OOMs, and report the fastest that fits with a ready-to-run command.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_spec_arguments(p)
-    p.add_argument("--output", default="trainfit-runs/tune", help="output folder (default trainfit-runs/tune)")
-    p.add_argument("--resume", action="store_true", help="continue the study in --output")
+    p.add_argument("--output", help="output folder (default: a new trainfit-runs/SPEC_NAME/TIMESTAMP)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the study in --output (default: the latest run of this spec)")
     p.add_argument("--storage", help="an Optuna storage URL (e.g. postgresql://...) instead of the journal file")
     p.add_argument("--strategy", choices=("auto", "grid", "random", "bayes"), help="default: the spec's (auto)")
     p.add_argument("--max-trials", type=int, help="probes at most")
@@ -82,6 +84,25 @@ class TuneView:
                   f"elapsed {format_duration(event['elapsed_s'])}, at most {eta} left", flush=True)
 
 
+def output_folder(args: argparse.Namespace):
+    """--output, or a fresh timestamped folder per run; --resume alone takes the latest one."""
+    from datetime import datetime
+    from pathlib import Path
+
+    from trainfit.errors import TrainfitError
+
+    if args.output:
+        return Path(args.output)
+    base = Path("trainfit-runs") / Path(args.spec).stem
+    if args.resume:
+        runs = sorted(p for p in base.glob("*") if (p / "study.journal").exists()) if base.is_dir() else []
+        if not runs:
+            raise TrainfitError(f"no earlier run of {args.spec} under {base} to resume",
+                                "pass --output FOLDER, or drop --resume")
+        return runs[-1]
+    return base / datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.render import fmt_num, table
     from trainfit.errors import TrainfitError
@@ -92,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if spec.search is None:
         raise TrainfitError(f"{args.spec} has no search: section, so there is nothing to tune",
                             "add e.g. search: {batch_size: [1, 2, 4, 8], gradient_checkpointing: [false, true]}")
+    args.output = str(output_folder(args))
     stats = stats_from_args(args, spec, progress=not args.quiet)
     print(f"trainfit tune: {spec.source} -> {args.output}")
     print(f"space: {', '.join(f'{d.name} {list(d.grid_values())}' for d in spec.search.dims)}; "

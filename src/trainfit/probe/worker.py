@@ -29,9 +29,13 @@ def emit(event: str, **fields: Any) -> None:
     sys.stderr.flush()
 
 
-def is_oom(err: BaseException) -> bool:
-    """Out of memory on any device. CPU allocation failures surface as RuntimeError text."""
+def is_oom(err: BaseException, capped_cpu: bool = False) -> bool:
+    """Out of memory on any device. CPU allocation failures surface as RuntimeError text; under a
+    CPU memory cap, oneDNN reports a failed scratchpad allocation as 'could not create a primitive'."""
     if isinstance(err, MemoryError):
+        return True
+    if capped_cpu and isinstance(err, RuntimeError) and (
+            "could not create a primitive" in str(err) or "bad_alloc" in str(err)):
         return True
     try:
         import torch
@@ -82,7 +86,7 @@ def run(req: dict[str, Any], out: dict[str, Any]) -> None:
     emit("phase", phase="build")
     t = time.perf_counter()
     notes += check_support(params, device)
-    spec = Spec(model=ModelSpec(**{k: v for k, v in req["model"].items()}), data=None, params=params,
+    spec = Spec(model=ModelSpec(**req["model"]), data=None, params=params,
                 probe=settings)
     workload = build_workload(spec, params, device)
     notes += workload.notes
@@ -218,7 +222,7 @@ def main(argv: list[str]) -> int:
             raise
         from trainfit.errors import TrainfitError
 
-        status = "oom" if is_oom(err) else "error"
+        status = "oom" if is_oom(err, capped_cpu=bool(cap) and req["device"] == "cpu") else "error"
         if isinstance(err, TrainfitError):
             message = str(err)
         elif status == "oom":

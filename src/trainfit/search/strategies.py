@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -149,17 +150,33 @@ class AutoStrategy:
             return None
         return (self.budget_gb - self.headroom_gb) * (1 - self.margin) * 1024**3
 
-    def _predicted_max_batch(self, fits: dict[int, Trial]) -> float:
-        """Largest batch whose predicted peak stays under the budget (inf without a budget)."""
-        limit = self._limit_bytes()
-        if limit is None or len(fits) < 2:
-            return float("inf")
+    @staticmethod
+    def _slope(fits: dict[int, Trial]) -> float | None:
+        """Peak bytes per extra sample, from the two largest fitting batches."""
+        if len(fits) < 2:
+            return None
         (b0, t0), (b1, t1) = sorted(fits.items())[-2:]
-        m0, m1 = t0.measurement.peak_memory_bytes, t1.measurement.peak_memory_bytes
-        slope = (m1 - m0) / (b1 - b0)
-        if slope <= 0:
+        return (t1.measurement.peak_memory_bytes - t0.measurement.peak_memory_bytes) / (b1 - b0)
+
+    def _predicted_max_batch(self, fits: dict[int, Trial], sibling_slope: float | None = None) -> float:
+        """Largest batch whose predicted peak stays under the budget (inf when unknown). With one
+        point, the slope of sibling families (the other knobs changed) stands in for the line."""
+        limit = self._limit_bytes()
+        slope = self._slope(fits) if len(fits) >= 2 else sibling_slope
+        if limit is None or not fits or slope is None or slope <= 0:
             return float("inf")
-        return b1 + (limit - m1) / slope
+        b1 = max(fits)
+        return b1 + (limit - fits[b1].measurement.peak_memory_bytes) / slope
+
+    def _sibling_slope(self, family: Mapping[str, Any], history: Sequence[Trial]) -> float | None:
+        slopes = []
+        for other in self.families:
+            if other != family:
+                fits = {b: t for b, t in self._family_trials(other, history).items() if t.feasible}
+                slope = self._slope(fits)
+                if slope is not None and slope > 0:
+                    slopes.append(slope)
+        return statistics.median(slopes) if slopes else None
 
     def _dominated(self, family: Mapping[str, Any], mine: dict[int, Trial], history: Sequence[Trial]) -> bool:
         ok_mine = {b: t for b, t in mine.items() if t.objective is not None}
@@ -174,13 +191,37 @@ class AutoStrategy:
                 continue
             slower = t.objective < theirs.objective * (1 - self.saturation)
             no_smaller = t.measurement.peak_memory_bytes >= theirs.measurement.peak_memory_bytes * 0.98
-            other_unbounded = not any(x.measurement.status == "oom" or not x.feasible
-                                      for x in self._family_trials(other, history).values())
-            if slower and (no_smaller or other_unbounded):
+            if slower and (no_smaller or not self._memory_bound(other, history)):
                 return True
         return False
 
-    def _next_batch(self, family: Mapping[str, Any], mine: dict[int, Trial]) -> int | None:
+    def _memory_bound(self, family: Mapping[str, Any], history: Sequence[Trial]) -> bool:
+        """Does memory stop ``family`` below the largest batch (measured, or predicted)? If not, a
+        leaner family cannot win by fitting a larger batch."""
+        trials = self._family_trials(family, history)
+        if any(not t.feasible for t in trials.values()):
+            return True
+        fits = {b: t for b, t in trials.items() if t.feasible}
+        return self._predicted_max_batch(fits, self._sibling_slope(family, history)) < max(self.batches)
+
+    @staticmethod
+    def _can_win(fits: dict[int, Trial], batch: int, rival_best: float | None) -> bool:
+        """Could a larger batch of this family beat ``rival_best``? Step time is about
+        ``overhead + per_sample * batch``, so samples/s = b / (a + c*b) saturates at 1/c; fit a, c
+        on the two largest fitting batches and predict ``batch`` (2% benefit of the doubt)."""
+        if rival_best is None:
+            return True
+        (b0, t0), (b1, t1) = sorted(fits.items())[-2:]
+        inv0, inv1 = 1 / t0.objective, 1 / t1.objective  # seconds per sample
+        # 1/T(b) = a/b + c  ->  two equations in a, c
+        a = (inv0 - inv1) / (1 / b0 - 1 / b1)
+        c = inv1 - a / b1
+        if a <= 0 or c <= 0:
+            return True  # not the saturating shape: no basis to prune
+        return batch / (a + c * batch) > rival_best * 1.02
+
+    def _next_batch(self, family: Mapping[str, Any], mine: dict[int, Trial],
+                    rival_best: float | None = None, sibling_slope: float | None = None) -> int | None:
         allowed = [b for b in self.batches if self.space.allowed({**family, "batch_size": b})]
         if any(t.measurement.status in ("error", "timeout") for t in mine.values()):
             return None  # broken for a reason other than memory: do not spend more probes here
@@ -195,7 +236,10 @@ class AutoStrategy:
         best_b = max(fits, key=lambda b: fits[b].objective or 0.0)
         largest = max(fits)
         if best_b < largest:
-            # Throughput fell at the larger batch: the peak lies between; try a batch in between.
+            # Throughput fell at the larger batch: a peak may lie between. Worth a probe only if
+            # this family could still beat the other families (its best is within 2% of theirs).
+            if rival_best is not None and fits[best_b].objective * (1 + self.saturation) < rival_best:
+                return None
             between = [b for b in open_ if best_b < b < largest]
             return between[len(between) // 2] if between else None
         if len(fits) >= 2:
@@ -203,21 +247,33 @@ class AutoStrategy:
             gain = fits[largest].objective / max(fits[below].objective, 1e-12) - 1
             if gain < self.saturation:
                 return None  # saturated: a larger batch is not faster
-        predicted = self._predicted_max_batch(fits)
+        predicted = self._predicted_max_batch(fits, sibling_slope)
         candidates = [b for b in open_ if b > largest and b <= predicted]
         if not candidates:
             return None
+        if len(fits) >= 2 and not self._can_win(fits, max(candidates), rival_best):
+            return None
         if len(fits) == 1:
-            # A second point for the memory line: far enough for a good slope, not a leap into OOM.
+            # A second point for the memory line: far enough for a good slope, not a leap into OOM
+            # (nor past what sibling families' memory lines predict).
             return min(candidates, key=lambda b: abs(b - 4 * largest))
         return max(candidates)
+
+    def _rival_best(self, family: Mapping[str, Any], history: Sequence[Trial]) -> float | None:
+        """Best feasible objective of the *other* families with the same learning-relevant knobs."""
+        part = self._learning_part(family)
+        mine = self._family_trials(family, history).values()
+        scores = [t.objective for t in history if t.feasible and t.objective is not None and t not in mine
+                  and self._learning_part({k: t.values.get(k) for k in family}) == part]
+        return max(scores, default=None)
 
     def propose(self, history: Sequence[Trial]) -> dict[str, Any] | None:
         for family in self.families:
             mine = self._family_trials(family, history)
             if self._dominated(family, mine, history):
                 continue
-            b = self._next_batch(family, mine)
+            b = self._next_batch(family, mine, self._rival_best(family, history),
+                                 self._sibling_slope(family, history))
             if b is not None:
                 return {**family, "batch_size": b} if "batch_size" in self.space.names else dict(family)
         return None
