@@ -263,3 +263,16 @@ def test_cli_default_output_is_a_new_folder_and_resume_takes_the_latest(tmp_path
     assert f"-> {Path('trainfit-runs') / 'one' / runs[0].name}" in out
     assert "resuming: 1 trials already measured" in out and "BEST CONFIGURATION" in out
     assert len(list((tmp_path / "trainfit-runs" / "one").iterdir())) == 1
+
+
+def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"  # a real database file, as several machines would share
+    spec_a = synthetic_spec(tmp_path / "a", "grid")
+    spec_b = load_spec(spec_a.source, ["budget.memory_gb=30"])
+    tune(spec_a, output=tmp_path / "out-a", probe_fn=Surface(), max_trials=2, storage=url)
+    tune(spec_b, output=tmp_path / "out-b", probe_fn=Surface(budget_gb=30), max_trials=2, storage=url)
+    again = Surface()
+    result = tune(spec_a, output=tmp_path / "out-a2", probe_fn=again, max_trials=4, storage=url, resume=True)
+    assert len(again.calls) == 2 and result.summary["total_tested"] == 4
+    with pytest.raises(TrainfitError, match="already holds this tuning study"):
+        tune(spec_b, output=tmp_path / "out-b2", probe_fn=Surface(), storage=url)

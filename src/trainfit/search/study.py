@@ -56,15 +56,19 @@ class TrialStore:
         self.name = study_name(spec)
         existing = [s.study_name for s in optuna.get_all_study_summaries(self.storage)] \
             if storage or journal.exists() else []
-        if existing and not resume:
-            raise TrainfitError(f"{output} already holds a tuning study ({len(existing)} found)",
+        where = storage or str(output)
+        if self.name in existing and not resume:
+            raise TrainfitError(f"{where} already holds this tuning study",
                                 "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
-        if resume and existing and self.name not in existing:
-            raise TrainfitError("the spec changed since this study started (model, data, budget, probe settings, "
-                                "params or search space differ), so its trials do not apply",
-                                "restore the spec, or use --output NEW_FOLDER")
-        if resume and not existing:
-            raise TrainfitError(f"nothing to resume in {output}", "drop --resume to start a new study")
+        if resume and self.name not in existing:
+            if existing and storage is None:
+                raise TrainfitError("the spec changed since this study started (model, data, budget, probe "
+                                    "settings, params or search space differ), so its trials do not apply",
+                                    "restore the spec, or use --output NEW_FOLDER")
+            raise TrainfitError(f"nothing to resume in {where}", "drop --resume to start a new study")
+        if existing and storage is None and self.name not in existing:
+            raise TrainfitError(f"{output} holds a study of a different spec; its outputs would be overwritten",
+                                "use --output NEW_FOLDER")
         # The sampler only chooses for the bayes strategy; the others fix every trial's values.
         sampler = sampler or optuna.samplers.GPSampler(seed=seed, n_startup_trials=5)
         self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="maximize",
