@@ -54,3 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"\ntrainfit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
