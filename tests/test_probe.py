@@ -126,3 +126,16 @@ def test_cli_probe_writes_json_and_exits_by_status(llama_spec, tmp_path: Path, c
     printed = capsys.readouterr().out
     assert "samples/s" in printed and "peak memory" in printed
     assert main(["probe", str(oom_spec(tmp_path)), "--quiet"]) == 3
+
+
+def test_cpu_peak_memory_is_the_childs_own_not_the_parents(tmp_path: Path) -> None:
+    """Linux carries ru_maxrss over fork+exec; the probe must not report its parent's size."""
+    ballast = bytearray(1536 * 2**20)  # the parent (a tuner, say) holds 1.5 GiB, touched
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    path = make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:scaled"},
+                          params={"max_length": 8, "width_mul": 1})
+    m = probe(path)
+    assert m.status == "ok", m.message
+    assert 50 * 2**20 < m.peak_memory_bytes < 1024 * 2**20
+    del ballast
