@@ -139,3 +139,17 @@ def test_cpu_peak_memory_is_the_childs_own_not_the_parents(tmp_path: Path) -> No
     assert m.status == "ok", m.message
     assert 50 * 2**20 < m.peak_memory_bytes < 1024 * 2**20
     del ballast
+
+
+def test_a_local_checkpoint_folder_is_loaded_without_downloads(tmp_path: Path, texts_file) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tmp_path / "my-model"
+    cfg = dict(TINY_LLAMA)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg)).save_pretrained(folder)
+    path = make_spec_file(tmp_path, model={"path": str(folder)},
+                          data={"path": str(texts_file[0]), "text_field": "text"},
+                          params={"batch_size": 2, "max_length": 64, "lora_r": 4, "precision": "bf16"})
+    m = probe(path)
+    assert_ok(m)
+    assert "LoRA: frozen base weights held in bf16, adapters in fp32" in m.notes
