@@ -90,3 +90,17 @@ def test_cli_reports_spec_errors_without_traceback(tmp_path: Path, capsys: pytes
     assert "Traceback" not in err
     assert main(["probe", str(tmp_path / "nope.yaml")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_public_api_names_resolve_lazily() -> None:
+    import subprocess
+    import sys
+
+    import trainfit
+
+    assert sorted(trainfit.__all__) == sorted([*trainfit._LAZY, "__version__"])
+    for name in trainfit.__all__:
+        assert getattr(trainfit, name) is not None
+    # `import trainfit` and `trainfit --help` stay light: torch is imported only when used.
+    code = "import sys, trainfit, trainfit.cli; trainfit.cli.build_parser(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

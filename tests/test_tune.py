@@ -234,7 +234,7 @@ def test_refine_probes_the_neighbours_of_the_best(tmp_path: Path) -> None:
     first = Surface()
     plain = tune(spec, output=tmp_path / "a", probe_fn=first)
     refined = Surface()
-    result = tune(spec, output=tmp_path / "b", probe_fn=refined, refine=True)
+    tune(spec, output=tmp_path / "b", probe_fn=refined, refine=True)
     assert refined.calls[:len(first.calls)] == first.calls  # same auto phase (deterministic)
     extra = refined.calls[len(first.calls):]
     assert extra, "refine probed nothing"

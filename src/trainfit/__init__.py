@@ -29,7 +29,8 @@ _LAZY = {
     "summarize": "trainfit.data.stats",
 }
 
-__all__ = sorted(_LAZY) + ["__version__"]
+__all__ = ["CustomWorkload", "LengthRecipe", "LengthStats", "Measurement", "Params", "Spec", "SpecError",
+           "TrainfitError", "__version__", "count_lengths", "load_spec", "run_probe", "summarize"]
 
 if TYPE_CHECKING:
     from trainfit.data.lengths import LengthRecipe, count_lengths

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from trainfit.errors import Problem, SpecError, TrainfitError
-from trainfit.params import KNOBS, Params, parse_params
+from trainfit.params import Params, parse_params
 
 GiB = 1024**3
 
@@ -409,4 +409,4 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
 
 
 __all__ = ["Budget", "DataSpec", "GiB", "ModelSpec", "ProbeSettings", "Spec", "build_spec", "load_spec",
-           "merge_overrides", "parse_override", "KNOBS"]
+           "merge_overrides", "parse_override"]
