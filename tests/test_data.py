@@ -220,3 +220,11 @@ def test_resume_works_for_csv_too(tmp_path: Path) -> None:
                       on_batch=stop)
     table = count_lengths(path, WORDS, cache_dir=cache, batch_rows=500, progress=False)
     assert table.lengths.tolist() == [(i % 9) + 1 for i in range(3000)]
+
+
+def test_recommended_length_is_capped_only_when_beyond_the_model(tmp_path: Path) -> None:
+    table = count_lengths(write_jsonl(tmp_path / "d.jsonl", list(range(1, 301))), WORDS, progress=False)
+    free = summarize(table, percentile=99, multiple=64, max_positions=1024)
+    assert free.recommended_max_length == 320 and "capped" not in free.recommended_rule
+    capped = summarize(table, percentile=99, multiple=64, max_positions=256)
+    assert capped.recommended_max_length == 256 and "capped at the model's 256 positions" in capped.recommended_rule

@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
         if spec.data is None:
             raise TrainfitError(f"{args.spec} has no data section", "add data: {path: ..., text_field: ...}")
-        stats = analyze_spec(spec, progress=not args.quiet, batch_size=args.batch_size)
+        stats = analyze_spec(spec, progress=not args.quiet, batch_size=args.batch_size,
+                             percentile=args.percentile, multiple=args.multiple, top=args.top)
     else:
         if not args.path:
             raise TrainfitError("give a dataset path or --spec", "e.g. trainfit analyze data.jsonl --text-field text")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from trainfit.data.lengths import LengthRecipe, count_lengths
 from trainfit.data.stats import LengthStats, summarize
@@ -30,10 +31,11 @@ def model_max_positions(spec: Spec) -> int | None:
 
 
 def analyze_spec(spec: Spec, *, progress: bool = True, cache_dir: Path | None = None,
-                 batch_size: int | None = None) -> LengthStats:
-    """Length statistics of ``spec.data`` (cached), for probing, search and planning."""
+                 batch_size: int | None = None, **summary_options: Any) -> LengthStats:
+    """Length statistics of ``spec.data`` (cached), for probing, search and planning.
+    ``summary_options`` go to :func:`~trainfit.data.stats.summarize` (percentile, multiple, top)."""
     assert spec.data is not None
     table = count_lengths(spec.data.path, recipe_for_spec(spec), fmt=spec.data.format,
                           on_bad_row=spec.data.on_bad_row, cache_dir=cache_dir, progress=progress)
     return summarize(table, batch_size=batch_size or spec.params.batch_size,
-                     max_positions=model_max_positions(spec))
+                     max_positions=model_max_positions(spec), **summary_options)

@@ -119,8 +119,9 @@ def summarize(
     rows = rows[ok]
     pct = {f"p{p:g}": float(np.percentile(lengths, p, method="linear")) for p in PERCENTILES}
     recommended = round_up(float(np.percentile(lengths, percentile, method="linear")), multiple)
-    if max_positions is not None:
-        recommended = min(recommended, max_positions)
+    capped = max_positions is not None and recommended > max_positions
+    if capped:
+        recommended = max_positions
     # Longest first; ties broken by row index so the result is deterministic.
     order = np.lexsort((rows, -lengths))[: max(top, _LONGEST_KEPT)]
     longest = [{"row": int(rows[i]), "length": int(lengths[i])} for i in order]
@@ -142,7 +143,7 @@ def summarize(
         longest=longest,
         recommended_max_length=recommended,
         recommended_rule=f"p{percentile:g} rounded up to a multiple of {multiple}"
-        + (f", capped at the model's {max_positions} positions" if max_positions is not None else ""),
+        + (f", capped at the model's {max_positions} positions" if capped else ""),
         truncated_share=float((lengths > recommended).mean()),
         batch_size=batch_size,
         waste={
