@@ -7,6 +7,7 @@ function of what has been measured. ``SAMPLER`` hands the choice to Optuna's sam
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import statistics
@@ -121,8 +122,6 @@ class AutoStrategy:
         def rank(name: str, value: Any) -> int:
             order = prior.get(name)
             return order.index(value) if order and value in order else 0
-
-        import itertools
 
         families = [dict(zip([d.name for d in others], combo))
                     for combo in itertools.product(*(d.grid_values() for d in others))]

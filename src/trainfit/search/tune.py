@@ -157,14 +157,13 @@ def tune(
         emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "max_trials": max_trials,
               "values": values, "elapsed_s": time.perf_counter() - start})
         m = probe_fn(params, trial.number)
-        prior_best = ranked(history)[0].objective if ranked(history) else None
-        result = store.tell(trial, values, m, history)
-        history.append(result)
+        best_before = next(iter(ranked(history)), None)
+        history.append(store.tell(trial, values, m, history))
         new_trials += 1
-        if result.feasible and result.objective is not None and (prior_best is None or result.objective > prior_best):
-            best_at = len(history)
+        best = next(iter(ranked(history)), None)
+        if best is not None and best is not best_before:
+            best_at = len(history)  # patience counts from the last improvement
         write("running")
-        best = ranked(history)[0] if ranked(history) else None
         emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": max_trials,
               "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
               "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
