@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from conftest import TESTS, TINY_GPT2, TINY_LLAMA, make_spec_file
 from trainfit.cli import main
 from trainfit.probe import Measurement, run_probe
+from trainfit.probe.runner import ProbeSession, build_request
 from trainfit.spec import load_spec
 
 
@@ -153,3 +155,59 @@ def test_a_local_checkpoint_folder_is_loaded_without_downloads(tmp_path: Path, t
     m = probe(path)
     assert_ok(m)
     assert "LoRA: frozen base weights held in bf16, adapters in fp32" in m.notes
+
+
+def scaled_spec(tmp_path: Path, **budget: float) -> Path:
+    """A factory model whose activations dominate its memory: 1024 positions x 128 wide per sample."""
+    return make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:scaled"},
+                          params={"max_length": 1024, "batch_size": 256, "width_mul": 8, "padding": "max_length"},
+                          budget=budget or None, name="scaled.yaml")
+
+
+def test_a_session_reuses_the_model_for_larger_batches_of_the_same_config(tmp_path: Path) -> None:
+    spec = load_spec(scaled_spec(tmp_path))
+
+    def params(**changes: object):
+        return dataclasses.replace(spec.params, **changes)
+
+    with ProbeSession() as session:
+        small = run_probe(spec, params(batch_size=8, gradient_accumulation_steps=2), session=session)
+        big = run_probe(spec, session=session)
+        smaller = run_probe(spec, params(batch_size=8), session=session)
+        other = run_probe(spec, params(batch_size=16, extra={"width_mul": 4}), session=session)
+    fresh_big = run_probe(spec)
+    for m in (small, big, smaller, other, fresh_big):
+        assert_ok(m)
+    assert not small.model_reused and small.phases_s["build"] > 0 and small.samples_per_step == 16
+    assert big.model_reused and big.phases_s["start"] == big.phases_s["build"] == 0
+    # The peak restarts per probe and counts the same as a fresh process's (256 x 1024 x 128
+    # activations: ~128 MiB a copy, so a probe that missed them would be far off).
+    assert big.peak_memory_bytes == pytest.approx(fresh_big.peak_memory_bytes, rel=0.1)
+    assert big.peak_memory_bytes > small.peak_memory_bytes + 200 * 2**20
+    assert not smaller.model_reused  # smaller batches after larger ones get a fresh worker
+    assert not other.model_reused  # another width is another model
+
+
+def test_after_an_oom_the_next_probe_gets_a_fresh_worker(tmp_path: Path) -> None:
+    spec = load_spec(scaled_spec(tmp_path, memory_gb=0.9, headroom_gb=0.1))
+    with ProbeSession() as session:
+        ok = run_probe(spec, dataclasses.replace(spec.params, batch_size=4), session=session)
+        oom = run_probe(spec, dataclasses.replace(spec.params, batch_size=4096), session=session)
+        after = run_probe(spec, dataclasses.replace(spec.params, batch_size=4), session=session)
+    assert ok.status == "ok" and oom.status == "oom", oom.message
+    assert after.status == "ok" and not after.model_reused
+
+
+def test_model_key_ignores_only_the_batch_shape(tmp_path: Path) -> None:
+    spec = load_spec(scaled_spec(tmp_path))
+
+    def key(**changes: object) -> str | None:
+        return build_request(spec, dataclasses.replace(spec.params, **changes), None, "cpu")["model_key"]
+
+    base = key()
+    assert base is not None
+    assert key(batch_size=2, gradient_accumulation_steps=4, max_length=64, padding="longest") == base
+    assert key(extra={"width_mul": 2}) != base and key(lora_r=8) != base
+    assert key(compile="default") is None  # a compiled model meeting new shapes is not a fresh run
+    no_reuse = load_spec(scaled_spec(tmp_path), ["probe.reuse_model=false"])
+    assert build_request(no_reuse, no_reuse.params, None, "cpu")["model_key"] is None

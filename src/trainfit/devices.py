@@ -86,6 +86,24 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def reset_peak_rss() -> bool:
+    """Return freed heap to the OS, then restart this process's peak RSS from the current RSS.
+
+    ``malloc_trim`` first, so memory a previous, larger batch freed does not count again; then
+    Linux's ``clear_refs`` (value 5 resets VmHWM). False where either is unavailable, and the
+    peak keeps counting from process start.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def versions() -> dict[str, str | None]:
     """Versions of everything that changes a measurement."""
     from importlib.metadata import PackageNotFoundError, version

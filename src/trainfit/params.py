@@ -34,16 +34,18 @@ class Knob:
     nullable: bool = False
     changes_learning: bool = False
     """True when two values of this knob train a different model (not only a faster one)."""
+    batch_shape: bool = False
+    """True when the knob only shapes the batches: a built model can be probed at another value."""
 
 
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob(name="batch_size", kind="int", minimum=1,
+        Knob(name="batch_size", kind="int", minimum=1, batch_shape=True,
              doc="samples per micro-batch on one device"),
-        Knob(name="gradient_accumulation_steps", kind="int", minimum=1,
+        Knob(name="gradient_accumulation_steps", kind="int", minimum=1, batch_shape=True,
              doc="micro-batches per optimizer step; effective batch = batch_size x this"),
-        Knob(name="max_length", kind="int", minimum=1, nullable=True, changes_learning=True,
+        Knob(name="max_length", kind="int", minimum=1, nullable=True, changes_learning=True, batch_shape=True,
              doc="longest sequence (positions) a sample may have; longer samples are truncated. "
                  "null = the dataset's longest sample"),
         Knob(name="lora_r", kind="int", minimum=1, nullable=True, changes_learning=True,
@@ -66,10 +68,27 @@ KNOBS: dict[str, Knob] = {
              doc="allow TF32 matmuls and cuDNN convolutions on Ampere+ GPUs (no effect on CPU)"),
         Knob(name="optimizer", kind="choice", choices=OPTIMIZERS, changes_learning=True,
              doc="adamw (torch), adamw_fused (torch fused kernel), adamw_8bit (bitsandbytes)"),
-        Knob(name="padding", kind="choice", choices=PADDINGS,
+        Knob(name="padding", kind="choice", choices=PADDINGS, batch_shape=True,
              doc="pad each batch to its longest sample, or every batch to max_length"),
     )
 }
+
+
+def model_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` without the knobs that only shape batches: what a built model depends on."""
+    return {k: v for k, v in values.items() if not (k in KNOBS and KNOBS[k].batch_shape)}
+
+
+def batches_grow(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """True when ``after`` asks for batches no smaller than ``before`` (batch size and max_length;
+    None = the dataset's longest). A worker reuses its model only in this direction: after a
+    larger batch, a CPU process measured up to 6% more peak memory than a fresh one
+    (docs/benchmarks.md, model reuse)."""
+
+    def length(v: Mapping[str, Any]) -> float:
+        return float("inf") if v.get("max_length") is None else v["max_length"]
+
+    return after.get("batch_size", 1) >= before.get("batch_size", 1) and length(after) >= length(before)
 
 
 @dataclass(frozen=True, kw_only=True)

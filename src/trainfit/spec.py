@@ -92,6 +92,11 @@ class ProbeSettings:
     """The whole child process is killed after this long (status ``timeout``)."""
     seed: int = 0
     """Seed for typical-batch sampling and model init."""
+    reuse_model: bool = True
+    """Probes that differ only in batch shape (batch size, accumulation, max_length, padding) run
+    one after another in the same worker on the model it already built; a fresh worker follows
+    any failure. false: a fresh process and model for every probe (e.g. a factory whose model
+    depends on the batch size)."""
 
 
 STRATEGIES = ("auto", "grid", "random", "bayes")

@@ -80,7 +80,8 @@ class TuneView:
             remaining = event["max_trials"] - event["index"]
             eta = format_duration(remaining * event["mean_probe_s"]) if remaining > 0 else "0s"
             best_text = f"best {fmt_num(best.objective)}" if best else "best: none yet"
-            print(f"[{event['index']}/{event['max_trials']}] {values} -> {result} | {best_text} | "
+            probe_text = f"probe {format_duration(m.wall_time_s)}{', model reused' if m.model_reused else ''}"
+            print(f"[{event['index']}/{event['max_trials']}] {values} -> {result} | {probe_text} | {best_text} | "
                   f"elapsed {format_duration(event['elapsed_s'])}, at most {eta} left", flush=True)
 
 

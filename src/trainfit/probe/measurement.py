@@ -72,7 +72,10 @@ class Measurement:
     started_at: str = ""
     finished_at: str = ""
     wall_time_s: float | None = None
-    """From spawning the child to reading its result."""
+    """From handing the probe to a worker (spawning one, if needed) to reading its result."""
+    model_reused: bool = False
+    """The worker ran this probe on the model it built for the previous one (same config but for
+    the batch shape), so start and build took no time."""
     budget_memory_gb: float | None = None
     budget_headroom_gb: float | None = None
     schema_version: int = SCHEMA_VERSION

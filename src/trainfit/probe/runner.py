@@ -1,9 +1,10 @@
-"""The parent side of a probe: prepare the request, run the child, turn any ending into a
-Measurement. The caller survives whatever the child does."""
+"""The parent side of a probe: prepare the request, run it in a worker process, turn any ending
+into a Measurement. The caller survives whatever the worker does."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -13,12 +14,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainfit.data.stats import LengthStats, count_longer_than
-from trainfit.params import Params
-from trainfit.probe.measurement import Measurement
+from trainfit.params import Params, batches_grow, model_values
+from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
 from trainfit.probe.worker import EVENT_PREFIX
 from trainfit.spec import GiB, Spec
 
@@ -58,7 +60,7 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
             notes.append(f"{'' if exact else '~'}{truncated:,} of {stats.samples:,} samples "
                          f"({truncated / stats.samples:.2%}) are longer than max_length={max_length} "
                          "and are truncated")
-    return {
+    request = {
         "model": json.loads(json.dumps(spec.to_dict()["model"])),
         "params": params.to_dict(),
         "probe": json.loads(json.dumps(spec.to_dict()["probe"])),
@@ -72,6 +74,23 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
         "budget_headroom_gb": spec.budget.headroom_gb,
         "notes": notes,
     }
+    request["model_key"] = model_key(request)
+    return request
+
+
+def model_key(request: dict[str, Any]) -> str | None:
+    """What the model a worker builds for ``request`` depends on: everything but the batch shape.
+
+    None when the model must not be reused: ``probe.reuse_model: false``, or a compiled config
+    (a compiled model meeting new shapes recompiles and may switch to dynamic shapes, which a
+    fresh run would not do).
+    """
+    params = request["params"]
+    if not request["probe"].get("reuse_model", True) or params.get("compile", "off") != "off":
+        return None
+    return json.dumps({"model": request["model"], "params": model_values(params), "probe": request["probe"],
+                       "device": request["device"], "memory_cap_bytes": request["memory_cap_bytes"]},
+                      sort_keys=True)
 
 
 def _describe_exit(rc: int) -> tuple[str, str]:
@@ -84,77 +103,155 @@ def _describe_exit(rc: int) -> tuple[str, str]:
     return "error", f"the probe process exited with code {rc} without a result"
 
 
-def run_child(request: dict[str, Any], timeout_s: float, workdir: Path,
-              on_event: EventCallback | None = None) -> Measurement:
-    """Run ``trainfit.probe.worker`` on ``request`` in its own process group; never raises for
-    anything the child does."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    req_path, res_path, log_path = workdir / "request.json", workdir / "result.json", workdir / "probe.log"
-    res_path.unlink(missing_ok=True)
-    request = {**request, "spawned_at": time.time()}
-    req_path.write_text(json.dumps(request))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainfit.probe.worker", str(req_path), str(res_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: a timeout kills compile workers too
-    )
-    tail: collections.deque[str] = collections.deque(maxlen=30)
+@dataclass
+class _Job:
+    """The probe a worker is running: where its output goes."""
 
-    def pump() -> None:
-        assert proc.stdout is not None
-        with log_path.open("w") as log:
-            for raw in proc.stdout:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                if line.startswith(EVENT_PREFIX):
-                    if on_event is not None:
-                        try:
-                            on_event(json.loads(line[len(EVENT_PREFIX):]))
-                        except (ValueError, Exception):  # a display problem never stops a probe
-                            pass
-                    continue
-                log.write(line + "\n")
-                tail.append(line)
+    log: IO[str]
+    on_event: EventCallback | None
+    done: threading.Event = field(default_factory=threading.Event)
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
 
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
+
+class ProbeSession:
+    """Runs probes in a worker process (``trainfit.probe.worker``) in its own process group.
+
+    The worker stays alive after a successful probe; the next probe with the same
+    :func:`model_key` and batches no smaller (:func:`~trainfit.params.batches_grow`) runs on the
+    model it already built (no process start, no model build). Any other probe, and any probe
+    after a failure, gets a fresh worker. Never raises for
+    anything a worker does; use as a context manager (or call :meth:`close`) so no worker
+    outlives its caller.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._key: str | None = None
+        self._params: dict[str, Any] = {}
+        self._job: _Job | None = None
+
+    def __enter__(self) -> ProbeSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker (and everything it started, e.g. compile workers)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            proc.wait()
-    reader.join(timeout=5)
-    wall = time.perf_counter() - start
-    base = {"config": request["params"], "device": request["device"], "wall_time_s": wall,
-            "memory_cap_bytes": request.get("memory_cap_bytes"),
-            "budget_memory_gb": request.get("budget_memory_gb"),
-            "budget_headroom_gb": request.get("budget_headroom_gb"),
-            "truncated_samples": request.get("truncated_samples"), "notes": list(request.get("notes", []))}
-    if res_path.exists() and not timed_out:
-        data = json.loads(res_path.read_text())
-        data["wall_time_s"] = wall
-        from trainfit.probe.measurement import SCHEMA_VERSION
+        proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
-        data["schema_version"] = SCHEMA_VERSION
-        return Measurement.from_dict(data)
-    output = "\n".join(tail)
-    if timed_out:
-        status, message = "timeout", f"the probe did not finish within {timeout_s:g} s and was killed"
-    else:
-        status, message = _describe_exit(proc.returncode)
-    if output:
-        message += "\nlast output:\n" + output
-    return Measurement(status=status, message=message, **base)
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainfit.probe.worker", repr(time.time())],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+            start_new_session=True,  # its own process group: a timeout kills compile workers too
+        )
+        self._reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
+        self._reader.start()
+        return proc
+
+    def _pump(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            job = self._job
+            if job is None:
+                continue
+            if line.startswith(EVENT_PREFIX):
+                try:
+                    event = json.loads(line[len(EVENT_PREFIX):])
+                    if event.get("event") == "result":
+                        job.done.set()
+                    elif job.on_event is not None:
+                        job.on_event(event)
+                except Exception:  # a display problem never stops a probe
+                    pass
+                continue
+            job.tail.append(line)
+            try:
+                job.log.write(line + "\n")
+            except ValueError:  # the job's log was closed: output after its result
+                pass
+
+    def _wait(self, job: _Job, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+        """Until the result, the worker's exit or the timeout; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while not job.done.wait(0.1):
+            if proc.poll() is not None:
+                if self._reader is not None:
+                    self._reader.join(timeout=5)  # drain its last output (and a result event)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+        return True
+
+    def run(self, request: dict[str, Any], timeout_s: float, workdir: Path,
+            on_event: EventCallback | None = None) -> Measurement:
+        """Run the probe in ``request`` (see :func:`build_request`); its files go to ``workdir``."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        req_path, res_path = workdir / "request.json", workdir / "result.json"
+        res_path.unlink(missing_ok=True)
+        req_path.write_text(json.dumps(request))
+        key = request.get("model_key")
+        start = time.perf_counter()
+        reusable = key is not None and key == self._key and batches_grow(self._params, request["params"])
+        if self._proc is not None and (not reusable or self._proc.poll() is not None):
+            self.close()
+        if self._proc is None:
+            self._proc = self._spawn()
+        proc, self._key, self._params = self._proc, key, request["params"]
+        with (workdir / "probe.log").open("w") as log:
+            job = self._job = _Job(log=log, on_event=on_event)
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write((json.dumps({"request": str(req_path), "result": str(res_path)}) + "\n").encode())
+                proc.stdin.flush()
+            except OSError:
+                pass  # the worker is gone: its exit status says why, below
+            finished = self._wait(job, proc, timeout_s)
+            self._job = None
+        wall = time.perf_counter() - start
+        have_result = finished and res_path.exists()
+        if not have_result or key is None:
+            self.close()  # a hang, a crash, or a one-off probe: this worker is done
+        if have_result:
+            data = json.loads(res_path.read_text())
+            data["wall_time_s"] = wall
+            data["schema_version"] = SCHEMA_VERSION
+            measurement = Measurement.from_dict(data)
+            if measurement.status != "ok":
+                self.close()  # the worker exits after a failure; do not wait for it to notice
+            return measurement
+        base = {"config": request["params"], "device": request["device"], "wall_time_s": wall,
+                "memory_cap_bytes": request.get("memory_cap_bytes"),
+                "budget_memory_gb": request.get("budget_memory_gb"),
+                "budget_headroom_gb": request.get("budget_headroom_gb"),
+                "truncated_samples": request.get("truncated_samples"), "notes": list(request.get("notes", []))}
+        if finished:
+            status, message = _describe_exit(proc.returncode)
+        else:
+            status, message = "timeout", f"the probe did not finish within {timeout_s:g} s and was killed"
+        output = "\n".join(job.tail)
+        if output:
+            message += "\nlast output:\n" + output
+        return Measurement(status=status, message=message, **base)
 
 
 def run_probe(
@@ -164,11 +261,13 @@ def run_probe(
     stats: LengthStats | None = None,
     on_event: EventCallback | None = None,
     workdir: str | Path | None = None,
+    session: ProbeSession | None = None,
 ) -> Measurement:
     """Measure ``params`` (default: ``spec.params``) in a child process.
 
     ``stats`` is the dataset's length analysis; without it, it is computed (and cached) from
-    ``spec.data``.
+    ``spec.data``. ``session`` keeps the worker between probes (see :class:`ProbeSession`);
+    without one, the probe gets a worker of its own.
     """
     params = params or spec.params
     if stats is None and spec.data is not None:
@@ -177,7 +276,9 @@ def run_probe(
         stats = analyze_spec(spec, progress=False)
     device = resolve_device_name(spec.probe.device)
     request = build_request(spec, params, stats, device)
-    if workdir is not None:
-        return run_child(request, spec.probe.timeout_s, Path(workdir), on_event)
-    with tempfile.TemporaryDirectory(prefix="trainfit-probe-") as tmp:
-        return run_child(request, spec.probe.timeout_s, Path(tmp), on_event)
+    with contextlib.ExitStack() as stack:
+        if session is None:
+            session = stack.enter_context(ProbeSession())
+        if workdir is None:
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="trainfit-probe-"))
+        return session.run(request, spec.probe.timeout_s, Path(workdir), on_event)

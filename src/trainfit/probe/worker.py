@@ -1,8 +1,14 @@
-"""The probe's child process: build one configuration, measure it, write a Measurement.
+"""The probe's child process: build a configuration, measure it, write a Measurement.
 
-Run as ``python -m trainfit.probe.worker REQUEST.json RESULT.json``. Whatever happens here (an
-OOM, a segfault in a kernel, a hang) stays here: the parent reads RESULT.json or, when there is
-none, classifies the exit. Progress goes to stderr as ``@@trainfit {json}`` lines.
+Run as ``python -m trainfit.probe.worker SPAWNED_AT``; each line on stdin is a job,
+``{"request": REQUEST.json, "result": RESULT.json}``. Whatever happens here (an OOM, a segfault
+in a kernel, a hang) stays here: the parent reads RESULT.json or, when there is none, classifies
+the exit. Progress goes to stderr as ``@@trainfit {json}`` lines; ``result`` ends a job.
+
+A request with a ``model_key`` may be followed by another with the same key (the same config but
+for the batch shape): it runs on the model this process already built, after the previous probe's
+memory is returned and the peak counters restart. After any failed probe the process exits, so
+the next probe gets a fresh one.
 
 Phases: start (process + imports) -> build (model, knobs, optimizer) -> memory (optimizer steps on
 the worst-case batch; AdamW allocates its state at the first step, so >= 2) -> burn_in (typical
@@ -12,12 +18,14 @@ stop rule in :mod:`trainfit.probe.timing` says the estimate is stable).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -53,14 +61,88 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def run(req: dict[str, Any], out: dict[str, Any]) -> None:
+@dataclass
+class Built:
+    """A model with its knobs and optimizer applied, kept for the next probe with the same key."""
+
+    key: str | None
+    workload: Any
+    step: Any
+    notes: list[str]
+    peak_bytes: int
+    """CPU: the process's peak RSS right after building (a fresh probe counts it too)."""
+
+
+class MemoryMeter:
+    """Peak memory of one probe.
+
+    CUDA: the caching allocator's max reserved bytes since the memory phase began (what decides
+    an OOM), allocated bytes and allocator retries. CPU: the process's peak RSS; on a reused model
+    the peak restarts once the previous probe's memory is returned, never below the peak of
+    building the model, which a fresh process would count too.
+    """
+
+    def __init__(self, device_type: str) -> None:
+        self.cuda = device_type.startswith("cuda")
+        self.floor = 0
+        self.retries_before = 0
+
+    def start(self, built: Built, reused: bool) -> None:
+        gc.collect()
+        if self.cuda:
+            import torch
+
+            if reused:
+                torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            self.retries_before = int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
+        elif reused:
+            from trainfit.devices import reset_peak_rss
+
+            reset_peak_rss()
+            self.floor = built.peak_bytes
+
+    def fields(self) -> dict[str, Any]:
+        if self.cuda:
+            import torch
+
+            retries = int(torch.cuda.memory_stats().get("num_alloc_retries", 0)) - self.retries_before
+            return {"peak_memory_bytes": int(torch.cuda.max_memory_reserved()),
+                    "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()), "alloc_retries": retries}
+        from trainfit.devices import peak_rss_bytes
+
+        return {"peak_memory_bytes": max(self.floor, peak_rss_bytes())}
+
+
+class ModelCache:
+    """The one model a worker keeps between probes."""
+
+    built: Built | None = None
+
+    def take(self, key: str | None) -> Built | None:
+        """The kept model if ``key`` matches it; otherwise the kept model is dropped first."""
+        if key is not None and self.built is not None and self.built.key == key:
+            return self.built
+        if self.built is not None:
+            self.built = None
+            gc.collect()
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        return None
+
+
+def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: MemoryMeter,
+        spawned_at: float | None) -> None:
     """Measure the configuration in ``req`` into ``out`` (Measurement fields); raises on failure,
-    leaving in ``out`` what was learned before it."""
+    leaving in ``out`` what was learned before it. ``spawned_at``: when this process was started
+    for this probe (None when the worker was already running: no start time to pay)."""
     import random
 
     import torch
 
-    from trainfit.devices import cpu_name, peak_flops, versions
+    from trainfit.devices import cpu_name, peak_flops, peak_rss_bytes, versions
     from trainfit.flops import utilization
     from trainfit.params import parse_params
     from trainfit.probe.timing import StepTimes, StopRule
@@ -68,7 +150,7 @@ def run(req: dict[str, Any], out: dict[str, Any]) -> None:
     from trainfit.step import TrainStep, check_support, synchronize
     from trainfit.workloads import build_workload
 
-    phases: dict[str, float] = {"start": time.time() - req["spawned_at"]}
+    phases: dict[str, float] = {"start": 0.0 if spawned_at is None else time.time() - spawned_at}
     out.update(phases_s=phases, versions=versions())
     settings = ProbeSettings(**req["probe"])
     params, problems = parse_params(req["params"], allow_custom=True)
@@ -83,19 +165,30 @@ def run(req: dict[str, Any], out: dict[str, Any]) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
     notes: list[str] = out["notes"]
 
-    emit("phase", phase="build")
-    t = time.perf_counter()
-    notes += check_support(params, device)
-    spec = Spec(model=ModelSpec(**req["model"]), data=None, params=params,
-                probe=settings)
-    workload = build_workload(spec, params, device)
-    notes += workload.notes
+    built = cache.take(req.get("model_key"))
+    reused = built is not None
+    phases["build"] = 0.0
+    if built is None:
+        emit("phase", phase="build")
+        t = time.perf_counter()
+        build_notes = check_support(params, device)
+        spec = Spec(model=ModelSpec(**req["model"]), data=None, params=params, probe=settings)
+        workload = build_workload(spec, params, device)
+        build_notes += workload.notes
+        step = TrainStep(workload, params, device)
+        built = Built(req.get("model_key"), workload, step, build_notes, 0 if cuda else peak_rss_bytes())
+        if built.key is not None:
+            cache.built = built
+        phases["build"] = time.perf_counter() - t
+    else:
+        built.step.params = params  # only batch-shape knobs differ (the key says so)
+    out["model_reused"] = reused
+    notes += built.notes
+    workload, step = built.workload, built.step
     max_len = int(req["max_length"])
     if workload.max_positions is not None and max_len > workload.max_positions:
         notes.append(f"max_length {max_len} exceeds the model's {workload.max_positions} positions: capped")
         max_len = workload.max_positions
-    step = TrainStep(workload, params, device)
-    phases["build"] = time.perf_counter() - t
 
     accum = params.gradient_accumulation_steps
     worst = [min(n, max_len) for n in req["worst_lengths"]]
@@ -104,8 +197,7 @@ def run(req: dict[str, Any], out: dict[str, Any]) -> None:
 
     emit("phase", phase="memory")
     t = time.perf_counter()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
+    meter.start(built, reused)
     worst_batch = workload.make_batch(worst, max_len if fixed else max(worst))
     for _ in range(settings.memory_steps):
         step.run([worst_batch] * accum)
@@ -191,38 +283,20 @@ def run(req: dict[str, Any], out: dict[str, Any]) -> None:
         notes.append(f"MFU unknown: no peak FLOP/s on record for {out['device_name']}")
 
 
-def _memory_fields(device_type: str) -> dict[str, Any]:
-    if device_type.startswith("cuda"):
-        import torch
-
-        stats = torch.cuda.memory_stats()
-        return {"peak_memory_bytes": int(torch.cuda.max_memory_reserved()),
-                "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-                "alloc_retries": int(stats.get("num_alloc_retries", 0))}
-    from trainfit.devices import peak_rss_bytes
-
-    return {"peak_memory_bytes": peak_rss_bytes()}
-
-
-def main(argv: list[str]) -> int:
-    request_path, result_path = argv
-    with open(request_path) as f:
-        req = json.load(f)
-    cap = req.get("memory_cap_bytes")
-    if cap and req["device"] == "cpu":
-        # The cap covers the whole process, interpreter and libraries included, so an allocation
-        # beyond it fails for real (torch raises "DefaultCPUAllocator: can't allocate memory").
-        resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> dict[str, Any]:
+    """One job: the Measurement fields of ``req``, whatever happens."""
     started = _now()
     out: dict[str, Any] = {"device": req["device"], "notes": list(req.get("notes", []))}
+    meter = MemoryMeter(req["device"])
+    capped_cpu = bool(req.get("memory_cap_bytes")) and req["device"] == "cpu"
     try:
-        run(req, out)
+        run(req, out, cache, meter, spawned_at)
     except BaseException as err:  # every failure becomes a status, never a crash of the tuner
         if isinstance(err, KeyboardInterrupt):
             raise
         from trainfit.errors import TrainfitError
 
-        status = "oom" if is_oom(err, capped_cpu=bool(cap) and req["device"] == "cpu") else "error"
+        status = "oom" if is_oom(err, capped_cpu=capped_cpu) else "error"
         if isinstance(err, TrainfitError):
             message = str(err)
         elif status == "oom":
@@ -230,16 +304,49 @@ def main(argv: list[str]) -> int:
         else:
             message = "".join(traceback.format_exception(err)[-6:]).strip()
         out.update(status=status, message=message)
-    out.update(_memory_fields(req["device"]))
+    out.update(meter.fields())
     out.update(started_at=started, finished_at=_now(), config=req["params"],
                memory_cap_bytes=req.get("memory_cap_bytes"),
                budget_memory_gb=req.get("budget_memory_gb"), budget_headroom_gb=req.get("budget_headroom_gb"),
                truncated_samples=req.get("truncated_samples"))
-    tmp = result_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f)
-    os.replace(tmp, result_path)
+    return out
+
+
+def serve(spawned_at: float, jobs: Any) -> int:
+    """Run the jobs on ``jobs`` (lines of JSON) until it closes or a probe fails."""
+    from trainfit.devices import reset_peak_rss
+
+    cache = ModelCache()
+    first = True
+    reusable = True
+    for line in jobs:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        with open(job["request"]) as f:
+            req = json.load(f)
+        if first:
+            cap = req.get("memory_cap_bytes")
+            if cap and req["device"] == "cpu":
+                # The cap covers the whole process, interpreter and libraries included, so an
+                # allocation beyond it fails for real ("DefaultCPUAllocator: can't allocate memory").
+                resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+            # A CPU peak can only be measured per probe where it can be restarted.
+            reusable = req["device"].startswith("cuda") or reset_peak_rss()
+        out = probe(req, cache, spawned_at if first else None)
+        first = False
+        tmp = job["result"] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f)
+        os.replace(tmp, job["result"])
+        emit("result", path=job["result"])
+        if out.get("status") != "ok" or not reusable or req.get("model_key") is None:
+            return 0
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return serve(float(argv[0]), sys.stdin)
 
 
 if __name__ == "__main__":

@@ -89,14 +89,16 @@ def tune(
     time_budget_s = time_budget_s if time_budget_s is not None else spec.tune.time_budget_s
     emit = on_event or (lambda event: None)
 
+    session = None
     if probe_fn is None:
-        from trainfit.probe.runner import resolve_device_name, run_probe
+        from trainfit.probe.runner import ProbeSession, resolve_device_name, run_probe
 
         device_type = device_type or resolve_device_name(spec.probe.device)
+        session = ProbeSession()  # keeps a built model for the next probe of the same family
 
         def probe_fn(params: Params, number: int) -> Measurement:
             return run_probe(spec, params, stats=stats, workdir=output / "probes" / f"trial-{number:04d}",
-                             on_event=lambda e: emit({"event": "probe", **e}))
+                             on_event=lambda e: emit({"event": "probe", **e}), session=session)
 
     store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=resume,
                        storage=storage, seed=spec.tune.seed, sampler=sampler)
@@ -116,57 +118,61 @@ def tune(
         return write_outputs(output, spec, space, history, stats=stats, strategy=strategy_name, stop_reason=reason,
                              elapsed_s=time.perf_counter() - start)
 
-    while True:
-        if len(history) >= max_trials and not store.pending_queue():
-            stop_reason = f"trial budget reached ({max_trials})"
-            break
-        if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
-            stop_reason = f"time budget reached ({time_budget_s:g} s)"
-            break
-        if strategy_name in ("random", "bayes") and len(history) - best_at >= spec.tune.patience:
-            stop_reason = f"no better config in the last {spec.tune.patience} trials"
-            break
-        if store.pending_queue():
-            trial = store.ask(None)  # an interrupted trial, retried first
-        else:
-            proposal = strat.propose(history)
-            if proposal is None and refine and ranked(history):
-                if refine_queue is None:
-                    refine_queue = neighbours(space, ranked(history)[0].values)
-                done = {config_key(t.values) for t in history}
-                refine_queue = [v for v in refine_queue if config_key(v) not in done]
-                proposal = refine_queue[0] if refine_queue else None
-            if proposal is None:
-                stop_reason = "search complete: nothing left worth probing"
+    try:
+        while True:
+            if len(history) >= max_trials and not store.pending_queue():
+                stop_reason = f"trial budget reached ({max_trials})"
                 break
-            trial = store.ask(None if proposal == SAMPLER else proposal)
-        values = {k: trial.params[k] for k in space.names}
-        cached = store.find(values, history)
-        if not space.allowed(values) or cached is not None:
-            # The sampler may propose a config that is excluded or already measured: tell it the
-            # known answer instead of probing again.
-            m = cached.measurement if cached is not None else Measurement(
-                status="error", message="excluded by tune.constraints", config=space.params(values).to_dict())
-            store.tell(trial, values, m, history, reused=True)
-            reused += 1
-            if reused > 3 * max_trials:
-                stop_reason = "the sampler keeps proposing measured or excluded configs"
+            if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
+                stop_reason = f"time budget reached ({time_budget_s:g} s)"
                 break
-            continue
-        params = space.params(values)
-        emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "max_trials": max_trials,
-              "values": values, "elapsed_s": time.perf_counter() - start})
-        m = probe_fn(params, trial.number)
-        best_before = next(iter(ranked(history)), None)
-        history.append(store.tell(trial, values, m, history))
-        new_trials += 1
-        best = next(iter(ranked(history)), None)
-        if best is not None and best is not best_before:
-            best_at = len(history)  # patience counts from the last improvement
-        write("running")
-        emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": max_trials,
-              "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
-              "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
+            if strategy_name in ("random", "bayes") and len(history) - best_at >= spec.tune.patience:
+                stop_reason = f"no better config in the last {spec.tune.patience} trials"
+                break
+            if store.pending_queue():
+                trial = store.ask(None)  # an interrupted trial, retried first
+            else:
+                proposal = strat.propose(history)
+                if proposal is None and refine and ranked(history):
+                    if refine_queue is None:
+                        refine_queue = neighbours(space, ranked(history)[0].values)
+                    done = {config_key(t.values) for t in history}
+                    refine_queue = [v for v in refine_queue if config_key(v) not in done]
+                    proposal = refine_queue[0] if refine_queue else None
+                if proposal is None:
+                    stop_reason = "search complete: nothing left worth probing"
+                    break
+                trial = store.ask(None if proposal == SAMPLER else proposal)
+            values = {k: trial.params[k] for k in space.names}
+            cached = store.find(values, history)
+            if not space.allowed(values) or cached is not None:
+                # The sampler may propose a config that is excluded or already measured: tell it the
+                # known answer instead of probing again.
+                m = cached.measurement if cached is not None else Measurement(
+                    status="error", message="excluded by tune.constraints", config=space.params(values).to_dict())
+                store.tell(trial, values, m, history, reused=True)
+                reused += 1
+                if reused > 3 * max_trials:
+                    stop_reason = "the sampler keeps proposing measured or excluded configs"
+                    break
+                continue
+            params = space.params(values)
+            emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "max_trials": max_trials,
+                  "values": values, "elapsed_s": time.perf_counter() - start})
+            m = probe_fn(params, trial.number)
+            best_before = next(iter(ranked(history)), None)
+            history.append(store.tell(trial, values, m, history))
+            new_trials += 1
+            best = next(iter(ranked(history)), None)
+            if best is not None and best is not best_before:
+                best_at = len(history)  # patience counts from the last improvement
+            write("running")
+            emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": max_trials,
+                  "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
+                  "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
+    finally:
+        if session is not None:
+            session.close()  # no worker outlives the search
 
     summary = write(stop_reason)
     order = ranked(history)
