@@ -276,3 +276,19 @@ def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Pa
     assert len(again.calls) == 2 and result.summary["total_tested"] == 4
     with pytest.raises(TrainfitError, match="already holds this tuning study"):
         tune(spec_b, output=tmp_path / "out-b2", probe_fn=Surface(), storage=url)
+
+
+def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
+    from trainfit.params import Params
+    from trainfit.search.space import parse_space
+    from trainfit.search.strategies import GridStrategy, model_family
+
+    space, problems = parse_space({"batch_size": [8, 2, 4], "lora_r": [None, 8], "padding": ["longest", "max_length"]},
+                                  Params(), allow_custom=False)
+    assert not problems
+    points = GridStrategy(space).points
+    families = [model_family(p) for p in points]
+    assert len(points) == 12 and len(set(families)) == 2
+    assert families == sorted(families, key=families.index)  # one run per family
+    first = [p for p in points if model_family(p) == families[0]]
+    assert [p["batch_size"] for p in first] == [2, 2, 4, 4, 8, 8]

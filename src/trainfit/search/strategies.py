@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from trainfit.params import KNOBS
+from trainfit.params import KNOBS, model_values
 from trainfit.probe.measurement import Measurement
 from trainfit.search.space import SearchSpace
 
@@ -48,13 +48,25 @@ class Strategy(Protocol):
     def propose(self, history: Sequence[Trial]) -> dict[str, Any] | str | None: ...
 
 
+def model_family(values: Mapping[str, Any]) -> str:
+    """Identity of the model a configuration builds: its values but the batch-shape knobs
+    (configs of one family can share a built model, see ``probe.reuse_model``)."""
+    return config_key(model_values(values))
+
+
 class GridStrategy:
-    """Every grid point in order, skipping the ones already measured."""
+    """Every grid point, skipping the ones already measured; the configs of one model family
+    follow each other, so a probe worker builds each model once."""
 
     name = "grid"
 
     def __init__(self, space: SearchSpace) -> None:
-        self.points = list(space.grid())
+        points = list(space.grid())
+        first_seen: dict[str, int] = {}
+        for p in points:
+            first_seen.setdefault(model_family(p), len(first_seen))
+        # A family's configs in a row, smaller batches first: each model is built once.
+        self.points = sorted(points, key=lambda p: (first_seen[model_family(p)], p.get("batch_size", 0)))
 
     def propose(self, history: Sequence[Trial]) -> dict[str, Any] | None:
         done = {config_key(t.values) for t in history}
