@@ -44,3 +44,20 @@ def test_fused_adamw_and_checkpointing_run_on_cuda(tmp_path: Path) -> None:
                                             "gradient_checkpointing": True, "tf32": True})))
     assert m.status == "ok", m.message
     assert m.hfu is None or m.hfu > m.mfu  # recomputation counted as hardware FLOPs only
+
+
+def test_a_reused_worker_measures_the_peak_a_fresh_one_does(tmp_path: Path) -> None:
+    import dataclasses
+
+    from trainfit.probe.runner import ProbeSession
+
+    s = load_spec(spec(tmp_path, {"batch_size": 2, "precision": "bf16", "padding": "max_length"}))
+    big = dataclasses.replace(s.params, batch_size=16)
+    with ProbeSession() as session:
+        first = run_probe(s, session=session)
+        reused = run_probe(s, big, session=session)
+    fresh = run_probe(s, big)
+    assert first.status == reused.status == fresh.status == "ok"
+    assert reused.model_reused and not fresh.model_reused
+    assert reused.peak_memory_bytes == pytest.approx(fresh.peak_memory_bytes, rel=0.05)
+    assert reused.peak_allocated_bytes == pytest.approx(fresh.peak_allocated_bytes, rel=0.02)

@@ -109,11 +109,12 @@ _PRIOR: dict[str, dict[str, tuple[Any, ...]]] = {
 class AutoStrategy:
     """Uses the structure of the problem instead of treating it as a black box.
 
-    The space splits into *families* (every knob but batch size). Within a family peak memory
-    grows about linearly with the batch size, so after two fitting probes a line predicts the
-    largest batch that fits (with a safety margin); no probe is spent on a predicted OOM, and
-    a measured OOM bounds the family from above. Throughput saturates with the batch size, so
-    a family stops once a larger batch no longer helps. Families are visited in a device-aware
+    The space splits into *families* (every knob but batch size). A family climbs its batch
+    sizes one step at a time, which is cheap: the probe worker keeps the built model for growing
+    batches. Peak memory grows about linearly with the batch size, so after two fitting probes a
+    line predicts the largest batch that fits (with a safety margin); no probe is spent on a
+    predicted OOM, and a measured OOM bounds the family from above. Throughput saturates with the
+    batch size, so a family stops once a larger batch no longer helps or cannot beat the others. Families are visited in a device-aware
     prior order; a family is dropped when, at the same batch size, it is slower than the best
     family with the same learning-relevant knobs and uses no less memory (it cannot win by
     fitting a larger batch either).
@@ -264,11 +265,10 @@ class AutoStrategy:
             return None
         if len(fits) >= 2 and not self._can_win(fits, max(candidates), rival_best):
             return None
-        if len(fits) == 1:
-            # A second point for the memory line: far enough for a good slope, not a leap into OOM
-            # (nor past what sibling families' memory lines predict).
-            return min(candidates, key=lambda b: abs(b - 4 * largest))
-        return max(candidates)
+        # One step up at a time: a worker reuses its model for growing batches, so the climb costs
+        # a measurement per step, not a model build; each step refines the memory line, and the
+        # climb stops where throughput saturates or falls (a peak between two probes is not missed).
+        return min(candidates)
 
     def _rival_best(self, family: Mapping[str, Any], history: Sequence[Trial]) -> float | None:
         """Best feasible objective of the *other* families with the same learning-relevant knobs."""
