@@ -292,3 +292,22 @@ def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
     assert families == sorted(families, key=families.index)  # one run per family
     first = [p for p in points if model_family(p) == families[0]]
     assert [p["batch_size"] for p in first] == [2, 2, 4, 4, 8, 8]
+
+
+def test_auto_climbs_on_when_a_small_gain_is_within_measurement_noise() -> None:
+    from trainfit.search.space import parse_space
+    from trainfit.search.strategies import AutoStrategy, Trial
+
+    space, problems = parse_space({"batch_size": [1, 2, 4, 8]}, Params(), allow_custom=False)
+    assert not problems
+
+    def trial(n: int, b: int, sps: float, ci: float) -> Trial:
+        m = Measurement(status="ok", config={"batch_size": b}, samples_per_second=sps, step_time_ci95_rel=ci,
+                        peak_memory_bytes=(1 + b) * GiB)
+        return Trial(number=n, values={"batch_size": b}, measurement=m, objective=sps)
+
+    auto = AutoStrategy(space, budget_gb=None, headroom_gb=0.0, device_type="cpu")
+    # +1.5% from batch 1 to 2: saturated when the probes were precise ...
+    assert auto.propose([trial(0, 1, 100.0, 0.001), trial(1, 2, 101.5, 0.001)]) is None
+    # ... but one more step when each probe's CI is 5%: the true gain may well be larger.
+    assert auto.propose([trial(0, 1, 100.0, 0.05), trial(1, 2, 101.5, 0.05)]) == {"batch_size": 4}

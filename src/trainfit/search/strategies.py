@@ -257,7 +257,10 @@ class AutoStrategy:
         if len(fits) >= 2:
             below = max(b for b in fits if b < largest)
             gain = fits[largest].objective / max(fits[below].objective, 1e-12) - 1
-            if gain < self.saturation:
+            # Saturated only if even the upper end of the measured gain is small: a gain hidden
+            # by measurement noise is worth one more (reused, so cheap) step.
+            noise = sum(fits[b].measurement.step_time_ci95_rel or 0.0 for b in (below, largest))
+            if gain + noise < self.saturation:
                 return None  # saturated: a larger batch is not faster
         predicted = self._predicted_max_batch(fits, sibling_slope)
         candidates = [b for b in open_ if b > largest and b <= predicted]
