@@ -311,3 +311,40 @@ def test_auto_climbs_on_when_a_small_gain_is_within_measurement_noise() -> None:
     assert auto.propose([trial(0, 1, 100.0, 0.001), trial(1, 2, 101.5, 0.001)]) is None
     # ... but one more step when each probe's CI is 5%: the true gain may well be larger.
     assert auto.propose([trial(0, 1, 100.0, 0.05), trial(1, 2, 101.5, 0.05)]) == {"batch_size": 4}
+
+
+def store_for(spec: Any, output: Path, **kw: Any) -> Any:
+    from trainfit.search.study import TrialStore
+
+    return TrialStore(output=output, spec=spec, space=spec.search, objective="samples_per_second",
+                      seed=0, **{"resume": False, "storage": None, **kw})
+
+
+def test_a_running_tune_holds_its_output_folder(tmp_path: Path) -> None:
+    spec = synthetic_spec(tmp_path, "grid")
+    running = store_for(spec, tmp_path / "out")  # as a tune in another terminal holds it
+    with pytest.raises(TrainfitError, match=r"in use by a running trainfit tune \(pid \d+"):
+        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=2, resume=True)
+    running.close()
+    result = tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=2, resume=True)
+    assert result.summary["total_tested"] == 2
+    # and a finished tune released it
+    assert tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=3, resume=True).new_trials == 1
+
+
+def test_a_shared_storage_retries_only_trials_whose_owner_is_gone(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    spec = synthetic_spec(tmp_path, "grid")
+    machine_a = store_for(spec, tmp_path / "a", storage=url)
+    in_flight = machine_a.ask({"batch_size": 1, "gradient_checkpointing": False, "lora_r": 8})
+    # Machine B joins while A's probe runs: A's trial is not B's to retry.
+    assert store_for(spec, tmp_path / "b", storage=url, resume=True).retried == 0
+    # A dies mid-probe (its process is gone): the next one to join retries the trial.
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    host = in_flight.user_attrs["owner"].split(":")[0]
+    in_flight.set_user_attr("owner", f"{host}:{gone.stdout.strip()}")
+    assert store_for(spec, tmp_path / "c", storage=url, resume=True).retried == 1

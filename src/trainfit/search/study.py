@@ -8,11 +8,15 @@ again. Every trial carries the same constraint key, as GPSampler requires.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
+import socket
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainfit.errors import TrainfitError
 from trainfit.probe.measurement import Measurement
@@ -40,17 +44,62 @@ def constraint_value(m: Measurement) -> float:
     return (m.peak_memory_gb + (m.budget_headroom_gb or 0.0) - m.budget_memory_gb) / m.budget_memory_gb
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _lock_folder(output: Path) -> IO[str]:
+    """Hold ``output/.lock`` for this run, or say which run holds it."""
+    f = (output / ".lock").open("a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise TrainfitError(f"{output} is in use by a running trainfit tune ({holder})",
+                            "wait for it to finish (or stop it), or use --output NEW_FOLDER") from None
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+    return f
+
+
 class TrialStore:
     def __init__(self, *, output: Path, spec: Spec, space: SearchSpace, objective: str, resume: bool,
                  storage: str | None, seed: int, sampler: Any = None) -> None:
         import optuna
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.space, self.objective = space, objective
         self.distributions = space.distributions()
         output.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock_folder(output)
+        try:
+            self._open(output, spec, resume, storage, seed, sampler)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the output folder (another run may use it from now on)."""
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases its flock
+            self._lock = None
+
+    def _open(self, output: Path, spec: Spec, resume: bool, storage: str | None, seed: int, sampler: Any) -> None:
+        import optuna
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        self.shared = storage is not None
+        self.stale_after_s = 2 * spec.probe.timeout_s + 60  # a live trial has ended or timed out by then
         journal = output / "study.journal"
         self.storage = storage or JournalStorage(JournalFileBackend(str(journal)))
         self.name = study_name(spec)
@@ -76,14 +125,30 @@ class TrialStore:
         self.retried = self._retry_interrupted()
 
     def _retry_interrupted(self) -> int:
-        """A trial left RUNNING by a crash or Ctrl-C is closed as FAIL and queued again."""
+        """A trial left RUNNING by a crash or Ctrl-C is closed as FAIL and queued again.
+
+        With the output folder's journal, holding the folder's lock means no other run is live,
+        so every RUNNING trial is stale. A shared ``--storage`` may hold trials that another
+        machine is probing right now: only those whose owner process is gone (on this host) or
+        that started longer ago than a probe can take are retried."""
         from optuna.trial import TrialState
 
-        stale = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        stale = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                 if not self.shared or self._abandoned(t)]
         for t in stale:
             self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
             self.study.enqueue_trial(t.params, skip_if_exists=False)
         return len(stale)
+
+    def _abandoned(self, trial: Any) -> bool:
+        host, _, pid = str(trial.user_attrs.get("owner", "")).partition(":")
+        if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+            return True
+        started = trial.datetime_start
+        if started is None:
+            return True
+        age = (datetime.now(started.tzinfo) - started).total_seconds()
+        return age > self.stale_after_s
 
     def history(self) -> list[Trial]:
         from optuna.trial import TrialState
@@ -102,7 +167,9 @@ class TrialStore:
         """A new trial: with ``values`` fixed, or chosen by the sampler when None."""
         if values is not None:
             self.study.enqueue_trial(dict(values))
-        return self.study.ask(self.distributions)
+        trial = self.study.ask(self.distributions)
+        trial.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
+        return trial
 
     def pending_queue(self) -> bool:
         from optuna.trial import TrialState

@@ -6,6 +6,7 @@ an interrupted run loses at most the probe in flight, and ``resume=True`` picks 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,79 +103,80 @@ def tune(
 
     store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=resume,
                        storage=storage, seed=spec.tune.seed, sampler=sampler)
-    strat = make_strategy(strategy_name, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
-                          headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
-    history = store.history()
-    if history or store.retried:
-        emit({"event": "resumed", "trials": len(history), "retried": store.retried})
-    start = time.perf_counter()
-    new_trials = 0
-    stop_reason = "search complete: nothing left worth probing"
-    refine_queue: list[dict[str, Any]] | None = None
-    best_at = len(history)
-    reused = 0
+    with contextlib.closing(store):  # releases the output folder for the next run
+        strat = make_strategy(strategy_name, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
+                              headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
+        history = store.history()
+        if history or store.retried:
+            emit({"event": "resumed", "trials": len(history), "retried": store.retried})
+        start = time.perf_counter()
+        new_trials = 0
+        stop_reason = "search complete: nothing left worth probing"
+        refine_queue: list[dict[str, Any]] | None = None
+        best_at = len(history)
+        reused = 0
 
-    def write(reason: str) -> dict[str, Any]:
-        return write_outputs(output, spec, space, history, stats=stats, strategy=strategy_name, stop_reason=reason,
-                             elapsed_s=time.perf_counter() - start)
+        def write(reason: str) -> dict[str, Any]:
+            return write_outputs(output, spec, space, history, stats=stats, strategy=strategy_name, stop_reason=reason,
+                                 elapsed_s=time.perf_counter() - start)
 
-    try:
-        while True:
-            if len(history) >= max_trials and not store.pending_queue():
-                stop_reason = f"trial budget reached ({max_trials})"
-                break
-            if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
-                stop_reason = f"time budget reached ({time_budget_s:g} s)"
-                break
-            if strategy_name in ("random", "bayes") and len(history) - best_at >= spec.tune.patience:
-                stop_reason = f"no better config in the last {spec.tune.patience} trials"
-                break
-            if store.pending_queue():
-                trial = store.ask(None)  # an interrupted trial, retried first
-            else:
-                proposal = strat.propose(history)
-                if proposal is None and refine and ranked(history):
-                    if refine_queue is None:
-                        refine_queue = neighbours(space, ranked(history)[0].values)
-                    done = {config_key(t.values) for t in history}
-                    refine_queue = [v for v in refine_queue if config_key(v) not in done]
-                    proposal = refine_queue[0] if refine_queue else None
-                if proposal is None:
-                    stop_reason = "search complete: nothing left worth probing"
+        try:
+            while True:
+                if len(history) >= max_trials and not store.pending_queue():
+                    stop_reason = f"trial budget reached ({max_trials})"
                     break
-                trial = store.ask(None if proposal == SAMPLER else proposal)
-            values = {k: trial.params[k] for k in space.names}
-            cached = store.find(values, history)
-            if not space.allowed(values) or cached is not None:
-                # The sampler may propose a config that is excluded or already measured: tell it the
-                # known answer instead of probing again.
-                m = cached.measurement if cached is not None else Measurement(
-                    status="error", message="excluded by tune.constraints", config=space.params(values).to_dict())
-                store.tell(trial, values, m, history, reused=True)
-                reused += 1
-                if reused > 3 * max_trials:
-                    stop_reason = "the sampler keeps proposing measured or excluded configs"
+                if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
+                    stop_reason = f"time budget reached ({time_budget_s:g} s)"
                     break
-                continue
-            params = space.params(values)
-            emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "max_trials": max_trials,
-                  "values": values, "elapsed_s": time.perf_counter() - start})
-            m = probe_fn(params, trial.number)
-            best_before = next(iter(ranked(history)), None)
-            history.append(store.tell(trial, values, m, history))
-            new_trials += 1
-            best = next(iter(ranked(history)), None)
-            if best is not None and best is not best_before:
-                best_at = len(history)  # patience counts from the last improvement
-            write("running")
-            emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": max_trials,
-                  "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
-                  "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
-    finally:
-        if session is not None:
-            session.close()  # no worker outlives the search
+                if strategy_name in ("random", "bayes") and len(history) - best_at >= spec.tune.patience:
+                    stop_reason = f"no better config in the last {spec.tune.patience} trials"
+                    break
+                if store.pending_queue():
+                    trial = store.ask(None)  # an interrupted trial, retried first
+                else:
+                    proposal = strat.propose(history)
+                    if proposal is None and refine and ranked(history):
+                        if refine_queue is None:
+                            refine_queue = neighbours(space, ranked(history)[0].values)
+                        done = {config_key(t.values) for t in history}
+                        refine_queue = [v for v in refine_queue if config_key(v) not in done]
+                        proposal = refine_queue[0] if refine_queue else None
+                    if proposal is None:
+                        stop_reason = "search complete: nothing left worth probing"
+                        break
+                    trial = store.ask(None if proposal == SAMPLER else proposal)
+                values = {k: trial.params[k] for k in space.names}
+                cached = store.find(values, history)
+                if not space.allowed(values) or cached is not None:
+                    # The sampler may propose a config that is excluded or already measured: tell it the
+                    # known answer instead of probing again.
+                    m = cached.measurement if cached is not None else Measurement(
+                        status="error", message="excluded by tune.constraints", config=space.params(values).to_dict())
+                    store.tell(trial, values, m, history, reused=True)
+                    reused += 1
+                    if reused > 3 * max_trials:
+                        stop_reason = "the sampler keeps proposing measured or excluded configs"
+                        break
+                    continue
+                params = space.params(values)
+                emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "max_trials": max_trials,
+                      "values": values, "elapsed_s": time.perf_counter() - start})
+                m = probe_fn(params, trial.number)
+                best_before = next(iter(ranked(history)), None)
+                history.append(store.tell(trial, values, m, history))
+                new_trials += 1
+                best = next(iter(ranked(history)), None)
+                if best is not None and best is not best_before:
+                    best_at = len(history)  # patience counts from the last improvement
+                write("running")
+                emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": max_trials,
+                      "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
+                      "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
+        finally:
+            if session is not None:
+                session.close()  # no worker outlives the search
 
-    summary = write(stop_reason)
-    order = ranked(history)
-    return TuneResult(trials=history, best=order[0] if order else None, summary=summary, output=output,
-                      stop_reason=stop_reason, new_trials=new_trials)
+        summary = write(stop_reason)
+        order = ranked(history)
+        return TuneResult(trials=history, best=order[0] if order else None, summary=summary, output=output,
+                          stop_reason=stop_reason, new_trials=new_trials)
