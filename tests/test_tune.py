@@ -348,3 +348,25 @@ def test_a_shared_storage_retries_only_trials_whose_owner_is_gone(tmp_path: Path
     host = in_flight.user_attrs["owner"].split(":")[0]
     in_flight.set_user_attr("owner", f"{host}:{gone.stdout.strip()}")
     assert store_for(spec, tmp_path / "c", storage=url, resume=True).retried == 1
+
+
+def test_the_summary_names_runners_up_within_measurement_noise(tmp_path: Path) -> None:
+    class Noisy(Surface):
+        """Each probe's CI: 4% at batch 24 (checkpointing, LoRA 8), 0.1% elsewhere."""
+
+        def __call__(self, p: Params, number: int) -> Measurement:
+            m = super().__call__(p, number)
+            ci = 0.04 if (p.batch_size, p.gradient_checkpointing, p.lora_r) == (24, True, 8) else 0.001
+            return Measurement.from_dict({**m.to_dict(), "step_time_ci95_rel": ci})
+
+    spec = synthetic_spec(tmp_path, "grid", max_trials=64)
+    summary = tune(spec, output=tmp_path / "out", probe_fn=Noisy()).summary
+    best = summary["best_config"]
+    ties = summary["within_noise_of_best"]
+    # The runner-up 3.1% behind, with a 4% CI, is a tie; the one 3.6% behind with 0.1% is not.
+    assert [t["searched"] for t in ties] == [{"batch_size": 24, "gradient_checkpointing": True, "lora_r": 8}]
+    for tie in ties:
+        assert 0 <= tie["gap"] <= tie["noise"]
+        assert best["samples_per_second"] / tie["samples_per_second"] - 1 == pytest.approx(tie["gap"])
+    clear = [e for e in summary["runners_up"] if e["trial"] not in {t["trial"] for t in ties}]
+    assert all(best["samples_per_second"] / e["samples_per_second"] - 1 > 0.002 for e in clear)

@@ -57,6 +57,23 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None) 
     }
 
 
+def within_noise(order: Sequence[Trial]) -> list[dict[str, Any]]:
+    """Runners-up the probes cannot tell apart from the best: the gap in the objective is no
+    larger than the two probes' 95% confidence half-widths of the step time together."""
+    if not order:
+        return []
+    best = order[0]
+    out = []
+    for t in order[1:6]:
+        gap = best.objective / t.objective - 1
+        noise = (best.measurement.step_time_ci95_rel or 0.0) + (t.measurement.step_time_ci95_rel or 0.0)
+        if gap <= noise:
+            out.append({"trial": t.number, "searched": {k: list(v) if isinstance(v, tuple) else v
+                                                        for k, v in t.values.items()},
+                        "samples_per_second": t.measurement.samples_per_second, "gap": gap, "noise": noise})
+    return out
+
+
 def learning_knobs(space: SearchSpace) -> list[str]:
     """Searched knobs whose values train a different model (custom knobs count: we cannot tell)."""
     return [d.name for d in space.dims if d.name not in KNOBS or KNOBS[d.name].changes_learning]
@@ -118,6 +135,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         "failed_timeout": statuses.count("timeout"),
         "best_config": _entry(order[0], spec, space, stats) if order else None,
         "runners_up": [_entry(t, spec, space, stats) for t in order[1:6]],
+        "within_noise_of_best": within_noise(order),
         "fastest_per_value": per_value,
         "objective": spec.tune.objective,
         "strategy": strategy,

@@ -154,6 +154,13 @@ def run(args: argparse.Namespace) -> int:
                                  f"epoch(s) of {s['dataset_samples']:,} samples"))
     print("\nBEST CONFIGURATION (measured on the worst-case batch)")
     print(table(rows))
+    ties = s["within_noise_of_best"]
+    if ties:
+        print(f"\nas fast within measurement noise ({len(ties)}): the gap to the best is no larger than the "
+              "two probes' 95% CIs; raise probe.max_seconds (or lower probe.target_rel_ci) to separate them")
+        print(table([(f"trial {e['trial']}", f"{fmt_num(e['samples_per_second'])} samples/s",
+                      f"-{e['gap']:.1%} (noise {e['noise']:.1%})",
+                      " ".join(f"{k}={x}" for k, x in e["searched"].items())) for e in ties]))
     for knob, by_value in s["fastest_per_value"].items():
         if len(by_value) > 1:
             print(f"\nfastest per {knob} (changes what is learned):")
