@@ -350,15 +350,19 @@ def test_a_shared_storage_retries_only_trials_whose_owner_is_gone(tmp_path: Path
     assert store_for(spec, tmp_path / "c", storage=url, resume=True).retried == 1
 
 
+RUNNER_UP = (24, True, 8)  # 3.1% behind the best feasible config of Surface (12, False, 8)
+
+
+class Noisy(Surface):
+    """Each probe's CI: 4% for the runner-up, 0.1% elsewhere."""
+
+    def __call__(self, p: Params, number: int) -> Measurement:
+        m = super().__call__(p, number)
+        ci = 0.04 if (p.batch_size, p.gradient_checkpointing, p.lora_r) == RUNNER_UP else 0.001
+        return Measurement.from_dict({**m.to_dict(), "step_time_ci95_rel": ci})
+
+
 def test_the_summary_names_runners_up_within_measurement_noise(tmp_path: Path) -> None:
-    class Noisy(Surface):
-        """Each probe's CI: 4% at batch 24 (checkpointing, LoRA 8), 0.1% elsewhere."""
-
-        def __call__(self, p: Params, number: int) -> Measurement:
-            m = super().__call__(p, number)
-            ci = 0.04 if (p.batch_size, p.gradient_checkpointing, p.lora_r) == (24, True, 8) else 0.001
-            return Measurement.from_dict({**m.to_dict(), "step_time_ci95_rel": ci})
-
     spec = synthetic_spec(tmp_path, "grid", max_trials=64)
     summary = tune(spec, output=tmp_path / "out", probe_fn=Noisy()).summary
     best = summary["best_config"]
@@ -370,3 +374,39 @@ def test_the_summary_names_runners_up_within_measurement_noise(tmp_path: Path) -
         assert best["samples_per_second"] / tie["samples_per_second"] - 1 == pytest.approx(tie["gap"])
     clear = [e for e in summary["runners_up"] if e["trial"] not in {t["trial"] for t in ties}]
     assert all(best["samples_per_second"] / e["samples_per_second"] - 1 > 0.002 for e in clear)
+
+
+def test_confirmation_rounds_rank_tied_configs_by_the_median_of_interleaved_repeats(tmp_path: Path) -> None:
+    class Drifting(Noisy):
+        """Measured again, the runner-up comes out 10% faster and the first-round best 10% slower."""
+
+        def __call__(self, p: Params, number: int) -> Measurement:
+            m = super().__call__(p, number)
+            if self.calls.count(p.to_dict()) == 1:
+                return m
+            factor = 1.1 if (p.batch_size, p.gradient_checkpointing, p.lora_r) == RUNNER_UP else 0.9
+            return Measurement.from_dict({**m.to_dict(), "samples_per_second": m.samples_per_second * factor})
+
+    spec = synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=2)
+    surface = Drifting()
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    s = result.summary
+    runner_up = dict(zip(("batch_size", "gradient_checkpointing", "lora_r"), RUNNER_UP, strict=True))
+    assert s["best_config"]["searched"] == runner_up == result.best.values
+    assert [e["searched"] for e in s["confirmation"]] == [runner_up, {**runner_up, "batch_size": 12,
+                                                                        "gradient_checkpointing": False}]
+    assert all(len(e["measurements"]) == 3 for e in s["confirmation"])
+    assert s["best_config"]["confirmed_median"] == s["confirmation"][0]["median"]
+    assert s["total_tested"] == len(result.trials) == len(surface.calls) - 4  # repeats are not new configs
+    assert [c["batch_size"] for c in surface.calls[-4:]] == [12, 24, 12, 24]  # interleaved: A B A B
+    assert f"trial {s['best_config']['trial']}" in (tmp_path / "out" / "train_command.sh").read_text()
+    again = Drifting()
+    resumed = tune(spec, output=tmp_path / "out", probe_fn=again, resume=True)
+    assert again.calls == [] and resumed.summary["best_config"]["searched"] == runner_up
+
+
+def test_a_clear_winner_needs_no_confirmation(tmp_path: Path) -> None:
+    surface = Surface()  # precise probes: no runner-up within noise of the best
+    result = tune(synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=3), output=tmp_path / "out",
+                  probe_fn=surface)
+    assert len(surface.calls) == len(result.trials) and result.summary["confirmation"] == []

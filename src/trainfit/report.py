@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,19 +21,32 @@ from trainfit.devices import versions
 from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS
 from trainfit.search.space import SearchSpace
-from trainfit.search.strategies import Trial
+from trainfit.probe.measurement import Measurement
+from trainfit.search.strategies import Trial, config_key
 from trainfit.spec import Spec
 
 SCHEMA_VERSION = 1
 
 
-def ranked(trials: Sequence[Trial]) -> list[Trial]:
-    """Feasible trials, fastest first (ties: less memory first)."""
+Repeats = Mapping[str, Sequence[Measurement]]
+"""Confirmation measurements by config key (see ``tune.confirm_rounds``)."""
+
+
+def pooled(t: Trial, repeats: Repeats, objective: str) -> float:
+    """The trial's objective, or with confirmation repeats the median over all its measurements."""
+    again = [getattr(m, objective) for m in repeats.get(config_key(t.values), ()) if m.fits]
+    return statistics.median([t.objective, *again]) if again else t.objective
+
+
+def ranked(trials: Sequence[Trial], repeats: Repeats | None = None, objective: str = "samples_per_second"
+           ) -> list[Trial]:
+    """Feasible trials, fastest first (ties: less memory first); confirmed configs by their median."""
     ok = [t for t in trials if t.feasible and t.objective is not None]
-    return sorted(ok, key=lambda t: (-t.objective, t.measurement.peak_memory_bytes or 0))
+    return sorted(ok, key=lambda t: (-pooled(t, repeats or {}, objective), t.measurement.peak_memory_bytes or 0))
 
 
-def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None) -> dict[str, Any]:
+def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
+           repeats: Repeats | None = None) -> dict[str, Any]:
     m = t.measurement
     params = space.params(t.values)
     runtime_h = None
@@ -49,6 +63,7 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None) 
         "memory_peak_gb": m.peak_memory_gb,
         "mfu": m.mfu,
         "stable": m.stable,
+        "confirmed_median": pooled(t, repeats, spec.tune.objective) if config_key(t.values) in (repeats or {}) else None,
         "estimated_full_runtime_hours": runtime_h,
         "searched": {k: list(v) if isinstance(v, tuple) else v for k, v in t.values.items()},
         "effective_batch_size": params.effective_batch_size,
@@ -110,9 +125,21 @@ def oom_advice(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -
     return advice
 
 
+def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str) -> list[dict[str, Any]]:
+    """Every measurement of each confirmed config, fastest median first."""
+    return [{"trial": t.number, "searched": {k: list(v) if isinstance(v, tuple) else v for k, v in t.values.items()},
+             "median": pooled(t, repeats, objective),
+             "measurements": [t.objective, *(getattr(m, objective) if m.fits else None
+                                             for m in repeats[config_key(t.values)])]}
+            for t in order if config_key(t.values) in repeats]
+
+
 def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, stats: LengthStats | None,
-                  strategy: str, stop_reason: str, elapsed_s: float) -> dict[str, Any]:
-    order = ranked(trials)
+                  strategy: str, stop_reason: str, elapsed_s: float, repeats: Repeats | None = None
+                  ) -> dict[str, Any]:
+    repeats = repeats or {}
+    objective = spec.tune.objective
+    order = ranked(trials, repeats, objective)
     statuses = [t.measurement.status for t in trials]
     over_budget = sum(1 for t in trials if t.measurement.status == "ok" and not t.feasible)
     per_value: dict[str, dict[str, Any]] = {}
@@ -121,7 +148,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         for t in order:
             key = json.dumps(t.values.get(knob), default=list)
             if key not in best_by_value:
-                best_by_value[key] = _entry(t, spec, space, stats)
+                best_by_value[key] = _entry(t, spec, space, stats, repeats)
         per_value[knob] = best_by_value
     peaks = [(t.values, t.measurement.peak_memory_gb, t.measurement.status) for t in trials]
     summary: dict[str, Any] = {
@@ -133,15 +160,17 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         "over_budget": over_budget,
         "failed_error": statuses.count("error"),
         "failed_timeout": statuses.count("timeout"),
-        "best_config": _entry(order[0], spec, space, stats) if order else None,
-        "runners_up": [_entry(t, spec, space, stats) for t in order[1:6]],
-        "within_noise_of_best": within_noise(order),
+        "best_config": _entry(order[0], spec, space, stats, repeats) if order else None,
+        "runners_up": [_entry(t, spec, space, stats, repeats) for t in order[1:6]],
+        "within_noise_of_best": [] if repeats else within_noise(order),
+        "confirmation": confirmation(order, repeats, objective),
         "fastest_per_value": per_value,
         "objective": spec.tune.objective,
         "strategy": strategy,
         "stop_reason": stop_reason,
         "tuning_time_s": elapsed_s,
-        "probe_time_s": sum(t.measurement.wall_time_s or 0.0 for t in trials),
+        "probe_time_s": sum(t.measurement.wall_time_s or 0.0 for t in trials)
+        + sum(m.wall_time_s or 0.0 for ms in repeats.values() for m in ms),  # confirmation probes included
         "budget": {"memory_gb": spec.budget.memory_gb, "headroom_gb": spec.budget.headroom_gb},
         "epochs_for_estimate": spec.tune.epochs,
         "dataset_samples": stats.samples if stats else None,
@@ -171,10 +200,11 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial]) ->
 
 
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
-                  stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float) -> dict[str, Any]:
+                  stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
+                  repeats: Repeats | None = None) -> dict[str, Any]:
     """Write summary.json, trials.csv and train_command.sh (atomically enough to run after every trial)."""
     summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
-                            elapsed_s=elapsed_s)
+                            elapsed_s=elapsed_s, repeats=repeats)
     tmp = output / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=list) + "\n")
     tmp.replace(output / "summary.json")

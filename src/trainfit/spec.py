@@ -126,6 +126,10 @@ class TuneSettings:
     seed: int = 0
     patience: int = 12
     """random/bayes stop after this many probes without a better feasible config."""
+    confirm_rounds: int = 0
+    """After the search, probe the best config and the runners-up within its measurement noise
+    again this many times each, interleaved, and rank them by the median of all their
+    measurements (for noisy or shared machines; 0 = off)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,6 +361,8 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
         for name in ("max_trials", "target_effective_batch", "patience"):
             if tune.get(name) is not None and tune[name] < 1:
                 problems.append(Problem(f"tune.{name}", "must be >= 1"))
+        if isinstance(tune.get("confirm_rounds"), int) and tune["confirm_rounds"] < 0:
+            problems.append(Problem("tune.confirm_rounds", "must be >= 0"))
         raw_search = raw.get("search")
         if raw_search is not None and not isinstance(raw_search, Mapping):
             problems.append(Problem("search", "expected a mapping of knob: [choices] or {low, high}"))

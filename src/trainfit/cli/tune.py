@@ -16,6 +16,7 @@ examples:
   trainfit tune examples/tiny-llama.yaml --memory-gb 22 --max-trials 20 --output runs/llama
   trainfit tune examples/tiny-llama.yaml --resume                # the latest run, after Ctrl-C or a crash
   trainfit tune spec.yaml --strategy bayes --time-budget 3600 --refine
+  trainfit tune spec.yaml --confirm 2                            # re-probe near-ties on a noisy machine
 
 The search space is the spec's `search:` section (same keys as `params:`; a list = choices,
 {low, high, log} = a range). Outputs in --output (default trainfit-runs/SPEC_NAME/TIMESTAMP):
@@ -39,6 +40,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="start no probe after this long")
     p.add_argument("--quick", action="store_true", help="at most 6 probes")
     p.add_argument("--refine", action="store_true", help="then probe the neighbours of the best config")
+    p.add_argument("--confirm", type=int, metavar="N",
+                   help="then probe the best and the runners-up within its measurement noise N more times "
+                        "each, interleaved, and rank them by their median (tune.confirm_rounds; for noisy machines)")
     p.add_argument("--quiet", action="store_true", help="only the final report")
     p.set_defaults(run=run)
 
@@ -67,6 +71,12 @@ class TuneView:
         elif kind == "probe" and self.tty and event.get("event") == "phase":
             sys.stderr.write(f" {event['phase']}")
             sys.stderr.flush()
+        elif kind == "confirm_end":
+            m = event["measurement"]
+            values = " ".join(f"{k}={v}" for k, v in event["values"].items())
+            result = (f"{fmt_num(getattr(m, self.objective))} {self.objective.replace('_per_second', '/s')}"
+                      if m.status == "ok" else m.status.upper())
+            print(f"[confirm {event['round']}/{event['rounds']}] {values} -> {result}", flush=True)
         elif kind == "trial_end":
             if self.tty:
                 sys.stderr.write("\r\033[K")
@@ -111,6 +121,12 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.search.tune import tune
 
     spec = spec_from_args(args)
+    if args.confirm is not None:
+        import dataclasses
+
+        if args.confirm < 0:
+            raise TrainfitError("--confirm must be >= 0", "e.g. --confirm 2")
+        spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=args.confirm))
     if spec.search is None:
         raise TrainfitError(f"{args.spec} has no search: section, so there is nothing to tune",
                             "add e.g. search: {batch_size: [1, 2, 4, 8], gradient_checkpointing: [false, true]}")
@@ -143,8 +159,11 @@ def run(args: argparse.Namespace) -> int:
             for line in advice["advice"]:
                 print(f"  - {line}")
         return 1
+    unit = s["objective"].replace("_per_second", "/s")
     rows = [("config", " ".join(f"{k}={v}" for k, v in best["searched"].items())),
-            ("samples/s", fmt_num(best["samples_per_second"])),
+            ("samples/s", fmt_num(best["samples_per_second"])
+             + (f" (confirmation median: {fmt_num(best['confirmed_median'])} {unit})"
+                if best["confirmed_median"] is not None else "")),
             ("tokens/s", f"{fmt_num(best['tokens_per_second'])} (real tokens)"),
             ("peak memory", f"{best['memory_peak_gb']:.2f} GiB"),
             ("effective batch", str(best["effective_batch_size"]))]
@@ -154,6 +173,11 @@ def run(args: argparse.Namespace) -> int:
                                  f"epoch(s) of {s['dataset_samples']:,} samples"))
     print("\nBEST CONFIGURATION (measured on the worst-case batch)")
     print(table(rows))
+    if s["confirmation"]:
+        print("\nconfirmed (every measurement of each config; ranked by the median):")
+        print(table([(f"trial {e['trial']}", f"median {fmt_num(e['median'])}",
+                      ", ".join(fmt_num(x) if x is not None else "failed" for x in e["measurements"]),
+                      " ".join(f"{k}={x}" for k, x in e["searched"].items())) for e in s["confirmation"]]))
     ties = s["within_noise_of_best"]
     if ties:
         print(f"\nas fast within measurement noise ({len(ties)}): the gap to the best is no larger than the "
@@ -164,7 +188,10 @@ def run(args: argparse.Namespace) -> int:
     for knob, by_value in s["fastest_per_value"].items():
         if len(by_value) > 1:
             print(f"\nfastest per {knob} (changes what is learned):")
-            print(table([(v, f"{fmt_num(e['samples_per_second'])} samples/s", f"{e['memory_peak_gb']:.2f} GiB",
+            print(table([(v, f"{fmt_num(e['samples_per_second'])} samples/s"
+                          + (f" (confirmation median {fmt_num(e['confirmed_median'])} {unit})"
+                             if e["confirmed_median"] is not None else ""),
+                          f"{e['memory_peak_gb']:.2f} GiB",
                           " ".join(f"{k}={x}" for k, x in e["searched"].items()))
                          for v, e in by_value.items()]))
     print(f"\nwrote {result.output}/summary.json, trials.csv, train_command.sh")

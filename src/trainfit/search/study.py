@@ -156,11 +156,22 @@ class TrialStore:
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             data = t.user_attrs.get("measurement")
-            if data is None or t.user_attrs.get("reused"):
+            if data is None or t.user_attrs.get("reused") or t.user_attrs.get("repeat"):
                 continue
             m = Measurement.from_dict(data)
             out.append(Trial(number=t.number, values=dict(t.user_attrs.get("values", t.params)), measurement=m,
                              objective=t.user_attrs.get("objective")))
+        return out
+
+    def repeats(self) -> dict[str, list[Measurement]]:
+        """Confirmation measurements (``tell(..., repeat=True)``) by config key, in order."""
+        from optuna.trial import TrialState
+
+        out: dict[str, list[Measurement]] = {}
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get("repeat") and t.user_attrs.get("measurement") is not None:
+                out.setdefault(config_key(t.user_attrs["values"]), []).append(
+                    Measurement.from_dict(t.user_attrs["measurement"]))
         return out
 
     def ask(self, values: Mapping[str, Any] | None) -> Any:
@@ -177,12 +188,15 @@ class TrialStore:
         return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     def tell(self, trial: Any, values: Mapping[str, Any], m: Measurement, history: Sequence[Trial],
-             reused: bool = False) -> Trial:
+             reused: bool = False, repeat: bool = False) -> Trial:
         """Record a finished trial. ``reused``: the sampler re-proposed a measured (or excluded)
-        config; the sampler is told again, but the trial is not a new measurement."""
+        config; the sampler is told again, but the trial is not a new measurement. ``repeat``: a
+        confirmation measurement of a config already in the history (see :meth:`repeats`)."""
         objective = getattr(m, self.objective) if m.status == "ok" else None
         if reused:
             trial.set_user_attr("reused", True)
+        if repeat:
+            trial.set_user_attr("repeat", True)
         trial.set_constraint(CONSTRAINT, constraint_value(m))
         trial.set_user_attr("measurement", m.to_dict())
         trial.set_user_attr("values", {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()})

@@ -16,7 +16,7 @@ from typing import Any
 from trainfit.data.stats import LengthStats
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.report import ranked, write_outputs
+from trainfit.report import ranked, within_noise, write_outputs
 from trainfit.search.space import SearchSpace
 from trainfit.search.strategies import SAMPLER, Trial, config_key, make_strategy
 from trainfit.search.study import TrialStore
@@ -51,6 +51,31 @@ def neighbours(space: SearchSpace, values: dict[str, Any]) -> list[dict[str, Any
                 if space.allowed(candidate):
                     out.append(candidate)
     return out
+
+
+def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Trial], probe_fn: ProbeFn,
+            emit: EventFn) -> None:
+    """``tune.confirm_rounds`` more probes of the best config and of each runner-up within its
+    measurement noise, interleaved (A B A B: a drift of the machine hits both alike). Rounds
+    already in the study (a resumed run) are not probed again."""
+    rounds = spec.tune.confirm_rounds
+    order = ranked(history)
+    if rounds <= 0 or not order:
+        return
+    tied = {e["trial"] for e in within_noise(order)}
+    candidates = [order[0], *(t for t in order if t.number in tied)]
+    if len(candidates) < 2:
+        return  # a clear winner: nothing to confirm
+    done = store.repeats()
+    for r in range(rounds):
+        for c in candidates:
+            if len(done.get(config_key(c.values), ())) > r:
+                continue
+            trial = store.ask(c.values)
+            emit({"event": "confirm_start", "round": r + 1, "rounds": rounds, "values": c.values})
+            m = probe_fn(space.params(c.values), trial.number)
+            store.tell(trial, c.values, m, history, repeat=True)
+            emit({"event": "confirm_end", "round": r + 1, "rounds": rounds, "values": c.values, "measurement": m})
 
 
 def tune(
@@ -118,7 +143,7 @@ def tune(
 
         def write(reason: str) -> dict[str, Any]:
             return write_outputs(output, spec, space, history, stats=stats, strategy=strategy_name, stop_reason=reason,
-                                 elapsed_s=time.perf_counter() - start)
+                                 elapsed_s=time.perf_counter() - start, repeats=store.repeats())
 
         try:
             while True:
@@ -172,11 +197,12 @@ def tune(
                 emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": max_trials,
                       "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
                       "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
+            confirm(spec, space, store, history, probe_fn, emit)
         finally:
             if session is not None:
                 session.close()  # no worker outlives the search
 
         summary = write(stop_reason)
-        order = ranked(history)
+        order = ranked(history, store.repeats(), spec.tune.objective)
         return TuneResult(trials=history, best=order[0] if order else None, summary=summary, output=output,
                           stop_reason=stop_reason, new_trials=new_trials)
