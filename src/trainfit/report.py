@@ -22,7 +22,7 @@ from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS
 from trainfit.search.space import SearchSpace
 from trainfit.probe.measurement import Measurement
-from trainfit.search.strategies import Trial, config_key
+from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.spec import Spec
 
 SCHEMA_VERSION = 1
@@ -65,7 +65,7 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
         "stable": m.stable,
         "confirmed_median": pooled(t, repeats, spec.tune.objective) if config_key(t.values) in (repeats or {}) else None,
         "estimated_full_runtime_hours": runtime_h,
-        "searched": {k: list(v) if isinstance(v, tuple) else v for k, v in t.values.items()},
+        "searched": jsonable(t.values),
         "effective_batch_size": params.effective_batch_size,
         "config": params.to_dict(),
         "command": command,
@@ -83,8 +83,7 @@ def within_noise(order: Sequence[Trial]) -> list[dict[str, Any]]:
         gap = best.objective / t.objective - 1
         noise = (best.measurement.step_time_ci95_rel or 0.0) + (t.measurement.step_time_ci95_rel or 0.0)
         if gap <= noise:
-            out.append({"trial": t.number, "searched": {k: list(v) if isinstance(v, tuple) else v
-                                                        for k, v in t.values.items()},
+            out.append({"trial": t.number, "searched": jsonable(t.values),
                         "samples_per_second": t.measurement.samples_per_second, "gap": gap, "noise": noise})
     return out
 
@@ -127,7 +126,7 @@ def oom_advice(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -
 
 def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str) -> list[dict[str, Any]]:
     """Every measurement of each confirmed config, fastest median first."""
-    return [{"trial": t.number, "searched": {k: list(v) if isinstance(v, tuple) else v for k, v in t.values.items()},
+    return [{"trial": t.number, "searched": jsonable(t.values),
              "median": pooled(t, repeats, objective),
              "measurements": [t.objective, *(getattr(m, objective) if m.fits else None
                                              for m in repeats[config_key(t.values)])]}

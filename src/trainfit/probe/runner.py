@@ -228,16 +228,13 @@ class ProbeSession:
             finished = self._wait(job, proc, timeout_s)
             self._job = None
         wall = time.perf_counter() - start
-        have_result = finished and res_path.exists()
-        if not have_result or key is None:
-            self.close()  # a hang, a crash, or a one-off probe: this worker is done
-        if have_result:
+        measurement = None
+        if finished and res_path.exists():
             data = json.loads(res_path.read_text())
-            data["wall_time_s"] = wall
-            data["schema_version"] = SCHEMA_VERSION
-            measurement = Measurement.from_dict(data)
-            if measurement.status != "ok":
-                self.close()  # the worker exits after a failure; do not wait for it to notice
+            measurement = Measurement.from_dict({**data, "wall_time_s": wall, "schema_version": SCHEMA_VERSION})
+        if measurement is None or measurement.status != "ok" or key is None:
+            self.close()  # a hang, a crash, a failed or a one-off probe: this worker is done
+        if measurement is not None:
             return measurement
         base = {"config": request["params"], "device": request["device"], "wall_time_s": wall,
                 "memory_cap_bytes": request.get("memory_cap_bytes"),

@@ -22,9 +22,14 @@ from trainfit.search.space import SearchSpace
 SAMPLER = "sampler"
 
 
+def jsonable(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Searched values as JSON has them (module lists are tuples in Params)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
 def config_key(values: Mapping[str, Any]) -> str:
     """Identity of a searched configuration (JSON of the sorted values)."""
-    return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in sorted(values.items())}, sort_keys=True)
+    return json.dumps(jsonable(values), sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -114,10 +119,10 @@ class AutoStrategy:
     batches. Peak memory grows about linearly with the batch size, so after two fitting probes a
     line predicts the largest batch that fits (with a safety margin); no probe is spent on a
     predicted OOM, and a measured OOM bounds the family from above. Throughput saturates with the
-    batch size, so a family stops once a larger batch no longer helps or cannot beat the others. Families are visited in a device-aware
-    prior order; a family is dropped when, at the same batch size, it is slower than the best
-    family with the same learning-relevant knobs and uses no less memory (it cannot win by
-    fitting a larger batch either).
+    batch size, so a family stops once a larger batch no longer helps or cannot beat the others.
+    Families are visited in a device-aware prior order; a family is dropped when, at the same
+    batch size, it is slower than the best family with the same learning-relevant knobs and uses
+    no less memory (it cannot win by fitting a larger batch either).
     """
 
     name = "auto"

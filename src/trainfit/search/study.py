@@ -21,7 +21,7 @@ from typing import IO, Any
 from trainfit.errors import TrainfitError
 from trainfit.probe.measurement import Measurement
 from trainfit.search.space import SearchSpace
-from trainfit.search.strategies import Trial, config_key
+from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.spec import Spec
 
 CONSTRAINT = "memory"
@@ -199,7 +199,7 @@ class TrialStore:
             trial.set_user_attr("repeat", True)
         trial.set_constraint(CONSTRAINT, constraint_value(m))
         trial.set_user_attr("measurement", m.to_dict())
-        trial.set_user_attr("values", {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()})
+        trial.set_user_attr("values", jsonable(values))
         trial.set_user_attr("objective", objective)
         self.study.tell(trial, objective if objective is not None and m.fits else self._impute(values, history))
         return Trial(number=trial.number, values=dict(values), measurement=m, objective=objective)
