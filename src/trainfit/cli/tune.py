@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     ties = s["within_noise_of_best"]
     if ties:
         print(f"\nas fast within measurement noise ({len(ties)}): the gap to the best is no larger than the "
-              "two probes' 95% CIs; raise probe.max_seconds (or lower probe.target_rel_ci) to separate them")
+              "two probes' 95% CIs; --confirm N re-probes them, or raise probe.max_seconds for tighter probes")
         print(table([(f"trial {e['trial']}", f"{fmt_num(e['samples_per_second'])} samples/s",
                       f"-{e['gap']:.1%} (noise {e['noise']:.1%})",
                       " ".join(f"{k}={x}" for k, x in e["searched"].items())) for e in ties]))
