@@ -128,8 +128,12 @@ class TuneSettings:
     """random/bayes stop after this many probes without a better feasible config."""
     confirm_rounds: int = 0
     """After the search, probe the best config and the runners-up within its measurement noise
-    again this many times each, interleaved, and rank them by the median of all their
-    measurements (for noisy or shared machines; 0 = off)."""
+    (or within ``confirm_margin``) again this many times each, interleaved, and rank them by the
+    median of all their measurements (for noisy or shared machines; 0 = off)."""
+    confirm_margin: float = 0.05
+    """Runners-up this close to the best (relative gap in the objective) are confirmed too, even
+    when their probes' CIs do not overlap: the CI of one probe does not see a machine that drifts
+    between probes."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,6 +367,8 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
                 problems.append(Problem(f"tune.{name}", "must be >= 1"))
         if isinstance(tune.get("confirm_rounds"), int) and tune["confirm_rounds"] < 0:
             problems.append(Problem("tune.confirm_rounds", "must be >= 0"))
+        if isinstance(tune.get("confirm_margin"), (int, float)) and not 0 <= tune["confirm_margin"] < 1:
+            problems.append(Problem("tune.confirm_margin", "must be between 0 and 1 (a relative gap, e.g. 0.05)"))
         raw_search = raw.get("search")
         if raw_search is not None and not isinstance(raw_search, Mapping):
             problems.append(Problem("search", "expected a mapping of knob: [choices] or {low, high}"))

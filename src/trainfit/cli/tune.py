@@ -41,8 +41,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="at most 6 probes")
     p.add_argument("--refine", action="store_true", help="then probe the neighbours of the best config")
     p.add_argument("--confirm", type=int, metavar="N",
-                   help="then probe the best and the runners-up within its measurement noise N more times "
-                        "each, interleaved, and rank them by their median (tune.confirm_rounds; for noisy machines)")
+                   help="then probe the best and the runners-up within its measurement noise or within "
+                        "tune.confirm_margin (default 5%%) N more times each, interleaved, and rank them by their "
+                        "median (tune.confirm_rounds; for noisy or shared machines)")
     p.add_argument("--quiet", action="store_true", help="only the final report")
     p.set_defaults(run=run)
 

@@ -25,6 +25,7 @@ from trainfit.spec import Spec
 ProbeFn = Callable[[Params, int], Measurement]
 EventFn = Callable[[dict[str, Any]], None]
 QUICK_TRIALS = 6
+CONFIRM_MAX = 4  # configs re-probed by --confirm: the best and its three closest runners-up
 
 
 @dataclass
@@ -56,14 +57,17 @@ def neighbours(space: SearchSpace, values: dict[str, Any]) -> list[dict[str, Any
 def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Trial], probe_fn: ProbeFn,
             emit: EventFn) -> None:
     """``tune.confirm_rounds`` more probes of the best config and of each runner-up within its
-    measurement noise, interleaved (A B A B: a drift of the machine hits both alike). Rounds
-    already in the study (a resumed run) are not probed again."""
+    measurement noise or within ``tune.confirm_margin`` of it (at most ``CONFIRM_MAX - 1``),
+    interleaved (A B A B: a drift of the machine hits both alike). Rounds already in the study
+    (a resumed run) are not probed again."""
     rounds = spec.tune.confirm_rounds
     order = ranked(history)
     if rounds <= 0 or not order:
         return
     tied = {e["trial"] for e in within_noise(order)}
-    candidates = [order[0], *(t for t in order if t.number in tied)]
+    best = order[0]
+    close = [t for t in order[1:] if t.number in tied or t.objective >= best.objective * (1 - spec.tune.confirm_margin)]
+    candidates = [best, *close][:CONFIRM_MAX]
     if len(candidates) < 2:
         return  # a clear winner: nothing to confirm
     done = store.repeats()
