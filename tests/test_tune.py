@@ -421,3 +421,56 @@ def test_confirmation_also_takes_runners_up_within_the_margin(tmp_path: Path) ->
     confirmed = [tuple(e["searched"].values()) for e in result.summary["confirmation"]]
     assert sorted(confirmed) == sorted([(12, False, 8), (24, True, 8), (12, False, 16)])
     assert len(surface.calls) == len(result.trials) + 3
+
+
+class Slow(Surface):
+    """A probe that takes a moment, so that two runs overlap; its calls go to a file."""
+
+    def __init__(self, log: Path) -> None:
+        super().__init__()
+        self.log = log
+
+    def __call__(self, p: Params, number: int) -> Measurement:
+        import time
+
+        time.sleep(0.15)
+        m = super().__call__(p, number)
+        self.log.write_text(json.dumps(self.calls))
+        return m
+
+
+def _join(spec: Any, url: str, output: Path, log: Path, summary: Path) -> None:
+    """Another machine joining the study (run in a child process)."""
+    import importlib
+
+    importlib.import_module("trainfit.search.tune").BUSY_WAIT_S = 0.05  # the module, not the function
+    result = tune(spec, output=output, probe_fn=Slow(log), storage=url, resume=True, max_trials=64)
+    summary.write_text(json.dumps(result.summary["best_config"]["searched"]))
+
+
+@pytest.mark.parametrize("strategy", ["grid", "auto", pytest.param("bayes", marks=pytest.mark.slow)])
+def test_runs_sharing_a_storage_split_the_work_without_probing_a_config_twice(tmp_path: Path, strategy: str) -> None:
+    import multiprocessing
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"  # a real database file, as several machines would share
+    spec = synthetic_spec(tmp_path, strategy)
+    first = Surface()
+    tune(spec, output=tmp_path / "first", probe_fn=first, storage=url, max_trials=1)  # creates the study
+    fork = multiprocessing.get_context("fork")
+    runs = [fork.Process(target=_join, args=(spec, url, tmp_path / f"m{i}", tmp_path / f"calls{i}.json",
+                                             tmp_path / f"best{i}.json")) for i in range(2)]
+    for r in runs:
+        r.start()
+    for r in runs:
+        r.join(timeout=120)
+        assert r.exitcode == 0
+    calls = [json.loads((tmp_path / f"calls{i}.json").read_text()) for i in range(2)]
+    probed = [tuple(c[k] for k in ("batch_size", "gradient_checkpointing", "lora_r")) for c in first.calls + calls[0]
+              + calls[1]]
+    assert len(probed) == len(set(probed))  # no config probed twice
+    assert all(calls)  # both runs did part of the work
+    if strategy == "grid":
+        assert len(probed) == 32
+    best = [json.loads((tmp_path / f"best{i}.json").read_text()) for i in range(2)]
+    alone = tune(synthetic_spec(tmp_path / "alone", strategy), output=tmp_path / "alone-out", probe_fn=Surface())
+    assert best[0] == best[1] == alone.best.values  # both saw every result, and found what one run finds

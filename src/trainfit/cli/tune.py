@@ -17,6 +17,8 @@ examples:
   trainfit tune examples/tiny-llama.yaml --resume                # the latest run, after Ctrl-C or a crash
   trainfit tune spec.yaml --strategy bayes --time-budget 3600 --refine
   trainfit tune spec.yaml --confirm 2                            # re-probe near-ties on a noisy machine
+  trainfit tune spec.yaml --storage postgresql://host/db         # machine 1 of several ...
+  trainfit tune spec.yaml --storage postgresql://host/db --resume   # ... the others join: one search
 
 The search space is the spec's `search:` section (same keys as `params:`; a list = choices,
 {low, high, log} = a range). Outputs in --output (default trainfit-runs/SPEC_NAME/TIMESTAMP):
@@ -34,7 +36,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--output", help="output folder (default: a new trainfit-runs/SPEC_NAME/TIMESTAMP)")
     p.add_argument("--resume", action="store_true",
                    help="continue the study in --output (default: the latest run of this spec)")
-    p.add_argument("--storage", help="an Optuna storage URL (e.g. postgresql://...) instead of the journal file")
+    p.add_argument("--storage", metavar="URL",
+                   help="an Optuna storage URL (e.g. postgresql://...) instead of the output folder's journal "
+                        "file; runs on several machines that share it (start the first, the others with "
+                        "--resume) split the search and never probe a config twice")
     p.add_argument("--strategy", choices=("auto", "grid", "random", "bayes"), help="default: the spec's (auto)")
     p.add_argument("--max-trials", type=int, help="probes at most")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="start no probe after this long")
@@ -65,6 +70,9 @@ class TuneView:
         if kind == "resumed":
             print(f"resuming: {event['trials']} trials already measured"
                   + (f", {event['retried']} interrupted trial(s) retried" if event["retried"] else ""))
+        elif kind == "waiting":
+            print(f"waiting: {event['busy']} config(s) in flight on other runs sharing the storage; "
+                  "their results decide what to probe next", flush=True)
         elif kind == "trial_start" and self.tty:
             values = " ".join(f"{k}={v}" for k, v in event["values"].items())
             sys.stderr.write(f"\r\033[K[{event['index']}/{event['max_trials']}] probing {values} ...")

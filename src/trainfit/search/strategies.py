@@ -1,8 +1,11 @@
-"""Search strategies behind one small protocol: ``propose(history) -> values | SAMPLER | None``.
+"""Search strategies behind one small protocol:
+``propose(history, busy) -> values | SAMPLER | None``.
 
-``history`` is every finished trial of the study (resumed ones included), so a strategy is a pure
-function of what has been measured. ``SAMPLER`` hands the choice to Optuna's sampler (bayes);
-``None`` means the strategy has nothing left worth probing.
+``history`` is every finished trial of the study (resumed ones, and those of other runs sharing
+the storage, included), so a strategy is a pure function of what has been measured. ``busy``
+holds the config keys other runs are probing right now: never proposed, and ``auto`` leaves a
+family alone while another run climbs it. ``SAMPLER`` hands the choice to Optuna's sampler
+(bayes); ``None`` means nothing is left worth probing (until a busy config's result arrives).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import itertools
 import json
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,7 +53,7 @@ class Trial:
 class Strategy(Protocol):
     name: str
 
-    def propose(self, history: Sequence[Trial]) -> dict[str, Any] | str | None: ...
+    def propose(self, history: Sequence[Trial], busy: Collection[str] = ()) -> dict[str, Any] | str | None: ...
 
 
 def model_family(values: Mapping[str, Any]) -> str:
@@ -73,9 +76,13 @@ class GridStrategy:
         # A family's configs in a row, smaller batches first: each model is built once.
         self.points = sorted(points, key=lambda p: (first_seen[model_family(p)], p.get("batch_size", 0)))
 
-    def propose(self, history: Sequence[Trial]) -> dict[str, Any] | None:
+    def propose(self, history: Sequence[Trial], busy: Collection[str] = ()) -> dict[str, Any] | None:
         done = {config_key(t.values) for t in history}
-        return next((p for p in self.points if config_key(p) not in done), None)
+        open_ = [p for p in self.points if config_key(p) not in done and config_key(p) not in busy]
+        # Beside other runs of a shared storage, take a family none of them is probing: each run
+        # then builds its own models instead of the one another run holds.
+        taken = {model_family(json.loads(k)) for k in busy}
+        return next((p for p in open_ if model_family(p) not in taken), next(iter(open_), None))
 
 
 class RandomStrategy(GridStrategy):
@@ -93,7 +100,7 @@ class BayesStrategy:
 
     name = "bayes"
 
-    def propose(self, history: Sequence[Trial]) -> str:
+    def propose(self, history: Sequence[Trial], busy: Collection[str] = ()) -> str:
         return SAMPLER
 
 
@@ -286,8 +293,11 @@ class AutoStrategy:
                   and self._learning_part({k: t.values.get(k) for k in family}) == part]
         return max(scores, default=None)
 
-    def propose(self, history: Sequence[Trial]) -> dict[str, Any] | None:
+    def propose(self, history: Sequence[Trial], busy: Collection[str] = ()) -> dict[str, Any] | None:
+        climbing = {config_key({k: v for k, v in json.loads(key).items() if k != "batch_size"}) for key in busy}
         for family in self.families:
+            if config_key(family) in climbing:
+                continue  # another run is probing this family: its next step waits for that result
             mine = self._family_trials(family, history)
             if self._dominated(family, mine, history):
                 continue

@@ -13,6 +13,8 @@ import hashlib
 import json
 import os
 import socket
+import time
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -130,14 +132,17 @@ class TrialStore:
         With the output folder's journal, holding the folder's lock means no other run is live,
         so every RUNNING trial is stale. A shared ``--storage`` may hold trials that another
         machine is probing right now: only those whose owner process is gone (on this host) or
-        that started longer ago than a probe can take are retried."""
+        that started longer ago than a probe can take are retried, and not through the study's
+        queue (two runs could pop one queued trial): its config, unmeasured, is simply open to be
+        proposed again."""
         from optuna.trial import TrialState
 
         stale = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                  if not self.shared or self._abandoned(t)]
         for t in stale:
             self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-            self.study.enqueue_trial(t.params, skip_if_exists=False)
+            if not self.shared:
+                self.study.enqueue_trial(t.params, skip_if_exists=False)
         return len(stale)
 
     def _abandoned(self, trial: Any) -> bool:
@@ -149,6 +154,52 @@ class TrialStore:
             return True
         age = (datetime.now(started.tzinfo) - started).total_seconds()
         return age > self.stale_after_s
+
+    def in_flight(self) -> set[str]:
+        """Config keys that other live runs of a shared ``--storage`` are probing right now (so
+        this run probes something else). Empty for the output folder's own journal: the folder
+        lock means no other run is live."""
+        if not self.shared:
+            return set()
+        return {self._key(t) for t in self._others_running()}
+
+    def claimed_elsewhere(self, trial: Any) -> bool:
+        """Did another run measure the config of ``trial`` since this run last looked, or ask for
+        it before ``trial`` (two runs proposed it at the same moment)? The earlier trial keeps
+        it; see :meth:`drop`."""
+        from optuna.trial import TrialState
+
+        if not self.shared:
+            return False
+        key = self._key(trial)
+        if any(self._key(t) == key for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))):
+            return True
+        for _ in range(20):
+            earlier = [t for t in self._others_running() if t.number < trial.number]
+            if any(self._key(t) == key for t in earlier):
+                return True
+            if all(set(self.space.names) <= set(t.params) for t in earlier):
+                return False
+            time.sleep(0.05)  # an earlier trial is being created: its values are not all stored yet
+        return False
+
+    def drop(self, trial: Any) -> None:
+        """Give up ``trial`` unprobed (its config is another run's): a FAIL trial, which holds no
+        measurement, is left out of the history and which samplers ignore."""
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("dropped", "claimed by another run")
+        self.study.tell(trial, state=TrialState.FAIL)
+
+    def _others_running(self) -> list[Any]:
+        from optuna.trial import TrialState
+
+        mine = f"{socket.gethostname()}:{os.getpid()}"
+        return [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if t.user_attrs.get("owner") != mine and not self._abandoned(t)]
+
+    def _key(self, trial: Any) -> str:
+        return config_key({k: trial.params[k] for k in self.space.names if k in trial.params})
 
     def history(self) -> list[Trial]:
         from optuna.trial import TrialState
@@ -175,10 +226,22 @@ class TrialStore:
         return out
 
     def ask(self, values: Mapping[str, Any] | None) -> Any:
-        """A new trial: with ``values`` fixed, or chosen by the sampler when None."""
+        """A new trial: with ``values`` fixed, or else the next queued retry or the sampler's choice.
+
+        Fixed values go through ``PartialFixedSampler``, not the study's queue: a queued trial is
+        popped by whichever run of a shared storage asks first, and over SQLite two runs can pop
+        the same one."""
+        import optuna
+
+        sampler = self.study.sampler
         if values is not None:
-            self.study.enqueue_trial(dict(values))
-        trial = self.study.ask(self.distributions)
+            with warnings.catch_warnings():  # "experimental" since optuna 2.4
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self.study.sampler = optuna.samplers.PartialFixedSampler(dict(values), sampler)
+        try:
+            trial = self.study.ask(self.distributions)
+        finally:
+            self.study.sampler = sampler
         trial.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
         return trial
 

@@ -25,6 +25,7 @@ from trainfit.spec import Spec
 ProbeFn = Callable[[Params, int], Measurement]
 EventFn = Callable[[dict[str, Any]], None]
 QUICK_TRIALS = 6
+BUSY_WAIT_S = 5.0  # beside other runs of a shared storage: how often to look for their results
 CONFIRM_MAX = 4  # configs re-probed by --confirm: the best and its three closest runners-up
 
 
@@ -52,6 +53,12 @@ def neighbours(space: SearchSpace, values: dict[str, Any]) -> list[dict[str, Any
                 if space.allowed(candidate):
                     out.append(candidate)
     return out
+
+
+def trials_since_best(history: list[Trial]) -> int:
+    """Trials measured after the best one (all of them while none fits): what patience counts."""
+    order = ranked(history)
+    return sum(1 for t in history if not order or t.number > order[0].number)
 
 
 def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Trial], probe_fn: ProbeFn,
@@ -142,8 +149,16 @@ def tune(
         new_trials = 0
         stop_reason = "search complete: nothing left worth probing"
         refine_queue: list[dict[str, Any]] | None = None
-        best_at = len(history)
         reused = 0
+        busy: set[str] = set()
+        waiting_since: float | None = None
+
+        def wait_for_others() -> None:
+            nonlocal waiting_since
+            if waiting_since is None and busy:
+                waiting_since = time.perf_counter()
+                emit({"event": "waiting", "busy": len(busy), "elapsed_s": waiting_since - start})
+            time.sleep(BUSY_WAIT_S)
 
         def write(reason: str) -> dict[str, Any]:
             return write_outputs(output, spec, space, history, stats=stats, strategy=strategy_name, stop_reason=reason,
@@ -151,29 +166,39 @@ def tune(
 
         try:
             while True:
+                if store.shared:  # other runs' results count, and what they probe now is theirs
+                    history, busy = store.history(), store.in_flight()
                 if len(history) >= max_trials and not store.pending_queue():
                     stop_reason = f"trial budget reached ({max_trials})"
                     break
                 if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
                     stop_reason = f"time budget reached ({time_budget_s:g} s)"
                     break
-                if strategy_name in ("random", "bayes") and len(history) - best_at >= spec.tune.patience:
+                if strategy_name in ("random", "bayes") and trials_since_best(history) >= spec.tune.patience:
                     stop_reason = f"no better config in the last {spec.tune.patience} trials"
                     break
                 if store.pending_queue():
                     trial = store.ask(None)  # an interrupted trial, retried first
                 else:
-                    proposal = strat.propose(history)
+                    proposal = strat.propose(history, busy)
                     if proposal is None and refine and ranked(history):
                         if refine_queue is None:
                             refine_queue = neighbours(space, ranked(history)[0].values)
-                        done = {config_key(t.values) for t in history}
+                        done = {config_key(t.values) for t in history} | busy
                         refine_queue = [v for v in refine_queue if config_key(v) not in done]
                         proposal = refine_queue[0] if refine_queue else None
                     if proposal is None:
+                        if busy:  # their results may open new configs (a family's next batch size)
+                            wait_for_others()
+                            continue
                         stop_reason = "search complete: nothing left worth probing"
                         break
                     trial = store.ask(None if proposal == SAMPLER else proposal)
+                if store.claimed_elsewhere(trial):  # another run asked for it a moment earlier
+                    store.drop(trial)
+                    wait_for_others()
+                    continue
+                waiting_since = None
                 values = {k: trial.params[k] for k in space.names}
                 cached = store.find(values, history)
                 if not space.allowed(values) or cached is not None:
@@ -191,12 +216,9 @@ def tune(
                 emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "max_trials": max_trials,
                       "values": values, "elapsed_s": time.perf_counter() - start})
                 m = probe_fn(params, trial.number)
-                best_before = next(iter(ranked(history)), None)
                 history.append(store.tell(trial, values, m, history))
                 new_trials += 1
                 best = next(iter(ranked(history)), None)
-                if best is not None and best is not best_before:
-                    best_at = len(history)  # patience counts from the last improvement
                 write("running")
                 emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": max_trials,
                       "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
