@@ -474,3 +474,17 @@ def test_runs_sharing_a_storage_split_the_work_without_probing_a_config_twice(tm
     best = [json.loads((tmp_path / f"best{i}.json").read_text()) for i in range(2)]
     alone = tune(synthetic_spec(tmp_path / "alone", strategy), output=tmp_path / "alone-out", probe_fn=Surface())
     assert best[0] == best[1] == alone.best.values  # both saw every result, and found what one run finds
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--max-trials", "0"], "argument --max-trials: 0 is out of range: expected an integer >= 1"),
+    (["--time-budget", "-5"], "argument --time-budget: -5 is out of range: expected a number > 0"),
+    (["--confirm", "two"], "argument --confirm: 'two' is not an integer"),
+])
+def test_bad_tune_options_are_usage_errors_that_name_the_bound(tmp_path: Path, capsys: Any, option: list[str],
+                                                                message: str) -> None:
+    path = synthetic_spec(tmp_path, "grid").source
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", str(path), "--output", str(tmp_path / "out"), *option])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing started

@@ -4,9 +4,31 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trainfit.errors import TrainfitError
+
+
+def number(kind: type, *, at_least: float | None = None, above: float | None = None,
+           at_most: float | None = None) -> Callable[[str], Any]:
+    """An argparse ``type``: a ``kind`` (int or float) within bounds, or a usage error naming them."""
+    name = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {name}") from None
+        if (at_least is not None and value < at_least) or (above is not None and value <= above) \
+                or (at_most is not None and value > at_most):
+            bounds = [f">= {at_least:g}" if at_least is not None else None, f"> {above:g}" if above is not None else None,
+                      f"<= {at_most:g}" if at_most is not None else None]
+            raise argparse.ArgumentTypeError(f"{text} is out of range: expected {name} {' and '.join(filter(None, bounds))}")
+        return value
+
+    return parse
 
 
 def add_spec_arguments(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from trainfit.cli.common import add_spec_arguments, spec_from_args, stats_from_args
+from trainfit.cli.common import add_spec_arguments, number, spec_from_args, stats_from_args
 
 EPILOG = """\
 exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec, 130 interrupted.
@@ -41,11 +41,11 @@ def add_parser(sub: Any) -> None:
                         "file; runs on several machines that share it (start the first, the others with "
                         "--resume) split the search and never probe a config twice")
     p.add_argument("--strategy", choices=("auto", "grid", "random", "bayes"), help="default: the spec's (auto)")
-    p.add_argument("--max-trials", type=int, help="probes at most")
-    p.add_argument("--time-budget", type=float, metavar="SECONDS", help="start no probe after this long")
+    p.add_argument("--max-trials", type=number(int, at_least=1), help="probes at most")
+    p.add_argument("--time-budget", type=number(float, above=0), metavar="SECONDS", help="start no probe after this long")
     p.add_argument("--quick", action="store_true", help="at most 6 probes")
     p.add_argument("--refine", action="store_true", help="then probe the neighbours of the best config")
-    p.add_argument("--confirm", type=int, metavar="N",
+    p.add_argument("--confirm", type=number(int, at_least=0), metavar="N",
                    help="then probe the best and the runners-up within its measurement noise or within "
                         "tune.confirm_margin (default 5%%) N more times each, interleaved, and rank them by their "
                         "median (tune.confirm_rounds; for noisy or shared machines)")
@@ -133,8 +133,6 @@ def run(args: argparse.Namespace) -> int:
     if args.confirm is not None:
         import dataclasses
 
-        if args.confirm < 0:
-            raise TrainfitError("--confirm must be >= 0", "e.g. --confirm 2")
         spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=args.confirm))
     if spec.search is None:
         raise TrainfitError(f"{args.spec} has no search: section, so there is nothing to tune",
@@ -157,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"tested {s['total_tested']}: {s['successful']} fit, {s['failed_oom']} OOM, {s['over_budget']} over budget, "
           f"{s['failed_error']} errors, {s['failed_timeout']} timeouts; probe time {s['probe_time_s']:.0f} s")
     best = s["best_config"]
+    if best is None and s["total_tested"] == 0:
+        print(f"\nNo configuration was probed ({result.stop_reason}).")
+        return 1
     if best is None:
         print("\nNo configuration fits the budget.")
         advice = s.get("all_failed", {})
