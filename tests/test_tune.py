@@ -398,6 +398,9 @@ def test_confirmation_rounds_rank_tied_configs_by_the_median_of_interleaved_repe
     assert all(len(e["measurements"]) == 3 for e in s["confirmation"])
     assert s["best_config"]["confirmed_median"] == s["confirmation"][0]["median"]
     assert s["total_tested"] == len(result.trials) == len(surface.calls) - 4  # repeats are not new configs
+    rows = (tmp_path / "out" / "trials.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(surface.calls)  # every probe, repeats included
+    assert sum(r.split(",")[1] in ("2", "3") for r in rows[1:]) == 4
     assert [c["batch_size"] for c in surface.calls[-4:]] == [12, 24, 12, 24]  # interleaved: A B A B
     assert f"trial {s['best_config']['trial']}" in (tmp_path / "out" / "train_command.sh").read_text()
     again = Drifting()

@@ -185,17 +185,18 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
     return summary
 
 
-def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial]) -> None:
-    columns = ["trial", "status", *space.names, "samples_per_second", "tokens_per_second", "memory_peak_gb",
-               "fits", "stable", "mfu", "probe_wall_s", "message"]
+def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], repeats: Repeats | None = None) -> None:
+    """One row per probe: each trial's, then its confirmation repeats (``measurement`` 2, 3, ...)."""
+    columns = ["trial", "measurement", "status", *space.names, "samples_per_second", "tokens_per_second",
+               "memory_peak_gb", "fits", "stable", "mfu", "probe_wall_s", "message"]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(columns)
         for t in sorted(trials, key=lambda t: t.number):
-            m = t.measurement
-            w.writerow([t.number, m.status, *(t.values.get(n) for n in space.names), m.samples_per_second,
-                        m.tokens_per_second, m.peak_memory_gb, m.fits, m.stable, m.mfu, m.wall_time_s,
-                        (m.message or "").splitlines()[0][:200] if m.message else ""])
+            for i, m in enumerate([t.measurement, *(repeats or {}).get(config_key(t.values), ())], start=1):
+                w.writerow([t.number, i, m.status, *(t.values.get(n) for n in space.names), m.samples_per_second,
+                            m.tokens_per_second, m.peak_memory_gb, m.fits, m.stable, m.mfu, m.wall_time_s,
+                            (m.message or "").splitlines()[0][:200] if m.message else ""])
 
 
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
@@ -207,7 +208,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     tmp = output / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=list) + "\n")
     tmp.replace(output / "summary.json")
-    write_trials_csv(output / "trials.csv", space, trials)
+    write_trials_csv(output / "trials.csv", space, trials, repeats)
     best = summary["best_config"]
     script = output / "train_command.sh"
     if best is not None:
