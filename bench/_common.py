@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
 
 from trainfit.devices import cpu_name, versions
 
@@ -19,3 +21,24 @@ def environment() -> dict[str, object]:
 def dump(name: str, result: dict[str, object]) -> None:
     out = {"benchmark": name, "environment": environment(), **result}
     print(json.dumps(out, indent=2, default=str))
+
+
+class Results:
+    """A long benchmark's results in a JSON file, saved as each one comes: the same command run
+    again (after a time limit cut it off) skips what is done. ``path=None`` keeps them in memory."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.data: dict[str, Any] = json.loads(path.read_text()) if path and path.exists() else {}
+
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def put(self, key: str, value: Any) -> Any:
+        self.data[key] = value
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, indent=2, default=str))
+            tmp.replace(self.path)
+        return value

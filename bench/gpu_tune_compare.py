@@ -12,6 +12,8 @@ dataset of up to 2048 tokens per sample. Steps:
    each trains `--steps` timed steps after `--warmup` steps and reports samples/s and peak memory.
 
     python bench/gpu_tune_compare.py [--budget-gb 40]     # on a CUDA machine
+    python bench/gpu_tune_compare.py --work DIR --tune-budget-s 420   # resumable: run it again with
+                                                          # the same DIR after a time limit cut it off
     python bench/gpu_tune_compare.py --tiny --cpu         # smoke run of this script on a CPU
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import dump  # noqa: E402
+from _common import Results, dump  # noqa: E402
 from gpu_sweep import LLAMA_1B, TINY  # noqa: E402
 
 RESULT = "@@result "
@@ -55,12 +57,14 @@ def run_trainfit(config: dict, data: Path, args: argparse.Namespace, out: Path) 
                       "precision": ["bf16", "fp32"] if not args.cpu else ["fp32"]}}
     spec = build_spec(doc, base_dir=Path.cwd())
     start = time.perf_counter()
-    res = tune(spec, output=out, on_event=lambda e: e["event"] == "trial_end" and print(
+    res = tune(spec, output=out, resume=(out / "study.journal").exists(), time_budget_s=args.tune_budget_s,
+               on_event=lambda e: e["event"] == "trial_end" and print(
         f"  trainfit trial {e['index']}: {e['values']} -> {e['measurement'].status} "
         f"{e['measurement'].samples_per_second}", file=sys.stderr, flush=True))
     assert res.best is not None, "trainfit found no config that fits"
     best = res.best.measurement
-    return {"search_wall_s": time.perf_counter() - start, "probes": len(res.trials),
+    return {"search_wall_s_this_call": time.perf_counter() - start, "probe_time_s": res.summary["probe_time_s"],
+            "stop_reason": res.stop_reason, "probes": len(res.trials),
             "oom_probes": sum(t.measurement.status == "oom" for t in res.trials),
             "pick": best.config, "probe_samples_per_second": best.samples_per_second,
             "probe_peak_gb": best.peak_memory_gb}
@@ -150,6 +154,8 @@ def main() -> None:
     ap.add_argument("--probe-seconds", type=float, default=15.0)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--work", type=Path, help="keep the search and the runs here; the same command again resumes")
+    ap.add_argument("--tune-budget-s", type=float, help="start no probe after this long (per call)")
     ap.add_argument("--hf-job", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.hf_job:
@@ -159,16 +165,26 @@ def main() -> None:
         args.steps, args.warmup, args.probe_seconds = min(args.steps, 6), min(args.warmup, 2), min(args.probe_seconds, 2)
     args.seq = 256 if args.tiny else 2048
     config = TINY if args.tiny else LLAMA_1B
-    work = Path(tempfile.mkdtemp(prefix="gpu-tune-compare-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu-tune-compare-"))
+    work.mkdir(parents=True, exist_ok=True)
     data = work / "lengths.jsonl"
     write_lengths(data, 2000, args.seq)
-    found = run_trainfit(config, data, args, work / "tune")
+    results = Results(work / "results.json")
+    found = results.get("trainfit")
+    if found is None or found["stop_reason"].startswith("time budget"):  # a search cut short goes on
+        found = results.put("trainfit", run_trainfit(config, data, args, work / "tune"))
+    if found["stop_reason"].startswith("time budget"):
+        print(f"search cut short by --tune-budget-s: run the same command again to continue ({work})",
+              file=sys.stderr)
+        dump("gpu_tune_compare", {"status": "search_incomplete", "work": str(work), "trainfit": found})
+        return
     base = {"config": config, "data": str(data), "cpu": args.cpu, "budget_gb": args.budget_gb,
             "warmup": args.warmup, "steps": args.steps, "out": str(work / "hf")}
     runs = {}
     for name, targs in (("hf_defaults", {}), ("hf_auto_find_batch_size", {"auto_find_batch_size": True}),
                         ("trainfit_pick", hf_args(found["pick"]))):
-        runs[name] = spawn_hf({**base, "args": targs})
+        key = f"{name} {json.dumps(targs, sort_keys=True)}"  # a resumed search may pick another config
+        runs[name] = results.get(key) or results.put(key, spawn_hf({**base, "args": targs}))
         print(f"  {name}: {runs[name]}", file=sys.stderr, flush=True)
     pick = runs["trainfit_pick"].get("samples_per_second")
     ratios = {name: pick / r["samples_per_second"] if pick and r.get("samples_per_second") else None
