@@ -66,7 +66,7 @@ def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Tri
     """``tune.confirm_rounds`` more probes of the best config and of each runner-up within its
     measurement noise or within ``tune.confirm_margin`` of it (at most ``CONFIRM_MAX - 1``),
     interleaved (A B A B: a drift of the machine hits both alike). Rounds already in the study
-    (a resumed run) are not probed again."""
+    (a resumed run, or another run sharing the storage) are not probed again."""
     rounds = spec.tune.confirm_rounds
     order = ranked(history)
     if rounds <= 0 or not order:
@@ -77,10 +77,9 @@ def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Tri
     candidates = [best, *close][:CONFIRM_MAX]
     if len(candidates) < 2:
         return  # a clear winner: nothing to confirm
-    done = store.repeats()
     for r in range(rounds):
         for c in candidates:
-            if len(done.get(config_key(c.values), ())) > r:
+            if len(store.repeats().get(config_key(c.values), ())) > r:  # fresh: other runs may confirm too
                 continue
             trial = store.ask(c.values)
             emit({"event": "confirm_start", "round": r + 1, "rounds": rounds, "values": c.values})
