@@ -491,3 +491,24 @@ def test_bad_tune_options_are_usage_errors_that_name_the_bound(tmp_path: Path, c
         main(["tune", str(path), "--output", str(tmp_path / "out"), *option])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_a_heartbeat_tells_a_live_trial_on_another_machine_from_a_dead_one(tmp_path: Path, monkeypatch: Any) -> None:
+    import time
+
+    from trainfit.search import study
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    spec = synthetic_spec(tmp_path, "grid")
+    machine_a = store_for(spec, tmp_path / "a", storage=url)
+    live = machine_a.ask({"batch_size": 1, "gradient_checkpointing": False, "lora_r": 8})
+    dead = machine_a.ask({"batch_size": 2, "gradient_checkpointing": False, "lora_r": 8})
+    for t in (live, dead):
+        t.set_user_attr("owner", "another-host:1")  # a pid this host cannot check
+    monkeypatch.setattr(study, "HEARTBEAT_S", 0.05)
+    with machine_a.beating(live):  # the live machine's probe runs ...
+        time.sleep(0.3)  # ... while the dead one's last beat ages past three missed beats
+        assert store_for(spec, tmp_path / "b", storage=url, resume=True).retried == 1
+    frozen = {t.number: t for t in machine_a.study.get_trials()}
+    assert frozen[dead.number].state.name == "FAIL" and frozen[live.number].state.name == "RUNNING"
+    assert frozen[live.number].user_attrs["heartbeat"] > frozen[dead.number].user_attrs["heartbeat"] + 0.2

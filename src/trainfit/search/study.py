@@ -8,14 +8,16 @@ again. Every trial carries the same constraint key, as GPSampler requires.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import socket
+import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -27,6 +29,7 @@ from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.spec import Spec
 
 CONSTRAINT = "memory"
+HEARTBEAT_S = 30.0
 
 
 def study_name(spec: Spec) -> str:
@@ -149,6 +152,9 @@ class TrialStore:
         host, _, pid = str(trial.user_attrs.get("owner", "")).partition(":")
         if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
             return True
+        beat = trial.user_attrs.get("heartbeat")
+        if beat is not None:  # a live run stamps its trial every HEARTBEAT_S (see beating)
+            return time.time() - beat > 3 * HEARTBEAT_S
         started = trial.datetime_start
         if started is None:
             return True
@@ -225,6 +231,31 @@ class TrialStore:
                     Measurement.from_dict(t.user_attrs["measurement"]))
         return out
 
+    @contextlib.contextmanager
+    def beating(self, trial: Any) -> Iterator[None]:
+        """While a probe of ``trial`` runs, stamp it every ``HEARTBEAT_S`` seconds, so other runs of
+        a shared storage tell a live trial (however long its probe) from one whose machine died
+        (reopened after three missed beats). Nothing to do with the output folder's journal."""
+        if not self.shared:
+            yield
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_S):
+                try:
+                    trial.set_user_attr("heartbeat", time.time())
+                except Exception:  # noqa: BLE001 - the storage is unreachable: the probe goes on; others may reopen it
+                    return
+
+        thread = threading.Thread(target=beat, name="trainfit-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
     def ask(self, values: Mapping[str, Any] | None) -> Any:
         """A new trial: with ``values`` fixed, or else the next queued retry or the sampler's choice.
 
@@ -243,6 +274,8 @@ class TrialStore:
         finally:
             self.study.sampler = sampler
         trial.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
+        if self.shared:
+            trial.set_user_attr("heartbeat", time.time())
         return trial
 
     def pending_queue(self) -> bool:

@@ -83,7 +83,8 @@ def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Tri
                 continue
             trial = store.ask(c.values)
             emit({"event": "confirm_start", "round": r + 1, "rounds": rounds, "values": c.values})
-            m = probe_fn(space.params(c.values), trial.number)
+            with store.beating(trial):
+                m = probe_fn(space.params(c.values), trial.number)
             store.tell(trial, c.values, m, history, repeat=True)
             emit({"event": "confirm_end", "round": r + 1, "rounds": rounds, "values": c.values, "measurement": m})
 
@@ -214,7 +215,8 @@ def tune(
                 params = space.params(values)
                 emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "max_trials": max_trials,
                       "values": values, "elapsed_s": time.perf_counter() - start})
-                m = probe_fn(params, trial.number)
+                with store.beating(trial):
+                    m = probe_fn(params, trial.number)
                 history.append(store.tell(trial, values, m, history))
                 new_trials += 1
                 best = next(iter(ranked(history)), None)
