@@ -512,3 +512,34 @@ def test_a_heartbeat_tells_a_live_trial_on_another_machine_from_a_dead_one(tmp_p
     frozen = {t.number: t for t in machine_a.study.get_trials()}
     assert frozen[dead.number].state.name == "FAIL" and frozen[live.number].state.name == "RUNNING"
     assert frozen[live.number].user_attrs["heartbeat"] > frozen[dead.number].user_attrs["heartbeat"] + 0.2
+
+
+def test_after_ctrl_c_the_printed_command_resumes_the_same_shared_study(tmp_path: Path) -> None:
+    """A real `trainfit tune` (real probes) on a shared storage, interrupted like Ctrl-C: the
+    command it prints (overrides and --storage included) continues the same study."""
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    path = synthetic_spec(tmp_path, "grid").source
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    cli = [sys.executable, "-c", "import sys; from trainfit.cli import main; sys.exit(main())"]
+    run = subprocess.Popen([*cli, "tune", str(path), "--set", "probe.max_seconds=1", "--storage", url,
+                            "--output", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert run.stdout is not None
+    for line in run.stdout:
+        if line.startswith("[1/"):  # one trial stored; the next probe is running
+            break
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 130, err
+    hint = err.strip().splitlines()[-1].strip()
+    words = shlex.split(hint)
+    assert words[:2] == ["trainfit", "tune"] and "--storage" in words and "probe.max_seconds=1" in words
+    again = subprocess.run([*cli, *words[1:], "--max-trials", "2", "--quiet"], capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["total_tested"] == 2  # the stored trial, plus one new probe: nothing lost, nothing twice

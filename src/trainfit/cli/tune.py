@@ -123,6 +123,23 @@ def output_folder(args: argparse.Namespace):
     return base / datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
+def resume_command(args: argparse.Namespace) -> str:
+    """This run's command line, with --output and --resume: the spec, its overrides and the
+    storage must match for the study to be found again."""
+    import shlex
+
+    words = ["trainfit", "tune", args.spec]
+    for override in args.overrides:
+        words += ["--set", override]
+    for flag, value in (("--memory-gb", args.memory_gb), ("--device", args.device), ("--lengths", args.lengths),
+                        ("--storage", args.storage), ("--strategy", args.strategy), ("--max-trials", args.max_trials),
+                        ("--time-budget", args.time_budget), ("--confirm", args.confirm)):
+        if value is not None:
+            words += [flag, str(value)]
+    words += [flag for flag, on in (("--quick", args.quick), ("--refine", args.refine)) if on]
+    return shlex.join([*words, "--output", args.output, "--resume"])
+
+
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.render import fmt_num, table
     from trainfit.errors import TrainfitError
@@ -147,8 +164,8 @@ def run(args: argparse.Namespace) -> int:
                       strategy=args.strategy, max_trials=args.max_trials, time_budget_s=args.time_budget,
                       quick=args.quick, refine=args.refine, on_event=TuneView(args.quiet, spec.tune.objective))
     except KeyboardInterrupt:
-        print(f"\ninterrupted: every finished trial is saved in {args.output}; continue with\n"
-              f"  trainfit tune {args.spec} --output {args.output} --resume", file=sys.stderr)
+        print(f"\ninterrupted: every finished trial is saved in {args.storage or args.output}; continue with\n"
+              f"  {resume_command(args)}", file=sys.stderr)
         return 130
     s = result.summary
     print(f"\nstopped: {result.stop_reason}")
