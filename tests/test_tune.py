@@ -543,3 +543,24 @@ def test_after_ctrl_c_the_printed_command_resumes_the_same_shared_study(tmp_path
     assert again.returncode == 0, again.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["total_tested"] == 2  # the stored trial, plus one new probe: nothing lost, nothing twice
+
+
+def test_bayes_stops_when_its_sampler_only_proposes_measured_configs(tmp_path: Path) -> None:
+    """A small space is soon fully measured; the GP then proposes measured configs only. Each is
+    answered from the study without a probe, and `patience` of them in a row end the search
+    (before, the loop asked up to 3 x max_trials times, each a GP fit)."""
+    import optuna
+
+    spec = load_spec(synthetic_spec(tmp_path, "bayes").source,
+                     ["search.batch_size=[1, 2]", "tune.patience=5", "tune.max_trials=64"])
+    surface = Surface()
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    assert len(surface.calls) == len({json.dumps(c, sort_keys=True) for c in surface.calls}) <= 8  # each probed once
+    study = optuna.load_study(study_name=None, storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "out" / "study.journal"))))
+    runs, run = [], 0
+    for t in sorted(study.trials, key=lambda t: t.number):
+        run = run + 1 if t.user_attrs.get("reused") else 0
+        runs.append(run)
+    assert max(runs) <= 5 and len(study.trials) < 30
+    assert "in a row" in result.stop_reason or "no better config" in result.stop_reason

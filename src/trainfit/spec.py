@@ -125,7 +125,8 @@ class TuneSettings:
     """Epochs of the full run, for the runtime estimate in the summary."""
     seed: int = 0
     patience: int = 12
-    """random/bayes stop after this many probes without a better feasible config."""
+    """random/bayes stop after this many probes without a better feasible config; bayes also
+    after its sampler proposes this many measured (or excluded) configs in a row."""
     confirm_rounds: int = 0
     """After the search, probe the best config and the runners-up within its measurement noise
     (or within ``confirm_margin``) again this many times each, interleaved, and rank them by the

@@ -194,13 +194,13 @@ def tune(
                         stop_reason = "search complete: nothing left worth probing"
                         break
                     trial = store.ask(None if proposal == SAMPLER else proposal)
-                if store.claimed_elsewhere(trial):  # another run asked for it a moment earlier
+                values = {k: trial.params[k] for k in space.names}
+                cached = store.find(values, history)
+                if cached is None and store.claimed_elsewhere(trial):  # another run measured or took it meanwhile
                     store.drop(trial)
                     wait_for_others()
                     continue
                 waiting_since = None
-                values = {k: trial.params[k] for k in space.names}
-                cached = store.find(values, history)
                 if not space.allowed(values) or cached is not None:
                     # The sampler may propose a config that is excluded or already measured: tell it the
                     # known answer instead of probing again.
@@ -208,10 +208,11 @@ def tune(
                         status="error", message="excluded by tune.constraints", config=space.params(values).to_dict())
                     store.tell(trial, values, m, history, reused=True)
                     reused += 1
-                    if reused > 3 * max_trials:
-                        stop_reason = "the sampler keeps proposing measured or excluded configs"
+                    if reused >= spec.tune.patience:  # converged: it has nothing new to try
+                        stop_reason = f"the sampler proposed {reused} measured or excluded configs in a row"
                         break
                     continue
+                reused = 0
                 params = space.params(values)
                 emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "max_trials": max_trials,
                       "values": values, "elapsed_s": time.perf_counter() - start})
