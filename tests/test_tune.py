@@ -443,22 +443,22 @@ class Slow(Surface):
 
 
 def _join(spec: Any, url: str, output: Path, log: Path, summary: Path) -> None:
-    """Another machine joining the study (run in a child process)."""
+    """One machine of several started with the same command (run in a child process)."""
     import importlib
 
     importlib.import_module("trainfit.search.tune").BUSY_WAIT_S = 0.05  # the module, not the function
-    result = tune(spec, output=output, probe_fn=Slow(log), storage=url, resume=True, max_trials=64)
+    result = tune(spec, output=output, probe_fn=Slow(log), storage=url, join=True, max_trials=64)
     summary.write_text(json.dumps(result.summary["best_config"]["searched"]))
 
 
 @pytest.mark.parametrize("strategy", ["grid", "auto", pytest.param("bayes", marks=pytest.mark.slow)])
 def test_runs_sharing_a_storage_split_the_work_without_probing_a_config_twice(tmp_path: Path, strategy: str) -> None:
+    """Two runs started at once with `--join` on a fresh storage: one creates the study, the
+    other joins it, and between them every config is probed once."""
     import multiprocessing
 
     url = f"sqlite:///{tmp_path / 'shared.db'}"  # a real database file, as several machines would share
     spec = synthetic_spec(tmp_path, strategy)
-    first = Surface()
-    tune(spec, output=tmp_path / "first", probe_fn=first, storage=url, max_trials=1)  # creates the study
     fork = multiprocessing.get_context("fork")
     runs = [fork.Process(target=_join, args=(spec, url, tmp_path / f"m{i}", tmp_path / f"calls{i}.json",
                                              tmp_path / f"best{i}.json")) for i in range(2)]
@@ -468,8 +468,7 @@ def test_runs_sharing_a_storage_split_the_work_without_probing_a_config_twice(tm
         r.join(timeout=120)
         assert r.exitcode == 0
     calls = [json.loads((tmp_path / f"calls{i}.json").read_text()) for i in range(2)]
-    probed = [tuple(c[k] for k in ("batch_size", "gradient_checkpointing", "lora_r")) for c in first.calls + calls[0]
-              + calls[1]]
+    probed = [tuple(c[k] for k in ("batch_size", "gradient_checkpointing", "lora_r")) for c in calls[0] + calls[1]]
     assert len(probed) == len(set(probed))  # no config probed twice
     assert all(calls)  # both runs did part of the work
     if strategy == "grid":
@@ -564,3 +563,16 @@ def test_bayes_stops_when_its_sampler_only_proposes_measured_configs(tmp_path: P
         runs.append(run)
     assert max(runs) <= 5 and len(study.trials) < 30
     assert "in a row" in result.stop_reason or "no better config" in result.stop_reason
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--storage", "nonsense"], "--storage 'nonsense' is not a database URL"),
+    (["--storage", "postgresql://me:secret@db.invalid/trainfit"],  # no driver, or no such host
+     "--storage postgresql://me:***@db.invalid/trainfit"),
+    (["--join"], "--join is for runs sharing a --storage"),
+])
+def test_bad_storage_options_are_clear_errors(tmp_path: Path, capsys: Any, option: list[str], message: str) -> None:
+    path = synthetic_spec(tmp_path, "grid").source
+    assert main(["tune", str(path), "--output", str(tmp_path / "out"), *option]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and "secret" not in err

@@ -17,8 +17,7 @@ examples:
   trainfit tune examples/tiny-llama.yaml --resume                # the latest run, after Ctrl-C or a crash
   trainfit tune spec.yaml --strategy bayes --time-budget 3600 --refine
   trainfit tune spec.yaml --confirm 2                            # re-probe near-ties on a noisy machine
-  trainfit tune spec.yaml --storage postgresql://host/db         # machine 1 of several ...
-  trainfit tune spec.yaml --storage postgresql://host/db --resume   # ... the others join: one search
+  trainfit tune spec.yaml --storage postgresql://host/db --join  # the same on every machine: one search
 
 The search space is the spec's `search:` section (same keys as `params:`; a list = choices,
 {low, high, log} = a range). Outputs in --output (default trainfit-runs/SPEC_NAME/TIMESTAMP):
@@ -38,8 +37,11 @@ def add_parser(sub: Any) -> None:
                    help="continue the study in --output (default: the latest run of this spec)")
     p.add_argument("--storage", metavar="URL",
                    help="an Optuna storage URL (e.g. postgresql://...) instead of the output folder's journal "
-                        "file; runs on several machines that share it (start the first, the others with "
-                        "--resume) split the search and never probe a config twice")
+                        "file; runs on several machines that share it split the search and never probe a "
+                        "config twice (see --join)")
+    p.add_argument("--join", action="store_true",
+                   help="with --storage: start the study, or join it if another machine already did "
+                        "(one command for every machine of a job array)")
     p.add_argument("--strategy", choices=("auto", "grid", "random", "bayes"), help="default: the spec's (auto)")
     p.add_argument("--max-trials", type=number(int, at_least=1), help="probes at most")
     p.add_argument("--time-budget", type=number(float, above=0), metavar="SECONDS", help="start no probe after this long")
@@ -160,8 +162,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"space: {', '.join(f'{d.name} {list(d.grid_values())}' for d in spec.search.dims)}; "
           f"budget {spec.budget.memory_gb} GiB (headroom {spec.budget.headroom_gb})")
     try:
-        result = tune(spec, output=args.output, stats=stats, resume=args.resume, storage=args.storage,
-                      strategy=args.strategy, max_trials=args.max_trials, time_budget_s=args.time_budget,
+        result = tune(spec, output=args.output, stats=stats, resume=args.resume, join=args.join,
+                      storage=args.storage, strategy=args.strategy, max_trials=args.max_trials, time_budget_s=args.time_budget,
                       quick=args.quick, refine=args.refine, on_event=TuneView(args.quiet, spec.tune.objective))
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished trial is saved in {args.storage or args.output}; continue with\n"

@@ -76,9 +76,42 @@ def _lock_folder(output: Path) -> IO[str]:
     return f
 
 
+def masked(url: str) -> str:
+    """A database URL fit to print: its password hidden."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def open_storage(url: str) -> Any:
+    """The Optuna storage behind ``--storage URL``: a clear error for a bad URL, a missing driver
+    or an unreachable server, and a retry while several runs create a new database's tables at
+    the same moment (the loser's insert fails)."""
+    import optuna
+    import sqlalchemy.exc
+
+    try:
+        shown = masked(url)
+    except sqlalchemy.exc.ArgumentError:
+        raise TrainfitError(f"--storage {url!r} is not a database URL",
+                            "e.g. postgresql://user:password@host/db, or sqlite:///study.db on one machine") from None
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except ImportError:
+            raise TrainfitError(f"no database driver installed for --storage {shown}",
+                                "install one, e.g. pip install psycopg2-binary (PostgreSQL) or pymysql (MySQL)") from None
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
+            if attempt == 4:
+                raise TrainfitError(f"cannot open --storage {shown}: {str(err.orig).splitlines()[0]}",
+                                    "check that the database server is up and the URL is right") from None
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 class TrialStore:
     def __init__(self, *, output: Path, spec: Spec, space: SearchSpace, objective: str, resume: bool,
-                 storage: str | None, seed: int, sampler: Any = None) -> None:
+                 storage: str | None, seed: int, sampler: Any = None, join: bool = False) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -87,7 +120,7 @@ class TrialStore:
         output.mkdir(parents=True, exist_ok=True)
         self._lock = _lock_folder(output)
         try:
-            self._open(output, spec, resume, storage, seed, sampler)
+            self._open(output, spec, resume, storage, seed, sampler, join)
         except BaseException:
             self.close()
             raise
@@ -98,7 +131,8 @@ class TrialStore:
             self._lock.close()  # closing the file releases its flock
             self._lock = None
 
-    def _open(self, output: Path, spec: Spec, resume: bool, storage: str | None, seed: int, sampler: Any) -> None:
+    def _open(self, output: Path, spec: Spec, resume: bool, storage: str | None, seed: int, sampler: Any,
+              join: bool) -> None:
         import optuna
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
@@ -106,12 +140,15 @@ class TrialStore:
         self.shared = storage is not None
         self.stale_after_s = 2 * spec.probe.timeout_s + 60  # a live trial has ended or timed out by then
         journal = output / "study.journal"
-        self.storage = storage or JournalStorage(JournalFileBackend(str(journal)))
+        self.storage = open_storage(storage) if storage else JournalStorage(JournalFileBackend(str(journal)))
         self.name = study_name(spec)
         existing = [s.study_name for s in optuna.get_all_study_summaries(self.storage)] \
             if storage or journal.exists() else []
-        where = storage or str(output)
-        if self.name in existing and not resume:
+        where = masked(storage) if storage else str(output)
+        if join and storage is None:
+            raise TrainfitError("--join is for runs sharing a --storage", "add --storage URL, or use --resume")
+        # --join starts the study or continues it: every machine of a job array runs one command.
+        if self.name in existing and not (resume or join):
             raise TrainfitError(f"{where} already holds this tuning study",
                                 "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
         if resume and self.name not in existing:
@@ -119,7 +156,8 @@ class TrialStore:
                 raise TrainfitError("the spec changed since this study started (model, data, budget, probe "
                                     "settings, params or search space differ), so its trials do not apply",
                                     "restore the spec, or use --output NEW_FOLDER")
-            raise TrainfitError(f"nothing to resume in {where}", "drop --resume to start a new study")
+            raise TrainfitError(f"nothing to resume in {where}",
+                                "drop --resume to start a new study (or --join, to start or join one)")
         if existing and storage is None and self.name not in existing:
             raise TrainfitError(f"{output} holds a study of a different spec; its outputs would be overwritten",
                                 "use --output NEW_FOLDER")

@@ -95,6 +95,7 @@ def tune(
     output: str | Path,
     stats: LengthStats | None = None,
     resume: bool = False,
+    join: bool = False,
     storage: str | None = None,
     strategy: str | None = None,
     max_trials: int | None = None,
@@ -110,7 +111,9 @@ def tune(
 
     ``probe_fn(params, trial_number)`` measures one configuration (default: a real isolated
     probe); tests of the search logic pass a deterministic one. ``sampler`` replaces the
-    Optuna sampler the bayes strategy uses (GPSampler), e.g. to compare with TPE.
+    Optuna sampler the bayes strategy uses (GPSampler), e.g. to compare with TPE. ``resume``
+    continues a study; ``join`` (with ``storage``) starts it or continues it, for several
+    machines started with one command.
     """
     output = Path(output)
     space = spec.search or SearchSpace(base=spec.params, dims=())
@@ -138,7 +141,7 @@ def tune(
                              on_event=lambda e: emit({"event": "probe", **e}), session=session)
 
     store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=resume,
-                       storage=storage, seed=spec.tune.seed, sampler=sampler)
+                       storage=storage, seed=spec.tune.seed, sampler=sampler, join=join)
     with contextlib.closing(store):  # releases the output folder for the next run
         strat = make_strategy(strategy_name, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
                               headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
