@@ -528,13 +528,17 @@ def test_after_ctrl_c_the_printed_command_resumes_the_same_shared_study(tmp_path
                             "--output", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert run.stdout is not None
+    first_lines = []
     for line in run.stdout:
+        if line.startswith("shared study"):
+            first_lines.append(line)
         if line.startswith("[1/"):  # one trial stored; the next probe is running
             break
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 130, err
     hint = err.strip().splitlines()[-1].strip()
+    assert "shared study trainfit-" in first_lines[0]  # the name every machine of the search prints
     words = shlex.split(hint)
     assert words[:2] == ["trainfit", "tune"] and "--storage" in words and "probe.max_seconds=1" in words
     again = subprocess.run([*cli, *words[1:], "--max-trials", "2", "--quiet"], capture_output=True, text=True,

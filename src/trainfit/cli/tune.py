@@ -69,7 +69,10 @@ class TuneView:
         if self.quiet:
             return
         kind = event["event"]
-        if kind == "resumed":
+        if kind == "study":
+            print(f"shared study {event['name']} ({event['trials']} trials so far): every machine of this "
+                  "search prints this name; another name means another spec")
+        elif kind == "resumed":
             print(f"resuming: {event['trials']} trials already measured"
                   + (f", {event['retried']} interrupted trial(s) retried" if event["retried"] else ""))
         elif kind == "waiting":
