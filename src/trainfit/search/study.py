@@ -18,7 +18,6 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -138,7 +137,6 @@ class TrialStore:
         from optuna.storages.journal import JournalFileBackend
 
         self.shared = storage is not None
-        self.stale_after_s = 2 * spec.probe.timeout_s + 60  # a live trial has ended or timed out by then
         journal = output / "study.journal"
         self.storage = open_storage(storage) if storage else JournalStorage(JournalFileBackend(str(journal)))
         self.name = study_name(spec)
@@ -172,9 +170,8 @@ class TrialStore:
 
         With the output folder's journal, holding the folder's lock means no other run is live,
         so every RUNNING trial is stale. A shared ``--storage`` may hold trials that another
-        machine is probing right now: only those whose owner process is gone (on this host) or
-        that started longer ago than a probe can take are retried, and not through the study's
-        queue (two runs could pop one queued trial): its config, unmeasured, is simply open to be
+        machine is probing right now: only abandoned ones are retried (see :meth:`_abandoned`),
+        and not through the study's queue (two runs could pop one queued trial): its config, unmeasured, is simply open to be
         proposed again."""
         from optuna.trial import TrialState
 
@@ -187,17 +184,15 @@ class TrialStore:
         return len(stale)
 
     def _abandoned(self, trial: Any) -> bool:
+        """Its owner process is gone (on this host), or its last sign of life (the latest stamp of
+        :meth:`beating`, else its start) is older than three missed stamps."""
         host, _, pid = str(trial.user_attrs.get("owner", "")).partition(":")
         if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
             return True
-        beat = trial.user_attrs.get("heartbeat")
-        if beat is not None:  # a live run stamps its trial every HEARTBEAT_S (see beating)
-            return time.time() - beat > 3 * HEARTBEAT_S
-        started = trial.datetime_start
-        if started is None:
-            return True
-        age = (datetime.now(started.tzinfo) - started).total_seconds()
-        return age > self.stale_after_s
+        last = trial.user_attrs.get("heartbeat")
+        if last is None and trial.datetime_start is not None:
+            last = trial.datetime_start.timestamp()
+        return last is None or time.time() - last > 3 * HEARTBEAT_S
 
     def in_flight(self) -> set[str]:
         """Config keys that other live runs of a shared ``--storage`` are probing right now (so

@@ -156,13 +156,13 @@ def tune(
         refine_queue: list[dict[str, Any]] | None = None
         reused = 0
         busy: set[str] = set()
-        waiting_since: float | None = None
+        announced = False  # the "waiting" event, once per wait
 
         def wait_for_others() -> None:
-            nonlocal waiting_since
-            if waiting_since is None and busy:
-                waiting_since = time.perf_counter()
-                emit({"event": "waiting", "busy": len(busy), "elapsed_s": waiting_since - start})
+            nonlocal announced
+            if busy and not announced:
+                announced = True
+                emit({"event": "waiting", "busy": len(busy), "elapsed_s": time.perf_counter() - start})
             time.sleep(BUSY_WAIT_S)
 
         def write(reason: str) -> dict[str, Any]:
@@ -205,7 +205,7 @@ def tune(
                     store.drop(trial)
                     wait_for_others()
                     continue
-                waiting_since = None
+                announced = False
                 if not space.allowed(values) or cached is not None:
                     # The sampler may propose a config that is excluded or already measured: tell it the
                     # known answer instead of probing again.
