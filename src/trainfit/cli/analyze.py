@@ -32,16 +32,22 @@ def add_parser(sub: Any) -> None:
                    help="field holding the text; repeat to join several fields")
     p.add_argument("--messages-field", metavar="FIELD", help="chat messages, rendered with the chat template")
     p.add_argument("--length-field", metavar="FIELD", help="a numeric field that is the length (e.g. duration_s)")
-    p.add_argument("--length-scale", type=number(float, above=0), default=1.0, help="positions per unit of --length-field")
+    p.add_argument("--length-scale", type=number(float, above=0), default=1.0,
+                   help="positions per unit of --length-field")
     p.add_argument("--tokenizer", help="tokenizer folder or tokenizer.json (default: a stated approximation)")
     p.add_argument("--format", default="auto", help="auto, jsonl, json, csv, tsv, parquet, text, hf")
     p.add_argument("--on-bad-row", choices=("stop", "skip"), default="stop",
                    help="malformed rows: stop with the line number (default) or count and skip them")
-    p.add_argument("--percentile", type=number(float, above=0, at_most=100), default=99.5, help="percentile for the fixed length (99.5)")
-    p.add_argument("--multiple", type=number(int, at_least=1), default=256, help="round the fixed length up to this (256)")
-    p.add_argument("--batch-size", type=number(int, at_least=1), default=8, help="batch size for the padding-waste figures (8)")
-    p.add_argument("--top", type=number(int, at_least=0), default=10, help="how many longest samples to list (10)")
-    p.add_argument("--max-positions", type=number(int, at_least=1), help="the model's position limit, to count samples beyond it")
+    p.add_argument("--percentile", type=number(float, above=0, at_most=100), default=99.5,
+                   help="percentile for the fixed length (99.5)")
+    p.add_argument("--multiple", type=number(int, at_least=1), default=256,
+                   help="round the fixed length up to this (256)")
+    p.add_argument("--batch-size", type=number(int, at_least=1), default=8,
+                   help="batch size for the padding-waste figures (8)")
+    p.add_argument("--top", type=number(int, at_least=0), default=10,
+                   help="how many longest samples to list (10)")
+    p.add_argument("--max-positions", type=number(int, at_least=1),
+                   help="the model's position limit, to count samples beyond it")
     p.add_argument("--json", metavar="FILE", help="write the analysis (the input of probe/tune/plan)")
     p.add_argument("--plot", metavar="FILE.html", help="write a histogram page")
     p.add_argument("--no-cache", action="store_true", help="count again, ignoring cached results")

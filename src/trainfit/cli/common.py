@@ -21,11 +21,12 @@ def number(kind: type, *, at_least: float | None = None, above: float | None = N
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {name}") from None
-        if (at_least is not None and value < at_least) or (above is not None and value <= above) \
-                or (at_most is not None and value > at_most):
-            bounds = [f">= {at_least:g}" if at_least is not None else None, f"> {above:g}" if above is not None else None,
-                      f"<= {at_most:g}" if at_most is not None else None]
-            raise argparse.ArgumentTypeError(f"{text} is out of range: expected {name} {' and '.join(filter(None, bounds))}")
+        checks = [(">=", at_least, at_least is not None and value < at_least),
+                  (">", above, above is not None and value <= above),
+                  ("<=", at_most, at_most is not None and value > at_most)]
+        if any(failed for _, _, failed in checks):
+            bounds = " and ".join(f"{op} {bound:g}" for op, bound, _ in checks if bound is not None)
+            raise argparse.ArgumentTypeError(f"{text} is out of range: expected {name} {bounds}")
         return value
 
     return parse

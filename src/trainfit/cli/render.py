@@ -38,6 +38,16 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) ->
     return "\n".join(lines)
 
 
+def values_line(values: dict[str, Any]) -> str:
+    """Searched values as ``knob=value`` pairs, every one shown (``lora_r=None`` is a choice)."""
+    return " ".join(f"{k}={v}" for k, v in values.items())
+
+
+def unit(objective: str) -> str:
+    """'samples_per_second' -> 'samples/s'."""
+    return objective.replace("_per_second", "/s")
+
+
 def config_line(config: dict[str, Any]) -> str:
     lora = config.get("lora_r") is not None
     return " ".join(f"{k}={v}" for k, v in config.items() if v is not None and (lora or not k.startswith("lora_")))

@@ -44,7 +44,8 @@ def add_parser(sub: Any) -> None:
                         "(one command for every machine of a job array)")
     p.add_argument("--strategy", choices=("auto", "grid", "random", "bayes"), help="default: the spec's (auto)")
     p.add_argument("--max-trials", type=number(int, at_least=1), help="probes at most")
-    p.add_argument("--time-budget", type=number(float, above=0), metavar="SECONDS", help="start no probe after this long")
+    p.add_argument("--time-budget", type=number(float, above=0), metavar="SECONDS",
+                   help="start no probe after this long")
     p.add_argument("--quick", action="store_true", help="at most 6 probes")
     p.add_argument("--refine", action="store_true", help="then probe the neighbours of the best config")
     p.add_argument("--confirm", type=number(int, at_least=0), metavar="N",
@@ -63,7 +64,7 @@ class TuneView:
         self.tty = sys.stderr.isatty()
 
     def __call__(self, event: dict[str, Any]) -> None:
-        from trainfit.cli.render import fmt_num
+        from trainfit.cli.render import fmt_num, unit, values_line
         from trainfit.progress import format_duration
 
         if self.quiet:
@@ -79,7 +80,7 @@ class TuneView:
             print(f"waiting: {event['busy']} config(s) in flight on other runs sharing the storage; "
                   "their results decide what to probe next", flush=True)
         elif kind == "trial_start" and self.tty:
-            values = " ".join(f"{k}={v}" for k, v in event["values"].items())
+            values = values_line(event["values"])
             sys.stderr.write(f"\r\033[K[{event['index']}/{event['max_trials']}] probing {values} ...")
             sys.stderr.flush()
         elif kind == "probe" and self.tty and event.get("event") == "phase":
@@ -87,17 +88,17 @@ class TuneView:
             sys.stderr.flush()
         elif kind == "confirm_end":
             m = event["measurement"]
-            values = " ".join(f"{k}={v}" for k, v in event["values"].items())
-            result = (f"{fmt_num(getattr(m, self.objective))} {self.objective.replace('_per_second', '/s')}"
+            values = values_line(event["values"])
+            result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}"
                       if m.status == "ok" else m.status.upper())
             print(f"[confirm {event['round']}/{event['rounds']}] {values} -> {result}", flush=True)
         elif kind == "trial_end":
             if self.tty:
                 sys.stderr.write("\r\033[K")
             m, best = event["measurement"], event["best"]
-            values = " ".join(f"{k}={v}" for k, v in event["values"].items())
+            values = values_line(event["values"])
             if m.status == "ok":
-                result = (f"{fmt_num(getattr(m, self.objective))} {self.objective.replace('_per_second', '/s')}, "
+                result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}, "
                           f"peak {m.peak_memory_gb:.2f} GiB{'' if m.fits else ' (over budget)'}")
             else:
                 result = m.status.upper() + (f" ({m.message.splitlines()[0][:80]})" if m.status == "error" else "")
@@ -146,7 +147,7 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.render import fmt_num, table
+    from trainfit.cli.render import fmt_num, table, unit, values_line
     from trainfit.errors import TrainfitError
     from trainfit.progress import format_duration
     from trainfit.search.tune import tune
@@ -166,8 +167,9 @@ def run(args: argparse.Namespace) -> int:
           f"budget {spec.budget.memory_gb} GiB (headroom {spec.budget.headroom_gb})")
     try:
         result = tune(spec, output=args.output, stats=stats, resume=args.resume, join=args.join,
-                      storage=args.storage, strategy=args.strategy, max_trials=args.max_trials, time_budget_s=args.time_budget,
-                      quick=args.quick, refine=args.refine, on_event=TuneView(args.quiet, spec.tune.objective))
+                      storage=args.storage, strategy=args.strategy, max_trials=args.max_trials,
+                      time_budget_s=args.time_budget, quick=args.quick, refine=args.refine,
+                      on_event=TuneView(args.quiet, spec.tune.objective))
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished trial is saved in {args.storage or args.output}; continue with\n"
               f"  {resume_command(args)}", file=sys.stderr)
@@ -191,10 +193,10 @@ def run(args: argparse.Namespace) -> int:
             for line in advice["advice"]:
                 print(f"  - {line}")
         return 1
-    unit = s["objective"].replace("_per_second", "/s")
-    rows = [("config", " ".join(f"{k}={v}" for k, v in best["searched"].items())),
+    objective_unit = unit(s["objective"])
+    rows = [("config", values_line(best["searched"])),
             ("samples/s", fmt_num(best["samples_per_second"])
-             + (f" (confirmation median: {fmt_num(best['confirmed_median'])} {unit})"
+             + (f" (confirmation median: {fmt_num(best['confirmed_median'])} {objective_unit})"
                 if best["confirmed_median"] is not None else "")),
             ("tokens/s", f"{fmt_num(best['tokens_per_second'])} (real tokens)"),
             ("peak memory", f"{best['memory_peak_gb']:.2f} GiB"),
@@ -209,22 +211,22 @@ def run(args: argparse.Namespace) -> int:
         print("\nconfirmed (every measurement of each config; ranked by the median):")
         print(table([(f"trial {e['trial']}", f"median {fmt_num(e['median'])}",
                       ", ".join(fmt_num(x) if x is not None else "failed" for x in e["measurements"]),
-                      " ".join(f"{k}={x}" for k, x in e["searched"].items())) for e in s["confirmation"]]))
+                      values_line(e["searched"])) for e in s["confirmation"]]))
     ties = s["within_noise_of_best"]
     if ties:
         print(f"\nas fast within measurement noise ({len(ties)}): the gap to the best is no larger than the "
               "two probes' 95% CIs; --confirm N re-probes them, or raise probe.max_seconds for tighter probes")
         print(table([(f"trial {e['trial']}", f"{fmt_num(e['samples_per_second'])} samples/s",
                       f"-{e['gap']:.1%} (noise {e['noise']:.1%})",
-                      " ".join(f"{k}={x}" for k, x in e["searched"].items())) for e in ties]))
+                      values_line(e["searched"])) for e in ties]))
     for knob, by_value in s["fastest_per_value"].items():
         if len(by_value) > 1:
             print(f"\nfastest per {knob} (changes what is learned):")
             print(table([(v, f"{fmt_num(e['samples_per_second'])} samples/s"
-                          + (f" (confirmation median {fmt_num(e['confirmed_median'])} {unit})"
+                          + (f" (confirmation median {fmt_num(e['confirmed_median'])} {objective_unit})"
                              if e["confirmed_median"] is not None else ""),
                           f"{e['memory_peak_gb']:.2f} GiB",
-                          " ".join(f"{k}={x}" for k, x in e["searched"].items()))
+                          values_line(e["searched"]))
                          for v, e in by_value.items()]))
     print(f"\nwrote {result.output}/summary.json, trials.csv, train_command.sh")
     return 0

@@ -99,7 +99,8 @@ def open_storage(url: str) -> Any:
             return optuna.storages.RDBStorage(url)
         except ImportError:
             raise TrainfitError(f"no database driver installed for --storage {shown}",
-                                "install one, e.g. pip install psycopg2-binary (PostgreSQL) or pymysql (MySQL)") from None
+                                "install one, e.g. pip install psycopg2-binary (PostgreSQL) or pymysql (MySQL)"
+                                ) from None
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
             if attempt == 4:
                 raise TrainfitError(f"cannot open --storage {shown}: {str(err.orig).splitlines()[0]}",
@@ -171,8 +172,8 @@ class TrialStore:
         With the output folder's journal, holding the folder's lock means no other run is live,
         so every RUNNING trial is stale. A shared ``--storage`` may hold trials that another
         machine is probing right now: only abandoned ones are retried (see :meth:`_abandoned`),
-        and not through the study's queue (two runs could pop one queued trial): its config, unmeasured, is simply open to be
-        proposed again."""
+        and not through the study's queue (two runs could pop one queued trial): its config,
+        unmeasured, is simply open to be proposed again."""
         from optuna.trial import TrialState
 
         stale = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))

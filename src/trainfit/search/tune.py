@@ -219,8 +219,8 @@ def tune(
                     continue
                 reused = 0
                 params = space.params(values)
-                emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "max_trials": max_trials,
-                      "values": values, "elapsed_s": time.perf_counter() - start})
+                emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1,
+                      "max_trials": max_trials, "values": values, "elapsed_s": time.perf_counter() - start})
                 with store.beating(trial):
                     m = probe_fn(params, trial.number)
                 history.append(store.tell(trial, values, m, history))
