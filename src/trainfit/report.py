@@ -73,15 +73,18 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
 
 
 def within_noise(order: Sequence[Trial]) -> list[dict[str, Any]]:
-    """Runners-up the probes cannot tell apart from the best: the gap in the objective is no
-    larger than the two probes' 95% confidence half-widths of the step time together."""
+    """Runners-up the probes cannot tell apart from the best: the runner-up's step is no longer
+    than the two probes' 95% confidence half-widths of the step time together allow. Both are
+    reported as fractions of the best's objective: ``gap`` how much slower the runner-up
+    measured, ``noise`` how much slower the intervals let it measure while being as fast."""
     if not order:
         return []
     best = order[0]
     out = []
     for t in order[1:6]:
-        gap = best.objective / t.objective - 1
-        noise = (best.measurement.step_time_ci95_rel or 0.0) + (t.measurement.step_time_ci95_rel or 0.0)
+        gap = 1 - t.objective / best.objective
+        step_ci = (best.measurement.step_time_ci95_rel or 0.0) + (t.measurement.step_time_ci95_rel or 0.0)
+        noise = 1 - 1 / (1 + step_ci)
         if gap <= noise:
             out.append({"trial": t.number, "searched": jsonable(t.values),
                         "samples_per_second": t.measurement.samples_per_second, "gap": gap, "noise": noise})

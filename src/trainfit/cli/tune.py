@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nas fast within measurement noise ({len(ties)}): the gap to the best is no larger than the "
               "two probes' 95% CIs; --confirm N re-probes them, or raise probe.max_seconds for tighter probes")
         print(table([(f"trial {e['trial']}", f"{fmt_num(e['samples_per_second'])} samples/s",
-                      f"-{e['gap']:.1%} (noise {e['noise']:.1%})",
+                      f"{e['gap']:.1%} slower (noise allows {e['noise']:.1%})",
                       values_line(e["searched"])) for e in ties]))
     for knob, by_value in s["fastest_per_value"].items():
         if len(by_value) > 1:
