@@ -28,6 +28,10 @@ def test_bf16_probe_reports_reserved_memory_and_mfu(tmp_path: Path) -> None:
     assert m.status == "ok", m.message
     assert m.peak_memory_bytes >= m.peak_allocated_bytes > 0
     assert m.alloc_retries is not None
+    parts = m.memory_parts_bytes  # fp32 weights under autocast; AdamW: two fp32 moments each
+    assert sum(parts.values()) == m.peak_memory_bytes
+    assert parts["optimizer"] == pytest.approx(2 * parts["model"], rel=0.05)
+    assert parts["step"] > 0 and parts["allocator_cache"] >= 0
     if any(k in m.device_name for k in ("H100", "H200", "A100")):
         assert 0 < m.mfu < 1 and m.hfu >= m.mfu
 
@@ -61,3 +65,5 @@ def test_a_reused_worker_measures_the_peak_a_fresh_one_does(tmp_path: Path) -> N
     assert reused.model_reused and not fresh.model_reused
     assert reused.peak_memory_bytes == pytest.approx(fresh.peak_memory_bytes, rel=0.05)
     assert reused.peak_allocated_bytes == pytest.approx(fresh.peak_allocated_bytes, rel=0.02)
+    assert reused.memory_parts_bytes["model"] == fresh.memory_parts_bytes["model"] > 0
+    assert reused.memory_parts_bytes["step"] == pytest.approx(fresh.memory_parts_bytes["step"], rel=0.05)

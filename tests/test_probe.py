@@ -53,6 +53,34 @@ def test_lora_and_checkpointing_change_the_flops_count(llama_spec) -> None:
     assert lora.model_flops_per_step / lora.real_tokens_per_step < base.model_flops_per_step / base.real_tokens_per_step
 
 
+def tensor_bytes_of_model(config: dict) -> int:
+    """Weights and buffers of the tiny model, built here in the test process."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(config)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def test_memory_parts_say_where_the_peak_went(llama_spec) -> None:
+    full = probe(llama_spec({"batch_size": 2, "max_length": 64}))
+    lora = probe(llama_spec({"batch_size": 2, "max_length": 64, "lora_r": 4}))
+    assert_ok(full)
+    assert_ok(lora)
+    for m in (full, lora):
+        parts = m.memory_parts_bytes
+        assert set(parts) <= {"model", "optimizer", "runtime", "step", "build"}
+        assert sum(parts.values()) == m.peak_memory_bytes
+        assert parts["runtime"] > 100 * 2**20 and parts["step"] > 0  # the process holds torch
+    weights = tensor_bytes_of_model(TINY_LLAMA)
+    assert full.memory_parts_bytes["model"] == weights
+    # AdamW keeps two fp32 moments per trainable weight (and a 4-byte step count per tensor)
+    assert full.memory_parts_bytes["optimizer"] == pytest.approx(2 * weights, rel=0.05)
+    # LoRA adds small adapters and trains only them: the optimizer's state shrinks to theirs
+    assert weights < lora.memory_parts_bytes["model"] < 1.2 * weights
+    assert lora.memory_parts_bytes["optimizer"] < 0.2 * full.memory_parts_bytes["optimizer"]
+
+
 def test_gpt2_bf16(tmp_path: Path, texts_file) -> None:
     path = make_spec_file(tmp_path, model={"config": TINY_GPT2},
                           data={"path": str(texts_file[0]), "text_field": "text"},
@@ -74,6 +102,10 @@ def test_real_oom_under_a_small_cpu_budget(tmp_path: Path) -> None:
     assert "can't allocate memory" in m.message or "out of memory" in m.message
     assert m.exit_code == 3 and not m.fits
     assert m.samples_per_second is None
+    # the failed step is the part that did not fit; the model was built and is counted apart
+    parts = m.memory_parts_bytes
+    assert sum(parts.values()) == m.peak_memory_bytes
+    assert parts["model"] > 0 and parts["step"] > parts["model"]
 
 
 def test_factory_with_custom_knob(tmp_path: Path) -> None:
@@ -184,6 +216,10 @@ def test_a_session_reuses_the_model_for_larger_batches_of_the_same_config(tmp_pa
     # activations: ~128 MiB a copy, so a probe that missed them would be far off).
     assert big.peak_memory_bytes == pytest.approx(fresh_big.peak_memory_bytes, rel=0.1)
     assert big.peak_memory_bytes > small.peak_memory_bytes + 200 * 2**20
+    # the reused model's parts are the ones measured when it was built; the batch grows the step
+    assert big.memory_parts_bytes["model"] == small.memory_parts_bytes["model"] > 0
+    assert big.memory_parts_bytes["optimizer"] == small.memory_parts_bytes["optimizer"] > 0
+    assert big.memory_parts_bytes["step"] > small.memory_parts_bytes["step"] + 200 * 2**20
     assert not smaller.model_reused  # smaller batches after larger ones get a fresh worker
     assert not other.model_reused  # another width is another model
 

@@ -156,6 +156,30 @@ def test_when_everything_ooms_the_summary_says_what_to_change(tmp_path: Path) ->
     assert any(a.startswith("batch_size: 1") for a in failed["advice"])
 
 
+@pytest.mark.parametrize("parts, first", [
+    ({"model": 2.0, "optimizer": 6.0, "runtime": 0.5, "step": 1.0}, "lora_r"),
+    ({"model": 2.0, "optimizer": 1.0, "runtime": 0.5, "step": 6.0}, "gradient_checkpointing"),
+])
+def test_when_nothing_fits_the_advice_starts_with_the_largest_measured_part(
+        tmp_path: Path, parts: dict[str, float], first: str) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                          budget={"memory_gb": 5.0, "headroom_gb": HEADROOM})
+    path.write_text(path.read_text() + "search:\n  batch_size: [2, 4]\ntune:\n  strategy: grid\n")
+
+    def over_budget(p: Params, number: int) -> Measurement:
+        scaled = {k: int(v * GiB * (p.batch_size / 2 if k == "step" else 1)) for k, v in parts.items()}
+        return Measurement(status="ok", config=p.to_dict(), samples_per_second=10.0, tokens_per_second=1e3,
+                           peak_memory_bytes=sum(scaled.values()), memory_parts_bytes=scaled,
+                           budget_memory_gb=5.0, budget_headroom_gb=HEADROOM, steps_measured=5)
+
+    failed = tune(load_spec(path), output=tmp_path / "out", probe_fn=over_budget).summary["all_failed"]
+    assert failed["advice"][0].startswith(first)
+    smallest = failed["smallest_peak"]
+    assert smallest["searched"] == {"batch_size": 2}
+    assert smallest["parts_gb"] == pytest.approx(parts)
+    assert smallest["needs_memory_gb"] == pytest.approx(sum(parts.values()) + HEADROOM)
+
+
 def test_search_section_is_validated(tmp_path: Path) -> None:
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
     path.write_text(path.read_text() + "search:\n  batch_size: {low: 8, high: 2}\n  precision: [bf16, fp8]\n"
@@ -263,6 +287,22 @@ def test_cli_default_output_is_a_new_folder_and_resume_takes_the_latest(tmp_path
     assert f"-> {Path('trainfit-runs') / 'one' / runs[0].name}" in out
     assert "resuming: 1 trials already measured" in out and "BEST CONFIGURATION" in out
     assert len(list((tmp_path / "trainfit-runs" / "one").iterdir())) == 1
+
+
+def test_cli_when_nothing_fits_names_the_closest_config_and_where_its_memory_went(
+        tmp_path: Path, texts_file, capsys) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                          data={"path": str(texts_file[0]), "text_field": "text"}, params={"max_length": 32},
+                          budget={"memory_gb": 2.0, "headroom_gb": 1.9})  # fits under 0.1 GiB: never
+    path.write_text(path.read_text() + "search:\n  batch_size: [1, 2]\n")
+    assert main(["tune", str(path), "--output", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out
+    assert "No configuration fits the budget (2 GiB, headroom 1.9 GiB)" in out
+    assert "closest to fitting: batch_size=1, peak" in out
+    assert "of which model" in out and "runtime" in out and "worst-case step" in out
+    assert "the largest part is the process itself" in out  # torch alone outweighs this tiny model
+    smallest = json.loads((tmp_path / "out" / "summary.json").read_text())["all_failed"]["smallest_peak"]
+    assert f"it would fit with --memory-gb {smallest['needs_memory_gb']:.2f}" in out
 
 
 def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Path) -> None:

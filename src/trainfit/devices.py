@@ -67,6 +67,18 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def _status_bytes(field: str) -> int | None:
+    """A memory line of Linux's ``/proc/self/status`` (e.g. ``VmHWM``), in bytes; None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident memory.
 
@@ -74,16 +86,29 @@ def peak_rss_bytes() -> int:
     where VmHWM exists: Linux carries it across fork+exec, so a child started by a big parent
     would report the parent's size.
     """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    peak = _status_bytes("VmHWM")
+    if peak is not None:
+        return peak
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def trim_heap() -> bool:
+    """Return the heap memory freed so far to the OS (glibc's ``malloc_trim``); False where unavailable."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory now, after freed heap is returned (None where unknown)."""
+    trim_heap()
+    return _status_bytes("VmRSS")
 
 
 def reset_peak_rss() -> bool:
@@ -93,13 +118,12 @@ def reset_peak_rss() -> bool:
     Linux's ``clear_refs`` (value 5 resets VmHWM). False where either is unavailable, and the
     peak keeps counting from process start.
     """
-    import ctypes
-
+    if not trim_heap():
+        return False
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-    except (OSError, AttributeError):
+    except OSError:
         return False
     return True
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -61,6 +62,7 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
         "samples_per_second": m.samples_per_second,
         "tokens_per_second": m.tokens_per_second,
         "memory_peak_gb": m.peak_memory_gb,
+        "memory_parts_gb": {k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
         "mfu": m.mfu,
         "stable": m.stable,
         "confirmed_median": pooled(t, repeats, spec.tune.objective) if config_key(t.values) in (repeats or {}) else None,
@@ -96,8 +98,22 @@ def learning_knobs(space: SearchSpace) -> list[str]:
     return [d.name for d in space.dims if d.name not in KNOBS or KNOBS[d.name].changes_learning]
 
 
+def smallest_peak(spec: Spec, trials: Sequence[Trial]) -> dict[str, Any] | None:
+    """The config that came closest to fitting, where its peak went, and the budget it needs."""
+    measured = [t for t in trials if t.measurement.status in ("ok", "oom") and t.measurement.peak_memory_gb]
+    if not measured:
+        return None
+    t = min(measured, key=lambda t: t.measurement.peak_memory_bytes or 0)
+    m = t.measurement
+    return {"searched": jsonable(t.values), "status": m.status, "peak_gb": m.peak_memory_gb,
+            "parts_gb": {k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
+            # an OOM's peak is where it failed: the budget it needs is larger still
+            "needs_memory_gb": m.peak_memory_gb + spec.budget.headroom_gb, "at_least": m.status == "oom"}
+
+
 def oom_advice(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -> list[str]:
-    """Concrete knobs that would lower peak memory, from what was searched and measured."""
+    """Concrete knobs that would lower peak memory, from what was searched and measured: knobs
+    not tried yet, the ones acting on the largest measured part of the smallest peak first."""
     tried: dict[str, set[Any]] = {}
     for t in trials:
         for k, v in t.measurement.config.items():
@@ -107,24 +123,36 @@ def oom_advice(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -
         return json.dumps(value) not in tried.get(knob, set())
 
     cuda = any(t.measurement.device.startswith("cuda") for t in trials)
-    advice = []
+    advice: list[tuple[str, str]] = []  # (the part of the peak it lowers, advice)
     if never("gradient_checkpointing", True):
-        advice.append("gradient_checkpointing: true (recompute activations: far less activation memory, ~20-40% slower)")
-    if cuda and never("precision", "bf16"):
-        advice.append("precision: bf16 (half-size activations; with LoRA the frozen base is held in bf16 too)")
-    if never("lora_r", 8) and all(t.measurement.config.get("lora_r") is None for t in trials):
-        advice.append("lora_r: 8-16 (train adapters only: no gradients or Adam state for the base weights)")
-    if cuda and never("optimizer", "adamw_8bit"):
-        advice.append("optimizer: adamw_8bit (Adam state at 2 instead of 8 bytes per trainable parameter)")
+        advice.append(("step", "gradient_checkpointing: true (recompute activations: far less activation memory, "
+                               "~20-40% slower)"))
     if never("batch_size", 1):
-        advice.append("batch_size: 1 with more gradient_accumulation_steps (same effective batch)")
+        advice.append(("step", "batch_size: 1 with more gradient_accumulation_steps (same effective batch)"))
     if stats is not None:
         max_lengths = {t.measurement.config.get("max_length") for t in trials}
         rec = stats.recommended_max_length
         if all(ml is None or ml > rec for ml in max_lengths):
-            advice.append(f"max_length: {rec} ({stats.recommended_rule}; truncates {stats.truncated_share:.2%} "
-                          "of samples) instead of the longest sample")
-    return advice
+            advice.append(("step", f"max_length: {rec} ({stats.recommended_rule}; truncates "
+                                   f"{stats.truncated_share:.2%} of samples) instead of the longest sample"))
+    if cuda and never("precision", "bf16"):
+        advice.append(("step", "precision: bf16 (half-size activations; with LoRA the frozen base is held in "
+                               "bf16 too)"))
+    if never("lora_r", 8) and all(t.measurement.config.get("lora_r") is None for t in trials):
+        advice.append(("optimizer", "lora_r: 8-16 (train adapters only: no gradients or Adam state for the "
+                                    "base weights)"))
+    if cuda and never("optimizer", "adamw_8bit"):
+        advice.append(("optimizer", "optimizer: adamw_8bit (Adam state at 2 instead of 8 bytes per trainable "
+                                    "parameter)"))
+    smallest = smallest_peak(spec, trials)
+    parts = smallest["parts_gb"] if smallest else {}
+    if (parts.get("allocator_cache", 0.0) >= 0.1 * smallest["peak_gb"]
+            and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):
+        advice.append(("allocator_cache", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment "
+                                          "(less fragmentation: reserved memory closer to what tensors use)"))
+    if parts:
+        advice.sort(key=lambda a: -parts.get(a[0], 0.0))  # stable: equal parts keep the order above
+    return [text for _, text in advice]
 
 
 def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str) -> list[dict[str, Any]]:
@@ -183,6 +211,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
     if not order and trials:
         summary["all_failed"] = {
             "measured_peaks_gb": [{"searched": v, "peak_gb": p, "status": s} for v, p, s in peaks],
+            "smallest_peak": smallest_peak(spec, trials),
             "advice": oom_advice(spec, trials, stats),
         }
     return summary

@@ -53,6 +53,16 @@ def config_line(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items() if v is not None and (lora or not k.startswith("lora_")))
 
 
+PART_NAMES = {"model": "model", "optimizer": "optimizer state", "runtime": "runtime",
+              "step": "worst-case step", "build": "build", "allocator_cache": "allocator cache"}
+"""How the report names each part of ``Measurement.memory_parts_bytes``."""
+
+
+def parts_line(parts_bytes: dict[str, float]) -> str:
+    """``model 1.30 MiB, optimizer state 2.66 MiB, ...`` (see ``Measurement.memory_parts_bytes``)."""
+    return ", ".join(f"{PART_NAMES.get(k, k)} {fmt_bytes(v)}" for k, v in parts_bytes.items())
+
+
 def measurement_report(m: Measurement) -> str:
     rows: list[tuple[str, str]] = [("status", m.status.upper() if m.status != "ok" else "ok")]
     if m.status == "ok":
@@ -71,6 +81,8 @@ def measurement_report(m: Measurement) -> str:
         verdict = "fits" if m.fits else "does NOT fit"
         mem += f"; budget {m.budget_memory_gb:g} GiB - headroom {m.budget_headroom_gb:g} GiB: {verdict}"
     rows.append(("peak memory", mem))
+    if m.memory_parts_bytes:
+        rows.append(("of which", parts_line(m.memory_parts_bytes)))
     if m.alloc_retries:
         rows.append(("alloc retries", str(m.alloc_retries)))
     if m.status == "ok":

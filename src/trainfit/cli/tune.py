@@ -147,7 +147,7 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.render import fmt_num, table, unit, values_line
+    from trainfit.cli.render import fmt_num, parts_line, table, unit, values_line
     from trainfit.errors import TrainfitError
     from trainfit.progress import format_duration
     from trainfit.search.tune import tune
@@ -183,14 +183,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nNo configuration was probed ({result.stop_reason}).")
         return 1
     if best is None:
-        print("\nNo configuration fits the budget.")
-        advice = s.get("all_failed", {})
-        for p in advice.get("measured_peaks_gb", []):
-            peak = f"{p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "n/a"
-            print(f"  {p['searched']}: {p['status']}, peak {peak}")
-        if advice.get("advice"):
-            print("To lower peak memory, add to the search space:")
-            for line in advice["advice"]:
+        budget = s["budget"]
+        print(f"\nNo configuration fits the budget ({budget['memory_gb']:g} GiB, "
+              f"headroom {budget['headroom_gb']:g} GiB).")
+        failed = s.get("all_failed", {})
+        print(table([("over budget" if p["status"] == "ok" else p["status"], f"peak {p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "peak n/a",
+                      values_line(p["searched"])) for p in failed.get("measured_peaks_gb", [])]))
+        smallest = failed.get("smallest_peak")
+        if smallest:
+            print(f"\nclosest to fitting: {values_line(smallest['searched'])}, peak "
+                  f"{'at least ' if smallest['at_least'] else ''}{smallest['peak_gb']:.2f} GiB")
+            parts = smallest["parts_gb"]
+            if parts:
+                print("  of which " + parts_line({k: v * 1024**3 for k, v in parts.items()}))
+                if max(parts, key=parts.get) == "runtime":
+                    print("  the largest part is the process itself (interpreter, libraries), the same for "
+                          "every config: no knob lowers it")
+            print(f"  it would fit with --memory-gb {'above ' if smallest['at_least'] else ''}"
+                  f"{smallest['needs_memory_gb']:.2f} (or less budget.headroom_gb)")
+        if failed.get("advice"):
+            print("\nTo lower peak memory, add to the search space (the largest part first):")
+            for line in failed["advice"]:
                 print(f"  - {line}")
         return 1
     objective_unit = unit(s["objective"])
@@ -199,7 +212,9 @@ def run(args: argparse.Namespace) -> int:
              + (f" (confirmation median: {fmt_num(best['confirmed_median'])} {objective_unit})"
                 if best["confirmed_median"] is not None else "")),
             ("tokens/s", f"{fmt_num(best['tokens_per_second'])} (real tokens)"),
-            ("peak memory", f"{best['memory_peak_gb']:.2f} GiB"),
+            ("peak memory", f"{best['memory_peak_gb']:.2f} GiB"
+             + (f" ({parts_line({k: v * 1024**3 for k, v in best['memory_parts_gb'].items()})})"
+                if best["memory_parts_gb"] else "")),
             ("effective batch", str(best["effective_batch_size"]))]
     if best["estimated_full_runtime_hours"] is not None:
         rows.append(("full run", f"~{format_duration(best['estimated_full_runtime_hours'] * 3600)} for "

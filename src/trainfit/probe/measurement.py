@@ -52,6 +52,21 @@ class Measurement:
     peak_memory_bytes: int | None = None
     peak_allocated_bytes: int | None = None
     """CUDA only: max bytes held by tensors."""
+    memory_parts_bytes: dict[str, int] = field(default_factory=dict)
+    """Where the peak went, measured: ``runtime`` (CPU: the process before the model, interpreter
+    and torch), ``model`` (weights and adapters), ``optimizer`` (state the first step allocates
+    and keeps), ``step`` (the worst-case step's activations, gradients and temporaries on top),
+    ``build`` (CPU: how far building the model peaked above the steps), ``allocator_cache`` (CUDA:
+    reserved but not allocated at the peak). They sum to ``peak_memory_bytes``; empty where the
+    platform cannot tell."""
+    memory_parts_bytes: dict[str, int] = field(default_factory=dict)
+    """Where the peak went, measured: ``model`` (weights, buffers, adapters: tensor bytes),
+    ``optimizer`` (its state tensors), ``runtime`` (the rest held between steps: on CPU the
+    process itself, interpreter and libraries; on CUDA stray tensors, normally ~0), ``step`` (what
+    the worst-case step adds on top at its peak: activations, gradients, temporaries), ``build``
+    (CPU: how far building the model peaked above the steps), ``allocator_cache`` (CUDA: reserved
+    but unallocated at the peak). They sum to ``peak_memory_bytes``. Empty when the probe failed
+    before its steps began. CUDA's own context (~0.5 GiB) is outside the allocator: headroom."""
     alloc_retries: int | None = None
     """CUDA only: times the allocator freed its cache and retried (a sign of pressure)."""
     memory_cap_bytes: int | None = None

@@ -79,16 +79,22 @@ class MemoryMeter:
     CUDA: the caching allocator's max reserved bytes since the memory phase began (what decides
     an OOM), allocated bytes and allocator retries. CPU: the process's peak RSS; on a reused model
     the peak restarts once the previous probe's memory is returned, never below the peak of
-    building the model, which a fresh process would count too.
+    building the model, which a fresh process would count too. Both split the peak into parts
+    (``Measurement.memory_parts_bytes``): the model's and optimizer's tensors counted exactly,
+    what else stays held between steps, and what the worst-case step adds.
     """
 
     def __init__(self, device_type: str) -> None:
         self.cuda = device_type.startswith("cuda")
         self.floor = 0
         self.retries_before = 0
+        self.built: Built | None = None
 
     def start(self, built: Built, reused: bool) -> None:
+        """The steps' peak counts from here. On CPU the build's peak stays the floor, as a fresh
+        process would count it (CUDA builds on the host: ``from_pretrained`` loads, then moves)."""
         gc.collect()
+        self.built = built
         if self.cuda:
             import torch
 
@@ -96,7 +102,7 @@ class MemoryMeter:
                 torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             self.retries_before = int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
-        elif reused:
+        else:
             from trainfit.devices import reset_peak_rss
 
             reset_peak_rss()
@@ -107,11 +113,33 @@ class MemoryMeter:
             import torch
 
             retries = int(torch.cuda.memory_stats().get("num_alloc_retries", 0)) - self.retries_before
-            return {"peak_memory_bytes": int(torch.cuda.max_memory_reserved()),
-                    "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()), "alloc_retries": retries}
-        from trainfit.devices import peak_rss_bytes
+            reserved, allocated = int(torch.cuda.max_memory_reserved()), int(torch.cuda.max_memory_allocated())
+            parts = self.parts(allocated, int(torch.cuda.memory_allocated()))
+            if parts:
+                parts["allocator_cache"] = max(0, reserved - allocated)
+            return {"peak_memory_bytes": reserved, "peak_allocated_bytes": allocated, "alloc_retries": retries,
+                    "memory_parts_bytes": parts}
+        from trainfit.devices import peak_rss_bytes, rss_bytes
 
-        return {"peak_memory_bytes": max(self.floor, peak_rss_bytes())}
+        steps_peak = peak_rss_bytes()
+        held = rss_bytes()
+        parts = self.parts(steps_peak, held) if held is not None else {}
+        if parts and self.floor > steps_peak:
+            parts["build"] = self.floor - steps_peak
+        return {"peak_memory_bytes": max(self.floor, steps_peak), "memory_parts_bytes": parts}
+
+    def parts(self, steps_peak: int, held: int) -> dict[str, int]:
+        """Where the steps' peak went (see ``Measurement.memory_parts_bytes``); ``held`` is what
+        the process holds between steps, read after the probe (its batches and gradients freed)."""
+        if self.built is None:
+            return {}
+        from trainfit.step import tensor_bytes
+
+        model, optimizer = self.built.workload.model, self.built.step.optimizer
+        weights = tensor_bytes([*model.parameters(), *model.buffers()])
+        state = tensor_bytes([v for per_param in optimizer.state.values() for v in per_param.values()])
+        return {"model": weights, "optimizer": state, "runtime": max(0, held - weights - state),
+                "step": max(0, steps_peak - held)}
 
 
 class ModelCache:
@@ -304,6 +332,9 @@ def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> d
         else:
             message = "".join(traceback.format_exception(err)[-6:]).strip()
         out.update(status=status, message=message)
+    if meter.built is not None:
+        meter.built.step.optimizer.zero_grad(set_to_none=True)  # a failed step leaves gradients behind
+    gc.collect()
     out.update(meter.fields())
     out.update(started_at=started, finished_at=_now(), config=req["params"],
                memory_cap_bytes=req.get("memory_cap_bytes"),
