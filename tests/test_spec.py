@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_LLAMA, make_spec_file
+from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
+from trainfit.command import build_command
 from trainfit.cli import main
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params, parse_params
@@ -104,3 +105,11 @@ def test_public_api_names_resolve_lazily() -> None:
     # `import trainfit` and `trainfit --help` stay light: torch is imported only when used.
     code = "import sys, trainfit, trainfit.cli; trainfit.cli.build_parser(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-tts"])
+def test_every_bundled_example_is_ready_to_tune(name: str) -> None:
+    spec = load_spec(EXAMPLES / f"{name}.yaml")
+    assert spec.search is not None and "batch_size" in spec.search.names
+    first = spec.search.params(next(spec.search.grid()))
+    assert f" {first.batch_size}" in build_command(spec, first)  # a custom model needs its command_template

@@ -237,11 +237,11 @@ def run(args: argparse.Namespace) -> int:
     for knob, by_value in s["fastest_per_value"].items():
         if len(by_value) > 1:
             print(f"\nfastest per {knob} (changes what is learned):")
-            print(table([(v, f"{fmt_num(e['samples_per_second'])} samples/s"
+            print(table([(f"{knob}={e['searched'][knob]}", f"{fmt_num(e['samples_per_second'])} samples/s"
                           + (f" (confirmation median {fmt_num(e['confirmed_median'])} {objective_unit})"
                              if e["confirmed_median"] is not None else ""),
                           f"{e['memory_peak_gb']:.2f} GiB",
                           values_line(e["searched"]))
-                         for v, e in by_value.items()]))
+                         for e in by_value.values()]))
     print(f"\nwrote {result.output}/summary.json, trials.csv, train_command.sh")
     return 0
