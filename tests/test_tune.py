@@ -4,6 +4,7 @@ tune of a tiny model under a real memory cap."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -303,6 +304,10 @@ def test_cli_when_nothing_fits_names_the_closest_config_and_where_its_memory_wen
     assert "the largest part is the process itself" in out  # torch alone outweighs this tiny model
     smallest = json.loads((tmp_path / "out" / "summary.json").read_text())["all_failed"]["smallest_peak"]
     assert f"it would fit with --memory-gb {smallest['needs_memory_gb']:.2f}" in out
+    with (tmp_path / "out" / "trials.csv").open() as f:
+        for row in csv.DictReader(f):  # the parts are columns, each probe's summing to its peak
+            parts = [float(v) for k, v in row.items() if k.startswith("memory_") and k != "memory_peak_gb" and v]
+            assert len(parts) >= 4 and sum(parts) == pytest.approx(float(row["memory_peak_gb"]))
 
 
 def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Path) -> None:

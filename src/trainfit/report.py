@@ -22,7 +22,7 @@ from trainfit.devices import versions
 from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS
 from trainfit.search.space import SearchSpace
-from trainfit.probe.measurement import Measurement
+from trainfit.probe.measurement import MEMORY_PARTS, Measurement
 from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.spec import Spec
 
@@ -220,14 +220,18 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
 def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], repeats: Repeats | None = None) -> None:
     """One row per probe: each trial's, then its confirmation repeats (``measurement`` 2, 3, ...)."""
     columns = ["trial", "measurement", "status", *space.names, "samples_per_second", "tokens_per_second",
-               "memory_peak_gb", "fits", "stable", "mfu", "probe_wall_s", "message"]
+               "memory_peak_gb", *(f"memory_{p}_gb" for p in MEMORY_PARTS), "fits", "stable", "mfu", "probe_wall_s",
+               "message"]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(columns)
         for t in sorted(trials, key=lambda t: t.number):
             for i, m in enumerate([t.measurement, *(repeats or {}).get(config_key(t.values), ())], start=1):
                 w.writerow([t.number, i, m.status, *(t.values.get(n) for n in space.names), m.samples_per_second,
-                            m.tokens_per_second, m.peak_memory_gb, m.fits, m.stable, m.mfu, m.wall_time_s,
+                            m.tokens_per_second, m.peak_memory_gb,
+                            *(m.memory_parts_bytes[p] / 1024**3 if p in m.memory_parts_bytes else None
+                              for p in MEMORY_PARTS),
+                            m.fits, m.stable, m.mfu, m.wall_time_s,
                             (m.message or "").splitlines()[0][:200] if m.message else ""])
 
 

@@ -12,6 +12,8 @@ SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout")
 EXIT_CODES = {"ok": 0, "oom": 3, "error": 4, "timeout": 5}
 """``trainfit probe`` exit status per measurement status (2 is reserved for bad usage)."""
+MEMORY_PARTS = ("model", "optimizer", "runtime", "step", "build", "allocator_cache")
+"""The keys of ``Measurement.memory_parts_bytes``, in report order."""
 
 
 @dataclass(frozen=True, kw_only=True)
