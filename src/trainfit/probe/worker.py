@@ -109,6 +109,9 @@ class MemoryMeter:
             self.floor = built.peak_bytes
 
     def fields(self) -> dict[str, Any]:
+        if self.built is not None:
+            self.built.step.optimizer.zero_grad(set_to_none=True)  # a failed step leaves gradients behind
+        gc.collect()
         if self.cuda:
             import torch
 
@@ -136,8 +139,11 @@ class MemoryMeter:
         from trainfit.step import tensor_bytes
 
         model, optimizer = self.built.workload.model, self.built.step.optimizer
-        weights = tensor_bytes([*model.parameters(), *model.buffers()])
-        state = tensor_bytes([v for per_param in optimizer.state.values() for v in per_param.values()])
+        try:
+            weights = tensor_bytes([*model.parameters(), *model.buffers()])
+            state = tensor_bytes([v for per_param in optimizer.state.values() for v in per_param.values()])
+        except Exception:  # a model left unusable by its failure: the peak is still reported
+            return {}
         return {"model": weights, "optimizer": state, "runtime": max(0, held - weights - state),
                 "step": max(0, steps_peak - held)}
 
@@ -332,9 +338,6 @@ def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> d
         else:
             message = "".join(traceback.format_exception(err)[-6:]).strip()
         out.update(status=status, message=message)
-    if meter.built is not None:
-        meter.built.step.optimizer.zero_grad(set_to_none=True)  # a failed step leaves gradients behind
-    gc.collect()
     out.update(meter.fields())
     out.update(started_at=started, finished_at=_now(), config=req["params"],
                memory_cap_bytes=req.get("memory_cap_bytes"),
