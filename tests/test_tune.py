@@ -181,6 +181,42 @@ def test_when_nothing_fits_the_advice_starts_with_the_largest_measured_part(
     assert smallest["needs_memory_gb"] == pytest.approx(sum(parts.values()) + HEADROOM)
 
 
+class NoBf16(Surface):
+    """A machine without bf16: such probes fail as unsupported, as the worker reports them."""
+
+    def __call__(self, p: Params, number: int) -> Measurement:
+        if p.precision == "bf16":
+            self.calls.append(p.to_dict())
+            return Measurement(status="error", config=p.to_dict(), unsupported={"precision": "bf16"},
+                               message="precision=bf16 but this GPU has no bf16 support")
+        return super().__call__(p, number)
+
+
+@pytest.mark.parametrize("strategy", ["grid", "auto", "bayes"])
+def test_a_knob_value_the_machine_cannot_run_costs_one_probe(tmp_path: Path, strategy: str) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                          budget={"memory_gb": BUDGET, "headroom_gb": HEADROOM})
+    path.write_text(path.read_text() + "search:\n  batch_size: [1, 2, 4, 8]\n  precision: [bf16, fp32]\n"
+                    f"  gradient_checkpointing: [false, true]\ntune:\n  strategy: {strategy}\n  max_trials: 16\n")
+    surface = NoBf16()
+    summary = tune(load_spec(path), output=tmp_path / "out", probe_fn=surface).summary
+    assert sum(c["precision"] == "bf16" for c in surface.calls) == 1  # not once per family or batch size
+    assert [(u["knob"], u["value"]) for u in summary["unsupported"]] == [("precision", "bf16")]
+    assert summary["best_config"]["searched"]["precision"] == "fp32"
+
+
+def test_a_real_probe_of_an_unsupported_kernel_skips_it_for_the_rest(tmp_path: Path, texts_file, capsys) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                          data={"path": str(texts_file[0]), "text_field": "text"}, params={"max_length": 32})
+    path.write_text(path.read_text() + "search:\n  batch_size: [1, 2]\n  attention: [flash_attention_2, sdpa]\n"
+                    "tune:\n  strategy: grid\n")
+    assert main(["tune", str(path), "--output", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "skipped every config with attention=flash_attention_2: cannot run on this machine" in out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["total_tested"] == 3 and summary["failed_error"] == 1  # flash once, sdpa at both batches
+
+
 def test_search_section_is_validated(tmp_path: Path) -> None:
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
     path.write_text(path.read_text() + "search:\n  batch_size: {low: 8, high: 2}\n  precision: [bf16, fp8]\n"
@@ -298,7 +334,7 @@ def test_cli_when_nothing_fits_names_the_closest_config_and_where_its_memory_wen
     path.write_text(path.read_text() + "search:\n  batch_size: [1, 2]\n")
     assert main(["tune", str(path), "--output", str(tmp_path / "out")]) == 1
     out = capsys.readouterr().out
-    assert "No configuration fits the budget (2 GiB, headroom 1.9 GiB)" in out
+    assert "No configuration fits: budget 2 GiB (headroom 1.9 GiB)." in out
     assert "closest to fitting: batch_size=1, peak" in out
     assert "of which model" in out and "runtime" in out and "worst-case step" in out
     assert "the largest part is the process itself" in out  # torch alone outweighs this tiny model

@@ -93,6 +93,16 @@ def within_noise(order: Sequence[Trial]) -> list[dict[str, Any]]:
     return out
 
 
+def unsupported_report(trials: Sequence[Trial]) -> list[dict[str, Any]]:
+    """Each knob value a probe found this machine cannot run (the search skipped the rest of its configs)."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in trials:
+        for knob, value in t.measurement.unsupported.items():
+            out.setdefault(json.dumps([knob, value], default=list),
+                           {"knob": knob, "value": value, "trial": t.number, "message": t.measurement.message})
+    return list(out.values())
+
+
 def learning_knobs(space: SearchSpace) -> list[str]:
     """Searched knobs whose values train a different model (custom knobs count: we cannot tell)."""
     return [d.name for d in space.dims if d.name not in KNOBS or KNOBS[d.name].changes_learning]
@@ -146,7 +156,7 @@ def oom_advice(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -
                                     "parameter)"))
     smallest = smallest_peak(spec, trials)
     parts = smallest["parts_gb"] if smallest else {}
-    if (parts.get("allocator_cache", 0.0) >= 0.1 * smallest["peak_gb"]
+    if (smallest and parts.get("allocator_cache", 0.0) >= 0.1 * smallest["peak_gb"]
             and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):
         advice.append(("allocator_cache", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment "
                                           "(less fragmentation: reserved memory closer to what tensors use)"))
@@ -195,6 +205,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         "within_noise_of_best": [] if repeats else within_noise(order),
         "confirmation": confirmation(order, repeats, objective),
         "fastest_per_value": per_value,
+        "unsupported": unsupported_report(trials),
         "objective": spec.tune.objective,
         "strategy": strategy,
         "stop_reason": stop_reason,
@@ -252,7 +263,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
         header = (f"# trainfit: fastest measured config (trial {best['trial']}): "
                   f"{m.samples_per_second:.4g} samples/s, peak {m.peak_memory_gb:.2f} GiB on {m.device_name}\n"
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
-                  f"budget {spec.budget.memory_gb} GiB with {spec.budget.headroom_gb} GiB headroom")
+                  f"{spec.budget.describe()}")
         script.write_text(command_script(spec, space.params(next(t for t in trials if t.number == best['trial']).values),
                                          header))
         script.chmod(0o755)

@@ -69,6 +69,11 @@ class Budget:
     headroom_gb: float = 1.0
     """A config fits when its measured peak + headroom <= memory_gb."""
 
+    def describe(self) -> str:
+        if self.memory_gb is None:
+            return "no memory budget (the device's own memory is the limit)"
+        return f"budget {self.memory_gb:g} GiB (headroom {self.headroom_gb:g} GiB)"
+
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeSettings:

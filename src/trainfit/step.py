@@ -25,7 +25,13 @@ from trainfit.workloads.base import Batch, Workload
 
 
 class Unsupported(TrainfitError):
-    """A knob this device or installation cannot honour."""
+    """A knob this device or installation cannot honour. ``knob``/``value`` name it, so a search
+    skips every config with that value instead of failing on each."""
+
+    def __init__(self, message: str, hint: str | None = None, *, knob: str | None = None,
+                 value: Any = None) -> None:
+        super().__init__(message, hint)
+        self.knob, self.value = knob, value
 
 
 def check_support(params: Params, device: Any) -> list[str]:
@@ -36,28 +42,33 @@ def check_support(params: Params, device: Any) -> list[str]:
     cuda = device.type == "cuda"
     if params.precision == "bf16":
         if cuda and not torch.cuda.is_bf16_supported():
-            raise Unsupported("precision=bf16 but this GPU has no bf16 support", "use precision: fp16 or fp32")
+            raise Unsupported("precision=bf16 but this GPU has no bf16 support", "use precision: fp16 or fp32",
+                              knob="precision", value="bf16")
         if not cuda and not ({"avx512_bf16", "amx_bf16"} & cpu_flags()):
             notes.append("bf16 on a CPU without native bf16 instructions runs emulated (slow)")
     if params.precision == "fp16" and not cuda:
         notes.append("fp16 autocast on CPU: supported by torch, but CPUs rarely run it faster than fp32")
     if params.attention == "flash_attention_2":
         if not cuda:
-            raise Unsupported("attention=flash_attention_2 needs a CUDA GPU", "use attention: sdpa on CPU")
+            raise Unsupported("attention=flash_attention_2 needs a CUDA GPU", "use attention: sdpa on CPU",
+                              knob="attention", value="flash_attention_2")
         if importlib.util.find_spec("flash_attn") is None:
             raise Unsupported("attention=flash_attention_2 needs the flash-attn package",
-                              "pip install flash-attn --no-build-isolation, or use attention: sdpa")
+                              "pip install flash-attn --no-build-isolation, or use attention: sdpa",
+                              knob="attention", value="flash_attention_2")
     if params.optimizer == "adamw_8bit":
         if not cuda:
-            raise Unsupported("optimizer=adamw_8bit (bitsandbytes) needs a CUDA GPU", "use adamw or adamw_fused")
+            raise Unsupported("optimizer=adamw_8bit (bitsandbytes) needs a CUDA GPU", "use adamw or adamw_fused",
+                              knob="optimizer", value="adamw_8bit")
         if importlib.util.find_spec("bitsandbytes") is None:
             raise Unsupported("optimizer=adamw_8bit needs the bitsandbytes package",
-                              "pip install bitsandbytes, or use adamw_fused")
+                              "pip install bitsandbytes, or use adamw_fused", knob="optimizer", value="adamw_8bit")
     if params.tf32 and not cuda:
         notes.append("tf32 has no effect on CPU")
     if params.compile != "off" and not cuda:
         if shutil.which("cc") is None and shutil.which("g++") is None:
-            raise Unsupported("compile on CPU needs a C++ compiler (inductor)", "install gcc, or use compile: off")
+            raise Unsupported("compile on CPU needs a C++ compiler (inductor)", "install gcc, or use compile: off",
+                              knob="compile", value=params.compile)
         if params.compile == "reduce-overhead":
             notes.append("compile=reduce-overhead uses CUDA graphs; on CPU it compiles like 'default'")
     if params.compile != "off" and params.padding == "longest":

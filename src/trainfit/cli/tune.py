@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     stats = stats_from_args(args, spec, progress=not args.quiet)
     print(f"trainfit tune: {spec.source} -> {args.output}")
     print(f"space: {', '.join(f'{d.name} {list(d.grid_values())}' for d in spec.search.dims)}; "
-          f"budget {spec.budget.memory_gb} GiB (headroom {spec.budget.headroom_gb})")
+          f"{spec.budget.describe()}")
     try:
         result = tune(spec, output=args.output, stats=stats, resume=args.resume, join=args.join,
                       storage=args.storage, strategy=args.strategy, max_trials=args.max_trials,
@@ -178,14 +178,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nstopped: {result.stop_reason}")
     print(f"tested {s['total_tested']}: {s['successful']} fit, {s['failed_oom']} OOM, {s['over_budget']} over budget, "
           f"{s['failed_error']} errors, {s['failed_timeout']} timeouts; probe time {s['probe_time_s']:.0f} s")
+    for u in s["unsupported"]:
+        reason = (u["message"] or "").replace("\n", ";")
+        print(f"skipped every config with {u['knob']}={u['value']}: cannot run on this machine ({reason})")
     best = s["best_config"]
     if best is None and s["total_tested"] == 0:
         print(f"\nNo configuration was probed ({result.stop_reason}).")
         return 1
     if best is None:
-        budget = s["budget"]
-        print(f"\nNo configuration fits the budget ({budget['memory_gb']:g} GiB, "
-              f"headroom {budget['headroom_gb']:g} GiB).")
+        print(f"\nNo configuration fits: {spec.budget.describe()}.")
         failed = s.get("all_failed", {})
         print(table([("over budget" if p["status"] == "ok" else p["status"], f"peak {p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "peak n/a",
                       values_line(p["searched"])) for p in failed.get("measured_peaks_gb", [])]))

@@ -30,6 +30,10 @@ class Measurement:
     """The full resolved configuration (every knob, custom keys included)."""
     message: str | None = None
     """Why a probe did not succeed (last lines of the child's output for crashes)."""
+    unsupported: dict[str, Any] = field(default_factory=dict)
+    """``{knob: value}`` when the probe failed because this device or installation cannot run
+    that value (e.g. ``{"attention": "flash_attention_2"}`` without flash-attn): every config
+    with it fails alike, so a search skips them."""
     samples_per_second: float | None = None
     """Samples per second over the timed steps (total samples / total time)."""
     tokens_per_second: float | None = None

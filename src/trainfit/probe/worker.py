@@ -329,8 +329,11 @@ def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> d
         if isinstance(err, KeyboardInterrupt):
             raise
         from trainfit.errors import TrainfitError
+        from trainfit.step import Unsupported
 
         status = "oom" if is_oom(err, capped_cpu=capped_cpu) else "error"
+        if isinstance(err, Unsupported) and err.knob is not None:
+            out["unsupported"] = {err.knob: err.value}
         if isinstance(err, TrainfitError):
             message = str(err)
         elif status == "oom":

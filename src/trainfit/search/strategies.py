@@ -62,6 +62,17 @@ def model_family(values: Mapping[str, Any]) -> str:
     return config_key(model_values(values))
 
 
+def unsupported_values(history: Sequence[Trial]) -> list[dict[str, Any]]:
+    """Knob values this machine cannot run, as failed probes found them (``Measurement.unsupported``)."""
+    return [t.measurement.unsupported for t in history if t.measurement.unsupported]
+
+
+def can_run(values: Mapping[str, Any], unsupported: Sequence[Mapping[str, Any]]) -> bool:
+    """False when ``values`` holds a value a probe found unsupported (one of a knob that is not
+    searched holds for every config)."""
+    return not any(all(k not in values or values[k] == v for k, v in u.items()) for u in unsupported)
+
+
 class GridStrategy:
     """Every grid point, skipping the ones already measured; the configs of one model family
     follow each other, so a probe worker builds each model once."""
@@ -78,7 +89,9 @@ class GridStrategy:
 
     def propose(self, history: Sequence[Trial], busy: Collection[str] = ()) -> dict[str, Any] | None:
         done = {config_key(t.values) for t in history}
-        open_ = [p for p in self.points if config_key(p) not in done and config_key(p) not in busy]
+        unsupported = unsupported_values(history)
+        open_ = [p for p in self.points
+                 if config_key(p) not in done and config_key(p) not in busy and can_run(p, unsupported)]
         # Beside other runs of a shared storage, take a family none of them is probing: each run
         # then builds its own models instead of the one another run holds.
         taken = {model_family(json.loads(k)) for k in busy}
@@ -295,9 +308,12 @@ class AutoStrategy:
 
     def propose(self, history: Sequence[Trial], busy: Collection[str] = ()) -> dict[str, Any] | None:
         climbing = {config_key({k: v for k, v in json.loads(key).items() if k != "batch_size"}) for key in busy}
+        unsupported = unsupported_values(history)
         for family in self.families:
             if config_key(family) in climbing:
                 continue  # another run is probing this family: its next step waits for that result
+            if not can_run(family, unsupported):
+                continue  # a knob value of it cannot run on this machine, whatever the batch
             mine = self._family_trials(family, history)
             if self._dominated(family, mine, history):
                 continue

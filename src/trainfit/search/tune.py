@@ -18,7 +18,7 @@ from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.report import ranked, within_noise, write_outputs
 from trainfit.search.space import SearchSpace
-from trainfit.search.strategies import SAMPLER, Trial, config_key, make_strategy
+from trainfit.search.strategies import SAMPLER, Trial, can_run, config_key, make_strategy, unsupported_values
 from trainfit.search.study import TrialStore
 from trainfit.spec import Spec
 
@@ -206,11 +206,14 @@ def tune(
                     wait_for_others()
                     continue
                 announced = False
-                if not space.allowed(values) or cached is not None:
-                    # The sampler may propose a config that is excluded or already measured: tell it the
-                    # known answer instead of probing again.
+                unsupported = unsupported_values(history)
+                if not space.allowed(values) or not can_run(values, unsupported) or cached is not None:
+                    # The sampler (or --refine) may propose a config that is excluded, cannot run here or
+                    # is already measured: tell it the known answer instead of probing again.
                     m = cached.measurement if cached is not None else Measurement(
-                        status="error", message="excluded by tune.constraints", config=space.params(values).to_dict())
+                        status="error", config=space.params(values).to_dict(),
+                        message="excluded by tune.constraints" if not space.allowed(values)
+                        else "a knob value of it cannot run on this machine (see the failed probe)")
                     store.tell(trial, values, m, history, reused=True)
                     reused += 1
                     if reused >= spec.tune.patience:  # converged: it has nothing new to try

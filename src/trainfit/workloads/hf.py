@@ -70,8 +70,12 @@ class HFCausalLM(Workload):
             else:
                 model = AutoModelForCausalLM.from_config(config, **kwargs)
         except (ValueError, ImportError) as err:
-            raise TrainfitError(f"cannot build the model with attention={params.attention}: {err}",
-                                "try attention: sdpa or eager") from None
+            if "attention" in str(err).lower() or "attn" in str(err).lower():
+                from trainfit.step import Unsupported
+
+                raise Unsupported(f"cannot build the model with attention={params.attention}: {err}",
+                                  "try attention: sdpa or eager", knob="attention", value=params.attention) from None
+            raise TrainfitError(f"cannot build the model: {err}", "check model.path / model.config") from None
         model.config.use_cache = False
         if params.gradient_checkpointing:
             # Non-reentrant checkpointing works with frozen inputs (LoRA) without extra hooks.
