@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"tested {s['total_tested']}: {s['successful']} fit, {s['failed_oom']} OOM, {s['over_budget']} over budget, "
           f"{s['failed_error']} errors, {s['failed_timeout']} timeouts; probe time {s['probe_time_s']:.0f} s")
     for u in s["unsupported"]:
-        reason = (u["message"] or "").replace("\n", ";")
+        reason = "; ".join(line.strip() for line in (u["message"] or "").splitlines() if line.strip())
         print(f"skipped every config with {u['knob']}={u['value']}: cannot run on this machine ({reason})")
     best = s["best_config"]
     if best is None and s["total_tested"] == 0:
