@@ -353,8 +353,13 @@ def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Pa
     tune(spec_a, output=tmp_path / "out-a", probe_fn=Surface(), max_trials=2, storage=url)
     tune(spec_b, output=tmp_path / "out-b", probe_fn=Surface(budget_gb=30), max_trials=2, storage=url)
     again = Surface()
-    result = tune(spec_a, output=tmp_path / "out-a2", probe_fn=again, max_trials=4, storage=url, resume=True)
+    events: list[dict[str, Any]] = []
+    result = tune(spec_a, output=tmp_path / "out-a2", probe_fn=again, max_trials=4, storage=url, resume=True,
+                  on_event=events.append)
     assert len(again.calls) == 2 and result.summary["total_tested"] == 4
+    # the same spec file under another budget is another study: the run names it and what differs
+    [study] = [e for e in events if e["event"] == "study"]
+    assert [o["differs"] for o in study["others"]] == [["budget.memory_gb"]]
     with pytest.raises(TrainfitError, match="already holds this tuning study"):
         tune(spec_b, output=tmp_path / "out-b2", probe_fn=Surface(), storage=url)
 

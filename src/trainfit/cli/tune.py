@@ -73,6 +73,10 @@ class TuneView:
         if kind == "study":
             print(f"shared study {event['name']} ({event['trials']} trials so far): every machine of this "
                   "search prints this name; another name means another spec")
+            for other in event["others"]:
+                print(f"warning: the storage also holds {other['name']}, a study of the same spec file that "
+                      f"differs in {', '.join(other['differs']) or 'nothing visible'}: machines given different "
+                      "options search apart; give every machine the same spec and options", file=sys.stderr)
         elif kind == "resumed":
             print(f"resuming: {event['trials']} trials already measured"
                   + (f", {event['retried']} interrupted trial(s) retried" if event["retried"] else ""))

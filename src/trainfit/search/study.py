@@ -39,6 +39,14 @@ def study_name(spec: Spec) -> str:
     return "trainfit-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
+def differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys where two JSON documents differ (``budget.memory_gb``)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in sorted(set(a) | set(b))
+                for k in differing_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
 def constraint_value(m: Measurement) -> float:
     """<= 0 when the config fits; the relative overshoot otherwise (1.0 for OOM and failures)."""
     if m.status != "ok":
@@ -164,6 +172,19 @@ class TrialStore:
         sampler = sampler or optuna.samplers.GPSampler(seed=seed, n_startup_trials=5)
         self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="maximize",
                                          sampler=sampler, load_if_exists=True)
+        self.others: list[dict[str, Any]] = []
+        """Other studies of the same spec file in a shared storage, with the keys that differ
+        (machines of one job array given different options search apart)."""
+        if self.shared:
+            doc = {k: v for k, v in spec.to_dict().items() if k != "source"}
+            spec_file = Path(spec.source).name if spec.source else None
+            if self.name not in existing:
+                self.study.set_user_attr("spec_file", spec_file)
+                self.study.set_user_attr("spec", doc)
+            self.others = [{"name": o.study_name, "differs": differing_keys(o.user_attrs["spec"], doc)}
+                           for o in optuna.get_all_study_summaries(self.storage)
+                           if o.study_name != self.name and spec_file is not None
+                           and o.user_attrs.get("spec_file") == spec_file and "spec" in o.user_attrs]
         self.retried = self._retry_interrupted()
 
     def _retry_interrupted(self) -> int:

@@ -147,7 +147,7 @@ def tune(
                               headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
         history = store.history()
         if store.shared:  # the name is the spec's digest: machines of one search all print the same
-            emit({"event": "study", "name": store.name, "trials": len(history)})
+            emit({"event": "study", "name": store.name, "trials": len(history), "others": store.others})
         if history or store.retried:
             emit({"event": "resumed", "trials": len(history), "retried": store.retried})
         start = time.perf_counter()
