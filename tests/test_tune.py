@@ -308,6 +308,23 @@ def test_refine_probes_the_neighbours_of_the_best(tmp_path: Path) -> None:
     assert wanted and wanted <= {config_key({k: c[k] for k in spec.search.names}) for c in extra}
 
 
+def test_quick_refine_searches_locally_beyond_the_quick_budget(tmp_path: Path) -> None:
+    """The seeds' `--quick --refine`: 6 configs, then improvements around the best."""
+    spec = synthetic_spec(tmp_path, "random")
+    quick = tune(spec, output=tmp_path / "a", probe_fn=Surface(), quick=True)
+    surface = Surface()
+    result = tune(spec, output=tmp_path / "b", probe_fn=surface, quick=True, refine=True)
+    assert quick.summary["total_tested"] == 6 and len(surface.calls) > 6
+    assert "then refined" in result.stop_reason
+    assert result.best.objective >= quick.best.objective
+    from trainfit.search.strategies import config_key
+    from trainfit.search.tune import neighbours
+
+    # a local search: it ends where no neighbour of the best is left unmeasured
+    measured = {config_key(t.values) for t in result.trials}
+    assert all(config_key(v) in measured for v in neighbours(spec.search, result.best.values))
+
+
 def test_cli_default_output_is_a_new_folder_and_resume_takes_the_latest(tmp_path: Path, texts_file, capsys,
                                                                         monkeypatch) -> None:
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},

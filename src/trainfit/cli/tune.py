@@ -47,7 +47,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--time-budget", type=number(float, above=0), metavar="SECONDS",
                    help="start no probe after this long")
     p.add_argument("--quick", action="store_true", help="at most 6 probes")
-    p.add_argument("--refine", action="store_true", help="then probe the neighbours of the best config")
+    p.add_argument("--refine", action="store_true", help="then probe the neighbours of the best config (one grid step in one knob), "
+                   "beyond --max-trials/--quick: a local search until the best's neighbours are all measured")
     p.add_argument("--confirm", type=number(int, at_least=0), metavar="N",
                    help="then probe the best and the runners-up within its measurement noise or within "
                         "tune.confirm_margin (default 5%%) N more times each, interleaved, and rank them by their "
@@ -85,7 +86,7 @@ class TuneView:
                   "their results decide what to probe next", flush=True)
         elif kind == "trial_start" and self.tty:
             values = values_line(event["values"])
-            sys.stderr.write(f"\r\033[K[{event['index']}/{event['max_trials']}] probing {values} ...")
+            sys.stderr.write(f"\r\033[K{counter(event)} probing {values} ...")
             sys.stderr.flush()
         elif kind == "probe" and self.tty and event.get("event") == "phase":
             sys.stderr.write(f" {event['phase']}")
@@ -108,10 +109,16 @@ class TuneView:
                 result = m.status.upper() + (f" ({m.message.splitlines()[0][:80]})" if m.status == "error" else "")
             remaining = event["max_trials"] - event["index"]
             eta = format_duration(remaining * event["mean_probe_s"]) if remaining > 0 else "0s"
+            left = "" if event["refining"] else f", at most {eta} left"  # a local search has no set length
             best_text = f"best {fmt_num(best.objective)}" if best else "best: none yet"
             probe_text = f"probe {format_duration(m.wall_time_s)}{', model reused' if m.model_reused else ''}"
-            print(f"[{event['index']}/{event['max_trials']}] {values} -> {result} | {probe_text} | {best_text} | "
-                  f"elapsed {format_duration(event['elapsed_s'])}, at most {eta} left", flush=True)
+            print(f"{counter(event)} {values} -> {result} | {probe_text} | {best_text} | "
+                  f"elapsed {format_duration(event['elapsed_s'])}{left}", flush=True)
+
+
+def counter(event: dict[str, Any]) -> str:
+    """``[3/20]`` during the search; ``[23, refine]`` for the neighbours probed after it (--refine)."""
+    return f"[{event['index']}, refine]" if event["refining"] else f"[{event['index']}/{event['max_trials']}]"
 
 
 def output_folder(args: argparse.Namespace):

@@ -153,7 +153,8 @@ def tune(
         start = time.perf_counter()
         new_trials = 0
         stop_reason = "search complete: nothing left worth probing"
-        refine_queue: list[dict[str, Any]] | None = None
+        refining = False  # after the search, whatever ended it but the clock (--refine)
+        refined = 0
         reused = 0
         busy: set[str] = set()
         announced = False  # the "waiting" event, once per wait
@@ -173,30 +174,37 @@ def tune(
             while True:
                 if store.shared:  # other runs' results count, and what they probe now is theirs
                     history, busy = store.history(), store.in_flight()
-                if len(history) >= max_trials and not store.pending_queue():
-                    stop_reason = f"trial budget reached ({max_trials})"
-                    break
                 if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
                     stop_reason = f"time budget reached ({time_budget_s:g} s)"
                     break
-                if strategy_name in ("random", "bayes") and trials_since_best(history) >= spec.tune.patience:
-                    stop_reason = f"no better config in the last {spec.tune.patience} trials"
-                    break
+                if not refining and not store.pending_queue():
+                    if len(history) >= max_trials:
+                        stop_reason = f"trial budget reached ({max_trials})"
+                    elif strategy_name in ("random", "bayes") and trials_since_best(history) >= spec.tune.patience:
+                        stop_reason = f"no better config in the last {spec.tune.patience} trials"
+                    else:
+                        stop_reason = None
+                    if stop_reason is not None:
+                        if not (refine and ranked(history)):
+                            break
+                        refining = True
                 if store.pending_queue():
                     trial = store.ask(None)  # an interrupted trial, retried first
                 else:
-                    proposal = strat.propose(history, busy)
+                    proposal = None if refining else strat.propose(history, busy)
                     if proposal is None and refine and ranked(history):
-                        if refine_queue is None:
-                            refine_queue = neighbours(space, ranked(history)[0].values)
-                        done = {config_key(t.values) for t in history} | busy
-                        refine_queue = [v for v in refine_queue if config_key(v) not in done]
-                        proposal = refine_queue[0] if refine_queue else None
+                        if not refining:
+                            stop_reason, refining = "search complete: nothing left worth probing", True
+                        # A local search: the best's unmeasured neighbours; a faster one brings its own.
+                        proposal = next((v for v in neighbours(space, ranked(history)[0].values)
+                                         if store.find(v, history) is None and config_key(v) not in busy
+                                         and can_run(v, unsupported_values(history))), None)
                     if proposal is None:
                         if busy:  # their results may open new configs (a family's next batch size)
                             wait_for_others()
                             continue
-                        stop_reason = "search complete: nothing left worth probing"
+                        if not refining:
+                            stop_reason = "search complete: nothing left worth probing"
                         break
                     trial = store.ask(None if proposal == SAMPLER else proposal)
                 values = {k: trial.params[k] for k in space.names}
@@ -222,7 +230,7 @@ def tune(
                     continue
                 reused = 0
                 params = space.params(values)
-                emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1,
+                emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "refining": refining,
                       "max_trials": max_trials, "values": values, "elapsed_s": time.perf_counter() - start})
                 with store.beating(trial):
                     m = probe_fn(params, trial.number)
@@ -230,9 +238,13 @@ def tune(
                 new_trials += 1
                 best = next(iter(ranked(history)), None)
                 write("running")
+                refined += refining
                 emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": max_trials,
+                      "refining": refining,
                       "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
                       "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
+            if refined:
+                stop_reason += f"; then refined: {refined} neighbour(s) of the best probed"
             confirm(spec, space, store, history, probe_fn, emit)
         finally:
             if session is not None:
