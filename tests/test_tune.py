@@ -256,6 +256,7 @@ def test_cli_tune_end_to_end_on_a_tiny_model_under_a_real_cap(tmp_path: Path, te
     assert main(["tune", str(path), "--output", str(out), "--quick", "--strategy", "grid"]) == 0
     printed = capsys.readouterr().out
     assert "BEST CONFIGURATION" in printed and "fastest per lora_r" in printed
+    assert "GiB, full run ~" in printed  # each fitting config's line says how long the full run would take
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total_tested"] == 4 and summary["successful"] == 4
     best = summary["best_config"]

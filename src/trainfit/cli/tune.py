@@ -60,8 +60,10 @@ def add_parser(sub: Any) -> None:
 class TuneView:
     """One line per finished trial, and a live line for the probe in flight on a terminal."""
 
-    def __init__(self, quiet: bool, objective: str) -> None:
+    def __init__(self, quiet: bool, objective: str, run_samples: float | None = None) -> None:
         self.quiet, self.objective = quiet, objective
+        self.run_samples = run_samples
+        """Samples of the full run (dataset x epochs): each fitting config's line gives its run time."""
         self.tty = sys.stderr.isatty()
 
     def __call__(self, event: dict[str, Any]) -> None:
@@ -105,6 +107,8 @@ class TuneView:
             if m.status == "ok":
                 result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}, "
                           f"peak {m.peak_memory_gb:.2f} GiB{'' if m.fits else ' (over budget)'}")
+                if self.run_samples and m.fits and m.samples_per_second:
+                    result += f", full run ~{format_duration(self.run_samples / m.samples_per_second)}"
             else:
                 result = m.status.upper() + (f" ({m.message.splitlines()[0][:80]})" if m.status == "error" else "")
             remaining = event["max_trials"] - event["index"]
@@ -180,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
         result = tune(spec, output=args.output, stats=stats, resume=args.resume, join=args.join,
                       storage=args.storage, strategy=args.strategy, max_trials=args.max_trials,
                       time_budget_s=args.time_budget, quick=args.quick, refine=args.refine,
-                      on_event=TuneView(args.quiet, spec.tune.objective))
+                      on_event=TuneView(args.quiet, spec.tune.objective,
+                                        stats.samples * spec.tune.epochs if stats else None))
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished trial is saved in {args.storage or args.output}; continue with\n"
               f"  {resume_command(args)}", file=sys.stderr)
