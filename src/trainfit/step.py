@@ -77,21 +77,6 @@ def check_support(params: Params, device: Any) -> list[str]:
     return notes
 
 
-def tensor_bytes(values: Sequence[Any]) -> int:
-    """Bytes held by the tensors among ``values`` (each storage once: tied weights count once)."""
-    import torch
-
-    seen: set[int] = set()
-    total = 0
-    for v in values:
-        if isinstance(v, torch.Tensor) and v.device.type != "meta":
-            storage = v.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-    return total
-
-
 def synchronize(device: Any) -> None:
     import torch
 

@@ -25,6 +25,7 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -71,6 +72,21 @@ class Built:
     notes: list[str]
     peak_bytes: int
     """CPU: the process's peak RSS right after building (a fresh probe counts it too)."""
+
+
+def _tensor_bytes(values: Sequence[Any]) -> int:
+    """Bytes held by the tensors among ``values`` (each storage once: tied weights count once)."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.device.type != "meta":
+            storage = v.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
 
 
 class MemoryMeter:
@@ -136,12 +152,10 @@ class MemoryMeter:
         the process holds between steps, read after the probe (its batches and gradients freed)."""
         if self.built is None:
             return {}
-        from trainfit.step import tensor_bytes
-
         model, optimizer = self.built.workload.model, self.built.step.optimizer
         try:
-            weights = tensor_bytes([*model.parameters(), *model.buffers()])
-            state = tensor_bytes([v for per_param in optimizer.state.values() for v in per_param.values()])
+            weights = _tensor_bytes([*model.parameters(), *model.buffers()])
+            state = _tensor_bytes([v for per_param in optimizer.state.values() for v in per_param.values()])
         except Exception:  # a model left unusable by its failure: the peak is still reported
             return {}
         return {"model": weights, "optimizer": state, "runtime": max(0, held - weights - state),
