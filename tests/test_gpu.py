@@ -67,3 +67,12 @@ def test_a_reused_worker_measures_the_peak_a_fresh_one_does(tmp_path: Path) -> N
     assert reused.peak_allocated_bytes == pytest.approx(fresh.peak_allocated_bytes, rel=0.02)
     assert reused.memory_parts_bytes["model"] == fresh.memory_parts_bytes["model"] > 0
     assert reused.memory_parts_bytes["step"] == pytest.approx(fresh.memory_parts_bytes["step"], rel=0.05)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_a_probe_on_the_second_gpu_measures_that_gpu(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"config": LLAMA}, params={"max_length": 1024, "batch_size": 4},
+                          probe={"device": "cuda:1"})
+    m = run_probe(load_spec(path))
+    assert m.status == "ok", m.message
+    assert m.device == "cuda:1" and m.peak_allocated_bytes > 0 and m.memory_parts_bytes["model"] > 0

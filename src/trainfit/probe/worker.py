@@ -205,6 +205,10 @@ def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: Memo
     assert not problems, problems
     device = torch.device(req["device"])
     cuda = device.type == "cuda"
+    if cuda:
+        # Memory counters, caches and bf16 support read the *current* device: on cuda:1 they
+        # would read (and open a context on) cuda:0, and every config would seem to use nothing.
+        torch.cuda.set_device(device)
     out["device"] = str(device)
     out["device_name"] = torch.cuda.get_device_name(device) if cuda else cpu_name()
     cap = req.get("memory_cap_bytes")
