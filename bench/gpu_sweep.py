@@ -62,6 +62,7 @@ def main() -> None:
                     "tokens_per_second": m.tokens_per_second, "mfu": m.mfu, "hfu": m.hfu,
                     "peak_reserved_gb": m.peak_memory_gb,
                     "peak_allocated_gb": None if m.peak_allocated_bytes is None else m.peak_allocated_bytes / 1024**3,
+                    "memory_parts_gb": {k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
                     "alloc_retries": m.alloc_retries, "stable": m.stable, "probe_wall_s": m.wall_time_s,
                     "phases_s": m.phases_s, "message": (m.message or "")[:300] or None})
                 print(row, file=sys.stderr, flush=True)
