@@ -44,3 +44,8 @@ def hang(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorklo
 
 def broken(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
     raise ValueError("the factory could not read its config")
+
+
+def environment(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
+    """Fails on purpose, naming what the worker's environment holds."""
+    raise ValueError(" ".join(f"{k}={os.environ.get(k)}" for k in ("TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED")))

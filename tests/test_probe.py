@@ -133,6 +133,12 @@ def test_a_crashing_child_is_a_status_not_a_crash(tmp_path: Path, factory: str, 
     assert text in m.message
 
 
+def test_the_worker_runs_in_the_environment_the_runner_prepares(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:environment"},
+                          params={"max_length": 8})
+    assert "TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1" in probe(path).message
+
+
 def test_a_hanging_child_is_killed(tmp_path: Path) -> None:
     path = make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:hang"},
                           params={"max_length": 8}, probe={"timeout_s": 6})

@@ -160,7 +160,7 @@ class ProbeSession:
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainfit.probe.worker", repr(time.time())],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=env,
             start_new_session=True,  # its own process group: a timeout kills compile workers too
         )
         self._reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
