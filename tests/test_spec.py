@@ -113,3 +113,18 @@ def test_every_bundled_example_is_ready_to_tune(name: str) -> None:
     assert spec.search is not None and "batch_size" in spec.search.names
     first = spec.search.params(next(spec.search.grid()))
     assert f" {first.batch_size}" in build_command(spec, first)  # a custom model needs its command_template
+
+
+def test_bad_constraints_and_command_templates_are_spec_problems_not_tracebacks(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
+    path.write_text(path.read_text() + "search:\n  lora_r: [4, 8]\ntune:\n  constraints: ['lora_r >>> 3']\n"
+                    "  command_template: 'python train.py --r {lora_r} --x {nope} --bs {batch_size'\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    messages = {p.key: p.message for p in info.value.problems}
+    assert "cannot read the value" in messages["tune.constraints"]
+    assert "is not a valid template" in messages["tune.command_template"]
+    fixed = path.read_text().replace(" --bs {batch_size'", " --bs {batch_size}'")
+    path.write_text(fixed)
+    with pytest.raises(SpecError, match="unknown placeholders: nope"):
+        load_spec(path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shlex
 import string
+from collections.abc import Iterable
 from typing import Any
 
 from trainfit.errors import TrainfitError
@@ -27,13 +28,24 @@ def template_fields(template: str) -> list[str]:
     return [name for _, name, _, _ in string.Formatter().parse(template) if name]
 
 
+def template_problem(template: str, names: Iterable[str]) -> str | None:
+    """What is wrong with a command template that may use ``names`` (None when nothing is)."""
+    names = list(names)
+    try:
+        missing = [f for f in template_fields(template) if f not in names]
+    except ValueError as err:
+        return f"is not a valid template ({err}): placeholders are {{knob}}, a literal brace is {{{{ or }}}}"
+    if missing:
+        return f"uses unknown placeholders: {', '.join(missing)} (available: {', '.join(names)})"
+    return None
+
+
 def render_template(template: str, params: Params) -> str:
     values: dict[str, Any] = params.to_dict()
     values["effective_batch_size"] = params.effective_batch_size
-    missing = [f for f in template_fields(template) if f not in values]
-    if missing:
-        raise TrainfitError(f"command_template uses unknown placeholders: {', '.join(missing)}",
-                            f"available: {', '.join(values)}")
+    problem = template_problem(template, values)
+    if problem:
+        raise TrainfitError(f"command_template {problem}", "fix tune.command_template")
     return template.format_map({k: "" if v is None else v for k, v in values.items()})
 
 

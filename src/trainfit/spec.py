@@ -385,6 +385,14 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
                 raw_search, params, allow_custom=model is not None and model.get("factory") is not None,
                 constraints=tune.get("constraints", ()), target_effective_batch=tune.get("target_effective_batch"))
             problems += space_problems
+        template = tune.get("command_template")
+        if isinstance(template, str) and params is not None:
+            from trainfit.command import template_problem
+
+            names = [*params.to_dict(), *(space.names if space is not None else ()), "effective_batch_size"]
+            problem = template_problem(template, dict.fromkeys(names))
+            if problem:
+                problems.append(Problem("tune.command_template", problem))
 
     tokenizer = raw.get("tokenizer")
     if tokenizer is not None:

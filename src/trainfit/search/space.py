@@ -144,7 +144,12 @@ def parse_constraint(text: str) -> Constraint | Problem:
     import yaml
 
     knob, op, raw = m.groups()
-    return Constraint(knob=knob, op=op, value=yaml.safe_load(raw), text=text.strip())
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return Problem("tune.constraints", f"{text!r}: cannot read the value {raw.strip()!r}",
+                       "e.g. 'lora_r >= 16' or \"precision != 'fp32'\"")
+    return Constraint(knob=knob, op=op, value=value, text=text.strip())
 
 
 def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bool,
