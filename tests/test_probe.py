@@ -159,12 +159,15 @@ def test_unsupported_knobs_are_clear_errors(llama_spec) -> None:
 
 
 def test_cli_probe_writes_json_and_exits_by_status(llama_spec, tmp_path: Path, capsys) -> None:
-    out = tmp_path / "out.json"
+    out = tmp_path / "new" / "folder" / "out.json"  # created for it
     assert main(["probe", str(llama_spec()), "--set", "batch_size=3", "--json", str(out), "--quiet"]) == 0
     data = json.loads(out.read_text())
     assert data["status"] == "ok" and data["config"]["batch_size"] == 3
     printed = capsys.readouterr().out
     assert "samples/s" in printed and "peak memory" in printed
+    # an output path that cannot be written is refused before the probe, not after it
+    assert main(["probe", str(llama_spec()), "--json", str(tmp_path), "--quiet"]) == 2
+    assert "cannot write --json" in capsys.readouterr().err
     assert main(["probe", str(oom_spec(tmp_path)), "--quiet"]) == 3
 
 

@@ -268,6 +268,9 @@ def test_cli_tune_end_to_end_on_a_tiny_model_under_a_real_cap(tmp_path: Path, te
     assert main(["tune", str(path), "--output", str(out), "--quick"]) == 2
     assert "--resume" in capsys.readouterr().err
     assert json.loads((out / "summary.json").read_text())["total_tested"] == 4
+    # An output folder that cannot be created (under a file) is a clear error, not a traceback.
+    assert main(["tune", str(path), "--output", str(out / "summary.json" / "x"), "--quick"]) == 2
+    assert "cannot create the output folder" in capsys.readouterr().err
 
 
 def test_ranges_constraints_refine_and_module_lists(tmp_path: Path) -> None:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from trainfit.cli.common import number
+from trainfit.cli.common import number, output_file
 
 EPILOG = """\
 examples:
@@ -96,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.data.stats import summarize
     from trainfit.errors import TrainfitError
 
+    json_path, plot_path = output_file(args.json, "--json"), output_file(args.plot, "--plot")
     if args.spec:
         from trainfit.spec import load_spec
 
@@ -121,12 +121,12 @@ def run(args: argparse.Namespace) -> int:
     if stats.over_max_positions:
         print(f"\nwarning: {stats.over_max_positions:,} samples exceed the model's {stats.max_positions:,} "
               "positions and will be truncated")
-    if args.json:
-        Path(args.json).write_text(json.dumps(stats.to_dict()) + "\n")
-        print(f"\nwrote {args.json}")
-    if args.plot:
+    if json_path:
+        json_path.write_text(json.dumps(stats.to_dict()) + "\n")
+        print(f"\nwrote {json_path}")
+    if plot_path:
         from trainfit.data.plot import histogram_html
 
-        Path(args.plot).write_text(histogram_html(stats))
-        print(f"wrote {args.plot}")
+        plot_path.write_text(histogram_html(stats))
+        print(f"wrote {plot_path}")
     return 0

@@ -4,11 +4,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
+
+
+def output_file(path: str | None, option: str) -> Path | None:
+    """``path`` ready to be written once the work is done (its folder created): checked before the
+    work starts, so a typo in an output path never costs a measurement."""
+    if path is None:
+        return None
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TrainfitError(f"cannot create the folder of {option} {path}: {err.strerror}",
+                            f"give {option} a path in a writable folder") from None
+    if target.is_dir() or not os.access(target.parent, os.W_OK):
+        raise TrainfitError(f"cannot write {option} {path}: "
+                            f"{'it is a folder' if target.is_dir() else 'its folder is not writable'}",
+                            f"give {option} a file path in a writable folder")
+    return target
 
 
 def number(kind: type, *, at_least: float | None = None, above: float | None = None,

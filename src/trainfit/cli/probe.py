@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from trainfit.cli.common import add_spec_arguments, spec_from_args, stats_from_args
+from trainfit.cli.common import add_spec_arguments, output_file, spec_from_args, stats_from_args
 
 EPILOG = """\
 exit status: 0 ok, 3 out of memory, 4 error (crash, unsupported knob), 5 timeout, 2 bad usage/spec.
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.probe.runner import run_probe
 
     spec = spec_from_args(args)
+    json_path = output_file(args.json, "--json")
     stats = stats_from_args(args, spec, progress=not args.quiet)
     print(f"trainfit probe: {spec.source}")
     print(f"config: {config_line(spec.params.to_dict())}")
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     m = run_probe(spec, stats=stats, on_event=printer)
     printer.done()
     print(measurement_report(m))
-    if args.json:
-        m.write_json(args.json)
-        print(f"\nwrote {args.json}")
+    if json_path:
+        m.write_json(json_path)
+        print(f"\nwrote {json_path}")
     return m.exit_code

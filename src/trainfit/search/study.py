@@ -125,7 +125,11 @@ class TrialStore:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.space, self.objective = space, objective
         self.distributions = space.distributions()
-        output.mkdir(parents=True, exist_ok=True)
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise TrainfitError(f"cannot create the output folder {output}: {err.strerror}",
+                                "choose another --output") from None
         self._lock = _lock_folder(output)
         try:
             self._open(output, spec, resume, storage, seed, sampler, join)
