@@ -128,3 +128,16 @@ def test_bad_constraints_and_command_templates_are_spec_problems_not_tracebacks(
     path.write_text(fixed)
     with pytest.raises(SpecError, match="unknown placeholders: nope"):
         load_spec(path)
+
+
+def test_type_errors_read_as_words_and_one_constraint_needs_no_list(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                          budget={"memory_gb": True}, probe={"memory_steps": 2.5})
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    messages = {p.key: p.message for p in info.value.problems}
+    assert messages == {"budget.memory_gb": "expected a number (or null), got True",
+                        "probe.memory_steps": "expected an integer, got 2.5"}
+    one = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64}, name="one.yaml")
+    one.write_text(one.read_text() + "search:\n  lora_r: [4, 8]\ntune:\n  constraints: 'lora_r >= 8'\n")
+    assert [c.text for c in load_spec(one).search.constraints] == ["lora_r >= 8"]  # not 11 one-letter ones

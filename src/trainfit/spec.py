@@ -11,7 +11,8 @@ import dataclasses
 import difflib
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,19 +218,37 @@ def merge_overrides(raw: Mapping[str, Any], overrides: Sequence[tuple[str, Any]]
     return merged
 
 
+def _kinds(annotation: str) -> list[str]:
+    """``tuple[str, ...] | None`` (a field annotation, a string under ``from __future__``) ->
+    ``["tuple", "None"]``."""
+    return [k.strip() for k in re.sub(r"\[.*?\]+", "", annotation).split("|")]
+
+
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "str": lambda v: isinstance(v, str),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "Mapping": lambda v: isinstance(v, Mapping),
+    "tuple": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
+}
+_TYPE_WORDS = {"str": "a string", "float": "a number", "int": "an integer", "bool": "true or false",
+               "Mapping": "a mapping", "tuple": "a list of strings"}
+
+
 def _typed(value: Any, annotation: str) -> bool:
-    """Does ``value`` match a field annotation written as a string (``from __future__``)?"""
+    """Does ``value`` match a field annotation?"""
+    kinds = _kinds(annotation)
     if value is None:
-        return "None" in annotation
-    checks = {
-        "str": lambda v: isinstance(v, str),
-        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "bool": lambda v: isinstance(v, bool),
-        "Mapping": lambda v: isinstance(v, Mapping),
-        "tuple": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
-    }
-    return any(check(value) for name, check in checks.items() if name in annotation)
+        return "None" in kinds
+    return any(_CHECKS[k](value) for k in kinds if k in _CHECKS)
+
+
+def _expected(annotation: str) -> str:
+    """``float | None`` -> ``a number (or null)``: the words a spec author reads in an error."""
+    kinds = _kinds(annotation)
+    words = [_TYPE_WORDS.get(k, k) for k in kinds if k != "None"]
+    return " or ".join(words) + (" (or null)" if "None" in kinds else "")
 
 
 def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str, Any] | None:
@@ -248,9 +267,12 @@ def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str
             problems.append(Problem(f"{key}.{name}", "unknown key",
                                     f"did you mean {close[0]!r}?" if close
                                     else f"known keys: {', '.join(fields)}"))
-        elif not _typed(value, str(f.type)):
-            problems.append(Problem(f"{key}.{name}", f"expected {f.type}, got {value!r}"))
         else:
+            if isinstance(value, str) and _kinds(str(f.type))[0] == "tuple":
+                value = (value,)  # one item of a list field may be written without the list
+            if not _typed(value, str(f.type)):
+                problems.append(Problem(f"{key}.{name}", f"expected {_expected(str(f.type))}, got {value!r}"))
+                continue
             if isinstance(value, list):
                 value = tuple(value)
             if "float" in str(f.type) and isinstance(value, int) and "int" not in str(f.type):
