@@ -242,8 +242,9 @@ def test_commands_come_from_the_probed_params(tmp_path: Path) -> None:
     spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64}))
     cmd = build_command(spec, params)
     assert cmd.startswith("trl sft ")
-    for flag in ("--per_device_train_batch_size 6", "--gradient_accumulation_steps 24", "--bf16",
-                 "--gradient_checkpointing", "--use_peft --lora_r 24 --lora_alpha 48", "--optim adamw_torch"):
+    for flag in ("--per_device_train_batch_size 6", "--gradient_accumulation_steps 24", "--bf16 true --fp16 false",
+                 "--dtype bfloat16", "--gradient_checkpointing true", "--use_peft true --lora_r 24 --lora_alpha 48",
+                 "--optim adamw_torch"):
         assert flag in cmd
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import shlex
 import string
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
@@ -49,27 +50,45 @@ def render_template(template: str, params: Params) -> str:
     return template.format_map({k: "" if v is None else v for k, v in values.items()})
 
 
-def trl_args(params: Params) -> list[str]:
-    """TRL ``sft`` / TrainingArguments flags for every knob."""
+_LOADERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "text": "text"}
+"""``datasets`` loaders for the data formats trainfit reads (TSV and save_to_disk folders have none)."""
+
+
+def trl_data_config(spec: Spec) -> dict[str, Any] | None:
+    """The ``datasets:`` section of a TRL config file that loads the spec's data file. TRL's
+    ``--dataset_name`` takes Hub names and folders, not a file; None where no loader fits."""
+    if spec.data is None:
+        return None
+    from trainfit.data.readers import detect_format
+
+    loader = _LOADERS.get(detect_format(Path(spec.data.path), spec.data.format))
+    return None if loader is None else {"datasets": [{"path": loader, "data_files": spec.data.path}]}
+
+
+def trl_args(params: Params, longest: int | None = None) -> list[str]:
+    """TRL ``sft`` flags for every knob, each one explicit: TRL's own defaults differ from the
+    probe's (bf16 on unless told, gradient checkpointing on, max_length 1024, fp32 LoRA base).
+    ``longest``: the dataset's longest sample, the probe's length when ``max_length`` is null."""
     args = ["--per_device_train_batch_size", str(params.batch_size),
             "--gradient_accumulation_steps", str(params.gradient_accumulation_steps)]
-    if params.max_length is not None:
-        args += ["--max_length", str(params.max_length)]
-    if params.padding == "max_length" and params.max_length is not None:
-        args += ["--pad_to_multiple_of", str(params.max_length)]
-    if params.precision in ("bf16", "fp16"):
-        args += [f"--{params.precision}"]
-    if params.tf32:
-        args += ["--tf32", "true"]
-    if params.gradient_checkpointing:
-        args += ["--gradient_checkpointing"]
-    args += ["--attn_implementation", params.attention, "--optim", _OPTIM[params.optimizer]]
+    max_length = params.max_length if params.max_length is not None else longest
+    if max_length is not None:
+        args += ["--max_length", str(max_length)]
+    if params.padding == "max_length" and max_length is not None:
+        args += ["--pad_to_multiple_of", str(max_length)]
+    half = params.precision in ("bf16", "fp16")
+    # LoRA trains adapters over a frozen base held in the compute dtype; full fine-tuning keeps fp32 weights.
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}[params.precision] if half and params.lora_r else "float32"
+    args += ["--bf16", _flag(params.precision == "bf16"), "--fp16", _flag(params.precision == "fp16"),
+             "--dtype", dtype, "--tf32", _flag(params.tf32),
+             "--gradient_checkpointing", _flag(params.gradient_checkpointing),
+             "--attn_implementation", params.attention, "--optim", _OPTIM[params.optimizer]]
     if params.compile != "off":
-        args += ["--torch_compile"]
+        args += ["--torch_compile", "true"]
         if params.compile != "default":
             args += ["--torch_compile_mode", params.compile]
     if params.lora_r is not None:
-        args += ["--use_peft", "--lora_r", str(params.lora_r),
+        args += ["--use_peft", "true", "--lora_r", str(params.lora_r),
                  "--lora_alpha", str(params.lora_alpha if params.lora_alpha is not None else 2 * params.lora_r),
                  "--lora_dropout", str(params.lora_dropout)]
         targets = params.lora_target_modules
@@ -78,27 +97,58 @@ def trl_args(params: Params) -> list[str]:
     return args
 
 
-def build_command(spec: Spec, params: Params) -> str:
-    """The command line for ``params``: the user's template, or ``trl sft`` for HF models."""
+def _flag(on: bool) -> str:
+    return "true" if on else "false"
+
+
+def build_command(spec: Spec, params: Params, *, longest: int | None = None,
+                  data_config: Path | None = None) -> str:
+    """The command line for ``params``: the user's template, or ``trl sft`` for HF models.
+    ``data_config``: a TRL config file holding :func:`trl_data_config` (see ``write_outputs``)."""
     if spec.tune.command_template:
         return render_template(spec.tune.command_template, params)
     if spec.model.factory is not None:
         raise TrainfitError("a custom factory model needs tune.command_template to build its training command",
                             "e.g. command_template: 'python train.py --batch_size {batch_size} ...'")
     model = spec.model.path or "<a local model folder: this spec builds a random-init model from a config>"
-    data = spec.data.path if spec.data else "<your dataset>"
-    parts = ["trl", "sft", "--model_name_or_path", model, "--dataset_name", data, *trl_args(params),
+    if data_config is not None:
+        data = ["--config", str(data_config)]
+    else:
+        data = ["--dataset_name", "<your dataset: a Hub name or a folder>" if spec.data is None
+                else f"<{spec.data.path} as a Hub name or a folder>"]
+    if spec.data is not None and isinstance(spec.data.text_field, str):
+        data += ["--dataset_text_field", spec.data.text_field]
+    parts = ["trl", "sft", "--model_name_or_path", model, *data, *trl_args(params, longest),
              "--output_dir", "trainfit-run"]
     return " ".join(shlex.quote(p) if not p.startswith("<") else f"'{p}'" for p in parts)
 
 
-def command_script(spec: Spec, params: Params, header: str) -> str:
+def command_notes(spec: Spec) -> list[str]:
+    """What the generated ``trl sft`` command cannot express about the data: say so in its script."""
+    if spec.tune.command_template or spec.model.factory is not None or spec.data is None:
+        return []
+    notes = []
+    if trl_data_config(spec) is None:
+        notes.append(f"TRL cannot load {spec.data.path} as a file: save it as JSON lines, CSV or Parquet")
+    if isinstance(spec.data.text_field, tuple):
+        notes.append("TRL reads prompt/completion pairs from columns named 'prompt' and 'completion': "
+                     f"rename {', '.join(spec.data.text_field)}")
+    if spec.data.messages_field not in (None, "messages"):
+        notes.append(f"TRL reads conversations from a column named 'messages': rename {spec.data.messages_field!r}")
+    if spec.data.length_field is not None:
+        notes.append("this spec gives lengths, not text: point the command at the text of the dataset")
+    return notes
+
+
+def command_script(spec: Spec, params: Params, header: str, *, longest: int | None = None,
+                   data_config: Path | None = None) -> str:
     try:
-        cmd = build_command(spec, params)
+        cmd = build_command(spec, params, longest=longest, data_config=data_config)
     except TrainfitError as err:
         return f"#!/usr/bin/env bash\n{header}\n# No command: {err}\nexit 1\n"
+    notes = "".join(f"\n# note: {n}" for n in command_notes(spec))
     body = " \\\n    ".join(_split_flags(cmd))
-    return f"#!/usr/bin/env bash\n{header}\nset -euo pipefail\n{body}\n"
+    return f"#!/usr/bin/env bash\n{header}{notes}\nset -euo pipefail\n{body}\n"
 
 
 def _split_flags(cmd: str) -> list[str]:

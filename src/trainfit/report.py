@@ -16,7 +16,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trainfit.command import build_command, command_script
+import yaml
+
+from trainfit.command import build_command, command_script, trl_data_config
 from trainfit.data.stats import LengthStats
 from trainfit.devices import versions
 from trainfit.errors import TrainfitError
@@ -47,14 +49,14 @@ def ranked(trials: Sequence[Trial], repeats: Repeats | None = None, objective: s
 
 
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
-           repeats: Repeats | None = None) -> dict[str, Any]:
+           repeats: Repeats | None = None, data_config: Path | None = None) -> dict[str, Any]:
     m = t.measurement
     params = space.params(t.values)
     runtime_h = None
     if stats is not None and m.samples_per_second:
         runtime_h = stats.samples * spec.tune.epochs / m.samples_per_second / 3600
     try:
-        command = build_command(spec, params)
+        command = build_command(spec, params, longest=stats.max if stats else None, data_config=data_config)
     except TrainfitError:
         command = None
     return {
@@ -79,7 +81,7 @@ def within_noise(order: Sequence[Trial]) -> list[dict[str, Any]]:
     than the two probes' 95% confidence half-widths of the step time together allow. Both are
     reported as fractions of the best's objective: ``gap`` how much slower the runner-up
     measured, ``noise`` how much slower the intervals let it measure while being as fast."""
-    if not order:
+    if not order or order[0].objective <= 0:
         return []
     best = order[0]
     out = []
@@ -175,8 +177,9 @@ def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str) -> li
 
 
 def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, stats: LengthStats | None,
-                  strategy: str, stop_reason: str, elapsed_s: float, repeats: Repeats | None = None
-                  ) -> dict[str, Any]:
+                  strategy: str, stop_reason: str, elapsed_s: float, repeats: Repeats | None = None,
+                  data_config: Path | None = None) -> dict[str, Any]:
+    """``data_config``: the TRL config file that loads the data (see :func:`write_outputs`)."""
     repeats = repeats or {}
     objective = spec.tune.objective
     order = ranked(trials, repeats, objective)
@@ -188,7 +191,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         for t in order:
             key = json.dumps(t.values.get(knob), default=list)
             if key not in best_by_value:
-                best_by_value[key] = _entry(t, spec, space, stats, repeats)
+                best_by_value[key] = _entry(t, spec, space, stats, repeats, data_config)
         per_value[knob] = best_by_value
     peaks = [(t.values, t.measurement.peak_memory_gb, t.measurement.status) for t in trials]
     summary: dict[str, Any] = {
@@ -200,8 +203,8 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         "over_budget": over_budget,
         "failed_error": statuses.count("error"),
         "failed_timeout": statuses.count("timeout"),
-        "best_config": _entry(order[0], spec, space, stats, repeats) if order else None,
-        "runners_up": [_entry(t, spec, space, stats, repeats) for t in order[1:6]],
+        "best_config": _entry(order[0], spec, space, stats, repeats, data_config) if order else None,
+        "runners_up": [_entry(t, spec, space, stats, repeats, data_config) for t in order[1:6]],
         "within_noise_of_best": [] if repeats else within_noise(order),
         "confirmation": confirmation(order, repeats, objective),
         "fastest_per_value": per_value,
@@ -249,9 +252,15 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], re
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
                   stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
                   repeats: Repeats | None = None) -> dict[str, Any]:
-    """Write summary.json, trials.csv and train_command.sh (atomically enough to run after every trial)."""
+    """Write summary.json, trials.csv and train_command.sh (atomically enough to run after every trial),
+    and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the spec's data file."""
+    data_config = None
+    trl_data = None if spec.tune.command_template or spec.model.factory else trl_data_config(spec)
+    if trl_data is not None:
+        data_config = output.resolve() / "trl_data.yaml"
+        data_config.write_text(yaml.safe_dump(trl_data, sort_keys=False))
     summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
-                            elapsed_s=elapsed_s, repeats=repeats)
+                            elapsed_s=elapsed_s, repeats=repeats, data_config=data_config)
     tmp = output / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=list) + "\n")
     tmp.replace(output / "summary.json")
@@ -265,6 +274,6 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")
         script.write_text(command_script(spec, space.params(next(t for t in trials if t.number == best['trial']).values),
-                                         header))
+                                         header, longest=stats.max if stats else None, data_config=data_config))
         script.chmod(0o755)
     return summary
