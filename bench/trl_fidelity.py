@@ -1,0 +1,105 @@
+"""Does the probe's samples/s hold in a real trainer? (issues 2 and 4)
+
+The bundled tiny Llama on the bundled data: for a few configs, trainfit's probe and the very
+`trl sft` command `tune` writes for that config (TRL's own dataloader, collator and trainer loop).
+TRL's steady rate comes from two runs that differ only in `--max_steps` (short and long): the
+extra samples over the extra `train_runtime`, so start-up and the first steps cancel out. Rounds
+interleave probe and TRL runs, so a drift of the machine hits both alike.
+
+    python bench/trl_fidelity.py [--rounds 2] [--steps 10,40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import dump  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PLACEHOLDER = "'<a local model folder: this spec builds a random-init model from a config>'"
+CONFIGS = {
+    "full, batch 2": {"batch_size": 2, "gradient_checkpointing": False, "lora_r": None},
+    "LoRA r=8, batch 2": {"batch_size": 2, "gradient_checkpointing": False, "lora_r": 8},
+    "LoRA r=8, batch 4, checkpointing": {"batch_size": 4, "gradient_checkpointing": True, "lora_r": 8},
+}
+
+
+def local_model(spec, folder: Path) -> Path:
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from trainfit.workloads.hf import load_config
+
+    AutoModelForCausalLM.from_config(load_config(spec.model)).save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_file=str(spec.tokenizer), unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>", pad_token="<pad>").save_pretrained(folder)
+    return folder
+
+
+def trl_runtime(command: str, model: Path, steps: int, work: Path) -> float:
+    """``train_runtime`` of the written command run for ``steps`` optimizer steps."""
+    runnable = command.replace(PLACEHOLDER, str(model)).replace(
+        "--output_dir trainfit-run", f"--output_dir {work / 'out'} --max_steps {steps} --report_to none "
+                                     "--save_strategy no --use_cpu true --logging_steps 100000")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(work / "hf"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", "-c", runnable], capture_output=True, text=True, env=env, timeout=900)
+    found = re.search(r"'train_runtime': '?([0-9.]+)", done.stdout + done.stderr)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"trl sft failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    return float(found.group(1))
+
+
+def main() -> None:
+    from trainfit.command import build_command, trl_data_config
+    from trainfit.data.analyze import analyze_spec
+    from trainfit.probe import run_probe
+    from trainfit.spec import load_spec
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", default="10,40", help="the short and the long TRL run, in optimizer steps")
+    args = ap.parse_args()
+    short, long = map(int, args.steps.split(","))
+    spec = load_spec(ROOT / "examples" / "tiny-llama.yaml")  # target effective batch 32
+    stats = analyze_spec(spec, progress=False)
+    work = Path(tempfile.mkdtemp(prefix="trl-fidelity-"))
+    model = local_model(spec, work / "model")
+    data_config = work / "trl_data.yaml"
+    data_config.write_text(yaml.safe_dump(trl_data_config(spec)))
+    rows: dict[str, dict[str, list[float]]] = {name: {"probe": [], "trl": []} for name in CONFIGS}
+    for r in range(args.rounds):
+        for name, values in CONFIGS.items():
+            params = spec.search.params(values)
+            m = run_probe(spec, params, stats=stats)
+            assert m.status == "ok", m.message
+            command = build_command(spec, params, longest=stats.max, data_config=data_config)
+            t_short, t_long = (trl_runtime(command, model, n, work) for n in (short, long))
+            trl = (long - short) * params.effective_batch_size / (t_long - t_short)
+            rows[name]["probe"].append(m.samples_per_second)
+            rows[name]["trl"].append(trl)
+            print(f"round {r + 1} {name}: probe {m.samples_per_second:.1f}, trl {trl:.1f} samples/s",
+                  file=sys.stderr, flush=True)
+    table = {name: {"probe_samples_per_s": statistics.median(v["probe"]),
+                    "trl_samples_per_s": statistics.median(v["trl"]),
+                    "trl_over_probe": statistics.median(v["trl"]) / statistics.median(v["probe"]),
+                    "raw": v} for name, v in rows.items()}
+    order = {kind: sorted(table, key=lambda n: -table[n][f"{kind}_samples_per_s"]) for kind in ("probe", "trl")}
+    import trl
+
+    dump("trl_fidelity", {"trl": trl.__version__, "rounds": args.rounds, "trl_steps": [short, long], "configs": table,
+                          "ranking_probe": order["probe"], "ranking_trl": order["trl"],
+                          "same_ranking": order["probe"] == order["trl"]})
+
+
+if __name__ == "__main__":
+    main()
