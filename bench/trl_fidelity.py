@@ -7,6 +7,7 @@ extra samples over the extra `train_runtime`, so start-up and the first steps ca
 interleave probe and TRL runs, so a drift of the machine hits both alike.
 
     python bench/trl_fidelity.py [--rounds 2] [--steps 10,40]
+    python bench/trl_fidelity.py --cuda [--model-1b]    # on a GPU: bf16, optionally the ~1.1B shape
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ def local_model(spec, folder: Path) -> Path:
     return folder
 
 
-def trl_runtime(command: str, model: Path, steps: int, work: Path) -> float:
+def trl_runtime(command: str, model: Path, steps: int, work: Path, cpu: bool) -> float:
     """``train_runtime`` of the written command run for ``steps`` optimizer steps."""
     runnable = command.replace(PLACEHOLDER, str(model)).replace(
         "--output_dir trainfit-run", f"--output_dir {work / 'out'} --max_steps {steps} --report_to none "
-                                     "--save_strategy no --use_cpu true --logging_steps 100000")
+                                     f"--save_strategy no --logging_steps 100000{' --use_cpu true' * cpu}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(work / "hf"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run(["bash", "-c", runnable], capture_output=True, text=True, env=env, timeout=900)
@@ -68,9 +69,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", default="10,40", help="the short and the long TRL run, in optimizer steps")
+    ap.add_argument("--cuda", action="store_true", help="probe and train on the GPU, in bf16")
+    ap.add_argument("--model-1b", action="store_true", help="the ~1.1B Llama shape of gpu_sweep.py")
     args = ap.parse_args()
     short, long = map(int, args.steps.split(","))
-    spec = load_spec(ROOT / "examples" / "tiny-llama.yaml")  # target effective batch 32
+    overrides = ["probe.device=cuda", "precision=bf16"] if args.cuda else []
+    if args.model_1b:
+        from gpu_sweep import LLAMA_1B
+
+        overrides += [f"model.config.{k}={v}" for k, v in LLAMA_1B.items() if k != "model_type"]
+    spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", overrides)  # target effective batch 32
     stats = analyze_spec(spec, progress=False)
     work = Path(tempfile.mkdtemp(prefix="trl-fidelity-"))
     model = local_model(spec, work / "model")
@@ -83,7 +91,7 @@ def main() -> None:
             m = run_probe(spec, params, stats=stats)
             assert m.status == "ok", m.message
             command = build_command(spec, params, longest=stats.max, data_config=data_config)
-            t_short, t_long = (trl_runtime(command, model, n, work) for n in (short, long))
+            t_short, t_long = (trl_runtime(command, model, n, work, cpu=not args.cuda) for n in (short, long))
             trl = (long - short) * params.effective_batch_size / (t_long - t_short)
             rows[name]["probe"].append(m.samples_per_second)
             rows[name]["trl"].append(trl)
