@@ -1,7 +1,9 @@
 """Does the probe's samples/s hold in a real trainer? (issues 2 and 4)
 
-The bundled tiny Llama on the bundled data: for a few configs, trainfit's probe and the very
-`trl sft` command `tune` writes for that config (TRL's own dataloader, collator and trainer loop).
+The bundled tiny Llama on the bundled data: for a few configs, trainfit's probe, a plain loop
+(trainfit's own training step fed by a DataLoader over the real tokenized text, padding collator:
+what the probe's pre-built batches leave out of a bare loop), and the very `trl sft` command
+`tune` writes for that config (TRL's own dataloader, collator and trainer loop).
 TRL's steady rate comes from two runs that differ only in `--max_steps` (short and long): the
 extra samples over the extra `train_runtime`, so start-up and the first steps cancel out. Rounds
 interleave probe and TRL runs, so a drift of the machine hits both alike.
@@ -13,12 +15,14 @@ interleave probe and TRL runs, so a drift of the machine hits both alike.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -60,6 +64,52 @@ def trl_runtime(command: str, model: Path, steps: int, work: Path, cpu: bool) ->
     return float(found.group(1))
 
 
+def plain_loop(spec, params, token_ids: list[list[int]], pad_id: int, steps: int) -> float:
+    """samples/s of trainfit's TrainStep over a shuffled DataLoader of the real token ids."""
+    import torch
+
+    from trainfit.probe.runner import resolve_device_name
+    from trainfit.step import TrainStep, synchronize
+    from trainfit.workloads import build_workload
+    from trainfit.workloads.base import Batch
+
+    device = torch.device(resolve_device_name(spec.probe.device))
+    workload = build_workload(spec, params, device)
+    step = TrainStep(workload, params, device)
+    max_len = params.max_length
+
+    def collate(rows: list[list[int]]) -> Batch:
+        rows = [r[:max_len] for r in rows]
+        n = max_len if params.padding == "max_length" else max(len(r) for r in rows)
+        ids = torch.full((len(rows), n), pad_id)
+        mask = torch.zeros((len(rows), n), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1
+        inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device),
+                  "labels": ids.masked_fill(mask == 0, -100).to(device)}
+        return Batch(inputs=inputs, seq_lens=tuple(len(r) for r in rows), padded_len=n)
+
+    loader = torch.utils.data.DataLoader(token_ids, batch_size=params.batch_size, shuffle=True, collate_fn=collate)
+    batches = iter(())
+
+    def micro() -> Batch:
+        nonlocal batches
+        try:
+            return next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            return next(batches)
+
+    for _ in range(3):  # warm-up, as the probe's burn-in
+        step.run([micro() for _ in range(params.gradient_accumulation_steps)])
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step.run([micro() for _ in range(params.gradient_accumulation_steps)])
+    synchronize(device)
+    return steps * params.effective_batch_size / (time.perf_counter() - start)
+
+
 def main() -> None:
     from trainfit.command import build_command, trl_data_config
     from trainfit.data.analyze import analyze_spec
@@ -84,7 +134,12 @@ def main() -> None:
     model = local_model(spec, work / "model")
     data_config = work / "trl_data.yaml"
     data_config.write_text(yaml.safe_dump(trl_data_config(spec)))
-    rows: dict[str, dict[str, list[float]]] = {name: {"probe": [], "trl": []} for name in CONFIGS}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    texts = [json.loads(line)[spec.data.text_field] for line in Path(spec.data.path).open()]
+    token_ids = [tokenizer(t)["input_ids"] for t in texts]
+    rows: dict[str, dict[str, list[float]]] = {name: {"probe": [], "plain": [], "trl": []} for name in CONFIGS}
     for r in range(args.rounds):
         for name, values in CONFIGS.items():
             params = spec.search.params(values)
@@ -93,20 +148,22 @@ def main() -> None:
             command = build_command(spec, params, longest=stats.max, data_config=data_config)
             t_short, t_long = (trl_runtime(command, model, n, work, cpu=not args.cuda) for n in (short, long))
             trl = (long - short) * params.effective_batch_size / (t_long - t_short)
+            plain = plain_loop(spec, params, token_ids, tokenizer.pad_token_id, steps=long - short)
             rows[name]["probe"].append(m.samples_per_second)
+            rows[name]["plain"].append(plain)
             rows[name]["trl"].append(trl)
-            print(f"round {r + 1} {name}: probe {m.samples_per_second:.1f}, trl {trl:.1f} samples/s",
-                  file=sys.stderr, flush=True)
-    table = {name: {"probe_samples_per_s": statistics.median(v["probe"]),
-                    "trl_samples_per_s": statistics.median(v["trl"]),
+            print(f"round {r + 1} {name}: probe {m.samples_per_second:.1f}, plain loop {plain:.1f}, "
+                  f"trl {trl:.1f} samples/s", file=sys.stderr, flush=True)
+    kinds = ("probe", "plain", "trl")
+    table = {name: {**{f"{k}_samples_per_s": statistics.median(v[k]) for k in kinds},
+                    "plain_over_probe": statistics.median(v["plain"]) / statistics.median(v["probe"]),
                     "trl_over_probe": statistics.median(v["trl"]) / statistics.median(v["probe"]),
                     "raw": v} for name, v in rows.items()}
-    order = {kind: sorted(table, key=lambda n: -table[n][f"{kind}_samples_per_s"]) for kind in ("probe", "trl")}
+    order = {kind: sorted(table, key=lambda n: -table[n][f"{kind}_samples_per_s"]) for kind in kinds}
     import trl
 
     dump("trl_fidelity", {"trl": trl.__version__, "rounds": args.rounds, "trl_steps": [short, long], "configs": table,
-                          "ranking_probe": order["probe"], "ranking_trl": order["trl"],
-                          "same_ranking": order["probe"] == order["trl"]})
+                          "rankings": order, "same_ranking": order["probe"] == order["plain"] == order["trl"]})
 
 
 if __name__ == "__main__":
