@@ -178,13 +178,13 @@ def tune(
                     stop_reason = f"time budget reached ({time_budget_s:g} s)"
                     break
                 if not refining and not store.pending_queue():
+                    ended = None
                     if len(history) >= max_trials:
-                        stop_reason = f"trial budget reached ({max_trials})"
+                        ended = f"trial budget reached ({max_trials})"
                     elif strategy_name in ("random", "bayes") and trials_since_best(history) >= spec.tune.patience:
-                        stop_reason = f"no better config in the last {spec.tune.patience} trials"
-                    else:
-                        stop_reason = None
-                    if stop_reason is not None:
+                        ended = f"no better config in the last {spec.tune.patience} trials"
+                    if ended is not None:
+                        stop_reason = ended
                         if not (refine and ranked(history)):
                             break
                         refining = True
