@@ -182,7 +182,8 @@ def test_cli_analyze_json_round_trip_and_plot(tmp_path: Path, capsys) -> None:
     assert main(["analyze", str(path), "--text-field", "nope", "--quiet"]) == 2
     assert "fields in the first row: text, extra" in capsys.readouterr().err
     for option, message in ((["--multiple", "0"], "--multiple: 0 is out of range: expected an integer >= 1"),
-                            (["--percentile", "150"], "--percentile: 150 is out of range: expected a number > 0 and <= 100")):
+                            (["--percentile", "150"],
+                             "--percentile: 150 is out of range: expected a number > 0 and <= 100")):
         with pytest.raises(SystemExit) as exit_:  # a usage error, not a ZeroDivisionError traceback
             main(["analyze", str(path), "--text-field", "text", "--quiet", *option])
         assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -67,7 +67,8 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
         "memory_parts_gb": {k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
         "mfu": m.mfu,
         "stable": m.stable,
-        "confirmed_median": pooled(t, repeats, spec.tune.objective) if config_key(t.values) in (repeats or {}) else None,
+        "confirmed_median": (pooled(t, repeats, spec.tune.objective)
+                             if config_key(t.values) in (repeats or {}) else None),
         "estimated_full_runtime_hours": runtime_h,
         "searched": jsonable(t.values),
         "effective_batch_size": params.effective_batch_size,
@@ -273,7 +274,8 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   f"{m.samples_per_second:.4g} samples/s, peak {m.peak_memory_gb:.2f} GiB on {m.device_name}\n"
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")
-        script.write_text(command_script(spec, space.params(next(t for t in trials if t.number == best['trial']).values),
-                                         header, longest=stats.max if stats else None, data_config=data_config))
+        values = next(t for t in trials if t.number == best["trial"]).values
+        script.write_text(command_script(spec, space.params(values), header,
+                                         longest=stats.max if stats else None, data_config=data_config))
         script.chmod(0o755)
     return summary

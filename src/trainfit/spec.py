@@ -339,7 +339,8 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
                                     "check the path (relative paths start at the spec's folder)"))
         fields_given = [k for k in ("text_field", "messages_field", "length_field") if data.get(k) is not None]
         if len(fields_given) > 1:
-            problems.append(Problem("data", f"give one of text_field, messages_field, length_field (got {fields_given})"))
+            problems.append(Problem("data",
+                                    f"give one of text_field, messages_field, length_field (got {fields_given})"))
         if data.get("format", "auto") not in _DATA_FORMATS:
             problems.append(Problem("data.format", f"{data['format']!r} is not one of {', '.join(_DATA_FORMATS)}"))
         if data.get("on_bad_row", "stop") not in ("stop", "skip"):
@@ -450,7 +451,8 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
     """
     path = Path(path)
     if not path.is_file():
-        raise TrainfitError(f"spec file {path} not found", "pass the path of a YAML spec, e.g. examples/tiny-llama.yaml")
+        raise TrainfitError(f"spec file {path} not found",
+                            "pass the path of a YAML spec, e.g. examples/tiny-llama.yaml")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:

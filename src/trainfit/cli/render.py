@@ -53,6 +53,8 @@ def config_line(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items() if v is not None and (lora or not k.startswith("lora_")))
 
 
+UNSTABLE = ("NOT stable (step/time cap hit: raise probe.max_seconds or probe.max_steps for a tighter "
+            "estimate)")
 PART_NAMES = {"model": "model", "optimizer": "optimizer state", "runtime": "runtime",
               "step": "worst-case step", "build": "build", "allocator_cache": "allocator cache"}
 """How the report names each part of ``Measurement.memory_parts_bytes``."""
@@ -71,7 +73,7 @@ def measurement_report(m: Measurement) -> str:
             ("samples/s", fmt_num(m.samples_per_second)),
             ("tokens/s", f"{fmt_num(m.tokens_per_second)} (real tokens, padding excluded)"),
             ("step time", f"{m.step_time_median_s:.4g} s median, {m.step_time_mean_s:.4g} s mean{ci}, "
-                          f"{m.steps_measured} steps, {'stable' if m.stable else 'NOT stable (step/time cap hit: raise probe.max_seconds or probe.max_steps for a tighter estimate)'}"),
+                          f"{m.steps_measured} steps, {'stable' if m.stable else UNSTABLE}"),
             ("per step", f"{m.samples_per_step} samples, {fmt_num(m.real_tokens_per_step)} real / "
                          f"{fmt_num(m.padded_tokens_per_step)} padded tokens"),
         ]

@@ -48,8 +48,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--time-budget", type=number(float, above=0), metavar="SECONDS",
                    help="start no probe after this long")
     p.add_argument("--quick", action="store_true", help="at most 6 probes")
-    p.add_argument("--refine", action="store_true", help="then probe the neighbours of the best config (one grid step in one knob), "
-                   "beyond --max-trials/--quick: a local search until the best's neighbours are all measured")
+    p.add_argument("--refine", action="store_true",
+                   help="then probe the neighbours of the best config (one grid step in one knob), beyond "
+                        "--max-trials/--quick: a local search until the best's neighbours are all measured")
     p.add_argument("--confirm", type=number(int, at_least=0), metavar="N",
                    help="then probe the best and the runners-up within its measurement noise or within "
                         "tune.confirm_margin (default 5%%) N more times each, interleaved, and rank them by their "
@@ -205,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
     if best is None:
         print(f"\nNo configuration fits: {spec.budget.describe()}.")
         failed = s.get("all_failed", {})
-        print(table([("over budget" if p["status"] == "ok" else p["status"], f"peak {p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "peak n/a",
+        print(table([("over budget" if p["status"] == "ok" else p["status"],
+                      f"peak {p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "peak n/a",
                       values_line(p["searched"])) for p in failed.get("measured_peaks_gb", [])]))
         smallest = failed.get("smallest_peak")
         if smallest:

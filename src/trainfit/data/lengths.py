@@ -131,7 +131,8 @@ def _tokenizer_id(path: str | None) -> str:
     if path is None:
         return "fallback-regex-v1"
     p = Path(path)
-    files = [p] if p.is_file() else sorted(q for q in p.iterdir() if q.is_file() and q.suffix in (".json", ".model", ".txt"))
+    files = [p] if p.is_file() else sorted(q for q in p.iterdir()
+                                           if q.is_file() and q.suffix in (".json", ".model", ".txt"))
     h = hashlib.sha256()
     for q in files:
         h.update(q.name.encode())
@@ -270,7 +271,8 @@ def count_lengths(
     last_ckpt = time.perf_counter()
     rows = iter_rows(path, fmt, columns=recipe.fields, skip=resumed_at)
 
-    def parse(batch: list[tuple[int, Any]], first: bool) -> tuple[list[int], list[int], list[str], list[dict[str, Any]]]:
+    def parse(batch: list[tuple[int, Any]], first: bool
+              ) -> tuple[list[int], list[int], list[str], list[dict[str, Any]]]:
         """Lengths known without a tokenizer, the texts to tokenize and where they go, bad rows."""
         texts: list[str] = []
         slots: list[int] = []  # position in `out` for each text

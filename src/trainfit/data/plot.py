@@ -39,6 +39,7 @@ def histogram_html(stats: LengthStats) -> str:
 <svg width="{width}" height="{height}" role="img">{''.join(bars)}{marker}{axis}</svg>
 <h3>Percentiles</h3><table>{rows}</table>
 <h3>Padding waste at batch size {stats.batch_size}</h3><table>{waste}</table>
-<p>Recommended fixed length: {fixed} ({html.escape(stats.recommended_rule)}), truncating {stats.truncated_share:.2%} of samples.</p>
+<p>Recommended fixed length: {fixed} ({html.escape(stats.recommended_rule)}),
+truncating {stats.truncated_share:.2%} of samples.</p>
 </body>
 """

@@ -103,7 +103,8 @@ class FactoryWorkload(Workload):
         if params.lora_r is not None and "lora_r" not in handles:
             if not params.lora_target_modules:
                 raise TrainfitError("lora_r is set for a custom model but lora_target_modules is not",
-                                    "name the modules to adapt, or apply LoRA in the factory and add 'lora_r' to handles")
+                                    "name the modules to adapt, or apply LoRA in the factory and add 'lora_r' "
+                                    "to handles")
             from peft import LoraConfig, get_peft_model
 
             targets = params.lora_target_modules
