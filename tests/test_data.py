@@ -27,6 +27,16 @@ def write_jsonl(path: Path, counts: list[int]) -> Path:
     return path
 
 
+def test_an_unwritable_cache_costs_the_cache_not_the_count(tmp_path: Path, capsys) -> None:
+    counts = [3, 1, 4, 1, 5]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a cache folder under a file cannot be created
+    table = count_lengths(write_jsonl(tmp_path / "d.jsonl", counts), WORDS, progress=False,
+                          cache_dir=blocker / "cache")
+    assert table.lengths.tolist() == counts
+    assert "cannot write the length cache" in capsys.readouterr().err
+
+
 def test_exact_percentiles_and_longest_rows(tmp_path: Path) -> None:
     counts = list(range(1, 101))  # 1..100 words
     counts[10], counts[20] = 500, 400  # two long outliers at known rows

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,6 +172,24 @@ class _Checkpoint:
         self.meta = folder / "meta.json"
         self.partial = folder / "partial.i32"
         self.progress = folder / "progress.json"
+        self.writable = True
+        """False once a write failed: the count goes on without its cache (it is only a cache)."""
+
+    def _failed(self, err: OSError) -> None:
+        if self.writable:
+            print(f"warning: cannot write the length cache at {self.folder} ({err.strerror or err}): counting "
+                  "without it; set TRAINFIT_CACHE to a writable folder to keep and resume counts", file=sys.stderr)
+        self.writable = False
+
+    def check_writable(self) -> bool:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            probe = self.folder / ".write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            self._failed(err)
+        return self.writable
 
     def load_final(self) -> tuple[np.ndarray, dict[str, Any]] | None:
         if self.final.exists() and self.meta.exists():
@@ -188,24 +207,34 @@ class _Checkpoint:
         return data[:rows].tolist(), state
 
     def save_partial(self, lengths_tail: list[int], state: dict[str, Any]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with self.partial.open("r+b" if self.partial.exists() else "wb") as f:
-            f.seek(4 * (state["rows"] - len(lengths_tail)))
-            np.asarray(lengths_tail, dtype=np.int32).tofile(f)
-            f.truncate()
-            f.flush()
-            os.fsync(f.fileno())
-        tmp = self.progress.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(self.progress)
+        if not self.writable:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with self.partial.open("r+b" if self.partial.exists() else "wb") as f:
+                f.seek(4 * (state["rows"] - len(lengths_tail)))
+                np.asarray(lengths_tail, dtype=np.int32).tofile(f)
+                f.truncate()
+                f.flush()
+                os.fsync(f.fileno())
+            tmp = self.progress.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state))
+            tmp.replace(self.progress)
+        except OSError as err:
+            self._failed(err)
 
     def save_final(self, lengths: np.ndarray, meta: dict[str, Any]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        np.save(self.final.with_suffix(".tmp.npy"), lengths)
-        self.final.with_suffix(".tmp.npy").replace(self.final)
-        self.meta.write_text(json.dumps(meta))
-        for p in (self.partial, self.progress):
-            p.unlink(missing_ok=True)
+        if not self.writable:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            np.save(self.final.with_suffix(".tmp.npy"), lengths)
+            self.final.with_suffix(".tmp.npy").replace(self.final)
+            self.meta.write_text(json.dumps(meta))
+            for p in (self.partial, self.progress):
+                p.unlink(missing_ok=True)
+        except OSError as err:
+            self._failed(err)
 
 
 def _batches(rows: Iterator[tuple[int, Any]], size: int) -> Iterator[list[tuple[int, Any]]]:
@@ -257,6 +286,7 @@ def count_lengths(
                            from_cache=True)
 
     tokenizer = None if recipe.length_field else _Tokenizer(recipe.tokenizer, need_chat=bool(recipe.messages_field))
+    use_cache = use_cache and ckpt.check_writable()
     done, state = ckpt.load_partial() if use_cache else ([], {})
     bad_rows = int(state.get("bad_rows", 0))
     bad_examples: list[dict[str, Any]] = list(state.get("bad_examples", []))
