@@ -45,6 +45,9 @@ def test_overrides_win_over_the_file_and_bare_keys_are_params(tmp_path: Path, ll
     assert spec.params.lora_r == 16
     assert spec.params.lora_target_modules == ("q_proj", "v_proj")
     assert spec.budget.memory_gb == 3.0
+    # the form a shell user types first: a comma list, not one module named 'q_proj,v_proj'
+    assert load_spec(llama_spec(), ["lora_r=8", "lora_target_modules=q_proj, v_proj"]).params.lora_target_modules == \
+        ("q_proj", "v_proj")
     assert merge_overrides({"a": {"b": 1}}, [("a.c", 2)]) == {"a": {"b": 1, "c": 2}}
     assert parse_override("compile=max-autotune") == ("params.compile", "max-autotune")
     with pytest.raises(TrainfitError):

@@ -170,6 +170,8 @@ def _check_value(knob: Knob, value: Any, key: str) -> tuple[Any, Problem | None]
         hint = f"did you mean {close[0]!r}?" if close else None
         return value, Problem(key, f"{value!r} is not one of {', '.join(map(str, knob.choices))}", hint)
     if knob.kind == "modules":
+        if isinstance(value, str) and "," in value:  # --set lora_target_modules=q_proj,v_proj
+            return tuple(v.strip() for v in value.split(",") if v.strip()), None
         if isinstance(value, str):
             return value, None
         if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
