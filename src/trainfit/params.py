@@ -38,6 +38,13 @@ class Knob:
     """True when the knob only shapes the batches: a built model can be probed at another value."""
 
 
+def split_modules(text: str) -> str | tuple[str, ...]:
+    """``"q_proj, v_proj"`` -> ``("q_proj", "v_proj")``; one name (``all-linear``) stays a string."""
+    if "," not in text:
+        return text
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
@@ -170,10 +177,8 @@ def _check_value(knob: Knob, value: Any, key: str) -> tuple[Any, Problem | None]
         hint = f"did you mean {close[0]!r}?" if close else None
         return value, Problem(key, f"{value!r} is not one of {', '.join(map(str, knob.choices))}", hint)
     if knob.kind == "modules":
-        if isinstance(value, str) and "," in value:  # --set lora_target_modules=q_proj,v_proj
-            return tuple(v.strip() for v in value.split(",") if v.strip()), None
-        if isinstance(value, str):
-            return value, None
+        if isinstance(value, str):  # --set lora_target_modules=q_proj,v_proj is two modules
+            return split_modules(value), None
         if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
             return tuple(value), None
         return value, Problem(key, "expected a list of module names or 'all-linear'")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.errors import Problem
-from trainfit.params import KNOBS, Params, check_knob
+from trainfit.params import KNOBS, Params, check_knob, split_modules
 
 _OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
         "<": operator.lt}
@@ -125,9 +125,8 @@ class SearchSpace:
     def params(self, values: Mapping[str, Any]) -> Params:
         """The full configuration for searched ``values``: base + values + derived accumulation."""
         changes = dict(values)
-        modules = changes.get("lora_target_modules")
-        if isinstance(modules, str) and "," in modules:
-            changes["lora_target_modules"] = tuple(modules.split(","))
+        if isinstance(changes.get("lora_target_modules"), str):
+            changes["lora_target_modules"] = split_modules(changes["lora_target_modules"])
         if self.target_effective_batch is not None:
             bs = int(changes.get("batch_size", self.base.batch_size))
             changes["gradient_accumulation_steps"] = max(1, round(self.target_effective_batch / bs))
