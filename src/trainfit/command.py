@@ -54,10 +54,16 @@ _LOADERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet",
 """``datasets`` loaders for the data formats trainfit reads (TSV and save_to_disk folders have none)."""
 
 
+def writes_trl(spec: Spec) -> bool:
+    """Is the training command a ``trl sft`` one (no user template, a Hugging Face model)?"""
+    return not spec.tune.command_template and spec.model.factory is None
+
+
 def trl_data_config(spec: Spec) -> dict[str, Any] | None:
     """The ``datasets:`` section of a TRL config file that loads the spec's data file. TRL's
-    ``--dataset_name`` takes Hub names and folders, not a file; None where no loader fits."""
-    if spec.data is None:
+    ``--dataset_name`` takes Hub names and folders, not a file; None where no loader fits or the
+    command is not a ``trl sft`` one."""
+    if spec.data is None or not writes_trl(spec):
         return None
     from trainfit.data.readers import detect_format
 
@@ -125,7 +131,7 @@ def build_command(spec: Spec, params: Params, *, longest: int | None = None,
 
 def command_notes(spec: Spec) -> list[str]:
     """What the generated ``trl sft`` command cannot express about the data: say so in its script."""
-    if spec.tune.command_template or spec.model.factory is not None or spec.data is None:
+    if not writes_trl(spec) or spec.data is None:
         return []
     notes = []
     if trl_data_config(spec) is None:

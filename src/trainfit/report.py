@@ -124,9 +124,10 @@ def smallest_peak(spec: Spec, trials: Sequence[Trial]) -> dict[str, Any] | None:
             "needs_memory_gb": m.peak_memory_gb + spec.budget.headroom_gb, "at_least": m.status == "oom"}
 
 
-def oom_advice(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -> list[str]:
+def oom_advice(trials: Sequence[Trial], stats: LengthStats | None, smallest: dict[str, Any] | None) -> list[str]:
     """Concrete knobs that would lower peak memory, from what was searched and measured: knobs
-    not tried yet, the ones acting on the largest measured part of the smallest peak first."""
+    not tried yet, the ones acting on the largest measured part of ``smallest`` (the
+    :func:`smallest_peak`) first."""
     tried: dict[str, set[Any]] = {}
     for t in trials:
         for k, v in t.measurement.config.items():
@@ -157,7 +158,6 @@ def oom_advice(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -
     if cuda and never("optimizer", "adamw_8bit"):
         advice.append(("optimizer", "optimizer: adamw_8bit (Adam state at 2 instead of 8 bytes per trainable "
                                     "parameter)"))
-    smallest = smallest_peak(spec, trials)
     parts = smallest["parts_gb"] if smallest else {}
     if (smallest and parts.get("allocator_cache", 0.0) >= 0.1 * smallest["peak_gb"]
             and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):
@@ -224,10 +224,11 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         "spec": spec.to_dict(),
     }
     if not order and trials:
+        smallest = smallest_peak(spec, trials)
         summary["all_failed"] = {
             "measured_peaks_gb": [{"searched": v, "peak_gb": p, "status": s} for v, p, s in peaks],
-            "smallest_peak": smallest_peak(spec, trials),
-            "advice": oom_advice(spec, trials, stats),
+            "smallest_peak": smallest,
+            "advice": oom_advice(trials, stats, smallest),
         }
     return summary
 
@@ -256,7 +257,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     """Write summary.json, trials.csv and train_command.sh (atomically enough to run after every trial),
     and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the spec's data file."""
     data_config = None
-    trl_data = None if spec.tune.command_template or spec.model.factory else trl_data_config(spec)
+    trl_data = trl_data_config(spec)
     if trl_data is not None:
         data_config = output.resolve() / "trl_data.yaml"
         data_config.write_text(yaml.safe_dump(trl_data, sort_keys=False))
