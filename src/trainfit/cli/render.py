@@ -60,9 +60,10 @@ PART_NAMES = {"model": "model", "optimizer": "optimizer state", "runtime": "runt
 """How the report names each part of ``Measurement.memory_parts_bytes``."""
 
 
-def parts_line(parts_bytes: dict[str, float]) -> str:
-    """``model 1.30 MiB, optimizer state 2.66 MiB, ...`` (see ``Measurement.memory_parts_bytes``)."""
-    return ", ".join(f"{PART_NAMES.get(k, k)} {fmt_bytes(v)}" for k, v in parts_bytes.items())
+def parts_line(parts: dict[str, float], unit: float = 1) -> str:
+    """``model 1.30 MiB, optimizer state 2.66 MiB, ...`` (see ``Measurement.memory_parts_bytes``);
+    ``unit``: bytes per unit of ``parts`` (``1024**3`` for summary.json's ``memory_parts_gb``)."""
+    return ", ".join(f"{PART_NAMES.get(k, k)} {fmt_bytes(v * unit)}" for k, v in parts.items())
 
 
 def measurement_report(m: Measurement) -> str:

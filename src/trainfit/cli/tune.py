@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{'at least ' if smallest['at_least'] else ''}{smallest['peak_gb']:.2f} GiB")
             parts = smallest["parts_gb"]
             if parts:
-                print("  of which " + parts_line({k: v * 1024**3 for k, v in parts.items()}))
+                print("  of which " + parts_line(parts, unit=1024**3))
                 if max(parts, key=parts.get) == "runtime":
                     print("  the largest part is the process itself (interpreter, libraries), the same for "
                           "every config: no knob lowers it")
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
                 if best["confirmed_median"] is not None else "")),
             ("tokens/s", f"{fmt_num(best['tokens_per_second'])} (real tokens)"),
             ("peak memory", f"{best['memory_peak_gb']:.2f} GiB"
-             + (f" ({parts_line({k: v * 1024**3 for k, v in best['memory_parts_gb'].items()})})"
+             + (f" ({parts_line(best['memory_parts_gb'], unit=1024**3)})"
                 if best["memory_parts_gb"] else "")),
             ("effective batch", str(best["effective_batch_size"]))]
     if best["estimated_full_runtime_hours"] is not None:
