@@ -48,13 +48,17 @@ def ranked(trials: Sequence[Trial], repeats: Repeats | None = None, objective: s
     return sorted(ok, key=lambda t: (-pooled(t, repeats or {}, objective), t.measurement.peak_memory_bytes or 0))
 
 
+def run_samples(spec: Spec, stats: LengthStats | None) -> float | None:
+    """Samples of the full run (the dataset x ``tune.epochs``), for its runtime estimate."""
+    return None if stats is None else stats.samples * spec.tune.epochs
+
+
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
            repeats: Repeats | None = None, data_config: Path | None = None) -> dict[str, Any]:
     m = t.measurement
     params = space.params(t.values)
-    runtime_h = None
-    if stats is not None and m.samples_per_second:
-        runtime_h = stats.samples * spec.tune.epochs / m.samples_per_second / 3600
+    samples = run_samples(spec, stats)
+    runtime_h = samples / m.samples_per_second / 3600 if samples and m.samples_per_second else None
     try:
         command = build_command(spec, params, longest=stats.max if stats else None, data_config=data_config)
     except TrainfitError:

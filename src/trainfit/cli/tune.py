@@ -167,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.cli.render import fmt_num, parts_line, table, unit, values_line
     from trainfit.errors import TrainfitError
     from trainfit.progress import format_duration
+    from trainfit.report import run_samples
     from trainfit.search.tune import tune
 
     spec = spec_from_args(args)
@@ -186,8 +187,7 @@ def run(args: argparse.Namespace) -> int:
         result = tune(spec, output=args.output, stats=stats, resume=args.resume, join=args.join,
                       storage=args.storage, strategy=args.strategy, max_trials=args.max_trials,
                       time_budget_s=args.time_budget, quick=args.quick, refine=args.refine,
-                      on_event=TuneView(args.quiet, spec.tune.objective,
-                                        stats.samples * spec.tune.epochs if stats else None))
+                      on_event=TuneView(args.quiet, spec.tune.objective, run_samples(spec, stats)))
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished trial is saved in {args.storage or args.output}; continue with\n"
               f"  {resume_command(args)}", file=sys.stderr)
