@@ -688,3 +688,13 @@ def test_bad_storage_options_are_clear_errors(tmp_path: Path, capsys: Any, optio
     assert main(["tune", str(path), "--output", str(tmp_path / "out"), *option]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and "secret" not in err
+
+
+@pytest.mark.parametrize("module", ["trainfit.report", "trainfit.search.study", "trainfit.cli.tune"])
+def test_each_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
+    """No import cycle depends on which module a caller happens to import first."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,6 +1,4 @@
-"""Search for the fastest configuration that fits: space, strategies, persistent study, loop."""
-
-from trainfit.search.space import SearchSpace
-from trainfit.search.tune import TuneResult, tune
-
-__all__ = ["SearchSpace", "TuneResult", "tune"]
+"""Search for the fastest configuration that fits: ``space`` (what is searched), ``strategies``
+(what to probe next), ``study`` (the persistent trial store) and ``tune`` (the loop; call
+``trainfit.search.tune.tune``). Nothing is imported here, so ``trainfit.report`` and the
+search modules can import each other's pieces in any order."""
