@@ -1,4 +1,4 @@
-"""Custom factories for tests: a working one with a custom knob, and ones that crash or hang."""
+"""Custom factories for tests: a working one with a custom knob, and ones that crash, hang or fail."""
 
 from __future__ import annotations
 
@@ -48,4 +48,10 @@ def broken(params: trainfit.Params, device: torch.device) -> trainfit.CustomWork
 
 def environment(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
     """Fails on purpose, naming what the worker's environment holds."""
-    raise ValueError(" ".join(f"{k}={os.environ.get(k)}" for k in ("TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED")))
+    names = ("TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED", "ARROW_DEFAULT_MEMORY_POOL")
+    raise ValueError(" ".join(f"{k}={os.environ.get(k)}" for k in names))
+
+
+def bare_memory_error(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
+    """An allocation failure with no message, as Python raises when a cap is hit mid-import."""
+    raise MemoryError()

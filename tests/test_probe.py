@@ -81,6 +81,41 @@ def test_memory_parts_say_where_the_peak_went(llama_spec) -> None:
     assert lora.memory_parts_bytes["optimizer"] < 0.2 * full.memory_parts_bytes["optimizer"]
 
 
+@pytest.mark.parametrize("config, lora_r", [(TINY_LLAMA, None), (TINY_LLAMA, 4), (TINY_GPT2, None)])
+def test_trls_fused_loss_is_the_models_loss_computed_another_way(tmp_path: Path, config: dict, lora_r) -> None:
+    """loss=fused (what `trl sft` trains with: TRL's fused LM head, no full logits) gives the same
+    loss and gradients as the model's own loss over the full logits, on the same weights and batch."""
+    import torch
+
+    from trainfit.workloads import build_workload
+
+    spec = load_spec(make_spec_file(tmp_path, model={"config": config}, params={"max_length": 16, "lora_r": lora_r}),
+                     ["tune.command_template=python train.py"])
+    results = {}
+    for loss in ("model", "fused"):
+        workload = build_workload(spec, dataclasses.replace(spec.params, loss=loss), torch.device("cpu"))
+        value = workload.loss(workload.make_batch([5, 16, 3], 16).inputs)
+        value.backward()
+        results[loss] = value.item(), [p.grad for p in workload.model.parameters() if p.requires_grad]
+    (model_loss, model_grads), (fused_loss, fused_grads) = results["model"], results["fused"]
+    assert fused_loss == pytest.approx(model_loss, rel=1e-5)
+    assert len(fused_grads) == len(model_grads) > 0
+    assert all(torch.allclose(f, m, rtol=1e-3, atol=1e-6) for f, m in zip(fused_grads, model_grads))
+
+
+def test_loss_auto_computes_the_loss_as_the_training_command_does(tmp_path: Path) -> None:
+    import torch
+
+    from trainfit.workloads import build_workload
+
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 16})
+    trl = build_workload(load_spec(path), load_spec(path).params, torch.device("cpu"))  # no template: `trl sft`
+    assert trl.loss_kind == "fused" and any("as the `trl sft` command computes it" in n for n in trl.notes)
+    own = load_spec(path, ["tune.command_template=python train.py"])
+    workload = build_workload(own, own.params, torch.device("cpu"))
+    assert workload.loss_kind == "model" and not any("loss" in n for n in workload.notes)
+
+
 def test_gpt2_bf16(tmp_path: Path, texts_file) -> None:
     path = make_spec_file(tmp_path, model={"config": TINY_GPT2},
                           data={"path": str(texts_file[0]), "text_field": "text"},
@@ -124,19 +159,21 @@ def test_factory_with_custom_knob(tmp_path: Path) -> None:
 @pytest.mark.parametrize("factory, status, text", [
     ("crash", "error", "SIGABRT"),
     ("broken", "error", "the factory could not read its config"),
+    ("bare_memory_error", "oom", "out of memory: MemoryError"),
 ])
 def test_a_crashing_child_is_a_status_not_a_crash(tmp_path: Path, factory: str, status: str, text: str) -> None:
     path = make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:{factory}"},
                           params={"max_length": 8})
     m = probe(path)
-    assert (m.status, m.exit_code) == (status, 4)
+    assert (m.status, m.exit_code) == (status, {"error": 4, "oom": 3}[status])
     assert text in m.message
 
 
 def test_the_worker_runs_in_the_environment_the_runner_prepares(tmp_path: Path) -> None:
     path = make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:environment"},
                           params={"max_length": 8})
-    assert "TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1" in probe(path).message
+    # pyarrow's allocator would reserve 1 GiB of address space that a CPU cap counts (see runner).
+    assert "TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 ARROW_DEFAULT_MEMORY_POOL=system" in probe(path).message
 
 
 def test_a_hanging_child_is_killed(tmp_path: Path) -> None:

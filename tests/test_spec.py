@@ -144,3 +144,18 @@ def test_type_errors_read_as_words_and_one_constraint_needs_no_list(tmp_path: Pa
     one = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64}, name="one.yaml")
     one.write_text(one.read_text() + "search:\n  lora_r: [4, 8]\ntune:\n  constraints: 'lora_r >= 8'\n")
     assert [c.text for c in load_spec(one).search.constraints] == ["lora_r >= 8"]  # not 11 one-letter ones
+
+
+def test_loss_model_cannot_go_with_the_trl_command(tmp_path: Path) -> None:
+    """`trl sft` always computes the loss with TRL's fused LM head: probing the full-logits loss for
+    it would measure another memory and speed than the command runs."""
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 8, "loss": "model"})
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert [p.key for p in info.value.problems] == ["params.loss"]
+    assert "command_template" in str(info.value)
+    # Your own trainer's template: its loss is yours to say.
+    assert load_spec(path, ["tune.command_template=python train.py"]).params.loss == "model"
+    with pytest.raises(SpecError) as info:
+        load_spec(path, ["loss=auto", "search.loss=[model, fused]"])
+    assert [p.key for p in info.value.problems] == ["search.loss"]

@@ -19,6 +19,7 @@ ATTENTIONS = ("eager", "sdpa", "flash_attention_2")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 OPTIMIZERS = ("adamw", "adamw_fused", "adamw_8bit")
 PADDINGS = ("longest", "max_length")
+LOSSES = ("auto", "model", "fused")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +78,10 @@ KNOBS: dict[str, Knob] = {
              doc="adamw (torch), adamw_fused (torch fused kernel), adamw_8bit (bitsandbytes)"),
         Knob(name="padding", kind="choice", choices=PADDINGS, batch_shape=True,
              doc="pad each batch to its longest sample, or every batch to max_length"),
+        Knob(name="loss", kind="choice", choices=LOSSES,
+             doc="how a Hugging Face model's loss is computed: model = its own forward, full logits "
+                 "(transformers Trainer, most loops); fused = TRL's fused LM head, log-probs in tiles "
+                 "without the full logits (trl sft); auto = as the training command does"),
     )
 }
 
@@ -130,6 +135,8 @@ class Params:
     """adamw | adamw_fused | adamw_8bit."""
     padding: str = "longest"
     """longest | max_length."""
+    loss: str = "auto"
+    """auto | model | fused: the HF model's own loss over the full logits, or TRL's fused LM head."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Custom keys passed through to a factory workload (e.g. ``ddpm_batch_mul``)."""
 

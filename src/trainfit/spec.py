@@ -417,6 +417,16 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
             if problem:
                 problems.append(Problem("tune.command_template", problem))
 
+    trl_command = (model is not None and tune is not None and model.get("factory") is None
+                   and not tune.get("command_template"))
+    loss_dim = space.dim("loss") if space is not None else None
+    if trl_command and "model" in (params.loss, *(loss_dim.choices if loss_dim else ())):
+        problems.append(Problem("search.loss" if loss_dim and "model" in loss_dim.choices else "params.loss",
+                                "loss: model, but the training command is `trl sft`, which always computes the "
+                                "loss with TRL's fused LM head",
+                                "use loss: auto (or fused), or a tune.command_template for a trainer that "
+                                "computes the full logits"))
+
     tokenizer = raw.get("tokenizer")
     if tokenizer is not None:
         if not isinstance(tokenizer, str):

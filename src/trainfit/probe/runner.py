@@ -155,7 +155,10 @@ class ProbeSession:
                 pipe.close()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        # pyarrow's default allocator (imported with trl's trainer, for its fused LM head) reserves
+        # 1 GiB of address space, which a CPU memory cap (RLIMIT_DATA) counts as used.
+        env = {"ARROW_DEFAULT_MEMORY_POOL": "system", **os.environ, "PYTHONUNBUFFERED": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
         proc = subprocess.Popen(

@@ -355,7 +355,7 @@ def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> d
         if isinstance(err, TrainfitError):
             message = str(err)
         elif status == "oom":
-            message = f"out of memory: {str(err).splitlines()[0][:300]}"
+            message = f"out of memory: {(str(err).splitlines() or [type(err).__name__])[0][:300]}"
         else:
             message = "".join(traceback.format_exception(err)[-6:]).strip()
         out.update(status=status, message=message)

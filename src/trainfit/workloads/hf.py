@@ -1,9 +1,11 @@
 """Hugging Face causal language models (random-init from a config, or a local checkpoint), with
 LoRA through peft. Every knob that shapes the model is applied here, in this order: attention
-kernel and weight dtype at construction, then gradient checkpointing, then LoRA."""
+kernel and weight dtype at construction, then gradient checkpointing, then LoRA, then the loss
+(the model's own over the full logits, or TRL's fused LM head as ``trl sft`` computes it)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +30,44 @@ def load_config(model: ModelSpec) -> Any:
                             "check model.config.model_type / model.path") from None
 
 
+def fused_lm_head() -> Any:
+    """TRL's ``add_fused_lm_head``, or None where the installed trl has none.
+
+    TRL's SFT trainer (1.16) never builds the ``(batch, seq, vocab)`` logits: it projects the hidden
+    states through the LM head in tiles and folds each into the per-token log-probabilities (plus
+    the entropy and top-1 flags it logs); the backward recomputes each tile. Against the model's
+    own loss over the full logits that changes peak memory and step time (on CPU, without Triton,
+    the bundled tiny Llama measured slower and larger), so a config ``trl sft`` will train is
+    probed with TRL's own head."""
+    try:
+        from trl.trainer.utils import add_fused_lm_head
+    except ImportError:
+        return None
+    return add_fused_lm_head
+
+
+SFT_OUTPUTS = ("log_probs", "entropy", "is_top1")
+"""What TRL's SFT trainer asks the fused head for on every step (entropy and accuracy feed its logs)."""
+
+
+def resolve_loss(loss: str, trl_command: bool) -> tuple[str, str | None]:
+    """``auto`` -> how the training command computes the loss: ``fused`` for a ``trl sft`` command
+    (where trl has the fused head), else ``model``. Returns the loss and a note for the measurement."""
+    if loss == "fused":
+        if fused_lm_head() is None:
+            from trainfit.step import Unsupported
+
+            raise Unsupported("loss=fused needs trl with its fused LM head (trl.trainer.utils.add_fused_lm_head)",
+                              "pip install -U trl, or use loss: model", knob="loss", value="fused")
+        return "fused", "loss: TRL's fused LM head (log-probs in tiles, no full logits)"
+    if loss == "auto" and trl_command:
+        if fused_lm_head() is not None:
+            return "fused", "loss: TRL's fused LM head, as the `trl sft` command computes it (loss=auto)"
+        return "model", ("loss: the model's own, over the full logits: the installed trl has no fused LM head, "
+                         "so a `trl sft` run may use other memory than measured (pip install -U trl)")
+    return "model", None
+
+
 def max_positions_of(config: Any) -> int | None:
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         value = getattr(config, name, None)
@@ -45,11 +85,14 @@ class HFCausalLM(Workload):
 
     name = "hf-causal-lm"
 
-    def __init__(self, model_spec: ModelSpec, params: Params, device: Any, seed: int) -> None:
+    def __init__(self, model_spec: ModelSpec, params: Params, device: Any, seed: int, *,
+                 trl_command: bool = False) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
         self.notes = []
+        self.loss_kind, note = resolve_loss(params.loss, trl_command)
+        self.notes += [note] if note else []
         self.device = device
         config = load_config(model_spec)
         self.config = config
@@ -100,11 +143,14 @@ class HFCausalLM(Workload):
             except ValueError as err:
                 raise TrainfitError(f"LoRA could not be applied: {err}",
                                     "set params.lora_target_modules to module names of this model") from None
+        if self.loss_kind == "fused":
+            # Where TRL's SFT trainer puts it: on the base model, under the LoRA wrapper.
+            fused_lm_head()(model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
         self.model = model.to(device)
         self.model.train()
         n_all, n_trainable = matmul_params(self.model)
         heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_head", 0))
-        hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
+        self.hidden = hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
         layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
         head_dim = int(getattr(config, "head_dim", None) or (hidden // heads if heads else 0))
         self.shape = TransformerShape(n_params=n_all, n_trainable=n_trainable, n_layers=layers,
@@ -125,7 +171,16 @@ class HFCausalLM(Workload):
         return Batch(inputs=inputs, seq_lens=tuple(int(x) for x in lengths), padded_len=pad_to)
 
     def loss(self, inputs: Any) -> Any:
+        if self.loss_kind == "fused":
+            return self.model(**inputs, fused_lm_head=True).loss
         return self.model(**inputs).loss
 
     def flops(self, seq_lens: Sequence[int], recompute: bool) -> StepFlops | None:
-        return None if self.shape is None else step_flops(self.shape, seq_lens, recompute)
+        if self.shape is None:
+            return None
+        flops = step_flops(self.shape, seq_lens, recompute)
+        if self.loss_kind != "fused":
+            return flops
+        # The fused head's backward recomputes each logits tile: one more LM-head forward per token.
+        head = 2 * self.vocab_size * self.hidden * sum(seq_lens)
+        return dataclasses.replace(flops, hardware=flops.hardware + head)
