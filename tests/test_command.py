@@ -37,7 +37,7 @@ def prefers_lora_and_checkpointing(p: Params, number: int) -> Measurement:
     """Not a probe: a fixed ranking, so the written command holds LoRA, checkpointing, fixed padding."""
     sps = (1.0 + (p.lora_r or 0) + 10 * p.gradient_checkpointing) / p.batch_size
     return Measurement(status="ok", config=p.to_dict(), samples_per_second=sps, tokens_per_second=sps * 100,
-                       peak_memory_bytes=2**30, steps_measured=5, stable=True, device="cpu")
+                       peak_memory_bytes=2**30, steps_measured=5, stable=True, device="cpu", cpu_threads=3)
 
 
 def test_the_written_trl_command_trains_the_model(tmp_path: Path) -> None:
@@ -51,6 +51,8 @@ def test_the_written_trl_command_trains_the_model(tmp_path: Path) -> None:
     for flag in ("--gradient_checkpointing true", "--bf16 false", "--use_peft true", "--lora_r 8",
                  "--max_length 64", "--pad_to_multiple_of 64", "--gradient_accumulation_steps 32"):
         assert flag in script
+    # On CPU the run gets the probe's threads: `accelerate launch` would give it one.
+    assert "\nOMP_NUM_THREADS=3 trl sft" in script and "# note: OMP_NUM_THREADS=3" in script
 
     model = local_model(spec, tmp_path / "model")
     runnable = script.replace(PLACEHOLDER, str(model)).replace(

@@ -108,9 +108,12 @@ def _flag(on: bool) -> str:
 
 
 def build_command(spec: Spec, params: Params, *, longest: int | None = None,
-                  data_config: Path | None = None) -> str:
+                  data_config: Path | None = None, cpu_threads: int | None = None) -> str:
     """The command line for ``params``: the user's template, or ``trl sft`` for HF models.
-    ``data_config``: a TRL config file holding :func:`trl_data_config` (see ``write_outputs``)."""
+    ``data_config``: a TRL config file holding :func:`trl_data_config` (see ``write_outputs``).
+    ``cpu_threads``: the threads a CPU probe ran with; ``trl sft`` starts ``accelerate launch``,
+    which gives each process one CPU thread unless OMP_NUM_THREADS says otherwise (on the 2-vCPU
+    test machine, one thread trained at about half the speed; docs/benchmarks.md)."""
     if spec.tune.command_template:
         return render_template(spec.tune.command_template, params)
     if spec.model.factory is not None:
@@ -124,7 +127,8 @@ def build_command(spec: Spec, params: Params, *, longest: int | None = None,
                 else f"<{spec.data.path} as a Hub name or a folder>"]
     if spec.data is not None and isinstance(spec.data.text_field, str):
         data += ["--dataset_text_field", spec.data.text_field]
-    parts = ["trl", "sft", "--model_name_or_path", model, *data, *trl_args(params, longest),
+    threads = [f"OMP_NUM_THREADS={cpu_threads}"] if cpu_threads else []
+    parts = [*threads, "trl", "sft", "--model_name_or_path", model, *data, *trl_args(params, longest),
              "--output_dir", "trainfit-run"]
     return " ".join(shlex.quote(p) if not p.startswith("<") else f"'{p}'" for p in parts)
 
@@ -147,12 +151,14 @@ def command_notes(spec: Spec) -> list[str]:
 
 
 def command_script(spec: Spec, params: Params, header: str, *, longest: int | None = None,
-                   data_config: Path | None = None) -> str:
+                   data_config: Path | None = None, cpu_threads: int | None = None) -> str:
     try:
-        cmd = build_command(spec, params, longest=longest, data_config=data_config)
+        cmd = build_command(spec, params, longest=longest, data_config=data_config, cpu_threads=cpu_threads)
     except TrainfitError as err:
         return f"#!/usr/bin/env bash\n{header}\n# No command: {err}\nexit 1\n"
-    notes = "".join(f"\n# note: {n}" for n in command_notes(spec))
+    launch = [f"OMP_NUM_THREADS={cpu_threads}: the CPU threads the probe used; `accelerate launch` (which "
+              "`trl sft` starts) would give the run one"] if cpu_threads and writes_trl(spec) else []
+    notes = "".join(f"\n# note: {n}" for n in [*command_notes(spec), *launch])
     body = " \\\n    ".join(_split_flags(cmd))
     return f"#!/usr/bin/env bash\n{header}{notes}\nset -euo pipefail\n{body}\n"
 

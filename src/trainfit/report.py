@@ -53,6 +53,12 @@ def run_samples(spec: Spec, stats: LengthStats | None) -> float | None:
     return None if stats is None else stats.samples * spec.tune.epochs
 
 
+def launch_threads(m: Measurement) -> int | None:
+    """The CPU threads the training command must ask for: those of a CPU probe (a GPU run's CPU
+    side is left to the launcher)."""
+    return m.cpu_threads if m.device == "cpu" else None
+
+
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
            repeats: Repeats | None = None, data_config: Path | None = None) -> dict[str, Any]:
     m = t.measurement
@@ -60,7 +66,8 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
     samples = run_samples(spec, stats)
     runtime_h = samples / m.samples_per_second / 3600 if samples and m.samples_per_second else None
     try:
-        command = build_command(spec, params, longest=stats.max if stats else None, data_config=data_config)
+        command = build_command(spec, params, longest=stats.max if stats else None, data_config=data_config,
+                                cpu_threads=launch_threads(m))
     except TrainfitError:
         command = None
     return {
@@ -280,7 +287,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")
         values = next(t for t in trials if t.number == best["trial"]).values
-        script.write_text(command_script(spec, space.params(values), header,
-                                         longest=stats.max if stats else None, data_config=data_config))
+        script.write_text(command_script(spec, space.params(values), header, longest=stats.max if stats else None,
+                                         data_config=data_config, cpu_threads=launch_threads(m)))
         script.chmod(0o755)
     return summary

@@ -95,7 +95,8 @@ def measurement_report(m: Measurement) -> str:
     if m.worst_case_lengths:
         rows.append(("worst-case batch", f"{len(m.worst_case_lengths)} x {max(m.worst_case_lengths)} "
                                          f"(the longest samples)"))
-    rows.append(("device", f"{m.device} ({m.device_name})" if m.device_name else m.device))
+    threads = f", {m.cpu_threads} threads" if m.cpu_threads and m.device == "cpu" else ""
+    rows.append(("device", f"{m.device} ({m.device_name}{threads})" if m.device_name else m.device))
     if m.phases_s:
         phases = ", ".join(f"{k} {v:.1f}s" for k, v in m.phases_s.items())
         rows.append(("time", f"{phases}; wall {format_duration(m.wall_time_s)} ({m.wall_time_s:.1f}s)"

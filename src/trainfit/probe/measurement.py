@@ -59,13 +59,6 @@ class Measurement:
     peak_allocated_bytes: int | None = None
     """CUDA only: max bytes held by tensors."""
     memory_parts_bytes: dict[str, int] = field(default_factory=dict)
-    """Where the peak went, measured: ``runtime`` (CPU: the process before the model, interpreter
-    and torch), ``model`` (weights and adapters), ``optimizer`` (state the first step allocates
-    and keeps), ``step`` (the worst-case step's activations, gradients and temporaries on top),
-    ``build`` (CPU: how far building the model peaked above the steps), ``allocator_cache`` (CUDA:
-    reserved but not allocated at the peak). They sum to ``peak_memory_bytes``; empty where the
-    platform cannot tell."""
-    memory_parts_bytes: dict[str, int] = field(default_factory=dict)
     """Where the peak went, measured: ``model`` (weights, buffers, adapters: tensor bytes),
     ``optimizer`` (its state tensors), ``runtime`` (the rest held between steps: on CPU the
     process itself, interpreter and libraries; on CUDA stray tensors, normally ~0), ``step`` (what
@@ -85,6 +78,9 @@ class Measurement:
     peak_flops_source: str | None = None
     device: str = "cpu"
     device_name: str = ""
+    cpu_threads: int | None = None
+    """torch's intra-op CPU threads in the probe: on CPU, a training run needs as many to go at the
+    measured speed (``accelerate launch`` gives each process one unless told otherwise)."""
     versions: dict[str, str | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     """Fallbacks and facts the reader should know (e.g. 'tf32 has no effect on CPU')."""

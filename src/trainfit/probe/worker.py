@@ -211,6 +211,7 @@ def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: Memo
         torch.cuda.set_device(device)
     out["device"] = str(device)
     out["device_name"] = torch.cuda.get_device_name(device) if cuda else cpu_name()
+    out["cpu_threads"] = torch.get_num_threads()
     cap = req.get("memory_cap_bytes")
     if cuda and cap:
         total = torch.cuda.get_device_properties(device).total_memory
