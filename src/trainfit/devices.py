@@ -133,7 +133,7 @@ def versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
     out: dict[str, str | None] = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for pkg in ("trainfit", "torch", "transformers", "peft", "optuna", "flash-attn", "bitsandbytes"):
+    for pkg in ("trainfit", "torch", "transformers", "peft", "trl", "optuna", "flash-attn", "bitsandbytes"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
