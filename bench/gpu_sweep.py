@@ -1,7 +1,9 @@
 """GPU figures of issue 2: a ~1.1B Llama-shaped random-init model (TinyLlama-1.1B's shape), bf16,
 SDPA, sequence 2048 (fixed padding), LoRA r=16 and full fine-tuning, batch sizes 1..16:
 samples/s, MFU, peak reserved memory, probe wall time; and whether the peak under
-`set_per_process_memory_fraction` (budget.memory_gb) matches an unconstrained run.
+`set_per_process_memory_fraction` (budget.memory_gb) matches an unconstrained run. The loss is
+computed as `trl sft` does (TRL's fused LM head, `loss: auto`); mode `lora_r16_full_logits`
+measures LoRA with the model's own loss over the full logits (what transformers' Trainer runs).
 
     python bench/gpu_sweep.py                 # on a CUDA machine
     python bench/gpu_sweep.py --modes lora_r16 --results sweep.json   # then --modes full, same file:
@@ -24,7 +26,10 @@ from _common import Results, dump  # noqa: E402
 LLAMA_1B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
             "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000,
             "max_position_embeddings": 2048}
-MODES = {"lora_r16": ["lora_r=16", "lora_target_modules=all-linear"], "full": []}
+LORA = ["lora_r=16", "lora_target_modules=all-linear"]
+MODES = {"lora_r16": LORA, "full": [],
+         # The model's own loss over the full logits (transformers Trainer), against lora_r16's TRL fused head.
+         "lora_r16_full_logits": [*LORA, "loss=model", "tune.command_template=python train.py"]}
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 2048}
 
@@ -75,7 +80,7 @@ def main() -> None:
     if fits and cap_check is None:
         top = fits[-1]
         budget = round(top["peak_reserved_gb"] * 1.15 + 0.5, 1)
-        m = run_probe(load_spec(path, [f"batch_size={top['batch_size']}", *MODES["lora_r16"],
+        m = run_probe(load_spec(path, [f"batch_size={top['batch_size']}", *LORA,
                                        f"budget.memory_gb={budget}", "budget.headroom_gb=0.1"]))
         cap_check = results.put("cap", {"batch_size": top["batch_size"], "memory_gb_cap": budget, "status": m.status,
                                         "peak_uncapped_gb": top["peak_reserved_gb"], "peak_capped_gb": m.peak_memory_gb})

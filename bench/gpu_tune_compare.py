@@ -50,7 +50,10 @@ def run_trainfit(config: dict, data: Path, args: argparse.Namespace, out: Path) 
     from trainfit.spec import build_spec
 
     doc = {"model": {"config": config}, "data": {"path": str(data), "length_field": "length"},
-           "params": {"max_length": args.seq, "attention": "sdpa", "optimizer": args.optimizer, "padding": "longest"},
+           # The pick trains in the Hugging Face Trainer, whose loss is the model's own over the full logits.
+           "params": {"max_length": args.seq, "attention": "sdpa", "optimizer": args.optimizer, "padding": "longest",
+                      "loss": "model"},
+           "tune": {"command_template": "hf-trainer --per_device_train_batch_size {batch_size}"},
            "budget": {"memory_gb": args.budget_gb, "headroom_gb": args.headroom_gb},
            "probe": {"device": "cpu" if args.cpu else "cuda", "max_seconds": args.probe_seconds},
            "search": {"batch_size": [1, 2, 4, 8, 16, 32, 64], "gradient_checkpointing": [False, True],
