@@ -159,3 +159,8 @@ def test_loss_model_cannot_go_with_the_trl_command(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_spec(path, ["loss=auto", "search.loss=[model, fused]"])
     assert [p.key for p in info.value.problems] == ["search.loss"]
+    # A factory computes its own loss: the knob would be silently ignored.
+    with pytest.raises(SpecError) as info:
+        load_spec(EXAMPLES / "tiny-tts.yaml", ["loss=fused"])
+    assert [p.key for p in info.value.problems] == ["params.loss"]
+    assert "factory" in str(info.value)

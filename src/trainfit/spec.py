@@ -286,6 +286,27 @@ def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str
     return values
 
 
+def _loss_problems(model: dict[str, Any] | None, tune: dict[str, Any] | None, params: Params,
+                   space: Any) -> list[Problem]:
+    """``loss`` must be one the training command computes: TRL's fused head for ``trl sft`` (the
+    command when there is no template, as :func:`trainfit.command.writes_trl` says), and none at
+    all for a factory model, which computes its own."""
+    if model is None or tune is None:
+        return []
+    dim = space.dim("loss") if space is not None else None
+    values = (params.loss, *(dim.choices if dim is not None else ()))
+    key = "search.loss" if dim is not None else "params.loss"
+    if model.get("factory") is not None and any(v != "auto" for v in values):
+        return [Problem(key, "a factory model computes its own loss; loss applies to Hugging Face models",
+                        "drop loss, or name a custom key your factory reads")]
+    if model.get("factory") is None and not tune.get("command_template") and "model" in values:
+        return [Problem(key, "loss: model, but the training command is `trl sft`, which always computes the loss "
+                             "with TRL's fused LM head",
+                        "use loss: auto or fused, or a tune.command_template for a trainer that computes the "
+                        "full logits")]
+    return []
+
+
 def _resolve(base: Path, value: str | None) -> str | None:
     if value is None:
         return None
@@ -417,15 +438,7 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
             if problem:
                 problems.append(Problem("tune.command_template", problem))
 
-    trl_command = (model is not None and tune is not None and model.get("factory") is None
-                   and not tune.get("command_template"))
-    loss_dim = space.dim("loss") if space is not None else None
-    if trl_command and "model" in (params.loss, *(loss_dim.choices if loss_dim else ())):
-        problems.append(Problem("search.loss" if loss_dim and "model" in loss_dim.choices else "params.loss",
-                                "loss: model, but the training command is `trl sft`, which always computes the "
-                                "loss with TRL's fused LM head",
-                                "use loss: auto (or fused), or a tune.command_template for a trainer that "
-                                "computes the full logits"))
+    problems += _loss_problems(model, tune, params, space)
 
     tokenizer = raw.get("tokenizer")
     if tokenizer is not None:
