@@ -116,6 +116,23 @@ def test_loss_auto_computes_the_loss_as_the_training_command_does(tmp_path: Path
     assert workload.loss_kind == "model" and not any("loss" in n for n in workload.notes)
 
 
+def test_without_trls_head_auto_falls_back_to_the_models_loss_and_says_so(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    import torch
+
+    from trainfit.step import Unsupported
+    from trainfit.workloads import build_workload
+
+    monkeypatch.setitem(sys.modules, "trl.trainer.utils", None)  # as if this trl had no fused head
+    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 16}))
+    workload = build_workload(spec, spec.params, torch.device("cpu"))
+    assert workload.loss_kind == "model"
+    assert any("may use other memory than measured" in n for n in workload.notes)
+    with pytest.raises(Unsupported, match="loss=fused needs TRL's fused LM head"):
+        build_workload(spec, dataclasses.replace(spec.params, loss="fused"), torch.device("cpu"))
+
+
 def test_gpt2_bf16(tmp_path: Path, texts_file) -> None:
     path = make_spec_file(tmp_path, model={"config": TINY_GPT2},
                           data={"path": str(texts_file[0]), "text_field": "text"},

@@ -30,20 +30,22 @@ def load_config(model: ModelSpec) -> Any:
                             "check model.config.model_type / model.path") from None
 
 
-def fused_lm_head() -> Any:
-    """TRL's ``add_fused_lm_head``, or None where the installed trl has none.
+def fused_lm_head() -> tuple[Any, str | None]:
+    """TRL's ``add_fused_lm_head`` and None, or None and why it cannot be had.
 
     TRL's SFT trainer (1.16) never builds the ``(batch, seq, vocab)`` logits: it projects the hidden
     states through the LM head in tiles and folds each into the per-token log-probabilities (plus
     the entropy and top-1 flags it logs); the backward recomputes each tile. Against the model's
-    own loss over the full logits that changes peak memory and step time (on CPU, without Triton,
-    the bundled tiny Llama measured slower and larger), so a config ``trl sft`` will train is
-    probed with TRL's own head."""
+    own loss over the full logits that changes peak memory and step time (docs/benchmarks.md: on
+    the bundled tiny Llama on CPU, TRL's process peaked 1.33-1.40x the full-logits probe), so a
+    config ``trl sft`` will train is probed with TRL's own head."""
     try:
         from trl.trainer.utils import add_fused_lm_head
     except ImportError:
-        return None
-    return add_fused_lm_head
+        return None, "trl is not installed, or its version has no fused LM head"
+    except Exception as err:  # a trl that does not import with these transformers/torch versions
+        return None, f"trl does not import here ({type(err).__name__}: {str(err)[:200]})"
+    return add_fused_lm_head, None
 
 
 SFT_OUTPUTS = ("log_probs", "entropy", "is_top1")
@@ -53,19 +55,20 @@ SFT_OUTPUTS = ("log_probs", "entropy", "is_top1")
 def resolve_loss(loss: str, trl_command: bool) -> tuple[str, str | None]:
     """``auto`` -> how the training command computes the loss: ``fused`` for a ``trl sft`` command
     (where trl has the fused head), else ``model``. Returns the loss and a note for the measurement."""
+    if loss == "model" or (loss == "auto" and not trl_command):
+        return "model", None
+    head, missing = fused_lm_head()
     if loss == "fused":
-        if fused_lm_head() is None:
+        if head is None:
             from trainfit.step import Unsupported
 
-            raise Unsupported("loss=fused needs trl with its fused LM head (trl.trainer.utils.add_fused_lm_head)",
+            raise Unsupported(f"loss=fused needs TRL's fused LM head: {missing}",
                               "pip install -U trl, or use loss: model", knob="loss", value="fused")
         return "fused", "loss: TRL's fused LM head (log-probs in tiles, no full logits)"
-    if loss == "auto" and trl_command:
-        if fused_lm_head() is not None:
-            return "fused", "loss: TRL's fused LM head, as the `trl sft` command computes it (loss=auto)"
-        return "model", ("loss: the model's own, over the full logits: the installed trl has no fused LM head, "
-                         "so a `trl sft` run may use other memory than measured (pip install -U trl)")
-    return "model", None
+    if head is not None:
+        return "fused", "loss: TRL's fused LM head, as the `trl sft` command computes it (loss=auto)"
+    return "model", (f"loss: the model's own, over the full logits ({missing}): a `trl sft` run computes it with "
+                     "TRL's fused LM head and may use other memory than measured (pip install -U trl)")
 
 
 def max_positions_of(config: Any) -> int | None:
@@ -145,7 +148,7 @@ class HFCausalLM(Workload):
                                     "set params.lora_target_modules to module names of this model") from None
         if self.loss_kind == "fused":
             # Where TRL's SFT trainer puts it: on the base model, under the LoRA wrapper.
-            fused_lm_head()(model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
+            fused_lm_head()[0](model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
         self.model = model.to(device)
         self.model.train()
         n_all, n_trainable = matmul_params(self.model)
