@@ -76,3 +76,23 @@ def test_a_probe_on_the_second_gpu_measures_that_gpu(tmp_path: Path) -> None:
     m = run_probe(load_spec(path))
     assert m.status == "ok", m.message
     assert m.device == "cuda:1" and m.peak_allocated_bytes > 0 and m.memory_parts_bytes["model"] > 0
+
+
+def test_trls_fused_head_on_cuda_is_the_models_loss(tmp_path: Path) -> None:
+    """On CUDA, TRL's fused head runs its Triton path (only real tokens scored): same loss and
+    gradients as the model's own over the full logits."""
+    pytest.importorskip("trl")
+    import dataclasses
+
+    from trainfit.workloads import build_workload
+
+    s = load_spec(spec(tmp_path, {"batch_size": 2, "lora_r": 8}), ["tune.command_template=python train.py"])
+    results = {}
+    for loss in ("model", "fused"):
+        workload = build_workload(s, dataclasses.replace(s.params, loss=loss), torch.device("cuda"))
+        value = workload.loss(workload.make_batch([700, 1024], 1024).inputs)
+        value.backward()
+        results[loss] = value.item(), [p.grad for p in workload.model.parameters() if p.requires_grad]
+    (model_loss, model_grads), (fused_loss, fused_grads) = results["model"], results["fused"]
+    assert fused_loss == pytest.approx(model_loss, rel=1e-4)
+    assert all(torch.allclose(f, m, rtol=1e-2, atol=1e-5) for f, m in zip(fused_grads, model_grads))
