@@ -140,8 +140,9 @@ def test_a_changed_spec_does_not_resume_a_foreign_study(tmp_path: Path) -> None:
     tune(synthetic_spec(tmp_path, "grid"), output=tmp_path / "out", probe_fn=Surface(), max_trials=2)
     changed = synthetic_spec(tmp_path / "c", "grid")
     changed = load_spec(changed.source, ["budget.memory_gb=30"])
-    with pytest.raises(TrainfitError, match="spec changed"):
+    with pytest.raises(TrainfitError, match="spec changed") as info:
         tune(changed, output=tmp_path / "out", probe_fn=Surface(), resume=True)
+    assert "budget.memory_gb" in str(info.value)  # it names what changed
 
 
 def test_when_everything_ooms_the_summary_says_what_to_change(tmp_path: Path) -> None:

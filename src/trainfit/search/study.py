@@ -153,8 +153,9 @@ class TrialStore:
         journal = output / "study.journal"
         self.storage = open_storage(storage) if storage else JournalStorage(JournalFileBackend(str(journal)))
         self.name = study_name(spec)
-        existing = [s.study_name for s in optuna.get_all_study_summaries(self.storage)] \
-            if storage or journal.exists() else []
+        summaries = optuna.get_all_study_summaries(self.storage) if storage or journal.exists() else []
+        existing = [s.study_name for s in summaries]
+        doc = {k: v for k, v in spec.to_dict().items() if k != "source"}
         where = masked(storage) if storage else str(output)
         if join and storage is None:
             raise TrainfitError("--join is for runs sharing a --storage", "add --storage URL, or use --resume")
@@ -164,9 +165,13 @@ class TrialStore:
                                 "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
         if resume and self.name not in existing:
             if existing and storage is None:
-                raise TrainfitError("the spec changed since this study started (model, data, budget, probe "
-                                    "settings, params or search space differ), so its trials do not apply",
-                                    "restore the spec, or use --output NEW_FOLDER")
+                changed = sorted({k for o in summaries if "spec" in o.user_attrs
+                                  for k in differing_keys(o.user_attrs["spec"], doc)})
+                what = (f"changed: {', '.join(changed)}" if changed else
+                        "model, data, budget, probe settings, params or search space differ")
+                raise TrainfitError(f"the spec changed since this study started ({what}), so its trials "
+                                    "do not apply", "restore the spec, or use --output NEW_FOLDER (a knob a newer "
+                                    "trainfit added, such as params.loss, changes the spec too)")
             raise TrainfitError(f"nothing to resume in {where}",
                                 "drop --resume to start a new study (or --join, to start or join one)")
         if existing and storage is None and self.name not in existing:
@@ -179,12 +184,11 @@ class TrialStore:
         self.others: list[dict[str, Any]] = []
         """Other studies of the same spec file in a shared storage, with the keys that differ
         (machines of one job array given different options search apart)."""
+        spec_file = Path(spec.source).name if spec.source else None
+        if self.name not in existing:  # what a later run compares its spec with
+            self.study.set_user_attr("spec_file", spec_file)
+            self.study.set_user_attr("spec", doc)
         if self.shared:
-            doc = {k: v for k, v in spec.to_dict().items() if k != "source"}
-            spec_file = Path(spec.source).name if spec.source else None
-            if self.name not in existing:
-                self.study.set_user_attr("spec_file", spec_file)
-                self.study.set_user_attr("spec", doc)
             self.others = [{"name": o.study_name, "differs": differing_keys(o.user_attrs["spec"], doc)}
                            for o in optuna.get_all_study_summaries(self.storage)
                            if o.study_name != self.name and spec_file is not None
