@@ -7,7 +7,7 @@
 #   bash bench/gpu_wheels.sh                     # here, once
 #   # there, first in each device command (carry: [".whl"]):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-#     && export PYTHONPATH=/tmp/site:$PWD/src
+#     && export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH      # `trl` lands in /tmp/site/bin
 #
 # The versions are the ones the CPU figures in docs/benchmarks.md were taken with.
 set -euo pipefail
