@@ -164,3 +164,15 @@ def test_loss_model_cannot_go_with_the_trl_command(tmp_path: Path) -> None:
         load_spec(EXAMPLES / "tiny-tts.yaml", ["loss=fused"])
     assert [p.key for p in info.value.problems] == ["params.loss"]
     assert "factory" in str(info.value)
+
+
+@pytest.mark.parametrize("command", ["probe", "tune"])
+def test_help_lists_every_knob_with_its_values(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainfit.params import KNOBS
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # as one line: wrapping may split anywhere else
+    for knob in KNOBS.values():
+        assert f"{knob.name} (" in text
+    assert "precision (fp32|bf16|fp16)" in text and "loss (auto|model|fused)" in text

@@ -12,6 +12,24 @@ from typing import Any
 from trainfit.errors import TrainfitError
 
 
+def knobs_help() -> str:
+    """The built-in knobs and their values, for a command's --help (README: the knob table)."""
+    import textwrap
+
+    from trainfit.params import KNOBS
+
+    def values(k: Any) -> str:
+        if k.choices:
+            return "|".join(map(str, k.choices))
+        return {"int": "int", "float": "number", "bool": "true|false", "modules": "names"}[k.kind] + \
+            ("|null" if k.nullable else "")
+
+    items = ", ".join(f"{k.name}\xa0({values(k)})" for k in KNOBS.values())  # a knob and its values stay on one line
+    lines = textwrap.wrap(f"knobs (--set NAME=VALUE; params: and search: in the spec): {items}; a factory model "
+                          "takes custom keys too", width=100, subsequent_indent="  ", break_on_hyphens=False)
+    return "\n".join(lines).replace("\xa0", " ")
+
+
 def output_file(path: str | None, option: str) -> Path | None:
     """``path`` ready to be written once the work is done (its folder created): checked before the
     work starts, so a typo in an output path never costs a measurement."""

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from trainfit.cli.common import add_spec_arguments, output_file, spec_from_args, stats_from_args
+from trainfit.cli.common import add_spec_arguments, knobs_help, output_file, spec_from_args, stats_from_args
 
 EPILOG = """\
 exit status: 0 ok, 3 out of memory, 4 error (crash, unsupported knob), 5 timeout, 2 bad usage/spec.
@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("probe", help="measure one configuration (speed, memory, MFU)",
                        description="Run one configuration for a short time in a child process: the worst-case "
                                    "batch for memory, typical batches for speed.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG + "\n" + knobs_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_spec_arguments(p)
     p.add_argument("--json", metavar="FILE", help="write the Measurement as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

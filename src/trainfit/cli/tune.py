@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from trainfit.cli.common import add_spec_arguments, number, spec_from_args, stats_from_args
+from trainfit.cli.common import add_spec_arguments, knobs_help, number, spec_from_args, stats_from_args
 
 EPILOG = """\
 exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec, 130 interrupted.
@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("tune", help="search for the fastest config that fits in memory",
                        description="Probe configurations of the spec's search space, learning the memory "
                                    "boundary from OOMs, and report the fastest that fits with a ready-to-run command.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG + "\n" + knobs_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_spec_arguments(p)
     p.add_argument("--output", help="output folder (default: a new trainfit-runs/SPEC_NAME/TIMESTAMP)")
     p.add_argument("--resume", action="store_true",
