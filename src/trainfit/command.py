@@ -54,9 +54,14 @@ _LOADERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet",
 """``datasets`` loaders for the data formats trainfit reads (TSV and save_to_disk folders have none)."""
 
 
+def is_trl_command(factory: str | None, command_template: str | None) -> bool:
+    """Is the training command a ``trl sft`` one (no user template, a Hugging Face model)? Takes
+    the two keys, so a spec being validated can ask too."""
+    return not command_template and factory is None
+
+
 def writes_trl(spec: Spec) -> bool:
-    """Is the training command a ``trl sft`` one (no user template, a Hugging Face model)?"""
-    return not spec.tune.command_template and spec.model.factory is None
+    return is_trl_command(spec.model.factory, spec.tune.command_template)
 
 
 def trl_data_config(spec: Spec) -> dict[str, Any] | None:
@@ -157,7 +162,7 @@ def command_script(spec: Spec, params: Params, header: str, *, longest: int | No
     except TrainfitError as err:
         return f"#!/usr/bin/env bash\n{header}\n# No command: {err}\nexit 1\n"
     launch = [f"OMP_NUM_THREADS={cpu_threads}: the CPU threads the probe used; `accelerate launch` (which "
-              "`trl sft` starts) would give the run one"] if cpu_threads and writes_trl(spec) else []
+              "`trl sft` starts) would give the run one"] if cmd.startswith("OMP_NUM_THREADS=") else []
     notes = "".join(f"\n# note: {n}" for n in [*command_notes(spec), *launch])
     body = " \\\n    ".join(_split_flags(cmd))
     return f"#!/usr/bin/env bash\n{header}{notes}\nset -euo pipefail\n{body}\n"

@@ -281,13 +281,14 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     best = summary["best_config"]
     script = output / "train_command.sh"
     if best is not None:
-        m = next(t for t in trials if t.number == best["trial"]).measurement
+        trial = next(t for t in trials if t.number == best["trial"])
+        m = trial.measurement
         header = (f"# trainfit: fastest measured config (trial {best['trial']}): "
                   f"{m.samples_per_second:.4g} samples/s, peak {m.peak_memory_gb:.2f} GiB on {m.device_name}\n"
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")
-        values = next(t for t in trials if t.number == best["trial"]).values
-        script.write_text(command_script(spec, space.params(values), header, longest=stats.max if stats else None,
+        script.write_text(command_script(spec, space.params(trial.values), header,
+                                         longest=stats.max if stats else None,
                                          data_config=data_config, cpu_threads=launch_threads(m)))
         script.chmod(0o755)
     return summary

@@ -288,9 +288,10 @@ def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str
 
 def _loss_problems(model: dict[str, Any] | None, tune: dict[str, Any] | None, params: Params,
                    space: Any) -> list[Problem]:
-    """``loss`` must be one the training command computes: TRL's fused head for ``trl sft`` (the
-    command when there is no template, as :func:`trainfit.command.writes_trl` says), and none at
-    all for a factory model, which computes its own."""
+    """``loss`` must be one the training command computes: TRL's fused head for ``trl sft``, and
+    none at all for a factory model, which computes its own."""
+    from trainfit.command import is_trl_command
+
     if model is None or tune is None:
         return []
     dim = space.dim("loss") if space is not None else None
@@ -299,7 +300,7 @@ def _loss_problems(model: dict[str, Any] | None, tune: dict[str, Any] | None, pa
     if model.get("factory") is not None and any(v != "auto" for v in values):
         return [Problem(key, "a factory model computes its own loss; loss applies to Hugging Face models",
                         "drop loss, or name a custom key your factory reads")]
-    if model.get("factory") is None and not tune.get("command_template") and "model" in values:
+    if is_trl_command(model.get("factory"), tune.get("command_template")) and "model" in values:
         return [Problem(key, "loss: model, but the training command is `trl sft`, which always computes the loss "
                              "with TRL's fused LM head",
                         "use loss: auto or fused, or a tune.command_template for a trainer that computes the "

@@ -156,6 +156,11 @@ class TrialStore:
         summaries = optuna.get_all_study_summaries(self.storage) if storage or journal.exists() else []
         existing = [s.study_name for s in summaries]
         doc = {k: v for k, v in spec.to_dict().items() if k != "source"}
+        spec_file = Path(spec.source).name if spec.source else None
+        # Every other study that recorded its spec, with the keys where it differs from this one.
+        others = [{"name": o.study_name, "spec_file": o.user_attrs.get("spec_file"),
+                   "differs": differing_keys(o.user_attrs["spec"], doc)}
+                  for o in summaries if o.study_name != self.name and "spec" in o.user_attrs]
         where = masked(storage) if storage else str(output)
         if join and storage is None:
             raise TrainfitError("--join is for runs sharing a --storage", "add --storage URL, or use --resume")
@@ -165,8 +170,7 @@ class TrialStore:
                                 "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
         if resume and self.name not in existing:
             if existing and storage is None:
-                changed = sorted({k for o in summaries if "spec" in o.user_attrs
-                                  for k in differing_keys(o.user_attrs["spec"], doc)})
+                changed = sorted({k for o in others for k in o["differs"]})
                 what = (f"changed: {', '.join(changed)}" if changed else
                         "model, data, budget, probe settings, params or search space differ")
                 raise TrainfitError(f"the spec changed since this study started ({what}), so its trials "
@@ -184,15 +188,12 @@ class TrialStore:
         self.others: list[dict[str, Any]] = []
         """Other studies of the same spec file in a shared storage, with the keys that differ
         (machines of one job array given different options search apart)."""
-        spec_file = Path(spec.source).name if spec.source else None
         if self.name not in existing:  # what a later run compares its spec with
             self.study.set_user_attr("spec_file", spec_file)
             self.study.set_user_attr("spec", doc)
         if self.shared:
-            self.others = [{"name": o.study_name, "differs": differing_keys(o.user_attrs["spec"], doc)}
-                           for o in optuna.get_all_study_summaries(self.storage)
-                           if o.study_name != self.name and spec_file is not None
-                           and o.user_attrs.get("spec_file") == spec_file and "spec" in o.user_attrs]
+            self.others = [{"name": o["name"], "differs": o["differs"]} for o in others
+                           if spec_file is not None and o["spec_file"] == spec_file]
         self.retried = self._retry_interrupted()
 
     def _retry_interrupted(self) -> int:

@@ -52,11 +52,12 @@ SFT_OUTPUTS = ("log_probs", "entropy", "is_top1")
 """What TRL's SFT trainer asks the fused head for on every step (entropy and accuracy feed its logs)."""
 
 
-def resolve_loss(loss: str, trl_command: bool) -> tuple[str, str | None]:
-    """``auto`` -> how the training command computes the loss: ``fused`` for a ``trl sft`` command
-    (where trl has the fused head), else ``model``. Returns the loss and a note for the measurement."""
+def resolve_loss(loss: str, trl_command: bool) -> tuple[Any, str | None]:
+    """``auto`` -> how the training command computes the loss: TRL's fused head for a ``trl sft``
+    command (where trl has it), else the model's own. Returns ``add_fused_lm_head`` (None for the
+    model's own loss) and a note for the measurement."""
     if loss == "model" or (loss == "auto" and not trl_command):
-        return "model", None
+        return None, None
     head, missing = fused_lm_head()
     if loss == "fused":
         if head is None:
@@ -64,11 +65,11 @@ def resolve_loss(loss: str, trl_command: bool) -> tuple[str, str | None]:
 
             raise Unsupported(f"loss=fused needs TRL's fused LM head: {missing}",
                               "pip install -U trl, or use loss: model", knob="loss", value="fused")
-        return "fused", "loss: TRL's fused LM head (log-probs in tiles, no full logits)"
+        return head, "loss: TRL's fused LM head (log-probs in tiles, no full logits)"
     if head is not None:
-        return "fused", "loss: TRL's fused LM head, as the `trl sft` command computes it (loss=auto)"
-    return "model", (f"loss: the model's own, over the full logits ({missing}): a `trl sft` run computes it with "
-                     "TRL's fused LM head and may use other memory than measured (pip install -U trl)")
+        return head, "loss: TRL's fused LM head, as the `trl sft` command computes it (loss=auto)"
+    return None, (f"loss: the model's own, over the full logits ({missing}): a `trl sft` run computes it with "
+                  "TRL's fused LM head and may use other memory than measured (pip install -U trl)")
 
 
 def max_positions_of(config: Any) -> int | None:
@@ -94,7 +95,8 @@ class HFCausalLM(Workload):
         from transformers import AutoModelForCausalLM
 
         self.notes = []
-        self.loss_kind, note = resolve_loss(params.loss, trl_command)
+        head, note = resolve_loss(params.loss, trl_command)
+        self.loss_kind = "model" if head is None else "fused"
         self.notes += [note] if note else []
         self.device = device
         config = load_config(model_spec)
@@ -146,9 +148,9 @@ class HFCausalLM(Workload):
             except ValueError as err:
                 raise TrainfitError(f"LoRA could not be applied: {err}",
                                     "set params.lora_target_modules to module names of this model") from None
-        if self.loss_kind == "fused":
+        if head is not None:
             # Where TRL's SFT trainer puts it: on the base model, under the LoRA wrapper.
-            fused_lm_head()[0](model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
+            head(model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
         self.model = model.to(device)
         self.model.train()
         n_all, n_trainable = matmul_params(self.model)
