@@ -176,3 +176,36 @@ def test_help_lists_every_knob_with_its_values(command: str, capsys: pytest.Capt
     for knob in KNOBS.values():
         assert f"{knob.name} (" in text
     assert "precision (fp32|bf16|fp16)" in text and "loss (auto|model|fused)" in text
+
+
+def test_a_model_folder_with_a_tokenizer_counts_the_lengths(tmp_path: Path, texts_file) -> None:
+    """`trl sft` tokenizes with the model folder's tokenizer: without a `tokenizer:` key, so do the
+    lengths the probe's worst-case batch comes from; without any tokenizer the probe says the
+    lengths are approximate."""
+    from transformers import AutoConfig, PreTrainedTokenizerFast
+
+    from trainfit.data.analyze import analyze_spec
+    from trainfit.probe.runner import build_request
+
+    folder = tmp_path / "model"
+    cfg = dict(TINY_LLAMA)
+    AutoConfig.for_model(cfg.pop("model_type"), **cfg).save_pretrained(folder)
+    spec_file = make_spec_file(tmp_path, model={"path": str(folder)},
+                               data={"path": str(texts_file[0]), "text_field": "text"}, params={"batch_size": 2})
+
+    def lengths_and_notes():
+        spec = load_spec(spec_file)
+        stats = analyze_spec(spec, progress=False)
+        return spec.tokenizer, stats, build_request(spec, spec.params, stats, "cpu")["notes"]
+
+    tokenizer, approx, notes = lengths_and_notes()
+    assert tokenizer is None and approx.max == max(texts_file[1])  # word pieces: one per word here
+    assert any("sample lengths are approximate" in n for n in notes)
+
+    PreTrainedTokenizerFast(tokenizer_file=str(EXAMPLES / "data" / "tokenizer.json")).save_pretrained(folder)
+    tokenizer, exact, notes = lengths_and_notes()
+    assert tokenizer == str(folder) and f"tokenized with {folder}" in exact.description
+    assert exact.max > approx.max  # the BPE splits the words ("w17") the approximation counts once
+    assert not any("approximate" in n for n in notes)
+    assert load_spec(spec_file, [f"tokenizer={EXAMPLES / 'data' / 'tokenizer.json'}"]).tokenizer.endswith(
+        "tokenizer.json")  # an explicit tokenizer wins

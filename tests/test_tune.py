@@ -240,13 +240,20 @@ def test_commands_come_from_the_probed_params(tmp_path: Path) -> None:
         "--per_device_train_batch_size 6 --gradient_accumulation_steps 24 --lora_r 24 --ddpm_batch_mul 4")
     with pytest.raises(TrainfitError, match="unknown placeholders: lr"):
         render_template("train --lr {lr}", params)
-    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64}))
-    cmd = build_command(spec, params)
+    assert render_template("train --epochs {epochs} --bs {effective_batch_size}", params, 2.5) == \
+        "train --epochs 2.5 --bs 144"
+    spec_file = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
+    cmd = build_command(load_spec(spec_file), params)
     assert cmd.startswith("trl sft ")
+    # TRL's default is 3 epochs: the command trains the 1 the runtime estimate is for
     for flag in ("--per_device_train_batch_size 6", "--gradient_accumulation_steps 24", "--bf16 true --fp16 false",
                  "--dtype bfloat16", "--gradient_checkpointing true", "--use_peft true --lora_r 24 --lora_alpha 48",
-                 "--optim adamw_torch"):
+                 "--optim adamw_torch", "--num_train_epochs 1 "):
         assert flag in cmd
+    assert "--num_train_epochs 2 " in build_command(load_spec(spec_file, ["tune.epochs=2"]), params)
+    for bad in ("tune.epochs=0", "tune.time_budget_s=-5"):
+        with pytest.raises(SpecError, match=f"{bad.split('=')[0]}: must be > 0"):
+            load_spec(spec_file, [bad])
 
 
 def test_cli_tune_end_to_end_on_a_tiny_model_under_a_real_cap(tmp_path: Path, texts_file, capsys) -> None:

@@ -41,9 +41,14 @@ def template_problem(template: str, names: Iterable[str]) -> str | None:
     return None
 
 
-def render_template(template: str, params: Params) -> str:
+TEMPLATE_EXTRAS = ("effective_batch_size", "epochs")
+"""Placeholders besides the knobs: ``batch_size x gradient_accumulation_steps`` and ``tune.epochs``
+(the epochs the runtime estimate is for)."""
+
+
+def render_template(template: str, params: Params, epochs: float = 1.0) -> str:
     values: dict[str, Any] = params.to_dict()
-    values["effective_batch_size"] = params.effective_batch_size
+    values.update(effective_batch_size=params.effective_batch_size, epochs=f"{epochs:g}")
     problem = template_problem(template, values)
     if problem:
         raise TrainfitError(f"command_template {problem}", "fix tune.command_template")
@@ -120,7 +125,7 @@ def build_command(spec: Spec, params: Params, *, longest: int | None = None,
     which gives each process one CPU thread unless OMP_NUM_THREADS says otherwise (on the 2-vCPU
     test machine, one thread trained at about half the speed; docs/benchmarks.md)."""
     if spec.tune.command_template:
-        return render_template(spec.tune.command_template, params)
+        return render_template(spec.tune.command_template, params, spec.tune.epochs)
     if spec.model.factory is not None:
         raise TrainfitError("a custom factory model needs tune.command_template to build its training command",
                             "e.g. command_template: 'python train.py --batch_size {batch_size} ...'")
@@ -133,8 +138,9 @@ def build_command(spec: Spec, params: Params, *, longest: int | None = None,
     if spec.data is not None and isinstance(spec.data.text_field, str):
         data += ["--dataset_text_field", spec.data.text_field]
     threads = [f"OMP_NUM_THREADS={cpu_threads}"] if cpu_threads else []
+    # TRL trains 3 epochs unless told: the command trains what the runtime estimate is for.
     parts = [*threads, "trl", "sft", "--model_name_or_path", model, *data, *trl_args(params, longest),
-             "--output_dir", "trainfit-run"]
+             "--num_train_epochs", f"{spec.tune.epochs:g}", "--output_dir", "trainfit-run"]
     return " ".join(shlex.quote(p) if not p.startswith("<") else f"'{p}'" for p in parts)
 
 

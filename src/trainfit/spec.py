@@ -128,7 +128,8 @@ class TuneSettings:
     command_template: str | None = None
     """Your training command with {knob} placeholders, e.g. '--per_device_train_batch_size {batch_size}'."""
     epochs: float = 1.0
-    """Epochs of the full run, for the runtime estimate in the summary."""
+    """Epochs of the full run: the runtime estimate is for them, the ``trl sft`` command trains
+    them (``--num_train_epochs``), a ``command_template`` gets them as ``{epochs}``."""
     seed: int = 0
     patience: int = 12
     """random/bayes stop after this many probes without a better feasible config; bayes also
@@ -153,7 +154,8 @@ class Spec:
     budget: Budget = field(default_factory=Budget)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     tokenizer: str | None = None
-    """A local tokenizer folder or tokenizer.json; None = a stated fallback count."""
+    """A local tokenizer folder or tokenizer.json; default: the ``model.path`` folder when it holds
+    a tokenizer, else None = a stated approximate count."""
     search: Any = None
     """The :class:`trainfit.search.space.SearchSpace` (None when the spec has no ``search:``)."""
     tune: TuneSettings = field(default_factory=TuneSettings)
@@ -189,12 +191,13 @@ _DATA_FORMATS = ("auto", "jsonl", "json", "csv", "tsv", "parquet", "text", "hf")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``key=value`` -> (dotted key, YAML-typed value). A bare key means ``params.key``."""
+    """``key=value`` -> (dotted key, YAML-typed value). A bare key means ``params.key``, except
+    ``tokenizer``, the one top-level key that is a value, not a section."""
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key:
         raise TrainfitError(f"override {text!r} is not key=value", "e.g. --set batch_size=8")
-    if "." not in key:
+    if "." not in key and key != "tokenizer":
         key = f"params.{key}"
     try:
         parsed = yaml.safe_load(value) if value.strip() else None
@@ -315,6 +318,17 @@ def _resolve(base: Path, value: str | None) -> str | None:
     return str(p if p.is_absolute() else (base / p).resolve())
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def model_folder_tokenizer(path: str | None) -> str | None:
+    """The model folder itself when it holds a tokenizer: what ``trl sft`` tokenizes with, so the
+    sample lengths are counted as the training run will count them."""
+    if path is None or not Path(path).is_dir():
+        return None
+    return path if any((Path(path) / name).is_file() for name in _TOKENIZER_FILES) else None
+
+
 def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = None) -> Spec:
     """Validate a merged spec mapping into a :class:`Spec` or raise one SpecError with all problems."""
     problems: list[Problem] = []
@@ -416,6 +430,9 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
         for name in ("max_trials", "target_effective_batch", "patience"):
             if tune.get(name) is not None and tune[name] < 1:
                 problems.append(Problem(f"tune.{name}", "must be >= 1"))
+        for name in ("epochs", "time_budget_s"):
+            if isinstance(tune.get(name), (int, float)) and tune[name] <= 0:
+                problems.append(Problem(f"tune.{name}", "must be > 0"))
         if isinstance(tune.get("confirm_rounds"), int) and tune["confirm_rounds"] < 0:
             problems.append(Problem("tune.confirm_rounds", "must be >= 0"))
         if isinstance(tune.get("confirm_margin"), (int, float)) and not 0 <= tune["confirm_margin"] < 1:
@@ -432,9 +449,9 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
             problems += space_problems
         template = tune.get("command_template")
         if isinstance(template, str) and params is not None:
-            from trainfit.command import template_problem
+            from trainfit.command import TEMPLATE_EXTRAS, template_problem
 
-            names = [*params.to_dict(), *(space.names if space is not None else ()), "effective_batch_size"]
+            names = [*params.to_dict(), *(space.names if space is not None else ()), *TEMPLATE_EXTRAS]
             problem = template_problem(template, dict.fromkeys(names))
             if problem:
                 problems.append(Problem("tune.command_template", problem))
@@ -442,7 +459,9 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
     problems += _loss_problems(model, tune, params, space)
 
     tokenizer = raw.get("tokenizer")
-    if tokenizer is not None:
+    if tokenizer is None and model is not None:
+        tokenizer = model_folder_tokenizer(model.get("path"))
+    elif tokenizer is not None:
         if not isinstance(tokenizer, str):
             problems.append(Problem("tokenizer", "expected a path"))
         else:

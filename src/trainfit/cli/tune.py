@@ -181,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
     args.output = str(output_folder(args))
     stats = stats_from_args(args, spec, progress=not args.quiet)
     print(f"trainfit tune: {spec.source} -> {args.output}")
+    if stats is not None:
+        print(f"data: {stats.headline()}")
     print(f"space: {', '.join(f'{d.name} {list(d.grid_values())}' for d in spec.search.dims)}; "
           f"{spec.budget.describe()}")
     try:

@@ -95,6 +95,11 @@ class LengthStats:
                                 "re-run `trainfit analyze` with this version")
         return cls(**d)
 
+    def headline(self) -> str:
+        """One line: how many samples, how long, and how the lengths were counted."""
+        return (f"{self.samples:,} samples, lengths {self.min:,}-{self.max:,} (median {self.percentiles['p50']:,.0f}, "
+                f"p99 {self.percentiles['p99']:,.0f}): {self.description}")
+
     def longest_lengths(self, n: int) -> list[int]:
         """The ``n`` longest lengths (the longest repeated when the dataset is smaller than ``n``)."""
         kept = [x["length"] for x in self.longest] or [self.max]
