@@ -26,9 +26,11 @@ from trainfit.progress import Progress
 
 BAD = -1  # length recorded for a row that could not be read
 _WORDS = re.compile(r"\w+|[^\w\s]")
-FALLBACK_DESCRIPTION = ("no tokenizer given: lengths are regex word pieces (runs of letters/digits and "
+APPROXIMATE = "no tokenizer given"
+"""Starts the description of lengths counted without a tokenizer (kept stable: cached analyses hold it)."""
+FALLBACK_DESCRIPTION = (f"{APPROXIMATE}: lengths are regex word pieces (runs of letters/digits and "
                         "single punctuation marks), an approximation of a subword tokenizer's count; "
-                        "give --tokenizer for exact counts")
+                        "give a tokenizer (--tokenizer; in a spec, tokenizer:) for exact counts")
 
 
 @dataclass(frozen=True, kw_only=True)

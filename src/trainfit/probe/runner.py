@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from trainfit.data.lengths import FALLBACK_DESCRIPTION
+from trainfit.data.lengths import APPROXIMATE
 from trainfit.data.stats import LengthStats, count_longer_than
 from trainfit.params import Params, batches_grow, model_values
 from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
@@ -57,7 +57,7 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
         worst = stats.longest_lengths(params.batch_size)
         typical = stats.length_sample
         truncated, exact = count_longer_than(stats, max_length)
-        if FALLBACK_DESCRIPTION in stats.description:
+        if APPROXIMATE in stats.description:
             notes.append("sample lengths are approximate (no tokenizer, so word pieces were counted): "
                          "set `tokenizer:` to the model's tokenizer for the lengths training will see")
         if truncated:

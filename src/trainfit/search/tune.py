@@ -126,6 +126,8 @@ def tune(
         max_trials = min(max_trials or QUICK_TRIALS, QUICK_TRIALS)
     if max_trials is None:
         max_trials = spec.tune.max_trials or (space.grid_size() if strategy_name == "grid" else 30)
+    # What the progress view counts to: every strategy but bayes proposes grid points, each once.
+    most_trials = max_trials if strategy_name == "bayes" else min(max_trials, space.grid_size())
     time_budget_s = time_budget_s if time_budget_s is not None else spec.tune.time_budget_s
     emit = on_event or (lambda event: None)
 
@@ -231,7 +233,7 @@ def tune(
                 reused = 0
                 params = space.params(values)
                 emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "refining": refining,
-                      "max_trials": max_trials, "values": values, "elapsed_s": time.perf_counter() - start})
+                      "max_trials": most_trials, "values": values, "elapsed_s": time.perf_counter() - start})
                 with store.beating(trial):
                     m = probe_fn(params, trial.number)
                 history.append(store.tell(trial, values, m, history))
@@ -239,7 +241,7 @@ def tune(
                 best = next(iter(ranked(history)), None)
                 write("running")
                 refined += refining
-                emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": max_trials,
+                emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": most_trials,
                       "refining": refining,
                       "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
                       "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
