@@ -5,8 +5,13 @@ without a traceback."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 COMMANDS = ("analyze", "probe", "tune", "env")
 
@@ -38,6 +43,31 @@ def _version() -> str:
     return __version__
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a cluster's preemption or time limit, ``kill``), handled as Ctrl-C is: the probe
+    worker is stopped, what was measured is kept, and the way to resume is printed."""
+
+
+def interrupted_status(err: KeyboardInterrupt) -> int:
+    """The shell's convention: 128 + the signal's number (130 Ctrl-C, 143 SIGTERM)."""
+    return 128 + (signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     from trainfit.errors import TrainfitError
 
@@ -47,13 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.run(args))
+        with terminate_as_interrupt():
+            return int(args.run(args))
     except TrainfitError as err:
         print(f"trainfit {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         print(f"\ntrainfit {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return interrupted_status(err)
     except BrokenPipeError:  # output piped into `head` and closed early: not an error of ours
         import os
 

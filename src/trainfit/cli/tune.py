@@ -9,7 +9,8 @@ from typing import Any
 from trainfit.cli.common import add_spec_arguments, knobs_help, number, spec_from_args, stats_from_args
 
 EPILOG = """\
-exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec, 130 interrupted.
+exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec, 130 interrupted
+(Ctrl-C), 143 terminated (SIGTERM: a cluster's preemption or time limit); --resume continues.
 
 examples:
   trainfit tune examples/tiny-llama.yaml --quick                 # 6 probes
@@ -190,10 +191,12 @@ def run(args: argparse.Namespace) -> int:
                       storage=args.storage, strategy=args.strategy, max_trials=args.max_trials,
                       time_budget_s=args.time_budget, quick=args.quick, refine=args.refine,
                       on_event=TuneView(args.quiet, spec.tune.objective, run_samples(spec, stats)))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        from trainfit.cli import interrupted_status
+
         print(f"\ninterrupted: every finished trial is saved in {args.storage or args.output}; continue with\n"
               f"  {resume_command(args)}", file=sys.stderr)
-        return 130
+        return interrupted_status(err)
     s = result.summary
     print(f"\nstopped: {result.stop_reason}")
     print(f"tested {s['total_tested']}: {s['successful']} fit, {s['failed_oom']} OOM, {s['over_budget']} over budget, "
