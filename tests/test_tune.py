@@ -709,3 +709,37 @@ def test_each_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
 
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_report_html_draws_every_probe_by_family_against_the_budget(tmp_path: Path) -> None:
+    from html.parser import HTMLParser
+
+    surface = Surface()
+    spec = synthetic_spec(tmp_path, "grid", max_trials=64)
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    page = (tmp_path / "out" / "report.html").read_text()
+
+    class Shapes(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            self.tags.append((tag, dict(attrs)))
+
+    shapes = Shapes()
+    shapes.feed(page)
+    tags = shapes.tags
+    trials = result.trials
+    ooms = sum(t.measurement.status == "oom" for t in trials)
+    fitting_or_over = sum(t.measurement.status == "ok" for t in trials)
+    assert ooms > 0 and fitting_or_over > 0
+    # each chart: a point per measured probe, a cross per OOM (the memory chart at its peak)
+    assert sum(tag == "circle" for tag, _ in tags) == 2 * fitting_or_over
+    assert sum(tag == "path" and a.get("class") == "oom" for tag, a in tags) == 2 * ooms
+    assert sum(tag == "polyline" for tag, _ in tags) == 2 * 4  # 4 families (checkpointing x LoRA rank)
+    hollow = sum(tag == "circle" and a.get("fill") == "white" for tag, a in tags)
+    assert hollow == 2 * result.summary["over_budget"]
+    assert f"budget {BUDGET:g} GiB" in page and f"fits below {BUDGET - HEADROOM:g} GiB" in page
+    best = result.summary["best_config"]
+    assert f"Best: trial {best['trial']}" in page and page.count("<tr>") == len(trials) + 1

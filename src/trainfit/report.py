@@ -1,4 +1,4 @@
-"""What a tuning run leaves behind: summary.json, trials.csv, the command script, advice.
+"""What a tuning run leaves behind: summary.json, trials.csv, report.html, the command script, advice.
 
 ``summary.json`` is a superset of the seeds' ``bayesopt_summary.json`` (``total_tested``,
 ``successful``, ``failed_oom``, ``best_config`` with ``samples_per_second``,
@@ -25,6 +25,7 @@ from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS
 from trainfit.search.space import SearchSpace
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement
+from trainfit.report_html import tune_report_html
 from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.spec import Spec
 
@@ -265,7 +266,8 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], re
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
                   stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
                   repeats: Repeats | None = None) -> dict[str, Any]:
-    """Write summary.json, trials.csv and train_command.sh (atomically enough to run after every trial),
+    """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run after
+    every trial),
     and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the spec's data file."""
     data_config = None
     trl_data = trl_data_config(spec)
@@ -278,6 +280,9 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     tmp.write_text(json.dumps(summary, indent=2, default=list) + "\n")
     tmp.replace(output / "summary.json")
     write_trials_csv(output / "trials.csv", space, trials, repeats)
+    page = output / "report.html.tmp"
+    page.write_text(tune_report_html(summary, trials, spec.source or "spec"))
+    page.replace(output / "report.html")
     best = summary["best_config"]
     script = output / "train_command.sh"
     if best is not None:

@@ -22,8 +22,9 @@ examples:
 
 The search space is the spec's `search:` section (same keys as `params:`; a list = choices,
 {low, high, log} = a range). Outputs in --output (default trainfit-runs/SPEC_NAME/TIMESTAMP):
-summary.json, trials.csv, train_command.sh (with trl_data.yaml, the data config of its `trl sft`),
-study.journal (every trial, as it ends) and probes/ (each probe's request, log and result).
+summary.json, trials.csv, report.html (speed and memory by batch size, per family), train_command.sh
+(with trl_data.yaml, the data config of its `trl sft`), study.journal (every trial, as it ends) and
+probes/ (each probe's request, log and result).
 --resume without --output continues the latest run.
 """
 
@@ -268,5 +269,5 @@ def run(args: argparse.Namespace) -> int:
                           f"{e['memory_peak_gb']:.2f} GiB",
                           values_line(e["searched"]))
                          for e in by_value.values()]))
-    print(f"\nwrote {result.output}/summary.json, trials.csv, train_command.sh")
+    print(f"\nwrote {result.output}/summary.json, trials.csv, report.html, train_command.sh")
     return 0

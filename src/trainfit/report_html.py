@@ -1,0 +1,141 @@
+"""``report.html``: a tuning run on one self-contained page (inline SVG, no JavaScript, no
+dependencies), rewritten with ``summary.json`` after every trial.
+
+Two charts share the x axis, the batch size (log scale), with one line per *family* (the other
+searched knobs): the objective, and the peak memory against the budget. Every probe is a point
+(hover for its config); an OOM is a cross, an over-budget config a hollow point. Below them, the
+best config with its command, and every trial.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainfit.search.strategies import Trial
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22")
+_W, _H, _PAD_L, _PAD_R, _PAD_Y = 720, 280, 60, 20, 30
+
+
+def _family(values: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in values.items() if k != "batch_size") or "all configs"
+
+
+def _batch(t: Trial) -> int:
+    return int(t.measurement.config.get("batch_size") or 1)
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}g}"
+
+
+def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: Any, *,
+           lines: Sequence[tuple[float, str]] = (), oom_y: Any = None) -> str:
+    """One SVG chart: ``y_of(trial)`` (None: not drawn) against the batch size, a polyline per
+    family; ``lines``: horizontal reference lines (value, label); ``oom_y(trial)``: where an OOM's
+    cross goes (None: on the x axis)."""
+    batches = sorted({_batch(t) for t in trials}) or [1]
+    ys = [y for t in trials if (y := y_of(t)) is not None] + [v for v, _ in lines]
+    ys += [y for t in trials if t.measurement.status == "oom" and oom_y and (y := oom_y(t)) is not None]
+    top = max(ys) * 1.1 if ys and max(ys) > 0 else 1.0
+    lo, hi = math.log2(batches[0]), math.log2(batches[-1])
+
+    def x(b: int) -> float:
+        span = hi - lo
+        return _PAD_L + (0.5 if span == 0 else (math.log2(b) - lo) / span) * (_W - _PAD_L - _PAD_R)
+
+    def y(v: float) -> float:
+        return _H - _PAD_Y - v / top * (_H - 2 * _PAD_Y)
+
+    out = [f'<line x1="{_PAD_L}" x2="{_W - _PAD_R}" y1="{y(0):.1f}" y2="{y(0):.1f}" stroke="#888"/>',
+           f'<line x1="{_PAD_L}" x2="{_PAD_L}" y1="{_PAD_Y}" y2="{y(0):.1f}" stroke="#888"/>']
+    for b in batches:
+        out.append(f'<text x="{x(b):.1f}" y="{_H - 8}" font-size="11" text-anchor="middle">{b}</text>')
+    for frac in (0.0, 0.5, 1.0):
+        v = top / 1.1 * frac
+        out.append(f'<text x="{_PAD_L - 6}" y="{y(v) + 4:.1f}" font-size="11" text-anchor="end">{v:.3g}</text>')
+    for i, (value, label) in enumerate(lines):  # the first label above its line, the others below
+        out.append(f'<line x1="{_PAD_L}" x2="{_W - _PAD_R}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+                   f'stroke="#c0392b" stroke-dasharray="5"/><text x="{_W - _PAD_R}" '
+                   f'y="{y(value) + (-4 if i == 0 else 12):.1f}" font-size="11" fill="#c0392b" '
+                   f'text-anchor="end">{html.escape(label)}</text>')
+    for fam, c in color.items():
+        mine = sorted((t for t in trials if _family(t.values) == fam and y_of(t) is not None), key=_batch)
+        if len(mine) > 1:
+            pts = " ".join(f"{x(_batch(t)):.1f},{y(y_of(t)):.1f}" for t in mine)
+            out.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="1.5"/>')
+        for t in trials:
+            if _family(t.values) != fam:
+                continue
+            tip = html.escape(f"trial {t.number}: {' '.join(f'{k}={v}' for k, v in t.values.items())} "
+                              f"({t.measurement.status})")
+            v = y_of(t)
+            if t.measurement.status == "oom":
+                at = (oom_y(t) if oom_y else None) or 0.0
+                cx, cy = x(_batch(t)), y(at)
+                out.append(f'<path class="oom" d="M{cx - 5:.1f},{cy - 5:.1f}L{cx + 5:.1f},{cy + 5:.1f}'
+                           f'M{cx - 5:.1f},{cy + 5:.1f}L{cx + 5:.1f},{cy - 5:.1f}" stroke="{c}" '
+                           f'stroke-width="2"><title>{tip}</title></path>')
+            elif v is not None:
+                fill = c if t.feasible else "white"
+                out.append(f'<circle cx="{x(_batch(t)):.1f}" cy="{y(v):.1f}" r="4" fill="{fill}" stroke="{c}" '
+                           f'stroke-width="1.5"><title>{tip}</title></circle>')
+    return (f'<h3>{html.escape(title)}</h3><svg width="{_W}" height="{_H}" role="img">{"".join(out)}</svg>'
+            f'<div style="font-size: 11px; text-align: center; width: {_W}px">batch size</div>')
+
+
+def tune_report_html(summary: Mapping[str, Any], trials: Sequence[Trial], source: str) -> str:
+    """The page for ``summary`` (see :func:`trainfit.report.build_summary`) and its ``trials``."""
+    objective = summary["objective"]
+    families = list(dict.fromkeys(_family(t.values) for t in sorted(trials, key=lambda t: t.number)))
+    color = {f: _COLORS[i % len(_COLORS)] for i, f in enumerate(families)}
+    budget = summary["budget"]
+    limits: list[tuple[float, str]] = []
+    if budget["memory_gb"]:
+        limit = budget["memory_gb"] - budget["headroom_gb"]
+        limits = [(budget["memory_gb"], f"budget {budget['memory_gb']:g} GiB")]
+        if limit < budget["memory_gb"]:
+            limits.append((limit, f"fits below {limit:g} GiB (headroom {budget['headroom_gb']:g})"))
+    legend = "".join(f'<span style="color: {c}">&#9632;</span> {html.escape(f)}&nbsp;&nbsp; '
+                     for f, c in color.items())
+    speed = _chart(f"{objective.replace('_', ' ')} (filled: fits, hollow: over budget, x: OOM)", trials, color,
+                   lambda t: getattr(t.measurement, objective) if t.measurement.status == "ok" else None)
+    memory = _chart("peak memory, GiB (worst-case batch)", trials, color,
+                    lambda t: t.measurement.peak_memory_gb if t.measurement.status == "ok" else None,
+                    lines=limits, oom_y=lambda t: t.measurement.peak_memory_gb)
+    best = summary["best_config"]
+    if best is not None:
+        best_html = (f"<p><b>Best: trial {best['trial']}</b>, {html.escape(_family(best['searched']))} "
+                     f"batch_size={best['config']['batch_size']}: {_fmt(best[objective], 4)} "
+                     f"{objective.replace('_', ' ')}, peak {_fmt(best['memory_peak_gb'])} GiB"
+                     + (f", full run ~{best['estimated_full_runtime_hours']:.3g} h"
+                        if best["estimated_full_runtime_hours"] is not None else "")
+                     + f"</p><pre style='white-space: pre-wrap'>{html.escape(best['command'] or '')}</pre>")
+    else:
+        best_html = "<p><b>No configuration fits the budget.</b> See summary.json (all_failed) for advice.</p>"
+    names = list(dict.fromkeys(k for t in trials for k in t.values))
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["trial", "status", *names, objective, "peak GiB", "fits"])
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in [
+            t.number, t.measurement.status, *(t.values.get(n) for n in names),
+            _fmt(getattr(t.measurement, objective), 4), _fmt(t.measurement.peak_memory_gb), t.feasible]) + "</tr>"
+        for t in sorted(trials, key=lambda t: t.number))
+    return f"""<!doctype html><meta charset="utf-8"><title>trainfit tune: {html.escape(source)}</title>
+<body style="font-family: sans-serif; max-width: 760px">
+<h2>trainfit tune: {html.escape(source)}</h2>
+<p>{summary['total_tested']} probed: {summary['successful']} fit, {summary['failed_oom']} OOM,
+{summary['over_budget']} over budget, {summary['failed_error']} errors, {summary['failed_timeout']} timeouts;
+strategy {html.escape(summary['strategy'])}; {html.escape(summary['stop_reason'])}; device
+{html.escape(str(summary['device']))}.</p>
+{best_html}
+<p style="font-size: 12px">{legend}</p>
+{speed}
+{memory}
+<h3>Trials</h3>
+<table style="font-size: 12px; border-collapse: collapse" border="1" cellpadding="3"><tr>{head}</tr>{rows}</table>
+</body>
+"""
