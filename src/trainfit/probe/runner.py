@@ -66,6 +66,8 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
                          "and are truncated")
     request = {
         "model": json.loads(json.dumps(spec.to_dict()["model"])),
+        # the training command decides the loss of `loss: auto` (TRL's fused head for `trl sft`)
+        "command_template": spec.tune.command_template,
         "params": params.to_dict(),
         "probe": json.loads(json.dumps(spec.to_dict()["probe"])),
         "device": device,
@@ -92,7 +94,8 @@ def model_key(request: dict[str, Any]) -> str | None:
     params = request["params"]
     if not request["probe"].get("reuse_model", True) or params.get("compile", "off") != "off":
         return None
-    return json.dumps({"model": request["model"], "params": model_values(params), "probe": request["probe"],
+    return json.dumps({"model": request["model"], "command_template": request.get("command_template"),
+                       "params": model_values(params), "probe": request["probe"],
                        "device": request["device"], "memory_cap_bytes": request["memory_cap_bytes"]},
                       sort_keys=True)
 

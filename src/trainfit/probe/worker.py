@@ -194,7 +194,7 @@ def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: Memo
     from trainfit.flops import utilization
     from trainfit.params import parse_params
     from trainfit.probe.timing import StepTimes, StopRule
-    from trainfit.spec import ModelSpec, ProbeSettings, Spec
+    from trainfit.spec import ModelSpec, ProbeSettings, Spec, TuneSettings
     from trainfit.step import TrainStep, check_support, synchronize
     from trainfit.workloads import build_workload
 
@@ -225,7 +225,8 @@ def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: Memo
         emit("phase", phase="build")
         t = time.perf_counter()
         build_notes = check_support(params, device)
-        spec = Spec(model=ModelSpec(**req["model"]), data=None, params=params, probe=settings)
+        spec = Spec(model=ModelSpec(**req["model"]), data=None, params=params, probe=settings,
+                    tune=TuneSettings(command_template=req.get("command_template")))
         workload = build_workload(spec, params, device)
         build_notes += workload.notes
         step = TrainStep(workload, params, device)
@@ -252,6 +253,7 @@ def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: Memo
     t = time.perf_counter()
     meter.start(built, reused)
     worst_batch = workload.make_batch(worst, max_len if fixed else max(worst))
+    out["full_logits_bytes"] = workload.logits_bytes(worst_batch)
     for _ in range(settings.memory_steps):
         step.run([worst_batch] * accum)
     synchronize(device)
