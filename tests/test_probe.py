@@ -141,8 +141,8 @@ def test_gpt2_bf16(tmp_path: Path, texts_file) -> None:
 
 
 def oom_spec(tmp_path: Path) -> Path:
-    """16 x 2048 tokens over a 4096-word vocabulary: ~0.5 GiB of fp32 logits alone, several
-    copies in the loss, under a 0.9 GiB cap of which torch's import takes ~0.4."""
+    """16 x 2048 tokens over a 4096-word vocabulary under a 0.9 GiB cap of which torch's import
+    takes ~0.4: the model's own loss would hold 0.5 GiB of fp32 logits alone."""
     model = {"config": {**TINY_LLAMA, "vocab_size": 4096, "max_position_embeddings": 2048}}
     return make_spec_file(tmp_path, model=model, params={"batch_size": 16, "max_length": 2048},
                           budget={"memory_gb": 0.9, "headroom_gb": 0.1}, name="oom.yaml")
@@ -158,6 +158,10 @@ def test_real_oom_under_a_small_cpu_budget(tmp_path: Path) -> None:
     parts = m.memory_parts_bytes
     assert sum(parts.values()) == m.peak_memory_bytes
     assert parts["model"] > 0 and parts["step"] > parts["model"]
+    assert m.full_logits_bytes is None  # `trl sft`'s loss (TRL's fused head) never builds them
+    own_loss = probe(oom_spec(tmp_path), "tune.command_template=python train.py")  # the model's own loss
+    assert own_loss.status == "oom", own_loss.message
+    assert own_loss.full_logits_bytes == 16 * 2048 * 4096 * 4
 
 
 def test_factory_with_custom_knob(tmp_path: Path) -> None:

@@ -182,6 +182,28 @@ def test_when_nothing_fits_the_advice_starts_with_the_largest_measured_part(
     assert smallest["needs_memory_gb"] == pytest.approx(sum(parts.values()) + HEADROOM)
 
 
+def test_when_the_full_logits_weigh_the_advice_starts_with_a_loss_without_them(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                          budget={"memory_gb": 5.0, "headroom_gb": HEADROOM})
+    path.write_text(path.read_text() + "search:\n  batch_size: [2]\n")
+
+    def logits_heavy(p: Params, number: int, logits_gb: float = 2.0) -> Measurement:
+        parts = {"model": 1 * GiB, "optimizer": 1 * GiB, "runtime": GiB // 2, "step": 5 * GiB}
+        return Measurement(status="ok", config=p.to_dict(), samples_per_second=10.0, tokens_per_second=1e3,
+                           peak_memory_bytes=sum(parts.values()), memory_parts_bytes=parts,
+                           full_logits_bytes=int(logits_gb * GiB) or None,
+                           budget_memory_gb=5.0, budget_headroom_gb=HEADROOM, steps_measured=5)
+
+    failed = tune(load_spec(path), output=tmp_path / "out", probe_fn=logits_heavy).summary["all_failed"]
+    assert failed["smallest_peak"]["full_logits_gb"] == pytest.approx(2.0)
+    assert failed["advice"][0].startswith("a loss without the full logits") and "2.00 GiB" in failed["advice"][0]
+    assert failed["advice"][1].startswith("gradient_checkpointing")
+    # a loss that builds no full logits (TRL's fused head) gets no such advice
+    failed = tune(load_spec(path), output=tmp_path / "out2",
+                  probe_fn=lambda p, n: logits_heavy(p, n, 0.0)).summary["all_failed"]
+    assert not any("full logits" in a for a in failed["advice"])
+
+
 class NoBf16(Surface):
     """A machine without bf16: such probes fail as unsupported, as the worker reports them."""
 

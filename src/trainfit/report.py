@@ -133,7 +133,8 @@ def smallest_peak(spec: Spec, trials: Sequence[Trial]) -> dict[str, Any] | None:
     return {"searched": jsonable(t.values), "status": m.status, "peak_gb": m.peak_memory_gb,
             "parts_gb": {k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
             # an OOM's peak is where it failed: the budget it needs is larger still
-            "needs_memory_gb": m.peak_memory_gb + spec.budget.headroom_gb, "at_least": m.status == "oom"}
+            "needs_memory_gb": m.peak_memory_gb + spec.budget.headroom_gb, "at_least": m.status == "oom",
+            "full_logits_gb": m.full_logits_bytes / 1024**3 if m.full_logits_bytes else None}
 
 
 def oom_advice(trials: Sequence[Trial], stats: LengthStats | None, smallest: dict[str, Any] | None) -> list[str]:
@@ -170,6 +171,13 @@ def oom_advice(trials: Sequence[Trial], stats: LengthStats | None, smallest: dic
     if cuda and never("optimizer", "adamw_8bit"):
         advice.append(("optimizer", "optimizer: adamw_8bit (Adam state at 2 instead of 8 bytes per trainable "
                                     "parameter)"))
+    logits = smallest.get("full_logits_gb") if smallest else None
+    if logits and logits >= 0.1 * smallest["peak_gb"]:  # type: ignore[index]
+        # first of the step's remedies: it costs one LM-head recompute, not a whole forward
+        advice.insert(0, ("step", f"a loss without the full logits: the model's own loss holds the worst-case "
+                               f"batch's (batch x length x vocab) logits in fp32, {logits:.2f} GiB, and their "
+                               "gradient as much again; `trl sft` computes it with TRL's fused LM head in tiles "
+                               "(what loss: auto probes for it), or use a chunked cross-entropy in your trainer"))
     parts = smallest["parts_gb"] if smallest else {}
     if (smallest and parts.get("allocator_cache", 0.0) >= 0.1 * smallest["peak_gb"]
             and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):

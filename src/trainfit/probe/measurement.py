@@ -66,6 +66,10 @@ class Measurement:
     (CPU: how far building the model peaked above the steps), ``allocator_cache`` (CUDA: reserved
     but unallocated at the peak). They sum to ``peak_memory_bytes``. Empty when the probe failed
     before its steps began. CUDA's own context (~0.5 GiB) is outside the allocator: headroom."""
+    full_logits_bytes: int | None = None
+    """Hugging Face models with the model's own loss: the fp32 ``(batch, length, vocab)`` logits
+    of the worst-case micro-batch, part of ``step`` (their gradient takes as much again); None
+    where the loss never builds them (TRL's fused head) or the workload cannot tell."""
     alloc_retries: int | None = None
     """CUDA only: times the allocator freed its cache and retried (a sign of pressure)."""
     memory_cap_bytes: int | None = None

@@ -59,3 +59,8 @@ class Workload(ABC):
     def flops(self, seq_lens: Sequence[int], recompute: bool) -> StepFlops | None:
         """Model/hardware FLOPs of forward+backward over these lengths; None when unknown."""
         return None
+
+    def logits_bytes(self, batch: Batch) -> int | None:
+        """Bytes of the full ``(batch, length, vocab)`` logits the loss holds for ``batch`` in fp32;
+        None where the loss builds no such tensor (or the workload cannot tell)."""
+        return None

@@ -180,6 +180,10 @@ class HFCausalLM(Workload):
             return self.model(**inputs, fused_lm_head=True).loss
         return self.model(**inputs).loss
 
+    def logits_bytes(self, batch: Batch) -> int | None:
+        # transformers' causal-LM loss upcasts the logits to fp32; TRL's fused head never builds them.
+        return None if self.loss_kind == "fused" else batch.padded_tokens * self.vocab_size * 4
+
     def flops(self, seq_lens: Sequence[int], recompute: bool) -> StepFlops | None:
         if self.shape is None:
             return None
