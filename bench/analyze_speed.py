@@ -63,7 +63,8 @@ def count_cmd(path: Path, cache: Path) -> tuple[list[str], dict[str, str]]:
     # Peak RSS from VmHWM: ru_maxrss would include this (big) parent's size, inherited over fork+exec.
     code = ("import sys, time; from trainfit.data import LengthRecipe, count_lengths; "
             "from trainfit.devices import peak_rss_bytes; t=time.perf_counter(); "
-            f"tab=count_lengths(sys.argv[1], LengthRecipe(text_fields=('text',), tokenizer={str(TOKENIZER)!r}), progress=False); "
+            f"tab=count_lengths(sys.argv[1], LengthRecipe(text_fields=('text',), tokenizer={str(TOKENIZER)!r}), "
+            "progress=False); "
             "print(len(tab.lengths), time.perf_counter()-t, peak_rss_bytes())")
     return [sys.executable, "-c", code, str(path)], {**os.environ, "TRAINFIT_CACHE": str(cache)}
 

@@ -80,7 +80,8 @@ def main() -> None:
         for rounds in (0, args.rounds):
             mine = [r for r in runs if r["confirm_rounds"] == rounds]
             scores = [r["pick_reference_over_best"] for r in mine]
-            arms[f"confirm_{rounds}"] = {"median_pick_over_best": statistics.median(scores), "worst_pick_over_best": min(scores),
+            arms[f"confirm_{rounds}"] = {"median_pick_over_best": statistics.median(scores),
+                                         "worst_pick_over_best": min(scores),
                                          "median_probe_time_s": statistics.median(r["probe_time_s"] for r in mine)}
         results[name] = {"arms": arms, "reference_samples_per_s": ref, "runs": runs}
     dump("confirm_value", {"runs_per_arm": args.runs, "rounds": args.rounds,

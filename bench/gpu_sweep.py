@@ -83,7 +83,8 @@ def main() -> None:
         m = run_probe(load_spec(path, [f"batch_size={top['batch_size']}", *LORA,
                                        f"budget.memory_gb={budget}", "budget.headroom_gb=0.1"]))
         cap_check = results.put("cap", {"batch_size": top["batch_size"], "memory_gb_cap": budget, "status": m.status,
-                                        "peak_uncapped_gb": top["peak_reserved_gb"], "peak_capped_gb": m.peak_memory_gb})
+                                        "peak_uncapped_gb": top["peak_reserved_gb"],
+                                        "peak_capped_gb": m.peak_memory_gb})
     dump("gpu_sweep", {"model": "tiny" if args.tiny else "llama-1.1B-shape", "seq": seq, "rows": rows,
                        "memory_fraction_check": cap_check})
 

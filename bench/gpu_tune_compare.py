@@ -165,7 +165,8 @@ def main() -> None:
         print(RESULT + json.dumps(hf_run(json.loads(args.hf_job))), flush=True)
         return
     if args.tiny:
-        args.steps, args.warmup, args.probe_seconds = min(args.steps, 6), min(args.warmup, 2), min(args.probe_seconds, 2)
+        args.steps, args.warmup = min(args.steps, 6), min(args.warmup, 2)
+        args.probe_seconds = min(args.probe_seconds, 2)
     args.seq = 256 if args.tiny else 2048
     config = TINY if args.tiny else LLAMA_1B
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu-tune-compare-"))

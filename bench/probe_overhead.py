@@ -86,7 +86,8 @@ def probe_once() -> dict[str, object]:
         import json
 
         m = json.loads(out.read_text())
-    return {"cli_wall_s": wall, "samples_per_second": m["samples_per_second"], "step_time_mean_s": m["step_time_mean_s"],
+    return {"cli_wall_s": wall, "samples_per_second": m["samples_per_second"],
+            "step_time_mean_s": m["step_time_mean_s"],
             "steps": m["steps_measured"], "stable": m["stable"], "phases_s": m["phases_s"]}
 
 

@@ -73,7 +73,8 @@ def replay(spec, strategy: str, table: dict[str, Any], seed: int, sampler: Any =
     spec = dataclasses.replace(spec, tune=TuneSettings(strategy=strategy, seed=seed, patience=10**6,
                                                        objective="samples_per_second"))
     with tempfile.TemporaryDirectory() as tmp:
-        res = tune(spec, output=tmp, probe_fn=lambda p, n: table[config_key({k: p.to_dict()[k] for k in spec.search.names})],
+        res = tune(spec, output=tmp,
+                   probe_fn=lambda p, n: table[config_key({k: p.to_dict()[k] for k in spec.search.names})],
                    max_trials=len(table), sampler=sampler, device_type="cpu")
     return sorted(res.trials, key=lambda t: t.number)
 
