@@ -765,3 +765,22 @@ def test_report_html_draws_every_probe_by_family_against_the_budget(tmp_path: Pa
     assert f"budget {BUDGET:g} GiB" in page and f"fits below {BUDGET - HEADROOM:g} GiB" in page
     best = result.summary["best_config"]
     assert f"Best: trial {best['trial']}" in page and page.count("<tr>") == len(trials) + 1
+
+
+def test_probe_and_command_truncate_at_the_models_positions(tmp_path: Path, texts_file) -> None:
+    """max_length null means the longest sample, but never past the model's positions: the probe
+    measures that length and the `trl sft` command is told it (else TRL would not truncate)."""
+    from trainfit.data.analyze import analyze_spec
+    from trainfit.probe.runner import build_request
+    from trainfit.report import command_length
+
+    path = make_spec_file(tmp_path, model={"config": {**TINY_LLAMA, "max_position_embeddings": 32}},
+                          data={"path": str(texts_file[0]), "text_field": "text"}, params={"batch_size": 2})
+    spec = load_spec(path)
+    stats = analyze_spec(spec, progress=False)
+    assert stats.max > 32 and stats.max_positions == 32
+    assert command_length(spec.params, stats) == 32
+    assert build_request(spec, spec.params, stats, "cpu")["max_length"] == 32
+    assert "--max_length 32 " in build_command(spec, spec.params, max_length=command_length(spec.params, stats))
+    shorter = spec.params.replace(max_length=16)
+    assert "--max_length 16 " in build_command(spec, shorter, max_length=command_length(shorter, stats))

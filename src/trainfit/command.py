@@ -81,13 +81,15 @@ def trl_data_config(spec: Spec) -> dict[str, Any] | None:
     return None if loader is None else {"datasets": [{"path": loader, "data_files": spec.data.path}]}
 
 
-def trl_args(params: Params, longest: int | None = None) -> list[str]:
+def trl_args(params: Params, max_length: int | None = None) -> list[str]:
     """TRL ``sft`` flags for every knob, each one explicit: TRL's own defaults differ from the
     probe's (bf16 on unless told, gradient checkpointing on, max_length 1024, fp32 LoRA base).
-    ``longest``: the dataset's longest sample, the probe's length when ``max_length`` is null."""
+    ``max_length``: the length the probe truncated at (see ``LengthStats.truncation_length``: the
+    dataset's longest sample when ``params.max_length`` is null, never past the model's positions);
+    None: ``params.max_length``."""
     args = ["--per_device_train_batch_size", str(params.batch_size),
             "--gradient_accumulation_steps", str(params.gradient_accumulation_steps)]
-    max_length = params.max_length if params.max_length is not None else longest
+    max_length = max_length if max_length is not None else params.max_length
     if max_length is not None:
         args += ["--max_length", str(max_length)]
     if params.padding == "max_length" and max_length is not None:
@@ -117,7 +119,7 @@ def _flag(on: bool) -> str:
     return "true" if on else "false"
 
 
-def build_command(spec: Spec, params: Params, *, longest: int | None = None,
+def build_command(spec: Spec, params: Params, *, max_length: int | None = None,
                   data_config: Path | None = None, cpu_threads: int | None = None) -> str:
     """The command line for ``params``: the user's template, or ``trl sft`` for HF models.
     ``data_config``: a TRL config file holding :func:`trl_data_config` (see ``write_outputs``).
@@ -139,7 +141,7 @@ def build_command(spec: Spec, params: Params, *, longest: int | None = None,
         data += ["--dataset_text_field", spec.data.text_field]
     threads = [f"OMP_NUM_THREADS={cpu_threads}"] if cpu_threads else []
     # TRL trains 3 epochs unless told: the command trains what the runtime estimate is for.
-    parts = [*threads, "trl", "sft", "--model_name_or_path", model, *data, *trl_args(params, longest),
+    parts = [*threads, "trl", "sft", "--model_name_or_path", model, *data, *trl_args(params, max_length),
              "--num_train_epochs", f"{spec.tune.epochs:g}", "--output_dir", "trainfit-run"]
     return " ".join(shlex.quote(p) if not p.startswith("<") else f"'{p}'" for p in parts)
 
@@ -161,10 +163,10 @@ def command_notes(spec: Spec) -> list[str]:
     return notes
 
 
-def command_script(spec: Spec, params: Params, header: str, *, longest: int | None = None,
+def command_script(spec: Spec, params: Params, header: str, *, max_length: int | None = None,
                    data_config: Path | None = None, cpu_threads: int | None = None) -> str:
     try:
-        cmd = build_command(spec, params, longest=longest, data_config=data_config, cpu_threads=cpu_threads)
+        cmd = build_command(spec, params, max_length=max_length, data_config=data_config, cpu_threads=cpu_threads)
     except TrainfitError as err:
         return f"#!/usr/bin/env bash\n{header}\n# No command: {err}\nexit 1\n"
     launch = [f"OMP_NUM_THREADS={cpu_threads}: the CPU threads the probe used; `accelerate launch` (which "

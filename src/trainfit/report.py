@@ -22,7 +22,7 @@ from trainfit.command import build_command, command_script, trl_data_config
 from trainfit.data.stats import LengthStats
 from trainfit.devices import versions
 from trainfit.errors import TrainfitError
-from trainfit.params import KNOBS
+from trainfit.params import KNOBS, Params
 from trainfit.search.space import SearchSpace
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement
 from trainfit.report_html import tune_report_html
@@ -60,6 +60,11 @@ def launch_threads(m: Measurement) -> int | None:
     return m.cpu_threads if m.device == "cpu" else None
 
 
+def command_length(params: Params, stats: LengthStats | None) -> int | None:
+    """The truncation length the probe used, for the training command (None without data)."""
+    return stats.truncation_length(params.max_length) if stats else None
+
+
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
            repeats: Repeats | None = None, data_config: Path | None = None) -> dict[str, Any]:
     m = t.measurement
@@ -67,7 +72,7 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
     samples = run_samples(spec, stats)
     runtime_h = samples / m.samples_per_second / 3600 if samples and m.samples_per_second else None
     try:
-        command = build_command(spec, params, longest=stats.max if stats else None, data_config=data_config,
+        command = build_command(spec, params, max_length=command_length(params, stats), data_config=data_config,
                                 cpu_threads=launch_threads(m))
     except TrainfitError:
         command = None
@@ -300,8 +305,8 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   f"{m.samples_per_second:.4g} samples/s, peak {m.peak_memory_gb:.2f} GiB on {m.device_name}\n"
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")
-        script.write_text(command_script(spec, space.params(trial.values), header,
-                                         longest=stats.max if stats else None,
+        params = space.params(trial.values)
+        script.write_text(command_script(spec, params, header, max_length=command_length(params, stats),
                                          data_config=data_config, cpu_threads=launch_threads(m)))
         script.chmod(0o755)
     return summary

@@ -100,6 +100,12 @@ class LengthStats:
         return (f"{self.samples:,} samples, lengths {self.min:,}-{self.max:,} (median {self.percentiles['p50']:,.0f}, "
                 f"p99 {self.percentiles['p99']:,.0f}): {self.description}")
 
+    def truncation_length(self, max_length: int | None) -> int:
+        """The length samples are cut to: ``max_length`` (None: the longest sample), never past the
+        model's positions. What the probe measures and the training command is told."""
+        length = self.max if max_length is None else max_length
+        return min(length, self.max_positions) if self.max_positions else length
+
     def longest_lengths(self, n: int) -> list[int]:
         """The ``n`` longest lengths (the longest repeated when the dataset is smaller than ``n``)."""
         kept = [x["length"] for x in self.longest] or [self.max]

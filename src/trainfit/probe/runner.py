@@ -53,7 +53,7 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
         typical = [max_length]
         notes.append(f"no dataset: every sample is assumed to be max_length={max_length} long")
     else:
-        max_length = params.max_length if params.max_length is not None else stats.max
+        max_length = stats.truncation_length(params.max_length)
         worst = stats.longest_lengths(params.batch_size)
         typical = stats.length_sample
         truncated, exact = count_longer_than(stats, max_length)
