@@ -46,9 +46,13 @@ TEMPLATE_EXTRAS = ("effective_batch_size", "epochs")
 (the epochs the runtime estimate is for)."""
 
 
-def render_template(template: str, params: Params, epochs: float = 1.0) -> str:
+def render_template(template: str, params: Params, epochs: float = 1.0, max_length: int | None = None) -> str:
+    """``max_length``: the length the probe truncated at (for ``{max_length}`` when the knob is
+    null: the longest sample, not an empty argument)."""
     values: dict[str, Any] = params.to_dict()
     values.update(effective_batch_size=params.effective_batch_size, epochs=f"{epochs:g}")
+    if max_length is not None:
+        values["max_length"] = max_length
     problem = template_problem(template, values)
     if problem:
         raise TrainfitError(f"command_template {problem}", "fix tune.command_template")
@@ -127,7 +131,7 @@ def build_command(spec: Spec, params: Params, *, max_length: int | None = None,
     which gives each process one CPU thread unless OMP_NUM_THREADS says otherwise (on the 2-vCPU
     test machine, one thread trained at about half the speed; docs/benchmarks.md)."""
     if spec.tune.command_template:
-        return render_template(spec.tune.command_template, params, spec.tune.epochs)
+        return render_template(spec.tune.command_template, params, spec.tune.epochs, max_length)
     if spec.model.factory is not None:
         raise TrainfitError("a custom factory model needs tune.command_template to build its training command",
                             "e.g. command_template: 'python train.py --batch_size {batch_size} ...'")
