@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainfit.search.strategies import Trial
@@ -33,8 +33,8 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}g}"
 
 
-def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: Any, *,
-           lines: Sequence[tuple[float, str]] = (), oom_y: Any = None) -> str:
+def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: Callable[[Trial], float | None], *,
+           lines: Sequence[tuple[float, str]] = (), oom_y: Callable[[Trial], float | None] | None = None) -> str:
     """One SVG chart: ``y_of(trial)`` (None: not drawn) against the batch size, a polyline per
     family; ``lines``: horizontal reference lines (value, label); ``oom_y(trial)``: where an OOM's
     cross goes (None: on the x axis)."""
