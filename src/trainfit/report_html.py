@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from trainfit.cli.render import fmt_num
+from trainfit.progress import format_duration
 from trainfit.search.strategies import Trial
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
@@ -27,10 +29,6 @@ def _family(values: Mapping[str, Any]) -> str:
 
 def _batch(t: Trial) -> int:
     return int(t.measurement.config.get("batch_size") or 1)
-
-
-def _fmt(x: float | None, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:.{digits}g}"
 
 
 def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: Callable[[Trial], float | None], *,
@@ -110,9 +108,9 @@ def tune_report_html(summary: Mapping[str, Any], trials: Sequence[Trial], source
     best = summary["best_config"]
     if best is not None:
         best_html = (f"<p><b>Best: trial {best['trial']}</b>, {html.escape(_family(best['searched']))} "
-                     f"batch_size={best['config']['batch_size']}: {_fmt(best[objective], 4)} "
-                     f"{objective.replace('_', ' ')}, peak {_fmt(best['memory_peak_gb'])} GiB"
-                     + (f", full run ~{best['estimated_full_runtime_hours']:.3g} h"
+                     f"batch_size={best['config']['batch_size']}: {fmt_num(best[objective], 4)} "
+                     f"{objective.replace('_', ' ')}, peak {fmt_num(best['memory_peak_gb'])} GiB"
+                     + (f", full run ~{format_duration(best['estimated_full_runtime_hours'] * 3600)}"
                         if best["estimated_full_runtime_hours"] is not None else "")
                      + f"</p><pre style='white-space: pre-wrap'>{html.escape(best['command'] or '')}</pre>")
     else:
@@ -122,7 +120,7 @@ def tune_report_html(summary: Mapping[str, Any], trials: Sequence[Trial], source
     rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in [
             t.number, t.measurement.status, *(t.values.get(n) for n in names),
-            _fmt(getattr(t.measurement, objective), 4), _fmt(t.measurement.peak_memory_gb), t.feasible]) + "</tr>"
+            fmt_num(getattr(t.measurement, objective), 4), fmt_num(t.measurement.peak_memory_gb), t.feasible]) + "</tr>"
         for t in sorted(trials, key=lambda t: t.number))
     return f"""<!doctype html><meta charset="utf-8"><title>trainfit tune: {html.escape(source)}</title>
 <body style="font-family: sans-serif; max-width: 760px">
