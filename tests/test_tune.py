@@ -289,6 +289,8 @@ def test_cli_tune_end_to_end_on_a_tiny_model_under_a_real_cap(tmp_path: Path, te
     assert "BEST CONFIGURATION" in printed and "fastest per lora_r" in printed
     assert "GiB, full run ~" in printed  # each fitting config's line says how long the full run would take
     assert "[4/4] " in printed  # --quick allows 6 probes, the space has 4 configs
+    lengths = json.loads((out / "summary.json").read_text())["lengths"]
+    assert lengths["max"] == max(texts_file[1]) and lengths["description"].startswith("text in 'text'")
     assert "data: 200 samples, lengths" in printed and "tokenizer:) for exact counts" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total_tested"] == 4 and summary["successful"] == 4

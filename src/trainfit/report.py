@@ -244,6 +244,9 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         "budget": {"memory_gb": spec.budget.memory_gb, "headroom_gb": spec.budget.headroom_gb},
         "epochs_for_estimate": spec.tune.epochs,
         "dataset_samples": stats.samples if stats else None,
+        "lengths": None if stats is None else {  # how the worst-case and typical batches were drawn
+            "description": stats.description, "min": stats.min, "median": stats.percentiles["p50"],
+            "p99": stats.percentiles["p99"], "max": stats.max, "model_positions": stats.max_positions},
         "device": trials[0].measurement.device_name if trials else None,
         "versions": versions(),
         "spec": spec.to_dict(),
