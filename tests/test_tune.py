@@ -550,6 +550,32 @@ def test_confirmation_rounds_rank_tied_configs_by_the_median_of_interleaved_repe
     assert again.calls == [] and resumed.summary["best_config"]["searched"] == runner_up
 
 
+def test_confirmation_leaves_a_config_another_run_is_probing_to_that_run(tmp_path: Path) -> None:
+    """Two runs of a shared storage that end their search together confirm together: each
+    re-probes only what the other is not probing at that moment."""
+    import subprocess
+    import sys
+
+    from trainfit.search.tune import confirm
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    spec = synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=1, confirm_margin=0.0)
+    searched = tune(load_spec(spec.source, ["tune.confirm_rounds=0"]), output=tmp_path / "a", storage=url,
+                    probe_fn=Noisy())
+    assert searched.summary["within_noise_of_best"]  # the runner-up is a tie: confirmation takes it
+    runner_up = dict(zip(("batch_size", "gradient_checkpointing", "lora_r"), RUNNER_UP, strict=True))
+    in_flight = store_for(spec, tmp_path / "b", storage=url, resume=True).ask(runner_up)
+    other_run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # alive, probing it
+    in_flight.set_user_attr("owner", f"{in_flight.user_attrs['owner'].split(':')[0]}:{other_run.pid}")
+    store = store_for(spec, tmp_path / "c", storage=url, resume=True, join=True)
+    surface = Noisy()
+    try:
+        confirm(spec, spec.search, store, store.history(), surface, lambda event: None)
+    finally:
+        other_run.kill()
+    assert [(c["batch_size"], c["gradient_checkpointing"], c["lora_r"]) for c in surface.calls] == [(12, False, 8)]
+
+
 def test_a_clear_winner_needs_no_confirmation(tmp_path: Path) -> None:
     surface = Surface()  # precise probes, and the runner-up is 3.0% behind: outside the margin
     result = tune(synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=3, confirm_margin=0.02),

@@ -79,7 +79,9 @@ def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Tri
         return  # a clear winner: nothing to confirm
     for r in range(rounds):
         for c in candidates:
-            if len(store.repeats().get(config_key(c.values), ())) > r:  # fresh: other runs may confirm too
+            key = config_key(c.values)
+            # fresh each time: other runs of a shared storage confirm too (done, or probing it now)
+            if len(store.repeats().get(key, ())) > r or key in store.in_flight():
                 continue
             trial = store.ask(c.values)
             emit({"event": "confirm_start", "round": r + 1, "rounds": rounds, "values": c.values})
