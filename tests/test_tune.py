@@ -273,6 +273,10 @@ def test_commands_come_from_the_probed_params(tmp_path: Path) -> None:
                  "--optim adamw_torch", "--num_train_epochs 1 "):
         assert flag in cmd
     assert "--num_train_epochs 2 " in build_command(load_spec(spec_file, ["tune.epochs=2"]), params)
+    # TF32 is a CUDA setting: a config probed on CPU gets --tf32 false (transformers refuses true there)
+    tf32 = params.replace(tf32=True)
+    assert "--tf32 true " in build_command(load_spec(spec_file), tf32)
+    assert "--tf32 false " in build_command(load_spec(spec_file), tf32, cpu_threads=2)
     for bad in ("tune.epochs=0", "tune.time_budget_s=-5"):
         with pytest.raises(SpecError, match=f"{bad.split('=')[0]}: must be > 0"):
             load_spec(spec_file, [bad])

@@ -85,12 +85,13 @@ def trl_data_config(spec: Spec) -> dict[str, Any] | None:
     return None if loader is None else {"datasets": [{"path": loader, "data_files": spec.data.path}]}
 
 
-def trl_args(params: Params, max_length: int | None = None) -> list[str]:
+def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -> list[str]:
     """TRL ``sft`` flags for every knob, each one explicit: TRL's own defaults differ from the
     probe's (bf16 on unless told, gradient checkpointing on, max_length 1024, fp32 LoRA base).
     ``max_length``: the length the probe truncated at (see ``LengthStats.truncation_length``: the
     dataset's longest sample when ``params.max_length`` is null, never past the model's positions);
-    None: ``params.max_length``."""
+    None: ``params.max_length``. ``cpu``: probed on a CPU, where TF32 does nothing and transformers
+    refuses ``--tf32 true``."""
     args = ["--per_device_train_batch_size", str(params.batch_size),
             "--gradient_accumulation_steps", str(params.gradient_accumulation_steps)]
     max_length = max_length if max_length is not None else params.max_length
@@ -102,7 +103,7 @@ def trl_args(params: Params, max_length: int | None = None) -> list[str]:
     # LoRA trains adapters over a frozen base held in the compute dtype; full fine-tuning keeps fp32 weights.
     dtype = {"bf16": "bfloat16", "fp16": "float16"}[params.precision] if half and params.lora_r else "float32"
     args += ["--bf16", _flag(params.precision == "bf16"), "--fp16", _flag(params.precision == "fp16"),
-             "--dtype", dtype, "--tf32", _flag(params.tf32),
+             "--dtype", dtype, "--tf32", _flag(params.tf32 and not cpu),
              "--gradient_checkpointing", _flag(params.gradient_checkpointing),
              "--attn_implementation", params.attention, "--optim", _OPTIM[params.optimizer]]
     if params.compile != "off":
@@ -127,9 +128,10 @@ def build_command(spec: Spec, params: Params, *, max_length: int | None = None,
                   data_config: Path | None = None, cpu_threads: int | None = None) -> str:
     """The command line for ``params``: the user's template, or ``trl sft`` for HF models.
     ``data_config``: a TRL config file holding :func:`trl_data_config` (see ``write_outputs``).
-    ``cpu_threads``: the threads a CPU probe ran with; ``trl sft`` starts ``accelerate launch``,
-    which gives each process one CPU thread unless OMP_NUM_THREADS says otherwise (on the 2-vCPU
-    test machine, one thread trained at about half the speed; docs/benchmarks.md)."""
+    ``cpu_threads``: the threads a CPU probe ran with (None: not a CPU probe); ``trl sft`` starts
+    ``accelerate launch``, which gives each process one CPU thread unless OMP_NUM_THREADS says
+    otherwise (on the 2-vCPU test machine, one thread trained at about half the speed;
+    docs/benchmarks.md)."""
     if spec.tune.command_template:
         return render_template(spec.tune.command_template, params, spec.tune.epochs, max_length)
     if spec.model.factory is not None:
@@ -145,7 +147,8 @@ def build_command(spec: Spec, params: Params, *, max_length: int | None = None,
         data += ["--dataset_text_field", spec.data.text_field]
     threads = [f"OMP_NUM_THREADS={cpu_threads}"] if cpu_threads else []
     # TRL trains 3 epochs unless told: the command trains what the runtime estimate is for.
-    parts = [*threads, "trl", "sft", "--model_name_or_path", model, *data, *trl_args(params, max_length),
+    parts = [*threads, "trl", "sft", "--model_name_or_path", model, *data,
+             *trl_args(params, max_length, cpu=cpu_threads is not None),
              "--num_train_epochs", f"{spec.tune.epochs:g}", "--output_dir", "trainfit-run"]
     return " ".join(shlex.quote(p) if not p.startswith("<") else f"'{p}'" for p in parts)
 
