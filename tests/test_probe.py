@@ -223,6 +223,7 @@ def test_cli_probe_writes_json_and_exits_by_status(llama_spec, tmp_path: Path, c
     assert data["status"] == "ok" and data["config"]["batch_size"] == 3
     printed = capsys.readouterr().out
     assert "samples/s" in printed and "peak memory" in printed
+    assert "data: 200 samples, lengths" in printed  # and how they were counted
     assert "of which          model" in printed and "optimizer state" in printed and "worst-case step" in printed
     # an output path that cannot be written is refused before the probe, not after it
     assert main(["probe", str(llama_spec()), "--json", str(tmp_path), "--quiet"]) == 2

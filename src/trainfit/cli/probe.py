@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     stats = stats_from_args(args, spec, progress=not args.quiet)
     print(f"trainfit probe: {spec.source}")
     print(f"config: {config_line(spec.params.to_dict())}")
+    if stats is not None:
+        print(f"data: {stats.headline()}")
     printer = PhasePrinter(not args.quiet)
     m = run_probe(spec, stats=stats, on_event=printer)
     printer.done()
