@@ -89,7 +89,8 @@ class _Tokenizer:
                 self.hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
             except Exception as err:
                 raise TrainfitError(f"cannot load tokenizer folder {p}: {err}",
-                                    "give a folder saved with tokenizer.save_pretrained") from None
+                                    "give a folder saved with tokenizer.save_pretrained (in a spec, `tokenizer:`; "
+                                    "without it, a model folder's own tokenizer is used)") from None
         if self.fast is None and self.hf is None:
             raise TrainfitError(f"{path} is not a tokenizer", "give a tokenizer folder or a tokenizer.json file")
         if need_chat and (self.hf is None or not getattr(self.hf, "chat_template", None)):
