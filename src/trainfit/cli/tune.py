@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  it would fit with --memory-gb {'above ' if smallest['at_least'] else ''}"
                   f"{smallest['needs_memory_gb']:.2f} (or less budget.headroom_gb)")
         if failed.get("advice"):
-            print("\nTo lower peak memory, add to the search space (the largest part first):")
+            print("\nTo lower peak memory (knobs to add to the search space; the largest part first):")
             for line in failed["advice"]:
                 print(f"  - {line}")
         return 1
