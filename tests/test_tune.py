@@ -572,12 +572,17 @@ def test_confirmation_leaves_a_config_another_run_is_probing_to_that_run(tmp_pat
     other_run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # alive, probing it
     in_flight.set_user_attr("owner", f"{in_flight.user_attrs['owner'].split(':')[0]}:{other_run.pid}")
     store = store_for(spec, tmp_path / "c", storage=url, resume=True, join=True)
-    surface = Noisy()
+    surface, events = Noisy(), []
     try:
         confirm(spec, spec.search, store, store.history(), surface, lambda event: None)
+        store.close()
+        # a run joining now has nothing left to search: it does not wait for the other's repeat
+        joined = tune(load_spec(spec.source, ["tune.confirm_rounds=0"]), output=tmp_path / "d", storage=url,
+                      join=True, probe_fn=Noisy(), on_event=events.append)
     finally:
         other_run.kill()
     assert [(c["batch_size"], c["gradient_checkpointing"], c["lora_r"]) for c in surface.calls] == [(12, False, 8)]
+    assert joined.new_trials == 0 and not [e for e in events if e["event"] == "waiting"]
 
 
 def test_a_clear_winner_needs_no_confirmation(tmp_path: Path) -> None:

@@ -177,7 +177,9 @@ def tune(
         try:
             while True:
                 if store.shared:  # other runs' results count, and what they probe now is theirs
-                    history, busy = store.history(), store.in_flight()
+                    history = store.history()
+                    # a config measured already is a confirmation repeat there: it changes no proposal
+                    busy = store.in_flight() - {config_key(t.values) for t in history}
                 if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
                     stop_reason = f"time budget reached ({time_budget_s:g} s)"
                     break
