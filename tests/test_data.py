@@ -244,3 +244,52 @@ def test_recommended_length_is_capped_only_when_beyond_the_model(tmp_path: Path)
     assert free.recommended_max_length == 320 and "capped" not in free.recommended_rule
     capped = summarize(table, percentile=99, multiple=64, max_positions=256)
     assert capped.recommended_max_length == 256 and "capped at the model's 256 positions" in capped.recommended_rule
+
+
+def test_a_folder_of_shards_or_a_pattern_reads_as_one_dataset(tmp_path: Path) -> None:
+    """train-0000x-of-0000n files are how datasets ship: a folder of them, or a glob, is one
+    dataset with one row index across files (so an interrupted count resumes mid-shard)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainfit.data.readers import data_files, fingerprint
+
+    shards = tmp_path / "train"
+    (shards / "x-more").mkdir(parents=True)  # sorted by path: after the top-level shards
+    counts = [[(i % 7) + 1 for i in range(1200)], [(i % 5) + 2 for i in range(800)], [9, 1, 4]]
+    for n, c in zip(("train-00000-of-00003", "train-00001-of-00003", "x-more/train-00002-of-00003"), counts):
+        pq.write_table(pa.table({"text": [" ".join(["w"] * k) for k in c]}), shards / f"{n}.parquet")
+    (shards / ".cache").mkdir()
+    (shards / ".cache" / "stale.parquet").write_bytes(b"not read")  # hidden: not a shard
+    (shards / "README.md").write_text("a dataset card: not a shard")
+    every = [k for c in counts for k in c]
+    assert [f.name for f in data_files(shards)] == [f"train-0000{i}-of-00003.parquet" for i in (0, 1)] + [
+        "train-00002-of-00003.parquet"]
+    assert count_lengths(shards, WORDS, progress=False, use_cache=False).lengths.tolist() == every
+    pattern = f"{shards}/*.parquet"  # the two top-level shards
+    assert count_lengths(pattern, WORDS, progress=False, use_cache=False).lengths.tolist() == every[:2000]
+    assert [i for i, _ in iter_rows(shards, skip=1199)][:3] == [1199, 1200, 1201]  # one index over the files
+
+    cache = tmp_path / "cache"
+
+    def stop(rows_done: int) -> None:
+        if rows_done >= 1500:  # in the second shard
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        count_lengths(shards, WORDS, cache_dir=cache, batch_rows=500, checkpoint_every_s=0, progress=False,
+                      on_batch=stop)
+    resumed = count_lengths(shards, WORDS, cache_dir=cache, batch_rows=500, progress=False)
+    assert resumed.lengths.tolist() == every and any("resumed" in n for n in resumed.notes)
+
+    before = fingerprint(shards)
+    pq.write_table(pa.table({"text": ["w w"]}), shards / "x-more" / "train-00002-of-00003.parquet")
+    assert fingerprint(shards) != before  # a changed shard is a new dataset for the cache
+    (shards / "extra.jsonl").write_text(json.dumps({"text": "w"}) + "\n")
+    with pytest.raises(TrainfitError, match="mixes formats"):
+        count_lengths(shards, WORDS, progress=False)
+    with pytest.raises(TrainfitError, match="matches no file"):
+        count_lengths(f"{shards}/*.csv", WORDS, progress=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TrainfitError, match="no data files"):
+        count_lengths(tmp_path / "empty", WORDS, progress=False)

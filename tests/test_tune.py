@@ -823,3 +823,19 @@ def test_probe_and_command_truncate_at_the_models_positions(tmp_path: Path, text
     assert build_command(mine, mine.params, max_length=command_length(mine.params, stats)).endswith("--max_len 32")
     shorter = spec.params.replace(max_length=16)
     assert "--max_length 16 " in build_command(spec, shorter, max_length=command_length(shorter, stats))
+
+
+def test_a_sharded_dataset_reaches_trl_as_the_same_files(tmp_path: Path) -> None:
+    from trainfit.command import trl_data_config
+
+    shards = tmp_path / "data"
+    shards.mkdir()
+    for i, words in enumerate((["a b", "c"], ["d e f"])):
+        (shards / f"part-{i}.jsonl").write_text("".join(json.dumps({"text": w}) + "\n" for w in words))
+    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                                    data={"path": "data", "text_field": "text"}))
+    assert trl_data_config(spec) == {"datasets": [{"path": "json", "data_files": [str(shards / "part-0.jsonl"),
+                                                                                    str(shards / "part-1.jsonl")]}]}
+    with pytest.raises(SpecError, match=r"data.path: .*/data/\*.parquet matches no file"):
+        load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                                 data={"path": "data/*.parquet", "text_field": "text"}))

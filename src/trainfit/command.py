@@ -79,10 +79,12 @@ def trl_data_config(spec: Spec) -> dict[str, Any] | None:
     command is not a ``trl sft`` one."""
     if spec.data is None or not writes_trl(spec):
         return None
-    from trainfit.data.readers import detect_format
+    from trainfit.data.readers import data_files, detect_format
 
     loader = _LOADERS.get(detect_format(Path(spec.data.path), spec.data.format))
-    return None if loader is None else {"datasets": [{"path": loader, "data_files": spec.data.path}]}
+    files = [str(f) for f in data_files(spec.data.path)]  # shards: the very files trainfit counted, in order
+    return None if loader is None else {"datasets": [{"path": loader, "data_files": files[0] if len(files) == 1
+                                                      else files}]}
 
 
 def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -> list[str]:

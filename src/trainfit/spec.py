@@ -370,8 +370,12 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
     data = sections.get("data")
     if data is not None:
         data["path"] = _resolve(base_dir, data.get("path"))
-        if not Path(data["path"]).exists():
-            problems.append(Problem("data.path", f"{data['path']} does not exist",
+        from trainfit.data.readers import data_files
+
+        try:
+            data_files(data["path"])  # a file, a folder of shards, a glob pattern or a save_to_disk folder
+        except TrainfitError as err:
+            problems.append(Problem("data.path", err.message,
                                     "check the path (relative paths start at the spec's folder)"))
         fields_given = [k for k in ("text_field", "messages_field", "length_field") if data.get(k) is not None]
         if len(fields_given) > 1:

@@ -25,7 +25,8 @@ def add_parser(sub: Any) -> None:
                        description="Stream a dataset, count each sample's length, and summarize: percentiles, "
                                    "longest samples, recommended fixed padding, padding waste.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", nargs="?", help="JSONL, JSON, CSV/TSV, Parquet, text, or a save_to_disk folder")
+    p.add_argument("path", nargs="?", help="JSONL, JSON, CSV/TSV, Parquet, text, a save_to_disk folder, or "
+                   "shards: a folder of data files or a quoted glob ('data/train-*.parquet')")
     p.add_argument("--spec", help="take path, fields and tokenizer from a spec's data section")
     p.add_argument("--text-field", action="append", default=[], metavar="FIELD",
                    help="field holding the text; repeat to join several fields")

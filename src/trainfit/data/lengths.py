@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from trainfit.data.readers import BadRow, detect_format, fingerprint, iter_rows
+from trainfit.data.readers import BadRow, data_files, detect_format, fingerprint, iter_rows
 from trainfit.errors import TrainfitError
 from trainfit.progress import Progress
 
@@ -150,13 +150,16 @@ def estimate_rows(path: Path, fmt: str) -> int | None:
     if kind == "parquet":
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(path).metadata.num_rows
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in data_files(path))
     if kind in ("jsonl", "text", "csv", "tsv"):
-        n = 0
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 22):
-                n += chunk.count(b"\n")
-        return max(n - (1 if kind in ("csv", "tsv") else 0), 0)
+        total = 0
+        for file in data_files(path):
+            n = 0
+            with file.open("rb") as f:
+                while chunk := f.read(1 << 22):
+                    n += chunk.count(b"\n")
+            total += max(n - (1 if kind in ("csv", "tsv") else 0), 0)
+        return total
     return None
 
 
@@ -273,8 +276,7 @@ def count_lengths(
     import time
 
     path = Path(path)
-    if not path.exists():
-        raise TrainfitError(f"{path} does not exist", "check the dataset path")
+    data_files(path)  # a clear error for a missing file, an empty folder, a pattern matching nothing
     fp = fingerprint(path)
     key_src = json.dumps([fp, _tokenizer_id(recipe.tokenizer), recipe.text_fields, recipe.messages_field,
                           recipe.length_field, recipe.length_scale, detect_format(path, fmt)])

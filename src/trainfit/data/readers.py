@@ -29,15 +29,53 @@ class BadRow:
     reason: str
 
 
+def _is_hf_folder(path: Path) -> bool:
+    return path.is_dir() and ((path / "state.json").exists() or (path / "dataset_info.json").exists())
+
+
+def data_files(path: str | Path) -> list[Path]:
+    """The files a dataset path stands for, in reading order: one file; a folder of shards (every
+    data file under it, sorted, e.g. ``train-00000-of-00004.parquet``...); a glob pattern
+    (``data/*.jsonl``, ``**`` recursive); or a ``save_to_disk`` folder, read as one."""
+    import glob
+
+    text = str(path)
+    if any(c in text for c in "*?["):
+        files = sorted(Path(f) for f in glob.glob(text, recursive=True) if Path(f).is_file())
+        if not files:
+            raise TrainfitError(f"{text} matches no file", "check the pattern (a spec's relative paths start at "
+                                                           "its folder)")
+        return files
+    path = Path(path)
+    if not path.exists():
+        raise TrainfitError(f"{path} does not exist", "check the dataset path")
+    if not path.is_dir() or _is_hf_folder(path):
+        return [path]
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in _SUFFIXES
+                   and not any(part.startswith(".") for part in f.relative_to(path).parts))
+    if not files:
+        raise TrainfitError(f"{path} is a folder with no data files ({', '.join(sorted(_SUFFIXES))}) and not a "
+                            "Hugging Face save_to_disk dataset",
+                            "point at a file, a folder of shards, a glob pattern, or a save_to_disk folder")
+    return files
+
+
 def detect_format(path: Path, fmt: str = "auto") -> str:
-    """The reader to use for ``path``; ``fmt`` other than auto wins."""
+    """The reader to use for ``path`` (a file, shards or a pattern, see :func:`data_files`);
+    ``fmt`` other than auto wins."""
     if fmt != "auto":
         return fmt
-    if path.is_dir():
-        if (path / "state.json").exists() or (path / "dataset_info.json").exists():
-            return "hf"
-        raise TrainfitError(f"{path} is a folder but not a Hugging Face save_to_disk dataset",
-                            "point at a file, or at a folder holding state.json and *.arrow")
+    if _is_hf_folder(Path(path)):
+        return "hf"
+    kinds = {f: _file_format(f) for f in data_files(path)}
+    if len(set(kinds.values())) > 1:
+        mixed = ", ".join(f"{f.name} is {k}" for f, k in list(kinds.items())[:4])
+        raise TrainfitError(f"{path} mixes formats: {mixed}",
+                            "keep one format per dataset, or point at one kind (e.g. a *.parquet pattern)")
+    return next(iter(kinds.values()))
+
+
+def _file_format(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix == ".json":
         # A .json file may still be JSON lines: peek at the first non-blank character.
@@ -205,10 +243,24 @@ def iter_rows(path: str | Path, fmt: str = "auto", columns: list[str] | None = N
     ``columns`` is a hint: columnar formats read only those columns. ``skip`` rows are passed
     over (line formats without parsing them); indices stay those of the whole file.
     """
-    path = Path(path)
-    if not path.exists():
-        raise TrainfitError(f"{path} does not exist", "check the dataset path")
-    kind = detect_format(path, fmt)
+    kind = detect_format(Path(path), fmt)
+    files = data_files(path)
+    if len(files) == 1:
+        return _file_rows(files[0], kind, columns, skip)
+
+    def shards() -> Iterator[tuple[int, Any]]:  # one index over all files, in order
+        offset = 0
+        for file in files:
+            last = -1
+            for i, row in _file_rows(file, kind, columns, 0):
+                last = i
+                yield offset + i, row
+            offset += last + 1
+
+    return ((i, row) for i, row in shards() if i >= skip) if skip else shards()
+
+
+def _file_rows(path: Path, kind: str, columns: list[str] | None, skip: int) -> Iterator[tuple[int, Any]]:
     if kind == "jsonl":
         return _jsonl(path, skip)
     if kind == "text":
@@ -222,7 +274,7 @@ def iter_rows(path: str | Path, fmt: str = "auto", columns: list[str] | None = N
     elif kind == "hf":
         rows = _hf(path)
     else:
-        raise TrainfitError(f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+        raise TrainfitError(f"unknown format {kind!r}", f"use one of {', '.join(FORMATS)}")
     return ((i, row) for i, row in rows if i >= skip) if skip else rows
 
 
@@ -230,8 +282,9 @@ def fingerprint(path: str | Path) -> str:
     """Identity of a dataset's content for caching: size, mtime and the bytes at both ends."""
     import hashlib
 
-    path = Path(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files: list[Path] = []
+    for f in data_files(path):
+        files += sorted(p for p in f.rglob("*") if p.is_file()) if f.is_dir() else [f]
     h = hashlib.sha256()
     for p in files:
         st = p.stat()
