@@ -293,3 +293,23 @@ def test_a_folder_of_shards_or_a_pattern_reads_as_one_dataset(tmp_path: Path) ->
     (tmp_path / "empty").mkdir()
     with pytest.raises(TrainfitError, match="no data files"):
         count_lengths(tmp_path / "empty", WORDS, progress=False)
+
+
+def test_compressed_line_files_read_like_plain_ones(tmp_path: Path) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    texts = ["a b c", "d e", "f g h i"]
+    jsonl = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    (tmp_path / "d.jsonl.gz").write_bytes(gzip.compress(jsonl))
+    (tmp_path / "d.json.bz2").write_bytes(bz2.compress(json.dumps([{"text": t} for t in texts]).encode()))
+    (tmp_path / "d.csv.xz").write_bytes(lzma.compress(("text\n" + "\n".join(texts) + "\n").encode()))
+    (tmp_path / "d.txt.gz").write_bytes(gzip.compress(("\n".join(texts) + "\n").encode()))
+    for name in ("d.jsonl.gz", "d.json.bz2", "d.csv.xz", "d.txt.gz"):
+        assert count_lengths(tmp_path / name, WORDS, progress=False, use_cache=False).lengths.tolist() == [3, 2, 4]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(2):
+        (shards / f"part-{i}.jsonl.gz").write_bytes(gzip.compress(jsonl))
+    assert count_lengths(shards, WORDS, progress=False, use_cache=False).lengths.tolist() == [3, 2, 4] * 2

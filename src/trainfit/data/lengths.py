@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from trainfit.data.readers import BadRow, data_files, detect_format, fingerprint, iter_rows
+from trainfit.data.readers import COMPRESSED, BadRow, data_files, detect_format, fingerprint, iter_rows
 from trainfit.errors import TrainfitError
 from trainfit.progress import Progress
 
@@ -152,8 +152,11 @@ def estimate_rows(path: Path, fmt: str) -> int | None:
 
         return sum(pq.ParquetFile(f).metadata.num_rows for f in data_files(path))
     if kind in ("jsonl", "text", "csv", "tsv"):
+        files = data_files(path)
+        if any(f.suffix.lower() in COMPRESSED for f in files):
+            return None  # counting a compressed file's lines means decompressing it twice
         total = 0
-        for file in data_files(path):
+        for file in files:
             n = 0
             with file.open("rb") as f:
                 while chunk := f.read(1 << 22):

@@ -12,13 +12,41 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainfit.errors import TrainfitError
 
 FORMATS = ("jsonl", "json", "csv", "tsv", "parquet", "text", "hf")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
              ".parquet": "parquet", ".txt": "text", ".text": "text"}
+COMPRESSED = (".gz", ".bz2", ".xz")
+"""Line and JSON files may be compressed (``train.jsonl.gz``): read through the stdlib's codecs."""
+
+
+def _data_suffix(path: Path) -> str:
+    """``.jsonl`` for ``train.jsonl`` and for ``train.jsonl.gz``."""
+    suffixes = [x.lower() for x in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSED:
+        suffixes.pop()
+    return suffixes[-1] if suffixes else ""
+
+
+def _open(path: Path) -> IO[bytes]:
+    """The file's bytes, decompressed on the fly when it is compressed."""
+    suffix = path.suffix.lower()
+    if suffix == ".gz":
+        import gzip
+
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if suffix == ".bz2":
+        import bz2
+
+        return bz2.open(path, "rb")  # type: ignore[return-value]
+    if suffix == ".xz":
+        import lzma
+
+        return lzma.open(path, "rb")  # type: ignore[return-value]
+    return path.open("rb")
 
 
 @dataclass(frozen=True)
@@ -51,7 +79,7 @@ def data_files(path: str | Path) -> list[Path]:
         raise TrainfitError(f"{path} does not exist", "check the dataset path")
     if not path.is_dir() or _is_hf_folder(path):
         return [path]
-    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in _SUFFIXES
+    files = sorted(f for f in path.rglob("*") if f.is_file() and _data_suffix(f) in _SUFFIXES
                    and not any(part.startswith(".") for part in f.relative_to(path).parts))
     if not files:
         raise TrainfitError(f"{path} is a folder with no data files ({', '.join(sorted(_SUFFIXES))}) and not a "
@@ -76,10 +104,12 @@ def detect_format(path: Path, fmt: str = "auto") -> str:
 
 
 def _file_format(path: Path) -> str:
-    suffix = path.suffix.lower()
+    suffix = _data_suffix(path)
+    if suffix == ".parquet" and path.suffix.lower() in COMPRESSED:
+        raise TrainfitError(f"{path.name}: Parquet compresses itself", "decompress the file")
     if suffix == ".json":
         # A .json file may still be JSON lines: peek at the first non-blank character.
-        with path.open("rb") as f:
+        with _open(path) as f:
             head = f.read(4096).lstrip()
         return "json" if head.startswith(b"[") else "jsonl"
     if suffix in _SUFFIXES:
@@ -89,7 +119,7 @@ def _file_format(path: Path) -> str:
 
 
 def _jsonl(path: Path, skip: int = 0) -> Iterator[tuple[int, Any]]:
-    with path.open("rb") as f:
+    with _open(path) as f:
         index = 0
         for line_no, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -113,7 +143,7 @@ def _jsonl(path: Path, skip: int = 0) -> Iterator[tuple[int, Any]]:
 def _json_array(path: Path, chunk_size: int = 1 << 20) -> Iterator[tuple[int, Any]]:
     """Stream the elements of a top-level JSON array without loading the whole file."""
     decoder = json.JSONDecoder()
-    with path.open("r", encoding="utf-8", errors="strict") as f:
+    with io.TextIOWrapper(_open(path), encoding="utf-8", errors="strict") as f:
         buf, pos, index, started = "", 0, 0, False
         eof = False
         while True:
@@ -158,7 +188,7 @@ def _json_array(path: Path, chunk_size: int = 1 << 20) -> Iterator[tuple[int, An
 
 
 def _delimited(path: Path, delimiter: str) -> Iterator[tuple[int, Any]]:
-    with path.open("rb") as raw:
+    with _open(path) as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
         reader = csv.DictReader(text, delimiter=delimiter)
         index = 0
@@ -180,7 +210,7 @@ def _delimited(path: Path, delimiter: str) -> Iterator[tuple[int, Any]]:
 
 
 def _text(path: Path, skip: int = 0) -> Iterator[tuple[int, Any]]:
-    with path.open("rb") as f:
+    with _open(path) as f:
         for index, raw in enumerate(f):
             if index < skip:
                 continue
