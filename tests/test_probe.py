@@ -316,3 +316,16 @@ def test_model_key_ignores_only_the_batch_shape(tmp_path: Path) -> None:
     assert key(compile="default") is None  # a compiled model meeting new shapes is not a fresh run
     no_reuse = load_spec(scaled_spec(tmp_path), ["probe.reuse_model=false"])
     assert build_request(no_reuse, no_reuse.params, None, "cpu")["model_key"] is None
+
+
+def test_a_model_that_is_not_a_causal_lm_is_told_to_use_a_factory(tmp_path: Path) -> None:
+    import torch
+
+    from trainfit.errors import TrainfitError
+    from trainfit.workloads import build_workload
+
+    t5 = {"model_type": "t5", "d_model": 16, "d_ff": 32, "num_layers": 1, "num_heads": 2, "vocab_size": 64}
+    spec = load_spec(make_spec_file(tmp_path, model={"config": t5}, params={"max_length": 8}))
+    with pytest.raises(TrainfitError, match="'t5' is not a causal language model") as info:
+        build_workload(spec, spec.params, torch.device("cpu"))
+    assert "model.factory" in str(info.value) and "LlamaConfig" not in str(info.value)  # not the list of every LM

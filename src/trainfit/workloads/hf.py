@@ -123,6 +123,11 @@ class HFCausalLM(Workload):
 
                 raise Unsupported(f"cannot build the model with attention={params.attention}: {err}",
                                   "try attention: sdpa or eager", knob="attention", value=params.attention) from None
+            if "Unrecognized configuration class" in str(err):  # its message lists every causal LM there is
+                raise TrainfitError(f"model_type {config.model_type!r} is not a causal language model (transformers "
+                                    "has no AutoModelForCausalLM for it), the kind the built-in workload trains",
+                                    "train it through a factory: model.factory: my_module:make_workload "
+                                    "(see examples/tiny_tts.py)") from None
             raise TrainfitError(f"cannot build the model: {err}", "check model.path / model.config") from None
         model.config.use_cache = False
         if params.gradient_checkpointing:
