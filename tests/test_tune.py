@@ -839,3 +839,19 @@ def test_a_sharded_dataset_reaches_trl_as_the_same_files(tmp_path: Path) -> None
     with pytest.raises(SpecError, match=r"data.path: .*/data/\*.parquet matches no file"):
         load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
                                  data={"path": "data/*.parquet", "text_field": "text"}))
+
+
+def test_cli_tune_without_a_search_section_searches_the_default_space(tmp_path: Path, texts_file, capsys) -> None:
+    """No search: section: batch sizes and checkpointing at the spec's own effective batch, so the
+    answer trains what the spec describes, only faster."""
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                          data={"path": str(texts_file[0]), "text_field": "text"},
+                          params={"max_length": 32, "batch_size": 1, "gradient_accumulation_steps": 2})
+    out = tmp_path / "out"
+    assert main(["tune", str(path), "--output", str(out), "--strategy", "grid"]) == 0
+    printed = capsys.readouterr().out
+    assert "no search: section" in printed
+    assert "space: batch_size [1, 2], gradient_checkpointing [False, True]" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["total_tested"] == 4
+    assert {e["effective_batch_size"] for e in [summary["best_config"], *summary["runners_up"]]} == {2}

@@ -167,7 +167,6 @@ def resume_command(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.render import fmt_num, parts_line, table, unit, values_line
-    from trainfit.errors import TrainfitError
     from trainfit.progress import format_duration
     from trainfit.report import run_samples
     from trainfit.search.tune import tune
@@ -177,9 +176,15 @@ def run(args: argparse.Namespace) -> int:
         import dataclasses
 
         spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=args.confirm))
-    if spec.search is None:
-        raise TrainfitError(f"{args.spec} has no search: section, so there is nothing to tune",
-                            "add e.g. search: {batch_size: [1, 2, 4, 8], gradient_checkpointing: [false, true]}")
+    if spec.search is None or not spec.search.dims:
+        from trainfit.search.space import default_search
+
+        defaults = default_search(spec.params, spec.search.target_effective_batch if spec.search else None)
+        args.overrides = [*args.overrides, *defaults]
+        spec = spec_from_args(args)
+        print(f"no search: section in {args.spec}: searching batch_size and gradient_checkpointing at the effective "
+              f"batch {spec.search.target_effective_batch} (raise it with tune.target_effective_batch, or give a "
+              "search: section)")
     args.output = str(output_folder(args))
     stats = stats_from_args(args, spec, progress=not args.quiet)
     print(f"trainfit tune: {spec.source} -> {args.output}")

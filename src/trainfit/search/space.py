@@ -221,3 +221,18 @@ def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bo
     if not problems and dims and space.grid_size() == 0:
         problems.append(Problem("tune.constraints", "no configuration of the search space satisfies them"))
     return space, problems
+
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def default_search(base: Params, target_effective_batch: int | None = None) -> list[str]:
+    """What ``trainfit tune`` searches when the spec has no ``search:`` section, as overrides:
+    batch sizes (powers of two up to the effective batch) and gradient checkpointing, with
+    gradient accumulation derived so every config trains with one effective batch (the spec's
+    ``tune.target_effective_batch``, else its ``batch_size x gradient_accumulation_steps``). Neither
+    knob changes what is learned: the answer is the fastest way to train what the spec describes."""
+    target = target_effective_batch or base.effective_batch_size
+    sizes = [b for b in DEFAULT_BATCH_SIZES if b <= target] or [1]
+    return [f"search.batch_size={sizes}", "search.gradient_checkpointing=[false, true]",
+            f"tune.target_effective_batch={target}"]
