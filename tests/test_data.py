@@ -293,6 +293,11 @@ def test_a_folder_of_shards_or_a_pattern_reads_as_one_dataset(tmp_path: Path) ->
     (tmp_path / "empty").mkdir()
     with pytest.raises(TrainfitError, match="no data files"):
         count_lengths(tmp_path / "empty", WORDS, progress=False)
+    (tmp_path / "dd").mkdir()
+    (tmp_path / "dd" / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    with pytest.raises(TrainfitError, match="DatasetDict with the splits train, test") as info:
+        count_lengths(tmp_path / "dd", WORDS, progress=False)
+    assert str(tmp_path / "dd" / "train") in str(info.value)
 
 
 def test_compressed_line_files_read_like_plain_ones(tmp_path: Path) -> None:

@@ -79,6 +79,10 @@ def data_files(path: str | Path) -> list[Path]:
         raise TrainfitError(f"{path} does not exist", "check the dataset path")
     if not path.is_dir() or _is_hf_folder(path):
         return [path]
+    if (path / "dataset_dict.json").exists():  # DatasetDict.save_to_disk: one folder per split
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits") or ["train"]
+        raise TrainfitError(f"{path} is a DatasetDict with the splits {', '.join(splits)}",
+                            f"point at the split you train on, e.g. {path / splits[0]}")
     files = sorted(f for f in path.rglob("*") if f.is_file() and _data_suffix(f) in _SUFFIXES
                    and not any(part.startswith(".") for part in f.relative_to(path).parts))
     if not files:
