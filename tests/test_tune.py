@@ -848,10 +848,11 @@ def test_cli_tune_without_a_search_section_searches_the_default_space(tmp_path: 
                           data={"path": str(texts_file[0]), "text_field": "text"},
                           params={"max_length": 32, "batch_size": 1, "gradient_accumulation_steps": 2})
     out = tmp_path / "out"
-    assert main(["tune", str(path), "--output", str(out), "--strategy", "grid"]) == 0
+    assert main(["tune", str(path), "--output", str(out), "--strategy", "grid", "--confirm", "1"]) == 0
     printed = capsys.readouterr().out
     assert "no search: section" in printed
     assert "space: batch_size [1, 2], gradient_checkpointing [False, True]" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total_tested"] == 4
     assert {e["effective_batch_size"] for e in [summary["best_config"], *summary["runners_up"]]} == {2}
+    assert summary["spec"]["tune"]["confirm_rounds"] == 1  # --confirm survives the default space's re-read

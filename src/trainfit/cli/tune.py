@@ -172,10 +172,6 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.search.tune import tune
 
     spec = spec_from_args(args)
-    if args.confirm is not None:
-        import dataclasses
-
-        spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=args.confirm))
     if spec.search is None or not spec.search.dims:
         from trainfit.search.space import default_search
 
@@ -185,6 +181,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"no search: section in {args.spec}: searching batch_size and gradient_checkpointing at the effective "
               f"batch {spec.search.target_effective_batch} (raise it with tune.target_effective_batch, or give a "
               "search: section)")
+    if args.confirm is not None:  # after the spec is final: a re-read would drop it
+        import dataclasses
+
+        spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=args.confirm))
     args.output = str(output_folder(args))
     stats = stats_from_args(args, spec, progress=not args.quiet)
     print(f"trainfit tune: {spec.source} -> {args.output}")
