@@ -126,7 +126,7 @@ def plain_loop(spec, params, token_ids: list[list[int]], pad_id: int, steps: int
 
 def main() -> None:
     from trainfit.command import command_script, trl_data_config
-    from trainfit.report import command_length, launch_threads
+    from trainfit.report import command_inputs
     from trainfit.data.analyze import analyze_spec
     from trainfit.probe import run_probe
     from trainfit.spec import load_spec
@@ -167,8 +167,8 @@ def main() -> None:
             m = run_probe(spec, params, stats=stats)
             m_full = run_probe(full_logits, full_logits.search.params(values), stats=stats)
             assert m.status == m_full.status == "ok", (m.message, m_full.message)
-            script = command_script(spec, params, "# trl_fidelity", max_length=command_length(params, stats),
-                                    data_config=data_config, cpu_threads=launch_threads(m))  # as `tune` writes it
+            script = command_script(spec, params, "# trl_fidelity",
+                                    **command_inputs(params, m, stats, data_config))  # as `tune` writes it
             (t_short, _), (t_long, trl_peak) = (trl_run(script, model, n, work, cpu=not args.cuda)
                                                 for n in (short, long))
             trl = (long - short) * params.effective_batch_size / (t_long - t_short)

@@ -65,6 +65,21 @@ def command_length(params: Params, stats: LengthStats | None) -> int | None:
     return stats.truncation_length(params.max_length) if stats else None
 
 
+def command_inputs(params: Params, m: Measurement, stats: LengthStats | None,
+                   data_config: Path | None) -> dict[str, Any]:
+    """What the training command of a probed config is built from, besides the spec and params:
+    the length the probe truncated at, the data config, the CPU threads a CPU probe used."""
+    return {"max_length": command_length(params, stats), "data_config": data_config,
+            "cpu_threads": launch_threads(m)}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """A reader (a user watching the run) never sees a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
            repeats: Repeats | None = None, data_config: Path | None = None) -> dict[str, Any]:
     m = t.measurement
@@ -72,8 +87,7 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
     samples = run_samples(spec, stats)
     runtime_h = samples / m.samples_per_second / 3600 if samples and m.samples_per_second else None
     try:
-        command = build_command(spec, params, max_length=command_length(params, stats), data_config=data_config,
-                                cpu_threads=launch_threads(m))
+        command = build_command(spec, params, **command_inputs(params, m, stats, data_config))
     except TrainfitError:
         command = None
     return {
@@ -292,13 +306,9 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
         data_config.write_text(yaml.safe_dump(trl_data, sort_keys=False))
     summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
                             elapsed_s=elapsed_s, repeats=repeats, data_config=data_config)
-    tmp = output / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=list) + "\n")
-    tmp.replace(output / "summary.json")
+    _write_atomically(output / "summary.json", json.dumps(summary, indent=2, default=list) + "\n")
     write_trials_csv(output / "trials.csv", space, trials, repeats)
-    page = output / "report.html.tmp"
-    page.write_text(tune_report_html(summary, trials, spec.source or "spec"))
-    page.replace(output / "report.html")
+    _write_atomically(output / "report.html", tune_report_html(summary, trials, spec.source or "spec"))
     best = summary["best_config"]
     script = output / "train_command.sh"
     if best is not None:
@@ -309,7 +319,6 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")
         params = space.params(trial.values)
-        script.write_text(command_script(spec, params, header, max_length=command_length(params, stats),
-                                         data_config=data_config, cpu_threads=launch_threads(m)))
+        script.write_text(command_script(spec, params, header, **command_inputs(params, m, stats, data_config)))
         script.chmod(0o755)
     return summary

@@ -279,8 +279,7 @@ def count_lengths(
     import time
 
     path = Path(path)
-    data_files(path)  # a clear error for a missing file, an empty folder, a pattern matching nothing
-    fp = fingerprint(path)
+    fp = fingerprint(path)  # first: a clear error for a missing file, an empty folder, a pattern matching nothing
     key_src = json.dumps([fp, _tokenizer_id(recipe.tokenizer), recipe.text_fields, recipe.messages_field,
                           recipe.length_field, recipe.length_scale, detect_format(path, fmt)])
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
