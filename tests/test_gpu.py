@@ -96,3 +96,26 @@ def test_trls_fused_head_on_cuda_is_the_models_loss(tmp_path: Path) -> None:
     (model_loss, model_grads), (fused_loss, fused_grads) = results["model"], results["fused"]
     assert fused_loss == pytest.approx(model_loss, rel=1e-4)
     assert all(torch.allclose(f, m, rtol=1e-2, atol=1e-5) for f, m in zip(fused_grads, model_grads))
+
+
+def test_two_micro_batches_reach_the_peak_of_a_longer_accumulation(tmp_path: Path) -> None:
+    """Why the probe's memory phase runs at most two micro-batches per step (worker.memory_micro_batches):
+    the peak allocated by a step of 2 equals that of a step of 6 on the same worst-case batch."""
+    from trainfit.step import TrainStep
+    from trainfit.workloads import build_workload
+
+    s = load_spec(spec(tmp_path, {"batch_size": 4, "precision": "bf16", "padding": "max_length"}))
+    device = torch.device("cuda")
+    workload = build_workload(s, s.params, device)
+    step = TrainStep(workload, s.params, device)
+    batch = workload.make_batch([1024] * 4, 1024)
+    step.run([batch])  # the optimizer state exists from here on, as in the probe's second step
+    peaks = {}
+    for n in (1, 2, 6, 2):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step.run([batch] * n)
+        torch.cuda.synchronize()
+        peaks.setdefault(n, []).append(torch.cuda.max_memory_allocated())
+    assert peaks[6][0] == pytest.approx(max(peaks[2]), rel=0.01), peaks
+    assert peaks[1][0] < peaks[6][0]  # the second micro-batch is the first beside accumulated gradients
