@@ -104,6 +104,23 @@ def test_grid_finds_the_true_optimum_and_auto_gets_there_cheaper(tmp_path: Path)
     assert set(per_rank) == {"8", "16"}
 
 
+def test_without_a_target_effective_batch_the_summary_gives_the_fastest_per_effective_batch(tmp_path: Path) -> None:
+    """A larger effective batch trains differently (fewer optimizer steps, another learning-rate
+    trade-off) and measures faster, so it must not win silently over the spec's own."""
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                          budget={"memory_gb": BUDGET, "headroom_gb": HEADROOM})
+    path.write_text(path.read_text() + "search:\n  batch_size: [1, 2, 4]\n  gradient_accumulation_steps: [1, 2]\n"
+                    "tune:\n  strategy: grid\n")
+    result = tune(load_spec(path), output=tmp_path / "out", probe_fn=Surface())
+    per_batch = result.summary["fastest_per_value"]["effective_batch_size"]
+    assert set(per_batch) == {"1", "2", "4", "8"}
+    assert all(e["effective_batch_size"] == int(k) for k, e in per_batch.items())
+    assert per_batch["2"]["searched"] == {"batch_size": 2, "gradient_accumulation_steps": 1}  # faster than 1 x 2
+    # With a target, every config trains at one effective batch: nothing to choose between.
+    fixed = tune(synthetic_spec(tmp_path / "t", "grid", max_trials=4), output=tmp_path / "t" / "out",
+                 probe_fn=Surface())
+    assert "effective_batch_size" not in fixed.summary["fastest_per_value"]
+
 def test_resume_continues_without_reprobing(tmp_path: Path) -> None:
     spec = synthetic_spec(tmp_path, "grid")
     first = Surface()

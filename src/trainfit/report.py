@@ -137,9 +137,23 @@ def unsupported_report(trials: Sequence[Trial]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
+EFFECTIVE_BATCH = "effective_batch_size"
+
+
 def learning_knobs(space: SearchSpace) -> list[str]:
-    """Searched knobs whose values train a different model (custom knobs count: we cannot tell)."""
-    return [d.name for d in space.dims if d.name not in KNOBS or KNOBS[d.name].changes_learning]
+    """Searched knobs whose values train a different model (custom knobs count: we cannot tell),
+    and the effective batch where configs differ in it (no ``tune.target_effective_batch`` while
+    the batch size or gradient accumulation is searched)."""
+    knobs = [d.name for d in space.dims if d.name not in KNOBS or KNOBS[d.name].changes_learning]
+    batch_knobs = {"batch_size", "gradient_accumulation_steps"}
+    if space.target_effective_batch is None and any(d.name in batch_knobs for d in space.dims):
+        knobs.append(EFFECTIVE_BATCH)
+    return knobs
+
+
+def learning_value(space: SearchSpace, values: dict[str, Any], knob: str) -> Any:
+    """A config's value of a :func:`learning_knobs` knob."""
+    return space.params(values).effective_batch_size if knob == EFFECTIVE_BATCH else values.get(knob)
 
 
 def smallest_peak(spec: Spec, trials: Sequence[Trial]) -> dict[str, Any] | None:
@@ -229,7 +243,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
     for knob in learning_knobs(space):
         best_by_value: dict[str, Any] = {}
         for t in order:
-            key = json.dumps(t.values.get(knob), default=list)
+            key = json.dumps(learning_value(space, t.values, knob), default=list)
             if key not in best_by_value:
                 best_by_value[key] = _entry(t, spec, space, stats, repeats, data_config)
         per_value[knob] = best_by_value

@@ -268,7 +268,8 @@ def run(args: argparse.Namespace) -> int:
     for knob, by_value in s["fastest_per_value"].items():
         if len(by_value) > 1:
             print(f"\nfastest per {knob} (changes what is learned):")
-            print(table([(f"{knob}={e['searched'][knob]}", f"{fmt_num(e['samples_per_second'])} samples/s"
+            print(table([(f"{knob}={e['searched'].get(knob, e.get(knob))}",
+                          f"{fmt_num(e['samples_per_second'])} samples/s"
                           + (f" (confirmation median {fmt_num(e['confirmed_median'])} {objective_unit})"
                              if e["confirmed_median"] is not None else ""),
                           f"{e['memory_peak_gb']:.2f} GiB",
