@@ -50,6 +50,9 @@ def test_overrides_win_over_the_file_and_bare_keys_are_params(tmp_path: Path, ll
         ("q_proj", "v_proj")
     assert merge_overrides({"a": {"b": 1}}, [("a.c", 2)]) == {"a": {"b": 1, "c": 2}}
     assert parse_override("compile=max-autotune") == ("params.compile", "max-autotune")
+    # a section's name replaces the section: a search from the command line
+    searched = load_spec(llama_spec(), ["search={batch_size: [1, 2]}"]).search
+    assert [(d.name, list(d.grid_values())) for d in searched.dims] == [("batch_size", [1, 2])]
     with pytest.raises(TrainfitError):
         parse_override("batch_size")
 

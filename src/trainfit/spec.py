@@ -191,13 +191,13 @@ _DATA_FORMATS = ("auto", "jsonl", "json", "csv", "tsv", "parquet", "text", "hf")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``key=value`` -> (dotted key, YAML-typed value). A bare key means ``params.key``, except
-    ``tokenizer``, the one top-level key that is a value, not a section."""
+    """``key=value`` -> (dotted key, YAML-typed value). A bare key means ``params.key``, except a
+    top-level name: ``tokenizer``, or a whole section (``search={batch_size: [1, 2]}``)."""
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key:
         raise TrainfitError(f"override {text!r} is not key=value", "e.g. --set batch_size=8")
-    if "." not in key and key != "tokenizer":
+    if "." not in key and key not in _TOP_LEVEL:
         key = f"params.{key}"
     try:
         parsed = yaml.safe_load(value) if value.strip() else None

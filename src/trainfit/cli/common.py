@@ -72,8 +72,9 @@ def number(kind: type, *, at_least: float | None = None, above: float | None = N
 def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="YAML spec (see examples/tiny-llama.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec value; a bare key is a knob under params "
-                        "(--set batch_size=8 --set budget.memory_gb=22); repeatable")
+                   help="override a spec value; a bare key is a knob under params, a section name "
+                        "replaces the section (--set batch_size=8 --set budget.memory_gb=22 "
+                        "--set 'search={batch_size: [1, 2, 4]}'); repeatable")
     p.add_argument("--memory-gb", type=float, help="memory budget in GiB (same as --set budget.memory_gb=...)")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N (same as --set probe.device=...)")
     p.add_argument("--lengths", metavar="JSON",

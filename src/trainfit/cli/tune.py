@@ -192,6 +192,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"data: {stats.headline()}")
     print(f"space: {', '.join(f'{d.name} {list(d.grid_values())}' for d in spec.search.dims)}; "
           f"{spec.budget.describe()}")
+    from trainfit.report import EFFECTIVE_BATCH, learning_knobs
+
+    if EFFECTIVE_BATCH in learning_knobs(spec.search):
+        print("effective batch: differs between configs (no tune.target_effective_batch) and changes what is "
+              "learned; the summary gives the fastest per effective batch (set tune.target_effective_batch to "
+              "compare every config at one)")
     try:
         result = tune(spec, output=args.output, stats=stats, resume=args.resume, join=args.join,
                       storage=args.storage, strategy=args.strategy, max_trials=args.max_trials,
