@@ -11,6 +11,7 @@ import pytest
 
 from conftest import TESTS, TINY_GPT2, TINY_LLAMA, make_spec_file
 from trainfit.cli import main
+from trainfit.errors import TrainfitError
 from trainfit.probe import Measurement, run_probe
 from trainfit.probe.runner import ProbeSession, build_request
 from trainfit.spec import load_spec
@@ -102,6 +103,39 @@ def test_trls_fused_loss_is_the_models_loss_computed_another_way(tmp_path: Path,
     assert len(fused_grads) == len(model_grads) > 0
     assert all(torch.allclose(f, m, rtol=1e-3, atol=1e-6) for f, m in zip(fused_grads, model_grads))
 
+
+def test_lora_on_an_architecture_peft_has_no_default_for_names_the_fix(tmp_path: Path) -> None:
+    """peft knows default LoRA targets for some architectures only (not OLMo 2): the error names
+    'all-linear' and the model's own linear layers, and 'all-linear' then trains."""
+    import torch
+
+    from trainfit.workloads import build_workload
+
+    olmo2 = {**TINY_LLAMA, "model_type": "olmo2", "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    spec = load_spec(make_spec_file(tmp_path, model={"config": olmo2}, params={"max_length": 16, "lora_r": 4}))
+    with pytest.raises(TrainfitError) as info:
+        build_workload(spec, spec.params, torch.device("cpu"))
+    assert "'all-linear'" in info.value.hint
+    assert "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj" in info.value.hint
+    workload = build_workload(spec, dataclasses.replace(spec.params, lora_target_modules="all-linear"),
+                              torch.device("cpu"))
+    trainable = {n.split(".")[-4] for n, p in workload.model.named_parameters() if p.requires_grad}
+    assert trainable == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+def test_a_config_the_architecture_rejects_is_a_clear_error(tmp_path: Path) -> None:
+    """Phi-3's default pad_token_id (32000) is outside a small vocabulary: torch asserts deep in
+    the model's constructor; the user gets that one line and what to check, not the traceback."""
+    import torch
+
+    from trainfit.workloads import build_workload
+
+    phi3 = {**TINY_LLAMA, "model_type": "phi3"}
+    spec = load_spec(make_spec_file(tmp_path, model={"config": phi3}, params={"max_length": 16}))
+    with pytest.raises(TrainfitError, match="Padding_idx must be within num_embeddings") as info:
+        build_workload(spec, spec.params, torch.device("cpu"))
+    assert "pad_token_id" in info.value.hint
+    fixed = load_spec(spec.source, ["model.config.pad_token_id=0"])
+    assert build_workload(fixed, fixed.params, torch.device("cpu")).vocab_size == TINY_LLAMA["vocab_size"]
 
 def test_loss_auto_computes_the_loss_as_the_training_command_does(tmp_path: Path) -> None:
     import torch

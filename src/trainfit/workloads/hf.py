@@ -80,6 +80,17 @@ def max_positions_of(config: Any) -> int | None:
     return None
 
 
+def linear_names(model: Any) -> list[str]:
+    """The distinct names of a model's linear layers, as ``lora_target_modules`` takes them."""
+    import torch
+
+    names: dict[str, None] = {}
+    for qualified, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":  # GPT-2's linear
+            names[qualified.rsplit(".", 1)[-1]] = None
+    return list(names)
+
+
 class HFCausalLM(Workload):
     """A transformers ``AutoModelForCausalLM`` trained on random token ids of the real lengths.
 
@@ -129,6 +140,10 @@ class HFCausalLM(Workload):
                                     "train it through a factory: model.factory: my_module:make_workload "
                                     "(see examples/tiny_tts.py)") from None
             raise TrainfitError(f"cannot build the model: {err}", "check model.path / model.config") from None
+        except (AssertionError, TypeError, KeyError, IndexError) as err:  # values the architecture rejects
+            raise TrainfitError(f"cannot build the model: {type(err).__name__}: {err}",
+                                "check the config's values (e.g. pad_token_id, bos_token_id and eos_token_id "
+                                "below vocab_size; heads dividing hidden_size)") from None
         model.config.use_cache = False
         if params.gradient_checkpointing:
             # Non-reentrant checkpointing works with frozen inputs (LoRA) without extra hooks.
@@ -151,8 +166,10 @@ class HFCausalLM(Workload):
             try:
                 model = get_peft_model(model, lora)
             except ValueError as err:
-                raise TrainfitError(f"LoRA could not be applied: {err}",
-                                    "set params.lora_target_modules to module names of this model") from None
+                raise TrainfitError(
+                    f"LoRA could not be applied: {err}",
+                    "set params.lora_target_modules: 'all-linear' (every linear layer but the output head), "
+                    f"or a list of this model's linear layers: {', '.join(linear_names(model))}") from None
         if head is not None:
             # Where TRL's SFT trainer puts it: on the base model, under the LoRA wrapper.
             head(model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
