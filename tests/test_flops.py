@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from trainfit.devices import peak_flops
-from trainfit.flops import TransformerShape, matmul_params, step_flops, utilization
+from trainfit.flops import TransformerShape, experts_active, matmul_params, step_flops, utilization
 
 
 def test_full_finetune_matches_palm_formula() -> None:
@@ -36,6 +36,26 @@ def test_matmul_params_exclude_embedding_lookups_but_count_a_tied_head_once() ->
     assert n_all == total - 32 * 16  # only the position table is left out
     assert n_trainable == n_all
 
+
+@pytest.mark.parametrize("model_type, shared", [("mixtral", 0), ("qwen2_moe", 3 * 16 * 16 + 16)])
+def test_a_mixture_of_experts_counts_the_experts_a_token_passes_through(model_type: str, shared: int) -> None:
+    """4 experts, 2 per token: the routed experts' weights count at half; attention, the router
+    and a shared expert (qwen2_moe: 3 projections of 16x16 and a 1x16 gate) count in full."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, hidden_size=16, intermediate_size=32, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=2, vocab_size=50, num_experts_per_tok=2, num_local_experts=4,
+                               num_experts=4, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(cfg)
+    assert experts_active(cfg) == (2, 4)
+    attention = 4 * 16 * 16 + (3 * 16 if model_type == "qwen2_moe" else 0)  # q, k, v, o (+ qkv biases)
+    routed = 4 * (16 * 64 + 32 * 16)  # per expert: gate and up (16 -> 2 x 32), down (32 -> 16)
+    norms, router, head = 3 * 16, 4 * 16, 50 * 16
+    n_all, _ = matmul_params(model, experts_active(cfg))
+    assert n_all == attention + routed / 2 + shared + norms + router + head
+    assert matmul_params(model)[0] == n_all + routed / 2  # without the routing: every expert
+    assert experts_active(AutoConfig.for_model("llama")) is None
 
 def test_peak_table_and_unknown_devices() -> None:
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16", False)[0] == 989e12

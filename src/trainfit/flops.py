@@ -11,6 +11,9 @@ once), L layers, H attention heads, Q head dim and T the sequence length. The 6N
 base) skips only the last, so the parameter term is ``4 * N_all + 2 * N_trainable``.
 Unlike nanoGPT we use each sample's *real* length for T, sum per sample, and never count padding.
 
+For a mixture of experts, each token passes through k of the E routed experts, so their
+parameters count at k/E (``experts_active``); shared experts and the router count in full.
+
 MFU counts model FLOPs only: activation recomputation is work the hardware does but the model
 does not need, so it appears in HFU (hardware FLOPs utilisation), one extra forward:
 ``2 * N_all + 4 * L * H * Q * T`` per token.
@@ -20,16 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True)
 class TransformerShape:
     """What the FLOPs formula needs to know about a model."""
 
-    n_params: int
+    n_params: float
     """Parameters in matmuls: all parameters minus embedding tables (an LM head tied to the
-    input embedding is counted once, as the head)."""
-    n_trainable: int
+    input embedding is counted once, as the head; routed experts at k/E, see the module doc)."""
+    n_trainable: float
     """Of those, the ones whose weight gradient is computed (all for full fine-tuning)."""
     n_layers: int
     n_heads: int
@@ -61,25 +65,39 @@ def utilization(flops: float, seconds: float, peak_flops_per_s: float | None) ->
     return flops / seconds / peak_flops_per_s
 
 
-def matmul_params(model) -> tuple[int, int]:
-    """(N, N_trainable) of a torch module by the rule in :class:`TransformerShape`."""
+def experts_active(config: Any) -> tuple[int, int] | None:
+    """(k, E) of a mixture-of-experts transformers config: experts per token, routed experts."""
+    k = getattr(config, "num_experts_per_tok", None)
+    e = next((getattr(config, name) for name in ("n_routed_experts", "num_local_experts", "num_experts")
+              if getattr(config, name, None)), None)
+    return (int(k), int(e)) if k and e and k < e else None
+
+
+def matmul_params(model: Any, experts: tuple[int, int] | None = None) -> tuple[float, float]:
+    """(N, N_trainable) of a torch module by the rule in :class:`TransformerShape`. ``experts``
+    (k, E): a parameter of a module named ``experts`` stacking E experts (transformers 5's
+    layout, ``mlp.experts.gate_up_proj`` of shape (E, ...)) counts at k/E."""
     import torch
 
     seen: set[int] = set()
     embedding_ids: set[int] = set()
-    for module in model.modules():
+    routed: set[int] = set()
+    for name, module in model.named_modules():
         if isinstance(module, torch.nn.Embedding):
             embedding_ids.add(id(module.weight))
+        if experts is not None and name.rsplit(".", 1)[-1] == "experts":
+            routed.update(id(p) for p in module.parameters(recurse=False) if p.dim() and p.shape[0] == experts[1])
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     head_id = id(head.weight) if head is not None and getattr(head, "weight", None) is not None else None
-    n_all = n_trainable = 0
+    n_all = n_trainable = 0.0
     for p in model.parameters():
         if id(p) in seen:
             continue
         seen.add(id(p))
         if id(p) in embedding_ids and id(p) != head_id:
             continue
-        n_all += p.numel()
+        n = p.numel() * (experts[0] / experts[1] if id(p) in routed else 1)
+        n_all += n
         if p.requires_grad:
-            n_trainable += p.numel()
+            n_trainable += n
     return n_all, n_trainable

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainfit.errors import TrainfitError
-from trainfit.flops import StepFlops, TransformerShape, matmul_params, step_flops
+from trainfit.flops import StepFlops, TransformerShape, experts_active, matmul_params, step_flops
 from trainfit.params import Params
 from trainfit.spec import ModelSpec
 from trainfit.workloads.base import Batch, Workload
@@ -175,7 +175,7 @@ class HFCausalLM(Workload):
             head(model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
         self.model = model.to(device)
         self.model.train()
-        n_all, n_trainable = matmul_params(self.model)
+        n_all, n_trainable = matmul_params(self.model, experts_active(config))
         heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_head", 0))
         self.hidden = hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
         layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
