@@ -132,8 +132,9 @@ class HFCausalLM(Workload):
             if "attention" in str(err).lower() or "attn" in str(err).lower():
                 from trainfit.step import Unsupported
 
+                others = " or ".join(a for a in ("sdpa", "eager") if a != params.attention)
                 raise Unsupported(f"cannot build the model with attention={params.attention}: {err}",
-                                  "try attention: sdpa or eager", knob="attention", value=params.attention) from None
+                                  f"try attention: {others}", knob="attention", value=params.attention) from None
             if "Unrecognized configuration class" in str(err):  # its message lists every causal LM there is
                 raise TrainfitError(f"model_type {config.model_type!r} is not a causal language model (transformers "
                                     "has no AutoModelForCausalLM for it), the kind the built-in workload trains",
