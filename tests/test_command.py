@@ -64,3 +64,41 @@ def test_the_written_trl_command_trains_the_model(tmp_path: Path) -> None:
     done = subprocess.run(["bash", str(tmp_path / "run.sh")], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (tmp_path / "trained" / "adapter_config.json").exists()  # a LoRA run saved its adapters
+
+
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "num_local_experts": 4,
+           "num_experts_per_tok": 2}
+
+
+@pytest.mark.parametrize("config, lora", [
+    (MIXTRAL, {"lora_target_modules": "q_proj"}),  # one name: TRL turns a one-entry list into a regex
+    (MIXTRAL, {"lora_target_modules": "q_proj, v_proj"}),
+    (MIXTRAL, {"lora_target_modules": "all-linear",
+               "lora_target_parameters": "mlp.experts.gate_up_proj, mlp.experts.down_proj"}),
+    ({**MIXTRAL, "model_type": "llama"}, {}),  # peft's default for the architecture
+])
+def test_trl_builds_the_adapters_the_probe_trained(config: dict, lora: dict) -> None:
+    """The command's LoRA flags, parsed by TRL's own argument classes into its LoraConfig, adapt
+    exactly the weights the probe's LoraConfig adapted."""
+    from peft import get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM, HfArgumentParser
+    from trl import ModelConfig
+    from trl.trainer.utils import get_peft_config
+
+    from trainfit.params import parse_params
+    from trainfit.workloads.lora import lora_config, trl_lora_args
+
+    params, problems = parse_params({"lora_r": 4, **lora}, allow_custom=False)
+    assert not problems
+
+    def adapted(peft_config) -> set[str]:
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+        model = get_peft_model(model, peft_config)
+        return {n for n, p in model.named_parameters() if p.requires_grad}
+
+    (model_args,) = HfArgumentParser(ModelConfig).parse_args_into_dataclasses(trl_lora_args(params))
+    probed = adapted(lora_config(params, task_type="CAUSAL_LM"))
+    assert probed and adapted(get_peft_config(model_args)) == probed
+    if "lora_target_parameters" in lora:
+        assert any("experts" in n for n in probed)

@@ -113,12 +113,9 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
         if params.compile != "default":
             args += ["--torch_compile_mode", params.compile]
     if params.lora_r is not None:
-        args += ["--use_peft", "true", "--lora_r", str(params.lora_r),
-                 "--lora_alpha", str(params.lora_alpha if params.lora_alpha is not None else 2 * params.lora_r),
-                 "--lora_dropout", str(params.lora_dropout)]
-        targets = params.lora_target_modules
-        if targets is not None:
-            args += ["--lora_target_modules", *(list(targets) if isinstance(targets, tuple) else [targets])]
+        from trainfit.workloads.lora import trl_lora_args
+
+        args += trl_lora_args(params)
     return args
 
 

@@ -64,6 +64,9 @@ KNOBS: dict[str, Knob] = {
              doc="dropout on the LoRA input; 0 avoids an extra activation copy"),
         Knob(name="lora_target_modules", kind="modules", nullable=True, changes_learning=True,
              doc="module names to adapt (list), 'all-linear', or null for peft's default"),
+        Knob(name="lora_target_parameters", kind="modules", nullable=True, changes_learning=True,
+             doc="parameters to adapt besides modules, e.g. a mixture of experts' stacked experts "
+                 "[mlp.experts.gate_up_proj, mlp.experts.down_proj] (peft target_parameters)"),
         Knob(name="gradient_checkpointing", kind="bool",
              doc="recompute activations in backward: less memory, ~20-40% more compute"),
         Knob(name="precision", kind="choice", choices=PRECISIONS, changes_learning=True,
@@ -121,6 +124,8 @@ class Params:
     """Dropout on LoRA inputs."""
     lora_target_modules: tuple[str, ...] | str | None = None
     """Modules to adapt: names, 'all-linear', or None for peft's per-architecture default."""
+    lora_target_parameters: tuple[str, ...] | str | None = None
+    """Parameters (not modules) to adapt, such as stacked expert weights; None = none."""
     gradient_checkpointing: bool = False
     """Recompute activations during backward."""
     precision: str = "fp32"
@@ -147,9 +152,7 @@ class Params:
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, JSON-ready view: built-in knobs then custom keys."""
-        out = {k: getattr(self, k) for k in KNOBS}
-        if isinstance(out["lora_target_modules"], tuple):
-            out["lora_target_modules"] = list(out["lora_target_modules"])
+        out = {k: list(v) if isinstance(v := getattr(self, k), tuple) else v for k in KNOBS}
         out.update(self.extra)
         return out
 
@@ -188,7 +191,7 @@ def _check_value(knob: Knob, value: Any, key: str) -> tuple[Any, Problem | None]
             return split_modules(value), None
         if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
             return tuple(value), None
-        return value, Problem(key, "expected a list of module names or 'all-linear'")
+        return value, Problem(key, "expected a list of names" + (" or 'all-linear'" if "modules" in key else ""))
     if knob.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             return value, Problem(key, f"expected an integer, got {value!r}")
@@ -242,7 +245,7 @@ def parse_params(
         return Params(), problems
     params = Params(**values, extra=extra)
     if params.lora_r is None and any(
-        n in raw for n in ("lora_alpha", "lora_target_modules") if raw.get(n) is not None
+        n in raw for n in ("lora_alpha", "lora_target_modules", "lora_target_parameters") if raw.get(n) is not None
     ):
         problems.append(Problem(f"{prefix}.lora_r", "LoRA options are set but lora_r is null",
                                 "set lora_r (e.g. 16) or drop the lora_* keys"))

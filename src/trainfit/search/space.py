@@ -125,8 +125,9 @@ class SearchSpace:
     def params(self, values: Mapping[str, Any]) -> Params:
         """The full configuration for searched ``values``: base + values + derived accumulation."""
         changes = dict(values)
-        if isinstance(changes.get("lora_target_modules"), str):
-            changes["lora_target_modules"] = split_modules(changes["lora_target_modules"])
+        for name, value in values.items():
+            if name in KNOBS and KNOBS[name].kind == "modules" and isinstance(value, str):
+                changes[name] = split_modules(value)
         if self.target_effective_batch is not None:
             bs = int(changes.get("batch_size", self.base.batch_size))
             changes["gradient_accumulation_steps"] = max(1, round(self.target_effective_batch / bs))

@@ -101,17 +101,15 @@ class FactoryWorkload(Workload):
             raise TrainfitError(f"attention={params.attention} cannot be applied to a custom model by trainfit",
                                 "apply it in the factory and add 'attention' to handles, or keep sdpa")
         if params.lora_r is not None and "lora_r" not in handles:
-            if not params.lora_target_modules:
+            if not params.lora_target_modules and not params.lora_target_parameters:
                 raise TrainfitError("lora_r is set for a custom model but lora_target_modules is not",
                                     "name the modules to adapt, or apply LoRA in the factory and add 'lora_r' "
                                     "to handles")
-            from peft import LoraConfig, get_peft_model
+            from peft import get_peft_model
 
-            targets = params.lora_target_modules
-            model = get_peft_model(model, LoraConfig(
-                r=params.lora_r, lora_alpha=params.lora_alpha or 2 * params.lora_r,
-                lora_dropout=params.lora_dropout,
-                target_modules=list(targets) if isinstance(targets, tuple) else targets))
+            from trainfit.workloads.lora import lora_config
+
+            model = get_peft_model(model, lora_config(params))
         self.model = model
         self.model.train()
 

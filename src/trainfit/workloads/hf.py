@@ -154,18 +154,12 @@ class HFCausalLM(Workload):
             except TypeError:
                 enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if params.lora_r is not None:
-            from peft import LoraConfig, get_peft_model
+            from peft import get_peft_model
 
-            targets = params.lora_target_modules
-            lora = LoraConfig(
-                r=params.lora_r,
-                lora_alpha=params.lora_alpha if params.lora_alpha is not None else 2 * params.lora_r,
-                lora_dropout=params.lora_dropout,
-                target_modules=list(targets) if isinstance(targets, tuple) else targets,
-                task_type="CAUSAL_LM",
-            )
+            from trainfit.workloads.lora import lora_config
+
             try:
-                model = get_peft_model(model, lora)
+                model = get_peft_model(model, lora_config(params, task_type="CAUSAL_LM"))
             except ValueError as err:
                 raise TrainfitError(
                     f"LoRA could not be applied: {err}",

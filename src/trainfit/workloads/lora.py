@@ -1,0 +1,53 @@
+"""LoRA as the probe applies it and as ``trl sft`` will: one reading of the ``lora_*`` knobs.
+
+Names follow peft's matching: a list entry matches a module (or parameter) whose dotted name ends
+with it; a lone string is a regular expression over the whole dotted name, except the shorthand
+``all-linear``. A single module name is therefore passed as a one-entry list here and as the
+equivalent expression to TRL, which turns a one-entry ``--lora_target_modules`` into a string.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from trainfit.params import Params
+
+ALL_LINEAR = "all-linear"
+
+
+def _names(value: tuple[str, ...] | str | None) -> list[str] | str | None:
+    if value is None or value == ALL_LINEAR:
+        return value
+    return [value] if isinstance(value, str) else list(value)
+
+
+def lora_alpha(params: Params) -> float:
+    return params.lora_alpha if params.lora_alpha is not None else 2 * params.lora_r
+
+
+def lora_config(params: Params, **extra: Any) -> Any:
+    """peft's ``LoraConfig`` for ``params`` (``extra``: e.g. ``task_type``)."""
+    from peft import LoraConfig
+
+    kwargs = dict(extra)
+    targets = _names(params.lora_target_parameters)
+    if targets is not None:  # peft >= 0.17 only: passed only when asked for, as TRL does
+        kwargs["target_parameters"] = targets
+    return LoraConfig(r=params.lora_r, lora_alpha=lora_alpha(params), lora_dropout=params.lora_dropout,
+                      target_modules=_names(params.lora_target_modules), **kwargs)
+
+
+def trl_lora_args(params: Params) -> list[str]:
+    """``trl sft`` arguments for the same adapters as :func:`lora_config`."""
+    args = ["--use_peft", "true", "--lora_r", str(params.lora_r), "--lora_alpha", str(lora_alpha(params)),
+            "--lora_dropout", str(params.lora_dropout)]
+    modules = _names(params.lora_target_modules)
+    if isinstance(modules, list) and len(modules) == 1:
+        modules = rf"(.*\.)?{re.escape(modules[0])}"  # TRL makes a one-entry list a string: a regex to peft
+    if modules is not None:
+        args += ["--lora_target_modules", *([modules] if isinstance(modules, str) else modules)]
+    parameters = _names(params.lora_target_parameters)
+    if parameters is not None:
+        args += ["--lora_target_parameters", *parameters]
+    return args
