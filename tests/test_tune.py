@@ -873,3 +873,24 @@ def test_cli_tune_without_a_search_section_searches_the_default_space(tmp_path: 
     assert summary["total_tested"] == 4
     assert {e["effective_batch_size"] for e in [summary["best_config"], *summary["runners_up"]]} == {2}
     assert summary["spec"]["tune"]["confirm_rounds"] == 1  # --confirm survives the default space's re-read
+
+
+def test_unstable_probes_are_flagged_as_they_end_and_at_the_end(capsys: Any) -> None:
+    """A busy machine shows as it happens: the trial's line carries its spread, and when most
+    probes ended unstable the run says so and what to do."""
+    from trainfit.cli.tune import TuneView, noise_warning
+    from trainfit.search.strategies import Trial
+
+    def trial(n: int, stable: bool, ci: float) -> Trial:
+        m = Measurement(status="ok", config={}, samples_per_second=10.0, peak_memory_bytes=GiB, stable=stable,
+                        step_time_ci95_rel=ci, budget_memory_gb=4.0, budget_headroom_gb=0.5)
+        return Trial(n, {"batch_size": 1}, m, 10.0)
+
+    noisy = [trial(0, False, 0.65), trial(1, False, 0.40), trial(2, True, 0.01)]
+    TuneView(quiet=False, objective="samples_per_second")(
+        {"event": "trial_end", "measurement": noisy[0].measurement, "best": noisy[0], "values": {"batch_size": 1},
+         "index": 1, "max_trials": 3, "mean_probe_s": 5.0, "refining": False, "elapsed_s": 5.0})
+    assert "10 samples/s ±65% (not stable), peak 1.00 GiB" in capsys.readouterr().out
+    assert "2 of 3 probes" in noise_warning(noisy) and "median ±52%" in noise_warning(noisy)
+    assert noise_warning(noisy[1:]) is None  # half or fewer: nothing to say
+    assert noise_warning([trial(0, False, 0.03), trial(1, False, 0.09)]) is None  # near the target: the tie list

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from trainfit.cli.common import add_spec_arguments, knobs_help, number, spec_from_args, stats_from_args
@@ -109,7 +110,8 @@ class TuneView:
             m, best = event["measurement"], event["best"]
             values = values_line(event["values"])
             if m.status == "ok":
-                result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}, "
+                noise = f" ±{m.step_time_ci95_rel:.0%} (not stable)" if not m.stable and m.step_time_ci95_rel else ""
+                result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}{noise}, "
                           f"peak {m.peak_memory_gb:.2f} GiB{'' if m.fits else ' (over budget)'}")
                 if self.run_samples and m.fits and m.samples_per_second:
                     result += f", full run ~{format_duration(self.run_samples / m.samples_per_second)}"
@@ -122,6 +124,27 @@ class TuneView:
             probe_text = f"probe {format_duration(m.wall_time_s)}{', model reused' if m.model_reused else ''}"
             print(f"{counter(event)} {values} -> {result} | {probe_text} | {best_text} | "
                   f"elapsed {format_duration(event['elapsed_s'])}{left}", flush=True)
+
+
+NOISY_SPREAD = 0.10
+"""A median 95% CI (of the step time) of the unstable probes above this is worth a warning; below
+it, the ranking's own 'as fast within measurement noise' list says what the noise blurs."""
+
+
+def noise_warning(trials: Sequence[Any]) -> str | None:
+    """A line when most probes stopped at their cap, far from stable (a busy or throttled machine)."""
+    import statistics
+
+    ok = [t.measurement for t in trials if t.measurement.status == "ok"]
+    unstable = [m for m in ok if not m.stable]
+    if not ok or len(unstable) <= len(ok) / 2:
+        return None
+    spread = statistics.median(m.step_time_ci95_rel or 0.0 for m in unstable)
+    if spread <= NOISY_SPREAD:
+        return None
+    return (f"noisy: {len(unstable)} of {len(ok)} probes reached probe.max_seconds or max_steps before their "
+            f"estimate was stable (median ±{spread:.0%}, above probe.target_rel_ci): the machine is busy or its "
+            "speed varies; raise probe.max_seconds, or use --confirm N to re-probe the leaders interleaved")
 
 
 def counter(event: dict[str, Any]) -> str:
@@ -213,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nstopped: {result.stop_reason}")
     print(f"tested {s['total_tested']}: {s['successful']} fit, {s['failed_oom']} OOM, {s['over_budget']} over budget, "
           f"{s['failed_error']} errors, {s['failed_timeout']} timeouts; probe time {s['probe_time_s']:.0f} s")
+    if (noisy := noise_warning(result.trials)) is not None:
+        print(noisy)
     for u in s["unsupported"]:
         reason = "; ".join(line.strip() for line in (u["message"] or "").splitlines() if line.strip())
         print(f"skipped every config with {u['knob']}={u['value']}: cannot run on this machine ({reason})")
