@@ -28,6 +28,8 @@ def test_bf16_probe_reports_reserved_memory_and_mfu(tmp_path: Path) -> None:
     assert m.status == "ok", m.message
     assert m.peak_memory_bytes >= m.peak_allocated_bytes > 0
     assert m.alloc_retries is not None
+    # no budget.memory_gb: the GPU's own memory is the budget
+    assert m.budget_memory_gb == pytest.approx(torch.cuda.get_device_properties(0).total_memory / 2**30)
     parts = m.memory_parts_bytes  # fp32 weights under autocast; AdamW: two fp32 moments each
     assert sum(parts.values()) == m.peak_memory_bytes
     assert parts["optimizer"] == pytest.approx(2 * parts["model"], rel=0.05)

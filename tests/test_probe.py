@@ -41,6 +41,11 @@ def test_full_finetune_llama_measures_real_tokens(llama_spec) -> None:
     assert m.worst_case_lengths == [64, 64]  # the two longest samples, truncated to max_length
     assert m.truncated_samples > 0 and any("truncated" in n for n in m.notes)
     assert set(m.phases_s) == {"start", "build", "memory", "burn_in", "timed"}
+    # No budget.memory_gb: the machine's own memory is the budget, less the headroom (default 1 GiB).
+    import psutil
+
+    assert m.budget_memory_gb == pytest.approx(psutil.virtual_memory().total / 2**30)
+    assert m.budget_headroom_gb == 1.0 and m.fits and any("is the budget" in n for n in m.notes)
     json.dumps(m.to_dict())  # serializable
     assert Measurement.from_dict(m.to_dict()) == m
 

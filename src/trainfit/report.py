@@ -269,7 +269,10 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         "tuning_time_s": elapsed_s,
         "probe_time_s": sum(t.measurement.wall_time_s or 0.0 for t in trials)
         + sum(m.wall_time_s or 0.0 for ms in repeats.values() for m in ms),  # confirmation probes included
-        "budget": {"memory_gb": spec.budget.memory_gb, "headroom_gb": spec.budget.headroom_gb},
+        "budget": {"memory_gb": spec.budget.memory_gb or next(
+                       (t.measurement.budget_memory_gb for t in trials if t.measurement.budget_memory_gb), None),
+                   "headroom_gb": spec.budget.headroom_gb,
+                   "of": "the spec" if spec.budget.memory_gb else "the device (no budget.memory_gb)"},
         "epochs_for_estimate": spec.tune.epochs,
         "dataset_samples": stats.samples if stats else None,
         "lengths": None if stats is None else {  # how the worst-case and typical batches were drawn

@@ -72,7 +72,7 @@ class Budget:
 
     def describe(self) -> str:
         if self.memory_gb is None:
-            return "no memory budget (the device's own memory is the limit)"
+            return f"no budget.memory_gb: the device's own memory (headroom {self.headroom_gb:g} GiB)"
         return f"budget {self.memory_gb:g} GiB (headroom {self.headroom_gb:g} GiB)"
 
 

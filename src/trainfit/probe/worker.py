@@ -67,6 +67,17 @@ def memory_micro_batches(accum: int) -> int:
     return min(accum, 2)
 
 
+def device_memory_gb(device: Any) -> float:
+    """What a probe may use when the spec sets no budget: the GPU's memory, or the machine's RAM."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 1024**3
+    import psutil
+
+    return psutil.virtual_memory().total / 1024**3
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -226,6 +237,10 @@ def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: Memo
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
     notes: list[str] = out["notes"]
+    if req.get("budget_memory_gb") is None:
+        out["budget_memory_gb"] = own = device_memory_gb(device)
+        notes.append(f"no budget.memory_gb: this {'GPU' if cuda else 'machine'}'s {own:.1f} GiB is the budget "
+                     f"(headroom {req.get('budget_headroom_gb') or 0:g} GiB)")
 
     built = cache.take(req.get("model_key"))
     reused = built is not None
@@ -374,7 +389,8 @@ def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> d
     out.update(meter.fields())
     out.update(started_at=started, finished_at=_now(), config=req["params"],
                memory_cap_bytes=req.get("memory_cap_bytes"),
-               budget_memory_gb=req.get("budget_memory_gb"), budget_headroom_gb=req.get("budget_headroom_gb"),
+               budget_memory_gb=req.get("budget_memory_gb") or out.get("budget_memory_gb"),
+               budget_headroom_gb=req.get("budget_headroom_gb"),
                truncated_samples=req.get("truncated_samples"))
     return out
 
