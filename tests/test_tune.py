@@ -121,6 +121,22 @@ def test_without_a_target_effective_batch_the_summary_gives_the_fastest_per_effe
                  probe_fn=Surface())
     assert "effective_batch_size" not in fixed.summary["fastest_per_value"]
 
+def test_without_a_spec_budget_auto_predicts_against_the_devices_memory(tmp_path: Path) -> None:
+    """No budget.memory_gb: the probes record the device's memory as their budget, and auto
+    predicts OOMs against it exactly as against a budget the spec gives (same probes)."""
+    calls = {}
+    budgets = {"spec": {"memory_gb": BUDGET, "headroom_gb": HEADROOM}, "device": {"headroom_gb": HEADROOM}}
+    for name, budget in budgets.items():
+        path = make_spec_file(tmp_path / name, model={"config": TINY_LLAMA}, params={"max_length": 64}, budget=budget)
+        path.write_text(path.read_text() + "search:\n  batch_size: [1, 2, 4, 8, 12, 16, 24, 32]\n"
+                        "  gradient_checkpointing: [false, true]\n  lora_r: [8, 16]\n"
+                        "tune:\n  strategy: auto\n  target_effective_batch: 32\n")
+        surface = Surface()  # its measurements carry budget_memory_gb=40, as the worker records the device's
+        result = tune(load_spec(path), output=tmp_path / name / "out", probe_fn=surface)
+        calls[name] = surface.calls
+        assert result.summary["budget"]["memory_gb"] == BUDGET
+    assert calls["device"] == calls["spec"]
+
 def test_resume_continues_without_reprobing(tmp_path: Path) -> None:
     spec = synthetic_spec(tmp_path, "grid")
     first = Surface()

@@ -14,7 +14,7 @@ import itertools
 import json
 import random
 import statistics
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -182,10 +182,13 @@ class AutoStrategy:
                 out[int(t.values.get("batch_size", self.space.base.batch_size))] = t
         return out
 
-    def _limit_bytes(self) -> float | None:
-        if self.budget_gb is None:
+    def _limit_bytes(self, measured: Iterable[Trial]) -> float | None:
+        """The predicted peak a config may reach: the spec's budget, else the device's memory the
+        probes recorded as theirs, less headroom and the margin."""
+        budget = self.budget_gb or max((t.measurement.budget_memory_gb or 0.0 for t in measured), default=0.0)
+        if not budget:
             return None
-        return (self.budget_gb - self.headroom_gb) * (1 - self.margin) * 1024**3
+        return (budget - self.headroom_gb) * (1 - self.margin) * 1024**3
 
     @staticmethod
     def _slope(fits: dict[int, Trial]) -> float | None:
@@ -198,7 +201,7 @@ class AutoStrategy:
     def _predicted_max_batch(self, fits: dict[int, Trial], sibling_slope: float | None = None) -> float:
         """Largest batch whose predicted peak stays under the budget (inf when unknown). With one
         point, the slope of sibling families (the other knobs changed) stands in for the line."""
-        limit = self._limit_bytes()
+        limit = self._limit_bytes(fits.values())
         slope = self._slope(fits) if len(fits) >= 2 else sibling_slope
         if limit is None or not fits or slope is None or slope <= 0:
             return float("inf")
