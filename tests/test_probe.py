@@ -138,7 +138,7 @@ def test_a_config_the_architecture_rejects_is_a_clear_error(tmp_path: Path) -> N
     spec = load_spec(make_spec_file(tmp_path, model={"config": phi3}, params={"max_length": 16}))
     with pytest.raises(TrainfitError, match="Padding_idx must be within num_embeddings") as info:
         build_workload(spec, spec.params, torch.device("cpu"))
-    assert "pad_token_id" in info.value.hint
+    assert "pad_token_id=32000, eos_token_id=32000 outside vocab_size=256" in info.value.hint
     fixed = load_spec(spec.source, ["model.config.pad_token_id=0"])
     assert build_workload(fixed, fixed.params, torch.device("cpu")).vocab_size == TINY_LLAMA["vocab_size"]
 

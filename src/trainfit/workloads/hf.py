@@ -142,9 +142,12 @@ class HFCausalLM(Workload):
                                     "(see examples/tiny_tts.py)") from None
             raise TrainfitError(f"cannot build the model: {err}", "check model.path / model.config") from None
         except (AssertionError, TypeError, KeyError, IndexError) as err:  # values the architecture rejects
-            raise TrainfitError(f"cannot build the model: {type(err).__name__}: {err}",
-                                "check the config's values (e.g. pad_token_id, bos_token_id and eos_token_id "
-                                "below vocab_size; heads dividing hidden_size)") from None
+            vocab = getattr(config, "vocab_size", None)
+            outside = [f"{k}={v}" for k in ("pad_token_id", "bos_token_id", "eos_token_id")
+                       if isinstance(v := getattr(config, k, None), int) and isinstance(vocab, int) and v >= vocab]
+            hint = (f"{', '.join(outside)} outside vocab_size={vocab}: set them under model.config" if outside else
+                    "check the config's values (token ids below vocab_size, heads dividing hidden_size)")
+            raise TrainfitError(f"cannot build the model: {type(err).__name__}: {err}", hint) from None
         model.config.use_cache = False
         if params.gradient_checkpointing:
             # Non-reentrant checkpointing works with frozen inputs (LoRA) without extra hooks.
