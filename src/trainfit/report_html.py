@@ -95,9 +95,10 @@ def tune_report_html(summary: Mapping[str, Any], trials: Sequence[Trial], source
     limits: list[tuple[float, str]] = []
     if budget["memory_gb"]:
         limit = budget["memory_gb"] - budget["headroom_gb"]
-        limits = [(budget["memory_gb"], f"budget {budget['memory_gb']:g} GiB")]
+        name = "device memory" if budget.get("of", "").startswith("the device") else "budget"
+        limits = [(budget["memory_gb"], f"{name} {budget['memory_gb']:.3g} GiB")]
         if limit < budget["memory_gb"]:
-            limits.append((limit, f"fits below {limit:g} GiB (headroom {budget['headroom_gb']:g})"))
+            limits.append((limit, f"fits below {limit:.3g} GiB (headroom {budget['headroom_gb']:g})"))
     legend = "".join(f'<span style="color: {c}">&#9632;</span> {html.escape(f)}&nbsp;&nbsp; '
                      for f, c in color.items())
     speed = _chart(f"{objective.replace('_', ' ')} (filled: fits, hollow: over budget, x: OOM)", trials, color,
