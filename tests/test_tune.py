@@ -169,6 +169,21 @@ def test_a_trial_cut_off_by_a_crash_is_retried(tmp_path: Path) -> None:
     assert result.summary["total_tested"] == 5
 
 
+def test_a_studys_identity_leaves_defaults_out_so_it_survives_new_settings(tmp_path: Path) -> None:
+    """The study name is pinned: a setting or knob a later trainfit adds at its default must not
+    change it (a study started before could no longer --resume). Change this literal only with a
+    change that really makes old trials inapplicable."""
+    from trainfit.search.study import study_name
+
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64, "batch_size": 2},
+                          budget={"memory_gb": 4})
+    spec = load_spec(path, ["search.batch_size=[1,2]"])
+    assert study_name(spec) == "trainfit-37e1a45c1ac3"
+    # a default written out is the same study; a value that differs from the default is another
+    assert study_name(load_spec(path, ["search.batch_size=[1,2]", "lora_dropout=0.0", "probe.seed=0"])) == \
+        study_name(spec)
+    assert study_name(load_spec(path, ["search.batch_size=[1,2]", "probe.seed=1"])) != study_name(spec)
+
 def test_a_changed_spec_does_not_resume_a_foreign_study(tmp_path: Path) -> None:
     tune(synthetic_spec(tmp_path, "grid"), output=tmp_path / "out", probe_fn=Surface(), max_trials=2)
     changed = synthetic_spec(tmp_path / "c", "grid")

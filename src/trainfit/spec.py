@@ -172,11 +172,28 @@ class Spec:
         return json.loads(json.dumps(out, default=list))
 
     def digest(self) -> str:
-        """Short stable hash of everything that changes a measurement except ``params``."""
+        """Short stable hash of everything that changes a measurement except ``params``. Settings at
+        their defaults are left out, so one that a later trainfit adds (at its default) does not
+        change the hash, and a study started before it still resumes."""
         d = self.to_dict()
         for key in ("params", "source", "tune"):
             d.pop(key)
+        for name, cls in _SECTIONS.items():
+            if isinstance(d.get(name), dict):
+                d[name] = without_defaults(d[name], cls)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def without_defaults(values: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    """``values`` (a JSON view of a ``cls`` dataclass) less the fields equal to ``cls``'s defaults."""
+    defaults = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    defaults = json.loads(json.dumps(defaults, default=list))
+    return {k: v for k, v in values.items() if k not in defaults or defaults[k] != v}
 
 
 _SECTIONS = {

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainfit.errors import TrainfitError
+from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.space import SearchSpace
 from trainfit.search.strategies import Trial, config_key, jsonable
@@ -32,9 +33,12 @@ HEARTBEAT_S = 30.0
 
 
 def study_name(spec: Spec) -> str:
-    """Same model, data, budget, probe settings, base params and space -> same study."""
+    """Same model, data, budget, probe settings, base params and space -> same study (settings
+    and knobs at their defaults left out: see :meth:`Spec.digest`)."""
     space = spec.search
-    key = json.dumps([spec.digest(), spec.params.to_dict(), [c.text for c in space.constraints] if space else [],
+    defaults = Params().to_dict()
+    params = {k: v for k, v in spec.params.to_dict().items() if k not in defaults or defaults[k] != v}
+    key = json.dumps([spec.digest(), params, [c.text for c in space.constraints] if space else [],
                       space.target_effective_batch if space else None], sort_keys=True, default=list)
     return "trainfit-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
@@ -174,8 +178,7 @@ class TrialStore:
                 what = (f"changed: {', '.join(changed)}" if changed else
                         "model, data, budget, probe settings, params or search space differ")
                 raise TrainfitError(f"the spec changed since this study started ({what}), so its trials "
-                                    "do not apply", "restore the spec, or use --output NEW_FOLDER (a knob a newer "
-                                    "trainfit added, such as params.loss, changes the spec too)")
+                                    "do not apply", "restore the spec, or use --output NEW_FOLDER")
             raise TrainfitError(f"nothing to resume in {where}",
                                 "drop --resume to start a new study (or --join, to start or join one)")
         if existing and storage is None and self.name not in existing:
