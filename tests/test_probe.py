@@ -142,6 +142,36 @@ def test_a_config_the_architecture_rejects_is_a_clear_error(tmp_path: Path) -> N
     fixed = load_spec(spec.source, ["model.config.pad_token_id=0"])
     assert build_workload(fixed, fixed.params, torch.device("cpu")).vocab_size == TINY_LLAMA["vocab_size"]
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_step_clips_gradients_as_the_trainers_do(precision: str) -> None:
+    """max_grad_norm 1.0, the Trainer's and TRL's default: the optimizer sees gradients of total
+    norm 1 when the loss's are ~2,000; under fp16 they are unscaled first (clipping the scaled
+    gradients would leave them 65,536 times too small)."""
+    import torch
+
+    from trainfit.params import Params
+    from trainfit.step import TrainStep
+    from trainfit.workloads.base import Batch, Workload
+
+    class Steep(Workload):
+        def __init__(self) -> None:
+            self.model, self.notes = torch.nn.Linear(4, 1), []
+
+        def make_batch(self, lengths, pad_to):
+            return Batch(inputs=torch.ones(len(lengths), 4), seq_lens=tuple(lengths), padded_len=pad_to)
+
+        def loss(self, inputs):
+            return 1000.0 * self.model(inputs).mean()
+
+    workload = Steep()
+    step = TrainStep(workload, Params(precision=precision), torch.device("cpu"))
+    seen = []
+    step.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(
+        float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in step.trainable])))))
+    for _ in range(20):  # fp16: the scaler skips steps whose scaled gradients overflow, lowering its scale
+        step.run([workload.make_batch([1, 1], 1)] * 2)
+    assert seen and all(norm == pytest.approx(1.0, rel=1e-3) for norm in seen)
+
 def test_loss_auto_computes_the_loss_as_the_training_command_does(tmp_path: Path) -> None:
     import torch
 

@@ -5,7 +5,9 @@ Order (each later step wraps the earlier ones, as in torchtitan):
 2. the workload builds the model: attention kernel and weight dtype, checkpointing, LoRA;
 3. ``torch.compile`` wraps the finished model (so it sees checkpointing and adapters);
 4. the optimizer is built over trainable parameters only;
-5. each micro-batch runs under autocast (bf16/fp16); fp16 scales the loss.
+5. each micro-batch runs under autocast (bf16/fp16); fp16 scales the loss;
+6. gradients are clipped to a total norm of 1.0 before the optimizer step, as the Hugging Face
+   Trainer and TRL do by default (``max_grad_norm``), since the commands trainfit writes train so.
 
 The probe and the training loop both use :class:`TrainStep`, so what is measured is what runs.
 """
@@ -77,6 +79,10 @@ def check_support(params: Params, device: Any) -> list[str]:
     return notes
 
 
+MAX_GRAD_NORM = 1.0
+"""The trainers' default ``max_grad_norm`` (transformers ``TrainingArguments``, TRL's ``SFTConfig``)."""
+
+
 def synchronize(device: Any) -> None:
     import torch
 
@@ -115,6 +121,7 @@ class TrainStep:
         if not trainable:
             raise TrainfitError("the model has no trainable parameters",
                                 "check lora_target_modules, or that the factory leaves parameters trainable")
+        self.trainable = trainable
         self.optimizer = _optimizer(params, trainable)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(params.precision)
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
@@ -132,6 +139,11 @@ class TrainStep:
             else:
                 loss.backward()
             total = loss.detach() if total is None else total + loss.detach()
+        import torch
+
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.trainable, MAX_GRAD_NORM)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
