@@ -24,7 +24,7 @@ from trainfit.devices import versions
 from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS, Params
 from trainfit.search.space import SearchSpace
-from trainfit.probe.measurement import MEMORY_PARTS, Measurement
+from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
 from trainfit.report_html import tune_report_html
 from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.spec import Spec
@@ -269,8 +269,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         "tuning_time_s": elapsed_s,
         "probe_time_s": sum(t.measurement.wall_time_s or 0.0 for t in trials)
         + sum(m.wall_time_s or 0.0 for ms in repeats.values() for m in ms),  # confirmation probes included
-        "budget": {"memory_gb": spec.budget.memory_gb or next(
-                       (t.measurement.budget_memory_gb for t in trials if t.measurement.budget_memory_gb), None),
+        "budget": {"memory_gb": spec.budget.memory_gb or recorded_budget_gb(t.measurement for t in trials),
                    "headroom_gb": spec.budget.headroom_gb,
                    "of": "the spec" if spec.budget.memory_gb else "the device (no budget.memory_gb)"},
         "epochs_for_estimate": spec.tune.epochs,
@@ -313,9 +312,9 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], re
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
                   stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
                   repeats: Repeats | None = None) -> dict[str, Any]:
-    """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run after
-    every trial),
-    and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the spec's data file."""
+    """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run
+    after every trial) and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the
+    spec's data file."""
     data_config = None
     trl_data = trl_data_config(spec)
     if trl_data is not None:

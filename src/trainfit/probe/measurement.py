@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,9 @@ class Measurement:
 
     def write_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def recorded_budget_gb(measurements: Iterable[Measurement]) -> float | None:
+    """The memory budget the probes ran against: the spec's ``budget.memory_gb``, or the device's
+    own memory, which a probe records when the spec sets none (None: no probe got that far)."""
+    return next((m.budget_memory_gb for m in measurements if m.budget_memory_gb), None)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trainfit.params import KNOBS, model_values
-from trainfit.probe.measurement import Measurement
+from trainfit.probe.measurement import Measurement, recorded_budget_gb
 from trainfit.search.space import SearchSpace
 
 SAMPLER = "sampler"
@@ -185,7 +185,7 @@ class AutoStrategy:
     def _limit_bytes(self, measured: Iterable[Trial]) -> float | None:
         """The predicted peak a config may reach: the spec's budget, else the device's memory the
         probes recorded as theirs, less headroom and the margin."""
-        budget = self.budget_gb or max((t.measurement.budget_memory_gb or 0.0 for t in measured), default=0.0)
+        budget = self.budget_gb or recorded_budget_gb(t.measurement for t in measured)
         if not budget:
             return None
         return (budget - self.headroom_gb) * (1 - self.margin) * 1024**3
