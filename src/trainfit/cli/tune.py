@@ -191,7 +191,7 @@ def resume_command(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.render import fmt_num, parts_line, table, unit, values_line
     from trainfit.progress import format_duration
-    from trainfit.report import run_samples
+    from trainfit.report import EFFECTIVE_BATCH, learning_knobs, run_samples
     from trainfit.search.tune import tune
 
     spec = spec_from_args(args)
@@ -215,8 +215,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"data: {stats.headline()}")
     print(f"space: {', '.join(f'{d.name} {list(d.grid_values())}' for d in spec.search.dims)}; "
           f"{spec.budget.describe()}")
-    from trainfit.report import EFFECTIVE_BATCH, learning_knobs
-
     if EFFECTIVE_BATCH in learning_knobs(spec.search):
         print("effective batch: differs between configs (no tune.target_effective_batch) and changes what is "
               "learned; the summary gives the fastest per effective batch (set tune.target_effective_batch to "
