@@ -3,12 +3,14 @@ from __future__ import annotations
 import pytest
 
 from trainfit.devices import peak_flops
-from trainfit.flops import TransformerShape, experts_active, matmul_params, step_flops, utilization
+from trainfit.flops import (TransformerShape, attention_area, experts_active, matmul_params, step_flops,
+                            transformer_shape, utilization)
 
 
 def test_full_finetune_matches_palm_formula() -> None:
     # N = 1e6, L = 2, H = 4, Q = 16; two samples of 10 and 20 tokens.
-    shape = TransformerShape(n_params=1_000_000, n_trainable=1_000_000, n_layers=2, n_heads=4, head_dim=16)
+    shape = TransformerShape(n_params=1_000_000, n_trainable=1_000_000, n_heads=4, qk_dim=16, v_dim=16,
+                             windows=(None, None))
     f = step_flops(shape, [10, 20], recompute=False)
     # 6N per token over 30 tokens + 12*L*H*Q*T per token = 12*128*(10*10 + 20*20)
     assert f.model == 6e6 * 30 + 12 * 128 * 500
@@ -16,13 +18,48 @@ def test_full_finetune_matches_palm_formula() -> None:
 
 
 def test_lora_skips_frozen_weight_gradients_and_recompute_is_hardware_only() -> None:
-    shape = TransformerShape(n_params=1_010_000, n_trainable=10_000, n_layers=2, n_heads=4, head_dim=16)
+    shape = TransformerShape(n_params=1_010_000, n_trainable=10_000, n_heads=4, qk_dim=16, v_dim=16, windows=(None, None))
     f = step_flops(shape, [100], recompute=True)
     attn = 12 * 128 * 100 * 100
     # 4 * N_all + 2 * N_trainable per token == 4 * N_base + 6 * N_lora.
     assert f.model == (4 * 1_000_000 + 6 * 10_000) * 100 + attn
     # Recomputation adds one forward: 2 N_all per token + a third of the attention term.
     assert f.hardware == f.model + 2 * 1_010_000 * 100 + attn / 3
+
+
+def test_a_sliding_window_layer_counts_only_the_keys_inside_its_window() -> None:
+    # Full attention's T² counts every ordered pair of positions; a window W keeps those closer than W.
+    def pairs(length: int, window: int) -> int:
+        return sum(1 for q in range(length) for k in range(length) if abs(q - k) < window)
+
+    assert attention_area(100, 16) == pairs(100, 16) == 2 * 100 * 16 - 16 * 16 - (100 - 16)
+    assert attention_area(100, None) == pairs(100, 100) == 100 * 100
+    assert attention_area(10, 16) == 100
+    shape = TransformerShape(n_params=0, n_trainable=0, n_heads=2, qk_dim=8, v_dim=8, windows=(None, 16))
+    assert step_flops(shape, [100], recompute=False).model == 6 * 2 * 16 * (100 * 100 + pairs(100, 16))
+
+
+@pytest.mark.parametrize("model_type, extra, qk, v, windows", [
+    ("llama", {}, 8, 8, (None,) * 4),
+    ("mistral", {"sliding_window": 64}, 8, 8, (64,) * 4),  # no layer_types: every layer
+    ("qwen2", {"use_sliding_window": False, "sliding_window": 64}, 8, 8, (None,) * 4),
+    ("gpt_oss", {"sliding_window": 64, "head_dim": 8}, 8, 8, (64, None, 64, None)),
+    ("gemma3_text", {"sliding_window": 64, "head_dim": 8, "sliding_window_pattern": 2}, 8, 8, None),
+    ("qwen3_next", {"head_dim": 8, "full_attention_interval": 4}, 8, 8, (None,)),  # 3 linear-attention layers
+    ("deepseek_v3", {"qk_nope_head_dim": 12, "qk_rope_head_dim": 4, "v_head_dim": 8}, 16, 8, (None,) * 4),
+])
+def test_the_shape_read_from_a_config_follows_its_attention_layers(model_type: str, extra: dict, qk: int,
+                                                                    v: int, windows: tuple | None) -> None:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(model_type, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=4, **extra)
+    shape = transformer_shape(cfg, 1.0, 1.0)
+    assert (shape.n_heads, shape.qk_dim, shape.v_dim) == (4, qk, v)
+    if windows is None:  # gemma3: its own layer pattern, sliding and full layers both present
+        windows = tuple(64 if kind == "sliding_attention" else None for kind in cfg.layer_types)
+        assert set(windows) == {64, None}
+    assert shape.windows == windows
 
 
 def test_matmul_params_exclude_embedding_lookups_but_count_a_tied_head_once() -> None:

@@ -14,6 +14,14 @@ Unlike nanoGPT we use each sample's *real* length for T, sum per sample, and nev
 For a mixture of experts, each token passes through k of the E routed experts, so their
 parameters count at k/E (``experts_active``); shared experts and the router count in full.
 
+The attention term is ``6 * H * (Q_k + Q_v) * area`` per layer, which is the 12·H·Q·T² above when
+keys and values share a head dim (MLA's do not: DeepSeek-V3 scores with 192 dims and reads 128).
+``area`` is T² for full attention (PaLM's convention: every ordered pair of positions, causality
+not halved) and, in the same convention, the pairs closer than a sliding window W, about 2·T·W
+once T passes W (Mistral, Gemma 2/3, gpt-oss): a window layer does not need the keys before its
+window, whatever the kernel computes. Layers without
+softmax attention (Qwen3-Next's linear attention) add no T² term; their projections are in N.
+
 MFU counts model FLOPs only: activation recomputation is work the hardware does but the model
 does not need, so it appears in HFU (hardware FLOPs utilisation), one extra forward:
 ``2 * N_all + 4 * L * H * Q * T`` per token.
@@ -35,9 +43,13 @@ class TransformerShape:
     input embedding is counted once, as the head; routed experts at k/E, see the module doc)."""
     n_trainable: float
     """Of those, the ones whose weight gradient is computed (all for full fine-tuning)."""
-    n_layers: int
     n_heads: int
-    head_dim: int
+    qk_dim: int
+    """Head dim of queries and keys."""
+    v_dim: int
+    """Head dim of values."""
+    windows: tuple[int | None, ...]
+    """One entry per softmax-attention layer: its sliding window, None for full attention."""
 
 
 @dataclass(frozen=True)
@@ -51,11 +63,39 @@ class StepFlops:
 def step_flops(shape: TransformerShape, seq_lens: Sequence[int], recompute: bool) -> StepFlops:
     """Model and hardware FLOPs of one forward+backward over samples of these real lengths."""
     tokens = sum(seq_lens)
-    squares = sum(n * n for n in seq_lens)
-    lhq = shape.n_layers * shape.n_heads * shape.head_dim
-    model = (4 * shape.n_params + 2 * shape.n_trainable) * tokens + 12 * lhq * squares
-    extra = (2 * shape.n_params * tokens + 4 * lhq * squares) if recompute else 0
+    area = sum(attention_area(n, window) for window in shape.windows for n in seq_lens)
+    attention = 6 * shape.n_heads * (shape.qk_dim + shape.v_dim) * area
+    model = (4 * shape.n_params + 2 * shape.n_trainable) * tokens + attention
+    extra = (2 * shape.n_params * tokens + attention / 3) if recompute else 0
     return StepFlops(model=float(model), hardware=float(model + extra))
+
+
+def attention_area(length: int, window: int | None) -> int:
+    """Position pairs a layer needs for one sample, in PaLM's convention: T² for full attention,
+    for a sliding window W the pairs with ``|q - k| < W``."""
+    if window is None or length <= window:
+        return length * length
+    return length * (2 * window - 1) - window * (window - 1)
+
+
+def transformer_shape(config: Any, n_params: float, n_trainable: float) -> TransformerShape | None:
+    """The shape of a transformers config (None when it names no heads or layers)."""
+    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_head", 0))
+    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
+    layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
+    if not heads or not layers:
+        return None
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None)
+    if kinds is None:  # Mistral: a window on every layer, unless switched off (Qwen2-MoE, Qwen3-MoE)
+        kinds = ["sliding_attention" if window and getattr(config, "use_sliding_window", True)
+                 else "full_attention"] * layers
+    windows = tuple(window if kind == "sliding_attention" and window else None
+                    for kind in kinds if kind in ("full_attention", "sliding_attention"))
+    return TransformerShape(n_params=n_params, n_trainable=n_trainable, n_heads=heads,
+                            qk_dim=int(getattr(config, "qk_head_dim", None) or head_dim),
+                            v_dim=int(getattr(config, "v_head_dim", None) or head_dim), windows=windows)
 
 
 def utilization(flops: float, seconds: float, peak_flops_per_s: float | None) -> float | None:

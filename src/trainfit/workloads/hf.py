@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainfit.errors import TrainfitError
-from trainfit.flops import StepFlops, TransformerShape, experts_active, matmul_params, step_flops
+from trainfit.flops import StepFlops, experts_active, matmul_params, step_flops, transformer_shape
 from trainfit.params import Params
 from trainfit.spec import ModelSpec
 from trainfit.workloads.base import Batch, Workload
@@ -173,13 +173,8 @@ class HFCausalLM(Workload):
             head(model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
         self.model = model.to(device)
         self.model.train()
-        n_all, n_trainable = matmul_params(self.model, experts_active(config))
-        heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_head", 0))
-        self.hidden = hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
-        layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
-        head_dim = int(getattr(config, "head_dim", None) or (hidden // heads if heads else 0))
-        self.shape = TransformerShape(n_params=n_all, n_trainable=n_trainable, n_layers=layers,
-                                      n_heads=heads, head_dim=head_dim) if heads and layers else None
+        self.shape = transformer_shape(config, *matmul_params(self.model, experts_active(config)))
+        self.hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
         self._generator = torch.Generator().manual_seed(seed)
 
     def make_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
