@@ -18,7 +18,8 @@ def test_full_finetune_matches_palm_formula() -> None:
 
 
 def test_lora_skips_frozen_weight_gradients_and_recompute_is_hardware_only() -> None:
-    shape = TransformerShape(n_params=1_010_000, n_trainable=10_000, n_heads=4, qk_dim=16, v_dim=16, windows=(None, None))
+    shape = TransformerShape(n_params=1_010_000, n_trainable=10_000, n_heads=4, qk_dim=16, v_dim=16,
+                             windows=(None, None))
     f = step_flops(shape, [100], recompute=True)
     attn = 12 * 128 * 100 * 100
     # 4 * N_all + 2 * N_trainable per token == 4 * N_base + 6 * N_lora.
