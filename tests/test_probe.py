@@ -127,6 +127,31 @@ def test_lora_on_an_architecture_peft_has_no_default_for_names_the_fix(tmp_path:
     trainable = {n.split(".")[-4] for n, p in workload.model.named_parameters() if p.requires_grad}
     assert trainable == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
+@pytest.mark.parametrize("model_type, frozen", [("gpt_oss", True), ("mixtral", False)])
+def test_lora_that_leaves_the_experts_frozen_says_how_to_adapt_them(tmp_path: Path, model_type: str,
+                                                                     frozen: bool) -> None:
+    """'all-linear' reaches a mixture of experts' stacked expert weights only where peft knows the
+    architecture (Mixtral); on gpt-oss it adapts attention alone, and the note names the parameters
+    that, set as lora_target_parameters, put adapters on the experts."""
+    import torch
+
+    from trainfit.workloads import build_workload
+
+    moe = {**TINY_LLAMA, "model_type": model_type, "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2}
+    spec = load_spec(make_spec_file(tmp_path, model={"config": moe},
+                                    params={"max_length": 16, "lora_r": 4, "lora_target_modules": "all-linear",
+                                            "attention": "eager"}))
+    notes = [n for n in build_workload(spec, spec.params, torch.device("cpu")).notes if "experts frozen" in n]
+    assert len(notes) == int(frozen)
+    if frozen:
+        targets = notes[0].split("lora_target_parameters: [")[1].rstrip("]").split(", ")
+        assert targets == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+        fixed = dataclasses.replace(spec.params, lora_target_parameters=tuple(targets))
+        workload = build_workload(spec, fixed, torch.device("cpu"))
+        assert not [n for n in workload.notes if "experts frozen" in n]
+        assert any(".experts." in n for n, p in workload.model.named_parameters() if p.requires_grad)
+
+
 def test_a_config_the_architecture_rejects_is_a_clear_error(tmp_path: Path) -> None:
     """Phi-3's default pad_token_id (32000) is outside a small vocabulary: torch asserts deep in
     the model's constructor; the user gets that one line and what to check, not the traceback."""

@@ -91,6 +91,20 @@ def linear_names(model: Any) -> list[str]:
     return list(names)
 
 
+def frozen_experts_note(model: Any, experts: tuple[int, int] | None) -> list[str]:
+    """A note when LoRA left a mixture of experts' routed experts without adapters: their weights
+    are stacked parameters, not Linear modules, so 'all-linear' reaches them only where peft knows
+    the architecture (Mixtral, Qwen-MoE), not, for example, on gpt-oss."""
+    if experts is None:
+        return []
+    stacked = sorted({".".join(name.split(".")[-3:]) for name, p in model.named_parameters()
+                      if name.split(".")[-2] == "experts" and p.dim() == 3})
+    if not stacked or any(".experts." in name and "lora_" in name for name, _ in model.named_parameters()):
+        return []
+    return [f"LoRA leaves the {experts[1]} routed experts frozen (their weights are parameters, not Linear layers): "
+            f"to adapt them, set params.lora_target_parameters: [{', '.join(stacked)}]"]
+
+
 class HFCausalLM(Workload):
     """A transformers ``AutoModelForCausalLM`` trained on random token ids of the real lengths.
 
@@ -168,6 +182,7 @@ class HFCausalLM(Workload):
                     f"LoRA could not be applied: {err}",
                     "set params.lora_target_modules: 'all-linear' (every linear layer but the output head), "
                     f"or a list of this model's linear layers: {', '.join(linear_names(model))}") from None
+            self.notes += frozen_experts_note(model, experts_active(config))
         if head is not None:
             # Where TRL's SFT trainer puts it: on the base model, under the LoRA wrapper.
             head(model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
