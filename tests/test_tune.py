@@ -341,11 +341,14 @@ def test_cli_tune_end_to_end_on_a_tiny_model_under_a_real_cap(tmp_path: Path, te
     assert "BEST CONFIGURATION" in printed and "fastest per lora_r" in printed
     assert "GiB, full run ~" in printed  # each fitting config's line says how long the full run would take
     assert "[4/4] " in printed  # --quick allows 6 probes, the space has 4 configs
+    assert "note (every probe): loss: TRL's fused LM head" in printed  # what the probes noticed, said once
     lengths = json.loads((out / "summary.json").read_text())["lengths"]
     assert lengths["max"] == max(texts_file[1]) and lengths["description"].startswith("text in 'text'")
     assert "data: 200 samples, lengths" in printed and "tokenizer:) for exact counts" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total_tested"] == 4 and summary["successful"] == 4
+    loss_notes = [n for n in summary["notes"] if n["note"].startswith("loss: ")]
+    assert len(loss_notes) == 1 and loss_notes[0]["trials"] == [0, 1, 2, 3]
     best = summary["best_config"]
     assert best["memory_peak_gb"] + 0.2 <= 1.5
     script = (out / "train_command.sh").read_text()

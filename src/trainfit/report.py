@@ -137,6 +137,16 @@ def unsupported_report(trials: Sequence[Trial]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
+def probe_notes(trials: Sequence[Trial]) -> list[dict[str, Any]]:
+    """Each distinct note the probes made (a truncation, a loss, a dtype, frozen experts), with the
+    trials that made it."""
+    out: dict[str, list[int]] = {}
+    for t in trials:
+        for note in t.measurement.notes:
+            out.setdefault(note, []).append(t.number)
+    return [{"note": note, "trials": numbers} for note, numbers in out.items()]
+
+
 EFFECTIVE_BATCH = "effective_batch_size"
 
 
@@ -263,6 +273,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         "confirmation": confirmation(order, repeats, objective),
         "fastest_per_value": per_value,
         "unsupported": unsupported_report(trials),
+        "notes": probe_notes(trials),
         "objective": spec.tune.objective,
         "strategy": strategy,
         "stop_reason": stop_reason,

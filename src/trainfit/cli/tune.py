@@ -236,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
           f"{s['failed_error']} errors, {s['failed_timeout']} timeouts; probe time {s['probe_time_s']:.0f} s")
     if (noisy := noise_warning(result.trials)) is not None:
         print(noisy)
+    for n in s["notes"]:
+        which = "every probe" if len(n["trials"]) == s["total_tested"] else f"{len(n['trials'])} of the probes"
+        print(f"note ({which}): {n['note']}")
     for u in s["unsupported"]:
         reason = "; ".join(line.strip() for line in (u["message"] or "").splitlines() if line.strip())
         print(f"skipped every config with {u['knob']}={u['value']}: cannot run on this machine ({reason})")
