@@ -70,7 +70,10 @@ def replay(spec, strategy: str, table: dict[str, Any], seed: int, sampler: Any =
     from trainfit.search.tune import tune
     from trainfit.spec import TuneSettings
 
-    spec = dataclasses.replace(spec, tune=TuneSettings(strategy=strategy, seed=seed, patience=10**6,
+    # patience = the grid's size: "no better config in the last N probes" never ends a replay early,
+    # while a sampler that only proposes measured configs still stops after N in a row (as in a tune;
+    # an unbounded patience let a converged GP replay ask forever, each ask a GP fit)
+    spec = dataclasses.replace(spec, tune=TuneSettings(strategy=strategy, seed=seed, patience=len(table),
                                                        objective="samples_per_second"))
     with tempfile.TemporaryDirectory() as tmp:
         res = tune(spec, output=tmp,
