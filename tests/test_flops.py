@@ -9,7 +9,7 @@ from trainfit.flops import (TransformerShape, attention_area, experts_active, ma
 
 def test_full_finetune_matches_palm_formula() -> None:
     # N = 1e6, L = 2, H = 4, Q = 16; two samples of 10 and 20 tokens.
-    shape = TransformerShape(n_params=1_000_000, n_trainable=1_000_000, n_heads=4, qk_dim=16, v_dim=16,
+    shape = TransformerShape(n_params=1_000_000, n_trainable=1_000_000, hidden=64, n_heads=4, qk_dim=16, v_dim=16,
                              windows=(None, None))
     f = step_flops(shape, [10, 20], recompute=False)
     # 6N per token over 30 tokens + 12*L*H*Q*T per token = 12*128*(10*10 + 20*20)
@@ -18,7 +18,7 @@ def test_full_finetune_matches_palm_formula() -> None:
 
 
 def test_lora_skips_frozen_weight_gradients_and_recompute_is_hardware_only() -> None:
-    shape = TransformerShape(n_params=1_010_000, n_trainable=10_000, n_heads=4, qk_dim=16, v_dim=16,
+    shape = TransformerShape(n_params=1_010_000, n_trainable=10_000, hidden=64, n_heads=4, qk_dim=16, v_dim=16,
                              windows=(None, None))
     f = step_flops(shape, [100], recompute=True)
     attn = 12 * 128 * 100 * 100
@@ -36,7 +36,7 @@ def test_a_sliding_window_layer_counts_only_the_keys_inside_its_window() -> None
     assert attention_area(100, 16) == pairs(100, 16) == 2 * 100 * 16 - 16 * 16 - (100 - 16)
     assert attention_area(100, None) == pairs(100, 100) == 100 * 100
     assert attention_area(10, 16) == 100
-    shape = TransformerShape(n_params=0, n_trainable=0, n_heads=2, qk_dim=8, v_dim=8, windows=(None, 16))
+    shape = TransformerShape(n_params=0, n_trainable=0, hidden=16, n_heads=2, qk_dim=8, v_dim=8, windows=(None, 16))
     assert step_flops(shape, [100], recompute=False).model == 6 * 2 * 16 * (100 * 100 + pairs(100, 16))
 
 
@@ -56,7 +56,7 @@ def test_the_shape_read_from_a_config_follows_its_attention_layers(model_type: s
     cfg = AutoConfig.for_model(model_type, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                                num_key_value_heads=4, **extra)
     shape = transformer_shape(cfg, 1.0, 1.0)
-    assert (shape.n_heads, shape.qk_dim, shape.v_dim) == (4, qk, v)
+    assert (shape.hidden, shape.n_heads, shape.qk_dim, shape.v_dim) == (32, 4, qk, v)
     if windows is None:  # gemma3: its own layer pattern, sliding and full layers both present
         windows = tuple(64 if kind == "sliding_attention" else None for kind in cfg.layer_types)
         assert set(windows) == {64, None}

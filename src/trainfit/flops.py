@@ -19,8 +19,8 @@ keys and values share a head dim (MLA's do not: DeepSeek-V3 scores with 192 dims
 ``area`` is T² for full attention (PaLM's convention: every ordered pair of positions, causality
 not halved) and, in the same convention, the pairs closer than a sliding window W, about 2·T·W
 once T passes W (Mistral, Gemma 2/3, gpt-oss): a window layer does not need the keys before its
-window, whatever the kernel computes. Layers without
-softmax attention (Qwen3-Next's linear attention) add no T² term; their projections are in N.
+window, whatever the kernel computes. Layers without softmax attention (Qwen3-Next's linear
+attention) add no T² term; their projections are in N.
 
 MFU counts model FLOPs only: activation recomputation is work the hardware does but the model
 does not need, so it appears in HFU (hardware FLOPs utilisation), one extra forward:
@@ -43,6 +43,8 @@ class TransformerShape:
     input embedding is counted once, as the head; routed experts at k/E, see the module doc)."""
     n_trainable: float
     """Of those, the ones whose weight gradient is computed (all for full fine-tuning)."""
+    hidden: int
+    """Width of the residual stream (what an LM head multiplies)."""
     n_heads: int
     qk_dim: int
     """Head dim of queries and keys."""
@@ -93,7 +95,7 @@ def transformer_shape(config: Any, n_params: float, n_trainable: float) -> Trans
                  else "full_attention"] * layers
     windows = tuple(window if kind == "sliding_attention" and window else None
                     for kind in kinds if kind in ("full_attention", "sliding_attention"))
-    return TransformerShape(n_params=n_params, n_trainable=n_trainable, n_heads=heads,
+    return TransformerShape(n_params=n_params, n_trainable=n_trainable, hidden=hidden, n_heads=heads,
                             qk_dim=int(getattr(config, "qk_head_dim", None) or head_dim),
                             v_dim=int(getattr(config, "v_head_dim", None) or head_dim), windows=windows)
 

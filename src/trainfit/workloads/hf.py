@@ -98,7 +98,7 @@ def frozen_experts_note(model: Any, experts: tuple[int, int] | None) -> list[str
     if experts is None:
         return []
     stacked = sorted({".".join(name.split(".")[-3:]) for name, p in model.named_parameters()
-                      if name.split(".")[-2] == "experts" and p.dim() == 3})
+                      if name.split(".")[-2:-1] == ["experts"] and p.dim() == 3})
     if not stacked or any(".experts." in name and "lora_" in name for name, _ in model.named_parameters()):
         return []
     return [f"LoRA leaves the {experts[1]} routed experts frozen (their weights are parameters, not Linear layers): "
@@ -189,7 +189,6 @@ class HFCausalLM(Workload):
         self.model = model.to(device)
         self.model.train()
         self.shape = transformer_shape(config, *matmul_params(self.model, experts_active(config)))
-        self.hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
         self._generator = torch.Generator().manual_seed(seed)
 
     def make_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
@@ -221,5 +220,5 @@ class HFCausalLM(Workload):
         if self.loss_kind != "fused":
             return flops
         # The fused head's backward recomputes each logits tile: one more LM-head forward per token.
-        head = 2 * self.vocab_size * self.hidden * sum(seq_lens)
+        head = 2 * self.vocab_size * self.shape.hidden * sum(seq_lens)
         return dataclasses.replace(flops, hardware=flops.hardware + head)
