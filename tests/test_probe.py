@@ -205,9 +205,27 @@ def test_loss_auto_computes_the_loss_as_the_training_command_does(tmp_path: Path
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 16})
     trl = build_workload(load_spec(path), load_spec(path).params, torch.device("cpu"))  # no template: `trl sft`
     assert trl.loss_kind == "fused" and any("as the `trl sft` command computes it" in n for n in trl.notes)
+    assert any("32,768 vocabulary columns wide" in n and "(256 here)" in n for n in trl.notes)
     own = load_spec(path, ["tune.command_template=python train.py"])
     workload = build_workload(own, own.params, torch.device("cpu"))
     assert workload.loss_kind == "model" and not any("loss" in n for n in workload.notes)
+
+
+def test_trls_fused_head_allocates_tiles_wider_than_a_small_vocabulary(tmp_path: Path) -> None:
+    """What the note above says, against the installed trl: a batch's tile buffer is as wide as
+    TRL's chunk (32,768 columns), not as the 256-word vocabulary."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainfit.workloads import build_workload
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 16}))
+    workload = build_workload(spec, spec.params, torch.device("cpu"))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        workload.loss(workload.make_batch([5, 16, 3], 16).inputs).backward()
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    assert largest == 3 * 15 * _CHUNKED_LOGPROB_CHUNK_SIZE * 4  # 45 shifted positions x 32,768 fp32 columns
 
 
 def test_without_trls_head_auto_falls_back_to_the_models_loss_and_says_so(tmp_path: Path, monkeypatch) -> None:
@@ -246,6 +264,8 @@ def test_real_oom_under_a_small_cpu_budget(tmp_path: Path) -> None:
     m = probe(oom_spec(tmp_path))
     assert m.status == "oom", m.message
     assert "can't allocate memory" in m.message or "out of memory" in m.message
+    # the cap counts allocations, not touched pages: the message says how much was held and asked
+    assert "GiB allocated" in m.message and "against a cap of 0.90 GiB" in m.message
     assert m.exit_code == 3 and not m.fits
     assert m.samples_per_second is None
     # the failed step is the part that did not fit; the model was built and is counted apart

@@ -111,6 +111,12 @@ def rss_bytes() -> int | None:
     return _status_bytes("VmRSS")
 
 
+def committed_bytes() -> int | None:
+    """This process's private writable address space (Linux's ``VmData``, what ``RLIMIT_DATA``
+    caps): allocations count whole, touched or not, as a GPU allocator counts them (None elsewhere)."""
+    return _status_bytes("VmData")
+
+
 def reset_peak_rss() -> bool:
     """Return freed heap to the OS, then restart this process's peak RSS from the current RSS.
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import resource
 import sys
 import time
@@ -57,6 +58,20 @@ def is_oom(err: BaseException, capped_cpu: bool = False) -> bool:
     text = str(err)
     return isinstance(err, RuntimeError) and (
         "can't allocate memory" in text or "out of memory" in text.lower() or "not enough memory" in text)
+
+
+def cpu_cap_explained(error: str, cap: int) -> str:
+    """Why a CPU probe can fail under its cap below the RSS peak it reports: the cap counts what
+    was allocated, touched or not (a buffer written in part is resident in part)."""
+    from trainfit.devices import committed_bytes
+
+    committed = committed_bytes()
+    if committed is None:
+        return ""
+    asked = re.search(r"tried to allocate (\d+) bytes", error)
+    more = f", asking for {int(asked.group(1)) / 2**20:,.1f} MiB more" if asked else ""
+    return (f" ({committed / 2**30:.2f} GiB allocated{more}, against a cap of {cap / 2**30:.2f} GiB; the cap "
+            "counts allocations whole, as a GPU would, while the peak RSS counts only the pages written)")
 
 
 def memory_micro_batches(accum: int) -> int:
@@ -383,6 +398,8 @@ def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> d
             message = str(err)
         elif status == "oom":
             message = f"out of memory: {(str(err).splitlines() or [type(err).__name__])[0][:300]}"
+            if capped_cpu:
+                message += cpu_cap_explained(str(err), req["memory_cap_bytes"])
         else:
             message = "".join(traceback.format_exception(err)[-6:]).strip()
         out.update(status=status, message=message)

@@ -72,6 +72,23 @@ def resolve_loss(loss: str, trl_command: bool) -> tuple[Any, str | None]:
                   "TRL's fused LM head and may use other memory than measured (pip install -U trl)")
 
 
+def fused_tile_note(vocab_size: int) -> str | None:
+    """TRL (1.16) allocates each fused-head tile buffer as ``min(tokens, 4096) x 32768`` columns,
+    whatever the vocabulary: a vocabulary narrower than that pays for columns it never uses (on
+    GPU the allocator holds them all; on CPU they count against the cap, not the RSS)."""
+    try:
+        from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE as tokens
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as width
+    except Exception:  # another trl layout: nothing known to say
+        return None
+    if vocab_size >= width:
+        return None
+    return (f"TRL's fused LM head allocates its tiles {width:,} vocabulary columns wide whatever the "
+            f"vocabulary ({vocab_size:,} here): {width * 4 // 1024} KiB per token of a micro-batch in fp32 (half in "
+            f"bf16), {tokens * width * 4 / 2**20:,.0f} MiB from {tokens:,} tokens on, held by a `trl sft` run too, "
+            f"where this model's full logits take {vocab_size * 4:,} bytes per token")
+
+
 def max_positions_of(config: Any) -> int | None:
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         value = getattr(config, name, None)
@@ -128,6 +145,8 @@ class HFCausalLM(Workload):
         self.config = config
         self.max_positions = max_positions_of(config)
         self.vocab_size = int(config.vocab_size)
+        if self.loss_kind == "fused":
+            self.notes += [n for n in [fused_tile_note(self.vocab_size)] if n]
         # LoRA trains adapters only: the frozen base lives in the compute dtype (as QLoRA-style
         # recipes load it), while full fine-tuning keeps fp32 master weights under autocast.
         weight_dtype = torch.float32
