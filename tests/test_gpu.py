@@ -43,6 +43,8 @@ def test_memory_fraction_cap_turns_an_overflow_into_oom(tmp_path: Path) -> None:
                                  budget={"memory_gb": 1.0, "headroom_gb": 0.1})))
     assert m.status == "oom", m.message
     assert m.exit_code == 3
+    # tensors held at the failure plus the allocation torch's message says failed: past the cap
+    assert m.oom_needed_bytes > 0.9 * 2**30
 
 
 def test_fused_adamw_and_checkpointing_run_on_cuda(tmp_path: Path) -> None:

@@ -260,12 +260,26 @@ def oom_spec(tmp_path: Path) -> Path:
                           budget={"memory_gb": 0.9, "headroom_gb": 0.1}, name="oom.yaml")
 
 
+def test_the_size_an_allocation_asked_for_is_read_from_either_allocators_message() -> None:
+    from trainfit.probe.worker import memory_at_failure
+
+    cpu = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+           "you tried to allocate 16368000 bytes. Error code 12 (Cannot allocate memory)")
+    cuda = "CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of 79.19 GiB of which"
+    held, asked = memory_at_failure(cpu, cuda=False)
+    assert asked == 16368000 and held > 0  # held: this process's allocated address space
+    assert memory_at_failure(cuda, cuda=False)[1] == int(2.5 * 2**30)
+    assert memory_at_failure("bad_alloc", cuda=False)[1] is None
+
+
 def test_real_oom_under_a_small_cpu_budget(tmp_path: Path) -> None:
     m = probe(oom_spec(tmp_path))
     assert m.status == "oom", m.message
     assert "can't allocate memory" in m.message or "out of memory" in m.message
     # the cap counts allocations, not touched pages: the message says how much was held and asked
     assert "GiB allocated" in m.message and "against a cap of 0.90 GiB" in m.message
+    # what was allocated at the failure plus what was asked: the allocation failed, so past the cap
+    assert m.oom_needed_bytes > 0.9 * m.memory_cap_bytes
     assert m.exit_code == 3 and not m.fits
     assert m.samples_per_second is None
     # the failed step is the part that did not fit; the model was built and is counted apart

@@ -206,6 +206,25 @@ def test_when_everything_ooms_the_summary_says_what_to_change(tmp_path: Path) ->
     assert any(a.startswith("batch_size: 1") for a in failed["advice"])
 
 
+def test_an_oom_that_said_what_it_asked_for_needs_at_least_that(tmp_path: Path) -> None:
+    """The budget an OOM needs is at least what was allocated at the failure plus what the failed
+    allocation asked for, which can be far above the peak it reached before failing."""
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                          budget={"memory_gb": 5.0, "headroom_gb": HEADROOM})
+    path.write_text(path.read_text() + "search:\n  batch_size: [2, 4]\n")
+
+    def oom(p: Params, number: int) -> Measurement:
+        return Measurement(status="oom", message="out of memory", config=p.to_dict(),
+                           peak_memory_bytes=int(3 * GiB), oom_needed_bytes=int(p.batch_size * 3 * GiB),
+                           budget_memory_gb=5.0, budget_headroom_gb=HEADROOM)
+
+    smallest = tune(load_spec(path), output=tmp_path / "out", probe_fn=oom).summary["all_failed"]["smallest_peak"]
+    assert smallest["searched"] == {"batch_size": 2} and smallest["at_least"]
+    assert smallest["needs_memory_gb"] == pytest.approx(6.0 + HEADROOM)
+    rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
+    assert [float(r["oom_needs_more_than_gb"]) for r in rows] == [6.0]  # auto stops the family at its first OOM
+
+
 @pytest.mark.parametrize("parts, first", [
     ({"model": 2.0, "optimizer": 6.0, "runtime": 0.5, "step": 1.0}, "lora_r"),
     ({"model": 2.0, "optimizer": 1.0, "runtime": 0.5, "step": 6.0}, "gradient_checkpointing"),

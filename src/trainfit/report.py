@@ -171,12 +171,17 @@ def smallest_peak(spec: Spec, trials: Sequence[Trial]) -> dict[str, Any] | None:
     measured = [t for t in trials if t.measurement.status in ("ok", "oom") and t.measurement.peak_memory_gb]
     if not measured:
         return None
-    t = min(measured, key=lambda t: t.measurement.peak_memory_bytes or 0)
+
+    def need(m: Measurement) -> int:
+        # an OOM's peak is where it failed; what it held then plus what it asked for, when the
+        # allocator said, is closer to what it needs (a lower bound still)
+        return max(m.peak_memory_bytes or 0, m.oom_needed_bytes or 0)
+
+    t = min(measured, key=lambda t: need(t.measurement))
     m = t.measurement
     return {"searched": jsonable(t.values), "status": m.status, "peak_gb": m.peak_memory_gb,
             "parts_gb": {k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
-            # an OOM's peak is where it failed: the budget it needs is larger still
-            "needs_memory_gb": m.peak_memory_gb + spec.budget.headroom_gb, "at_least": m.status == "oom",
+            "needs_memory_gb": need(m) / 1024**3 + spec.budget.headroom_gb, "at_least": m.status == "oom",
             "full_logits_gb": m.full_logits_bytes / 1024**3 if m.full_logits_bytes else None}
 
 
@@ -305,8 +310,8 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
 def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], repeats: Repeats | None = None) -> None:
     """One row per probe: each trial's, then its confirmation repeats (``measurement`` 2, 3, ...)."""
     columns = ["trial", "measurement", "status", *space.names, "samples_per_second", "tokens_per_second",
-               "memory_peak_gb", *(f"memory_{p}_gb" for p in MEMORY_PARTS), "fits", "stable", "mfu", "probe_wall_s",
-               "message"]
+               "memory_peak_gb", *(f"memory_{p}_gb" for p in MEMORY_PARTS), "oom_needs_more_than_gb", "fits",
+               "stable", "mfu", "probe_wall_s", "message"]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(columns)
@@ -316,6 +321,7 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], re
                             m.tokens_per_second, m.peak_memory_gb,
                             *(m.memory_parts_bytes[p] / 1024**3 if p in m.memory_parts_bytes else None
                               for p in MEMORY_PARTS),
+                            m.oom_needed_bytes / 1024**3 if m.oom_needed_bytes else None,
                             m.fits, m.stable, m.mfu, m.wall_time_s,
                             (m.message or "").splitlines()[0][:200] if m.message else ""])
 

@@ -86,6 +86,9 @@ def measurement_report(m: Measurement) -> str:
     rows.append(("peak memory", mem))
     if m.memory_parts_bytes:
         rows.append(("of which", parts_line(m.memory_parts_bytes)))
+    if m.oom_needed_bytes:
+        rows.append(("needs", f"more than {fmt_bytes(m.oom_needed_bytes)} (allocated when an allocation failed, "
+                              "plus what it asked for)"))
     if m.alloc_retries:
         rows.append(("alloc retries", str(m.alloc_retries)))
     if m.status == "ok":

@@ -73,6 +73,10 @@ class Measurement:
     where the loss never builds them (TRL's fused head) or the workload cannot tell."""
     alloc_retries: int | None = None
     """CUDA only: times the allocator freed its cache and retried (a sign of pressure)."""
+    oom_needed_bytes: int | None = None
+    """OOM only: a lower bound of what the config needs, what was allocated when an allocation
+    failed plus what that allocation asked for (CUDA: tensors; CPU: the process's allocated
+    address space, which the CPU cap counts). None where the error does not give the size."""
     memory_cap_bytes: int | None = None
     """The hard cap the child ran under (None = no cap)."""
     model_flops_per_step: float | None = None

@@ -60,17 +60,34 @@ def is_oom(err: BaseException, capped_cpu: bool = False) -> bool:
         "can't allocate memory" in text or "out of memory" in text.lower() or "not enough memory" in text)
 
 
-def cpu_cap_explained(error: str, cap: int) -> str:
-    """Why a CPU probe can fail under its cap below the RSS peak it reports: the cap counts what
-    was allocated, touched or not (a buffer written in part is resident in part)."""
+_UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "bytes": 1, "B": 1}
+
+
+def memory_at_failure(error: str, cuda: bool) -> tuple[int | None, int | None]:
+    """What was allocated when an allocation failed (CUDA: tensors; CPU: the process's allocated
+    address space, what a CPU cap counts) and what the failed allocation asked for, read from the
+    allocator's message; None where unknown. Read before the failed step's tensors are freed."""
+    asked = None
+    if found := re.search(r"tried to allocate (\d+) bytes", error):  # torch's CPU allocator
+        asked = int(found.group(1))
+    elif found := re.search(r"Tried to allocate ([\d.]+) (GiB|MiB|KiB|bytes|B)\b", error):  # CUDA's
+        asked = int(float(found.group(1)) * _UNITS[found.group(2)])
+    if cuda:
+        import torch
+
+        return int(torch.cuda.memory_allocated()), asked
     from trainfit.devices import committed_bytes
 
-    committed = committed_bytes()
-    if committed is None:
+    return committed_bytes(), asked
+
+
+def cpu_cap_explained(held: int | None, asked: int | None, cap: int) -> str:
+    """Why a CPU probe can fail under its cap below the RSS peak it reports: the cap counts what
+    was allocated, touched or not (a buffer written in part is resident in part)."""
+    if held is None:
         return ""
-    asked = re.search(r"tried to allocate (\d+) bytes", error)
-    more = f", asking for {int(asked.group(1)) / 2**20:,.1f} MiB more" if asked else ""
-    return (f" ({committed / 2**30:.2f} GiB allocated{more}, against a cap of {cap / 2**30:.2f} GiB; the cap "
+    more = f", asking for {asked / 2**20:,.1f} MiB more" if asked is not None else ""
+    return (f" ({held / 2**30:.2f} GiB allocated{more}, against a cap of {cap / 2**30:.2f} GiB; the cap "
             "counts allocations whole, as a GPU would, while the peak RSS counts only the pages written)")
 
 
@@ -398,8 +415,11 @@ def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> d
             message = str(err)
         elif status == "oom":
             message = f"out of memory: {(str(err).splitlines() or [type(err).__name__])[0][:300]}"
+            held, asked = memory_at_failure(str(err), req["device"].startswith("cuda"))
+            if held is not None and asked is not None:
+                out["oom_needed_bytes"] = held + asked
             if capped_cpu:
-                message += cpu_cap_explained(str(err), req["memory_cap_bytes"])
+                message += cpu_cap_explained(held, asked, req["memory_cap_bytes"])
         else:
             message = "".join(traceback.format_exception(err)[-6:]).strip()
         out.update(status=status, message=message)
