@@ -280,6 +280,9 @@ def test_real_oom_under_a_small_cpu_budget(tmp_path: Path) -> None:
     assert "GiB allocated" in m.message and "against a cap of 0.90 GiB" in m.message
     # what was allocated at the failure plus what was asked: the allocation failed, so past the cap
     assert m.oom_needed_bytes > 0.9 * m.memory_cap_bytes
+    from trainfit.cli.render import fmt_bytes, measurement_report
+
+    assert f"needs             more than {fmt_bytes(m.oom_needed_bytes)}" in measurement_report(m)
     assert m.exit_code == 3 and not m.fits
     assert m.samples_per_second is None
     # the failed step is the part that did not fit; the model was built and is counted apart
