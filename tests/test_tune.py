@@ -874,6 +874,25 @@ def test_report_html_draws_every_probe_by_family_against_the_budget(tmp_path: Pa
     assert f"Best: trial {best['trial']}" in page and page.count("<tr>") == len(trials) + 1
 
 
+def test_report_html_puts_an_oom_at_what_it_needed_at_least(tmp_path: Path) -> None:
+    import dataclasses
+
+    from trainfit.report_html import oom_need_gb
+    from trainfit.search.strategies import Trial
+
+    said = Measurement(status="oom", config={}, peak_memory_bytes=int(0.5 * GiB), oom_needed_bytes=int(0.9 * GiB))
+    silent = Measurement(status="oom", config={}, peak_memory_bytes=int(0.5 * GiB))
+    assert oom_need_gb(Trial(0, {"batch_size": 2}, said, None)) == pytest.approx(0.9)
+    assert oom_need_gb(Trial(1, {"batch_size": 2}, silent, None)) == pytest.approx(0.5)
+
+    def probe(p: Params, number: int) -> Measurement:
+        m = Surface()(p, number)
+        return dataclasses.replace(m, oom_needed_bytes=int(123.45 * GiB)) if m.status == "oom" else m
+
+    tune(synthetic_spec(tmp_path, "grid", max_trials=64), output=tmp_path / "out", probe_fn=probe)
+    assert "needs &gt; 123.45 GiB" in (tmp_path / "out" / "report.html").read_text()
+
+
 def test_probe_and_command_truncate_at_the_models_positions(tmp_path: Path, texts_file) -> None:
     """max_length null means the longest sample, but never past the model's positions: the probe
     measures that length and the `trl sft` command is told it (else TRL would not truncate)."""
