@@ -476,6 +476,24 @@ def test_cli_when_nothing_fits_names_the_closest_config_and_where_its_memory_wen
             assert len(parts) >= 4 and sum(parts) == pytest.approx(float(row["memory_peak_gb"]))
 
 
+def test_cli_when_every_config_ooms_says_how_much_they_needed_at_least(tmp_path: Path, capsys) -> None:
+    """A real OOM under a CPU cap: the progress line, the nothing-fits table and the closest
+    config give the lower bound of need, which is above the cap."""
+    model = {"config": {**TINY_LLAMA, "vocab_size": 4096, "max_position_embeddings": 2048}}
+    path = make_spec_file(tmp_path, model=model, params={"max_length": 2048},
+                          budget={"memory_gb": 0.9, "headroom_gb": 0.1})
+    path.write_text(path.read_text() + "search:\n  batch_size: [16]\n")
+    assert main(["tune", str(path), "--output", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out
+    smallest = json.loads((tmp_path / "out" / "summary.json").read_text())["all_failed"]["smallest_peak"]
+    need = smallest["oom_needs_more_than_gb"]
+    assert smallest["status"] == "oom" and need > 0.9 * 0.9  # the allocation failed against the cap
+    assert f"-> OOM (needs > {need:.2f} GiB)" in out and f"needs > {need:.2f} GiB: held when" in out
+    assert f"--memory-gb above {need + 0.1:.2f}" in out
+    # the failed allocation (TRL's 512 MiB tile) outweighs the process itself: no "no knob lowers it"
+    assert "more when it failed, more than any of those parts" in out and "no knob lowers it" not in out
+
+
 def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.db'}"  # a real database file, as several machines would share
     spec_a = synthetic_spec(tmp_path / "a", "grid")

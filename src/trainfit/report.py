@@ -181,6 +181,7 @@ def smallest_peak(spec: Spec, trials: Sequence[Trial]) -> dict[str, Any] | None:
     m = t.measurement
     return {"searched": jsonable(t.values), "status": m.status, "peak_gb": m.peak_memory_gb,
             "parts_gb": {k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
+            "oom_needs_more_than_gb": m.oom_needed_bytes / 1024**3 if m.oom_needed_bytes else None,
             "needs_memory_gb": need(m) / 1024**3 + spec.budget.headroom_gb, "at_least": m.status == "oom",
             "full_logits_gb": m.full_logits_bytes / 1024**3 if m.full_logits_bytes else None}
 
@@ -262,7 +263,8 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
             if key not in best_by_value:
                 best_by_value[key] = _entry(t, spec, space, stats, repeats, data_config)
         per_value[knob] = best_by_value
-    peaks = [(t.values, t.measurement.peak_memory_gb, t.measurement.status) for t in trials]
+    peaks = [(t.values, t.measurement.peak_memory_gb, t.measurement.status,
+              t.measurement.oom_needed_bytes / 1024**3 if t.measurement.oom_needed_bytes else None) for t in trials]
     summary: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -300,7 +302,8 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
     if not order and trials:
         smallest = smallest_peak(spec, trials)
         summary["all_failed"] = {
-            "measured_peaks_gb": [{"searched": v, "peak_gb": p, "status": s} for v, p, s in peaks],
+            "measured_peaks_gb": [{"searched": v, "peak_gb": p, "status": s, "oom_needs_more_than_gb": n}
+                                  for v, p, s, n in peaks],
             "smallest_peak": smallest,
             "advice": oom_advice(trials, stats, smallest),
         }

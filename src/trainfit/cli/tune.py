@@ -252,16 +252,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nNo configuration fits: {spec.budget.describe()}.")
         failed = s.get("all_failed", {})
         print(table([("over budget" if p["status"] == "ok" else p["status"],
-                      f"peak {p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "peak n/a",
+                      (f"peak {p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "peak n/a")
+                      + (f", needs > {p['oom_needs_more_than_gb']:.2f} GiB" if p.get("oom_needs_more_than_gb") else ""),
                       values_line(p["searched"])) for p in failed.get("measured_peaks_gb", [])]))
         smallest = failed.get("smallest_peak")
         if smallest:
             print(f"\nclosest to fitting: {values_line(smallest['searched'])}, peak "
-                  f"{'at least ' if smallest['at_least'] else ''}{smallest['peak_gb']:.2f} GiB")
+                  f"{'at least ' if smallest['at_least'] else ''}{smallest['peak_gb']:.2f} GiB"
+                  + (f" (needs > {smallest['oom_needs_more_than_gb']:.2f} GiB: held when an allocation failed, "
+                     "plus what it asked for)" if smallest.get("oom_needs_more_than_gb") else ""))
             parts = smallest["parts_gb"]
             if parts:
                 print("  of which " + parts_line(parts, unit=1024**3))
-                if max(parts, key=parts.get) == "runtime":
+                beyond = (smallest.get("oom_needs_more_than_gb") or 0.0) - smallest["peak_gb"]
+                if beyond > max(parts.values()):
+                    print(f"  and at least {beyond:.2f} GiB more when it failed, more than any of those parts "
+                          "(the knobs below lower what the step allocates)")
+                elif max(parts, key=parts.get) == "runtime":
                     print("  the largest part is the process itself (interpreter, libraries), the same for "
                           "every config: no knob lowers it")
             print(f"  it would fit with --memory-gb {'above ' if smallest['at_least'] else ''}"
