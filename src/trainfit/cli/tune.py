@@ -264,13 +264,13 @@ def run(args: argparse.Namespace) -> int:
             parts = smallest["parts_gb"]
             if parts:
                 print("  of which " + parts_line(parts, unit=1024**3))
-                beyond = (smallest.get("oom_needs_more_than_gb") or 0.0) - smallest["peak_gb"]
-                if beyond > max(parts.values()):
-                    print(f"  and at least {beyond:.2f} GiB more when it failed, more than any of those parts "
-                          "(the knobs below lower what the step allocates)")
-                elif max(parts, key=parts.get) == "runtime":
+                if max(parts, key=parts.get) == "runtime":
                     print("  the largest part is the process itself (interpreter, libraries), the same for "
-                          "every config: no knob lowers it")
+                          "every config: no knob lowers that part")
+            beyond = (smallest.get("oom_needs_more_than_gb") or 0.0) - smallest["peak_gb"]
+            if beyond >= 0.01:
+                print(f"  and at least {beyond:.2f} GiB more than that peak when it failed (what the step was "
+                      "allocating then: the knobs below lower it)")
             print(f"  it would fit with --memory-gb {'above ' if smallest['at_least'] else ''}"
                   f"{smallest['needs_memory_gb']:.2f} (or less budget.headroom_gb)")
         if failed.get("advice"):
