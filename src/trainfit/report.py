@@ -171,18 +171,12 @@ def smallest_peak(spec: Spec, trials: Sequence[Trial]) -> dict[str, Any] | None:
     measured = [t for t in trials if t.measurement.status in ("ok", "oom") and t.measurement.peak_memory_gb]
     if not measured:
         return None
-
-    def need(m: Measurement) -> int:
-        # an OOM's peak is where it failed; what it held then plus what it asked for, when the
-        # allocator said, is closer to what it needs (a lower bound still)
-        return max(m.peak_memory_bytes or 0, m.oom_needed_bytes or 0)
-
-    t = min(measured, key=lambda t: need(t.measurement))
+    t = min(measured, key=lambda t: t.measurement.needed_bytes)
     m = t.measurement
     return {"searched": jsonable(t.values), "status": m.status, "peak_gb": m.peak_memory_gb,
             "parts_gb": {k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
-            "oom_needs_more_than_gb": m.oom_needed_bytes / 1024**3 if m.oom_needed_bytes else None,
-            "needs_memory_gb": need(m) / 1024**3 + spec.budget.headroom_gb, "at_least": m.status == "oom",
+            "oom_needs_more_than_gb": m.oom_needed_gb,
+            "needs_memory_gb": m.needed_bytes / 1024**3 + spec.budget.headroom_gb, "at_least": m.status == "oom",
             "full_logits_gb": m.full_logits_bytes / 1024**3 if m.full_logits_bytes else None}
 
 
@@ -263,8 +257,8 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
             if key not in best_by_value:
                 best_by_value[key] = _entry(t, spec, space, stats, repeats, data_config)
         per_value[knob] = best_by_value
-    peaks = [(t.values, t.measurement.peak_memory_gb, t.measurement.status,
-              t.measurement.oom_needed_bytes / 1024**3 if t.measurement.oom_needed_bytes else None) for t in trials]
+    peaks = [(t.values, t.measurement.peak_memory_gb, t.measurement.status, t.measurement.oom_needed_gb)
+             for t in trials]
     summary: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -324,8 +318,7 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], re
                             m.tokens_per_second, m.peak_memory_gb,
                             *(m.memory_parts_bytes[p] / 1024**3 if p in m.memory_parts_bytes else None
                               for p in MEMORY_PARTS),
-                            m.oom_needed_bytes / 1024**3 if m.oom_needed_bytes else None,
-                            m.fits, m.stable, m.mfu, m.wall_time_s,
+                            m.oom_needed_gb, m.fits, m.stable, m.mfu, m.wall_time_s,
                             (m.message or "").splitlines()[0][:200] if m.message else ""])
 
 

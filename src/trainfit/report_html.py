@@ -69,8 +69,7 @@ def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: 
         for t in trials:
             if _family(t.values) != fam:
                 continue
-            need_gb = oom_need_gb(t) if t.measurement.status == "oom" else None
-            need = f", needs > {need_gb:.2f} GiB" if need_gb else ""
+            need = f", needs > {t.measurement.oom_needed_gb:.2f} GiB" if t.measurement.oom_needed_gb else ""
             tip = html.escape(f"trial {t.number}: {' '.join(f'{k}={v}' for k, v in t.values.items())} "
                               f"({t.measurement.status}{need})")
             v = y_of(t)
@@ -86,13 +85,6 @@ def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: 
                            f'stroke-width="1.5"><title>{tip}</title></circle>')
     return (f'<h3>{html.escape(title)}</h3><svg width="{_W}" height="{_H}" role="img">{"".join(out)}</svg>'
             f'<div style="font-size: 11px; text-align: center; width: {_W}px">batch size</div>')
-
-
-def oom_need_gb(t: Trial) -> float | None:
-    """Where an OOM goes on the memory chart: at least what it held when an allocation failed
-    plus what that asked for (``Measurement.oom_needed_bytes``), else the peak it reached."""
-    m = t.measurement
-    return max(m.peak_memory_gb or 0.0, (m.oom_needed_bytes or 0) / 1024**3) or None
 
 
 def tune_report_html(summary: Mapping[str, Any], trials: Sequence[Trial], source: str) -> str:
@@ -114,7 +106,7 @@ def tune_report_html(summary: Mapping[str, Any], trials: Sequence[Trial], source
                    lambda t: getattr(t.measurement, objective) if t.measurement.status == "ok" else None)
     memory = _chart("peak memory, GiB (worst-case batch; an OOM at least what it needed)", trials, color,
                     lambda t: t.measurement.peak_memory_gb if t.measurement.status == "ok" else None,
-                    lines=limits, oom_y=oom_need_gb)
+                    lines=limits, oom_y=lambda t: t.measurement.needed_bytes / 1024**3 or None)
     best = summary["best_config"]
     if best is not None:
         best_html = (f"<p><b>Best: trial {best['trial']}</b>, {html.escape(_family(best['searched']))} "

@@ -117,8 +117,8 @@ class TuneView:
                     result += f", full run ~{format_duration(self.run_samples / m.samples_per_second)}"
             else:
                 result = m.status.upper() + (f" ({m.message.splitlines()[0][:80]})" if m.status == "error" else "")
-                if m.oom_needed_bytes:
-                    result += f" (needs > {m.oom_needed_bytes / 1024**3:.2f} GiB)"
+                if m.oom_needed_gb:
+                    result += f" (needs > {m.oom_needed_gb:.2f} GiB)"
             remaining = event["max_trials"] - event["index"]
             eta = format_duration(remaining * event["mean_probe_s"]) if remaining > 0 else "0s"
             left = "" if event["refining"] else f", at most {eta} left"  # a local search has no set length

@@ -115,6 +115,16 @@ class Measurement:
         return None if self.peak_memory_bytes is None else self.peak_memory_bytes / 1024**3
 
     @property
+    def oom_needed_gb(self) -> float | None:
+        return None if self.oom_needed_bytes is None else self.oom_needed_bytes / 1024**3
+
+    @property
+    def needed_bytes(self) -> int:
+        """The least this config needs as measured: its peak, or for an OOM that said what it asked
+        for, what it held then plus the ask when that is more (the peak is where it failed)."""
+        return max(self.peak_memory_bytes or 0, self.oom_needed_bytes or 0)
+
+    @property
     def fits(self) -> bool:
         """Ran, and peak + headroom stays inside the budget (when one was set)."""
         if self.status != "ok":
