@@ -66,6 +66,10 @@ def parts_line(parts: dict[str, float], unit: float = 1) -> str:
     return ", ".join(f"{PART_NAMES.get(k, k)} {fmt_bytes(v * unit)}" for k, v in parts.items())
 
 
+OOM_NEED = "held when an allocation failed, plus what it asked for"
+"""What ``Measurement.oom_needed_bytes`` counts, as the reports say it."""
+
+
 def measurement_report(m: Measurement) -> str:
     rows: list[tuple[str, str]] = [("status", m.status.upper() if m.status != "ok" else "ok")]
     if m.status == "ok":
@@ -87,8 +91,7 @@ def measurement_report(m: Measurement) -> str:
     if m.memory_parts_bytes:
         rows.append(("of which", parts_line(m.memory_parts_bytes)))
     if m.oom_needed_bytes:
-        rows.append(("needs", f"more than {fmt_bytes(m.oom_needed_bytes)} (allocated when an allocation failed, "
-                              "plus what it asked for)"))
+        rows.append(("needs", f"more than {fmt_bytes(m.oom_needed_bytes)} ({OOM_NEED})"))
     if m.alloc_retries:
         rows.append(("alloc retries", str(m.alloc_retries)))
     if m.status == "ok":

@@ -191,7 +191,7 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.render import fmt_num, parts_line, table, unit, values_line
+    from trainfit.cli.render import OOM_NEED, fmt_num, parts_line, table, unit, values_line
     from trainfit.progress import format_duration
     from trainfit.report import EFFECTIVE_BATCH, learning_knobs, run_samples
     from trainfit.search.tune import tune
@@ -259,8 +259,8 @@ def run(args: argparse.Namespace) -> int:
         if smallest:
             print(f"\nclosest to fitting: {values_line(smallest['searched'])}, peak "
                   f"{'at least ' if smallest['at_least'] else ''}{smallest['peak_gb']:.2f} GiB"
-                  + (f" (needs > {smallest['oom_needs_more_than_gb']:.2f} GiB: held when an allocation failed, "
-                     "plus what it asked for)" if smallest.get("oom_needs_more_than_gb") else ""))
+                  + (f" (needs > {smallest['oom_needs_more_than_gb']:.2f} GiB: {OOM_NEED})"
+                     if smallest.get("oom_needs_more_than_gb") else ""))
             parts = smallest["parts_gb"]
             if parts:
                 print("  of which " + parts_line(parts, unit=1024**3))

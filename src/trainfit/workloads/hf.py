@@ -145,8 +145,8 @@ class HFCausalLM(Workload):
         self.config = config
         self.max_positions = max_positions_of(config)
         self.vocab_size = int(config.vocab_size)
-        if self.loss_kind == "fused":
-            self.notes += [n for n in [fused_tile_note(self.vocab_size)] if n]
+        if self.loss_kind == "fused" and (tile := fused_tile_note(self.vocab_size)):
+            self.notes.append(tile)
         # LoRA trains adapters only: the frozen base lives in the compute dtype (as QLoRA-style
         # recipes load it), while full fine-tuning keeps fp32 master weights under autocast.
         weight_dtype = torch.float32
