@@ -59,6 +59,25 @@ def test_lora_and_checkpointing_change_the_flops_count(llama_spec) -> None:
     assert lora.model_flops_per_step / lora.real_tokens_per_step < base.model_flops_per_step / base.real_tokens_per_step
 
 
+def test_a_probe_log_holds_the_libraries_output_not_our_noise(llama_spec, tmp_path: Path) -> None:
+    spec = load_spec(llama_spec({"lora_r": 4, "gradient_checkpointing": True, "max_length": 32}))
+    assert_ok(run_probe(spec, workdir=tmp_path))
+    log = (tmp_path / "probe.log").read_text()
+    assert "@@trainfit" not in log  # progress events are read, not logged
+    # The worker module is run, not imported twice (runpy warns when the package imports it first).
+    assert "found in sys.modules" not in log
+    # peft reads transformers' deprecated `is_gradient_checkpointing`: nothing a user can act on.
+    assert "is_gradient_checkpointing" not in log
+
+
+def test_an_event_line_is_told_from_a_log_line() -> None:
+    from trainfit.probe.events import parse_event
+
+    assert parse_event('@@trainfit {"event": "step", "n": 3}') == {"event": "step", "n": 3}
+    assert parse_event("@@trainfit {cut off") is None  # kept in the log, not lost
+    assert parse_event("Loading checkpoint shards: 100%") is None
+
+
 def tensor_bytes_of_model(config: dict) -> int:
     """Weights and buffers of the tiny model, built here in the test process."""
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -22,7 +22,7 @@ from trainfit.data.lengths import APPROXIMATE
 from trainfit.data.stats import LengthStats, count_longer_than
 from trainfit.params import Params, batches_grow, model_values
 from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
-from trainfit.probe.worker import EVENT_PREFIX
+from trainfit.probe.events import parse_event
 from trainfit.spec import GiB, Spec
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -184,15 +184,15 @@ class ProbeSession:
             job = self._job
             if job is None:
                 continue
-            if line.startswith(EVENT_PREFIX):
-                try:
-                    event = json.loads(line[len(EVENT_PREFIX):])
-                    if event.get("event") == "result":
-                        job.done.set()
-                    elif job.on_event is not None:
+            event = parse_event(line)
+            if event is not None:
+                if event.get("event") == "result":
+                    job.done.set()
+                elif job.on_event is not None:
+                    try:
                         job.on_event(event)
-                except Exception:  # a display problem never stops a probe
-                    pass
+                    except Exception:  # noqa: BLE001 - a display problem never stops a probe
+                        pass
                 continue
             job.tail.append(line)
             try:

@@ -3,7 +3,7 @@
 Run as ``python -m trainfit.probe.worker SPAWNED_AT``; each line on stdin is a job,
 ``{"request": REQUEST.json, "result": RESULT.json}``. Whatever happens here (an OOM, a segfault
 in a kernel, a hang) stays here: the parent reads RESULT.json or, when there is none, classifies
-the exit. Progress goes to stderr as ``@@trainfit {json}`` lines; ``result`` ends a job.
+the exit. Progress goes to stderr as event lines (:mod:`trainfit.probe.events`); ``result`` ends a job.
 
 A request with a ``model_key`` may be followed by another with the same key (the same config but
 for the batch shape): it runs on the model this process already built, after the previous probe's
@@ -32,13 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-EVENT_PREFIX = "@@trainfit "
-
-
-def emit(event: str, **fields: Any) -> None:
-    sys.stderr.write(EVENT_PREFIX + json.dumps({"event": event, **fields}) + "\n")
-    sys.stderr.flush()
-
+from trainfit.probe.events import emit
 
 def is_oom(err: BaseException, capped_cpu: bool = False) -> bool:
     """Out of memory on any device. CPU allocation failures surface as RuntimeError text; under a

@@ -6,6 +6,7 @@ kernel and weight dtype at construction, then gradient checkpointing, then LoRA,
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -195,7 +196,9 @@ class HFCausalLM(Workload):
             from trainfit.workloads.lora import lora_config
 
             try:
-                model = get_peft_model(model, lora_config(params, task_type="CAUSAL_LM"))
+                with warnings.catch_warnings():  # peft reads transformers' deprecated property: noise in every log
+                    warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+                    model = get_peft_model(model, lora_config(params, task_type="CAUSAL_LM"))
             except ValueError as err:
                 raise TrainfitError(
                     f"LoRA could not be applied: {err}",
