@@ -15,6 +15,8 @@ interleave probe and TRL runs, so a drift of the machine hits both alike.
 
     python bench/trl_fidelity.py [--rounds 2] [--steps 10,40] [--max-length 512]
     python bench/trl_fidelity.py --cuda [--model-1b]    # on a GPU: bf16, optionally the ~1.1B shape
+    python bench/trl_fidelity.py ... --results fidelity.json   # each config's round kept as it ends:
+                                              # the same command again (after a time limit) goes on
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import dump  # noqa: E402
+from _common import Results, dump  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDER = "'<a local model folder: this spec builds a random-init model from a config>'"
@@ -137,7 +139,13 @@ def main() -> None:
     ap.add_argument("--cuda", action="store_true", help="probe and train on the GPU, in bf16")
     ap.add_argument("--model-1b", action="store_true", help="the ~1.1B Llama shape of gpu_sweep.py")
     ap.add_argument("--max-length", type=int, default=512, help="every batch is padded (and truncated) to this")
+    ap.add_argument("--results", type=Path, help="keep each round's results here as they come; a second call resumes")
     args = ap.parse_args()
+    results = Results(args.results)
+    setup = {k: v for k, v in vars(args).items() if k not in ("rounds", "results")}
+    if results.get("setup") not in (None, setup):
+        sys.exit(f"{args.results} holds results of another setup ({results.get('setup')}): give another file")
+    results.put("setup", setup)
     short, long = map(int, args.steps.split(","))
     overrides = [f"max_length={args.max_length}", "padding=max_length"]
     overrides += ["probe.device=cuda", "precision=bf16"] if args.cuda else []
@@ -149,39 +157,46 @@ def main() -> None:
     # The same probe with the model's own loss over the full logits: a template lifts the trl-only rule.
     full_logits = load_spec(ROOT / "examples" / "tiny-llama.yaml",
                             [*overrides, "loss=model", "tune.command_template=python train.py"])
-    stats = analyze_spec(spec, progress=False)
-    work = Path(tempfile.mkdtemp(prefix="trl-fidelity-"))
-    model = local_model(spec, work / "model")
-    data_config = work / "trl_data.yaml"
-    data_config.write_text(yaml.safe_dump(trl_data_config(spec)))
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    texts = [json.loads(line)[spec.data.text_field] for line in Path(spec.data.path).open()]
-    token_ids = [tokenizer(t)["input_ids"] for t in texts]
     kinds = ("probe", "probe_full_logits", "plain", "trl")
+    todo = [(r, name) for r in range(args.rounds) for name in CONFIGS if results.get(f"{r + 1}/{name}") is None]
+    if todo:
+        stats = analyze_spec(spec, progress=False)
+        work = Path(tempfile.mkdtemp(prefix="trl-fidelity-"))
+        model = local_model(spec, work / "model")
+        data_config = work / "trl_data.yaml"
+        data_config.write_text(yaml.safe_dump(trl_data_config(spec)))
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        texts = [json.loads(line)[spec.data.text_field] for line in Path(spec.data.path).open()]
+        token_ids = [tokenizer(t)["input_ids"] for t in texts]
+    for r, name in todo:
+        values = CONFIGS[name]
+        params = spec.search.params(values)
+        m = run_probe(spec, params, stats=stats)
+        m_full = run_probe(full_logits, full_logits.search.params(values), stats=stats)
+        assert m.status == m_full.status == "ok", (m.message, m_full.message)
+        script = command_script(spec, params, "# trl_fidelity",
+                                **command_inputs(params, m, stats, data_config))  # as `tune` writes it
+        (t_short, _), (t_long, trl_peak) = (trl_run(script, model, n, work, cpu=not args.cuda)
+                                            for n in (short, long))
+        trl = (long - short) * params.effective_batch_size / (t_long - t_short)
+        plain = plain_loop(spec, params, token_ids, tokenizer.pad_token_id, steps=long - short)
+        results.put(f"{r + 1}/{name}", {
+            **dict(zip(kinds, (m.samples_per_second, m_full.samples_per_second, plain, trl))),
+            "peaks": {"probe": m.peak_memory_bytes, "probe_full_logits": m_full.peak_memory_bytes,
+                      "probe_parts": m.memory_parts_bytes, "probe_full_logits_parts": m_full.memory_parts_bytes,
+                      "trl": trl_peak}})
+        print(f"round {r + 1} {name}: probe {m.samples_per_second:.1f} (full logits "
+              f"{m_full.samples_per_second:.1f}), plain loop {plain:.1f}, trl {trl:.1f} samples/s; peak GiB "
+              f"probe {m.peak_memory_bytes / 2**30:.2f} (full logits {m_full.peak_memory_bytes / 2**30:.2f}), "
+              f"trl {trl_peak_bytes(trl_peak) / 2**30:.2f}", file=sys.stderr, flush=True)
     rows: dict[str, dict[str, list[Any]]] = {name: {k: [] for k in (*kinds, "peaks")} for name in CONFIGS}
     for r in range(args.rounds):
-        for name, values in CONFIGS.items():
-            params = spec.search.params(values)
-            m = run_probe(spec, params, stats=stats)
-            m_full = run_probe(full_logits, full_logits.search.params(values), stats=stats)
-            assert m.status == m_full.status == "ok", (m.message, m_full.message)
-            script = command_script(spec, params, "# trl_fidelity",
-                                    **command_inputs(params, m, stats, data_config))  # as `tune` writes it
-            (t_short, _), (t_long, trl_peak) = (trl_run(script, model, n, work, cpu=not args.cuda)
-                                                for n in (short, long))
-            trl = (long - short) * params.effective_batch_size / (t_long - t_short)
-            plain = plain_loop(spec, params, token_ids, tokenizer.pad_token_id, steps=long - short)
-            for kind, value in zip(kinds, (m.samples_per_second, m_full.samples_per_second, plain, trl)):
-                rows[name][kind].append(value)
-            rows[name]["peaks"].append({"probe": m.peak_memory_bytes, "probe_full_logits": m_full.peak_memory_bytes,
-                                        "probe_parts": m.memory_parts_bytes,
-                                        "probe_full_logits_parts": m_full.memory_parts_bytes, "trl": trl_peak})
-            print(f"round {r + 1} {name}: probe {m.samples_per_second:.1f} (full logits "
-                  f"{m_full.samples_per_second:.1f}), plain loop {plain:.1f}, trl {trl:.1f} samples/s; peak GiB "
-                  f"probe {m.peak_memory_bytes / 2**30:.2f} (full logits {m_full.peak_memory_bytes / 2**30:.2f}), "
-                  f"trl {trl_peak_bytes(trl_peak) / 2**30:.2f}", file=sys.stderr, flush=True)
+        for name in CONFIGS:
+            row = results.get(f"{r + 1}/{name}")
+            for kind in (*kinds, "peaks"):
+                rows[name][kind].append(row[kind])
     table = {}
     for name, v in rows.items():
         rate = {k: statistics.median(v[k]) for k in kinds}
