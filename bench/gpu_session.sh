@@ -11,8 +11,9 @@
 #   mkdir -p .gpu && cp FILES_AT/gpu-state.tar.gz .gpu/ && cat FILES_AT/progress.txt
 #
 # Steps, in order (each skipped once done), the issues' figures first: the GPU tests; the LoRA and
-# the full fine-tuning sweeps (issue 2); tune against the Hugging Face Trainer (issue 4); then
-# LoRA with the model's own loss over the full logits, and the TRL fidelity run. A step starts
+# the full fine-tuning sweeps (issue 2); tune against the Hugging Face Trainer, then auto against
+# the grid, random search and TPE (issue 4); then LoRA with the model's own loss over the full
+# logits, and the TRL fidelity run. A step starts
 # only with enough time left for it (or for a useful part, where it resumes), and one cut short
 # by the deadline goes on in the next call. Raw results land in gpu/ of the tarball; see
 # docs/benchmarks.md for how they are recorded.
@@ -36,14 +37,14 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # what the GPU image lacks (bench/gpu_wh
 fi
 export PYTHONPATH=$site$PWD/src PYTHONUNBUFFERED=1
 if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
-    gpu=(--tiny --cpu); fidelity=(--steps 2,4); tests=(tests/test_gpu.py)
+    gpu=(--tiny --cpu); fidelity=(--steps 2,4); tests=(tests/test_gpu.py); workload=llama
 else
-    gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu)
+    gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
 fi
 
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(tests sweep_lora sweep_full tune_compare sweep_logits trl_fidelity)
+steps=(tests sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity)
 
 save() {  # everything measured so far, in one file, and a line per step for the reader
     tar -czf "$out/gpu-state.tar.gz" -C /tmp/gpu-session gpu
@@ -86,6 +87,11 @@ step sweep_full 120 python3 bench/gpu_sweep.py "${gpu[@]}" --modes full --result
 step tune_compare 240 bash -c "python3 bench/gpu_tune_compare.py ${gpu[*]} --budget-gb 40 --work $state/gtc \
     --tune-budget-s $(( $(left) > 300 ? $(left) - 180 : 120 )) > $state/gpu_tune_compare.json || exit \$?
     if grep -q search_incomplete $state/gpu_tune_compare.json; then exit 124; fi"
+# The grid (ground truth) and a live auto search stop themselves (--time-budget), leaving two
+# minutes for the last probe and the strategies' replays, and go on in the next call.
+step search_efficiency 240 bash -c "python3 bench/search_efficiency.py --workloads $workload --seeds 5 \
+    --work $state/se --time-budget $(( $(left) - 120 )) > $state/search_efficiency.json || exit \$?
+    if grep -q '\"incomplete\"' $state/search_efficiency.json; then exit 124; fi"
 step sweep_logits 120 python3 bench/gpu_sweep.py "${gpu[@]}" --modes lora_r16_full_logits \
     --results "$state/sweep.json"
 step trl_fidelity 180 bash -c "python3 bench/trl_fidelity.py ${fidelity[*]} --rounds 1 \

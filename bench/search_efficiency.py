@@ -1,4 +1,4 @@
-"""Search efficiency (issue 4) on real CPU workloads.
+"""Search efficiency (issue 4) on real CPU workloads, and on a GPU (``llama1b``).
 
 For each workload the full grid (>= 24 configs) is measured with real probes under a real memory
 cap, in this run, each in a fresh worker (``probe.reuse_model=false``: independent ground truth).
@@ -16,16 +16,20 @@ worker, see ``probe.reuse_model``). Reported:
 
     python bench/search_efficiency.py [--seeds 5] [--workloads llama,gpt2,tts] [--save-tables DIR]
     python bench/search_efficiency.py --tables DIR     # replay saved grids (strategy work, not for the docs)
+    python bench/search_efficiency.py --workloads llama1b --work DIR --time-budget 480   # on a GPU; again
+                                                       # with the same DIR until it prints the results
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +42,25 @@ from _common import dump  # noqa: E402
 # on this CPU makes the fastest config batch 1-2 whatever the budget (tested: 2026-11-22), a space
 # with no memory boundary to find. The full logits make batch 4-8 the best and the boundary real.
 OWN_LOSS = "tune.command_template=python train.py"
-FAST = ["probe.max_seconds=2", "probe.min_steps=3", "probe.max_steps=40", "probe.burn_in_steps=1", "probe.device=cpu"]
+FAST = ["probe.max_seconds=2", "probe.min_steps=3", "probe.max_steps=40", "probe.burn_in_steps=1"]
+CPU = ["probe.device=cpu"]
+# Issue 4's GPU figure: the ~1.1B Llama shape of gpu_sweep.py in bf16 on the bundled data, computing
+# the loss as `trl sft` does (its fused head), under a 40 GiB budget that full fine-tuning without
+# checkpointing meets within the batch sizes searched.
+LLAMA_1B = ["model.config.hidden_size=2048", "model.config.intermediate_size=5632",
+            "model.config.num_hidden_layers=22", "model.config.num_attention_heads=32",
+            "model.config.num_key_value_heads=4", "model.config.vocab_size=32000",
+            "model.config.max_position_embeddings=2048"]
 WORKLOADS: dict[str, tuple[str, list[str], dict[str, list[Any]]]] = {
-    "llama": ("tiny-llama.yaml", ["budget.memory_gb=0.8", "budget.headroom_gb=0.05", "max_length=1024", OWN_LOSS],
+    "llama": ("tiny-llama.yaml", [*CPU, "budget.memory_gb=0.8", "budget.headroom_gb=0.05", "max_length=1024", OWN_LOSS],
               {"batch_size": [1, 2, 4, 8, 16, 32], "gradient_checkpointing": [False, True], "lora_r": [None, 8]}),
-    "gpt2": ("tiny-gpt2.yaml", ["budget.memory_gb=0.8", "budget.headroom_gb=0.05", "max_length=1024", OWN_LOSS],
+    "gpt2": ("tiny-gpt2.yaml", [*CPU, "budget.memory_gb=0.8", "budget.headroom_gb=0.05", "max_length=1024", OWN_LOSS],
              {"batch_size": [1, 2, 4, 8, 16, 32], "padding": ["longest", "max_length"], "precision": ["fp32", "bf16"]}),
-    "tts": ("tiny-tts.yaml", ["budget.memory_gb=1.0", "budget.headroom_gb=0.05"],
+    "tts": ("tiny-tts.yaml", [*CPU, "budget.memory_gb=1.0", "budget.headroom_gb=0.05"],
             {"batch_size": [1, 2, 4, 8, 16, 32], "ddpm_batch_mul": [2, 8], "gradient_checkpointing": [False, True]}),
+    "llama1b": ("tiny-llama.yaml", [*LLAMA_1B, "probe.device=cuda", "precision=bf16", "max_length=2048",
+                                    "budget.memory_gb=40", "budget.headroom_gb=1"],
+                {"batch_size": [1, 2, 4, 8, 16, 32], "gradient_checkpointing": [False, True], "lora_r": [None, 16]}),
 }
 
 
@@ -83,7 +98,7 @@ def replay(spec, strategy: str, table: dict[str, Any], seed: int, sampler: Any =
     with tempfile.TemporaryDirectory() as tmp:
         res = tune(spec, output=tmp,
                    probe_fn=lambda p, n: table[config_key({k: p.to_dict()[k] for k in spec.search.names})],
-                   max_trials=len(table), sampler=sampler, device_type="cpu")
+                   max_trials=len(table), sampler=sampler, device_type=spec.probe.device)
     return sorted(res.trials, key=lambda t: t.number)
 
 
@@ -126,14 +141,23 @@ def progress(label: str):
         f"  {label} {e['index']}/{e['max_trials']}", file=sys.stderr, flush=True)
 
 
-def live_auto(spec, table: dict[str, Any], truth: float) -> dict[str, Any]:
+def measure(spec, strategy: str, folder: Path | None, label: str, time_budget_s: float | None):
+    """A real ``tune`` of ``spec`` (real probes); in ``folder``, resumed if a call before was cut
+    short by its ``time_budget_s``. None when this call's time ran out first."""
+    from trainfit.search.tune import tune
+
+    with contextlib.ExitStack() as stack:
+        out = folder or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        res = tune(spec, output=out, resume=(out / "study.journal").exists(), strategy=strategy,
+                   max_trials=10**6, time_budget_s=time_budget_s, on_event=progress(label))
+    return None if res.stop_reason.startswith("time budget") else res
+
+
+def live_auto(res, table: dict[str, Any], truth: float) -> dict[str, Any]:
     """A real ``tune`` with ``auto``: real probes in reused workers. Its pick is scored by the
     grid's measurement of that config (one noisy probe is no ground truth)."""
     from trainfit.search.strategies import config_key
-    from trainfit.search.tune import tune
 
-    with tempfile.TemporaryDirectory() as tmp:
-        res = tune(spec, output=tmp, strategy="auto", max_trials=10**6, on_event=progress("auto live"))
     pick = table[config_key(res.best.values)] if res.best else None
     return {"probes": len(res.trials), "probe_wall_s": round(sum(t.measurement.wall_time_s for t in res.trials), 1),
             "reused_probes": sum(t.measurement.model_reused for t in res.trials),
@@ -158,24 +182,38 @@ def main() -> None:
 
     from trainfit.probe.measurement import Measurement
     from trainfit.search.strategies import config_key
-    from trainfit.search.tune import tune
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--workloads", default="llama,gpt2,tts")
     ap.add_argument("--save-tables", type=Path, help="write each measured grid here as JSON")
     ap.add_argument("--tables", type=Path, help="replay grids saved by --save-tables instead of measuring")
+    ap.add_argument("--work", type=Path, help="keep the grids and the live searches here: the same command "
+                                             "again (after --time-budget or a crash) goes on")
+    ap.add_argument("--time-budget", type=float, help="start no probe after this many seconds (this call)")
     args = ap.parse_args()
+    deadline = time.monotonic() + args.time_budget if args.time_budget else None
+
+    def left() -> float | None:
+        return None if deadline is None else max(1.0, deadline - time.monotonic())
+
+    def folder(name: str, what: str) -> Path | None:
+        return args.work / name / what if args.work else None
+
     results = {}
     for name in args.workloads.split(","):
         spec = load(name)
         if args.tables:
             saved = json.loads((args.tables / f"{name}.json").read_text())
             table = {k: Measurement.from_dict(v) for k, v in saved.items()}
-        else:
+        else:  # ground truth: the whole grid, real probes, each in a fresh worker
             fresh = dataclasses.replace(spec, probe=dataclasses.replace(spec.probe, reuse_model=False))
-            with tempfile.TemporaryDirectory() as tmp:  # ground truth: the whole grid, real probes
-                grid = tune(fresh, output=tmp, strategy="grid", max_trials=10**6, on_event=progress(f"{name} grid"))
+            grid = measure(fresh, "grid", folder(name, "grid"), f"{name} grid", left())
+            live = grid and measure(spec, "auto", folder(name, "live"), f"{name} auto live", left())
+            if live is None:
+                dump("search_efficiency", {"status": "incomplete", "workload": name,
+                                           "next": "run the same command again: it goes on"})
+                return
             table = {config_key(t.values): t.measurement for t in grid.trials}
         if args.save_tables:
             args.save_tables.mkdir(parents=True, exist_ok=True)
@@ -204,7 +242,7 @@ def main() -> None:
                            "median_seconds_to_within_3pct": statistics.median(
                                time_to_reach(trials, 0.97 * truth) for trials in runs)}
         if not args.tables:
-            rows["auto_live"] = live_auto(spec, table, truth)
+            rows["auto_live"] = live_auto(live, table, truth)
         results[name] = {"grid_configs": len(table), "grid_probe_time_s": round(grid_time, 1),
                          "grid_with_reuse_probe_time_s": round(grid_reuse_time, 1),
                          "grid_oom": sum(1 for m in table.values() if m.status == "oom"),
