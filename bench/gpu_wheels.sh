@@ -6,7 +6,8 @@
 # can be fetched there, so download here, carry `.whl` (git-ignored, ~8 MB) and install there,
 # before the GPU tests and benchmarks:
 #
-#   bash bench/gpu_wheels.sh                     # here, once
+#   bash bench/gpu_wheels.sh                     # here, once; bench/gpu_session.sh then installs them
+#   # and runs every GPU benchmark. For a command of your own instead,
 #   # there, first in each device command (carry: [".whl"]):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
 #     && export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH      # `trl` lands in /tmp/site/bin
