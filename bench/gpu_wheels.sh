@@ -9,7 +9,7 @@
 #   bash bench/gpu_wheels.sh                     # here, once; bench/gpu_session.sh then installs them
 #   # and runs every GPU benchmark. For a command of your own instead,
 #   # there, first in each device command (carry: [".whl"]):
-#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+#   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
 #     && export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH      # `trl` lands in /tmp/site/bin
 #
 # The versions are the ones the CPU figures in docs/benchmarks.md were taken with.
