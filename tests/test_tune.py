@@ -57,9 +57,9 @@ class Surface:
         return max(ok)
 
 
-def synthetic_spec(tmp_path: Path, strategy: str, **tune_extra: Any):
-    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
-                          budget={"memory_gb": BUDGET, "headroom_gb": HEADROOM})
+def synthetic_spec(tmp_path: Path, strategy: str, *, no_budget: bool = False, **tune_extra: Any):
+    budget = {"headroom_gb": HEADROOM} if no_budget else {"memory_gb": BUDGET, "headroom_gb": HEADROOM}
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64}, budget=budget)
     text = path.read_text() + (
         "search:\n  batch_size: [1, 2, 4, 8, 12, 16, 24, 32]\n  gradient_checkpointing: [false, true]\n"
         "  lora_r: [8, 16]\n"
@@ -906,6 +906,18 @@ def test_report_html_puts_an_oom_at_what_it_needed_at_least(tmp_path: Path) -> N
 
     tune(synthetic_spec(tmp_path, "grid", max_trials=64), output=tmp_path / "out", probe_fn=probe)
     assert "needs &gt; 123.45 GiB" in (tmp_path / "out" / "report.html").read_text()
+
+
+@pytest.mark.parametrize("device_gb, shown, drawn", [(80.0, "80", True), (1000.0, "1,000", False)])
+def test_report_html_draws_the_devices_memory_only_where_it_leaves_the_peaks_readable(
+        tmp_path: Path, device_gb: float, shown: str, drawn: bool) -> None:
+    """No budget set: the device's memory is the budget. A machine's RAM far above every peak (a
+    CPU run) would squeeze them onto the axis, so the title names it instead of a line."""
+    tune(synthetic_spec(tmp_path, "grid", no_budget=True, max_trials=64), output=tmp_path / "out",
+         probe_fn=Surface(budget_gb=device_gb))  # peaks up to 72 GiB
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert (f">device memory {shown} GiB<" in page) is drawn  # the line's label
+    assert (f"device memory {shown} GiB, far above, not drawn" in page) is not drawn  # the chart's title
 
 
 def test_probe_and_command_truncate_at_the_models_positions(tmp_path: Path, texts_file) -> None:

@@ -21,6 +21,8 @@ from trainfit.search.strategies import Trial
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22")
 _W, _H, _PAD_L, _PAD_R, _PAD_Y = 720, 280, 60, 20, 30
+_OFF_SCALE = 4.0
+"""The device's own memory (no budget set) is drawn only within this factor of the largest measured need."""
 
 
 def _family(values: Mapping[str, Any]) -> str:
@@ -94,17 +96,24 @@ def tune_report_html(summary: Mapping[str, Any], trials: Sequence[Trial], source
     color = {f: _COLORS[i % len(_COLORS)] for i, f in enumerate(families)}
     budget = summary["budget"]
     limits: list[tuple[float, str]] = []
+    memory_title = "peak memory, GiB (worst-case batch; an OOM at least what it needed)"
     if budget["memory_gb"]:
         limit = budget["memory_gb"] - budget["headroom_gb"]
-        name = "device memory" if budget.get("of", "").startswith("the device") else "budget"
-        limits = [(budget["memory_gb"], f"{name} {budget['memory_gb']:.3g} GiB")]
+        device = budget.get("of", "").startswith("the device")
+        total = fmt_num(budget["memory_gb"])
+        limits = [(budget["memory_gb"], f"{'device memory' if device else 'budget'} {total} GiB")]
         if limit < budget["memory_gb"]:
-            limits.append((limit, f"fits below {limit:.3g} GiB (headroom {budget['headroom_gb']:g})"))
+            limits.append((limit, f"fits below {fmt_num(limit)} GiB (headroom {budget['headroom_gb']:g})"))
+        measured = max((t.measurement.needed_bytes / 1024**3 for t in trials), default=0.0)
+        if device and limit > _OFF_SCALE * measured:
+            # No budget was set: the device's memory (a machine's RAM, on CPU) would flatten every peak.
+            memory_title += f"; device memory {total} GiB, far above, not drawn"
+            limits = []
     legend = "".join(f'<span style="color: {c}">&#9632;</span> {html.escape(f)}&nbsp;&nbsp; '
                      for f, c in color.items())
     speed = _chart(f"{objective.replace('_', ' ')} (filled: fits, hollow: over budget, x: OOM)", trials, color,
                    lambda t: getattr(t.measurement, objective) if t.measurement.status == "ok" else None)
-    memory = _chart("peak memory, GiB (worst-case batch; an OOM at least what it needed)", trials, color,
+    memory = _chart(memory_title, trials, color,
                     lambda t: t.measurement.peak_memory_gb if t.measurement.status == "ok" else None,
                     lines=limits, oom_y=lambda t: t.measurement.needed_bytes / 1024**3 or None)
     best = summary["best_config"]
