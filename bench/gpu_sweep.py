@@ -26,6 +26,8 @@ from _common import Results, dump  # noqa: E402
 LLAMA_1B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
             "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000,
             "max_position_embeddings": 2048}
+LLAMA_1B_OVERRIDES = [f"model.config.{k}={v}" for k, v in LLAMA_1B.items() if k != "model_type"]
+"""The same shape as ``--set`` overrides of a Llama spec (the bundled example's, in other benchmarks)."""
 LORA = ["lora_r=16", "lora_target_modules=all-linear"]
 MODES = {"lora_r16": LORA, "full": [],
          # The model's own loss over the full logits (transformers Trainer), against lora_r16's TRL fused head.

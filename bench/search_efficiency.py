@@ -36,6 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import dump  # noqa: E402
+from gpu_sweep import LLAMA_1B_OVERRIDES  # noqa: E402
 
 # The model's own loss over the full logits (a trainer of one's own, not `trl sft`): TRL's fused head
 # allocates 32,768-column tiles for these 2,000-word vocabularies and runs its CPU fallback, which
@@ -44,13 +45,6 @@ from _common import dump  # noqa: E402
 OWN_LOSS = "tune.command_template=python train.py"
 FAST = ["probe.max_seconds=2", "probe.min_steps=3", "probe.max_steps=40", "probe.burn_in_steps=1"]
 CPU = ["probe.device=cpu"]
-# Issue 4's GPU figure: the ~1.1B Llama shape of gpu_sweep.py in bf16 on the bundled data, computing
-# the loss as `trl sft` does (its fused head), under a 40 GiB budget that full fine-tuning without
-# checkpointing meets within the batch sizes searched.
-LLAMA_1B = ["model.config.hidden_size=2048", "model.config.intermediate_size=5632",
-            "model.config.num_hidden_layers=22", "model.config.num_attention_heads=32",
-            "model.config.num_key_value_heads=4", "model.config.vocab_size=32000",
-            "model.config.max_position_embeddings=2048"]
 WORKLOADS: dict[str, tuple[str, list[str], dict[str, list[Any]]]] = {
     "llama": ("tiny-llama.yaml", [*CPU, "budget.memory_gb=0.8", "budget.headroom_gb=0.05", "max_length=1024", OWN_LOSS],
               {"batch_size": [1, 2, 4, 8, 16, 32], "gradient_checkpointing": [False, True], "lora_r": [None, 8]}),
@@ -58,7 +52,10 @@ WORKLOADS: dict[str, tuple[str, list[str], dict[str, list[Any]]]] = {
              {"batch_size": [1, 2, 4, 8, 16, 32], "padding": ["longest", "max_length"], "precision": ["fp32", "bf16"]}),
     "tts": ("tiny-tts.yaml", [*CPU, "budget.memory_gb=1.0", "budget.headroom_gb=0.05"],
             {"batch_size": [1, 2, 4, 8, 16, 32], "ddpm_batch_mul": [2, 8], "gradient_checkpointing": [False, True]}),
-    "llama1b": ("tiny-llama.yaml", [*LLAMA_1B, "probe.device=cuda", "precision=bf16", "max_length=2048",
+    # Issue 4's GPU figure: the ~1.1B Llama shape of gpu_sweep.py in bf16 on the bundled data, computing
+    # the loss as `trl sft` does (its fused head), under a 40 GiB budget that full fine-tuning without
+    # checkpointing meets within the batch sizes searched.
+    "llama1b": ("tiny-llama.yaml", [*LLAMA_1B_OVERRIDES, "probe.device=cuda", "precision=bf16", "max_length=2048",
                                     "budget.memory_gb=40", "budget.headroom_gb=1"],
                 {"batch_size": [1, 2, 4, 8, 16, 32], "gradient_checkpointing": [False, True], "lora_r": [None, 16]}),
 }

@@ -150,9 +150,9 @@ def main() -> None:
     overrides = [f"max_length={args.max_length}", "padding=max_length"]
     overrides += ["probe.device=cuda", "precision=bf16"] if args.cuda else []
     if args.model_1b:
-        from gpu_sweep import LLAMA_1B
+        from gpu_sweep import LLAMA_1B_OVERRIDES
 
-        overrides += [f"model.config.{k}={v}" for k, v in LLAMA_1B.items() if k != "model_type"]
+        overrides += LLAMA_1B_OVERRIDES
     spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", overrides)  # target effective batch 32
     # The same probe with the model's own loss over the full logits: a template lifts the trl-only rule.
     full_logits = load_spec(ROOT / "examples" / "tiny-llama.yaml",
