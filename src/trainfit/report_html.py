@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trainfit.cli.render import fmt_num
+from trainfit.cli.render import fmt_need, fmt_num
 from trainfit.progress import format_duration
 from trainfit.search.strategies import Trial
 
@@ -71,7 +71,7 @@ def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: 
         for t in trials:
             if _family(t.values) != fam:
                 continue
-            need = f", needs > {t.measurement.oom_needed_gb:.2f} GiB" if t.measurement.oom_needed_gb else ""
+            need = f", {fmt_need(t.measurement.oom_needed_gb)}" if t.measurement.oom_needed_gb else ""
             tip = html.escape(f"trial {t.number}: {' '.join(f'{k}={v}' for k, v in t.values.items())} "
                               f"({t.measurement.status}{need})")
             v = y_of(t)

@@ -70,6 +70,11 @@ OOM_NEED = "held when an allocation failed, plus what it asked for"
 """What ``Measurement.oom_needed_bytes`` counts, as the reports say it."""
 
 
+def fmt_need(gb: float) -> str:
+    """An OOM's lower bound of need (``Measurement.oom_needed_gb``), as every report says it."""
+    return f"needs > {gb:.2f} GiB"
+
+
 def measurement_report(m: Measurement) -> str:
     rows: list[tuple[str, str]] = [("status", m.status.upper() if m.status != "ok" else "ok")]
     if m.status == "ok":

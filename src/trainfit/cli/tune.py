@@ -72,7 +72,7 @@ class TuneView:
         self.tty = sys.stderr.isatty()
 
     def __call__(self, event: dict[str, Any]) -> None:
-        from trainfit.cli.render import fmt_num, unit, values_line
+        from trainfit.cli.render import fmt_need, fmt_num, unit, values_line
         from trainfit.progress import format_duration
 
         if self.quiet:
@@ -118,7 +118,7 @@ class TuneView:
             else:
                 result = m.status.upper() + (f" ({m.message.splitlines()[0][:80]})" if m.status == "error" else "")
                 if m.oom_needed_gb:
-                    result += f" (needs > {m.oom_needed_gb:.2f} GiB)"
+                    result += f" ({fmt_need(m.oom_needed_gb)})"
             remaining = event["max_trials"] - event["index"]
             eta = format_duration(remaining * event["mean_probe_s"]) if remaining > 0 else "0s"
             left = "" if event["refining"] else f", at most {eta} left"  # a local search has no set length
@@ -191,7 +191,7 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.render import OOM_NEED, fmt_num, parts_line, table, unit, values_line
+    from trainfit.cli.render import OOM_NEED, fmt_need, fmt_num, parts_line, table, unit, values_line
     from trainfit.progress import format_duration
     from trainfit.report import EFFECTIVE_BATCH, learning_knobs, run_samples
     from trainfit.search.tune import tune
@@ -253,13 +253,13 @@ def run(args: argparse.Namespace) -> int:
         failed = s.get("all_failed", {})
         print(table([("over budget" if p["status"] == "ok" else p["status"],
                       (f"peak {p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "peak n/a")
-                      + (f", needs > {p['oom_needs_more_than_gb']:.2f} GiB" if p.get("oom_needs_more_than_gb") else ""),
+                      + (f", {fmt_need(p['oom_needs_more_than_gb'])}" if p.get("oom_needs_more_than_gb") else ""),
                       values_line(p["searched"])) for p in failed.get("measured_peaks_gb", [])]))
         smallest = failed.get("smallest_peak")
         if smallest:
             print(f"\nclosest to fitting: {values_line(smallest['searched'])}, peak "
                   f"{'at least ' if smallest['at_least'] else ''}{smallest['peak_gb']:.2f} GiB"
-                  + (f" (needs > {smallest['oom_needs_more_than_gb']:.2f} GiB: {OOM_NEED})"
+                  + (f" ({fmt_need(smallest['oom_needs_more_than_gb'])}: {OOM_NEED})"
                      if smallest.get("oom_needs_more_than_gb") else ""))
             parts = smallest["parts_gb"]
             if parts:

@@ -34,6 +34,7 @@ from typing import Any
 
 from trainfit.probe.events import emit
 
+
 def is_oom(err: BaseException, capped_cpu: bool = False) -> bool:
     """Out of memory on any device. CPU allocation failures surface as RuntimeError text; under a
     CPU memory cap, oneDNN reports a failed scratchpad allocation as 'could not create a primitive'."""
