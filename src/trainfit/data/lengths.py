@@ -8,6 +8,7 @@ keyed by (file fingerprint, tokenizer, fields), so a repeat is instant.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -172,8 +173,50 @@ def _row_value(row: dict[str, Any], name: str) -> Any:
     raise KeyError(name)
 
 
+def _null(names: list[str] | tuple[str, ...]) -> ValueError:
+    """A present but null field (JSON null, a missing Parquet value) holds no sample: the row is
+    bad, not a sample of length 0."""
+    return ValueError(f"{', '.join(map(repr, names))} {'is' if len(names) == 1 else 'are'} null")
+
+
+def _bad_row_error(path: Path, bad: dict[str, Any]) -> TrainfitError:
+    """The ``on_bad_row='stop'`` error for one bad row (``{"row", "line", "reason"}``, as recorded)."""
+    where = f"line {bad['line']}" if bad["line"] is not None else f"row {bad['row']}"
+    return TrainfitError(f"{path.name}, {where}: {bad['reason']}",
+                         "fix the row, or pass --on-bad-row skip (data.on_bad_row: skip) to count and skip such rows")
+
+
+def _stop_at_recorded_bad_row(path: Path, on_bad_row: str, bad_examples: list[dict[str, Any]]) -> None:
+    """A count cached (or checkpointed) under ``skip`` records its bad rows; under ``stop`` the
+    first of them stops the run as counting would have, so the policy needs no cache of its own."""
+    if on_bad_row == "stop" and bad_examples:
+        raise _bad_row_error(path, bad_examples[0])
+
+
+def _write_atomically(target: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write ``target`` whole or not at all, also while another process writes it: each writer
+    fills its own temporary file (created like any file, so a shared cache stays readable to the
+    team) and renames it over the target."""
+    import uuid
+
+    tmp = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("xb") as f:
+            write(f)
+        tmp.replace(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 class _Checkpoint:
-    """The cache folder of one count: ``lengths.npy`` when done, else partial lengths + progress."""
+    """The cache folder of one count: ``lengths.npy`` when done, else partial lengths + progress.
+
+    Several processes may count one dataset at once (two analyses, a tune beside an analyze); each
+    may be interrupted. The partial count is only ever extended, under ``count.lock``, by whoever
+    has counted further than it holds: counts are deterministic, so any process's rows are the
+    rows, and none cuts another's checkpoint short.
+    """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -181,6 +224,7 @@ class _Checkpoint:
         self.meta = folder / "meta.json"
         self.partial = folder / "partial.i32"
         self.progress = folder / "progress.json"
+        self.lock = folder / "count.lock"
         self.writable = True
         """False once a write failed: the count goes on without its cache (it is only a cache)."""
 
@@ -200,35 +244,63 @@ class _Checkpoint:
             self._failed(err)
         return self.writable
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold ``count.lock`` (released when closed, also by a process that dies holding it)."""
+        import fcntl
+
+        with self.lock.open("a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
     def load_final(self) -> tuple[np.ndarray, dict[str, Any]] | None:
-        if self.final.exists() and self.meta.exists():
-            return np.load(self.final), json.loads(self.meta.read_text())
-        return None
+        """The finished count, or None; a torn or foreign file (e.g. left by an older version's
+        concurrent writes) is a miss, counted again, not a crash."""
+        if not (self.final.exists() and self.meta.exists()):
+            return None
+        try:
+            lengths, meta = np.load(self.final, allow_pickle=False), json.loads(self.meta.read_text())
+            if lengths.ndim != 1 or not {"bad_rows", "bad_examples", "notes"} <= set(meta):
+                return None
+        except (OSError, ValueError, TypeError, AttributeError):  # json.JSONDecodeError is a ValueError
+            return None
+        return lengths, meta
+
+    def _on_disk(self) -> tuple[int, dict[str, Any]]:
+        """How many rows the partial count holds, and its state (bad rows); (0, {}) for none.
+        The progress file is written after the data, so it is never ahead of it."""
+        try:
+            state = json.loads(self.progress.read_text())
+            rows = int(state["rows"])
+            if self.partial.stat().st_size >= 4 * rows:
+                return rows, state
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+        return 0, {}
 
     def load_partial(self) -> tuple[list[int], dict[str, Any]]:
-        if not (self.partial.exists() and self.progress.exists()):
-            return [], {}
-        state = json.loads(self.progress.read_text())
-        rows = int(state.get("rows", 0))
-        data = np.fromfile(self.partial, dtype=np.int32)
-        if len(data) < rows:  # the progress file is written after the data: never ahead of it
-            return [], {}
-        return data[:rows].tolist(), state
+        with self._locked():
+            rows, state = self._on_disk()
+            return (np.fromfile(self.partial, dtype=np.int32, count=rows).tolist(), state) if rows else ([], {})
 
-    def save_partial(self, lengths_tail: list[int], state: dict[str, Any]) -> None:
+    def save_partial(self, lengths: list[int], state: dict[str, Any]) -> None:
+        """Extend the partial count to ``lengths`` (every row counted so far, from row 0) with
+        ``state`` (``rows``, bad rows) describing them. Only the rows beyond those on disk are
+        written; nothing is written when another process has checkpointed as far or further."""
         if not self.writable:
             return
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            with self.partial.open("r+b" if self.partial.exists() else "wb") as f:
-                f.seek(4 * (state["rows"] - len(lengths_tail)))
-                np.asarray(lengths_tail, dtype=np.int32).tofile(f)
-                f.truncate()
-                f.flush()
-                os.fsync(f.fileno())
-            tmp = self.progress.with_suffix(".tmp")
-            tmp.write_text(json.dumps(state))
-            tmp.replace(self.progress)
+            with self._locked():
+                saved, _ = self._on_disk()
+                if len(lengths) <= saved or self.final.exists():
+                    return
+                with self.partial.open("r+b" if self.partial.exists() else "wb") as f:
+                    f.seek(4 * saved)
+                    np.asarray(lengths[saved:], dtype=np.int32).tofile(f)
+                    f.truncate()
+                    f.flush()
+                    os.fsync(f.fileno())
+                _write_atomically(self.progress, lambda f: f.write(json.dumps(state).encode()))
         except OSError as err:
             self._failed(err)
 
@@ -237,11 +309,11 @@ class _Checkpoint:
             return
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            np.save(self.final.with_suffix(".tmp.npy"), lengths)
-            self.final.with_suffix(".tmp.npy").replace(self.final)
-            self.meta.write_text(json.dumps(meta))
-            for p in (self.partial, self.progress):
-                p.unlink(missing_ok=True)
+            _write_atomically(self.meta, lambda f: f.write(json.dumps(meta).encode()))
+            _write_atomically(self.final, lambda f: np.save(f, lengths))  # last: it marks the count done
+            with self._locked():
+                for p in (self.partial, self.progress):
+                    p.unlink(missing_ok=True)
         except OSError as err:
             self._failed(err)
 
@@ -288,6 +360,7 @@ def count_lengths(
 
     if use_cache and (hit := ckpt.load_final()):
         lengths, meta = hit
+        _stop_at_recorded_bad_row(path, on_bad_row, meta["bad_examples"])
         return LengthTable(lengths=lengths, description=description, source=str(path), source_fingerprint=fp,
                            bad_rows=meta["bad_rows"], bad_examples=meta["bad_examples"], notes=meta["notes"],
                            from_cache=True)
@@ -295,12 +368,12 @@ def count_lengths(
     tokenizer = None if recipe.length_field else _Tokenizer(recipe.tokenizer, need_chat=bool(recipe.messages_field))
     use_cache = use_cache and ckpt.check_writable()
     done, state = ckpt.load_partial() if use_cache else ([], {})
+    _stop_at_recorded_bad_row(path, on_bad_row, state.get("bad_examples", []))
     bad_rows = int(state.get("bad_rows", 0))
     bad_examples: list[dict[str, Any]] = list(state.get("bad_examples", []))
     notes: list[str] = [tokenizer.chat_note] if tokenizer is not None and tokenizer.chat_note else []
     resumed_at = len(done)
     lengths: list[int] = done
-    pending: list[int] = []
 
     bar = Progress(f"counting {path.name}", total=estimate_rows(path, fmt), enabled=progress, done=resumed_at)
     if resumed_at:
@@ -317,13 +390,11 @@ def count_lengths(
         bads: list[dict[str, Any]] = []
 
         def bad(index: int, row: BadRow | None, reason: str | None = None) -> None:
-            reason = reason or (row.reason if row else "unreadable")
-            line = row.line if row is not None else None
+            record = {"row": index, "line": row.line if row is not None else None,
+                      "reason": reason or (row.reason if row else "unreadable")}
             if on_bad_row == "stop":
-                where = f"line {line}" if line is not None else f"row {index}"
-                raise TrainfitError(f"{path.name}, {where}: {reason}", "fix the row, or pass --on-bad-row skip "
-                                    "(data.on_bad_row: skip) to count and skip such rows")
-            bads.append({"row": index, "line": line, "reason": reason})
+                raise _bad_row_error(path, record)
+            bads.append(record)
 
         for index, row in batch:
             out.append(BAD)
@@ -333,6 +404,8 @@ def count_lengths(
             try:
                 if recipe.length_field:
                     value = _row_value(row, recipe.length_field)
+                    if value is None:
+                        raise _null([recipe.length_field])
                     out[-1] = int(np.ceil(float(value) * recipe.length_scale))
                     if out[-1] < 0:
                         out[-1] = BAD
@@ -340,11 +413,15 @@ def count_lengths(
                     continue
                 if recipe.messages_field:
                     messages = _row_value(row, recipe.messages_field)
+                    if messages is None:
+                        raise _null([recipe.messages_field])
                     if not isinstance(messages, list):
                         raise TypeError(f"{recipe.messages_field!r} is not a list of messages")
                     text = tokenizer.render_chat(messages)  # type: ignore[union-attr]
                 else:
                     parts = [_row_value(row, f) for f in recipe.text_fields]
+                    if all(p is None for p in parts):  # one null part of several joins as empty
+                        raise _null(recipe.text_fields)
                     text = parts[0] if len(parts) == 1 and isinstance(parts[0], str) else \
                         "\n".join("" if p is None else str(p) for p in parts)
             except KeyError as err:
@@ -363,20 +440,19 @@ def count_lengths(
         return out, slots, texts, bads
 
     def finish(out: list[int], slots: list[int], counted: Any, bads: list[dict[str, Any]]) -> None:
-        nonlocal pending, last_ckpt, bad_rows
+        nonlocal last_ckpt, bad_rows
         if counted is not None:
             for slot, n in zip(slots, counted.result()):
                 out[slot] = n
         bad_rows += len(bads)
         bad_examples.extend(bads[: max(0, 20 - len(bad_examples))])
         lengths.extend(out)
-        pending.extend(out)
         bar.update(len(lengths))
         if on_batch is not None:
             on_batch(len(lengths))
         if use_cache and time.perf_counter() - last_ckpt >= checkpoint_every_s:
-            ckpt.save_partial(pending, {"rows": len(lengths), "bad_rows": bad_rows, "bad_examples": bad_examples})
-            pending, last_ckpt = [], time.perf_counter()
+            ckpt.save_partial(lengths, {"rows": len(lengths), "bad_rows": bad_rows, "bad_examples": bad_examples})
+            last_ckpt = time.perf_counter()
 
     # Two-stage pipeline: the tokenizer (native code, GIL released, all cores) counts batch k in a
     # worker thread while this thread reads and parses batch k+1.

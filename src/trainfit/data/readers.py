@@ -122,6 +122,12 @@ def _file_format(path: Path) -> str:
                         f"pass --format (one of {', '.join(FORMATS)})")
 
 
+def _json_problem(err: json.JSONDecodeError) -> str:
+    """What is wrong, without the dangling "at" that ends some of Python's messages ("Unterminated
+    string starting at", "Invalid control character at"): callers say where themselves."""
+    return err.msg.removesuffix(" at").removesuffix(" starting")
+
+
 def _jsonl(path: Path, skip: int = 0) -> Iterator[tuple[int, Any]]:
     with _open(path) as f:
         index = 0
@@ -136,7 +142,7 @@ def _jsonl(path: Path, skip: int = 0) -> Iterator[tuple[int, Any]]:
             except UnicodeDecodeError as err:
                 row = BadRow(line_no, f"not UTF-8 ({err.reason} at byte {err.start})")
             except json.JSONDecodeError as err:
-                row = BadRow(line_no, f"invalid JSON ({err.msg} at column {err.colno})")
+                row = BadRow(line_no, f"invalid JSON ({_json_problem(err)} at column {err.colno})")
             else:
                 if not isinstance(row, dict):
                     row = BadRow(line_no, f"expected a JSON object, got {type(row).__name__}")
@@ -178,7 +184,9 @@ def _json_array(path: Path, chunk_size: int = 1 << 20) -> Iterator[tuple[int, An
                 obj, end = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError as err:
                 if eof:
-                    raise TrainfitError(f"{path}: invalid JSON near element {index} ({err.msg})") from None
+                    raise TrainfitError(f"{path}: invalid JSON near element {index} ({_json_problem(err)})",
+                                        "fix that element (or convert the file to JSON lines, where "
+                                        "--on-bad-row skip passes over a broken row)") from None
                 more = f.read(chunk_size)
                 buf, pos, eof = buf[pos:] + more, 0, not more
                 continue
