@@ -7,6 +7,7 @@ import collections
 import contextlib
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -110,6 +111,88 @@ def _describe_exit(rc: int) -> tuple[str, str]:
     return "error", f"the probe process exited with code {rc} without a result"
 
 
+DRAIN_S = 2.0
+"""How long the reader keeps taking a stopped worker's output while more keeps coming (from a
+process it left behind): its last lines are in the pipe already, written before it ended."""
+
+_WORKER_MAIN = """import sys
+if sys.path[:1] == ['']:
+    del sys.path[0]
+from trainfit.probe.worker import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def worker_command(spawned_at: float, parent_pid: int, on_main_thread: bool) -> list[str]:
+    """The worker's command line (see :func:`trainfit.probe.worker.main` for its arguments).
+
+    Not ``python -m``, which puts the working directory first on ``sys.path``: a ``psutil.py``
+    there would run inside the worker. ``-c`` puts it there as ``''``, which the first line drops
+    before anything is imported (a factory named ``module:function`` adds it back to import its
+    module, see :func:`~trainfit.workloads.factory.load_factory`). ``on_main_thread``: whether the
+    thread starting the worker lives as long as its process (Linux kills a process whose parent
+    *thread* ends, when asked to kill it with its parent).
+    """
+    return [sys.executable, "-c", _WORKER_MAIN, repr(spawned_at), str(parent_pid), str(int(on_main_thread))]
+
+
+def _descendants(pid: int) -> list[Any]:
+    """``pid``'s children, theirs and so on (psutil processes), including those in other sessions."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _pipe_writers(fd: int) -> list[Any]:
+    """The processes that can still write into the pipe whose read end is ``fd`` (psutil processes).
+
+    The worker's stdout pipe stays open while any process holds its write end, whatever session
+    or group it is in, even after the worker is gone. Found on Linux through ``/proc/PID/fd``
+    (write mode only: a fork of this process holds the read end, and is no stray); none elsewhere.
+    """
+    import psutil
+
+    pipe = f"pipe:[{os.fstat(fd).st_ino}]"
+    writers = []
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            for n in fds:
+                if os.readlink(f"/proc/{pid}/fd/{n}") == pipe and _opened_for_writing(pid, n):
+                    writers.append(psutil.Process(pid))
+                    break
+        except (OSError, psutil.Error):  # gone meanwhile, or not ours to read
+            continue
+    return writers
+
+
+def _opened_for_writing(pid: int, fd: str) -> bool:
+    """Whether descriptor ``fd`` of ``pid`` was opened for writing (Linux's ``/proc/PID/fdinfo``)."""
+    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+        for line in f:
+            if line.startswith("flags:"):
+                return (int(line.split()[1], 8) & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
+    return False
+
+
+def _kill(processes: list[Any]) -> None:
+    """SIGKILL each of ``processes`` (psutil's check that the pid was not reused comes with it)."""
+    import psutil
+
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+
+
 @dataclass
 class _Job:
     """The probe a worker is running: where its output goes."""
@@ -128,7 +211,8 @@ class ProbeSession:
     model it already built (no process start, no model build). Any other probe, and any probe
     after a failure, gets a fresh worker. Never raises for
     anything a worker does; use as a context manager (or call :meth:`close`) so no worker
-    outlives its caller.
+    outlives its caller (a caller killed outright takes its worker with it, see
+    :func:`trainfit.probe.worker.die_with_parent`).
     """
 
     def __init__(self) -> None:
@@ -137,6 +221,7 @@ class ProbeSession:
         self._key: str | None = None
         self._params: dict[str, Any] = {}
         self._job: _Job | None = None
+        self._stop = threading.Event()
 
     def __enter__(self) -> ProbeSession:
         return self
@@ -145,21 +230,29 @@ class ProbeSession:
         self.close()
 
     def close(self) -> None:
-        """Stop the worker (and everything it started, e.g. compile workers)."""
+        """Stop the worker and everything it started, then stop reading its output.
+
+        Its process group goes (compile workers, say), and with it what left the group while
+        the worker ran (a process in its own session) and anything still holding the worker's
+        output: such a process would keep the pipe open, and its reader waiting, forever. Nothing
+        here waits on a process the worker started.
+        """
         proc, self._proc = self._proc, None
         if proc is None:
             return
+        assert proc.stdout is not None and proc.stdin is not None
+        strays: list[Any] = []
         if proc.poll() is None:
+            strays = _descendants(proc.pid)  # before the kill: then they still have the worker as ancestor
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         proc.wait()
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        _kill(strays + _pipe_writers(proc.stdout.fileno()))
+        self._stop_reading()
+        proc.stdin.close()
+        proc.stdout.close()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         # pyarrow's default allocator (imported with trl's trainer, for its fused LM head) reserves
@@ -167,46 +260,78 @@ class ProbeSession:
         env = {"ARROW_DEFAULT_MEMORY_POOL": "system", **os.environ, "PYTHONUNBUFFERED": "1",
                "TOKENIZERS_PARALLELISM": "false"}
         src = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        # No empty entry: Python reads one as the working directory.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        on_main_thread = threading.current_thread() is threading.main_thread()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trainfit.probe.worker", repr(time.time())],
+            worker_command(time.time(), os.getpid(), on_main_thread),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=env,
             start_new_session=True,  # its own process group: a timeout kills compile workers too
         )
-        self._reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
+        assert proc.stdout is not None
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._pump, args=(proc.stdout.fileno(), self._stop), daemon=True)
         self._reader.start()
         return proc
 
-    def _pump(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            job = self._job
-            if job is None:
-                continue
-            event = parse_event(line)
-            if event is not None:
-                if event.get("event") == "result":
-                    job.done.set()
-                elif job.on_event is not None:
-                    try:
-                        job.on_event(event)
-                    except Exception:  # noqa: BLE001 - a display problem never stops a probe
-                        pass
-                continue
-            job.tail.append(line)
-            try:
-                job.log.write(line + "\n")
-            except ValueError:  # the job's log was closed: output after its result
-                pass
+    def _pump(self, fd: int, stop: threading.Event) -> None:
+        """Read the worker's output lines until EOF, or, once ``stop`` is set, until the pipe has
+        nothing more to give (at most :data:`DRAIN_S` more): a process the worker left behind may
+        hold the pipe open, and even keep writing, forever. It reads only what is there, so
+        stopping never waits on a read (nor does closing the pipe wait on this thread)."""
+        pending = b""
+        drain_until: float | None = None
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while drain_until is None or time.monotonic() < drain_until:
+                if drain_until is None and stop.is_set():
+                    drain_until = time.monotonic() + DRAIN_S
+                if not selector.select(0.1):
+                    if drain_until is not None:
+                        break
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                for raw in lines:
+                    self._take(raw.decode("utf-8", "replace"))
+        if pending:
+            self._take(pending.decode("utf-8", "replace"))
+
+    def _stop_reading(self) -> None:
+        """Take what the worker wrote before it ended, then stop the reader (bounded: see :meth:`_pump`)."""
+        if self._reader is not None:
+            self._stop.set()
+            self._reader.join()
+
+    def _take(self, line: str) -> None:
+        """One line of the worker's output: an event for the job's callback, or a line of its log."""
+        job = self._job
+        if job is None:
+            return
+        event = parse_event(line)
+        if event is not None:
+            if event.get("event") == "result":
+                job.done.set()
+            elif job.on_event is not None:
+                try:
+                    job.on_event(event)
+                except Exception:  # noqa: BLE001 - a display problem never stops a probe
+                    pass
+            return
+        job.tail.append(line)
+        try:
+            job.log.write(line + "\n")
+        except ValueError:  # the job's log was closed: output after its result
+            pass
 
     def _wait(self, job: _Job, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
         """Until the result, the worker's exit or the timeout; False on timeout."""
         deadline = time.monotonic() + timeout_s
         while not job.done.wait(0.1):
             if proc.poll() is not None:
-                if self._reader is not None:
-                    self._reader.join(timeout=5)  # drain its last output (and a result event)
+                self._stop_reading()  # its last output (and a result event) is in the pipe already
                 return True
             if time.monotonic() >= deadline:
                 return False

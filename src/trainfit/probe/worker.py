@@ -1,6 +1,7 @@
 """The probe's child process: build a configuration, measure it, write a Measurement.
 
-Run as ``python -m trainfit.probe.worker SPAWNED_AT``; each line on stdin is a job,
+Started by the runner (:func:`trainfit.probe.runner.worker_command`) with ``SPAWNED_AT PARENT_PID
+PDEATHSIG`` (see :func:`main`); each line on stdin is a job,
 ``{"request": REQUEST.json, "result": RESULT.json}``. Whatever happens here (an OOM, a segfault
 in a kernel, a hang) stays here: the parent reads RESULT.json or, when there is none, classifies
 the exit. Progress goes to stderr as event lines (:mod:`trainfit.probe.events`); ``result`` ends a job.
@@ -24,7 +25,9 @@ import json
 import os
 import re
 import resource
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -32,7 +35,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from trainfit.errors import TrainfitError
 from trainfit.probe.events import emit
+
+PARENT_POLL_S = 0.5
+"""How often the watchdog checks that the runner that started this process is alive."""
+PR_SET_PDEATHSIG = 1
+"""Linux's prctl option: the signal this process gets when its parent thread ends."""
 
 
 def is_oom(err: BaseException, capped_cpu: bool = False) -> bool:
@@ -43,6 +52,8 @@ def is_oom(err: BaseException, capped_cpu: bool = False) -> bool:
     if capped_cpu and isinstance(err, RuntimeError) and (
             "could not create a primitive" in str(err) or "bad_alloc" in str(err)):
         return True
+    if capped_cpu and isinstance(err, (ImportError, OSError)) and "failed to map segment" in str(err):
+        return True  # a library's code and data are mapped in whole, and the cap counts them
     try:
         import torch
 
@@ -103,6 +114,26 @@ def device_memory_gb(device: Any) -> float:
     import psutil
 
     return psutil.virtual_memory().total / 1024**3
+
+
+class BudgetBelowStart(TrainfitError, MemoryError):
+    """A CPU budget below what this process holds once started: every probe under it is an OOM."""
+
+
+def cap_cpu_memory(cap: int, out: dict[str, Any]) -> None:
+    """Cap this process's data at ``cap`` bytes (``RLIMIT_DATA``). The cap covers the whole process,
+    interpreter and libraries included, so an allocation beyond it fails for real
+    ("DefaultCPUAllocator: can't allocate memory"). Set once torch is imported: a cap below what
+    that takes made the import fail with a traceback; now the OOM names what starting takes."""
+    from trainfit.devices import committed_bytes
+
+    held = committed_bytes()
+    if held is not None and held >= cap:
+        out["oom_needed_bytes"] = held
+        raise BudgetBelowStart(f"budget.memory_gb {cap / 2**30:g} GiB is below what the probe process needs just "
+                               f"to start: {held / 2**30:.2f} GiB (Python and torch, before any model)",
+                               f"raise budget.memory_gb well above {held / 2**30:.2f} GiB")
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
 
 
 def _now() -> str:
@@ -247,6 +278,9 @@ def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: Memo
 
     phases: dict[str, float] = {"start": 0.0 if spawned_at is None else time.time() - spawned_at}
     out.update(phases_s=phases, versions=versions())
+    cap = req.get("memory_cap_bytes")
+    if spawned_at is not None and cap and req["device"] == "cpu":
+        cap_cpu_memory(cap, out)  # a fresh process, before its first probe: the cap holds for its life
     settings = ProbeSettings(**req["probe"])
     params, problems = parse_params(req["params"], allow_custom=True)
     assert not problems, problems
@@ -259,7 +293,6 @@ def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: Memo
     out["device"] = str(device)
     out["device_name"] = torch.cuda.get_device_name(device) if cuda else cpu_name()
     out["cpu_threads"] = torch.get_num_threads()
-    cap = req.get("memory_cap_bytes")
     if cuda and cap:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
@@ -441,11 +474,6 @@ def serve(spawned_at: float, jobs: Any) -> int:
         with open(job["request"]) as f:
             req = json.load(f)
         if first:
-            cap = req.get("memory_cap_bytes")
-            if cap and req["device"] == "cpu":
-                # The cap covers the whole process, interpreter and libraries included, so an
-                # allocation beyond it fails for real ("DefaultCPUAllocator: can't allocate memory").
-                resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
             # A CPU peak can only be measured per probe where it can be restarted.
             reusable = req["device"].startswith("cuda") or reset_peak_rss()
         out = probe(req, cache, spawned_at if first else None)
@@ -460,7 +488,36 @@ def serve(spawned_at: float, jobs: Any) -> int:
     return 0
 
 
+def die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
+    """End this process when the runner that started it dies, even in a phase that prints nothing
+    (it would notice only at its next write), so a killed tuner leaves no worker holding memory.
+
+    Two ways, as each misses a case. Linux's ``PR_SET_PDEATHSIG`` kills it at once, even while a
+    C call holds the GIL, but fires when the parent *thread* ends, so the runner asks for it
+    (``pdeathsig``) only from its main thread. A watchdog thread, portable, polls the parent pid
+    and kills this process's whole group (compile workers, a factory's helpers) with it.
+    """
+    if pdeathsig and sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watchdog", daemon=True).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Kill this process (and the group it leads) once its parent is no longer ``parent_pid``
+    (checked first at once: the parent may have died before this thread started)."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    if os.getpgid(0) == os.getpid():  # its own group, as the runner starts it: not a shell's
+        os.killpg(0, signal.SIGKILL)
+    os._exit(1)
+
+
 def main(argv: list[str]) -> int:
+    """``SPAWNED_AT PARENT_PID PDEATHSIG``: when the runner started this process (time.time()), the
+    runner's pid, and 1 when the runner's thread that started it lives as long as the runner."""
+    die_with_parent(int(argv[1]), argv[2] == "1")
     return serve(float(argv[0]), sys.stdin)
 
 
