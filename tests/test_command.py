@@ -1,69 +1,119 @@
-"""The training command `tune` writes is run for real: TRL's `trl sft` trains the bundled tiny
-model for a step with every flag trainfit chose (nothing downloaded: a local model folder, the
-bundled data, the Hub switched off)."""
+"""The training command `tune` writes, checked with TRL's own parser: every flag of the written
+`trl sft` command, for every knob value the command maps, is parsed by the parser `trl sft` runs (TRL's
+argument dataclasses and transformers' checks), and its LoRA flags build the adapters the probe
+trained. (tests/test_written_command.py runs the written scripts.)"""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from conftest import EXAMPLES
-from trainfit.params import Params
-from trainfit.probe.measurement import Measurement
-from trainfit.search.tune import tune
-from trainfit.spec import load_spec
+from trainfit.command import build_command, trl_data_config
+from trainfit.errors import SpecError, TrainfitError
+from trainfit.spec import ModelSpec, load_spec
 
 pytest.importorskip("trl")
-PLACEHOLDER = "'<a local model folder: this spec builds a random-init model from a config>'"
 
 
-def local_model(spec, folder: Path) -> Path:
-    """The example's random-init model and bundled tokenizer, saved as a Hugging Face folder."""
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+def trl_parsed(command: str) -> dict[str, Any]:
+    """The written command's arguments as `trl sft` parses them: every field of its dataclasses."""
+    from trl.scripts.sft import make_parser
 
+    argv = shlex.split(command)
+    dataclasses = make_parser().parse_args_and_config(argv[argv.index("sft") + 1:], fail_with_unknown_args=True)
+    return {k: v for d in reversed(dataclasses) for k, v in vars(d).items()}
+
+
+BASE = {"batch_size": 2, "gradient_accumulation_steps": 3, "max_length": 64}
+
+
+@pytest.mark.parametrize("knobs, expected", [
+    ({}, {"bf16": False, "fp16": False, "dtype": "float32", "tf32": False, "gradient_checkpointing": False,
+          "attn_implementation": "sdpa", "optim": "adamw_torch", "torch_compile": False, "use_peft": False}),
+    ({"precision": "bf16"}, {"bf16": True, "fp16": False, "use_cpu": True, "dtype": "float32"}),
+    ({"precision": "fp16"}, {"fp16": True, "bf16": False, "use_cpu": True}),
+    ({"tf32": True}, {"tf32": False}),  # a CUDA setting: off where the probe ran, on a CPU
+    ({"gradient_checkpointing": True}, {"gradient_checkpointing": True}),
+    ({"attention": "eager"}, {"attn_implementation": "eager"}),
+    ({"optimizer": "adamw_fused"}, {"optim": "adamw_torch_fused"}),
+    ({"optimizer": "adamw_8bit"}, {"optim": "adamw_bnb_8bit"}),
+    ({"compile": "default"}, {"torch_compile": True}),
+    ({"compile": "max-autotune"}, {"torch_compile": True, "torch_compile_mode": "max-autotune"}),
+    ({"padding": "max_length"}, {"pad_to_multiple_of": 64, "max_length": 64}),
+    ({"max_length": None}, {"max_length": 48}),  # the length the probe truncated at
+    ({"lora_r": 8}, {"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0}),
+    ({"lora_r": 8, "lora_alpha": 16}, {"lora_alpha": 16}),  # a float knob, TRL's flag an int
+    ({"lora_r": 8, "lora_alpha": 16, "precision": "bf16"}, {"lora_alpha": 16, "bf16": True, "dtype": "bfloat16"}),
+    ({"lora_r": 4, "lora_dropout": 0.1, "lora_target_modules": ["q_proj", "v_proj"]},
+     {"lora_dropout": 0.1, "lora_target_modules": ["q_proj", "v_proj"]}),
+    ({"lora_r": 4, "lora_target_modules": "all-linear", "lora_target_parameters": ["mlp.experts.down_proj"]},
+     {"lora_target_modules": "all-linear", "lora_target_parameters": ["mlp.experts.down_proj"]}),
+])
+def test_trl_parses_the_whole_written_command(tmp_path: Path, knobs: dict[str, Any], expected: dict[str, Any]) -> None:
+    """The command of a config probed on this CPU, as `tune` writes it (the data config, the saved
+    model folder, the probe's threads), parsed by `trl sft`'s parser: refused by none, and every
+    knob arrives as the value probed."""
+    assert_trl_parses(tmp_path, knobs, {"use_cpu": True, **expected}, cpu_threads=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("knobs, expected", [
+    ({"precision": "bf16", "tf32": True}, {"bf16": True, "tf32": True, "use_cpu": False}),
+    ({"lora_r": 8, "lora_alpha": 16, "precision": "bf16", "optimizer": "adamw_8bit"},
+     {"bf16": True, "dtype": "bfloat16", "lora_alpha": 16, "optim": "adamw_bnb_8bit", "use_cpu": False}),
+])
+def test_trl_parses_the_command_of_a_config_probed_on_a_gpu(tmp_path: Path, knobs: dict[str, Any],
+                                                            expected: dict[str, Any]) -> None:
+    """transformers checks bf16 and TF32 against the machine it parses on: a GPU's command, on a GPU."""
+    assert_trl_parses(tmp_path, knobs, expected, cpu_threads=None)
+
+
+def assert_trl_parses(tmp_path: Path, knobs: dict[str, Any], expected: dict[str, Any], cpu_threads: int | None) -> None:
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml", ["tune.epochs=2.5"])
+    data_config = tmp_path / "trl_data.yaml"
+    data_config.write_text(yaml.safe_dump(trl_data_config(spec)))
+    params = spec.params.replace(**{**BASE, **knobs})
+    command = build_command(spec, params, max_length=48 if params.max_length is None else params.max_length,
+                            data_config=data_config, cpu_threads=cpu_threads, model_dir=tmp_path / "model")
+    parsed = trl_parsed(command)
+    common = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3, "max_length": 64,
+              "num_train_epochs": 2.5, "model_name_or_path": str(tmp_path / "model"),
+              "dataset_text_field": "text", "datasets": trl_data_config(spec)["datasets"]}
+    want = {**common, **expected}
+    got = {k: parsed[k] for k in want}
+    got["datasets"] = [{"path": d.path, "data_files": d.data_files} for d in got["datasets"]]
+    assert got == want
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["lora_r=8", "lora_alpha=12.5"], "params.lora_alpha"),
+    (["lora_r=8", "search={lora_alpha: [8, 12.5]}"], "search.lora_alpha"),
+    (["lora_r=8", "search={lora_alpha: {low: 8.5, high: 32}}"], "search.lora_alpha"),
+])
+def test_a_lora_alpha_trl_cannot_take_is_a_spec_error(overrides: list[str], key: str) -> None:
+    """TRL's --lora_alpha is an int: a spec whose command is `trl sft` and whose alpha is not a whole
+    number is refused before anything is probed (a trainer of one's own takes what it takes)."""
+    with pytest.raises(SpecError, match=rf"{key}: .*whole number.*trl sft"):
+        load_spec(EXAMPLES / "tiny-llama.yaml", overrides)
+    mine = load_spec(EXAMPLES / "tiny-llama.yaml", [*overrides, "tune.command_template=train --alpha {lora_alpha}"])
+    assert mine.tune.command_template
+
+
+def test_an_unknown_model_type_names_the_closest_and_the_fix() -> None:
+    """Not the ~700 model types transformers knows: the three closest and where to fix it."""
     from trainfit.workloads.hf import load_config
 
-    AutoModelForCausalLM.from_config(load_config(spec.model)).save_pretrained(folder)
-    PreTrainedTokenizerFast(tokenizer_file=str(spec.tokenizer), unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>", pad_token="<pad>").save_pretrained(folder)
-    return folder
-
-
-def prefers_lora_and_checkpointing(p: Params, number: int) -> Measurement:
-    """Not a probe: a fixed ranking, so the written command holds LoRA, checkpointing, fixed padding."""
-    sps = (1.0 + (p.lora_r or 0) + 10 * p.gradient_checkpointing) / p.batch_size
-    return Measurement(status="ok", config=p.to_dict(), samples_per_second=sps, tokens_per_second=sps * 100,
-                       peak_memory_bytes=2**30, steps_measured=5, stable=True, device="cpu", cpu_threads=3)
-
-
-def test_the_written_trl_command_trains_the_model(tmp_path: Path) -> None:
-    spec = load_spec(EXAMPLES / "tiny-llama.yaml", ["max_length=64", "padding=max_length", "tune.max_trials=24",
-                                                   "tune.strategy=grid"])
-    out = tmp_path / "run"
-    best = tune(spec, output=out, probe_fn=prefers_lora_and_checkpointing).summary["best_config"]
-    assert best["searched"] == {"batch_size": 1, "gradient_checkpointing": True, "lora_r": 8}
-    script = (out / "train_command.sh").read_text()
-    assert (out / "trl_data.yaml").exists() and f"--config {out.resolve() / 'trl_data.yaml'}" in script
-    for flag in ("--gradient_checkpointing true", "--bf16 false", "--use_peft true", "--lora_r 8",
-                 "--max_length 64", "--pad_to_multiple_of 64", "--gradient_accumulation_steps 32"):
-        assert flag in script
-    # On CPU the run gets the probe's threads: `accelerate launch` would give it one.
-    assert "\nOMP_NUM_THREADS=3 trl sft" in script and "# note: OMP_NUM_THREADS=3" in script
-
-    model = local_model(spec, tmp_path / "model")
-    runnable = script.replace(PLACEHOLDER, str(model)).replace(
-        "--output_dir trainfit-run",
-        f"--output_dir {tmp_path / 'trained'} --max_steps 1 --report_to none --save_strategy no --use_cpu true")
-    (tmp_path / "run.sh").write_text(runnable)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    done = subprocess.run(["bash", str(tmp_path / "run.sh")], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert (tmp_path / "trained" / "adapter_config.json").exists()  # a LoRA run saved its adapters
+    with pytest.raises(TrainfitError) as info:
+        load_config(ModelSpec(config={"model_type": "lama", "hidden_size": 32}))
+    message = str(info.value)
+    assert "'lama'" in message and "llama" in message and "model.config.model_type" in message
+    assert len(message) < 300 and message.count("\n") <= 1, message
 
 
 MIXTRAL = {"model_type": "mixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,

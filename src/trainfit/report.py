@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from trainfit.command import build_command, command_script, trl_data_config
+from trainfit.command import build_command, command_script, trl_data_config, writes_trl
 from trainfit.data.stats import LengthStats
 from trainfit.devices import versions
 from trainfit.errors import TrainfitError
@@ -66,28 +66,33 @@ def command_length(params: Params, stats: LengthStats | None) -> int | None:
 
 
 def command_inputs(params: Params, m: Measurement, stats: LengthStats | None,
-                   data_config: Path | None) -> dict[str, Any]:
+                   data_config: Path | None, model_dir: Path | None = None) -> dict[str, Any]:
     """What the training command of a probed config is built from, besides the spec and params:
-    the length the probe truncated at, the data config, the CPU threads a CPU probe used."""
+    the length the probe truncated at, the data config, the CPU threads a CPU probe used, the
+    saved random-init model (see :func:`write_outputs`)."""
     return {"max_length": command_length(params, stats), "data_config": data_config,
-            "cpu_threads": launch_threads(m)}
+            "cpu_threads": launch_threads(m), "model_dir": model_dir}
 
 
 def _write_atomically(path: Path, text: str) -> None:
     """A reader (a user watching the run) never sees a half-written file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    try:
+        tmp.write_text(text)
+    except OSError as err:  # a full disk fails the write, whose error names no file: name it
+        raise OSError(err.errno, err.strerror, str(tmp)) from err
     tmp.replace(path)
 
 
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
-           repeats: Repeats | None = None, data_config: Path | None = None) -> dict[str, Any]:
+           repeats: Repeats | None = None, data_config: Path | None = None,
+           model_dir: Path | None = None) -> dict[str, Any]:
     m = t.measurement
     params = space.params(t.values)
     samples = run_samples(spec, stats)
     runtime_h = samples / m.samples_per_second / 3600 if samples and m.samples_per_second else None
     try:
-        command = build_command(spec, params, **command_inputs(params, m, stats, data_config))
+        command = build_command(spec, params, **command_inputs(params, m, stats, data_config, model_dir))
     except TrainfitError:
         command = None
     return {
@@ -242,8 +247,9 @@ def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str) -> li
 
 def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, stats: LengthStats | None,
                   strategy: str, stop_reason: str, elapsed_s: float, repeats: Repeats | None = None,
-                  data_config: Path | None = None) -> dict[str, Any]:
-    """``data_config``: the TRL config file that loads the data (see :func:`write_outputs`)."""
+                  data_config: Path | None = None, model_dir: Path | None = None) -> dict[str, Any]:
+    """``data_config``: the TRL config file that loads the data; ``model_dir``: the saved random-init
+    model (see :func:`write_outputs`)."""
     repeats = repeats or {}
     objective = spec.tune.objective
     order = ranked(trials, repeats, objective)
@@ -255,7 +261,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         for t in order:
             key = json.dumps(learning_value(space, t.values, knob), default=list)
             if key not in best_by_value:
-                best_by_value[key] = _entry(t, spec, space, stats, repeats, data_config)
+                best_by_value[key] = _entry(t, spec, space, stats, repeats, data_config, model_dir)
         per_value[knob] = best_by_value
     peaks = [(t.values, t.measurement.peak_memory_gb, t.measurement.status, t.measurement.oom_needed_gb)
              for t in trials]
@@ -268,8 +274,8 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         "over_budget": over_budget,
         "failed_error": statuses.count("error"),
         "failed_timeout": statuses.count("timeout"),
-        "best_config": _entry(order[0], spec, space, stats, repeats, data_config) if order else None,
-        "runners_up": [_entry(t, spec, space, stats, repeats, data_config) for t in order[1:6]],
+        "best_config": _entry(order[0], spec, space, stats, repeats, data_config, model_dir) if order else None,
+        "runners_up": [_entry(t, spec, space, stats, repeats, data_config, model_dir) for t in order[1:6]],
         "within_noise_of_best": [] if repeats else within_noise(order),
         "confirmation": confirmation(order, repeats, objective),
         "fastest_per_value": per_value,
@@ -319,7 +325,7 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], re
                             *(m.memory_parts_bytes[p] / 1024**3 if p in m.memory_parts_bytes else None
                               for p in MEMORY_PARTS),
                             m.oom_needed_gb, m.fits, m.stable, m.mfu, m.wall_time_s,
-                            (m.message or "").splitlines()[0][:200] if m.message else ""])
+                            m.headline[:200]])
 
 
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
@@ -327,14 +333,16 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   repeats: Repeats | None = None) -> dict[str, Any]:
     """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run
     after every trial) and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the
-    spec's data file."""
+    spec's data file, and for a ``config:`` model, once a config fits, model/: the random-init model
+    and its tokenizer, for the command to train."""
     data_config = None
     trl_data = trl_data_config(spec)
     if trl_data is not None:
         data_config = output.resolve() / "trl_data.yaml"
         data_config.write_text(yaml.safe_dump(trl_data, sort_keys=False))
+    model_dir = initial_model(output, spec) if any(t.feasible for t in trials) else None
     summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
-                            elapsed_s=elapsed_s, repeats=repeats, data_config=data_config)
+                            elapsed_s=elapsed_s, repeats=repeats, data_config=data_config, model_dir=model_dir)
     _write_atomically(output / "summary.json", json.dumps(summary, indent=2, default=list) + "\n")
     write_trials_csv(output / "trials.csv", space, trials, repeats)
     _write_atomically(output / "report.html", tune_report_html(summary, trials, spec.source or "spec"))
@@ -348,6 +356,22 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")
         params = space.params(trial.values)
-        script.write_text(command_script(spec, params, header, **command_inputs(params, m, stats, data_config)))
+        script.write_text(command_script(spec, params, header,
+                                         **command_inputs(params, m, stats, data_config, model_dir)))
         script.chmod(0o755)
     return summary
+
+
+def initial_model(output: Path, spec: Spec) -> Path | None:
+    """OUTPUT/model: the random-init model of a ``config:`` spec whose command is ``trl sft``, saved
+    once (see ``save_initial_model``); None for another spec, or a model too large to save."""
+    if spec.model.config is None or not writes_trl(spec):
+        return None
+    from trainfit.workloads.hf import save_initial_model
+
+    folder = output.resolve() / "model"
+    try:
+        saved = save_initial_model(spec.model, spec.tokenizer, folder, spec.probe.seed)
+    except (RuntimeError, ValueError, TypeError, ImportError):  # the search goes on; the script says what to save
+        return None
+    return folder if saved else None

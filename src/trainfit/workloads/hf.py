@@ -6,8 +6,11 @@ kernel and weight dtype at construction, then gradient checkpointing, then LoRA,
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import shutil
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
@@ -24,11 +27,93 @@ def load_config(model: ModelSpec) -> Any:
     try:
         if model.config is not None:
             cfg = dict(model.config)
-            return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+            model_type = cfg.pop("model_type")
+            _check_model_type(model_type)
+            return AutoConfig.for_model(model_type, **cfg)
         return AutoConfig.from_pretrained(model.path, local_files_only=True)
     except (ValueError, OSError, KeyError) as err:
         raise TrainfitError(f"cannot build the model config: {err}",
                             "check model.config.model_type / model.path") from None
+
+
+def _check_model_type(model_type: Any) -> None:
+    """An unknown ``model_type`` named with the three closest transformers knows (its own error
+    lists all of them, some 700)."""
+    from transformers import __version__
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type in CONFIG_MAPPING:
+        return
+    close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
+    raise TrainfitError(f"model.config.model_type {model_type!r} is not a model type transformers {__version__} knows"
+                        + (f" (closest: {', '.join(close)})" if close else ""),
+                        "fix model.config.model_type, as a model's config.json spells it (e.g. llama)")
+
+
+SAVED_MODEL_MAX_PARAMS = 1_000_000_000
+"""The largest random-init model ``tune`` saves for its ``trl sft`` command: it is built in the
+tuning process's own memory and written in fp32 (4 GB here)."""
+
+
+def save_initial_model(model: ModelSpec, tokenizer: str | None, folder: Path, seed: int) -> bool:
+    """Save the random-init model a ``config:`` spec probes (the probe's seed: the same weights)
+    and its tokenizer as a Hugging Face folder, so ``trl sft --model_name_or_path`` trains it.
+    Once: a folder already there is kept (``tune`` writes its outputs after every trial). Whole or
+    not at all: written as ``FOLDER.partial`` and renamed. Returns whether ``folder`` holds the
+    model (False: larger than :data:`SAVED_MODEL_MAX_PARAMS`). ``tokenizer``: the spec's (a
+    tokenizer.json or a folder); None saves none, and the command's script says so."""
+    if (folder / "config.json").exists():
+        return True
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(model)
+    with torch.device("meta"):  # counted without memory: a large config is not built to learn it is large
+        size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    if size > SAVED_MODEL_MAX_PARAMS:
+        return False
+    from transformers.utils import logging as hf_logging
+
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    torch.manual_seed(seed)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "Writing model shards" bar amid tune's own progress lines
+    try:
+        AutoModelForCausalLM.from_config(config).save_pretrained(partial)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    if tokenizer is not None:
+        _load_tokenizer(tokenizer, config).save_pretrained(partial)
+    partial.replace(folder)
+    return True
+
+
+_SPECIAL_NAMES = {"bos": ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>"),
+                  "eos": ("</s>", "<eos>", "<|end_of_text|>", "<|endoftext|>"),
+                  "pad": ("<pad>", "[PAD]", "<|pad|>"), "unk": ("<unk>", "[UNK]")}
+"""Conventional spellings of the special tokens, for a bare tokenizer.json that does not say which is which."""
+
+
+def _load_tokenizer(path: str, config: Any) -> Any:
+    """The spec's tokenizer as transformers saves it: a folder as it is; a bare tokenizer.json
+    with its special tokens named (TRL appends the eos token and pads with the pad token): the
+    model config's ``*_token_id`` first, else the conventional spelling among its special tokens."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if Path(path).is_dir():
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    bare = PreTrainedTokenizerFast(tokenizer_file=path)
+    specials = {t.content for t in bare.backend_tokenizer.get_added_tokens_decoder().values() if t.special}
+    named = {}
+    for role, spellings in _SPECIAL_NAMES.items():
+        token_id = getattr(config, f"{role}_token_id", None)
+        by_id = bare.convert_ids_to_tokens(token_id) if isinstance(token_id, int) and token_id < len(bare) else None
+        token = by_id or next((s for s in spellings if s in specials), None)
+        if token is not None:
+            named[f"{role}_token"] = token
+    return PreTrainedTokenizerFast(tokenizer_file=path, **named)
 
 
 def fused_lm_head() -> tuple[Any, str | None]:
