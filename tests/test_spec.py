@@ -81,8 +81,6 @@ def test_custom_keys_pass_through_only_for_factories(tmp_path: Path) -> None:
 def test_params_rules() -> None:
     params, problems = parse_params({"padding": "max_length"}, allow_custom=False)
     assert [p.key for p in problems] == ["params.padding"]
-    params, problems = parse_params({"lora_alpha": 32}, allow_custom=False)
-    assert [p.key for p in problems] == ["params.lora_r"]
     params, problems = parse_params({"compile": False, "batch_size": 3, "gradient_accumulation_steps": 4},
                                     allow_custom=False)
     assert problems == [] and params.compile == "off" and params.effective_batch_size == 12

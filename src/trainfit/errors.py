@@ -7,6 +7,7 @@ once, each naming the key and the fix, so a user fixes their file in one pass.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 
@@ -40,3 +41,19 @@ class SpecError(TrainfitError):
         lines = [f"{source} has {len(problems)} problem(s):"]
         lines += [f"  - {p}" for p in problems]
         super().__init__("\n".join(lines))
+
+
+_OS_FIXES = {
+    errno.ENOSPC: "free some space (or point --output elsewhere)",
+    errno.EDQUOT: "free some space (or point --output elsewhere)",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.EACCES: "use a folder you can write to",
+    errno.EROFS: "use a folder you can write to",
+}
+
+
+def os_error(err: OSError) -> TrainfitError:
+    """An operating system's refusal (a full disk, a path too long) as one line naming the file,
+    the cause and, where there is one, the fix."""
+    where = f" ({err.filename})" if err.filename else ""
+    return TrainfitError(f"{err.strerror or err}{where}", _OS_FIXES.get(err.errno or 0))

@@ -8,6 +8,7 @@ declared exactly once, here, in ``KNOBS``.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,11 @@ COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 OPTIMIZERS = ("adamw", "adamw_fused", "adamw_8bit")
 PADDINGS = ("longest", "max_length")
 LOSSES = ("auto", "model", "fused")
+LORA_OPTIONS = ("lora_alpha", "lora_target_modules", "lora_target_parameters")
+"""The LoRA knobs that mean something only with a rank (``lora_r``)."""
+MAX_BATCH = 2**20
+"""The largest batch size (and accumulation) a spec may ask for: far beyond any device's micro-batch,
+and small enough that the probe's list of worst-case lengths stays a few MB."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,9 +55,9 @@ def split_modules(text: str) -> str | tuple[str, ...]:
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob(name="batch_size", kind="int", minimum=1, batch_shape=True,
+        Knob(name="batch_size", kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
              doc="samples per micro-batch on one device"),
-        Knob(name="gradient_accumulation_steps", kind="int", minimum=1, batch_shape=True,
+        Knob(name="gradient_accumulation_steps", kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
              doc="micro-batches per optimizer step; effective batch = batch_size x this"),
         Knob(name="max_length", kind="int", minimum=1, nullable=True, changes_learning=True, batch_shape=True,
              doc="longest sequence (positions) a sample may have; longer samples are truncated. "
@@ -198,11 +204,13 @@ def _check_value(knob: Knob, value: Any, key: str) -> tuple[Any, Problem | None]
     elif knob.kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return value, Problem(key, f"expected a number, got {value!r}")
+        if not math.isfinite(value):
+            return value, Problem(key, f"must be a finite number, got {value}")
         value = float(value)
     if knob.minimum is not None and value < knob.minimum:
         return value, Problem(key, f"must be >= {knob.minimum:g}, got {value}")
     if knob.maximum is not None and value > knob.maximum:
-        return value, Problem(key, f"must be <= {knob.maximum:g}, got {value}")
+        return value, Problem(key, f"must be <= {knob.maximum:,}, got {value:,}")
     return value, None
 
 
@@ -244,11 +252,6 @@ def parse_params(
     if problems:
         return Params(), problems
     params = Params(**values, extra=extra)
-    if params.lora_r is None and any(
-        n in raw for n in ("lora_alpha", "lora_target_modules", "lora_target_parameters") if raw.get(n) is not None
-    ):
-        problems.append(Problem(f"{prefix}.lora_r", "LoRA options are set but lora_r is null",
-                                "set lora_r (e.g. 16) or drop the lora_* keys"))
     if params.padding == "max_length" and params.max_length is None:
         problems.append(Problem(f"{prefix}.padding", "padding: max_length needs max_length",
                                 "set params.max_length (see `trainfit analyze` for a recommendation)"))

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 import yaml
 
 from trainfit.errors import Problem, SpecError, TrainfitError
-from trainfit.params import Params, parse_params
+from trainfit.params import LORA_OPTIONS, Params, parse_params
 
 GiB = 1024**3
 
@@ -207,6 +208,46 @@ _TOP_LEVEL = ("model", "tokenizer", "data", "params", "budget", "probe", "search
 _DATA_FORMATS = ("auto", "jsonl", "json", "csv", "tsv", "parquet", "text", "hf")
 
 
+MAX_YAML_VALUES = 100_000
+"""Values a spec may hold once its YAML aliases are expanded: a real spec holds a few hundred, and a
+600-byte "billion laughs" of nested aliases holds billions (gigabytes once copied)."""
+
+
+class NotYaml(TrainfitError):
+    """The text is not YAML at all (an override's value is then taken as plain text)."""
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """YAML text -> plain data, refusing what is not YAML and aliases that expand past
+    ``MAX_YAML_VALUES`` values (or into themselves)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise NotYaml(f"{where} is not valid YAML: {err}") from None
+    sizes: dict[int, int] = {}  # expanded size of each container seen, by id: shared aliases count once each
+
+    def expanded(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) in sizes:
+            if sizes[id(node)] < 0:
+                raise TrainfitError(f"{where} has a YAML alias that contains itself", "write the values out")
+            return sizes[id(node)]
+        sizes[id(node)] = -1  # in progress
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        sizes[id(node)] = min(1 + sum(expanded(c) for c in children), MAX_YAML_VALUES + 1)
+        return sizes[id(node)]
+
+    try:
+        size = expanded(data)
+    except RecursionError:
+        raise TrainfitError(f"{where} nests its values too deep", "write a flatter spec") from None
+    if size > MAX_YAML_VALUES:
+        raise TrainfitError(f"{where} expands to more than {MAX_YAML_VALUES:,} values (YAML aliases repeated "
+                            "within aliases)", "write the values out, or use fewer nested aliases")
+    return data
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """``key=value`` -> (dotted key, YAML-typed value). A bare key means ``params.key``, except a
     top-level name: ``tokenizer``, or a whole section (``search={batch_size: [1, 2]}``)."""
@@ -217,9 +258,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "." not in key and key not in _TOP_LEVEL:
         key = f"params.{key}"
     try:
-        parsed = yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError:
-        parsed = value
+        parsed = load_yaml(value, f"--set {key}") if value.strip() else None
+    except NotYaml:
+        parsed = value  # the text itself
     return key, parsed
 
 
@@ -293,6 +334,11 @@ def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str
             if not _typed(value, str(f.type)):
                 problems.append(Problem(f"{key}.{name}", f"expected {_expected(str(f.type))}, got {value!r}"))
                 continue
+            if isinstance(value, float) and not math.isfinite(value):
+                problems.append(Problem(f"{key}.{name}", f"must be a finite number, got {value}",
+                                        "leave the key out for its default" if "None" in _kinds(str(f.type))
+                                        else None))
+                continue
             if isinstance(value, list):
                 value = tuple(value)
             if "float" in str(f.type) and isinstance(value, int) and "int" not in str(f.type):
@@ -326,6 +372,34 @@ def _loss_problems(model: dict[str, Any] | None, tune: dict[str, Any] | None, pa
                         "use loss: auto or fused, or a tune.command_template for a trainer that computes the "
                         "full logits")]
     return []
+
+
+def _searchable_values(params: Params, space: Any, name: str) -> tuple[Any, ...]:
+    """Every value knob ``name`` can take: its searched values, else its ``params`` value."""
+    dim = space.dim(name) if space is not None else None
+    return dim.grid_values() if dim is not None else (getattr(params, name),)
+
+
+def _lora_problems(params: Params, space: Any) -> list[Problem]:
+    """LoRA options need a rank. Checked over the search space, not ``params`` alone: a searched
+    ``lora_r: [4, 32]`` gives every config a rank; a ``null`` among them is a full fine-tuning
+    config, where the options are simply unused (see :func:`unused_lora_note`)."""
+    options = [n for n in LORA_OPTIONS if any(v is not None for v in _searchable_values(params, space, n))]
+    if not options or any(r is not None for r in _searchable_values(params, space, "lora_r")):
+        return []
+    searched = space is not None and space.dim("lora_r") is not None
+    return [Problem("search.lora_r" if searched else "params.lora_r",
+                    f"LoRA options are set ({', '.join(options)}) but lora_r is null",
+                    "set lora_r (e.g. 16) or drop the lora_* keys")]
+
+
+def unused_lora_note(spec: Spec) -> str | None:
+    """A line for a search whose ``lora_r`` choices include null (full fine-tuning) beside set LoRA options."""
+    options = [n for n in LORA_OPTIONS if any(v is not None for v in _searchable_values(spec.params, spec.search, n))]
+    if not options or None not in _searchable_values(spec.params, spec.search, "lora_r"):
+        return None
+    return (f"lora_r=null configs train every weight (full fine-tuning): {', '.join(options)} apply only to "
+            "the configs with a rank")
 
 
 def _resolve(base: Path, value: str | None) -> str | None:
@@ -478,6 +552,10 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
                 problems.append(Problem("tune.command_template", problem))
 
     problems += _loss_problems(model, tune, params, space)
+    problems += _lora_problems(params, space)
+    from trainfit.command import trl_problems
+
+    problems += trl_problems(model, tune, params, space)
 
     tokenizer = raw.get("tokenizer")
     if tokenizer is None and model is not None:
@@ -514,13 +592,17 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
         SpecError: the content is invalid (all problems listed).
     """
     path = Path(path)
+    if path.is_dir():
+        raise TrainfitError(f"spec {path} is a folder, not a file",
+                            "pass the path of a YAML spec file, e.g. examples/tiny-llama.yaml")
     if not path.is_file():
         raise TrainfitError(f"spec file {path} not found",
                             "pass the path of a YAML spec, e.g. examples/tiny-llama.yaml")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise TrainfitError(f"{path} is not valid YAML: {err}") from None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise TrainfitError(f"cannot read the spec {path}: {err}") from None
+    raw = load_yaml(text, str(path)) or {}
     if not isinstance(raw, dict):
         raise TrainfitError(f"{path} must hold a mapping (model:, data:, params:, ...)")
     merged = merge_overrides(raw, [parse_override(o) for o in overrides])

@@ -44,43 +44,59 @@ def _version() -> str:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a cluster's preemption or time limit, ``kill``), handled as Ctrl-C is: the probe
-    worker is stopped, what was measured is kept, and the way to resume is printed."""
+    """SIGTERM (a cluster's preemption or time limit, ``kill``) or SIGHUP (the terminal closed),
+    handled as Ctrl-C is: the probe worker is stopped, what was measured is kept, and the way to
+    resume is printed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def interrupted_status(err: KeyboardInterrupt) -> int:
-    """The shell's convention: 128 + the signal's number (130 Ctrl-C, 143 SIGTERM)."""
-    return 128 + (signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
+    """The shell's convention: 128 + the signal's number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
+    return 128 + (err.signum if isinstance(err, Terminated) else signal.SIGINT)
 
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     def terminate(signum: int, frame: Any) -> None:
-        raise Terminated
+        raise Terminated(signum)
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = {s: signal.signal(s, terminate) for s in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
     from trainfit.errors import TrainfitError
 
+    from trainfit.errors import os_error
+
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    args.argv = argv  # what the user ran: the resume hint repeats it
     try:
         with terminate_as_interrupt():
             return int(args.run(args))
     except TrainfitError as err:
         print(f"trainfit {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path too long, a full disk, a read-only folder: the file and the cause
+        print(f"trainfit {args.command}: error: {os_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
         print(f"\ntrainfit {args.command}: interrupted", file=sys.stderr)

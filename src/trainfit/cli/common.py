@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +59,8 @@ def number(kind: type, *, at_least: float | None = None, above: float | None = N
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {name}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         checks = [(">=", at_least, at_least is not None and value < at_least),
                   (">", above, above is not None and value <= above),
                   ("<=", at_most, at_most is not None and value > at_most)]
@@ -75,7 +78,7 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a spec value; a bare key is a knob under params, a section name "
                         "replaces the section (--set batch_size=8 --set budget.memory_gb=22 "
                         "--set 'search={batch_size: [1, 2, 4]}'); repeatable")
-    p.add_argument("--memory-gb", type=float, help="memory budget in GiB (same as --set budget.memory_gb=...)")
+    p.add_argument("--memory-gb", type=number(float, above=0), help="memory budget in GiB (same as --set budget.memory_gb=...)")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N (same as --set probe.device=...)")
     p.add_argument("--lengths", metavar="JSON",
                    help="length analysis from `trainfit analyze --json` (default: computed and cached)")

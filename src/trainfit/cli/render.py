@@ -118,3 +118,4 @@ def measurement_report(m: Measurement) -> str:
     if m.message:
         out += "\n\n" + m.message
     return out
+

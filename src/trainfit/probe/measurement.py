@@ -134,6 +134,17 @@ class Measurement:
         return self.peak_memory_gb + (self.budget_headroom_gb or 0.0) <= self.budget_memory_gb
 
     @property
+    def headline(self) -> str:
+        """The line of the message that says what went wrong: for a traceback, the exception (its
+        last unindented line), not the frame it starts with."""
+        lines = [line for line in (self.message or "").splitlines() if line.strip()]
+        if any(line.startswith("Traceback") or line.lstrip().startswith('File "') for line in lines):
+            raised = [line for line in lines if not line.startswith((" ", "\t", "Traceback"))]
+            if raised:
+                return raised[-1]
+        return lines[0] if lines else ""
+
+    @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.status]
 

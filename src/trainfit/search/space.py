@@ -52,10 +52,9 @@ class Dimension:
                 p *= 2
             return tuple(sorted(values))
         if integer:
-            step = int(self.step or 1)
-            values = list(range(int(self.low), int(self.high) + 1, step))
+            values = range(int(self.low), int(self.high) + 1, int(self.step or 1))  # a range: never a list of them all
             if len(values) > 8:
-                values = sorted({values[round(i * (len(values) - 1) / 7)] for i in range(8)})
+                return tuple(sorted({values[round(i * (len(values) - 1) / 7)] for i in range(8)}))
             return tuple(values)
         if self.log:
             lo, hi = math.log(self.low), math.log(self.high)
@@ -189,8 +188,9 @@ def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bo
                                         "e.g. batch_size: {low: 1, high: 64, log: true}"))
                 continue
             low, high = spec["low"], spec["high"]
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or low > high:
-                problems.append(Problem(key, f"low {low!r} and high {high!r} must be numbers with low <= high"))
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)) \
+                    or low > high:
+                problems.append(Problem(key, f"low {low!r} and high {high!r} must be finite numbers with low <= high"))
                 continue
             if name in KNOBS and KNOBS[name].kind not in ("int", "float"):
                 problems.append(Problem(key, f"{name} is not numeric: give a list of choices"))
@@ -200,6 +200,11 @@ def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bo
                     problems.append(p)
             if spec.get("log") and low <= 0:
                 problems.append(Problem(key, "a log range needs low > 0"))
+            step = spec.get("step")
+            if step is not None and not (isinstance(step, (int, float)) and not isinstance(step, bool)
+                                         and math.isfinite(step) and step > 0):
+                problems.append(Problem(key, f"step {step!r} must be a number > 0"))
+                continue
             dims.append(Dimension(name, low=low, high=high, log=bool(spec.get("log", False)), step=spec.get("step")))
         else:
             problems.append(Problem(key, "expected a list of choices or a {low, high} range"))
