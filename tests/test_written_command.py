@@ -65,7 +65,7 @@ def trainer_argv(tmp_path: Path, template: str, params: dict[str, Any] | None = 
 
 
 def test_a_null_knob_drops_its_flag(tmp_path: Path, stub: Path) -> None:
-    """The README's own `--lora_r {lora_r}` with `lora_r: [null, 8, 16]`: the full fine-tuning
+    """The docs' own `--lora_r {lora_r}` (docs/search.md) with `lora_r: [null, 8, 16]`: the full fine-tuning
     config gets no `--lora_r` at all (it used to get a dangling `--lora_r` and nothing)."""
     template = f"'{stub}' --bs {{batch_size}} --lora_r {{lora_r}} --alpha={{lora_alpha}} --drop {{lora_dropout}} -x 1"
     assert trainer_argv(tmp_path, template)[0] == ["--bs", "4", "--drop", "0", "-x", "1"]

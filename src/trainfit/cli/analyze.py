@@ -48,7 +48,7 @@ def add_parser(sub: Any) -> None:
                    help="how many longest samples to list (10)")
     p.add_argument("--max-positions", type=number(int, at_least=1),
                    help="the model's position limit, to count samples beyond it")
-    p.add_argument("--json", metavar="FILE", help="write the analysis (the input of probe/tune/plan)")
+    p.add_argument("--json", metavar="FILE", help="write the analysis (what probe and tune take as --lengths)")
     p.add_argument("--plot", metavar="FILE.html", help="write a histogram page")
     p.add_argument("--no-cache", action="store_true", help="count again, ignoring cached results")
     p.add_argument("--quiet", action="store_true", help="no progress line")

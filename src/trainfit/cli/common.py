@@ -14,7 +14,7 @@ from trainfit.errors import TrainfitError
 
 
 def knobs_help() -> str:
-    """The built-in knobs and their values, for a command's --help (README: the knob table)."""
+    """The built-in knobs and their values, for a command's --help (docs/spec.md: the knob table)."""
     import textwrap
 
     from trainfit.params import KNOBS
