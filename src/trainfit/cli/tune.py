@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -10,8 +11,9 @@ from typing import Any
 from trainfit.cli.common import add_spec_arguments, knobs_help, number, spec_from_args, stats_from_args
 
 EPILOG = """\
-exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec, 130 interrupted
-(Ctrl-C), 143 terminated (SIGTERM: a cluster's preemption or time limit); --resume continues.
+exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec or a file that cannot
+be written, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM: a cluster's preemption or time limit),
+129 the terminal closed (SIGHUP); --resume continues.
 
 examples:
   trainfit tune examples/tiny-llama.yaml --quick                 # 6 probes
@@ -34,7 +36,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("tune", help="search for the fastest config that fits in memory",
                        description="Probe configurations of the spec's search space, learning the memory "
                                    "boundary from OOMs, and report the fastest that fits with a ready-to-run command.",
-                       epilog=EPILOG + "\n" + knobs_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG + "\n" + knobs_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)  # the resume hint repeats the flags as typed: each in full
     add_spec_arguments(p)
     p.add_argument("--output", help="output folder (default: a new trainfit-runs/SPEC_NAME/TIMESTAMP)")
     p.add_argument("--resume", action="store_true",
@@ -85,18 +88,23 @@ class TuneView:
                 print(f"warning: the storage also holds {other['name']}, a study of the same spec file that "
                       f"differs in {', '.join(other['differs']) or 'nothing visible'}: machines given different "
                       "options search apart; give every machine the same spec and options", file=sys.stderr)
+        elif kind == "journal_repaired":
+            print(f"note: {event['journal']} was damaged from line {event['line']} of {event['lines']} "
+                  f"({event['reason']}): dropped that tail, which held no complete entry; the file as it was is "
+                  f"{event['backup']}", file=sys.stderr)
         elif kind == "resumed":
             print(f"resuming: {event['trials']} trials already measured"
                   + (f", {event['retried']} interrupted trial(s) retried" if event["retried"] else ""))
         elif kind == "waiting":
-            print(f"waiting: {event['busy']} config(s) in flight on other runs sharing the storage; "
-                  "their results decide what to probe next", flush=True)
+            why = ("their results decide what to probe next" if event["searching"]
+                   else "the summary waits for their results")
+            print(f"waiting: {event['busy']} config(s) in flight on other runs sharing the storage; {why}", flush=True)
         elif kind == "trial_start" and self.tty:
             values = values_line(event["values"])
             sys.stderr.write(f"\r\033[K{counter(event)} probing {values} ...")
             sys.stderr.flush()
-        elif kind == "probe" and self.tty and event.get("event") == "phase":
-            sys.stderr.write(f" {event['phase']}")
+        elif kind == "probe" and self.tty and event["probe"].get("event") == "phase":
+            sys.stderr.write(f" {event['probe']['phase']}")
             sys.stderr.flush()
         elif kind == "confirm_end":
             m = event["measurement"]
@@ -116,7 +124,7 @@ class TuneView:
                 if self.run_samples and m.fits and m.samples_per_second:
                     result += f", full run ~{format_duration(self.run_samples / m.samples_per_second)}"
             else:
-                result = m.status.upper() + (f" ({m.message.splitlines()[0][:80]})" if m.status == "error" else "")
+                result = m.status.upper() + (f" ({m.headline[:120]})" if m.status == "error" else "")
                 if m.oom_needed_gb:
                     result += f" ({fmt_need(m.oom_needed_gb)})"
             remaining = event["max_trials"] - event["index"]
@@ -174,20 +182,25 @@ def output_folder(args: argparse.Namespace):
 
 
 def resume_command(args: argparse.Namespace) -> str:
-    """This run's command line, with --output and --resume: the spec, its overrides and the
-    storage must match for the study to be found again."""
+    """What the user ran, with ``--output`` the run's folder and ``--resume``: the spec, its
+    overrides and the storage must match for the study to be found again, and every other flag
+    (a new one too) is kept as given."""
     import shlex
 
-    words = ["trainfit", "tune", args.spec]
-    for override in args.overrides:
-        words += ["--set", override]
-    for flag, value in (("--memory-gb", args.memory_gb), ("--device", args.device), ("--lengths", args.lengths),
-                        ("--storage", args.storage), ("--strategy", args.strategy), ("--max-trials", args.max_trials),
-                        ("--time-budget", args.time_budget), ("--confirm", args.confirm)):
-        if value is not None:
-            words += [flag, str(value)]
-    words += [flag for flag, on in (("--quick", args.quick), ("--refine", args.refine)) if on]
-    return shlex.join([*words, "--output", args.output, "--resume"])
+    words, skip = [], False
+    for word in args.argv:
+        if skip:
+            skip = False
+        elif word == "--output":
+            skip = True  # its value follows
+        elif word != "--resume" and not word.startswith("--output="):
+            words.append(word)
+    return shlex.join(["trainfit", *words, "--output", args.output, "--resume"])
+
+
+def resume_hint(args: argparse.Namespace) -> str:
+    where = args.storage or args.output
+    return f"every finished trial is saved in {where}; continue with\n  {resume_command(args)}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -195,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.progress import format_duration
     from trainfit.report import EFFECTIVE_BATCH, learning_knobs, run_samples
     from trainfit.search.tune import tune
+    from trainfit.spec import unused_lora_note
 
     spec = spec_from_args(args)
     if spec.search is None or not spec.search.dims:
@@ -217,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"data: {stats.headline()}")
     print(f"space: {', '.join(f'{d.name} {list(d.grid_values())}' for d in spec.search.dims)}; "
           f"{spec.budget.describe()}")
+    if (lora_note := unused_lora_note(spec)) is not None:
+        print(f"note: {lora_note}")
     if EFFECTIVE_BATCH in learning_knobs(spec.search):
         print("effective batch: differs between configs (no tune.target_effective_batch) and changes what is "
               "learned; the summary gives the fastest per effective batch (set tune.target_effective_batch to "
@@ -229,9 +245,14 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as err:
         from trainfit.cli import interrupted_status
 
-        print(f"\ninterrupted: every finished trial is saved in {args.storage or args.output}; continue with\n"
-              f"  {resume_command(args)}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            print(f"\ninterrupted: {resume_hint(args)}", file=sys.stderr)
         return interrupted_status(err)
+    except OSError as err:  # a full disk mid-run: the study keeps every trial that ended
+        from trainfit.errors import os_error
+
+        print(f"trainfit tune: error: {os_error(err)}\n{resume_hint(args)}", file=sys.stderr)
+        return 2
     s = result.summary
     print(f"\nstopped: {result.stop_reason}")
     print(f"tested {s['total_tested']}: {s['successful']} fit, {s['failed_oom']} OOM, {s['over_budget']} over budget, "
@@ -292,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(("full run", f"~{format_duration(best['estimated_full_runtime_hours'] * 3600)} for "
                                  f"{s['epochs_for_estimate']:g} "
                                  f"epoch(s) of {s['dataset_samples']:,} samples"))
-    print("\nBEST CONFIGURATION (measured on the worst-case batch)")
+    print("\nBEST CONFIGURATION (peak memory on the worst-case batch, speed on typical batches)")
     print(table(rows))
     if s["confirmation"]:
         print("\nconfirmed (every measurement of each config; ranked by the median):")

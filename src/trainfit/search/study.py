@@ -13,11 +13,13 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import socket
 import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -58,6 +60,131 @@ def constraint_value(m: Measurement) -> float:
     if m.budget_memory_gb is None or m.peak_memory_gb is None:
         return -1.0
     return (m.peak_memory_gb + (m.budget_headroom_gb or 0.0) - m.budget_memory_gb) / m.budget_memory_gb
+
+
+def data_fingerprint(spec: Spec) -> str | None:
+    """The identity of the spec's dataset content (its size and bytes sampled through each file;
+    not its modification time, so a copy or a ``touch`` is the same data), or None for a spec
+    without data. Stored with a study, so ``--resume`` on changed data at the same path does not
+    mix old and new measurements."""
+    if spec.data is None:
+        return None
+    from trainfit.data.readers import fingerprint
+
+    return fingerprint(spec.data.path, times=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JournalDamage:
+    """The first line of a study journal that is not a complete entry."""
+
+    line: int
+    """Its number, from 1."""
+    lines: int
+    """Lines in the file, a last one without its newline included."""
+    reason: str
+    """What is wrong with it, in words."""
+    good_bytes: int
+    """Length of the lines before it: what dropping it (and all after it) keeps."""
+    tail: bool
+    """No complete entry follows it: dropping it and the rest loses no entry."""
+
+
+def _entry_problem(line: bytes) -> str | None:
+    """Why ``line`` (with its newline) is not an entry Optuna's journal can replay, or None."""
+    if not line.endswith(b"\n"):
+        return "no line end: a write cut off"
+    try:
+        entry = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        return f"not UTF-8 text: byte {err.start + 1}"
+    except json.JSONDecodeError as err:
+        return f"not JSON: {err.msg} at column {err.colno}"
+    return None if isinstance(entry, dict) and "op_code" in entry else "not a journal entry"
+
+
+def journal_damage(journal: Path) -> JournalDamage | None:
+    """The first bad line of ``journal``, or None. Read whole before Optuna reads or writes a byte:
+    its reader raises a bare JSONDecodeError or UnicodeDecodeError on a bad line that has others
+    after it, and appends after a bad last line, which makes it a bad line with others after it."""
+    data = journal.read_bytes()
+    lines = [line + b"\n" for line in data.split(b"\n")]
+    lines[-1] = lines[-1][:-1]  # what follows the last newline: nothing, or a line cut off
+    if not lines[-1]:
+        lines.pop()
+    good_bytes = 0
+    for number, line in enumerate(lines, start=1):
+        reason = _entry_problem(line)
+        if reason is not None:
+            tail = all(_entry_problem(rest) is not None for rest in lines[number:])
+            return JournalDamage(line=number, lines=len(lines), reason=reason, good_bytes=good_bytes, tail=tail)
+        good_bytes += len(line)
+    return None
+
+
+def _backup_path(journal: Path) -> Path:
+    """``study.journal.bak-YYYYmmdd-HHMMSS`` beside it, numbered on if that one exists."""
+    base = journal.with_name(f"{journal.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def mend_journal(journal: Path, resume: bool) -> dict[str, Any] | None:
+    """Make the output folder's journal safe to load and append to, or refuse, leaving it as it is.
+
+    On ``--resume``, a damaged tail (a write cut off by a crash, junk appended after the last
+    entry) is dropped after a byte-for-byte backup: it holds no complete entry, and a trial whose
+    last entry it was is retried. A bad line with entries after it is refused with the command that
+    keeps the lines before it (what follows them is lost, so the user decides). Without
+    ``--resume`` the folder holds a study and is refused as such. Returns the repair made (for the
+    run to report) or None."""
+    damage = journal_damage(journal)
+    if damage is None:
+        return None
+    where = f"{journal} is damaged at line {damage.line} of {damage.lines} ({damage.reason})"
+    if not resume:
+        raise TrainfitError(f"{journal.parent} already holds a tuning study, and {where}",
+                            "pass --resume to continue it (a damaged tail is dropped, with a backup), or "
+                            "--output NEW_FOLDER to start afresh")
+    backup = _backup_path(journal)
+    if not damage.tail:
+        import shlex
+
+        keep, src, bak = damage.line - 1, shlex.quote(str(journal)), shlex.quote(str(backup))
+        raise TrainfitError(f"{where}, with good entries after it, so the study cannot be loaded; the file is left "
+                            "as it is", f"keep the {keep} lines before it and --resume (trials recorded after it are "
+                            f"lost): cp {src} {bak} && head -n {keep} {bak} > {src}; "
+                            "or use --output NEW_FOLDER to start afresh")
+    shutil.copy2(journal, backup)
+    kept = journal.with_name(f"{journal.name}.tmp")
+    with kept.open("wb") as f:
+        f.write(journal.read_bytes()[:damage.good_bytes])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(kept, journal)  # all at once: a crash leaves the old file or the repaired one
+    return {"journal": str(journal), "line": damage.line, "lines": damage.lines, "reason": damage.reason,
+            "backup": str(backup)}
+
+
+def journal_storage(journal: Path) -> Any:
+    """The Optuna storage of the output folder's journal, replayed once: an entry it cannot replay
+    (well-formed but inconsistent) is a clear error before anything is appended."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    try:
+        return JournalStorage(JournalFileBackend(str(journal)))
+    except Exception as err:  # noqa: BLE001 - any replay failure: the file is left as it is
+        raise TrainfitError(f"{journal} cannot be replayed ({type(err).__name__}: {err}); the file is left as it is",
+                            "use --output NEW_FOLDER to start afresh") from None
+
+
+def owner_id() -> str:
+    """``host:pid`` of this run, stamped on the trials it asks for."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _alive(pid: int) -> bool:
@@ -150,12 +277,12 @@ class TrialStore:
     def _open(self, output: Path, spec: Spec, resume: bool, storage: str | None, seed: int, sampler: Any,
               join: bool) -> None:
         import optuna
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
 
         self.shared = storage is not None
         journal = output / "study.journal"
-        self.storage = open_storage(storage) if storage else JournalStorage(JournalFileBackend(str(journal)))
+        self.repaired = mend_journal(journal, resume) if not self.shared and journal.exists() else None
+        """The damaged tail dropped from the journal (line, reason, backup), for the run to report."""
+        self.storage = open_storage(storage) if storage else journal_storage(journal)
         self.name = study_name(spec)
         summaries = optuna.get_all_study_summaries(self.storage) if storage or journal.exists() else []
         existing = [s.study_name for s in summaries]
@@ -184,6 +311,22 @@ class TrialStore:
         if existing and storage is None and self.name not in existing:
             raise TrainfitError(f"{output} holds a study of a different spec; its outputs would be overwritten",
                                 "use --output NEW_FOLDER")
+        results = [f for f in ("summary.json", "trials.csv") if (output / f).exists()]
+        if results and self.name not in existing and not (resume or join):  # a --storage run's, or a lost journal
+            raise TrainfitError(f"{output} holds the results of an earlier run ({', '.join(results)}) but not its "
+                                "study, so this run would overwrite them",
+                                "use --output NEW_FOLDER (if that run used --storage URL, continue it with the same "
+                                "--storage and --resume)")
+        data = data_fingerprint(spec)
+        began_on = next((s.user_attrs.get("data_fingerprint") for s in summaries if s.study_name == self.name), None)
+        if data is not None and began_on is not None and data != began_on:
+            assert spec.data is not None
+            raise TrainfitError(
+                f"the data at {spec.data.path} changed since this study began (its size or content differ), so "
+                "new measurements would mix with old ones",
+                "every machine must read the same data (a shared filesystem, or identical copies); to start afresh "
+                "on this data, put it at another path" if self.shared else
+                "resume with the data the study began with, or start afresh with --output NEW_FOLDER")
         # The sampler only chooses for the bayes strategy; the others fix every trial's values.
         sampler = sampler or optuna.samplers.GPSampler(seed=seed, n_startup_trials=5)
         self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="maximize",
@@ -194,6 +337,8 @@ class TrialStore:
         if self.name not in existing:  # what a later run compares its spec with
             self.study.set_user_attr("spec_file", spec_file)
             self.study.set_user_attr("spec", doc)
+        if data is not None and began_on is None:  # a new study, or one begun before fingerprints: from now on
+            self.study.set_user_attr("data_fingerprint", data)
         if self.shared:
             self.others = [{"name": o["name"], "differs": o["differs"]} for o in others
                            if spec_file is not None and o["spec_file"] == spec_file]
@@ -245,29 +390,64 @@ class TrialStore:
         if not self.shared:
             return False
         key = self._key(trial)
-        if any(self._key(t) == key for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))):
-            return True
         for _ in range(20):
+            # running ones first: an earlier trial that ends between the two reads is still seen, as measured
             earlier = [t for t in self._others_running() if t.number < trial.number]
-            if any(self._key(t) == key for t in earlier):
+            measured = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if any(self._key(t) == key for t in (*earlier, *measured)):
                 return True
             if all(set(self.space.names) <= set(t.params) for t in earlier):
                 return False
             time.sleep(0.05)  # an earlier trial is being created: its values are not all stored yet
         return False
 
-    def drop(self, trial: Any) -> None:
-        """Give up ``trial`` unprobed (its config is another run's): a FAIL trial, which holds no
-        measurement, is left out of the history and which samplers ignore."""
+    def drop(self, trial: Any, reason: str = "claimed by another run") -> None:
+        """Give up ``trial`` unprobed (its config is another run's, or the trial budget is spent): a
+        FAIL trial, which holds no measurement, is left out of the history and which samplers ignore."""
         from optuna.trial import TrialState
 
-        trial.set_user_attr("dropped", "claimed by another run")
+        trial.set_user_attr("dropped", reason)
         self.study.tell(trial, state=TrialState.FAIL)
+
+    def over_budget(self, trial: Any, max_trials: int) -> bool:
+        """Had ``max_trials`` trials claimed the trial budget before ``trial`` was asked for: the
+        measured ones, plus those other live runs of a shared storage are probing (unmeasured
+        configs) with a smaller number? The storage numbers trials in the order they are asked
+        for, so of two runs that both saw one trial left, only the first to ask probes. Never with
+        the output folder's journal: the folder lock means no other run is live."""
+        if not self.shared:
+            return False
+        measured, running = self._claims()
+        return self._claimed_before(trial.number, measured, running) >= max_trials
+
+    def last_trials(self, max_trials: int) -> set[str]:
+        """Configs that other live runs of a shared storage are probing within ``max_trials`` (not
+        a --refine beyond it, nor a confirmation): the rest of this search, whose results belong in
+        this run's summary."""
+        if not self.shared:
+            return set()
+        measured, running = self._claims()
+        return {self._key(t) for t in running if self._claimed_before(t.number, measured, running) < max_trials}
+
+    def _claims(self) -> tuple[int, list[Any]]:
+        """What counts against the trial budget: how many trials are measured, and the trials other
+        live runs are probing whose configs are not (a repeat of a measured one is a confirmation),
+        as the search loop's own count (measured plus busy) has it. The running ones are read first:
+        one that ends between the two reads is counted once, as measured."""
+        running = self._others_running()
+        history = self.history()
+        measured = {config_key(t.values) for t in history}
+        return len(history), [t for t in running if self._key(t) not in measured]
+
+    def _claimed_before(self, number: int, measured: int, running: Sequence[Any]) -> int:
+        """Trials counted against the budget ahead of trial ``number``: the measured ones, and one
+        per config in flight in a trial asked for before it."""
+        return measured + len({self._key(t) for t in running if t.number < number})
 
     def _others_running(self) -> list[Any]:
         from optuna.trial import TrialState
 
-        mine = f"{socket.gethostname()}:{os.getpid()}"
+        mine = owner_id()
         return [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                 if t.user_attrs.get("owner") != mine and not self._abandoned(t)]
 
@@ -340,7 +520,7 @@ class TrialStore:
             trial = self.study.ask(self.distributions)
         finally:
             self.study.sampler = sampler
-        trial.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
+        trial.set_user_attr("owner", owner_id())
         if self.shared:
             trial.set_user_attr("heartbeat", time.time())
         return trial

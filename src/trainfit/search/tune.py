@@ -142,13 +142,15 @@ def tune(
 
         def probe_fn(params: Params, number: int) -> Measurement:
             return run_probe(spec, params, stats=stats, workdir=output / "probes" / f"trial-{number:04d}",
-                             on_event=lambda e: emit({"event": "probe", **e}), session=session)
+                             on_event=lambda e: emit({"event": "probe", "probe": e}), session=session)
 
     store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=resume,
                        storage=storage, seed=spec.tune.seed, sampler=sampler, join=join)
     with contextlib.closing(store):  # releases the output folder for the next run
         strat = make_strategy(strategy_name, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
                               headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
+        if store.repaired is not None:
+            emit({"event": "journal_repaired", **store.repaired})
         history = store.history()
         if store.shared:  # the name is the spec's digest: machines of one search all print the same
             emit({"event": "study", "name": store.name, "trials": len(history), "others": store.others})
@@ -163,12 +165,28 @@ def tune(
         busy: set[str] = set()
         announced = False  # the "waiting" event, once per wait
 
-        def wait_for_others() -> None:
+        def out_of_time() -> bool:
+            return time_budget_s is not None and time.perf_counter() - start >= time_budget_s
+
+        def wait_for_others(searching: bool = True) -> None:
+            """``searching``: their results decide what to probe next; else the summary waits for them."""
             nonlocal announced
             if busy and not announced:
                 announced = True
-                emit({"event": "waiting", "busy": len(busy), "elapsed_s": time.perf_counter() - start})
+                emit({"event": "waiting", "busy": len(busy), "searching": searching,
+                      "elapsed_s": time.perf_counter() - start})
             time.sleep(BUSY_WAIT_S)
+
+        def settle() -> list[Trial]:
+            """The study's trials, for the confirmation and the summary. Beside other runs of a shared
+            storage, first wait for the trials they probe within ``max_trials`` (the run that ended
+            first wrote a summary without them), but not past the time budget."""
+            nonlocal busy
+            if not store.shared:
+                return history
+            while (busy := store.last_trials(max_trials)) and not out_of_time():
+                wait_for_others(searching=False)
+            return store.history()
 
         def write(reason: str) -> dict[str, Any]:
             return write_outputs(output, spec, space, history, stats=stats, strategy=strategy_name, stop_reason=reason,
@@ -180,12 +198,12 @@ def tune(
                     history = store.history()
                     # a config measured already is a confirmation repeat there: it changes no proposal
                     busy = store.in_flight() - {config_key(t.values) for t in history}
-                if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
+                if out_of_time():
                     stop_reason = f"time budget reached ({time_budget_s:g} s)"
                     break
                 if not refining and not store.pending_queue():
                     ended = None
-                    if len(history) >= max_trials:
+                    if len(history) + len(busy) >= max_trials:  # a trial another run probes counts
                         ended = f"trial budget reached ({max_trials})"
                     elif strategy_name in ("random", "bayes") and trials_since_best(history) >= spec.tune.patience:
                         ended = f"no better config in the last {spec.tune.patience} trials"
@@ -213,6 +231,9 @@ def tune(
                             stop_reason = "search complete: nothing left worth probing"
                         break
                     trial = store.ask(None if proposal == SAMPLER else proposal)
+                    if not refining and store.over_budget(trial, max_trials):  # another run took the last one
+                        store.drop(trial, "over the trial budget")
+                        continue  # the next pass counts that run's trial, and stops (or refines)
                 values = {k: trial.params[k] for k in space.names}
                 cached = store.find(values, history)
                 if cached is None and store.claimed_elsewhere(trial):  # another run measured or took it meanwhile
@@ -251,11 +272,14 @@ def tune(
                       "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
             if refined:
                 stop_reason += f"; then refined: {refined} neighbour(s) of the best probed"
+            history = settle()
             confirm(spec, space, store, history, probe_fn, emit)
         finally:
             if session is not None:
                 session.close()  # no worker outlives the search
 
+        if store.shared:  # what other runs measured meanwhile goes in the summary too
+            history = store.history()
         summary = write(stop_reason)
         order = ranked(history, store.repeats(), spec.tune.objective)
         return TuneResult(trials=history, best=order[0] if order else None, summary=summary, output=output,

@@ -1,0 +1,204 @@
+"""Faults found from outside (the Hardening issue): the spec's validation and the tune command's
+own handling of signals, full disks and what it prints. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY_LLAMA, make_spec_file
+
+from trainfit.cli import build_parser, main
+from trainfit.errors import SpecError, TrainfitError
+from trainfit.spec import load_spec
+
+CLI = [sys.executable, "-c", "import sys; from trainfit.cli import main; sys.exit(main())"]
+
+
+def lora_spec(tmp_path: Path, search: str) -> Path:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                          params={"max_length": 64, "lora_alpha": 16, "lora_target_modules": ["q_proj"]})
+    path.write_text(path.read_text() + f"search:\n  {search}\n")
+    return path
+
+
+def test_lora_options_are_checked_against_the_searched_ranks(tmp_path: Path) -> None:
+    """Searching lora_r while params set the other LoRA options is a LoRA search, not an error;
+    a null rank among the choices is full fine-tuning, said as a note; only null is an error."""
+    from trainfit.spec import unused_lora_note
+
+    searched = load_spec(lora_spec(tmp_path, "lora_r: [4, 32]"))
+    assert searched.search.params({"lora_r": 32}).lora_alpha == 16 and unused_lora_note(searched) is None
+    ranged = load_spec(lora_spec(tmp_path, "lora_r: {low: 4, high: 32, log: true}"))
+    assert ranged.search.dim("lora_r").grid_values() == (4, 8, 16, 32)
+    mixed = load_spec(lora_spec(tmp_path, "lora_r: [null, 8]"))
+    assert mixed.search.params({"lora_r": None}).lora_r is None  # the full fine-tuning config builds
+    assert "lora_alpha, lora_target_modules apply only to the configs with a rank" in unused_lora_note(mixed)
+    with pytest.raises(SpecError, match=r"search.lora_r: LoRA options are set \(lora_alpha, lora_target_modules\)"):
+        load_spec(lora_spec(tmp_path, "lora_r: [null]"))
+    no_rank = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64, "lora_alpha": 16},
+                             name="no-rank.yaml")
+    with pytest.raises(SpecError, match="params.lora_r: LoRA options are set"):
+        load_spec(no_rank)
+
+
+@pytest.mark.integration
+def test_tune_passes_the_probe_phase_to_its_live_line(tmp_path: Path, capsys: Any) -> None:
+    """A real probe's phases reach the view as probe events, and a terminal shows them as they come."""
+    from trainfit.cli.tune import TuneView
+    from trainfit.search.tune import tune
+
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 32})
+    spec = load_spec(path, ["search={batch_size: [1]}"])
+    view = TuneView(quiet=False, objective="samples_per_second")
+    view.tty = True
+    events: list[dict[str, Any]] = []
+    tune(spec, output=tmp_path / "out", on_event=lambda e: (events.append(e), view(e)))
+    phases = [e["probe"]["phase"] for e in events if e["event"] == "probe" and e["probe"]["event"] == "phase"]
+    assert phases[-3:] == ["memory", "burn_in", "timed"]
+    assert "probing batch_size=1 ..." in capsys.readouterr().err.replace(" build", "").split(" memory")[0]
+
+
+def test_the_resume_hint_repeats_every_flag_the_user_gave() -> None:
+    """Every option of `tune`, a new one included, survives into the printed resume command, which
+    parses to the same options plus --resume and the run's folder."""
+    import argparse
+
+    tune_parser = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["tune"]
+    argv = ["tune", "my spec.yaml"]
+    for action in tune_parser._actions:
+        flag = action.option_strings[-1] if action.option_strings else None
+        if flag in (None, "--help", "-h", "--resume"):
+            continue
+        if action.nargs == 0:
+            argv.append(flag)
+        elif flag == "--output":
+            argv.append("--output=runs/a b")
+        else:
+            argv += [flag, str(action.choices[0]) if action.choices else
+                     {"--set": "run_name=bob's run", "--storage": "sqlite:///x.db"}.get(flag, "3")]
+    args = build_parser().parse_args(argv)
+    args.argv, args.output = argv, "runs/a b"
+    from trainfit.cli.tune import resume_command
+
+    words = shlex.split(resume_command(args))
+    assert words[0] == "trainfit"
+    again = vars(build_parser().parse_args(words[1:]))
+    assert again == {**vars(build_parser().parse_args(argv)), "resume": True}
+
+
+@pytest.mark.parametrize(("section", "key", "value"), [
+    ("budget", "memory_gb", ".nan"), ("budget", "headroom_gb", ".nan"), ("probe", "timeout_s", ".nan"),
+    ("probe", "max_seconds", ".inf"), ("params", "lora_dropout", ".nan"), ("tune", "confirm_margin", ".nan"),
+])
+def test_not_a_number_is_refused_where_a_number_is_expected(tmp_path: Path, section: str, key: str,
+                                                            value: str) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
+    with pytest.raises(SpecError, match=f"{section}.{key}: must be a finite number"):
+        load_spec(path, [f"{section}.{key}={value}"])
+
+
+def test_huge_or_endless_values_are_refused_before_anything_is_built(tmp_path: Path) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
+    with pytest.raises(SpecError, match="params.batch_size: must be <= 1,048,576, got 1,000,000,000"):
+        load_spec(path, ["batch_size=1000000000"])
+    with pytest.raises(SpecError, match=r"search.batch_size: low 1 and high \.nan|must be finite numbers"):
+        load_spec(path, ["search={batch_size: {low: 1, high: .nan}}"])
+    wide = load_spec(path, ["search={max_length: {low: 1, high: 1000000000}}"])
+    assert len(wide.search.dim("max_length").grid_values()) == 8  # a few points across it, never the whole range
+
+
+def test_a_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path: Path) -> None:
+    """600 bytes of nested aliases would be billions of values once copied (merge_overrides copies)."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\nmodel: {config: {model_type: llama}}\n")
+    assert len(bomb.read_bytes()) < 700
+    with pytest.raises(TrainfitError, match="expands to more than 100,000 values"):
+        load_spec(bomb)
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("model: &m {config: {model_type: llama}, again: *m}\n")
+    with pytest.raises(TrainfitError):
+        load_spec(loop)
+    with pytest.raises(TrainfitError, match="expands to more than"):
+        load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 8}),
+                  ["search=" + bomb.read_text().split("\nmodel:")[0].replace("\n", ", ").join("{}")])
+
+
+def test_a_folder_given_as_the_spec_is_named_as_a_folder(tmp_path: Path, capsys: Any) -> None:
+    assert main(["tune", str(tmp_path)]) == 2
+    assert "is a folder, not a file" in capsys.readouterr().err
+
+
+def test_a_nan_memory_budget_on_the_command_line_is_a_usage_error(tmp_path: Path, capsys: Any) -> None:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", str(path), "--memory-gb", "nan"])
+    assert exit_.value.code == 2 and "'nan' is not a finite number" in capsys.readouterr().err
+
+
+def test_an_error_line_shows_the_exception_not_the_frame_it_started_in() -> None:
+    """What the progress line and trials.csv show of a failed probe."""
+    from trainfit.probe.measurement import Measurement
+
+    def headline(message: str) -> str:
+        return Measurement(status="error", config={}, message=message).headline
+
+    traceback = ('Traceback (most recent call last):\n  File "/x/worker.py", line 3, in run\n    step()\n'
+                 "ValueError: the model wants input_ids")
+    assert headline(traceback) == "ValueError: the model wants input_ids"
+    assert headline('  File "/x/worker.py", line 3, in run\n    step()\nKeyError: \'labels\'') == "KeyError: 'labels'"
+    assert headline("the worker was killed by signal 9\nlast output:\n...") == "the worker was killed by signal 9"
+
+
+def small_search_spec(tmp_path: Path) -> Path:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 32})
+    path.write_text(path.read_text() + "search:\n  batch_size: [1, 2]\n")
+    return path
+
+
+@pytest.mark.integration
+def test_a_closed_terminal_stops_tune_with_the_resume_line(tmp_path: Path) -> None:
+    """SIGHUP (the terminal closed) is handled as SIGTERM is: the worker stopped, the way back printed."""
+    out = tmp_path / "out"
+    run = subprocess.Popen([*CLI, "tune", str(small_search_spec(tmp_path)), "--output", str(out)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert run.stdout is not None
+    for line in run.stdout:
+        if line.startswith("trainfit tune:"):  # the search has begun: the first probe is starting
+            break
+    run.send_signal(signal.SIGHUP)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGHUP, err
+    assert shlex.split(err.strip().splitlines()[-1])[-3:] == ["--output", str(out), "--resume"]
+
+
+@pytest.mark.integration
+def test_a_full_disk_mid_tune_says_so_and_resumes_with_every_trial(tmp_path: Path) -> None:
+    """A write that the kernel refuses with ENOSPC (report.html's temp file linked to /dev/full) after the first
+    probe: one line naming the file and the cause, the resume line, and the trial kept."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.html.tmp").symlink_to("/dev/full")
+    spec = small_search_spec(tmp_path)
+    run = subprocess.run([*CLI, "tune", str(spec), "--output", str(out)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 2, run.stderr
+    first, *rest = run.stderr.strip().splitlines()
+    assert first == f"trainfit tune: error: No space left on device ({out / 'report.html.tmp'})"
+    assert "Traceback" not in run.stderr and "free some space" in run.stderr
+    (out / "report.html.tmp").unlink()
+    again = subprocess.run([*CLI, *shlex.split(rest[-1])[1:]], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["total_tested"] == 2 and "resuming: 1 trials already measured" in again.stdout
