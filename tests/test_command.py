@@ -54,6 +54,7 @@ BASE = {"batch_size": 2, "gradient_accumulation_steps": 3, "max_length": 64}
     ({"lora_r": 4, "lora_target_modules": "all-linear", "lora_target_parameters": ["mlp.experts.down_proj"]},
      {"lora_target_modules": "all-linear", "lora_target_parameters": ["mlp.experts.down_proj"]}),
 ])
+@pytest.mark.integration
 def test_trl_parses_the_whole_written_command(tmp_path: Path, knobs: dict[str, Any], expected: dict[str, Any]) -> None:
     """The command of a config probed on this CPU, as `tune` writes it (the data config, the saved
     model folder, the probe's threads), parsed by `trl sft`'s parser: refused by none, and every
@@ -68,6 +69,7 @@ def test_trl_parses_the_whole_written_command(tmp_path: Path, knobs: dict[str, A
     ({"lora_r": 8, "lora_alpha": 16, "precision": "bf16", "optimizer": "adamw_8bit"},
      {"bf16": True, "dtype": "bfloat16", "lora_alpha": 16, "optim": "adamw_bnb_8bit", "use_cpu": False}),
 ])
+@pytest.mark.integration
 def test_trl_parses_the_command_of_a_config_probed_on_a_gpu(tmp_path: Path, knobs: dict[str, Any],
                                                             expected: dict[str, Any]) -> None:
     """transformers checks bf16 and TF32 against the machine it parses on: a GPU's command, on a GPU."""
@@ -128,6 +130,7 @@ MIXTRAL = {"model_type": "mixtral", "hidden_size": 32, "intermediate_size": 64, 
                "lora_target_parameters": "mlp.experts.gate_up_proj, mlp.experts.down_proj"}),
     ({**MIXTRAL, "model_type": "llama"}, {}),  # peft's default for the architecture
 ])
+@pytest.mark.integration
 def test_trl_builds_the_adapters_the_probe_trained(config: dict, lora: dict) -> None:
     """The command's LoRA flags, parsed by TRL's own argument classes into its LoraConfig, adapt
     exactly the weights the probe's LoraConfig adapted."""

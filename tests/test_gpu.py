@@ -11,7 +11,7 @@ from trainfit.probe import run_probe
 from trainfit.spec import load_spec
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.integration,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,

@@ -1,9 +1,11 @@
-"""Real probes: each test runs a tiny model's training steps in a child process."""
+"""Probes. The tests marked integration run a tiny model's training steps (in a child process as a
+probe does, or through TRL's loss); the rest check in this process what a probe builds and reads."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
@@ -21,6 +23,15 @@ def probe(path: Path, *overrides: str) -> Measurement:
     return run_probe(load_spec(path, list(overrides)))
 
 
+def table_row(text: str, label: str) -> list[str]:
+    """The cells of the printed table row whose first cell is ``label`` (``render.table`` pads the
+    columns and joins them with two spaces or more): asserting on cells leaves the widths free."""
+    rows = [re.split(r" {2,}", line.strip()) for line in text.splitlines()]
+    found = [cells for cells in rows if cells[0] == label]
+    assert found, f"no row {label!r} in:\n{text}"
+    return found[0]
+
+
 def assert_ok(m: Measurement) -> None:
     assert m.status == "ok", m.message
     assert m.samples_per_second > 0 and m.tokens_per_second > 0
@@ -31,6 +42,7 @@ def assert_ok(m: Measurement) -> None:
     assert m.versions["torch"] and m.device == "cpu"
 
 
+@pytest.mark.integration
 def test_full_finetune_llama_measures_real_tokens(llama_spec) -> None:
     m = probe(llama_spec({"batch_size": 2, "gradient_accumulation_steps": 2, "max_length": 64}))
     assert_ok(m)
@@ -50,6 +62,7 @@ def test_full_finetune_llama_measures_real_tokens(llama_spec) -> None:
     assert Measurement.from_dict(m.to_dict()) == m
 
 
+@pytest.mark.integration
 def test_lora_and_checkpointing_change_the_flops_count(llama_spec) -> None:
     base = probe(llama_spec({"padding": "max_length"}))
     lora = probe(llama_spec({"padding": "max_length", "lora_r": 4, "gradient_checkpointing": True}))
@@ -59,6 +72,7 @@ def test_lora_and_checkpointing_change_the_flops_count(llama_spec) -> None:
     assert lora.model_flops_per_step / lora.real_tokens_per_step < base.model_flops_per_step / base.real_tokens_per_step
 
 
+@pytest.mark.integration
 def test_a_probe_log_holds_the_libraries_output_not_our_noise(llama_spec, tmp_path: Path) -> None:
     spec = load_spec(llama_spec({"lora_r": 4, "gradient_checkpointing": True, "max_length": 32}))
     assert_ok(run_probe(spec, workdir=tmp_path))
@@ -87,6 +101,7 @@ def tensor_bytes_of_model(config: dict) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
+@pytest.mark.integration
 def test_memory_parts_say_where_the_peak_went(llama_spec) -> None:
     full = probe(llama_spec({"batch_size": 2, "max_length": 64}))
     lora = probe(llama_spec({"batch_size": 2, "max_length": 64, "lora_r": 4}))
@@ -106,6 +121,7 @@ def test_memory_parts_say_where_the_peak_went(llama_spec) -> None:
     assert lora.memory_parts_bytes["optimizer"] < 0.2 * full.memory_parts_bytes["optimizer"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("config, lora_r", [(TINY_LLAMA, None), (TINY_LLAMA, 4), (TINY_GPT2, None)])
 def test_trls_fused_loss_is_the_models_loss_computed_another_way(tmp_path: Path, config: dict, lora_r) -> None:
     """loss=fused (what `trl sft` trains with: TRL's fused LM head, no full logits) gives the same
@@ -230,6 +246,7 @@ def test_loss_auto_computes_the_loss_as_the_training_command_does(tmp_path: Path
     assert workload.loss_kind == "model" and not any("loss" in n for n in workload.notes)
 
 
+@pytest.mark.integration
 def test_trls_fused_head_allocates_tiles_wider_than_a_small_vocabulary(tmp_path: Path) -> None:
     """What the note above says, against the installed trl: a batch's tile buffer is as wide as
     TRL's chunk (32,768 columns), not as the 256-word vocabulary."""
@@ -264,6 +281,7 @@ def test_without_trls_head_auto_falls_back_to_the_models_loss_and_says_so(tmp_pa
         build_workload(spec, dataclasses.replace(spec.params, loss="fused"), torch.device("cpu"))
 
 
+@pytest.mark.integration
 def test_gpt2_bf16(tmp_path: Path, texts_file) -> None:
     path = make_spec_file(tmp_path, model={"config": TINY_GPT2},
                           data={"path": str(texts_file[0]), "text_field": "text"},
@@ -291,6 +309,7 @@ def test_the_size_an_allocation_asked_for_is_read_from_either_allocators_message
     assert memory_at_failure("bad_alloc", cuda=False)[1] is None
 
 
+@pytest.mark.integration
 def test_real_oom_under_a_small_cpu_budget(tmp_path: Path) -> None:
     m = probe(oom_spec(tmp_path))
     assert m.status == "oom", m.message
@@ -301,7 +320,7 @@ def test_real_oom_under_a_small_cpu_budget(tmp_path: Path) -> None:
     assert m.oom_needed_bytes > 0.9 * m.memory_cap_bytes
     from trainfit.cli.render import fmt_bytes, measurement_report
 
-    assert f"needs             more than {fmt_bytes(m.oom_needed_bytes)}" in measurement_report(m)
+    assert table_row(measurement_report(m), "needs")[1].startswith(f"more than {fmt_bytes(m.oom_needed_bytes)} (")
     assert m.exit_code == 3 and not m.fits
     assert m.samples_per_second is None
     # the failed step is the part that did not fit; the model was built and is counted apart
@@ -314,6 +333,7 @@ def test_real_oom_under_a_small_cpu_budget(tmp_path: Path) -> None:
     assert own_loss.full_logits_bytes == 16 * 2048 * 4096 * 4
 
 
+@pytest.mark.integration
 def test_factory_with_custom_knob(tmp_path: Path) -> None:
     def spec(mul: int) -> Path:
         return make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:scaled"},
@@ -327,6 +347,7 @@ def test_factory_with_custom_knob(tmp_path: Path) -> None:
     assert any("no dataset" in n for n in small.notes)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("factory, status, text", [
     ("crash", "error", "SIGABRT"),
     ("broken", "error", "the factory could not read its config"),
@@ -340,6 +361,7 @@ def test_a_crashing_child_is_a_status_not_a_crash(tmp_path: Path, factory: str, 
     assert text in m.message
 
 
+@pytest.mark.integration
 def test_the_worker_runs_in_the_environment_the_runner_prepares(tmp_path: Path) -> None:
     path = make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:environment"},
                           params={"max_length": 8})
@@ -347,6 +369,7 @@ def test_the_worker_runs_in_the_environment_the_runner_prepares(tmp_path: Path) 
     assert "TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 ARROW_DEFAULT_MEMORY_POOL=system" in probe(path).message
 
 
+@pytest.mark.integration
 def test_a_hanging_child_is_killed(tmp_path: Path) -> None:
     path = make_spec_file(tmp_path, model={"factory": f"{TESTS / 'factories.py'}:hang"},
                           params={"max_length": 8}, probe={"timeout_s": 6})
@@ -356,6 +379,7 @@ def test_a_hanging_child_is_killed(tmp_path: Path) -> None:
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.integration
 def test_unsupported_knobs_are_clear_errors(llama_spec) -> None:
     m = probe(llama_spec({"attention": "flash_attention_2"}))
     assert m.status == "error" and "needs a CUDA GPU" in m.message
@@ -366,6 +390,7 @@ def test_unsupported_knobs_are_clear_errors(llama_spec) -> None:
     assert "tf32 has no effect on CPU" in m.notes
 
 
+@pytest.mark.integration
 def test_cli_probe_writes_json_and_exits_by_status(llama_spec, tmp_path: Path, capsys) -> None:
     out = tmp_path / "new" / "folder" / "out.json"  # created for it
     assert main(["probe", str(llama_spec()), "--set", "batch_size=3", "--json", str(out), "--quiet"]) == 0
@@ -374,13 +399,15 @@ def test_cli_probe_writes_json_and_exits_by_status(llama_spec, tmp_path: Path, c
     printed = capsys.readouterr().out
     assert "samples/s" in printed and "peak memory" in printed
     assert "data: 200 samples, lengths" in printed  # and how they were counted
-    assert "of which          model" in printed and "optimizer state" in printed and "worst-case step" in printed
+    parts = table_row(printed, "of which")[1]  # the memory parts, in the row after peak memory
+    assert parts.startswith("model ") and "optimizer state" in parts and "worst-case step" in parts
     # an output path that cannot be written is refused before the probe, not after it
     assert main(["probe", str(llama_spec()), "--json", str(tmp_path), "--quiet"]) == 2
     assert "cannot write --json" in capsys.readouterr().err
     assert main(["probe", str(oom_spec(tmp_path)), "--quiet"]) == 3
 
 
+@pytest.mark.integration
 def test_cpu_peak_memory_is_the_childs_own_not_the_parents(tmp_path: Path) -> None:
     """Linux carries ru_maxrss over fork+exec; the probe must not report its parent's size."""
     ballast = bytearray(1536 * 2**20)  # the parent (a tuner, say) holds 1.5 GiB, touched
@@ -394,6 +421,7 @@ def test_cpu_peak_memory_is_the_childs_own_not_the_parents(tmp_path: Path) -> No
     del ballast
 
 
+@pytest.mark.integration
 def test_a_local_checkpoint_folder_is_loaded_without_downloads(tmp_path: Path, texts_file) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -415,6 +443,7 @@ def scaled_spec(tmp_path: Path, **budget: float) -> Path:
                           budget=budget or None, name="scaled.yaml")
 
 
+@pytest.mark.integration
 def test_a_session_reuses_the_model_for_larger_batches_of_the_same_config(tmp_path: Path) -> None:
     spec = load_spec(scaled_spec(tmp_path))
 
@@ -443,6 +472,7 @@ def test_a_session_reuses_the_model_for_larger_batches_of_the_same_config(tmp_pa
     assert not other.model_reused  # another width is another model
 
 
+@pytest.mark.integration
 def test_after_an_oom_the_next_probe_gets_a_fresh_worker(tmp_path: Path) -> None:
     spec = load_spec(scaled_spec(tmp_path, memory_gb=0.9, headroom_gb=0.1))
     with ProbeSession() as session:

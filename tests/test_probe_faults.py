@@ -21,6 +21,8 @@ from conftest import TINY_LLAMA, make_spec_file
 from trainfit.probe import Measurement, run_probe
 from trainfit.spec import load_spec
 
+pytestmark = pytest.mark.integration  # every test runs a real probe
+
 HANG_GUARD_S = 120.0
 
 FAULTS = '''"""Factories that misbehave as a user's workload can; each writes a process id beside this file."""

@@ -128,6 +128,7 @@ def test_a_quote_in_a_template_value_survives_tune_and_resume(tmp_path: Path, st
         assert argv[:2] == ["--name", "bob's run"] and argv[2] == "--bs"
 
 
+@pytest.mark.integration
 def test_the_readme_main_job_writes_a_command_that_trains_as_written(tmp_path: Path) -> None:
     """`trainfit tune examples/tiny-llama.yaml --quick` builds its model from `config:`: the command
     trains the random-init model trainfit saved (once) in the output folder, with TRL, as written;

@@ -1,0 +1,185 @@
+"""What a tune hands over, without a real probe: the ``trl sft`` (or templated) command, the
+report.html charts, and the tune CLI's refusals of bad options before anything starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import TINY_LLAMA, make_spec_file
+from trainfit.cli import main
+from trainfit.command import build_command, render_template
+from trainfit.errors import SpecError, TrainfitError
+from trainfit.params import Params
+from trainfit.probe.measurement import Measurement
+from trainfit.search.tune import tune
+from trainfit.spec import load_spec
+from tune_helpers import BUDGET, HEADROOM, GiB, Surface, synthetic_spec
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--max-trials", "0"], "argument --max-trials: 0 is out of range: expected an integer >= 1"),
+    (["--time-budget", "-5"], "argument --time-budget: -5 is out of range: expected a number > 0"),
+    (["--confirm", "two"], "argument --confirm: 'two' is not an integer"),
+])
+def test_bad_tune_options_are_usage_errors_that_name_the_bound(tmp_path: Path, capsys: Any, option: list[str],
+                                                                message: str) -> None:
+    path = synthetic_spec(tmp_path, "grid").source
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", str(path), "--output", str(tmp_path / "out"), *option])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--storage", "nonsense"], "--storage 'nonsense' is not a database URL"),
+    (["--storage", "postgresql://me:secret@db.invalid/trainfit"],  # no driver, or no such host
+     "--storage postgresql://me:***@db.invalid/trainfit"),
+    (["--join"], "--join is for runs sharing a --storage"),
+])
+def test_bad_storage_options_are_clear_errors(tmp_path: Path, capsys: Any, option: list[str], message: str) -> None:
+    path = synthetic_spec(tmp_path, "grid").source
+    assert main(["tune", str(path), "--output", str(tmp_path / "out"), *option]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and "secret" not in err
+
+
+def test_commands_come_from_the_probed_params(tmp_path: Path) -> None:
+    params = Params(batch_size=6, gradient_accumulation_steps=24, lora_r=24, precision="bf16",
+                    gradient_checkpointing=True, extra={"ddpm_batch_mul": 4})
+    template = ("python -m vibevoice.finetune.train_vibevoice --per_device_train_batch_size {batch_size} "
+                "--gradient_accumulation_steps {gradient_accumulation_steps} --lora_r {lora_r} "
+                "--ddpm_batch_mul {ddpm_batch_mul}")
+    assert render_template(template, params).endswith(
+        "--per_device_train_batch_size 6 --gradient_accumulation_steps 24 --lora_r 24 --ddpm_batch_mul 4")
+    with pytest.raises(TrainfitError, match="unknown placeholders: lr"):
+        render_template("train --lr {lr}", params)
+    assert render_template("train --epochs {epochs} --bs {effective_batch_size}", params, 2.5) == \
+        "train --epochs 2.5 --bs 144"
+    spec_file = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
+    cmd = build_command(load_spec(spec_file), params)
+    assert cmd.startswith("trl sft ")
+    # TRL's default is 3 epochs: the command trains the 1 the runtime estimate is for
+    for flag in ("--per_device_train_batch_size 6", "--gradient_accumulation_steps 24", "--bf16 true --fp16 false",
+                 "--dtype bfloat16", "--gradient_checkpointing true", "--use_peft true --lora_r 24 --lora_alpha 48",
+                 "--optim adamw_torch", "--num_train_epochs 1 "):
+        assert flag in cmd
+    assert "--num_train_epochs 2 " in build_command(load_spec(spec_file, ["tune.epochs=2"]), params)
+    # TF32 is a CUDA setting: a config probed on CPU gets --tf32 false (transformers refuses true there)
+    tf32 = params.replace(tf32=True)
+    assert "--tf32 true " in build_command(load_spec(spec_file), tf32)
+    assert "--tf32 false " in build_command(load_spec(spec_file), tf32, cpu_threads=2)
+    for bad in ("tune.epochs=0", "tune.time_budget_s=-5"):
+        with pytest.raises(SpecError, match=f"{bad.split('=')[0]}: must be > 0"):
+            load_spec(spec_file, [bad])
+
+
+def test_probe_and_command_truncate_at_the_models_positions(tmp_path: Path, texts_file) -> None:
+    """max_length null means the longest sample, but never past the model's positions: the probe
+    measures that length and the `trl sft` command is told it (else TRL would not truncate)."""
+    from trainfit.data.analyze import analyze_spec
+    from trainfit.probe.runner import build_request
+    from trainfit.report import command_length
+
+    path = make_spec_file(tmp_path, model={"config": {**TINY_LLAMA, "max_position_embeddings": 32}},
+                          data={"path": str(texts_file[0]), "text_field": "text"}, params={"batch_size": 2})
+    spec = load_spec(path)
+    stats = analyze_spec(spec, progress=False)
+    assert stats.max > 32 and stats.max_positions == 32
+    assert command_length(spec.params, stats) == 32
+    assert build_request(spec, spec.params, stats, "cpu")["max_length"] == 32
+    assert "--max_length 32 " in build_command(spec, spec.params, max_length=command_length(spec.params, stats))
+    mine = load_spec(path, ["tune.command_template=python train.py --max_len {max_length}"])
+    assert build_command(mine, mine.params, max_length=command_length(mine.params, stats)).endswith("--max_len 32")
+    shorter = spec.params.replace(max_length=16)
+    assert "--max_length 16 " in build_command(spec, shorter, max_length=command_length(shorter, stats))
+
+
+def test_a_sharded_dataset_reaches_trl_as_the_same_files(tmp_path: Path) -> None:
+    from trainfit.command import trl_data_config
+
+    shards = tmp_path / "data"
+    shards.mkdir()
+    for i, words in enumerate((["a b", "c"], ["d e f"])):
+        (shards / f"part-{i}.jsonl").write_text("".join(json.dumps({"text": w}) + "\n" for w in words))
+    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                                    data={"path": "data", "text_field": "text"}))
+    assert trl_data_config(spec) == {"datasets": [{"path": "json", "data_files": [str(shards / "part-0.jsonl"),
+                                                                                    str(shards / "part-1.jsonl")]}]}
+    with pytest.raises(SpecError, match=r"data.path: .*/data/\*.parquet matches no file"):
+        load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                                 data={"path": "data/*.parquet", "text_field": "text"}))
+
+
+def test_report_html_draws_every_probe_by_family_against_the_budget(tmp_path: Path) -> None:
+    from html.parser import HTMLParser
+
+    surface = Surface()
+    spec = synthetic_spec(tmp_path, "grid", max_trials=64)
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    page = (tmp_path / "out" / "report.html").read_text()
+
+    class Shapes(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            self.tags.append((tag, dict(attrs)))
+
+    shapes = Shapes()
+    shapes.feed(page)
+    tags = shapes.tags
+    trials = result.trials
+    ooms = sum(t.measurement.status == "oom" for t in trials)
+    fitting_or_over = sum(t.measurement.status == "ok" for t in trials)
+    assert ooms > 0 and fitting_or_over > 0
+    # each chart: a point per measured probe, a cross per OOM (the memory chart at its peak)
+    assert sum(tag == "circle" for tag, _ in tags) == 2 * fitting_or_over
+    assert sum(tag == "path" and a.get("class") == "oom" for tag, a in tags) == 2 * ooms
+    assert sum(tag == "polyline" for tag, _ in tags) == 2 * 4  # 4 families (checkpointing x LoRA rank)
+    hollow = sum(tag == "circle" and a.get("fill") == "white" for tag, a in tags)
+    assert hollow == 2 * result.summary["over_budget"]
+    assert f"budget {BUDGET:g} GiB" in page and f"fits below {BUDGET - HEADROOM:g} GiB" in page
+    best = result.summary["best_config"]
+    assert f"Best: trial {best['trial']}" in page and page.count("<tr>") == len(trials) + 1
+
+
+def test_report_html_puts_an_oom_at_what_it_needed_at_least(tmp_path: Path) -> None:
+    import dataclasses
+
+    said = Measurement(status="oom", config={}, peak_memory_bytes=int(0.5 * GiB), oom_needed_bytes=int(0.9 * GiB))
+    silent = Measurement(status="oom", config={}, peak_memory_bytes=int(0.5 * GiB))
+    assert said.needed_bytes == int(0.9 * GiB) and silent.needed_bytes == int(0.5 * GiB)
+
+    def probe(p: Params, number: int) -> Measurement:
+        m = Surface()(p, number)
+        return dataclasses.replace(m, oom_needed_bytes=int(123.45 * GiB)) if m.status == "oom" else m
+
+    tune(synthetic_spec(tmp_path, "grid", max_trials=64), output=tmp_path / "out", probe_fn=probe)
+    assert "needs &gt; 123.45 GiB" in (tmp_path / "out" / "report.html").read_text()
+
+
+@pytest.mark.parametrize("device_gb, shown, drawn", [(80.0, "80", True), (1000.0, "1,000", False)])
+def test_report_html_draws_the_devices_memory_only_where_it_leaves_the_peaks_readable(
+        tmp_path: Path, device_gb: float, shown: str, drawn: bool) -> None:
+    """No budget set: the device's memory is the budget. A machine's RAM far above every peak (a
+    CPU run) would squeeze them onto the axis, so the title names it instead of a line."""
+    tune(synthetic_spec(tmp_path, "grid", no_budget=True, max_trials=64), output=tmp_path / "out",
+         probe_fn=Surface(budget_gb=device_gb))  # peaks up to 72 GiB
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert (f">device memory {shown} GiB<" in page) is drawn  # the line's label
+    assert (f"device memory {shown} GiB, far above, not drawn" in page) is not drawn  # the chart's title
+
+
+@pytest.mark.parametrize("module", ["trainfit.report", "trainfit.search.study", "trainfit.cli.tune"])
+def test_each_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
+    """No import cycle depends on which module a caller happens to import first."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
