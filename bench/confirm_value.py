@@ -26,7 +26,7 @@ from search_efficiency import load, progress  # noqa: E402
 
 
 def live(spec, rounds: int, label: str) -> dict[str, Any]:
-    from trainfit.search.tune import tune
+    from trainfit.tune import tune
 
     spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=rounds))
     with tempfile.TemporaryDirectory() as tmp:

@@ -46,8 +46,8 @@ def write_lengths(path: Path, n: int, max_len: int, seed: int = 0) -> None:
 
 
 def run_trainfit(config: dict, data: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from trainfit.search.tune import tune
     from trainfit.spec import build_spec
+    from trainfit.tune import tune
 
     doc = {"model": {"config": config}, "data": {"path": str(data), "length_field": "length"},
            # The pick trains in the Hugging Face Trainer, whose loss is the model's own over the full logits.
@@ -76,7 +76,13 @@ def run_trainfit(config: dict, data: Path, args: argparse.Namespace, out: Path) 
 def hf_run(job: dict[str, Any]) -> dict[str, Any]:
     """One Hugging Face Trainer run (in a child process of its own)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     cuda = torch.cuda.is_available() and not job["cpu"]
     if cuda and job["budget_gb"]:

@@ -62,8 +62,9 @@ WORKLOADS: dict[str, tuple[str, list[str], dict[str, list[Any]]]] = {
 
 
 def load(workload: str):
-    from trainfit.spec import load_spec
     import yaml
+
+    from trainfit.spec import load_spec
 
     name, overrides, space = WORKLOADS[workload]
     src = ROOT / "examples" / name
@@ -84,8 +85,8 @@ def load(workload: str):
 
 def replay(spec, strategy: str, table: dict[str, Any], seed: int, sampler: Any = None):
     from trainfit.search.strategies import config_key
-    from trainfit.search.tune import tune
     from trainfit.spec import TuneSettings
+    from trainfit.tune import tune
 
     # patience = the grid's size: "no better config in the last N probes" never ends a replay early,
     # while a sampler that only proposes measured configs still stops after N in a row (as in a tune;
@@ -141,7 +142,7 @@ def progress(label: str):
 def measure(spec, strategy: str, folder: Path | None, label: str, time_budget_s: float | None):
     """A real ``tune`` of ``spec`` (real probes); in ``folder``, resumed if a call before was cut
     short by its ``time_budget_s``. None when this call's time ran out first."""
-    from trainfit.search.tune import tune
+    from trainfit.tune import tune
 
     with contextlib.ExitStack() as stack:
         out = folder or Path(stack.enter_context(tempfile.TemporaryDirectory()))

@@ -128,9 +128,9 @@ def plain_loop(spec, params, token_ids: list[list[int]], pad_id: int, steps: int
 
 def main() -> None:
     from trainfit.command import command_script, trl_data_config
-    from trainfit.report import command_inputs
     from trainfit.data.analyze import analyze_spec
     from trainfit.probe import run_probe
+    from trainfit.report import command_inputs
     from trainfit.spec import load_spec
 
     ap = argparse.ArgumentParser()

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from conftest import EXAMPLES
+
 from trainfit.command import build_command, trl_data_config
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.spec import ModelSpec, load_spec

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import write_texts
+
 from trainfit.cli import main
 from trainfit.data import LengthRecipe, count_lengths
 from trainfit.data.lengths import BAD

@@ -3,8 +3,15 @@ from __future__ import annotations
 import pytest
 
 from trainfit.devices import peak_flops
-from trainfit.flops import (TransformerShape, attention_area, experts_active, matmul_params, step_flops,
-                            transformer_shape, utilization)
+from trainfit.flops import (
+    TransformerShape,
+    attention_area,
+    experts_active,
+    matmul_params,
+    step_flops,
+    transformer_shape,
+    utilization,
+)
 
 
 def test_full_finetune_matches_palm_formula() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import make_spec_file
+
 from trainfit.probe import run_probe
 from trainfit.spec import load_spec
 

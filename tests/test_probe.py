@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import TESTS, TINY_GPT2, TINY_LLAMA, make_spec_file
+
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
 from trainfit.probe import Measurement, run_probe
@@ -252,9 +252,9 @@ def test_trls_fused_head_allocates_tiles_wider_than_a_small_vocabulary(tmp_path:
     TRL's chunk (32,768 columns), not as the 256-word vocabulary."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
     from trainfit.workloads import build_workload
-    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
     spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 16}))
     workload = build_workload(spec, spec.params, torch.device("cpu"))
@@ -269,7 +269,7 @@ def test_without_trls_head_auto_falls_back_to_the_models_loss_and_says_so(tmp_pa
 
     import torch
 
-    from trainfit.step import Unsupported
+    from trainfit.errors import Unsupported
     from trainfit.workloads import build_workload
 
     monkeypatch.setitem(sys.modules, "trl.trainer.utils", None)  # as if this trl had no fused head
@@ -318,7 +318,8 @@ def test_real_oom_under_a_small_cpu_budget(tmp_path: Path) -> None:
     assert "GiB allocated" in m.message and "against a cap of 0.90 GiB" in m.message
     # what was allocated at the failure plus what was asked: the allocation failed, so past the cap
     assert m.oom_needed_bytes > 0.9 * m.memory_cap_bytes
-    from trainfit.cli.render import fmt_bytes, measurement_report
+    from trainfit.cli.render import measurement_report
+    from trainfit.format import fmt_bytes
 
     assert table_row(measurement_report(m), "needs")[1].startswith(f"more than {fmt_bytes(m.oom_needed_bytes)} (")
     assert m.exit_code == 3 and not m.fits

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil  # the real one, imported before any test changes the working directory
 import pytest
-
 from conftest import TINY_LLAMA, make_spec_file
+
 from trainfit.probe import Measurement, run_probe
 from trainfit.spec import load_spec
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
-from trainfit.command import build_command
+
 from trainfit.cli import main
+from trainfit.command import build_command
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params, parse_params
 from trainfit.spec import load_spec, merge_overrides, parse_override

@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import TINY_LLAMA, make_spec_file, write_texts
+from tune_helpers import Slow, Surface, store_for, synthetic_spec
+
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.search import tune as tune_module
-from trainfit.search.tune import tune
 from trainfit.spec import load_spec
-from tune_helpers import Slow, Surface, store_for, synthetic_spec
+from trainfit.tune import tune
 
 VALUES = ("batch_size", "gradient_checkpointing", "lora_r")
 

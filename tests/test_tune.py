@@ -12,14 +12,23 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_LLAMA, make_spec_file
+from tune_helpers import (
+    BUDGET,
+    GRID,
+    HEADROOM,
+    GiB,
+    Slow,
+    Surface,
+    store_for,
+    synthetic_spec,
+)
+
 from trainfit.errors import SpecError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.search.tune import tune
 from trainfit.spec import load_spec
-from tune_helpers import BUDGET, GRID, HEADROOM, GiB, Slow, Surface, store_for, synthetic_spec
+from trainfit.tune import tune
 
 __all__ = ["Slow", "Surface", "store_for", "synthetic_spec"]  # what test_study_faults.py imports from here
 
@@ -92,7 +101,7 @@ def test_without_a_spec_budget_auto_predicts_against_the_devices_memory(tmp_path
 
 def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
     from trainfit.params import Params
-    from trainfit.search.space import parse_space
+    from trainfit.space import parse_space
     from trainfit.search.strategies import GridStrategy, model_family
 
     space, problems = parse_space({"batch_size": [8, 2, 4], "lora_r": [None, 8], "padding": ["longest", "max_length"]},
@@ -107,7 +116,7 @@ def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
 
 
 def test_auto_climbs_on_when_a_small_gain_is_within_measurement_noise() -> None:
-    from trainfit.search.space import parse_space
+    from trainfit.space import parse_space
     from trainfit.search.strategies import AutoStrategy, Trial
 
     space, problems = parse_space({"batch_size": [1, 2, 4, 8]}, Params(), allow_custom=False)

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tune_helpers import RUNNER_UP, GiB, Noisy, Surface, store_for, synthetic_spec
 
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.search.tune import tune
 from trainfit.spec import load_spec
-from tune_helpers import RUNNER_UP, GiB, Noisy, Surface, store_for, synthetic_spec
+from trainfit.tune import tune
 
 
 def test_the_summary_names_runners_up_within_measurement_noise(tmp_path: Path) -> None:

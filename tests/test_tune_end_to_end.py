@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_LLAMA, make_spec_file
-from trainfit.cli import main
 from tune_helpers import synthetic_spec
+
+from trainfit.cli import main
 
 pytestmark = pytest.mark.integration
 

@@ -8,16 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import TINY_LLAMA, make_spec_file
+from tune_helpers import BUDGET, HEADROOM, GiB, Surface, synthetic_spec
+
 from trainfit.cli import main
-from trainfit.command import build_command, render_template
+from trainfit.command import build_command
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.search.tune import tune
 from trainfit.spec import load_spec
-from tune_helpers import BUDGET, HEADROOM, GiB, Surface, synthetic_spec
+from trainfit.template import render_template
+from trainfit.tune import tune
 
 
 @pytest.mark.parametrize(("option", "message"), [

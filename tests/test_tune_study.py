@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import TINY_LLAMA, make_spec_file
+from tune_helpers import Slow, Surface, store_for, synthetic_spec
+
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.search.tune import tune
 from trainfit.spec import load_spec
-from tune_helpers import Slow, Surface, store_for, synthetic_spec
+from trainfit.tune import tune
 
 
 def test_resume_continues_without_reprobing(tmp_path: Path) -> None:

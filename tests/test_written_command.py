@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 import yaml
-
 from conftest import EXAMPLES, TINY_LLAMA
+
 from trainfit.command import command_script
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.search.tune import tune
 from trainfit.spec import load_spec
+from trainfit.tune import tune
 
 STUB = "import json, sys\nprint(json.dumps(sys.argv[1:]))\n"
 """A trainer that prints the arguments it was given, as JSON, and nothing else."""

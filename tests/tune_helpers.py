@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import TINY_LLAMA, make_spec_file
+
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.spec import Spec, load_spec

@@ -6,6 +6,7 @@ Public API (heavy libraries such as torch are imported only when used)::
     spec = trainfit.load_spec("examples/tiny-llama.yaml", ["batch_size=8"])
     m = trainfit.run_probe(spec)
     print(m.status, m.samples_per_second, m.peak_memory_bytes)
+    result = trainfit.tune(spec, output="runs/a", quick=True)   # the fastest config that fits
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ _LAZY = {
     "LengthRecipe": "trainfit.data.lengths",
     "count_lengths": "trainfit.data.lengths",
     "summarize": "trainfit.data.stats",
+    "tune": "trainfit.tune",
+    "TuneResult": "trainfit.search.tune",
 }
 
 __all__ = ["CustomWorkload", "LengthRecipe", "LengthStats", "Measurement", "Params", "Spec", "SpecError",
-           "TrainfitError", "__version__", "count_lengths", "load_spec", "run_probe", "summarize"]
+           "TrainfitError", "TuneResult", "__version__", "count_lengths", "load_spec", "run_probe", "summarize",
+           "tune"]
 
 if TYPE_CHECKING:
     from trainfit.data.lengths import LengthRecipe, count_lengths
@@ -39,7 +43,9 @@ if TYPE_CHECKING:
     from trainfit.params import Params
     from trainfit.probe.measurement import Measurement
     from trainfit.probe.runner import run_probe
+    from trainfit.search.tune import TuneResult
     from trainfit.spec import Spec, load_spec
+    from trainfit.tune import tune
     from trainfit.workloads.factory import CustomWorkload
 
 

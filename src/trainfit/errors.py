@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
+from typing import Any
 
 
 class TrainfitError(Exception):
@@ -18,6 +19,16 @@ class TrainfitError(Exception):
         self.message = message
         self.hint = hint
         super().__init__(message if hint is None else f"{message}\n  fix: {hint}")
+
+
+class Unsupported(TrainfitError):
+    """A knob this device or installation cannot honour. ``knob``/``value`` name it, so a search
+    skips every config with that value instead of failing on each."""
+
+    def __init__(self, message: str, hint: str | None = None, *, knob: str | None = None,
+                 value: Any = None) -> None:
+        super().__init__(message, hint)
+        self.knob, self.value = knob, value
 
 
 @dataclass(frozen=True)

@@ -10,43 +10,26 @@ from __future__ import annotations
 import csv
 import json
 import os
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from trainfit.command import build_command, command_script, trl_data_config, writes_trl
+from trainfit.command import build_command, command_script, trl_data_config
 from trainfit.data.stats import LengthStats
 from trainfit.devices import versions
 from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS, Params
-from trainfit.search.space import SearchSpace
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
 from trainfit.report_html import tune_report_html
+from trainfit.search.ranking import Repeats, pooled, ranked, within_noise
+from trainfit.space import SearchSpace
 from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.spec import Spec
 
 SCHEMA_VERSION = 1
-
-
-Repeats = Mapping[str, Sequence[Measurement]]
-"""Confirmation measurements by config key (see ``tune.confirm_rounds``)."""
-
-
-def pooled(t: Trial, repeats: Repeats, objective: str) -> float:
-    """The trial's objective, or with confirmation repeats the median over all its measurements."""
-    again = [getattr(m, objective) for m in repeats.get(config_key(t.values), ()) if m.fits]
-    return statistics.median([t.objective, *again]) if again else t.objective
-
-
-def ranked(trials: Sequence[Trial], repeats: Repeats | None = None, objective: str = "samples_per_second"
-           ) -> list[Trial]:
-    """Feasible trials, fastest first (ties: less memory first); confirmed configs by their median."""
-    ok = [t for t in trials if t.feasible and t.objective is not None]
-    return sorted(ok, key=lambda t: (-pooled(t, repeats or {}, objective), t.measurement.peak_memory_bytes or 0))
 
 
 def run_samples(spec: Spec, stats: LengthStats | None) -> float | None:
@@ -111,25 +94,6 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
         "config": params.to_dict(),
         "command": command,
     }
-
-
-def within_noise(order: Sequence[Trial]) -> list[dict[str, Any]]:
-    """Runners-up the probes cannot tell apart from the best: the runner-up's step is no longer
-    than the two probes' 95% confidence half-widths of the step time together allow. Both are
-    reported as fractions of the best's objective: ``gap`` how much slower the runner-up
-    measured, ``noise`` how much slower the intervals let it measure while being as fast."""
-    if not order or order[0].objective <= 0:
-        return []
-    best = order[0]
-    out = []
-    for t in order[1:6]:
-        gap = 1 - t.objective / best.objective
-        step_ci = (best.measurement.step_time_ci95_rel or 0.0) + (t.measurement.step_time_ci95_rel or 0.0)
-        noise = 1 - 1 / (1 + step_ci)
-        if gap <= noise:
-            out.append({"trial": t.number, "searched": jsonable(t.values),
-                        "samples_per_second": t.measurement.samples_per_second, "gap": gap, "noise": noise})
-    return out
 
 
 def unsupported_report(trials: Sequence[Trial]) -> list[dict[str, Any]]:
@@ -365,7 +329,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
 def initial_model(output: Path, spec: Spec) -> Path | None:
     """OUTPUT/model: the random-init model of a ``config:`` spec whose command is ``trl sft``, saved
     once (see ``save_initial_model``); None for another spec, or a model too large to save."""
-    if spec.model.config is None or not writes_trl(spec):
+    if spec.model.config is None or not spec.uses_trl_sft:
         return None
     from trainfit.workloads.hf import save_initial_model
 

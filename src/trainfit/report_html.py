@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trainfit.cli.render import fmt_need, fmt_num
+from trainfit.format import fmt_need, fmt_num
 from trainfit.progress import format_duration
 from trainfit.search.strategies import Trial
 

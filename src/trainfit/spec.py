@@ -158,10 +158,16 @@ class Spec:
     """A local tokenizer folder or tokenizer.json; default: the ``model.path`` folder when it holds
     a tokenizer, else None = a stated approximate count."""
     search: Any = None
-    """The :class:`trainfit.search.space.SearchSpace` (None when the spec has no ``search:``)."""
+    """The :class:`trainfit.space.SearchSpace` (None when the spec has no ``search:``)."""
     tune: TuneSettings = field(default_factory=TuneSettings)
     source: str | None = None
     """The spec file this came from (for messages and reports)."""
+
+    @property
+    def uses_trl_sft(self) -> bool:
+        """Is the training command ``trl sft`` (a Hugging Face model, no ``tune.command_template``)?
+        It then decides the probe's loss (``loss: auto``) and what the command can express."""
+        return is_trl_command(self.model.factory, self.tune.command_template)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready view of the resolved spec (what reports and measurements record)."""
@@ -352,12 +358,39 @@ def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str
     return values
 
 
+def is_trl_command(factory: str | None, command_template: str | None) -> bool:
+    """Is the training command a ``trl sft`` one (no user template, a Hugging Face model)? Takes
+    the two keys, so a spec being validated can ask too."""
+    return not command_template and factory is None
+
+
+def _trl_problems(model: Mapping[str, Any] | None, tune: Mapping[str, Any] | None, params: Params | None,
+                 space: Any) -> list[Problem]:
+    """What a ``trl sft`` command cannot take, said when the spec is loaded rather than after the
+    search: TRL's ``--lora_alpha`` is an integer, while the knob is a float (for trainers of one's
+    own). ``model``, ``tune``: the spec's raw sections; ``space``: its ``SearchSpace``, if any."""
+    if model is None or tune is None or params is None or not is_trl_command(model.get("factory"),
+                                                                             tune.get("command_template")):
+        return []
+    dim = space.dim("lora_alpha") if space is not None else None
+    if dim is not None and dim.is_range:  # a float range proposes fractions, however whole its ends
+        floats = not (isinstance(dim.low, int) and isinstance(dim.high, int))
+        what = f"a range of floats ({dim.low:g} to {dim.high:g})" if floats else None
+    else:
+        values = dim.choices if dim is not None else (params.lora_alpha,)
+        what = ", ".join(f"{v:g}" for v in values if v is not None and not float(v).is_integer()) or None
+    if what is None:
+        return []
+    key = "params.lora_alpha" if dim is None else "search.lora_alpha"
+    return [Problem(key, f"{what}: not a whole number, and trl sft's --lora_alpha takes an integer",
+                    "use whole numbers (e.g. 16; a range with integer ends), or a tune.command_template "
+                    "for a trainer that takes a float")]
+
+
 def _loss_problems(model: dict[str, Any] | None, tune: dict[str, Any] | None, params: Params,
                    space: Any) -> list[Problem]:
     """``loss`` must be one the training command computes: TRL's fused head for ``trl sft``, and
     none at all for a factory model, which computes its own."""
-    from trainfit.command import is_trl_command
-
     if model is None or tune is None:
         return []
     dim = space.dim("loss") if space is not None else None
@@ -536,7 +569,7 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
         if raw_search is not None and not isinstance(raw_search, Mapping):
             problems.append(Problem("search", "expected a mapping of knob: [choices] or {low, high}"))
         elif raw_search is not None or tune.get("target_effective_batch") or tune.get("constraints"):
-            from trainfit.search.space import parse_space
+            from trainfit.space import parse_space
 
             space, space_problems = parse_space(
                 raw_search, params, allow_custom=model is not None and model.get("factory") is not None,
@@ -544,7 +577,7 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
             problems += space_problems
         template = tune.get("command_template")
         if isinstance(template, str) and params is not None:
-            from trainfit.command import TEMPLATE_EXTRAS, template_problem
+            from trainfit.template import TEMPLATE_EXTRAS, template_problem
 
             names = [*params.to_dict(), *(space.names if space is not None else ()), *TEMPLATE_EXTRAS]
             problem = template_problem(template, dict.fromkeys(names))
@@ -553,9 +586,8 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
 
     problems += _loss_problems(model, tune, params, space)
     problems += _lora_problems(params, space)
-    from trainfit.command import trl_problems
 
-    problems += trl_problems(model, tune, params, space)
+    problems += _trl_problems(model, tune, params, space)
 
     tokenizer = raw.get("tokenizer")
     if tokenizer is None and model is not None:

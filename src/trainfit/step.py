@@ -21,19 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainfit.devices import cpu_flags
-from trainfit.errors import TrainfitError
+from trainfit.errors import TrainfitError, Unsupported
 from trainfit.params import Params
 from trainfit.workloads.base import Batch, Workload
-
-
-class Unsupported(TrainfitError):
-    """A knob this device or installation cannot honour. ``knob``/``value`` name it, so a search
-    skips every config with that value instead of failing on each."""
-
-    def __init__(self, message: str, hint: str | None = None, *, knob: str | None = None,
-                 value: Any = None) -> None:
-        super().__init__(message, hint)
-        self.knob, self.value = knob, value
 
 
 def check_support(params: Params, device: Any) -> list[str]:

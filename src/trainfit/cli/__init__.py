@@ -78,9 +78,7 @@ def terminate_as_interrupt() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainfit.errors import TrainfitError
-
-    from trainfit.errors import os_error
+    from trainfit.errors import TrainfitError, os_error
 
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)

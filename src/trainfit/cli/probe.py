@@ -6,7 +6,13 @@ import argparse
 import sys
 from typing import Any
 
-from trainfit.cli.common import add_spec_arguments, knobs_help, output_file, spec_from_args, stats_from_args
+from trainfit.cli.common import (
+    add_spec_arguments,
+    knobs_help,
+    output_file,
+    spec_from_args,
+    stats_from_args,
+)
 
 EPILOG = """\
 exit status: 0 ok, 3 out of memory, 4 error (crash, unsupported knob), 5 timeout, 2 bad usage/spec.
@@ -54,7 +60,8 @@ class PhasePrinter:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.render import config_line, measurement_report
+    from trainfit.cli.render import measurement_report
+    from trainfit.format import config_line
     from trainfit.probe.runner import run_probe
 
     spec = spec_from_args(args)

@@ -5,25 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from trainfit.format import OOM_NEED, fmt_bytes, fmt_num, parts_line
 from trainfit.probe.measurement import Measurement
 from trainfit.progress import format_duration
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def fmt_num(x: float | None, digits: int = 3) -> str:
-    if x is None:
-        return "n/a"
-    if abs(x) >= 100:
-        return f"{x:,.0f}"
-    return f"{x:.{digits}g}"
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
@@ -38,41 +22,8 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) ->
     return "\n".join(lines)
 
 
-def values_line(values: dict[str, Any]) -> str:
-    """Searched values as ``knob=value`` pairs, every one shown (``lora_r=None`` is a choice)."""
-    return " ".join(f"{k}={v}" for k, v in values.items())
-
-
-def unit(objective: str) -> str:
-    """'samples_per_second' -> 'samples/s'."""
-    return objective.replace("_per_second", "/s")
-
-
-def config_line(config: dict[str, Any]) -> str:
-    lora = config.get("lora_r") is not None
-    return " ".join(f"{k}={v}" for k, v in config.items() if v is not None and (lora or not k.startswith("lora_")))
-
-
 UNSTABLE = ("NOT stable (step/time cap hit: raise probe.max_seconds or probe.max_steps for a tighter "
             "estimate)")
-PART_NAMES = {"model": "model", "optimizer": "optimizer state", "runtime": "runtime",
-              "step": "worst-case step", "build": "build", "allocator_cache": "allocator cache"}
-"""How the report names each part of ``Measurement.memory_parts_bytes``."""
-
-
-def parts_line(parts: dict[str, float], unit: float = 1) -> str:
-    """``model 1.30 MiB, optimizer state 2.66 MiB, ...`` (see ``Measurement.memory_parts_bytes``);
-    ``unit``: bytes per unit of ``parts`` (``1024**3`` for summary.json's ``memory_parts_gb``)."""
-    return ", ".join(f"{PART_NAMES.get(k, k)} {fmt_bytes(v * unit)}" for k, v in parts.items())
-
-
-OOM_NEED = "held when an allocation failed, plus what it asked for"
-"""What ``Measurement.oom_needed_bytes`` counts, as the reports say it."""
-
-
-def fmt_need(gb: float) -> str:
-    """An OOM's lower bound of need (``Measurement.oom_needed_gb``), as every report says it."""
-    return f"needs > {gb:.2f} GiB"
 
 
 def measurement_report(m: Measurement) -> str:

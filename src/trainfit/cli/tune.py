@@ -8,7 +8,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from trainfit.cli.common import add_spec_arguments, knobs_help, number, spec_from_args, stats_from_args
+from trainfit.cli.common import (
+    add_spec_arguments,
+    knobs_help,
+    number,
+    spec_from_args,
+    stats_from_args,
+)
 
 EPILOG = """\
 exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec or a file that cannot
@@ -75,7 +81,7 @@ class TuneView:
         self.tty = sys.stderr.isatty()
 
     def __call__(self, event: dict[str, Any]) -> None:
-        from trainfit.cli.render import fmt_need, fmt_num, unit, values_line
+        from trainfit.format import fmt_need, fmt_num, unit, values_line
         from trainfit.progress import format_duration
 
         if self.quiet:
@@ -204,15 +210,23 @@ def resume_hint(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.render import OOM_NEED, fmt_need, fmt_num, parts_line, table, unit, values_line
+    from trainfit.cli.render import table
+    from trainfit.format import (
+        OOM_NEED,
+        fmt_need,
+        fmt_num,
+        parts_line,
+        unit,
+        values_line,
+    )
     from trainfit.progress import format_duration
     from trainfit.report import EFFECTIVE_BATCH, learning_knobs, run_samples
-    from trainfit.search.tune import tune
     from trainfit.spec import unused_lora_note
+    from trainfit.tune import tune
 
     spec = spec_from_args(args)
     if spec.search is None or not spec.search.dims:
-        from trainfit.search.space import default_search
+        from trainfit.space import default_search
 
         defaults = default_search(spec.params, spec.search.target_effective_batch if spec.search else None)
         args.overrides = [*args.overrides, *defaults]

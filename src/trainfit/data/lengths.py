@@ -21,15 +21,20 @@ from typing import IO, Any
 
 import numpy as np
 
-from trainfit.data.readers import COMPRESSED, BadRow, data_files, detect_format, fingerprint, iter_rows
+from trainfit.data.readers import (
+    COMPRESSED,
+    BadRow,
+    data_files,
+    detect_format,
+    fingerprint,
+    iter_rows,
+)
 from trainfit.errors import TrainfitError
 from trainfit.progress import Progress
 
 BAD = -1  # length recorded for a row that could not be read
 _WORDS = re.compile(r"\w+|[^\w\s]")
-APPROXIMATE = "no tokenizer given"
-"""Starts the description of lengths counted without a tokenizer (kept stable: cached analyses hold it)."""
-FALLBACK_DESCRIPTION = (f"{APPROXIMATE}: lengths are regex word pieces (runs of letters/digits and "
+FALLBACK_DESCRIPTION = ("no tokenizer given: lengths are regex word pieces (runs of letters/digits and "
                         "single punctuation marks), an approximation of a subword tokenizer's count; "
                         "give a tokenizer (--tokenizer; in a spec, tokenizer:) for exact counts")
 
@@ -53,6 +58,11 @@ class LengthRecipe:
     @property
     def fields(self) -> list[str]:
         return list(self.text_fields) or [self.messages_field or self.length_field]  # type: ignore[list-item]
+
+    @property
+    def approximate(self) -> bool:
+        """Text counted without a tokenizer (regex word pieces), not as training will count it."""
+        return not self.length_field and not self.tokenizer
 
     def describe(self) -> str:
         if self.length_field:
@@ -118,6 +128,8 @@ class LengthTable:
     description: str
     source: str
     source_fingerprint: str
+    approximate: bool = False
+    """Counted without a tokenizer (see ``LengthRecipe.approximate``)."""
     bad_rows: int = 0
     bad_examples: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -362,7 +374,7 @@ def count_lengths(
         lengths, meta = hit
         _stop_at_recorded_bad_row(path, on_bad_row, meta["bad_examples"])
         return LengthTable(lengths=lengths, description=description, source=str(path), source_fingerprint=fp,
-                           bad_rows=meta["bad_rows"], bad_examples=meta["bad_examples"], notes=meta["notes"],
+                           approximate=recipe.approximate, bad_rows=meta["bad_rows"], bad_examples=meta["bad_examples"], notes=meta["notes"],
                            from_cache=True)
 
     tokenizer = None if recipe.length_field else _Tokenizer(recipe.tokenizer, need_chat=bool(recipe.messages_field))
@@ -483,5 +495,5 @@ def count_lengths(
         ckpt.save_final(array, {"bad_rows": bad_rows, "bad_examples": bad_examples,
                                 "notes": [n for n in notes if not n.startswith("resumed")]})
     return LengthTable(lengths=array, description=description, source=str(path), source_fingerprint=fp,
-                       bad_rows=bad_rows, bad_examples=bad_examples, notes=notes)
+                       approximate=recipe.approximate, bad_rows=bad_rows, bad_examples=bad_examples, notes=notes)
 

@@ -77,6 +77,8 @@ class LengthStats:
     histogram: dict[str, list[float]]
     length_sample: list[int]
     """Up to 10,000 lengths drawn uniformly (seeded) for typical batches."""
+    approximate: bool = False
+    """Counted without a tokenizer (regex word pieces): not the lengths training will see."""
     over_max_positions: int | None = None
     max_positions: int | None = None
     bad_examples: list[dict[str, Any]] = field(default_factory=list)
@@ -144,6 +146,7 @@ def summarize(
         source=table.source,
         source_fingerprint=table.source_fingerprint,
         description=table.description,
+        approximate=table.approximate,
         samples=int(len(lengths)),
         bad_rows=table.bad_rows,
         total=int(lengths.sum()),

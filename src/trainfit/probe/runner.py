@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from trainfit.data.lengths import APPROXIMATE
 from trainfit.data.stats import LengthStats, count_longer_than
 from trainfit.params import Params, batches_grow, model_values
-from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
 from trainfit.probe.events import parse_event
+from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
 from trainfit.spec import GiB, Spec
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -36,7 +35,7 @@ def resolve_device_name(name: str) -> str:
     if name == "auto":
         return "cuda:0" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        from trainfit.step import Unsupported
+        from trainfit.errors import Unsupported
 
         raise Unsupported(f"probe.device is {name} but no CUDA GPU is visible", "use probe.device: cpu or auto")
     return "cuda:0" if name == "cuda" else name
@@ -58,7 +57,7 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
         worst = stats.longest_lengths(params.batch_size)
         typical = stats.length_sample
         truncated, exact = count_longer_than(stats, max_length)
-        if APPROXIMATE in stats.description:
+        if stats.approximate:
             notes.append("sample lengths are approximate (no tokenizer, so word pieces were counted): "
                          "set `tokenizer:` to the model's tokenizer for the lengths training will see")
         if truncated:

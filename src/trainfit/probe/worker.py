@@ -433,8 +433,7 @@ def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> d
     except BaseException as err:  # every failure becomes a status, never a crash of the tuner
         if isinstance(err, KeyboardInterrupt):
             raise
-        from trainfit.errors import TrainfitError
-        from trainfit.step import Unsupported
+        from trainfit.errors import TrainfitError, Unsupported
 
         status = "oom" if is_oom(err, capped_cpu=capped_cpu) else "error"
         if isinstance(err, Unsupported) and err.knob is not None:

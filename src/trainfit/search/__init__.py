@@ -1,4 +1,5 @@
-"""Search for the fastest configuration that fits: ``space`` (what is searched), ``strategies``
-(what to probe next), ``study`` (the persistent trial store) and ``tune`` (the loop; call
-``trainfit.search.tune.tune``). Nothing is imported here, so ``trainfit.report`` and the
-search modules can import each other's pieces in any order."""
+"""Search for the fastest configuration that fits: ``strategies`` (what to probe next), ``study``
+(the persistent trial store), ``ranking`` (which measured config is best) and ``tune`` (the loop,
+``run_search``; ``trainfit.tune`` runs it with the report's outputs). The space searched is
+``trainfit.space``, part of the spec. Nothing is imported here, so importing one search module does
+not import the others."""

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from trainfit.params import KNOBS, model_values
 from trainfit.probe.measurement import Measurement, recorded_budget_gb
-from trainfit.search.space import SearchSpace
+from trainfit.space import SearchSpace
 
 SAMPLER = "sampler"
 

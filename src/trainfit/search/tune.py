@@ -8,22 +8,38 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trainfit.data.stats import LengthStats
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.report import ranked, within_noise, write_outputs
-from trainfit.search.space import SearchSpace
-from trainfit.search.strategies import SAMPLER, Trial, can_run, config_key, make_strategy, unsupported_values
+from trainfit.search.ranking import Repeats, ranked, within_noise
+from trainfit.space import SearchSpace
+from trainfit.search.strategies import (
+    SAMPLER,
+    Trial,
+    can_run,
+    config_key,
+    make_strategy,
+    unsupported_values,
+)
 from trainfit.search.study import TrialStore
 from trainfit.spec import Spec
 
 ProbeFn = Callable[[Params, int], Measurement]
 EventFn = Callable[[dict[str, Any]], None]
+
+
+class OutputWriter(Protocol):
+    """Writes a run's outputs from its trials so far and returns the summary (``trainfit.report.write_outputs``:
+    the search itself writes nothing, so it does not depend on the report)."""
+
+    def __call__(self, output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
+                 stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
+                 repeats: Repeats) -> dict[str, Any]: ...
 QUICK_TRIALS = 6
 BUSY_WAIT_S = 5.0  # beside other runs of a shared storage: how often to look for their results
 CONFIRM_MAX = 4  # configs re-probed by --confirm: the best and its three closest runners-up
@@ -91,9 +107,10 @@ def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Tri
             emit({"event": "confirm_end", "round": r + 1, "rounds": rounds, "values": c.values, "measurement": m})
 
 
-def tune(
+def run_search(
     spec: Spec,
     *,
+    outputs: OutputWriter,
     output: str | Path,
     stats: LengthStats | None = None,
     resume: bool = False,
@@ -109,7 +126,9 @@ def tune(
     device_type: str | None = None,
     sampler: Any = None,
 ) -> TuneResult:
-    """Search ``spec.search`` for the fastest configuration that fits ``spec.budget``.
+    """Search ``spec.search`` for the fastest configuration that fits ``spec.budget``, writing the
+    run's outputs with ``outputs`` after every trial and at the end (``trainfit.tune`` passes the
+    report's writer).
 
     ``probe_fn(params, trial_number)`` measures one configuration (default: a real isolated
     probe); tests of the search logic pass a deterministic one. ``sampler`` replaces the
@@ -189,7 +208,7 @@ def tune(
             return store.history()
 
         def write(reason: str) -> dict[str, Any]:
-            return write_outputs(output, spec, space, history, stats=stats, strategy=strategy_name, stop_reason=reason,
+            return outputs(output, spec, space, history, stats=stats, strategy=strategy_name, stop_reason=reason,
                                  elapsed_s=time.perf_counter() - start, repeats=store.repeats())
 
         try:

@@ -16,10 +16,9 @@ def build_workload(spec: Spec, params: Params, device: Any) -> Workload:
         from trainfit.workloads.factory import FactoryWorkload
 
         return FactoryWorkload(spec.model.factory, params, device)
-    from trainfit.command import writes_trl
     from trainfit.workloads.hf import HFCausalLM
 
-    return HFCausalLM(spec.model, params, device, seed=spec.probe.seed, trl_command=writes_trl(spec))
+    return HFCausalLM(spec.model, params, device, seed=spec.probe.seed, trl_command=spec.uses_trl_sft)
 
 
 __all__ = ["Batch", "CustomWorkload", "Workload", "build_workload"]

@@ -6,7 +6,6 @@ kernel and weight dtype at construction, then gradient checkpointing, then LoRA,
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import shutil
 import warnings
 from collections.abc import Sequence
@@ -14,41 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
-from trainfit.flops import StepFlops, experts_active, matmul_params, step_flops, transformer_shape
+from trainfit.flops import (
+    StepFlops,
+    experts_active,
+    matmul_params,
+    step_flops,
+    transformer_shape,
+)
+from trainfit.model_config import load_config, max_positions_of
 from trainfit.params import Params
 from trainfit.spec import ModelSpec
 from trainfit.workloads.base import Batch, Workload
-
-
-def load_config(model: ModelSpec) -> Any:
-    """The transformers config of a spec's model (no download: local files or inline keys)."""
-    from transformers import AutoConfig
-
-    try:
-        if model.config is not None:
-            cfg = dict(model.config)
-            model_type = cfg.pop("model_type")
-            _check_model_type(model_type)
-            return AutoConfig.for_model(model_type, **cfg)
-        return AutoConfig.from_pretrained(model.path, local_files_only=True)
-    except (ValueError, OSError, KeyError) as err:
-        raise TrainfitError(f"cannot build the model config: {err}",
-                            "check model.config.model_type / model.path") from None
-
-
-def _check_model_type(model_type: Any) -> None:
-    """An unknown ``model_type`` named with the three closest transformers knows (its own error
-    lists all of them, some 700)."""
-    from transformers import __version__
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    if model_type in CONFIG_MAPPING:
-        return
-    close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
-    raise TrainfitError(f"model.config.model_type {model_type!r} is not a model type transformers {__version__} knows"
-                        + (f" (closest: {', '.join(close)})" if close else ""),
-                        "fix model.config.model_type, as a model's config.json spells it (e.g. llama)")
-
 
 SAVED_MODEL_MAX_PARAMS = 1_000_000_000
 """The largest random-init model ``tune`` saves for its ``trl sft`` command: it is built in the
@@ -147,7 +122,7 @@ def resolve_loss(loss: str, trl_command: bool) -> tuple[Any, str | None]:
     head, missing = fused_lm_head()
     if loss == "fused":
         if head is None:
-            from trainfit.step import Unsupported
+            from trainfit.errors import Unsupported
 
             raise Unsupported(f"loss=fused needs TRL's fused LM head: {missing}",
                               "pip install -U trl, or use loss: model", knob="loss", value="fused")
@@ -173,14 +148,6 @@ def fused_tile_note(vocab_size: int) -> str | None:
             f"vocabulary ({vocab_size:,} here): {width * 4 // 1024} KiB per token of a micro-batch in fp32 (half in "
             f"bf16), {tokens * width * 4 / 2**20:,.0f} MiB from {tokens:,} tokens on, held by a `trl sft` run too, "
             f"where this model's full logits take {vocab_size * 4:,} bytes per token")
-
-
-def max_positions_of(config: Any) -> int | None:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
-    return None
 
 
 def linear_names(model: Any) -> list[str]:
@@ -249,7 +216,7 @@ class HFCausalLM(Workload):
                 model = AutoModelForCausalLM.from_config(config, **kwargs)
         except (ValueError, ImportError) as err:
             if "attention" in str(err).lower() or "attn" in str(err).lower():
-                from trainfit.step import Unsupported
+                from trainfit.errors import Unsupported
 
                 others = " or ".join(a for a in ("sdpa", "eager") if a != params.attention)
                 raise Unsupported(f"cannot build the model with attention={params.attention}: {err}",

@@ -41,7 +41,7 @@ def lora_config(params: Params, **extra: Any) -> Any:
 def trl_lora_args(params: Params) -> list[str]:
     """``trl sft`` arguments for the same adapters as :func:`lora_config`. TRL's ``--lora_alpha`` is
     an int, the knob a float: a whole alpha is written as one (``16``, not ``16.0``); the spec refuses
-    a fraction for ``trl sft`` (``trainfit.command.trl_problems``)."""
+    a fraction for ``trl sft`` (checked when the spec is loaded)."""
     alpha = lora_alpha(params)
     args = ["--use_peft", "true", "--lora_r", str(params.lora_r),
             "--lora_alpha", str(int(alpha)) if float(alpha).is_integer() else str(alpha),

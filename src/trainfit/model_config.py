@@ -1,0 +1,48 @@
+"""A model's transformers config, read without building the model or downloading anything: what
+the length analysis (the model's position limit) and the workloads both need."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from trainfit.errors import TrainfitError
+from trainfit.spec import ModelSpec
+
+
+def load_config(model: ModelSpec) -> Any:
+    """The transformers config of a spec's model (no download: local files or inline keys)."""
+    from transformers import AutoConfig
+
+    try:
+        if model.config is not None:
+            cfg = dict(model.config)
+            model_type = cfg.pop("model_type")
+            _check_model_type(model_type)
+            return AutoConfig.for_model(model_type, **cfg)
+        return AutoConfig.from_pretrained(model.path, local_files_only=True)
+    except (ValueError, OSError, KeyError) as err:
+        raise TrainfitError(f"cannot build the model config: {err}",
+                            "check model.config.model_type / model.path") from None
+
+
+def _check_model_type(model_type: Any) -> None:
+    """An unknown ``model_type`` named with the three closest transformers knows (its own error
+    lists all of them, some 700)."""
+    from transformers import __version__
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type in CONFIG_MAPPING:
+        return
+    close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
+    raise TrainfitError(f"model.config.model_type {model_type!r} is not a model type transformers {__version__} knows"
+                        + (f" (closest: {', '.join(close)})" if close else ""),
+                        "fix model.config.model_type, as a model's config.json spells it (e.g. llama)")
+
+
+def max_positions_of(config: Any) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
