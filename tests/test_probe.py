@@ -488,7 +488,7 @@ def test_model_key_ignores_only_the_batch_shape(tmp_path: Path) -> None:
     spec = load_spec(scaled_spec(tmp_path))
 
     def key(**changes: object) -> str | None:
-        return build_request(spec, dataclasses.replace(spec.params, **changes), None, "cpu")["model_key"]
+        return build_request(spec, dataclasses.replace(spec.params, **changes), None, "cpu").model_key
 
     base = key()
     assert base is not None
@@ -496,7 +496,7 @@ def test_model_key_ignores_only_the_batch_shape(tmp_path: Path) -> None:
     assert key(extra={"width_mul": 2}) != base and key(lora_r=8) != base
     assert key(compile="default") is None  # a compiled model meeting new shapes is not a fresh run
     no_reuse = load_spec(scaled_spec(tmp_path), ["probe.reuse_model=false"])
-    assert build_request(no_reuse, no_reuse.params, None, "cpu")["model_key"] is None
+    assert build_request(no_reuse, no_reuse.params, None, "cpu").model_key is None
 
 
 def test_a_model_that_is_not_a_causal_lm_is_told_to_use_a_factory(tmp_path: Path) -> None:
@@ -510,3 +510,17 @@ def test_a_model_that_is_not_a_causal_lm_is_told_to_use_a_factory(tmp_path: Path
     with pytest.raises(TrainfitError, match="'t5' is not a causal language model") as info:
         build_workload(spec, spec.params, torch.device("cpu"))
     assert "model.factory" in str(info.value) and "LlamaConfig" not in str(info.value)  # not the list of every LM
+
+
+def test_a_probe_request_crosses_into_the_worker_unchanged(tmp_path: Path) -> None:
+    """The request is a frozen, versioned record: what the worker reads back is what the parent built."""
+    from trainfit.probe.request import ProbeRequest
+
+    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                                    params={"max_length": 16, "lora_r": 4, "lora_target_modules": ["q_proj"]}))
+    request = build_request(spec, spec.params, None, "cpu")
+    again = ProbeRequest.from_json(request.to_json())
+    assert again == request and again.model_key == request.model_key is not None
+    assert again.params.lora_target_modules == ("q_proj",) and again.worst_lengths == (16,)
+    with pytest.raises(ValueError, match="probe request schema 0"):
+        ProbeRequest.from_json(json.dumps({**request.to_dict(), "schema_version": 0}))

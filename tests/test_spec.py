@@ -197,7 +197,7 @@ def test_a_model_folder_with_a_tokenizer_counts_the_lengths(tmp_path: Path, text
     def lengths_and_notes():
         spec = load_spec(spec_file)
         stats = analyze_spec(spec, progress=False)
-        return spec.tokenizer, stats, build_request(spec, spec.params, stats, "cpu")["notes"]
+        return spec.tokenizer, stats, list(build_request(spec, spec.params, stats, "cpu").notes)
 
     tokenizer, approx, notes = lengths_and_notes()
     assert tokenizer is None and approx.max == max(texts_file[1])  # word pieces: one per word here

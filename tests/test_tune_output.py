@@ -91,7 +91,7 @@ def test_probe_and_command_truncate_at_the_models_positions(tmp_path: Path, text
     stats = analyze_spec(spec, progress=False)
     assert stats.max > 32 and stats.max_positions == 32
     assert command_length(spec.params, stats) == 32
-    assert build_request(spec, spec.params, stats, "cpu")["max_length"] == 32
+    assert build_request(spec, spec.params, stats, "cpu").max_length == 32
     assert "--max_length 32 " in build_command(spec, spec.params, max_length=command_length(spec.params, stats))
     mine = load_spec(path, ["tune.command_template=python train.py --max_len {max_length}"])
     assert build_command(mine, mine.params, max_length=command_length(mine.params, stats)).endswith("--max_len 32")

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainfit.data.stats import LengthStats, count_longer_than
-from trainfit.params import Params, batches_grow, model_values
+from trainfit.params import Params, batches_grow
 from trainfit.probe.events import parse_event
 from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
+from trainfit.probe.request import ProbeRequest
 from trainfit.spec import GiB, Spec
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -41,8 +42,8 @@ def resolve_device_name(name: str) -> str:
     return "cuda:0" if name == "cuda" else name
 
 
-def build_request(spec: Spec, params: Params, stats: LengthStats | None, device: str) -> dict[str, Any]:
-    """Everything the child needs, JSON-ready. Lengths are chosen here, from the data analysis:
+def build_request(spec: Spec, params: Params, stats: LengthStats | None, device: str) -> ProbeRequest:
+    """Everything the child needs. Lengths are chosen here, from the data analysis:
     the worst case is the ``batch_size`` longest samples; typical batches draw from a uniform sample."""
     notes: list[str] = []
     truncated: int | None = None
@@ -64,40 +65,12 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
             notes.append(f"{'' if exact else '~'}{truncated:,} of {stats.samples:,} samples "
                          f"({truncated / stats.samples:.2%}) are longer than max_length={max_length} "
                          "and are truncated")
-    request = {
-        "model": json.loads(json.dumps(spec.to_dict()["model"])),
-        # the training command decides the loss of `loss: auto` (TRL's fused head for `trl sft`)
-        "command_template": spec.tune.command_template,
-        "params": params.to_dict(),
-        "probe": json.loads(json.dumps(spec.to_dict()["probe"])),
-        "device": device,
-        "max_length": max_length,
-        "worst_lengths": worst,
-        "typical_lengths": typical,
-        "truncated_samples": truncated,
-        "memory_cap_bytes": int(spec.budget.memory_gb * GiB) if spec.budget.memory_gb else None,
-        "budget_memory_gb": spec.budget.memory_gb,
-        "budget_headroom_gb": spec.budget.headroom_gb,
-        "notes": notes,
-    }
-    request["model_key"] = model_key(request)
-    return request
-
-
-def model_key(request: dict[str, Any]) -> str | None:
-    """What the model a worker builds for ``request`` depends on: everything but the batch shape.
-
-    None when the model must not be reused: ``probe.reuse_model: false``, or a compiled config
-    (a compiled model meeting new shapes recompiles and may switch to dynamic shapes, which a
-    fresh run would not do).
-    """
-    params = request["params"]
-    if not request["probe"].get("reuse_model", True) or params.get("compile", "off") != "off":
-        return None
-    return json.dumps({"model": request["model"], "command_template": request.get("command_template"),
-                       "params": model_values(params), "probe": request["probe"],
-                       "device": request["device"], "memory_cap_bytes": request["memory_cap_bytes"]},
-                      sort_keys=True)
+    return ProbeRequest(model=spec.model, command_template=spec.tune.command_template, params=params,
+                        probe=spec.probe, device=device, max_length=max_length, worst_lengths=tuple(worst),
+                        typical_lengths=tuple(typical), truncated_samples=truncated,
+                        memory_cap_bytes=int(spec.budget.memory_gb * GiB) if spec.budget.memory_gb else None,
+                        budget_memory_gb=spec.budget.memory_gb, budget_headroom_gb=spec.budget.headroom_gb,
+                        notes=tuple(notes))
 
 
 def _describe_exit(rc: int) -> tuple[str, str]:
@@ -336,21 +309,21 @@ class ProbeSession:
                 return False
         return True
 
-    def run(self, request: dict[str, Any], timeout_s: float, workdir: Path,
+    def run(self, request: ProbeRequest, timeout_s: float, workdir: Path,
             on_event: EventCallback | None = None) -> Measurement:
         """Run the probe in ``request`` (see :func:`build_request`); its files go to ``workdir``."""
         workdir.mkdir(parents=True, exist_ok=True)
         req_path, res_path = workdir / "request.json", workdir / "result.json"
         res_path.unlink(missing_ok=True)
-        req_path.write_text(json.dumps(request))
-        key = request.get("model_key")
+        req_path.write_text(request.to_json())
+        key = request.model_key
         start = time.perf_counter()
-        reusable = key is not None and key == self._key and batches_grow(self._params, request["params"])
+        reusable = key is not None and key == self._key and batches_grow(self._params, request.params.to_dict())
         if self._proc is not None and (not reusable or self._proc.poll() is not None):
             self.close()
         if self._proc is None:
             self._proc = self._spawn()
-        proc, self._key, self._params = self._proc, key, request["params"]
+        proc, self._key, self._params = self._proc, key, request.params.to_dict()
         with (workdir / "probe.log").open("w") as log:
             job = self._job = _Job(log=log, on_event=on_event)
             try:
@@ -370,11 +343,10 @@ class ProbeSession:
             self.close()  # a hang, a crash, a failed or a one-off probe: this worker is done
         if measurement is not None:
             return measurement
-        base = {"config": request["params"], "device": request["device"], "wall_time_s": wall,
-                "memory_cap_bytes": request.get("memory_cap_bytes"),
-                "budget_memory_gb": request.get("budget_memory_gb"),
-                "budget_headroom_gb": request.get("budget_headroom_gb"),
-                "truncated_samples": request.get("truncated_samples"), "notes": list(request.get("notes", []))}
+        base = {"config": request.params.to_dict(), "device": request.device, "wall_time_s": wall,
+                "memory_cap_bytes": request.memory_cap_bytes, "budget_memory_gb": request.budget_memory_gb,
+                "budget_headroom_gb": request.budget_headroom_gb, "truncated_samples": request.truncated_samples,
+                "notes": list(request.notes)}
         if finished:
             status, message = _describe_exit(proc.returncode)
         else:

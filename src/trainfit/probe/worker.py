@@ -37,6 +37,7 @@ from typing import Any
 
 from trainfit.errors import TrainfitError
 from trainfit.probe.events import emit
+from trainfit.probe.request import ProbeRequest
 
 PARENT_POLL_S = 0.5
 """How often the watchdog checks that the runner that started this process is alive."""
@@ -259,32 +260,61 @@ class ModelCache:
         return None
 
 
-def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: MemoryMeter,
+def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: MemoryMeter,
         spawned_at: float | None) -> None:
     """Measure the configuration in ``req`` into ``out`` (Measurement fields); raises on failure,
     leaving in ``out`` what was learned before it. ``spawned_at``: when this process was started
-    for this probe (None when the worker was already running: no start time to pay)."""
-    import random
+    for this probe (None when the worker was already running: no start time to pay).
 
-    import torch
-
-    from trainfit.devices import cpu_name, peak_flops, peak_rss_bytes, versions
-    from trainfit.flops import utilization
-    from trainfit.params import parse_params
-    from trainfit.probe.timing import StepTimes, StopRule
-    from trainfit.spec import ModelSpec, ProbeSettings, Spec, TuneSettings
-    from trainfit.step import TrainStep, check_support, synchronize
-    from trainfit.workloads import build_workload
+    The phases, in order: build (or reuse) the model, the memory phase on the worst-case batch,
+    burn-in on typical batches, then timed steps until the estimate is stable."""
+    from trainfit.devices import versions
+    from trainfit.step import synchronize
 
     phases: dict[str, float] = {"start": 0.0 if spawned_at is None else time.time() - spawned_at}
     out.update(phases_s=phases, versions=versions())
-    cap = req.get("memory_cap_bytes")
-    if spawned_at is not None and cap and req["device"] == "cpu":
-        cap_cpu_memory(cap, out)  # a fresh process, before its first probe: the cap holds for its life
-    settings = ProbeSettings(**req["probe"])
-    params, problems = parse_params(req["params"], allow_custom=True)
-    assert not problems, problems
-    device = torch.device(req["device"])
+    device = open_device(req, out, capped_now=spawned_at is not None)
+    built, reused, phases["build"] = build(req, device, cache)
+    out["model_reused"] = reused
+    out["notes"] += built.notes
+    max_len = req.max_length
+    if built.workload.max_positions is not None and max_len > built.workload.max_positions:
+        out["notes"].append(f"max_length {max_len} exceeds the model's {built.workload.max_positions} positions: "
+                            "capped")
+        max_len = built.workload.max_positions
+
+    t = time.perf_counter()
+    meter.start(built, reused)
+    measure_memory(req, built, max_len, out)
+    synchronize(device)
+    phases["memory"] = time.perf_counter() - t
+
+    batches = TypicalBatches(req, built.workload, max_len)
+    emit("phase", phase="burn_in")
+    t = time.perf_counter()
+    # At least one whole cycle, so every batch shape of the pool has been seen before timing.
+    for _ in range(max(req.probe.burn_in_steps, batches.cycle)):
+        built.step.run(batches.next_step())
+    synchronize(device)
+    phases["burn_in"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    timed = time_steps(req, built, batches, device)
+    phases["timed"] = time.perf_counter() - t
+    out.update(speed_fields(req, timed, out["device_name"], out["notes"]))
+
+
+def open_device(req: ProbeRequest, out: dict[str, Any], capped_now: bool) -> Any:
+    """The torch device of ``req``, made current, under the budget's cap; records what it is.
+    ``capped_now``: a fresh process before its first probe, where the CPU cap is set for its life."""
+    import torch
+
+    from trainfit.devices import cpu_name
+
+    cap = req.memory_cap_bytes
+    if capped_now and cap and req.device == "cpu":
+        cap_cpu_memory(cap, out)
+    device = torch.device(req.device)
     cuda = device.type == "cuda"
     if cuda:
         # Memory counters, caches and bf16 support read the *current* device: on cuda:1 they
@@ -296,138 +326,168 @@ def run(req: dict[str, Any], out: dict[str, Any], cache: ModelCache, meter: Memo
     if cuda and cap:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
-    notes: list[str] = out["notes"]
-    if req.get("budget_memory_gb") is None:
+    if req.budget_memory_gb is None:
         out["budget_memory_gb"] = own = device_memory_gb(device)
-        notes.append(f"no budget.memory_gb: this {'GPU' if cuda else 'machine'}'s {own:.1f} GiB is the budget "
-                     f"(headroom {req.get('budget_headroom_gb') or 0:g} GiB)")
+        out["notes"].append(f"no budget.memory_gb: this {'GPU' if cuda else 'machine'}'s {own:.1f} GiB is the budget "
+                            f"(headroom {req.budget_headroom_gb:g} GiB)")
+    return device
 
-    built = cache.take(req.get("model_key"))
-    reused = built is not None
-    phases["build"] = 0.0
-    if built is None:
-        emit("phase", phase="build")
-        t = time.perf_counter()
-        build_notes = check_support(params, device)
-        spec = Spec(model=ModelSpec(**req["model"]), data=None, params=params, probe=settings,
-                    tune=TuneSettings(command_template=req.get("command_template")))
-        workload = build_workload(spec, params, device)
-        build_notes += workload.notes
-        step = TrainStep(workload, params, device)
-        built = Built(req.get("model_key"), workload, step, build_notes, 0 if cuda else peak_rss_bytes())
-        if built.key is not None:
-            cache.built = built
-        phases["build"] = time.perf_counter() - t
-    else:
-        built.step.params = params  # only batch-shape knobs differ (the key says so)
-    out["model_reused"] = reused
-    notes += built.notes
-    workload, step = built.workload, built.step
-    max_len = int(req["max_length"])
-    if workload.max_positions is not None and max_len > workload.max_positions:
-        notes.append(f"max_length {max_len} exceeds the model's {workload.max_positions} positions: capped")
-        max_len = workload.max_positions
 
-    accum = params.gradient_accumulation_steps
-    worst = [min(n, max_len) for n in req["worst_lengths"]]
-    fixed = params.padding == "max_length"
-    out["worst_case_lengths"] = worst
+def build(req: ProbeRequest, device: Any, cache: ModelCache) -> tuple[Built, bool, float]:
+    """The model with its knobs and optimizer applied, whether it was reused, and the seconds
+    building took: the worker's
+    kept model when only the batch shape differs (``req.model_key``), else a new one (kept for the
+    next probe when it may be reused)."""
+    from trainfit.devices import peak_rss_bytes
+    from trainfit.spec import Spec, TuneSettings
+    from trainfit.step import TrainStep, check_support
+    from trainfit.workloads import build_workload
 
-    emit("phase", phase="memory")
+    built = cache.take(req.model_key)
+    if built is not None:
+        built.step.params = req.params  # only batch-shape knobs differ (the key says so)
+        return built, True, 0.0
+    emit("phase", phase="build")
     t = time.perf_counter()
-    meter.start(built, reused)
-    worst_batch = workload.make_batch(worst, max_len if fixed else max(worst))
-    out["full_logits_bytes"] = workload.logits_bytes(worst_batch)
-    for _ in range(settings.memory_steps):
-        step.run([worst_batch] * memory_micro_batches(accum))
-    synchronize(device)
-    phases["memory"] = time.perf_counter() - t
+    notes = check_support(req.params, device)
+    spec = Spec(model=req.model, data=None, params=req.params, probe=req.probe,
+                tune=TuneSettings(command_template=req.command_template))
+    workload = build_workload(spec, req.params, device)
+    step = TrainStep(workload, req.params, device)
+    built = Built(req.model_key, workload, step, notes + workload.notes,
+                  0 if device.type == "cuda" else peak_rss_bytes())
+    if built.key is not None:
+        cache.built = built
+    return built, False, time.perf_counter() - t
 
-    # A fixed pool of distinct typical steps, cycled: with fixed padding one step shape suffices;
-    # with padding to the longest, 8 steps sample the spread of batch lengths.
-    rng = random.Random(settings.seed)
-    typical = req["typical_lengths"]
-    cycle = 1 if fixed else max(1, min(8, 64 // accum))
-    pool = []
-    for _ in range(cycle * accum):
-        lens = [min(rng.choice(typical), max_len) for _ in range(params.batch_size)]
-        pool.append(workload.make_batch(lens, max_len if fixed else max(lens)))
-    cursor = 0
 
-    def next_step() -> list[Any]:
-        nonlocal cursor
-        micro = [pool[(cursor + i) % len(pool)] for i in range(accum)]
-        cursor += accum
+def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str, Any]) -> None:
+    """``probe.memory_steps`` optimizer steps on the worst-case batch (the longest samples), each
+    with as many micro-batches as reach the peak of the real accumulation."""
+    emit("phase", phase="memory")
+    worst = [min(n, max_len) for n in req.worst_lengths]
+    out["worst_case_lengths"] = worst
+    fixed = req.params.padding == "max_length"
+    worst_batch = built.workload.make_batch(worst, max_len if fixed else max(worst))
+    out["full_logits_bytes"] = built.workload.logits_bytes(worst_batch)
+    for _ in range(req.probe.memory_steps):
+        built.step.run([worst_batch] * memory_micro_batches(req.params.gradient_accumulation_steps))
+
+
+class TypicalBatches:
+    """A fixed pool of distinct typical steps, cycled: with fixed padding one step shape suffices;
+    with padding to the longest, 8 steps sample the spread of batch lengths."""
+
+    def __init__(self, req: ProbeRequest, workload: Any, max_len: int) -> None:
+        import random
+
+        params = req.params
+        rng = random.Random(req.probe.seed)
+        fixed = params.padding == "max_length"
+        self.accum = params.gradient_accumulation_steps
+        self.cycle = 1 if fixed else max(1, min(8, 64 // self.accum))
+        self.pool = []
+        for _ in range(self.cycle * self.accum):
+            lens = [min(rng.choice(req.typical_lengths), max_len) for _ in range(params.batch_size)]
+            self.pool.append(workload.make_batch(lens, max_len if fixed else max(lens)))
+        self.cursor = 0
+
+    def next_step(self) -> list[Any]:
+        """The micro-batches of the next optimizer step."""
+        micro = [self.pool[(self.cursor + i) % len(self.pool)] for i in range(self.accum)]
+        self.cursor += self.accum
         return micro
 
-    emit("phase", phase="burn_in")
-    t = time.perf_counter()
-    # At least one whole cycle, so every batch shape of the pool has been seen before timing.
-    for _ in range(max(settings.burn_in_steps, cycle)):
-        step.run(next_step())
-    synchronize(device)
-    phases["burn_in"] = time.perf_counter() - t
 
+@dataclass
+class TimedSteps:
+    """What the timed phase measured: each step's seconds and what the steps held."""
+
+    times: list[float]
+    stable: bool
+    cycle: int
+    samples: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    model_flops: float = 0.0
+    hardware_flops: float = 0.0
+    flops_known: bool = True
+
+
+def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device: Any) -> TimedSteps:
+    """Typical steps, each timed alone (synchronized before and after), until the stop rule says
+    the estimate is stable or a cap is reached."""
+    from trainfit.probe.timing import StopRule
+    from trainfit.step import synchronize
+
+    settings = req.probe
     emit("phase", phase="timed")
-    rule = StopRule(settings.min_steps, settings.max_steps, settings.max_seconds, settings.target_rel_ci, cycle)
-    times: list[float] = []
-    samples = real = padded = 0
-    model_flops = hardware_flops = 0.0
-    flops_known = True
-    t = time.perf_counter()
+    rule = StopRule(settings.min_steps, settings.max_steps, settings.max_seconds, settings.target_rel_ci,
+                    batches.cycle)
+    timed = TimedSteps(times=[], stable=False, cycle=batches.cycle)
     while True:
-        micro = next_step()
+        micro = batches.next_step()
         synchronize(device)
         t0 = time.perf_counter()
-        step.run(micro)
+        built.step.run(micro)
         synchronize(device)
-        times.append(time.perf_counter() - t0)
+        timed.times.append(time.perf_counter() - t0)
         for b in micro:
-            samples += b.samples
-            real += b.real_tokens
-            padded += b.padded_tokens
-            f = workload.flops(b.seq_lens, params.gradient_checkpointing)
+            timed.samples += b.samples
+            timed.real_tokens += b.real_tokens
+            timed.padded_tokens += b.padded_tokens
+            f = built.workload.flops(b.seq_lens, req.params.gradient_checkpointing)
             if f is None:
-                flops_known = False
+                timed.flops_known = False
             else:
-                model_flops += f.model
-                hardware_flops += f.hardware
-        stop, stable = rule.done(times)
-        emit("step", n=len(times), seconds=times[-1])
+                timed.model_flops += f.model
+                timed.hardware_flops += f.hardware
+        stop, timed.stable = rule.done(timed.times)
+        emit("step", n=len(timed.times), seconds=timed.times[-1])
         if stop:
-            break
-    phases["timed"] = time.perf_counter() - t
+            return timed
 
-    st = StepTimes.of(times, cycle)
-    peak = peak_flops(out["device_name"], params.precision, params.tf32) if cuda else None
-    out.update(
+
+def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: list[str]) -> dict[str, Any]:
+    """The Measurement fields of the timed steps: speed, step-time statistics, FLOPs and MFU
+    (where the device's peak is on record; a note says why not otherwise)."""
+    from trainfit.devices import peak_flops
+    from trainfit.flops import utilization
+    from trainfit.probe.timing import StepTimes
+
+    params = req.params
+    cuda = req.device.startswith("cuda")
+    st = StepTimes.of(timed.times, timed.cycle)
+    fields: dict[str, Any] = dict(
         status="ok",
-        samples_per_second=samples / st.total,
-        tokens_per_second=real / st.total,
+        samples_per_second=timed.samples / st.total,
+        tokens_per_second=timed.real_tokens / st.total,
         step_time_median_s=st.median, step_time_mean_s=st.mean, step_time_std_s=st.std,
         step_time_ci95_rel=st.ci95_rel if st.n > 1 else None,
-        steps_measured=st.n, stable=stable, step_times_s=[round(x, 6) for x in times],
+        steps_measured=st.n, stable=timed.stable, step_times_s=[round(x, 6) for x in timed.times],
         samples_per_step=params.effective_batch_size,
-        real_tokens_per_step=real / st.n, padded_tokens_per_step=padded / st.n,
+        real_tokens_per_step=timed.real_tokens / st.n, padded_tokens_per_step=timed.padded_tokens / st.n,
     )
-    if flops_known:
-        out["model_flops_per_step"] = model_flops / st.n
+    peak = peak_flops(device_name, params.precision, params.tf32) if cuda else None
+    if timed.flops_known:
+        fields["model_flops_per_step"] = timed.model_flops / st.n
         if peak is not None:
-            out["mfu"] = utilization(model_flops, st.total, peak[0])
-            out["hfu"] = utilization(hardware_flops, st.total, peak[0])
-            out["peak_flops_source"] = peak[1]
-    elif not flops_known:
+            fields["mfu"] = utilization(timed.model_flops, st.total, peak[0])
+            fields["hfu"] = utilization(timed.hardware_flops, st.total, peak[0])
+            fields["peak_flops_source"] = peak[1]
+    else:
         notes.append("MFU unknown: the workload does not report FLOPs")
     if cuda and peak is None:
-        notes.append(f"MFU unknown: no peak FLOP/s on record for {out['device_name']}")
+        notes.append(f"MFU unknown: no peak FLOP/s on record for {device_name}")
+    return fields
 
 
-def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> dict[str, Any]:
+def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dict[str, Any]:
     """One job: the Measurement fields of ``req``, whatever happens."""
     started = _now()
-    out: dict[str, Any] = {"device": req["device"], "notes": list(req.get("notes", []))}
-    meter = MemoryMeter(req["device"])
-    capped_cpu = bool(req.get("memory_cap_bytes")) and req["device"] == "cpu"
+    out: dict[str, Any] = {"device": req.device, "notes": list(req.notes)}
+    meter = MemoryMeter(req.device)
+    capped_cpu = bool(req.memory_cap_bytes) and req.device == "cpu"
     try:
         run(req, out, cache, meter, spawned_at)
     except BaseException as err:  # every failure becomes a status, never a crash of the tuner
@@ -442,20 +502,20 @@ def probe(req: dict[str, Any], cache: ModelCache, spawned_at: float | None) -> d
             message = str(err)
         elif status == "oom":
             message = f"out of memory: {(str(err).splitlines() or [type(err).__name__])[0][:300]}"
-            held, asked = memory_at_failure(str(err), req["device"].startswith("cuda"))
+            held, asked = memory_at_failure(str(err), req.device.startswith("cuda"))
             if held is not None and asked is not None:
                 out["oom_needed_bytes"] = held + asked
             if capped_cpu:
-                message += cpu_cap_explained(held, asked, req["memory_cap_bytes"])
+                assert req.memory_cap_bytes is not None  # capped_cpu
+                message += cpu_cap_explained(held, asked, req.memory_cap_bytes)
         else:
             message = "".join(traceback.format_exception(err)[-6:]).strip()
         out.update(status=status, message=message)
     out.update(meter.fields())
-    out.update(started_at=started, finished_at=_now(), config=req["params"],
-               memory_cap_bytes=req.get("memory_cap_bytes"),
-               budget_memory_gb=req.get("budget_memory_gb") or out.get("budget_memory_gb"),
-               budget_headroom_gb=req.get("budget_headroom_gb"),
-               truncated_samples=req.get("truncated_samples"))
+    out.update(started_at=started, finished_at=_now(), config=req.params.to_dict(),
+               memory_cap_bytes=req.memory_cap_bytes,
+               budget_memory_gb=req.budget_memory_gb or out.get("budget_memory_gb"),
+               budget_headroom_gb=req.budget_headroom_gb, truncated_samples=req.truncated_samples)
     return out
 
 
@@ -471,10 +531,10 @@ def serve(spawned_at: float, jobs: Any) -> int:
             continue
         job = json.loads(line)
         with open(job["request"]) as f:
-            req = json.load(f)
+            req = ProbeRequest.from_json(f.read())
         if first:
             # A CPU peak can only be measured per probe where it can be restarted.
-            reusable = req["device"].startswith("cuda") or reset_peak_rss()
+            reusable = req.device.startswith("cuda") or reset_peak_rss()
         out = probe(req, cache, spawned_at if first else None)
         first = False
         tmp = job["result"] + ".tmp"
@@ -482,7 +542,7 @@ def serve(spawned_at: float, jobs: Any) -> int:
             json.dump(out, f)
         os.replace(tmp, job["result"])
         emit("result", path=job["result"])
-        if out.get("status") != "ok" or not reusable or req.get("model_key") is None:
+        if out.get("status") != "ok" or not reusable or req.model_key is None:
             return 0
     return 0
 

@@ -1,0 +1,85 @@
+"""The probe request: everything a worker process needs to measure one configuration, and the one
+record that crosses into it (``request.json`` in the probe's folder). Frozen and versioned, like
+the :class:`~trainfit.probe.measurement.Measurement` that comes back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from trainfit.errors import SpecError
+from trainfit.params import Params, model_values, parse_params
+from trainfit.spec import ModelSpec, ProbeSettings
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeRequest:
+    """One configuration to measure, with the batch lengths chosen from the data analysis."""
+
+    model: ModelSpec
+    """Which model to build (the spec's ``model`` section)."""
+    command_template: str | None
+    """The spec's ``tune.command_template``: the training command decides what ``loss: auto`` means
+    (TRL's fused head for ``trl sft``)."""
+    params: Params
+    """The configuration."""
+    probe: ProbeSettings
+    """How long and how carefully to measure."""
+    device: str
+    """``cpu`` or ``cuda:N`` (resolved by the parent)."""
+    max_length: int
+    """The length samples are truncated at (positions)."""
+    worst_lengths: tuple[int, ...]
+    """The worst-case micro-batch: the ``batch_size`` longest samples (positions)."""
+    typical_lengths: tuple[int, ...]
+    """Lengths drawn uniformly from the data, for the timed (typical) batches."""
+    truncated_samples: int | None
+    """Samples of the dataset longer than ``max_length`` (None without data)."""
+    memory_cap_bytes: int | None
+    """The budget the worker runs under (None: the whole device)."""
+    budget_memory_gb: float | None
+    """``budget.memory_gb`` as the spec gives it (None: the device's own memory)."""
+    budget_headroom_gb: float
+    """``budget.headroom_gb``."""
+    notes: tuple[str, ...] = ()
+    """What the parent noticed (approximate lengths, truncation), kept in the measurement."""
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def model_key(self) -> str | None:
+        """What the model a worker builds for this request depends on: everything but the batch shape.
+
+        None when the model must not be reused: ``probe.reuse_model: false``, or a compiled config
+        (a compiled model meeting new shapes recompiles and may switch to dynamic shapes, which a
+        fresh run would not do).
+        """
+        if not self.probe.reuse_model or self.params.compile != "off":
+            return None
+        view = self.to_dict()
+        return json.dumps({"model": view["model"], "command_template": self.command_template,
+                           "params": model_values(view["params"]), "probe": view["probe"],
+                           "device": self.device, "memory_cap_bytes": self.memory_cap_bytes}, sort_keys=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(dataclasses.replace(self, params=Params()))
+        out["params"] = self.params.to_dict()
+        return json.loads(json.dumps(out, default=list))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeRequest:
+        d = json.loads(text)
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"probe request schema {d.get('schema_version')}, this worker reads {SCHEMA_VERSION}")
+        params, problems = parse_params(d["params"], allow_custom=True)
+        if problems:
+            raise SpecError(problems, source="probe request")
+        return cls(**{**d, "model": ModelSpec(**d["model"]), "params": params, "probe": ProbeSettings(**d["probe"]),
+                      "worst_lengths": tuple(d["worst_lengths"]), "typical_lengths": tuple(d["typical_lengths"]),
+                      "notes": tuple(d["notes"])})
