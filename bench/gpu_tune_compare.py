@@ -76,13 +76,7 @@ def run_trainfit(config: dict, data: Path, args: argparse.Namespace, out: Path) 
 def hf_run(job: dict[str, Any]) -> dict[str, Any]:
     """One Hugging Face Trainer run (in a child process of its own)."""
     import torch
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
     cuda = torch.cuda.is_available() and not job["cpu"]
     if cuda and job["budget_gb"]:

@@ -52,7 +52,7 @@ def test_lora_options_are_checked_against_the_searched_ranks(tmp_path: Path) -> 
 @pytest.mark.integration
 def test_tune_passes_the_probe_phase_to_its_live_line(tmp_path: Path, capsys: Any) -> None:
     """A real probe's phases reach the view as probe events, and a terminal shows them as they come."""
-    from trainfit.cli.tune import TuneView
+    from trainfit.cli.tune_render import TuneView
     from trainfit.tune import tune
 
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 32})

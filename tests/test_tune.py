@@ -13,16 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_LLAMA, make_spec_file
-from tune_helpers import (
-    BUDGET,
-    GRID,
-    HEADROOM,
-    GiB,
-    Slow,
-    Surface,
-    store_for,
-    synthetic_spec,
-)
+from tune_helpers import BUDGET, GRID, HEADROOM, GiB, Slow, Surface, store_for, synthetic_spec
 
 from trainfit.errors import SpecError
 from trainfit.params import Params
@@ -101,8 +92,8 @@ def test_without_a_spec_budget_auto_predicts_against_the_devices_memory(tmp_path
 
 def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
     from trainfit.params import Params
-    from trainfit.space import parse_space
     from trainfit.search.strategies import GridStrategy, model_family
+    from trainfit.space import parse_space
 
     space, problems = parse_space({"batch_size": [8, 2, 4], "lora_r": [None, 8], "padding": ["longest", "max_length"]},
                                   Params(), allow_custom=False)
@@ -116,8 +107,8 @@ def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
 
 
 def test_auto_climbs_on_when_a_small_gain_is_within_measurement_noise() -> None:
-    from trainfit.space import parse_space
     from trainfit.search.strategies import AutoStrategy, Trial
+    from trainfit.space import parse_space
 
     space, problems = parse_space({"batch_size": [1, 2, 4, 8]}, Params(), allow_custom=False)
     assert not problems

@@ -114,7 +114,7 @@ def test_confirmation_leaves_a_config_another_run_is_probing_to_that_run(tmp_pat
 def test_unstable_probes_are_flagged_as_they_end_and_at_the_end(capsys: Any) -> None:
     """A busy machine shows as it happens: the trial's line carries its spread, and when most
     probes ended unstable the run says so and what to do."""
-    from trainfit.cli.tune import TuneView, noise_warning
+    from trainfit.cli.tune_render import TuneView, noise_warning
     from trainfit.search.strategies import Trial
 
     def trial(n: int, stable: bool, ci: float) -> Trial:

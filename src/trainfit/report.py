@@ -25,8 +25,8 @@ from trainfit.params import KNOBS, Params
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
 from trainfit.report_html import tune_report_html
 from trainfit.search.ranking import Repeats, pooled, ranked, within_noise
-from trainfit.space import SearchSpace
 from trainfit.search.strategies import Trial, config_key, jsonable
+from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 
 SCHEMA_VERSION = 1

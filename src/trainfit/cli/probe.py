@@ -6,13 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from trainfit.cli.common import (
-    add_spec_arguments,
-    knobs_help,
-    output_file,
-    spec_from_args,
-    stats_from_args,
-)
+from trainfit.cli.common import add_spec_arguments, knobs_help, output_file, spec_from_args, stats_from_args
 
 EPILOG = """\
 exit status: 0 ok, 3 out of memory, 4 error (crash, unsupported knob), 5 timeout, 2 bad usage/spec.

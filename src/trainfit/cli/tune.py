@@ -5,16 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Sequence
 from typing import Any
 
-from trainfit.cli.common import (
-    add_spec_arguments,
-    knobs_help,
-    number,
-    spec_from_args,
-    stats_from_args,
-)
+from trainfit.cli.common import add_spec_arguments, knobs_help, number, spec_from_args, stats_from_args
 
 EPILOG = """\
 exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec or a file that cannot
@@ -71,103 +64,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-class TuneView:
-    """One line per finished trial, and a live line for the probe in flight on a terminal."""
-
-    def __init__(self, quiet: bool, objective: str, run_samples: float | None = None) -> None:
-        self.quiet, self.objective = quiet, objective
-        self.run_samples = run_samples
-        """Samples of the full run (dataset x epochs): each fitting config's line gives its run time."""
-        self.tty = sys.stderr.isatty()
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        from trainfit.format import fmt_need, fmt_num, unit, values_line
-        from trainfit.progress import format_duration
-
-        if self.quiet:
-            return
-        kind = event["event"]
-        if kind == "study":
-            print(f"shared study {event['name']} ({event['trials']} trials so far): every machine of this "
-                  "search prints this name; another name means another spec")
-            for other in event["others"]:
-                print(f"warning: the storage also holds {other['name']}, a study of the same spec file that "
-                      f"differs in {', '.join(other['differs']) or 'nothing visible'}: machines given different "
-                      "options search apart; give every machine the same spec and options", file=sys.stderr)
-        elif kind == "journal_repaired":
-            print(f"note: {event['journal']} was damaged from line {event['line']} of {event['lines']} "
-                  f"({event['reason']}): dropped that tail, which held no complete entry; the file as it was is "
-                  f"{event['backup']}", file=sys.stderr)
-        elif kind == "resumed":
-            print(f"resuming: {event['trials']} trials already measured"
-                  + (f", {event['retried']} interrupted trial(s) retried" if event["retried"] else ""))
-        elif kind == "waiting":
-            why = ("their results decide what to probe next" if event["searching"]
-                   else "the summary waits for their results")
-            print(f"waiting: {event['busy']} config(s) in flight on other runs sharing the storage; {why}", flush=True)
-        elif kind == "trial_start" and self.tty:
-            values = values_line(event["values"])
-            sys.stderr.write(f"\r\033[K{counter(event)} probing {values} ...")
-            sys.stderr.flush()
-        elif kind == "probe" and self.tty and event["probe"].get("event") == "phase":
-            sys.stderr.write(f" {event['probe']['phase']}")
-            sys.stderr.flush()
-        elif kind == "confirm_end":
-            m = event["measurement"]
-            values = values_line(event["values"])
-            result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}"
-                      if m.status == "ok" else m.status.upper())
-            print(f"[confirm {event['round']}/{event['rounds']}] {values} -> {result}", flush=True)
-        elif kind == "trial_end":
-            if self.tty:
-                sys.stderr.write("\r\033[K")
-            m, best = event["measurement"], event["best"]
-            values = values_line(event["values"])
-            if m.status == "ok":
-                noise = f" ±{m.step_time_ci95_rel:.0%} (not stable)" if not m.stable and m.step_time_ci95_rel else ""
-                result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}{noise}, "
-                          f"peak {m.peak_memory_gb:.2f} GiB{'' if m.fits else ' (over budget)'}")
-                if self.run_samples and m.fits and m.samples_per_second:
-                    result += f", full run ~{format_duration(self.run_samples / m.samples_per_second)}"
-            else:
-                result = m.status.upper() + (f" ({m.headline[:120]})" if m.status == "error" else "")
-                if m.oom_needed_gb:
-                    result += f" ({fmt_need(m.oom_needed_gb)})"
-            remaining = event["max_trials"] - event["index"]
-            eta = format_duration(remaining * event["mean_probe_s"]) if remaining > 0 else "0s"
-            left = "" if event["refining"] else f", at most {eta} left"  # a local search has no set length
-            best_text = f"best {fmt_num(best.objective)}" if best else "best: none yet"
-            probe_text = f"probe {format_duration(m.wall_time_s)}{', model reused' if m.model_reused else ''}"
-            print(f"{counter(event)} {values} -> {result} | {probe_text} | {best_text} | "
-                  f"elapsed {format_duration(event['elapsed_s'])}{left}", flush=True)
-
-
-NOISY_SPREAD = 0.10
-"""A median 95% CI (of the step time) of the unstable probes above this is worth a warning; below
-it, the ranking's own 'as fast within measurement noise' list says what the noise blurs."""
-
-
-def noise_warning(trials: Sequence[Any]) -> str | None:
-    """A line when most probes stopped at their cap, far from stable (a busy or throttled machine)."""
-    import statistics
-
-    ok = [t.measurement for t in trials if t.measurement.status == "ok"]
-    unstable = [m for m in ok if not m.stable]
-    if not ok or len(unstable) <= len(ok) / 2:
-        return None
-    spread = statistics.median(m.step_time_ci95_rel or 0.0 for m in unstable)
-    if spread <= NOISY_SPREAD:
-        return None
-    return (f"noisy: {len(unstable)} of {len(ok)} probes reached probe.max_seconds or max_steps before their "
-            f"estimate was stable (median ±{spread:.0%}, above probe.target_rel_ci): the machine is busy or its "
-            "speed varies; raise probe.max_seconds, or use --confirm N to re-probe the leaders interleaved")
-
-
-def counter(event: dict[str, Any]) -> str:
-    """``[3/20]`` during the search; ``[23, refine]`` for the neighbours probed after it (--refine)."""
-    return f"[{event['index']}, refine]" if event["refining"] else f"[{event['index']}/{event['max_trials']}]"
-
-
 def output_folder(args: argparse.Namespace):
     """--output, or a fresh timestamped folder per run; --resume alone takes the latest one."""
     from datetime import datetime
@@ -210,16 +106,7 @@ def resume_hint(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.render import table
-    from trainfit.format import (
-        OOM_NEED,
-        fmt_need,
-        fmt_num,
-        parts_line,
-        unit,
-        values_line,
-    )
-    from trainfit.progress import format_duration
+    from trainfit.cli.tune_render import TuneView, print_result
     from trainfit.report import EFFECTIVE_BATCH, learning_knobs, run_samples
     from trainfit.spec import unused_lora_note
     from trainfit.tune import tune
@@ -267,89 +154,4 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"trainfit tune: error: {os_error(err)}\n{resume_hint(args)}", file=sys.stderr)
         return 2
-    s = result.summary
-    print(f"\nstopped: {result.stop_reason}")
-    print(f"tested {s['total_tested']}: {s['successful']} fit, {s['failed_oom']} OOM, {s['over_budget']} over budget, "
-          f"{s['failed_error']} errors, {s['failed_timeout']} timeouts; probe time {s['probe_time_s']:.0f} s")
-    if (noisy := noise_warning(result.trials)) is not None:
-        print(noisy)
-    for n in s["notes"]:
-        which = "every probe" if len(n["trials"]) == s["total_tested"] else f"{len(n['trials'])} of the probes"
-        print(f"note ({which}): {n['note']}")
-    for u in s["unsupported"]:
-        reason = "; ".join(line.strip() for line in (u["message"] or "").splitlines() if line.strip())
-        print(f"skipped every config with {u['knob']}={u['value']}: cannot run on this machine ({reason})")
-    best = s["best_config"]
-    if best is None and s["total_tested"] == 0:
-        print(f"\nNo configuration was probed ({result.stop_reason}).")
-        return 1
-    if best is None:
-        print(f"\nNo configuration fits: {spec.budget.describe()}.")
-        failed = s.get("all_failed", {})
-        print(table([("over budget" if p["status"] == "ok" else p["status"],
-                      (f"peak {p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "peak n/a")
-                      + (f", {fmt_need(p['oom_needs_more_than_gb'])}" if p.get("oom_needs_more_than_gb") else ""),
-                      values_line(p["searched"])) for p in failed.get("measured_peaks_gb", [])]))
-        smallest = failed.get("smallest_peak")
-        if smallest:
-            print(f"\nclosest to fitting: {values_line(smallest['searched'])}, peak "
-                  f"{'at least ' if smallest['at_least'] else ''}{smallest['peak_gb']:.2f} GiB"
-                  + (f" ({fmt_need(smallest['oom_needs_more_than_gb'])}: {OOM_NEED})"
-                     if smallest.get("oom_needs_more_than_gb") else ""))
-            parts = smallest["parts_gb"]
-            if parts:
-                print("  of which " + parts_line(parts, unit=1024**3))
-                if max(parts, key=parts.get) == "runtime":
-                    print("  the largest part is the process itself (interpreter, libraries), the same for "
-                          "every config: no knob lowers that part")
-            beyond = (smallest.get("oom_needs_more_than_gb") or 0.0) - smallest["peak_gb"]
-            if beyond >= 0.01:
-                print(f"  and at least {beyond:.2f} GiB more than that peak when it failed (what the step was "
-                      "allocating then: the knobs below lower it)")
-            print(f"  it would fit with --memory-gb {'above ' if smallest['at_least'] else ''}"
-                  f"{smallest['needs_memory_gb']:.2f} (or less budget.headroom_gb)")
-        if failed.get("advice"):
-            print("\nTo lower peak memory (knobs to add to the search space; the largest part first):")
-            for line in failed["advice"]:
-                print(f"  - {line}")
-        return 1
-    objective_unit = unit(s["objective"])
-    rows = [("config", values_line(best["searched"])),
-            ("samples/s", fmt_num(best["samples_per_second"])
-             + (f" (confirmation median: {fmt_num(best['confirmed_median'])} {objective_unit})"
-                if best["confirmed_median"] is not None else "")),
-            ("tokens/s", f"{fmt_num(best['tokens_per_second'])} (real tokens)"),
-            ("peak memory", f"{best['memory_peak_gb']:.2f} GiB"
-             + (f" ({parts_line(best['memory_parts_gb'], unit=1024**3)})"
-                if best["memory_parts_gb"] else "")),
-            ("effective batch", str(best["effective_batch_size"]))]
-    if best["estimated_full_runtime_hours"] is not None:
-        rows.append(("full run", f"~{format_duration(best['estimated_full_runtime_hours'] * 3600)} for "
-                                 f"{s['epochs_for_estimate']:g} "
-                                 f"epoch(s) of {s['dataset_samples']:,} samples"))
-    print("\nBEST CONFIGURATION (peak memory on the worst-case batch, speed on typical batches)")
-    print(table(rows))
-    if s["confirmation"]:
-        print("\nconfirmed (every measurement of each config; ranked by the median):")
-        print(table([(f"trial {e['trial']}", f"median {fmt_num(e['median'])}",
-                      ", ".join(fmt_num(x) if x is not None else "failed" for x in e["measurements"]),
-                      values_line(e["searched"])) for e in s["confirmation"]]))
-    ties = s["within_noise_of_best"]
-    if ties:
-        print(f"\nas fast within measurement noise ({len(ties)}): the gap to the best is no larger than the "
-              "two probes' 95% CIs; --confirm N re-probes them, or raise probe.max_seconds for tighter probes")
-        print(table([(f"trial {e['trial']}", f"{fmt_num(e['samples_per_second'])} samples/s",
-                      f"{e['gap']:.1%} slower (noise allows {e['noise']:.1%})",
-                      values_line(e["searched"])) for e in ties]))
-    for knob, by_value in s["fastest_per_value"].items():
-        if len(by_value) > 1:
-            print(f"\nfastest per {knob} (changes what is learned):")
-            print(table([(f"{knob}={e['searched'].get(knob, e.get(knob))}",
-                          f"{fmt_num(e['samples_per_second'])} samples/s"
-                          + (f" (confirmation median {fmt_num(e['confirmed_median'])} {objective_unit})"
-                             if e["confirmed_median"] is not None else ""),
-                          f"{e['memory_peak_gb']:.2f} GiB",
-                          values_line(e["searched"]))
-                         for e in by_value.values()]))
-    print(f"\nwrote {result.output}/summary.json, trials.csv, report.html, train_command.sh")
-    return 0
+    return print_result(result, spec)

@@ -21,14 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from trainfit.data.readers import (
-    COMPRESSED,
-    BadRow,
-    data_files,
-    detect_format,
-    fingerprint,
-    iter_rows,
-)
+from trainfit.data.readers import COMPRESSED, BadRow, data_files, detect_format, fingerprint, iter_rows
 from trainfit.errors import TrainfitError
 from trainfit.progress import Progress
 

@@ -26,8 +26,8 @@ from typing import IO, Any
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.space import SearchSpace
 from trainfit.search.strategies import Trial, config_key, jsonable
+from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 
 CONSTRAINT = "memory"

@@ -17,16 +17,9 @@ from trainfit.data.stats import LengthStats
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.ranking import Repeats, ranked, within_noise
-from trainfit.space import SearchSpace
-from trainfit.search.strategies import (
-    SAMPLER,
-    Trial,
-    can_run,
-    config_key,
-    make_strategy,
-    unsupported_values,
-)
+from trainfit.search.strategies import SAMPLER, Trial, can_run, config_key, make_strategy, unsupported_values
 from trainfit.search.study import TrialStore
+from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 
 ProbeFn = Callable[[Params, int], Measurement]
