@@ -58,12 +58,14 @@ def run_trainfit(config: dict, data: Path, args: argparse.Namespace, out: Path) 
            "probe": {"device": "cpu" if args.cpu else "cuda", "max_seconds": args.probe_seconds},
            "search": {"batch_size": [1, 2, 4, 8, 16, 32, 64], "gradient_checkpointing": [False, True],
                       "precision": ["bf16", "fp32"] if not args.cpu else ["fp32"]}}
+    from trainfit.search.events import TrialEnd
+
     spec = build_spec(doc, base_dir=Path.cwd())
     start = time.perf_counter()
     res = tune(spec, output=out, resume=(out / "study.journal").exists(), time_budget_s=args.tune_budget_s,
-               on_event=lambda e: e["event"] == "trial_end" and print(
-        f"  trainfit trial {e['index']}: {e['values']} -> {e['measurement'].status} "
-        f"{e['measurement'].samples_per_second}", file=sys.stderr, flush=True))
+               on_event=lambda e: isinstance(e, TrialEnd) and print(
+        f"  trainfit trial {e.index}: {e.values} -> {e.measurement.status} "
+        f"{e.measurement.samples_per_second}", file=sys.stderr, flush=True))
     assert res.best is not None, "trainfit found no config that fits"
     best = res.best.measurement
     return {"search_wall_s_this_call": time.perf_counter() - start, "probe_time_s": res.summary["probe_time_s"],

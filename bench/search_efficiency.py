@@ -135,8 +135,10 @@ def best_within(trials, budget_s: float) -> tuple[float, int, int]:
 
 
 def progress(label: str):
-    return lambda e: e["event"] == "trial_end" and print(
-        f"  {label} {e['index']}/{e['max_trials']}", file=sys.stderr, flush=True)
+    from trainfit.search.events import TrialEnd
+
+    return lambda e: isinstance(e, TrialEnd) and print(
+        f"  {label} {e.index}/{e.max_trials}", file=sys.stderr, flush=True)
 
 
 def measure(spec, strategy: str, folder: Path | None, label: str, time_budget_s: float | None):

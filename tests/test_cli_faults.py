@@ -17,6 +17,8 @@ from conftest import TINY_LLAMA, make_spec_file
 
 from trainfit.cli import build_parser, main
 from trainfit.errors import SpecError, TrainfitError
+from trainfit.probe.events import Phase
+from trainfit.search.events import ProbeProgress
 from trainfit.spec import load_spec
 
 CLI = [sys.executable, "-c", "import sys; from trainfit.cli import main; sys.exit(main())"]
@@ -59,9 +61,9 @@ def test_tune_passes_the_probe_phase_to_its_live_line(tmp_path: Path, capsys: An
     spec = load_spec(path, ["search={batch_size: [1]}"])
     view = TuneView(quiet=False, objective="samples_per_second")
     view.tty = True
-    events: list[dict[str, Any]] = []
+    events: list[Any] = []
     tune(spec, output=tmp_path / "out", on_event=lambda e: (events.append(e), view(e)))
-    phases = [e["probe"]["phase"] for e in events if e["event"] == "probe" and e["probe"]["event"] == "phase"]
+    phases = [e.event.phase for e in events if isinstance(e, ProbeProgress) and isinstance(e.event, Phase)]
     assert phases[-3:] == ["memory", "burn_in", "timed"]
     assert "probing batch_size=1 ..." in capsys.readouterr().err.replace(" build", "").split(" memory")[0]
 

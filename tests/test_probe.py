@@ -85,10 +85,13 @@ def test_a_probe_log_holds_the_libraries_output_not_our_noise(llama_spec, tmp_pa
 
 
 def test_an_event_line_is_told_from_a_log_line() -> None:
-    from trainfit.probe.events import parse_event
+    from trainfit.probe.events import Phase, Step, parse_event
 
-    assert parse_event('@@trainfit {"event": "step", "n": 3}') == {"event": "step", "n": 3}
+    assert parse_event('@@trainfit {"event": "step", "n": 3, "seconds": 0.5}') == Step(n=3, seconds=0.5)
+    assert parse_event('@@trainfit {"event": "phase", "phase": "timed"}') == Phase("timed")
     assert parse_event("@@trainfit {cut off") is None  # kept in the log, not lost
+    assert parse_event('@@trainfit {"event": "step"}') is None  # not an event this parent knows: a log line
+    assert parse_event('@@trainfit {"event": "teleport", "to": 3}') is None
     assert parse_event("Loading checkpoint shards: 100%") is None
 
 

@@ -20,6 +20,7 @@ from trainfit.cli import main
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.search import tune as tune_module
+from trainfit.search.events import JournalRepaired, TuneEvent, Waiting
 from trainfit.spec import load_spec
 from trainfit.tune import tune
 
@@ -49,13 +50,13 @@ def test_a_damaged_last_line_is_dropped_with_a_backup_and_the_study_resumes(tmp_
     good = whole[:whole.rindex(b"\n", 0, len(whole) - 1) + 1]  # every line but the last
     damaged = whole[:-25] if damage == "torn last line" else whole + b"\x00garbage\n"
     journal.write_bytes(damaged)
-    events: list[dict[str, Any]] = []
+    events: list[TuneEvent] = []
     surface = Surface()
     result = tune(spec, output=tmp_path / "out", probe_fn=surface, max_trials=5, resume=True, on_event=events.append)
     [backup] = backups(journal)
     assert backup.read_bytes() == damaged  # the file as it was, byte for byte
-    [note] = [e for e in events if e["event"] == "journal_repaired"]
-    assert note["backup"] == str(backup) and note["line"] == damaged.count(b"\n") + (damage == "torn last line")
+    [note] = [e for e in events if isinstance(e, JournalRepaired)]
+    assert note.backup == str(backup) and note.line == damaged.count(b"\n") + (damage == "torn last line")
     kept = whole if damage == "appended garbage" else good
     assert journal.read_bytes().startswith(kept)  # the lines before it are untouched, the run appended after
     assert result.summary["total_tested"] == 5
@@ -193,8 +194,8 @@ def test_a_trial_another_run_probes_counts_against_max_trials_and_goes_in_the_su
     try:
         other, trial = claim(spec, tmp_path / "b", url, values, alive)
 
-        def on_event(event: dict[str, Any]) -> None:
-            if event["event"] == "waiting" and trial.number not in {t.number for t in other.history()}:
+        def on_event(event: TuneEvent) -> None:
+            if isinstance(event, Waiting) and trial.number not in {t.number for t in other.history()}:
                 other.tell(trial, values, Surface()(Params(**values), trial.number), other.history())
 
         result = tune(spec, output=tmp_path / "c", probe_fn=Surface(), max_trials=3, storage=url, join=True,

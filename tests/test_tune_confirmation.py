@@ -12,6 +12,7 @@ from tune_helpers import RUNNER_UP, GiB, Noisy, Surface, store_for, synthetic_sp
 
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
+from trainfit.search.events import TrialEnd, Waiting
 from trainfit.spec import load_spec
 from trainfit.tune import tune
 
@@ -108,7 +109,7 @@ def test_confirmation_leaves_a_config_another_run_is_probing_to_that_run(tmp_pat
     finally:
         other_run.kill()
     assert [(c["batch_size"], c["gradient_checkpointing"], c["lora_r"]) for c in surface.calls] == [(12, False, 8)]
-    assert joined.new_trials == 0 and not [e for e in events if e["event"] == "waiting"]
+    assert joined.new_trials == 0 and not [e for e in events if isinstance(e, Waiting)]
 
 
 def test_unstable_probes_are_flagged_as_they_end_and_at_the_end(capsys: Any) -> None:
@@ -124,8 +125,8 @@ def test_unstable_probes_are_flagged_as_they_end_and_at_the_end(capsys: Any) -> 
 
     noisy = [trial(0, False, 0.65), trial(1, False, 0.40), trial(2, True, 0.01)]
     TuneView(quiet=False, objective="samples_per_second")(
-        {"event": "trial_end", "measurement": noisy[0].measurement, "best": noisy[0], "values": {"batch_size": 1},
-         "index": 1, "max_trials": 3, "mean_probe_s": 5.0, "refining": False, "elapsed_s": 5.0})
+        TrialEnd(number=0, index=1, max_trials=3, refining=False, values={"batch_size": 1},
+                 measurement=noisy[0].measurement, best=noisy[0], elapsed_s=5.0, mean_probe_s=5.0))
     assert "10 samples/s ±65% (not stable), peak 1.00 GiB" in capsys.readouterr().out
     assert "2 of 3 probes" in noise_warning(noisy) and "median ±52%" in noise_warning(noisy)
     assert noise_warning(noisy[1:]) is None  # half or fewer: nothing to say

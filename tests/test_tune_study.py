@@ -16,6 +16,7 @@ from tune_helpers import Slow, Surface, store_for, synthetic_spec
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
+from trainfit.search.events import SharedStudy, TuneEvent
 from trainfit.spec import load_spec
 from trainfit.tune import tune
 
@@ -96,13 +97,13 @@ def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Pa
     tune(spec_a, output=tmp_path / "out-a", probe_fn=Surface(), max_trials=2, storage=url)
     tune(spec_b, output=tmp_path / "out-b", probe_fn=Surface(budget_gb=30), max_trials=2, storage=url)
     again = Surface()
-    events: list[dict[str, Any]] = []
+    events: list[TuneEvent] = []
     result = tune(spec_a, output=tmp_path / "out-a2", probe_fn=again, max_trials=4, storage=url, resume=True,
                   on_event=events.append)
     assert len(again.calls) == 2 and result.summary["total_tested"] == 4
     # the same spec file under another budget is another study: the run names it and what differs
-    [study] = [e for e in events if e["event"] == "study"]
-    assert [o["differs"] for o in study["others"]] == [["budget.memory_gb"]]
+    [study] = [e for e in events if isinstance(e, SharedStudy)]
+    assert [o["differs"] for o in study.others] == [["budget.memory_gb"]]
     with pytest.raises(TrainfitError, match="already holds this tuning study"):
         tune(spec_b, output=tmp_path / "out-b2", probe_fn=Surface(), storage=url)
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainfit.cli.common import add_spec_arguments, knobs_help, output_file, spec_from_args, stats_from_args
+
+if TYPE_CHECKING:
+    from trainfit.probe.events import ProbeEvent
 
 EPILOG = """\
 exit status: 0 ok, 3 out of memory, 4 error (crash, unsupported knob), 5 timeout, 2 bad usage/spec.
@@ -37,14 +40,16 @@ class PhasePrinter:
         self.enabled = enabled and sys.stderr.isatty()
         self.plain = enabled and not self.enabled
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        if event.get("event") == "phase":
+    def __call__(self, event: ProbeEvent) -> None:
+        from trainfit.probe.events import Phase, Step
+
+        if isinstance(event, Phase):
             if self.enabled:
-                sys.stderr.write(f"\r\033[K  {event['phase']}...")
+                sys.stderr.write(f"\r\033[K  {event.phase}...")
             elif self.plain:
-                sys.stderr.write(f"  {event['phase']}...\n")
-        elif event.get("event") == "step" and self.enabled:
-            sys.stderr.write(f"\r\033[K  timed step {event['n']} ({event['seconds']:.3f} s)")
+                sys.stderr.write(f"  {event.phase}...\n")
+        elif isinstance(event, Step) and self.enabled:
+            sys.stderr.write(f"\r\033[K  timed step {event.n} ({event.seconds:.3f} s)")
         sys.stderr.flush()
 
     def done(self) -> None:

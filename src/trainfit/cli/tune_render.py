@@ -8,7 +8,19 @@ from typing import Any
 
 from trainfit.cli.render import table
 from trainfit.format import OOM_NEED, fmt_need, fmt_num, parts_line, unit, values_line
+from trainfit.probe.events import Phase
 from trainfit.progress import format_duration
+from trainfit.search.events import (
+    ConfirmEnd,
+    JournalRepaired,
+    ProbeProgress,
+    Resumed,
+    SharedStudy,
+    TrialEnd,
+    TrialStart,
+    TuneEvent,
+    Waiting,
+)
 from trainfit.search.tune import TuneResult
 from trainfit.spec import Spec
 
@@ -22,66 +34,64 @@ class TuneView:
         """Samples of the full run (dataset x epochs): each fitting config's line gives its run time."""
         self.tty = sys.stderr.isatty()
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        from trainfit.format import fmt_need, fmt_num, unit, values_line
-        from trainfit.progress import format_duration
-
+    def __call__(self, event: TuneEvent) -> None:
         if self.quiet:
             return
-        kind = event["event"]
-        if kind == "study":
-            print(f"shared study {event['name']} ({event['trials']} trials so far): every machine of this "
+        if isinstance(event, SharedStudy):
+            print(f"shared study {event.name} ({event.trials} trials so far): every machine of this "
                   "search prints this name; another name means another spec")
-            for other in event["others"]:
+            for other in event.others:
                 print(f"warning: the storage also holds {other['name']}, a study of the same spec file that "
                       f"differs in {', '.join(other['differs']) or 'nothing visible'}: machines given different "
                       "options search apart; give every machine the same spec and options", file=sys.stderr)
-        elif kind == "journal_repaired":
-            print(f"note: {event['journal']} was damaged from line {event['line']} of {event['lines']} "
-                  f"({event['reason']}): dropped that tail, which held no complete entry; the file as it was is "
-                  f"{event['backup']}", file=sys.stderr)
-        elif kind == "resumed":
-            print(f"resuming: {event['trials']} trials already measured"
-                  + (f", {event['retried']} interrupted trial(s) retried" if event["retried"] else ""))
-        elif kind == "waiting":
-            why = ("their results decide what to probe next" if event["searching"]
+        elif isinstance(event, JournalRepaired):
+            print(f"note: {event.journal} was damaged from line {event.line} of {event.lines} "
+                  f"({event.reason}): dropped that tail, which held no complete entry; the file as it was is "
+                  f"{event.backup}", file=sys.stderr)
+        elif isinstance(event, Resumed):
+            print(f"resuming: {event.trials} trials already measured"
+                  + (f", {event.retried} interrupted trial(s) retried" if event.retried else ""))
+        elif isinstance(event, Waiting):
+            why = ("their results decide what to probe next" if event.searching
                    else "the summary waits for their results")
-            print(f"waiting: {event['busy']} config(s) in flight on other runs sharing the storage; {why}", flush=True)
-        elif kind == "trial_start" and self.tty:
-            values = values_line(event["values"])
-            sys.stderr.write(f"\r\033[K{counter(event)} probing {values} ...")
+            print(f"waiting: {event.busy} config(s) in flight on other runs sharing the storage; {why}",
+                  flush=True)
+        elif isinstance(event, TrialStart) and self.tty:
+            sys.stderr.write(f"\r\033[K{counter(event)} probing {values_line(event.values)} ...")
             sys.stderr.flush()
-        elif kind == "probe" and self.tty and event["probe"].get("event") == "phase":
-            sys.stderr.write(f" {event['probe']['phase']}")
+        elif isinstance(event, ProbeProgress) and self.tty and isinstance(event.event, Phase):
+            sys.stderr.write(f" {event.event.phase}")
             sys.stderr.flush()
-        elif kind == "confirm_end":
-            m = event["measurement"]
-            values = values_line(event["values"])
+        elif isinstance(event, ConfirmEnd):
+            m = event.measurement
             result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}"
                       if m.status == "ok" else m.status.upper())
-            print(f"[confirm {event['round']}/{event['rounds']}] {values} -> {result}", flush=True)
-        elif kind == "trial_end":
+            print(f"[confirm {event.round}/{event.rounds}] {values_line(event.values)} -> {result}", flush=True)
+        elif isinstance(event, TrialEnd):
             if self.tty:
                 sys.stderr.write("\r\033[K")
-            m, best = event["measurement"], event["best"]
-            values = values_line(event["values"])
-            if m.status == "ok":
-                noise = f" ±{m.step_time_ci95_rel:.0%} (not stable)" if not m.stable and m.step_time_ci95_rel else ""
-                result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}{noise}, "
-                          f"peak {m.peak_memory_gb:.2f} GiB{'' if m.fits else ' (over budget)'}")
-                if self.run_samples and m.fits and m.samples_per_second:
-                    result += f", full run ~{format_duration(self.run_samples / m.samples_per_second)}"
-            else:
-                result = m.status.upper() + (f" ({m.headline[:120]})" if m.status == "error" else "")
-                if m.oom_needed_gb:
-                    result += f" ({fmt_need(m.oom_needed_gb)})"
-            remaining = event["max_trials"] - event["index"]
-            eta = format_duration(remaining * event["mean_probe_s"]) if remaining > 0 else "0s"
-            left = "" if event["refining"] else f", at most {eta} left"  # a local search has no set length
-            best_text = f"best {fmt_num(best.objective)}" if best else "best: none yet"
-            probe_text = f"probe {format_duration(m.wall_time_s)}{', model reused' if m.model_reused else ''}"
-            print(f"{counter(event)} {values} -> {result} | {probe_text} | {best_text} | "
-                  f"elapsed {format_duration(event['elapsed_s'])}{left}", flush=True)
+            self.trial_line(event)
+
+    def trial_line(self, event: TrialEnd) -> None:
+        """``[3/20] batch_size=4 ... -> 120 samples/s, peak 0.70 GiB | probe 9s | best 129 | elapsed 30s``."""
+        m, best = event.measurement, event.best
+        if m.status == "ok":
+            noise = f" ±{m.step_time_ci95_rel:.0%} (not stable)" if not m.stable and m.step_time_ci95_rel else ""
+            result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}{noise}, "
+                      f"peak {m.peak_memory_gb:.2f} GiB{'' if m.fits else ' (over budget)'}")
+            if self.run_samples and m.fits and m.samples_per_second:
+                result += f", full run ~{format_duration(self.run_samples / m.samples_per_second)}"
+        else:
+            result = m.status.upper() + (f" ({m.headline[:120]})" if m.status == "error" else "")
+            if m.oom_needed_gb:
+                result += f" ({fmt_need(m.oom_needed_gb)})"
+        remaining = event.max_trials - event.index
+        eta = format_duration(remaining * event.mean_probe_s) if remaining > 0 else "0s"
+        left = "" if event.refining else f", at most {eta} left"  # a local search has no set length
+        best_text = f"best {fmt_num(best.objective)}" if best else "best: none yet"
+        probe_text = f"probe {format_duration(m.wall_time_s)}{', model reused' if m.model_reused else ''}"
+        print(f"{counter(event)} {values_line(event.values)} -> {result} | {probe_text} | {best_text} | "
+              f"elapsed {format_duration(event.elapsed_s)}{left}", flush=True)
 
 
 NOISY_SPREAD = 0.10
@@ -105,9 +115,9 @@ def noise_warning(trials: Sequence[Any]) -> str | None:
             "speed varies; raise probe.max_seconds, or use --confirm N to re-probe the leaders interleaved")
 
 
-def counter(event: dict[str, Any]) -> str:
+def counter(event: TrialStart | TrialEnd) -> str:
     """``[3/20]`` during the search; ``[23, refine]`` for the neighbours probed after it (--refine)."""
-    return f"[{event['index']}, refine]" if event["refining"] else f"[{event['index']}/{event['max_trials']}]"
+    return f"[{event.index}, refine]" if event.refining else f"[{event.index}/{event.max_trials}]"
 
 
 def print_result(result: TuneResult, spec: Spec) -> int:

@@ -21,12 +21,12 @@ from typing import IO, Any
 
 from trainfit.data.stats import LengthStats, count_longer_than
 from trainfit.params import Params, batches_grow
-from trainfit.probe.events import parse_event
+from trainfit.probe.events import ProbeEvent, Result, parse_event
 from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
 from trainfit.probe.request import ProbeRequest
 from trainfit.spec import GiB, Spec
 
-EventCallback = Callable[[dict[str, Any]], None]
+EventCallback = Callable[[ProbeEvent], None]
 
 
 def resolve_device_name(name: str) -> str:
@@ -284,7 +284,7 @@ class ProbeSession:
             return
         event = parse_event(line)
         if event is not None:
-            if event.get("event") == "result":
+            if isinstance(event, Result):
                 job.done.set()
             elif job.on_event is not None:
                 try:

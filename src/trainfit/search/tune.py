@@ -16,6 +16,18 @@ from typing import Any, Protocol
 from trainfit.data.stats import LengthStats
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
+from trainfit.search.events import (
+    ConfirmEnd,
+    ConfirmStart,
+    JournalRepaired,
+    ProbeProgress,
+    Resumed,
+    SharedStudy,
+    TrialEnd,
+    TrialStart,
+    TuneEvent,
+    Waiting,
+)
 from trainfit.search.ranking import Repeats, ranked, within_noise
 from trainfit.search.strategies import SAMPLER, Trial, can_run, config_key, make_strategy, unsupported_values
 from trainfit.search.study import TrialStore
@@ -23,7 +35,7 @@ from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 
 ProbeFn = Callable[[Params, int], Measurement]
-EventFn = Callable[[dict[str, Any]], None]
+EventFn = Callable[[TuneEvent], None]
 
 
 class OutputWriter(Protocol):
@@ -93,11 +105,11 @@ def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Tri
             if len(store.repeats().get(key, ())) > r or key in store.in_flight():
                 continue
             trial = store.ask(c.values)
-            emit({"event": "confirm_start", "round": r + 1, "rounds": rounds, "values": c.values})
+            emit(ConfirmStart(round=r + 1, rounds=rounds, values=c.values))
             with store.beating(trial):
                 m = probe_fn(space.params(c.values), trial.number)
             store.tell(trial, c.values, m, history, repeat=True)
-            emit({"event": "confirm_end", "round": r + 1, "rounds": rounds, "values": c.values, "measurement": m})
+            emit(ConfirmEnd(round=r + 1, rounds=rounds, values=c.values, measurement=m))
 
 
 def run_search(
@@ -154,7 +166,7 @@ def run_search(
 
         def probe_fn(params: Params, number: int) -> Measurement:
             return run_probe(spec, params, stats=stats, workdir=output / "probes" / f"trial-{number:04d}",
-                             on_event=lambda e: emit({"event": "probe", "probe": e}), session=session)
+                             on_event=lambda e: emit(ProbeProgress(e)), session=session)
 
     store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=resume,
                        storage=storage, seed=spec.tune.seed, sampler=sampler, join=join)
@@ -162,12 +174,12 @@ def run_search(
         strat = make_strategy(strategy_name, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
                               headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
         if store.repaired is not None:
-            emit({"event": "journal_repaired", **store.repaired})
+            emit(JournalRepaired(**store.repaired))
         history = store.history()
         if store.shared:  # the name is the spec's digest: machines of one search all print the same
-            emit({"event": "study", "name": store.name, "trials": len(history), "others": store.others})
+            emit(SharedStudy(name=store.name, trials=len(history), others=store.others))
         if history or store.retried:
-            emit({"event": "resumed", "trials": len(history), "retried": store.retried})
+            emit(Resumed(trials=len(history), retried=store.retried))
         start = time.perf_counter()
         new_trials = 0
         stop_reason = "search complete: nothing left worth probing"
@@ -185,8 +197,7 @@ def run_search(
             nonlocal announced
             if busy and not announced:
                 announced = True
-                emit({"event": "waiting", "busy": len(busy), "searching": searching,
-                      "elapsed_s": time.perf_counter() - start})
+                emit(Waiting(busy=len(busy), searching=searching, elapsed_s=time.perf_counter() - start))
             time.sleep(BUSY_WAIT_S)
 
         def settle() -> list[Trial]:
@@ -269,8 +280,8 @@ def run_search(
                     continue
                 reused = 0
                 params = space.params(values)
-                emit({"event": "trial_start", "number": trial.number, "index": len(history) + 1, "refining": refining,
-                      "max_trials": most_trials, "values": values, "elapsed_s": time.perf_counter() - start})
+                emit(TrialStart(number=trial.number, index=len(history) + 1, max_trials=most_trials,
+                                refining=refining, values=values, elapsed_s=time.perf_counter() - start))
                 with store.beating(trial):
                     m = probe_fn(params, trial.number)
                 history.append(store.tell(trial, values, m, history))
@@ -278,10 +289,9 @@ def run_search(
                 best = next(iter(ranked(history)), None)
                 write("running")
                 refined += refining
-                emit({"event": "trial_end", "number": trial.number, "index": len(history), "max_trials": most_trials,
-                      "refining": refining,
-                      "values": values, "measurement": m, "best": best, "elapsed_s": time.perf_counter() - start,
-                      "mean_probe_s": (time.perf_counter() - start) / max(new_trials, 1)})
+                emit(TrialEnd(number=trial.number, index=len(history), max_trials=most_trials, refining=refining,
+                              values=values, measurement=m, best=best, elapsed_s=time.perf_counter() - start,
+                              mean_probe_s=(time.perf_counter() - start) / max(new_trials, 1)))
             if refined:
                 stop_reason += f"; then refined: {refined} neighbour(s) of the best probed"
             history = settle()

@@ -1,0 +1,107 @@
+"""What a running search reports, one frozen record per kind: ``run_search(on_event=...)`` gets
+them in order; ``trainfit tune`` renders them (``cli/tune_render.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+from trainfit.probe.events import ProbeEvent
+from trainfit.probe.measurement import Measurement
+from trainfit.search.strategies import Trial
+
+
+@dataclass(frozen=True)
+class SharedStudy:
+    """The run joined a study in a shared storage: its name (every machine of one search prints
+    the same), the trials it holds, and other studies of the same spec file with what differs."""
+
+    name: str
+    trials: int
+    others: Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """An earlier run's trials were found; ``retried`` of them were cut off and are probed again."""
+
+    trials: int
+    retried: int
+
+
+@dataclass(frozen=True)
+class JournalRepaired:
+    """The journal's damaged tail (from ``line`` of ``lines``) was dropped; ``backup`` is the file as it was."""
+
+    journal: str
+    line: int
+    lines: int
+    reason: str
+    backup: str
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Other runs of a shared storage probe ``busy`` configs; ``searching``: their results decide
+    what to probe next (else the summary waits for them)."""
+
+    busy: int
+    searching: bool
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class TrialStart:
+    """A probe of ``values`` begins: the ``index``-th trial of at most ``max_trials``."""
+
+    number: int
+    index: int
+    max_trials: int
+    refining: bool
+    """Probed by --refine, after the search proper."""
+    values: Mapping[str, Any]
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class ProbeProgress:
+    """What the probe in flight reports (its phase, its timed steps)."""
+
+    event: ProbeEvent
+
+
+@dataclass(frozen=True)
+class TrialEnd:
+    """A trial's measurement, with the best so far and the mean probe time (for the time left)."""
+
+    number: int
+    index: int
+    max_trials: int
+    refining: bool
+    values: Mapping[str, Any]
+    measurement: Measurement
+    best: Trial | None
+    elapsed_s: float
+    mean_probe_s: float
+
+
+@dataclass(frozen=True)
+class ConfirmStart:
+    """Confirmation round ``round`` of ``rounds`` re-probes ``values``."""
+
+    round: int
+    rounds: int
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ConfirmEnd:
+    round: int
+    rounds: int
+    values: Mapping[str, Any]
+    measurement: Measurement
+
+
+TuneEvent = Union[SharedStudy, Resumed, JournalRepaired, Waiting, TrialStart, ProbeProgress, TrialEnd, ConfirmStart,
+                  ConfirmEnd]
