@@ -155,3 +155,35 @@ def test_trl_builds_the_adapters_the_probe_trained(config: dict, lora: dict) -> 
     assert probed and adapted(get_peft_config(model_args)) == probed
     if "lora_target_parameters" in lora:
         assert any("experts" in n for n in probed)
+
+
+def two_values(knob: Any) -> tuple[Any, Any]:
+    """Two different valid values of a built-in knob."""
+    if knob.choices:
+        return knob.choices[0], knob.choices[1]
+    return {"bool": (False, True), "int": (2, 4), "modules": (("q_proj",), ("q_proj", "v_proj")),
+            "float": (0.0, 0.25) if knob.maximum == 1 else (8.0, 32.0)}[knob.kind]
+
+
+def test_every_knob_reaches_the_trl_command_or_says_why_not() -> None:
+    """A knob added to params.py but not to the command builder would train something else than
+    what was measured: every knob changes the written flags, or NOT_IN_TRL_COMMAND says why not."""
+    from trainfit.command import NOT_IN_TRL_COMMAND, trl_args
+    from trainfit.params import KNOBS, Params
+
+    base = Params(lora_r=8, max_length=64)
+    for name, knob in KNOBS.items():
+        a, b = two_values(knob)
+        written = trl_args(base.replace(**{name: a})) != trl_args(base.replace(**{name: b}))
+        assert written != (name in NOT_IN_TRL_COMMAND), f"{name}: mapped in trl_args, or listed with its reason"
+
+
+def test_every_knob_has_a_search_prior_or_says_why_not() -> None:
+    """The auto strategy orders each knob's values by a device prior; a knob without one says why."""
+    from trainfit.params import KNOBS
+    from trainfit.search.strategies import _PRIOR, NO_PRIOR
+
+    for device, prior in _PRIOR.items():
+        assert set(prior) | set(NO_PRIOR) == set(KNOBS) and not set(prior) & set(NO_PRIOR), device
+        for name, order in prior.items():
+            assert sorted(map(str, order)) == sorted(map(str, KNOBS[name].choices or (False, True))), (device, name)

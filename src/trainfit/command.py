@@ -37,6 +37,12 @@ def trl_data_config(spec: Spec) -> dict[str, Any] | None:
                                                       else files}]}
 
 
+NOT_IN_TRL_COMMAND: dict[str, str] = {
+    "loss": "trl sft always computes the loss with TRL's fused LM head (the spec refuses loss: model with it)",
+}
+"""The knobs :func:`trl_args` does not write, and why (a test checks every other knob changes the command)."""
+
+
 def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -> list[str]:
     """TRL ``sft`` flags for every knob, each one explicit: TRL's own defaults differ from the
     probe's (bf16 on unless told, gradient checkpointing on, max_length 1024, fp32 LoRA base).

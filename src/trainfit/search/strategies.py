@@ -129,6 +129,16 @@ _PRIOR: dict[str, dict[str, tuple[Any, ...]]] = {
             "optimizer": ("adamw_fused", "adamw", "adamw_8bit"), "padding": ("longest", "max_length"),
             "compile": ("off", "default", "max-autotune", "reduce-overhead")},
 }
+NO_PRIOR: dict[str, str] = {
+    "batch_size": "climbed one step at a time within each family, not ordered by a prior",
+    "gradient_accumulation_steps": "derived from tune.target_effective_batch, or the user's: it sets what is learned",
+    "max_length": "changes what is learned: the user's choice, not a speed preference",
+    "lora_r": "changes what is learned", "lora_alpha": "changes what is learned",
+    "lora_dropout": "changes what is learned", "lora_target_modules": "changes what is learned",
+    "lora_target_parameters": "changes what is learned",
+    "loss": "the training command decides it (loss: auto); searched values keep the spec's order",
+}
+"""The knobs without a device prior, and why (a test checks every knob is in one or the other)."""
 
 
 class AutoStrategy:
