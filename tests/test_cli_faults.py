@@ -204,3 +204,16 @@ def test_a_full_disk_mid_tune_says_so_and_resumes_with_every_trial(tmp_path: Pat
     assert again.returncode == 0, again.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total_tested"] == 2 and "resuming: 1 trials already measured" in again.stdout
+
+
+def test_a_path_longer_than_the_filesystem_allows_is_one_line(tmp_path: Path, capsys: Any) -> None:
+    """A spec, a --lengths file or a dataset path no filesystem takes: one line naming the cause and
+    the fix (each was an OSError traceback)."""
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 16})
+    long = str(tmp_path / ("x" * 300))
+    assert main(["tune", long + ".yaml"]) == 2
+    assert main(["probe", str(path), "--lengths", long + ".json"]) == 2
+    assert main(["analyze", long + ".jsonl", "--text-field", "text"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("File name too long") == 3 and err.count("fix: use a shorter path") == 3
+    assert "Traceback" not in err

@@ -25,7 +25,8 @@ def test_cli_tune_end_to_end_on_a_tiny_model_under_a_real_cap(tmp_path: Path, te
     out = tmp_path / "out"
     assert main(["tune", str(path), "--output", str(out), "--quick", "--strategy", "grid"]) == 0
     printed = capsys.readouterr().out
-    assert "BEST CONFIGURATION" in printed and "fastest per lora_r" in printed
+    assert "BEST CONFIGURATION (peak memory on the worst-case batch, speed on typical batches)" in printed
+    assert "fastest per lora_r" in printed
     assert "GiB, full run ~" in printed  # each fitting config's line says how long the full run would take
     assert "[4/4] " in printed  # --quick allows 6 probes, the space has 4 configs
     assert "note (every probe): loss: TRL's fused LM head" in printed  # what the probes noticed, said once
