@@ -10,6 +10,7 @@ from __future__ import annotations
 import platform
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -153,12 +154,12 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def describe_environment() -> dict[str, object]:
+def describe_environment() -> dict[str, Any]:
     """What ``trainfit env`` prints: devices, memory, versions, optional kernels."""
     import psutil
     import torch
 
-    info: dict[str, object] = {
+    info: dict[str, Any] = {
         "cpu": cpu_name(),
         "cpu_cores": psutil.cpu_count(logical=True),
         "cpu_bf16_native": bool({"avx512_bf16", "amx_bf16"} & cpu_flags()),

@@ -138,7 +138,7 @@ def matmul_params(model: Any, experts: tuple[int, int] | None = None) -> tuple[f
         seen.add(id(p))
         if id(p) in embedding_ids and id(p) != head_id:
             continue
-        n = p.numel() * (experts[0] / experts[1] if id(p) in routed else 1)
+        n = p.numel() * (experts[0] / experts[1] if experts is not None and id(p) in routed else 1)
         n_all += n
         if p.requires_grad:
             n_trainable += n

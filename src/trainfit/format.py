@@ -3,6 +3,7 @@ wording, used from the CLI and the report alike."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -23,7 +24,7 @@ def fmt_num(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
-def values_line(values: dict[str, Any]) -> str:
+def values_line(values: Mapping[str, Any]) -> str:
     """Searched values as ``knob=value`` pairs, every one shown (``lora_r=None`` is a choice)."""
     return " ".join(f"{k}={v}" for k, v in values.items())
 
@@ -43,7 +44,7 @@ PART_NAMES = {"model": "model", "optimizer": "optimizer state", "runtime": "runt
 """How the report names each part of ``Measurement.memory_parts_bytes``."""
 
 
-def parts_line(parts: dict[str, float], unit: float = 1) -> str:
+def parts_line(parts: Mapping[str, float], unit: float = 1) -> str:
     """``model 1.30 MiB, optimizer state 2.66 MiB, ...`` (see ``Measurement.memory_parts_bytes``);
     ``unit``: bytes per unit of ``parts`` (``1024**3`` for summary.json's ``memory_parts_gb``)."""
     return ", ".join(f"{PART_NAMES.get(k, k)} {fmt_bytes(v * unit)}" for k, v in parts.items())

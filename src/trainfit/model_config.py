@@ -20,6 +20,8 @@ def load_config(model: ModelSpec) -> Any:
             model_type = cfg.pop("model_type")
             _check_model_type(model_type)
             return AutoConfig.for_model(model_type, **cfg)
+        if model.path is None:  # a factory's model: no transformers config to read
+            raise ValueError("the spec gives neither model.path nor model.config")
         return AutoConfig.from_pretrained(model.path, local_files_only=True)
     except (ValueError, OSError, KeyError) as err:
         raise TrainfitError(f"cannot build the model config: {err}",

@@ -87,7 +87,7 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
         "mfu": m.mfu,
         "stable": m.stable,
         "confirmed_median": (pooled(t, repeats, spec.tune.objective)
-                             if config_key(t.values) in (repeats or {}) else None),
+                             if repeats and config_key(t.values) in repeats else None),
         "estimated_full_runtime_hours": runtime_h,
         "searched": jsonable(t.values),
         "effective_batch_size": params.effective_batch_size,

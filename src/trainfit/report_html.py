@@ -39,8 +39,8 @@ def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: 
     family; ``lines``: horizontal reference lines (value, label); ``oom_y(trial)``: where an OOM's
     cross goes (None: on the x axis)."""
     batches = sorted({_batch(t) for t in trials}) or [1]
-    ys = [y for t in trials if (y := y_of(t)) is not None] + [v for v, _ in lines]
-    ys += [y for t in trials if t.measurement.status == "oom" and oom_y and (y := oom_y(t)) is not None]
+    ys = [v for t in trials if (v := y_of(t)) is not None] + [v for v, _ in lines]
+    ys += [v for t in trials if t.measurement.status == "oom" and oom_y and (v := oom_y(t)) is not None]
     top = max(ys) * 1.1 if ys and max(ys) > 0 else 1.0
     lo, hi = math.log2(batches[0]), math.log2(batches[-1])
 
@@ -64,9 +64,10 @@ def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: 
                    f'y="{y(value) + (-4 if i == 0 else 12):.1f}" font-size="11" fill="#c0392b" '
                    f'text-anchor="end">{html.escape(label)}</text>')
     for fam, c in color.items():
-        mine = sorted((t for t in trials if _family(t.values) == fam and y_of(t) is not None), key=_batch)
+        mine = sorted(((t, v) for t in trials if _family(t.values) == fam and (v := y_of(t)) is not None),
+                      key=lambda tv: _batch(tv[0]))
         if len(mine) > 1:
-            pts = " ".join(f"{x(_batch(t)):.1f},{y(y_of(t)):.1f}" for t in mine)
+            pts = " ".join(f"{x(_batch(t)):.1f},{y(v):.1f}" for t, v in mine)
             out.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="1.5"/>')
         for t in trials:
             if _family(t.values) != fam:

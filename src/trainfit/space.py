@@ -10,15 +10,15 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trainfit.errors import Problem
 from trainfit.params import KNOBS, Params, check_knob, split_modules
 
-_OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
-        "<": operator.lt}
+_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    ">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt}
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*(.+?)\s*$")
 
 
@@ -52,10 +52,10 @@ class Dimension:
                 p *= 2
             return tuple(sorted(values))
         if integer:
-            values = range(int(self.low), int(self.high) + 1, int(self.step or 1))  # a range: never a list of them all
-            if len(values) > 8:
-                return tuple(sorted({values[round(i * (len(values) - 1) / 7)] for i in range(8)}))
-            return tuple(values)
+            steps = range(int(self.low), int(self.high) + 1, int(self.step or 1))  # a range: never a list of them all
+            if len(steps) > 8:
+                return tuple(sorted({steps[round(i * (len(steps) - 1) / 7)] for i in range(8)}))
+            return tuple(steps)
         if self.log:
             lo, hi = math.log(self.low), math.log(self.high)
             return tuple(math.exp(lo + i * (hi - lo) / 4) for i in range(5))
@@ -66,6 +66,7 @@ class Dimension:
 
         if self.choices:
             return optuna.distributions.CategoricalDistribution(list(self.choices))
+        assert self.low is not None and self.high is not None  # a range (see parse_space)
         if isinstance(self.low, int) and isinstance(self.high, int):
             return optuna.distributions.IntDistribution(int(self.low), int(self.high), log=self.log,
                                                         step=int(self.step or 1))

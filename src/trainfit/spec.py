@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import yaml
 
@@ -435,7 +435,14 @@ def unused_lora_note(spec: Spec) -> str | None:
             "the configs with a rank")
 
 
+@overload
+def _resolve(base: Path, value: str) -> str: ...
+@overload
+def _resolve(base: Path, value: None) -> None: ...
+@overload
+def _resolve(base: Path, value: str | None) -> str | None: ...
 def _resolve(base: Path, value: str | None) -> str | None:
+    """``value`` as an absolute path, relative ones taken from ``base`` (None stays None)."""
     if value is None:
         return None
     p = Path(value).expanduser()
@@ -603,6 +610,8 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
 
     if problems:
         raise SpecError(problems, source=source or "spec")
+    # A section that is not a mapping is None here, and added a problem above.
+    assert model is not None and budget is not None and probe is not None and tune is not None
     return Spec(
         model=ModelSpec(**model),
         data=DataSpec(**data) if data is not None else None,

@@ -118,7 +118,7 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type) if params.precision == "fp16" else None
 
     def run(self, micro_batches: Sequence[Batch]) -> float:
-        """One optimizer step over ``micro_batches``; returns the mean loss (a host sync)."""
+        """One optimizer step over ``micro_batches`` (at least one); returns the mean loss (a host sync)."""
         n = len(micro_batches)
         total = None
         for batch in micro_batches:
@@ -129,6 +129,7 @@ class TrainStep:
             else:
                 loss.backward()
             total = loss.detach() if total is None else total + loss.detach()
+        assert total is not None  # at least one micro-batch
         import torch
 
         if self.scaler is not None:

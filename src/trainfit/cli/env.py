@@ -28,11 +28,11 @@ def run(args: argparse.Namespace) -> int:
     gpus = info["gpus"]
     if not gpus:
         rows.append(("gpu", "none visible (probes run on CPU)"))
-    for g in gpus:  # type: ignore[union-attr]
+    for g in gpus:
         peak = f", peak bf16 {g['peak_bf16_tflops']:g} TFLOP/s" if g["peak_bf16_tflops"] else ", peak FLOP/s unknown"
         rows.append((f"gpu {g['index']}", f"{g['name']}, {g['memory_gb']} GiB, sm {g['capability']}, "
                                           f"bf16 {'yes' if g['bf16_supported'] else 'no'}{peak}"))
-    for name, version in info["versions"].items():  # type: ignore[union-attr]
+    for name, version in info["versions"].items():
         rows.append((name, version or "not installed"))
     print(table(rows))
     return 0

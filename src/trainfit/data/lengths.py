@@ -109,7 +109,8 @@ class _Tokenizer:
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
         if self.hf is not None and not self.chat_note:
-            return self.hf.apply_chat_template(messages, tokenize=False)
+            # tokenize=False returns the text; transformers annotates the union of every mode's result.
+            return self.hf.apply_chat_template(messages, tokenize=False)  # type: ignore[return-value]
         return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
 
 
@@ -198,7 +199,7 @@ def _stop_at_recorded_bad_row(path: Path, on_bad_row: str, bad_examples: list[di
         raise _bad_row_error(path, bad_examples[0])
 
 
-def _write_atomically(target: Path, write: Callable[[IO[bytes]], None]) -> None:
+def _write_atomically(target: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write ``target`` whole or not at all, also while another process writes it: each writer
     fills its own temporary file (created like any file, so a shared cache stays readable to the
     team) and renames it over the target."""
@@ -364,9 +365,9 @@ def count_lengths(
     description = recipe.describe()
 
     if use_cache and (hit := ckpt.load_final()):
-        lengths, meta = hit
+        cached, meta = hit
         _stop_at_recorded_bad_row(path, on_bad_row, meta["bad_examples"])
-        return LengthTable(lengths=lengths, description=description, source=str(path), source_fingerprint=fp,
+        return LengthTable(lengths=cached, description=description, source=str(path), source_fingerprint=fp,
                            approximate=recipe.approximate, bad_rows=meta["bad_rows"], bad_examples=meta["bad_examples"], notes=meta["notes"],
                            from_cache=True)
 

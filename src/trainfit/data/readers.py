@@ -37,15 +37,16 @@ def _open(path: Path) -> IO[bytes]:
     if suffix == ".gz":
         import gzip
 
+        # typeshed types GzipFile as a BufferedIOBase only (bz2's and lzma's files are IO[bytes] there).
         return gzip.open(path, "rb")  # type: ignore[return-value]
     if suffix == ".bz2":
         import bz2
 
-        return bz2.open(path, "rb")  # type: ignore[return-value]
+        return bz2.open(path, "rb")
     if suffix == ".xz":
         import lzma
 
-        return lzma.open(path, "rb")  # type: ignore[return-value]
+        return lzma.open(path, "rb")
     return path.open("rb")
 
 
@@ -204,6 +205,7 @@ def _delimited(path: Path, delimiter: str) -> Iterator[tuple[int, Any]]:
         text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
         reader = csv.DictReader(text, delimiter=delimiter)
         index = 0
+        row: dict[str, Any] | BadRow
         while True:
             try:
                 row = next(reader)
@@ -334,14 +336,14 @@ def fingerprint(path: str | Path, *, times: bool = True) -> str:
     for p in files:
         st = p.stat()
         h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns if times else ''}".encode())
-        with p.open("rb") as f:
+        with p.open("rb") as fh:
             if st.st_size <= 2 * block:
-                h.update(f.read())
+                h.update(fh.read())
                 continue
-            h.update(f.read(block))
+            h.update(fh.read(block))
             for offset in [] if times else [st.st_size * i // 17 for i in range(1, 17)]:
-                f.seek(offset)
-                h.update(f.read(4096))
-            f.seek(-block, 2)
-            h.update(f.read())
+                fh.seek(offset)
+                h.update(fh.read(4096))
+            fh.seek(-block, 2)
+            h.update(fh.read())
     return h.hexdigest()[:16]

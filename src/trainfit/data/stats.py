@@ -132,9 +132,9 @@ def summarize(
     rows = rows[ok]
     pct = {f"p{p:g}": float(np.percentile(lengths, p, method="linear")) for p in PERCENTILES}
     recommended = round_up(float(np.percentile(lengths, percentile, method="linear")), multiple)
-    capped = max_positions is not None and recommended > max_positions
-    if capped:
-        recommended = max_positions
+    capped = False
+    if max_positions is not None and recommended > max_positions:
+        recommended, capped = max_positions, True
     # Longest first; ties broken by row index so the result is deterministic.
     order = np.lexsort((rows, -lengths))[: max(top, _LONGEST_KEPT)]
     longest = [{"row": int(rows[i]), "length": int(lengths[i])} for i in order]

@@ -343,10 +343,11 @@ class ProbeSession:
             self.close()  # a hang, a crash, a failed or a one-off probe: this worker is done
         if measurement is not None:
             return measurement
-        base = {"config": request.params.to_dict(), "device": request.device, "wall_time_s": wall,
-                "memory_cap_bytes": request.memory_cap_bytes, "budget_memory_gb": request.budget_memory_gb,
-                "budget_headroom_gb": request.budget_headroom_gb, "truncated_samples": request.truncated_samples,
-                "notes": list(request.notes)}
+        base: dict[str, Any] = {
+            "config": request.params.to_dict(), "device": request.device, "wall_time_s": wall,
+            "memory_cap_bytes": request.memory_cap_bytes, "budget_memory_gb": request.budget_memory_gb,
+            "budget_headroom_gb": request.budget_headroom_gb, "truncated_samples": request.truncated_samples,
+            "notes": list(request.notes)}
         if finished:
             status, message = _describe_exit(proc.returncode)
         else:

@@ -16,7 +16,7 @@ Repeats = Mapping[str, Sequence[Measurement]]
 def pooled(t: Trial, repeats: Repeats, objective: str) -> float:
     """The trial's objective, or with confirmation repeats the median over all its measurements."""
     again = [getattr(m, objective) for m in repeats.get(config_key(t.values), ()) if m.fits]
-    return statistics.median([t.objective, *again]) if again else t.objective
+    return statistics.median([t.measured_objective, *again]) if again else t.measured_objective
 
 
 def ranked(trials: Sequence[Trial], repeats: Repeats | None = None, objective: str = "samples_per_second"
@@ -31,12 +31,12 @@ def within_noise(order: Sequence[Trial]) -> list[dict[str, Any]]:
     than the two probes' 95% confidence half-widths of the step time together allow. Both are
     reported as fractions of the best's objective: ``gap`` how much slower the runner-up
     measured, ``noise`` how much slower the intervals let it measure while being as fast."""
-    if not order or order[0].objective <= 0:
+    if not order or order[0].measured_objective <= 0:
         return []
     best = order[0]
     out = []
     for t in order[1:6]:
-        gap = 1 - t.objective / best.objective
+        gap = 1 - t.measured_objective / best.measured_objective
         step_ci = (best.measurement.step_time_ci95_rel or 0.0) + (t.measurement.step_time_ci95_rel or 0.0)
         noise = 1 - 1 / (1 + step_ci)
         if gap <= noise:

@@ -49,6 +49,14 @@ class Trial:
     def feasible(self) -> bool:
         return self.measurement.fits
 
+    @property
+    def measured_objective(self) -> float:
+        """``objective`` of a trial whose probe succeeded (every feasible trial: both objectives are
+        measured by a successful probe); raises for one that has none."""
+        if self.objective is None:
+            raise ValueError(f"trial {self.number} has no objective: its probe did not succeed")
+        return self.objective
+
 
 class Strategy(Protocol):
     name: str
@@ -206,7 +214,7 @@ class AutoStrategy:
         if len(fits) < 2:
             return None
         (b0, t0), (b1, t1) = sorted(fits.items())[-2:]
-        return (t1.measurement.peak_memory_bytes - t0.measurement.peak_memory_bytes) / (b1 - b0)
+        return ((t1.measurement.peak_memory_bytes or 0) - (t0.measurement.peak_memory_bytes or 0)) / (b1 - b0)
 
     def _predicted_max_batch(self, fits: dict[int, Trial], sibling_slope: float | None = None) -> float:
         """Largest batch whose predicted peak stays under the budget (inf when unknown). With one
@@ -216,7 +224,7 @@ class AutoStrategy:
         if limit is None or not fits or slope is None or slope <= 0:
             return float("inf")
         b1 = max(fits)
-        return b1 + (limit - fits[b1].measurement.peak_memory_bytes) / slope
+        return b1 + (limit - (fits[b1].measurement.peak_memory_bytes or 0)) / slope
 
     def _sibling_slope(self, family: Mapping[str, Any], history: Sequence[Trial]) -> float | None:
         slopes = []
@@ -239,8 +247,8 @@ class AutoStrategy:
             theirs = self._family_trials(other, history).get(b)
             if theirs is None or theirs.objective is None or not theirs.feasible:
                 continue
-            slower = t.objective < theirs.objective * (1 - self.saturation)
-            no_smaller = t.measurement.peak_memory_bytes >= theirs.measurement.peak_memory_bytes * 0.98
+            slower = t.measured_objective < theirs.measured_objective * (1 - self.saturation)
+            no_smaller = (t.measurement.peak_memory_bytes or 0) >= (theirs.measurement.peak_memory_bytes or 0) * 0.98
             if slower and (no_smaller or not self._memory_bound(other, history)):
                 return True
         return False
@@ -262,7 +270,7 @@ class AutoStrategy:
         if rival_best is None:
             return True
         (b0, t0), (b1, t1) = sorted(fits.items())[-2:]
-        inv0, inv1 = 1 / t0.objective, 1 / t1.objective  # seconds per sample
+        inv0, inv1 = 1 / t0.measured_objective, 1 / t1.measured_objective  # seconds per sample
         # 1/T(b) = a/b + c  ->  two equations in a, c
         a = (inv0 - inv1) / (1 / b0 - 1 / b1)
         c = inv1 - a / b1
@@ -288,13 +296,13 @@ class AutoStrategy:
         if best_b < largest:
             # Throughput fell at the larger batch: a peak may lie between. Worth a probe only if
             # this family could still beat the other families (its best is within 2% of theirs).
-            if rival_best is not None and fits[best_b].objective * (1 + self.saturation) < rival_best:
+            if rival_best is not None and fits[best_b].measured_objective * (1 + self.saturation) < rival_best:
                 return None
             between = [b for b in open_ if best_b < b < largest]
             return between[len(between) // 2] if between else None
         if len(fits) >= 2:
             below = max(b for b in fits if b < largest)
-            gain = fits[largest].objective / max(fits[below].objective, 1e-12) - 1
+            gain = fits[largest].measured_objective / max(fits[below].measured_objective, 1e-12) - 1
             # Saturated only if even the upper end of the measured gain is small: a gain hidden
             # by measurement noise is worth one more (reused, so cheap) step.
             noise = sum(fits[b].measurement.step_time_ci95_rel or 0.0 for b in (below, largest))

@@ -261,7 +261,7 @@ class TrialStore:
         except OSError as err:
             raise TrainfitError(f"cannot create the output folder {output}: {err.strerror}",
                                 "choose another --output") from None
-        self._lock = _lock_folder(output)
+        self._lock: IO[str] | None = _lock_folder(output)
         try:
             self._open(output, spec, resume, storage, seed, sampler, join)
         except BaseException:
@@ -289,9 +289,10 @@ class TrialStore:
         doc = {k: v for k, v in spec.to_dict().items() if k != "source"}
         spec_file = Path(spec.source).name if spec.source else None
         # Every other study that recorded its spec, with the keys where it differs from this one.
-        others = [{"name": o.study_name, "spec_file": o.user_attrs.get("spec_file"),
-                   "differs": differing_keys(o.user_attrs["spec"], doc)}
-                  for o in summaries if o.study_name != self.name and "spec" in o.user_attrs]
+        others: list[dict[str, Any]] = [
+            {"name": o.study_name, "spec_file": o.user_attrs.get("spec_file"),
+             "differs": differing_keys(o.user_attrs["spec"], doc)}
+            for o in summaries if o.study_name != self.name and "spec" in o.user_attrs]
         where = masked(storage) if storage else str(output)
         if join and storage is None:
             raise TrainfitError("--join is for runs sharing a --storage", "add --storage URL, or use --resume")

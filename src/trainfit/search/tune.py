@@ -29,7 +29,7 @@ from trainfit.search.events import (
     Waiting,
 )
 from trainfit.search.ranking import Repeats, ranked, within_noise
-from trainfit.search.strategies import SAMPLER, Trial, can_run, config_key, make_strategy, unsupported_values
+from trainfit.search.strategies import Trial, can_run, config_key, make_strategy, unsupported_values
 from trainfit.search.study import TrialStore
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
@@ -94,7 +94,8 @@ def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Tri
         return
     tied = {e["trial"] for e in within_noise(order)}
     best = order[0]
-    close = [t for t in order[1:] if t.number in tied or t.objective >= best.objective * (1 - spec.tune.confirm_margin)]
+    close = [t for t in order[1:] if t.number in tied
+             or t.measured_objective >= best.measured_objective * (1 - spec.tune.confirm_margin)]
     candidates = [best, *close][:CONFIRM_MAX]
     if len(candidates) < 2:
         return  # a clear winner: nothing to confirm
@@ -253,7 +254,7 @@ def run_search(
                         if not refining:
                             stop_reason = "search complete: nothing left worth probing"
                         break
-                    trial = store.ask(None if proposal == SAMPLER else proposal)
+                    trial = store.ask(None if isinstance(proposal, str) else proposal)  # the one str: SAMPLER
                     if not refining and store.over_budget(trial, max_trials):  # another run took the last one
                         store.drop(trial, "over the trial budget")
                         continue  # the next pass counts that run's trial, and stops (or refines)

@@ -202,6 +202,7 @@ class HFCausalLM(Workload):
             self.notes.append(f"LoRA: frozen base weights held in {params.precision}, adapters in fp32")
         kwargs = {"attn_implementation": params.attention, "dtype": weight_dtype}
         torch.manual_seed(seed)
+        model: Any  # a transformers model; with LoRA, peft's wrapper around it (another class)
         try:
             if model_spec.path is not None:
                 model = AutoModelForCausalLM.from_pretrained(model_spec.path, config=config,

@@ -22,8 +22,15 @@ def _names(value: tuple[str, ...] | str | None) -> list[str] | str | None:
     return [value] if isinstance(value, str) else list(value)
 
 
+def _rank(params: Params) -> int:
+    """``lora_r`` of a LoRA config (the callers here are only reached with one set)."""
+    if params.lora_r is None:
+        raise ValueError("not a LoRA config: lora_r is None")
+    return params.lora_r
+
+
 def lora_alpha(params: Params) -> float:
-    return params.lora_alpha if params.lora_alpha is not None else 2 * params.lora_r
+    return params.lora_alpha if params.lora_alpha is not None else 2 * _rank(params)
 
 
 def lora_config(params: Params, **extra: Any) -> Any:
@@ -34,8 +41,9 @@ def lora_config(params: Params, **extra: Any) -> Any:
     targets = _names(params.lora_target_parameters)
     if targets is not None:  # peft >= 0.17 only: passed only when asked for, as TRL does
         kwargs["target_parameters"] = targets
-    return LoraConfig(r=params.lora_r, lora_alpha=lora_alpha(params), lora_dropout=params.lora_dropout,
-                      target_modules=_names(params.lora_target_modules), **kwargs)
+    # peft annotates lora_alpha as an int, but only divides it by r: the knob's float works as it is.
+    return LoraConfig(r=_rank(params), lora_alpha=lora_alpha(params),  # type: ignore[arg-type]
+                      lora_dropout=params.lora_dropout, target_modules=_names(params.lora_target_modules), **kwargs)
 
 
 def trl_lora_args(params: Params) -> list[str]:
