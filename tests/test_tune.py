@@ -1,9 +1,6 @@
 """The search logic of ``tune``: every strategy (grid, random, bayes, auto), refine, and the
 advice when nothing fits, against the deterministic synthetic Surface of tune_helpers (a fake
-probe used only to test search logic; real probes are in test_tune_end_to_end.py).
-
-The shared helpers are re-exported from here: tests/test_study_faults.py imports
-``Slow, Surface, store_for, synthetic_spec`` from ``test_tune``."""
+probe used only to test search logic; real probes are in test_tune_end_to_end.py)."""
 
 from __future__ import annotations
 
@@ -13,15 +10,13 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_LLAMA, make_spec_file
-from tune_helpers import BUDGET, GRID, HEADROOM, GiB, Slow, Surface, store_for, synthetic_spec
+from tune_helpers import BUDGET, GRID, HEADROOM, GiB, Surface, synthetic_spec
 
 from trainfit.errors import SpecError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.spec import load_spec
 from trainfit.tune import tune
-
-__all__ = ["Slow", "Surface", "store_for", "synthetic_spec"]  # what test_study_faults.py imports from here
 
 
 @pytest.mark.parametrize("strategy", ["grid", "random", "bayes", "auto"])
@@ -314,3 +309,16 @@ def test_search_section_is_validated(tmp_path: Path) -> None:
     keys = sorted(p.key for p in info.value.problems)
     assert keys == ["search.batch_size", "search.gradient_accumulation_steps", "search.precision",
                     "tune.constraints", "tune.strategy"]
+
+
+def test_the_library_searches_the_default_space_as_the_cli_does(tmp_path: Path) -> None:
+    """``trainfit.tune`` on a spec without ``search:`` searches batch sizes and checkpointing at the
+    spec's effective batch, as ``trainfit tune`` does (it probed the spec's one config before)."""
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                          params={"max_length": 64, "gradient_accumulation_steps": 4})
+    surface = Surface()
+    result = tune(load_spec(path), output=tmp_path / "out", probe_fn=surface)
+    assert {(c["batch_size"], c["gradient_checkpointing"]) for c in surface.calls} <= {
+        (b, g) for b in (1, 2, 4) for g in (False, True)} and len(surface.calls) >= 3
+    assert {c["batch_size"] * c["gradient_accumulation_steps"] for c in surface.calls} == {4}
+    assert result.summary["best_config"]["effective_batch_size"] == 4

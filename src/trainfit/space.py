@@ -233,13 +233,14 @@ def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bo
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def default_search(base: Params, target_effective_batch: int | None = None) -> list[str]:
-    """What ``trainfit tune`` searches when the spec has no ``search:`` section, as overrides:
-    batch sizes (powers of two up to the effective batch) and gradient checkpointing, with
-    gradient accumulation derived so every config trains with one effective batch (the spec's
-    ``tune.target_effective_batch``, else its ``batch_size x gradient_accumulation_steps``). Neither
-    knob changes what is learned: the answer is the fastest way to train what the spec describes."""
+def default_space(base: Params, target_effective_batch: int | None = None, *, constraints: Sequence[str] = (),
+                  allow_custom: bool = False) -> tuple[SearchSpace, list[Problem]]:
+    """What ``tune`` searches when the spec has no ``search:`` section: batch sizes (powers of two
+    up to the effective batch) and gradient checkpointing, with gradient accumulation derived so
+    every config trains with one effective batch (``tune.target_effective_batch``, else the spec's
+    ``batch_size x gradient_accumulation_steps``). Neither knob changes what is learned: the answer
+    is the fastest way to train what the spec describes."""
     target = target_effective_batch or base.effective_batch_size
     sizes = [b for b in DEFAULT_BATCH_SIZES if b <= target] or [1]
-    return [f"search.batch_size={sizes}", "search.gradient_checkpointing=[false, true]",
-            f"tune.target_effective_batch={target}"]
+    return parse_space({"batch_size": sizes, "gradient_checkpointing": [False, True]}, base,
+                       allow_custom=allow_custom, constraints=constraints, target_effective_batch=target)

@@ -413,11 +413,16 @@ def _searchable_values(params: Params, space: Any, name: str) -> tuple[Any, ...]
     return dim.grid_values() if dim is not None else (getattr(params, name),)
 
 
+def _lora_options_set(params: Params, space: Any) -> list[str]:
+    """The LoRA options (besides the rank) that some config of the search sets."""
+    return [n for n in LORA_OPTIONS if any(v is not None for v in _searchable_values(params, space, n))]
+
+
 def _lora_problems(params: Params, space: Any) -> list[Problem]:
     """LoRA options need a rank. Checked over the search space, not ``params`` alone: a searched
     ``lora_r: [4, 32]`` gives every config a rank; a ``null`` among them is a full fine-tuning
     config, where the options are simply unused (see :func:`unused_lora_note`)."""
-    options = [n for n in LORA_OPTIONS if any(v is not None for v in _searchable_values(params, space, n))]
+    options = _lora_options_set(params, space)
     if not options or any(r is not None for r in _searchable_values(params, space, "lora_r")):
         return []
     searched = space is not None and space.dim("lora_r") is not None
@@ -428,7 +433,7 @@ def _lora_problems(params: Params, space: Any) -> list[Problem]:
 
 def unused_lora_note(spec: Spec) -> str | None:
     """A line for a search whose ``lora_r`` choices include null (full fine-tuning) beside set LoRA options."""
-    options = [n for n in LORA_OPTIONS if any(v is not None for v in _searchable_values(spec.params, spec.search, n))]
+    options = _lora_options_set(spec.params, spec.search)
     if not options or None not in _searchable_values(spec.params, spec.search, "lora_r"):
         return None
     return (f"lora_r=null configs train every weight (full fine-tuning): {', '.join(options)} apply only to "
@@ -507,7 +512,7 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
             data_files(data["path"])  # a file, a folder of shards, a glob pattern or a save_to_disk folder
         except TrainfitError as err:
             problems.append(Problem("data.path", err.message,
-                                    "check the path (relative paths start at the spec's folder)"))
+                                    "check the path; a relative path starts at the spec's folder"))
         fields_given = [k for k in ("text_field", "messages_field", "length_field") if data.get(k) is not None]
         if len(fields_given) > 1:
             problems.append(Problem("data",

@@ -69,4 +69,3 @@ def measurement_report(m: Measurement) -> str:
     if m.message:
         out += "\n\n" + m.message
     return out
-

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from trainfit.cli.common import add_spec_arguments, knobs_help, number, spec_from_args, stats_from_args
+from trainfit.spec import STRATEGIES
 
 EPILOG = """\
 exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec or a file that cannot
@@ -48,7 +49,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--join", action="store_true",
                    help="with --storage: start the study, or join it if another machine already did "
                         "(one command for every machine of a job array)")
-    p.add_argument("--strategy", choices=("auto", "grid", "random", "bayes"), help="default: the spec's (auto)")
+    p.add_argument("--strategy", choices=STRATEGIES, help="default: the spec's (auto)")
     p.add_argument("--max-trials", type=number(int, at_least=1), help="probes at most")
     p.add_argument("--time-budget", type=number(float, above=0), metavar="SECONDS",
                    help="start no probe after this long")
@@ -109,15 +110,12 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.cli.tune_render import TuneView, print_result
     from trainfit.report import EFFECTIVE_BATCH, learning_knobs, run_samples
     from trainfit.spec import unused_lora_note
-    from trainfit.tune import tune
+    from trainfit.tune import tune, with_default_search
 
     spec = spec_from_args(args)
-    if spec.search is None or not spec.search.dims:
-        from trainfit.space import default_search
-
-        defaults = default_search(spec.params, spec.search.target_effective_batch if spec.search else None)
-        args.overrides = [*args.overrides, *defaults]
-        spec = spec_from_args(args)
+    searched = with_default_search(spec)
+    if searched is not spec:
+        spec = searched
         print(f"no search: section in {args.spec}: searching batch_size and gradient_checkpointing at the effective "
               f"batch {spec.search.target_effective_batch} (raise it with tune.target_effective_batch, or give a "
               "search: section)")
