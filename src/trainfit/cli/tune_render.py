@@ -116,8 +116,10 @@ def noise_warning(trials: Sequence[Any]) -> str | None:
 
 
 def counter(event: TrialStart | TrialEnd) -> str:
-    """``[3/20]`` during the search; ``[23, refine]`` for the neighbours probed after it (--refine)."""
-    return f"[{event.index}, refine]" if event.refining else f"[{event.index}/{event.max_trials}]"
+    """``[4/20] trial 3``: the count during the search (``[23, refine]`` for the neighbours probed
+    after it, --refine) and the trial's number, as trials.csv, the summary and probes/ name it."""
+    count = f"[{event.index}, refine]" if event.refining else f"[{event.index}/{event.max_trials}]"
+    return f"{count} trial {event.number}:"
 
 
 def print_result(result: TuneResult, spec: Spec) -> int:
