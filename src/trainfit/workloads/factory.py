@@ -30,6 +30,7 @@ from trainfit.errors import TrainfitError
 from trainfit.flops import StepFlops
 from trainfit.params import Params
 from trainfit.workloads.base import Batch, Workload
+from trainfit.workloads.knobs import apply_knobs
 
 
 @dataclass
@@ -89,27 +90,15 @@ class FactoryWorkload(Workload):
         self.max_positions = made.max_positions
         handles = set(made.handles)
         model = made.model
-        if params.gradient_checkpointing and "gradient_checkpointing" not in handles:
-            enable = getattr(model, "activation_checkpointing_enable", None) or \
-                getattr(model, "gradient_checkpointing_enable", None)
-            if enable is None:
-                raise TrainfitError("gradient_checkpointing=true but the custom model has no "
-                                    "gradient_checkpointing_enable() and the factory does not handle it",
-                                    "apply it in the factory and add 'gradient_checkpointing' to handles")
-            enable()
         if params.attention != "sdpa" and "attention" not in handles:
             raise TrainfitError(f"attention={params.attention} cannot be applied to a custom model by trainfit",
                                 "apply it in the factory and add 'attention' to handles, or keep sdpa")
-        if params.lora_r is not None and "lora_r" not in handles:
-            if not params.lora_target_modules and not params.lora_target_parameters:
-                raise TrainfitError("lora_r is set for a custom model but lora_target_modules is not",
-                                    "name the modules to adapt, or apply LoRA in the factory and add 'lora_r' "
-                                    "to handles")
-            from peft import get_peft_model
-
-            from trainfit.workloads.lora import lora_config
-
-            model = get_peft_model(model, lora_config(params))
+        if params.lora_r is not None and "lora_r" not in handles and not (params.lora_target_modules
+                                                                        or params.lora_target_parameters):
+            raise TrainfitError("lora_r is set for a custom model but lora_target_modules is not",
+                                "name the modules to adapt, or apply LoRA in the factory and add 'lora_r' "
+                                "to handles")
+        model = apply_knobs(model, params, handles=handles)
         self.model = model
         self.model.train()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from trainfit.model_config import load_config, max_positions_of
 from trainfit.params import Params
 from trainfit.spec import ModelSpec
 from trainfit.workloads.base import Batch, Workload
+from trainfit.workloads.knobs import apply_knobs
 
 SAVED_MODEL_MAX_PARAMS = 1_000_000_000
 """The largest random-init model ``tune`` saves for its ``trl sft`` command: it is built in the
@@ -144,17 +144,6 @@ def fused_tile_note(vocab_size: int) -> str | None:
             f"where this model's full logits take {vocab_size * 4:,} bytes per token")
 
 
-def linear_names(model: Any) -> list[str]:
-    """The distinct names of a model's linear layers, as ``lora_target_modules`` takes them."""
-    import torch
-
-    names: dict[str, None] = {}
-    for qualified, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":  # GPT-2's linear
-            names[qualified.rsplit(".", 1)[-1]] = None
-    return list(names)
-
-
 def frozen_experts_note(model: Any, experts: tuple[int, int] | None) -> list[str]:
     """A note when LoRA left a mixture of experts' routed experts without adapters: their weights
     are stacked parameters, not Linear modules, so 'all-linear' reaches them only where peft knows
@@ -230,27 +219,8 @@ class HFCausalLM(Workload):
                     "check the config's values (token ids below vocab_size, heads dividing hidden_size)")
             raise TrainfitError(f"cannot build the model: {type(err).__name__}: {err}", hint) from None
         model.config.use_cache = False
-        if params.gradient_checkpointing:
-            # Non-reentrant checkpointing works with frozen inputs (LoRA) without extra hooks.
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            try:
-                enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            except TypeError:
-                enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = apply_knobs(model, params, task_type="CAUSAL_LM")
         if params.lora_r is not None:
-            from peft import get_peft_model
-
-            from trainfit.workloads.lora import lora_config
-
-            try:
-                with warnings.catch_warnings():  # peft reads transformers' deprecated property: noise in every log
-                    warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-                    model = get_peft_model(model, lora_config(params, task_type="CAUSAL_LM"))
-            except ValueError as err:
-                raise TrainfitError(
-                    f"LoRA could not be applied: {err}",
-                    "set params.lora_target_modules: 'all-linear' (every linear layer but the output head), "
-                    f"or a list of this model's linear layers: {', '.join(linear_names(model))}") from None
             self.notes += frozen_experts_note(model, experts_active(config))
         if head is not None:
             # Where TRL's SFT trainer puts it: on the base model, under the LoRA wrapper.
