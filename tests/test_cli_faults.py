@@ -184,26 +184,25 @@ def test_a_closed_terminal_stops_tune_with_the_resume_line(tmp_path: Path) -> No
 
 
 @pytest.mark.integration
-def test_a_full_disk_mid_tune_says_so_and_resumes_with_every_trial(tmp_path: Path) -> None:
-    """A write that the kernel refuses with ENOSPC (report.html's temp file linked to /dev/full) after the first
-    probe: one line naming the file and the cause, the resume line, and the trial kept."""
+def test_a_full_disk_mid_tune_says_so_and_resumes_with_every_trial(tmp_path: Path, capsys: Any) -> None:
+    """A write that the kernel refuses with ENOSPC (report.html's temporary file, named for this
+    process, linked to /dev/full) after the first probe: one line naming the file and the cause,
+    the resume line, and the trial kept."""
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     out = tmp_path / "out"
     out.mkdir()
-    (out / "report.html.tmp").symlink_to("/dev/full")
+    full = out / f"report.html.{os.getpid()}.tmp"
+    full.symlink_to("/dev/full")
     spec = small_search_spec(tmp_path)
-    run = subprocess.run([*CLI, "tune", str(spec), "--output", str(out)], capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 2, run.stderr
-    first, *rest = run.stderr.strip().splitlines()
-    assert first == f"trainfit tune: error: No space left on device ({out / 'report.html.tmp'})"
-    assert "Traceback" not in run.stderr and "free some space" in run.stderr
-    (out / "report.html.tmp").unlink()
-    again = subprocess.run([*CLI, *shlex.split(rest[-1])[1:]], capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr
+    assert main(["tune", str(spec), "--output", str(out)]) == 2
+    first, *rest = capsys.readouterr().err.strip().splitlines()
+    assert first == f"trainfit tune: error: No space left on device ({full})"
+    assert "free some space" in rest[0] and "Traceback" not in "".join(rest)
+    assert not full.exists() and not full.is_symlink()  # the temporary file does not outlive the failure
+    assert main(shlex.split(rest[-1])[1:]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["total_tested"] == 2 and "resuming: 1 trials already measured" in again.stdout
+    assert summary["total_tested"] == 2 and "resuming: 1 trials already measured" in capsys.readouterr().out
 
 
 def test_a_path_longer_than_the_filesystem_allows_is_one_line(tmp_path: Path, capsys: Any) -> None:

@@ -21,6 +21,7 @@ from trainfit.command import build_command, command_script, trl_data_config
 from trainfit.data.stats import LengthStats
 from trainfit.devices import versions
 from trainfit.errors import TrainfitError
+from trainfit.files import write_atomically
 from trainfit.params import KNOBS, Params
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
 from trainfit.report_html import tune_report_html
@@ -55,16 +56,6 @@ def command_inputs(params: Params, m: Measurement, stats: LengthStats | None,
     saved random-init model (see :func:`write_outputs`)."""
     return {"max_length": command_length(params, stats), "data_config": data_config,
             "cpu_threads": launch_threads(m), "model_dir": model_dir}
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """A reader (a user watching the run) never sees a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-    except OSError as err:  # a full disk fails the write, whose error names no file: name it
-        raise OSError(err.errno, err.strerror, str(tmp)) from err
-    tmp.replace(path)
 
 
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
@@ -307,9 +298,9 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     model_dir = initial_model(output, spec) if any(t.feasible for t in trials) else None
     summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
                             elapsed_s=elapsed_s, repeats=repeats, data_config=data_config, model_dir=model_dir)
-    _write_atomically(output / "summary.json", json.dumps(summary, indent=2, default=list) + "\n")
+    write_atomically(output / "summary.json", json.dumps(summary, indent=2, default=list) + "\n")
     write_trials_csv(output / "trials.csv", space, trials, repeats)
-    _write_atomically(output / "report.html", tune_report_html(summary, trials, spec.source or "spec"))
+    write_atomically(output / "report.html", tune_report_html(summary, trials, spec.source or "spec"))
     best = summary["best_config"]
     script = output / "train_command.sh"
     if best is not None:

@@ -17,12 +17,13 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from trainfit.data.readers import COMPRESSED, BadRow, data_files, detect_format, fingerprint, iter_rows
 from trainfit.errors import TrainfitError
+from trainfit.files import write_atomically
 from trainfit.progress import Progress
 
 BAD = -1  # length recorded for a row that could not be read
@@ -199,22 +200,6 @@ def _stop_at_recorded_bad_row(path: Path, on_bad_row: str, bad_examples: list[di
         raise _bad_row_error(path, bad_examples[0])
 
 
-def _write_atomically(target: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write ``target`` whole or not at all, also while another process writes it: each writer
-    fills its own temporary file (created like any file, so a shared cache stays readable to the
-    team) and renames it over the target."""
-    import uuid
-
-    tmp = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with tmp.open("xb") as f:
-            write(f)
-        tmp.replace(target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 class _Checkpoint:
     """The cache folder of one count: ``lengths.npy`` when done, else partial lengths + progress.
 
@@ -306,7 +291,7 @@ class _Checkpoint:
                     f.truncate()
                     f.flush()
                     os.fsync(f.fileno())
-                _write_atomically(self.progress, lambda f: f.write(json.dumps(state).encode()))
+                write_atomically(self.progress, lambda f: f.write(json.dumps(state).encode()))
         except OSError as err:
             self._failed(err)
 
@@ -315,8 +300,8 @@ class _Checkpoint:
             return
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            _write_atomically(self.meta, lambda f: f.write(json.dumps(meta).encode()))
-            _write_atomically(self.final, lambda f: np.save(f, lengths))  # last: it marks the count done
+            write_atomically(self.meta, lambda f: f.write(json.dumps(meta).encode()))
+            write_atomically(self.final, lambda f: np.save(f, lengths))  # last: it marks the count done
             with self._locked():
                 for p in (self.partial, self.progress):
                     p.unlink(missing_ok=True)

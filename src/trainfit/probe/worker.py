@@ -33,9 +33,11 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
+from trainfit.files import write_atomically
 from trainfit.probe.events import emit
 from trainfit.probe.request import ProbeRequest
 
@@ -537,10 +539,7 @@ def serve(spawned_at: float, jobs: Any) -> int:
             reusable = req.device.startswith("cuda") or reset_peak_rss()
         out = probe(req, cache, spawned_at if first else None)
         first = False
-        tmp = job["result"] + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(out, f)
-        os.replace(tmp, job["result"])
+        write_atomically(Path(job["result"]), json.dumps(out))
         emit("result", path=job["result"])
         if out.get("status") != "ok" or not reusable or req.model_key is None:
             return 0

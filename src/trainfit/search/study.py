@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainfit.errors import TrainfitError
+from trainfit.files import write_atomically
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.strategies import Trial, config_key, jsonable
@@ -159,12 +160,8 @@ def mend_journal(journal: Path, resume: bool) -> dict[str, Any] | None:
                             f"lost): cp {src} {bak} && head -n {keep} {bak} > {src}; "
                             "or use --output NEW_FOLDER to start afresh")
     shutil.copy2(journal, backup)
-    kept = journal.with_name(f"{journal.name}.tmp")
-    with kept.open("wb") as f:
-        f.write(journal.read_bytes()[:damage.good_bytes])
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(kept, journal)  # all at once: a crash leaves the old file or the repaired one
+    # all at once: a crash leaves the old file or the repaired one
+    write_atomically(journal, journal.read_bytes()[:damage.good_bytes])
     return {"journal": str(journal), "line": damage.line, "lines": damage.lines, "reason": damage.reason,
             "backup": str(backup)}
 
