@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -173,10 +174,10 @@ def test_a_closed_terminal_stops_tune_with_the_resume_line(tmp_path: Path) -> No
     out = tmp_path / "out"
     run = subprocess.Popen([*CLI, "tune", str(small_search_spec(tmp_path)), "--output", str(out)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert run.stdout is not None
-    for line in run.stdout:
-        if line.startswith("trainfit tune:"):  # the search has begun: the first probe is starting
-            break
+    log = out / "probes" / "trial-0000" / "probe.log"
+    deadline = time.monotonic() + 120  # a hang guard only
+    while not log.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the study exists and its first probe is running: there is a run to resume
     run.send_signal(signal.SIGHUP)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 128 + signal.SIGHUP, err
