@@ -59,7 +59,7 @@ def test_a_damaged_last_line_is_dropped_with_a_backup_and_the_study_resumes(tmp_
     assert note.backup == str(backup) and note.line == damaged.count(b"\n") + (damage == "torn last line")
     kept = whole if damage == "appended garbage" else good
     assert journal.read_bytes().startswith(kept)  # the lines before it are untouched, the run appended after
-    assert result.summary["total_tested"] == 5
+    assert result.summary.to_json()["total_tested"] == 5
     # nothing measured was lost: only the torn write's trial (its last entry) is probed again
     assert len(surface.calls) == (2 if damage == "appended garbage" else 3)
     again = tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=5, resume=True)
@@ -120,7 +120,7 @@ def test_results_without_a_journal_are_not_overwritten(tmp_path: Path) -> None:
     assert {name: (tmp_path / "out" / name).read_bytes() for name in before} == before
     # continuing the same study there is what the folder is for
     resumed = tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=3, storage=url, resume=True)
-    assert resumed.summary["total_tested"] == 3
+    assert resumed.summary.to_json()["total_tested"] == 3
     # a lost journal: its results stay too
     tune(spec, output=tmp_path / "j", probe_fn=Surface(), max_trials=2)
     (tmp_path / "j" / "study.journal").unlink()
@@ -204,7 +204,7 @@ def test_a_trial_another_run_probes_counts_against_max_trials_and_goes_in_the_su
         alive.kill()
         alive.wait()
     assert result.new_trials == 0 and result.stop_reason == "trial budget reached (3)"
-    assert result.summary["total_tested"] == 3
+    assert result.summary.to_json()["total_tested"] == 3
     assert values in [t.values for t in result.trials]
 
 
@@ -231,7 +231,7 @@ def _join(spec: Any, url: str, output: Path, log: Path) -> int:
     the trials its summary counts."""
     tune_module.BUSY_WAIT_S = 0.05
     result = tune(spec, output=output, probe_fn=Slow(log), storage=url, join=True, max_trials=5)
-    return result.summary["total_tested"]
+    return result.summary.to_json()["total_tested"]
 
 
 @pytest.mark.integration

@@ -24,14 +24,14 @@ def test_every_strategy_recommends_only_measured_configs_within_budget(tmp_path:
     surface = Surface()
     spec = synthetic_spec(tmp_path, strategy, max_trials=12 if strategy != "grid" else 64)
     result = tune(spec, output=tmp_path / "out", probe_fn=surface)
-    best = result.summary["best_config"]
+    best = result.summary.to_json()["best_config"]
     assert best is not None
     assert best["memory_peak_gb"] + HEADROOM <= BUDGET
     assert best["config"] in surface.calls  # recommended == measured
     assert best["effective_batch_size"] == pytest.approx(32, rel=0.5)
-    assert result.summary["total_tested"] == len(surface.calls) == len(result.trials)
-    assert result.summary["failed_oom"] == sum(1 for c in surface.calls if surface.memory_gb(Params(**c)) > BUDGET)
-    assert set(result.summary["fastest_per_value"]["lora_r"]) == {"8", "16"} or strategy != "grid"
+    assert result.summary.to_json()["total_tested"] == len(surface.calls) == len(result.trials)
+    assert result.summary.to_json()["failed_oom"] == sum(1 for c in surface.calls if surface.memory_gb(Params(**c)) > BUDGET)
+    assert set(result.summary.to_json()["fastest_per_value"]["lora_r"]) == {"8", "16"} or strategy != "grid"
     assert (tmp_path / "out" / "trials.csv").read_text().count("\n") == len(surface.calls) + 1
 
 
@@ -40,13 +40,13 @@ def test_grid_finds_the_true_optimum_and_auto_gets_there_cheaper(tmp_path: Path)
     grid = tune(synthetic_spec(tmp_path / "g", "grid"), output=tmp_path / "g" / "out", probe_fn=grid_surface)
     auto = tune(synthetic_spec(tmp_path / "a", "auto"), output=tmp_path / "a" / "out", probe_fn=auto_surface)
     truth = grid_surface.best_feasible(GRID)
-    assert grid.summary["best_config"]["samples_per_second"] == pytest.approx(truth)
-    assert auto.summary["best_config"]["samples_per_second"] >= 0.97 * truth
+    assert grid.summary.to_json()["best_config"]["samples_per_second"] == pytest.approx(truth)
+    assert auto.summary.to_json()["best_config"]["samples_per_second"] >= 0.97 * truth
     assert len(auto_surface.calls) <= len(GRID) / 2
     # Memory is extrapolated from fitting probes: auto spends at most one probe per family on an OOM.
-    assert auto.summary["failed_oom"] <= 4
+    assert auto.summary.to_json()["failed_oom"] <= 4
     # The fastest config per LoRA rank is reported (rank changes what is learned).
-    per_rank = auto.summary["fastest_per_value"]["lora_r"]
+    per_rank = auto.summary.to_json()["fastest_per_value"]["lora_r"]
     assert set(per_rank) == {"8", "16"}
 
 
@@ -58,14 +58,14 @@ def test_without_a_target_effective_batch_the_summary_gives_the_fastest_per_effe
     path.write_text(path.read_text() + "search:\n  batch_size: [1, 2, 4]\n  gradient_accumulation_steps: [1, 2]\n"
                     "tune:\n  strategy: grid\n")
     result = tune(load_spec(path), output=tmp_path / "out", probe_fn=Surface())
-    per_batch = result.summary["fastest_per_value"]["effective_batch_size"]
+    per_batch = result.summary.to_json()["fastest_per_value"]["effective_batch_size"]
     assert set(per_batch) == {"1", "2", "4", "8"}
     assert all(e["effective_batch_size"] == int(k) for k, e in per_batch.items())
     assert per_batch["2"]["searched"] == {"batch_size": 2, "gradient_accumulation_steps": 1}  # faster than 1 x 2
     # With a target, every config trains at one effective batch: nothing to choose between.
     fixed = tune(synthetic_spec(tmp_path / "t", "grid", max_trials=4), output=tmp_path / "t" / "out",
                  probe_fn=Surface())
-    assert "effective_batch_size" not in fixed.summary["fastest_per_value"]
+    assert "effective_batch_size" not in fixed.summary.to_json()["fastest_per_value"]
 
 
 def test_without_a_spec_budget_auto_predicts_against_the_devices_memory(tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ def test_without_a_spec_budget_auto_predicts_against_the_devices_memory(tmp_path
         surface = Surface()  # its measurements carry budget_memory_gb=40, as the worker records the device's
         result = tune(load_spec(path), output=tmp_path / name / "out", probe_fn=surface)
         calls[name] = surface.calls
-        assert result.summary["budget"]["memory_gb"] == BUDGET
+        assert result.summary.to_json()["budget"]["memory_gb"] == BUDGET
     assert calls["device"] == calls["spec"]
 
 
@@ -134,8 +134,8 @@ def test_ranges_constraints_refine_and_module_lists(tmp_path: Path) -> None:
     assert all(c["lora_r"] >= 8 for c in surface.calls)  # the constraint holds for every probe
     assert {tuple(c["lora_target_modules"]) if isinstance(c["lora_target_modules"], list)
             else c["lora_target_modules"] for c in surface.calls} <= {("q_proj", "v_proj"), "all-linear"}
-    best = result.summary["best_config"]
-    assert result.summary["objective"] == "tokens_per_second"
+    best = result.summary.to_json()["best_config"]
+    assert result.summary.to_json()["objective"] == "tokens_per_second"
     assert best["tokens_per_second"] == max(t.objective for t in result.trials if t.feasible)
     # bayes may propose a range value off the grid (e.g. batch 11): it is probed like any other
     assert all(1 <= c["batch_size"] <= 32 for c in surface.calls)
@@ -153,7 +153,7 @@ def test_refine_probes_the_neighbours_of_the_best(tmp_path: Path) -> None:
     from trainfit.search.strategies import config_key
     from trainfit.search.tune import neighbours
 
-    auto_best = plain.trials[[t.number for t in plain.trials].index(plain.summary["best_config"]["trial"])].values
+    auto_best = plain.trials[[t.number for t in plain.trials].index(plain.summary.to_json()["best_config"]["trial"])].values
     measured = {config_key({k: c[k] for k in spec.search.names}) for c in first.calls}
     wanted = {config_key(v) for v in neighbours(spec.search, auto_best)} - measured
     assert wanted and wanted <= {config_key({k: c[k] for k in spec.search.names}) for c in extra}
@@ -165,7 +165,7 @@ def test_quick_refine_searches_locally_beyond_the_quick_budget(tmp_path: Path) -
     quick = tune(spec, output=tmp_path / "a", probe_fn=Surface(), quick=True)
     surface = Surface()
     result = tune(spec, output=tmp_path / "b", probe_fn=surface, quick=True, refine=True)
-    assert quick.summary["total_tested"] == 6 and len(surface.calls) > 6
+    assert quick.summary.to_json()["total_tested"] == 6 and len(surface.calls) > 6
     assert "then refined" in result.stop_reason
     assert result.best.objective >= quick.best.objective
     from trainfit.search.strategies import config_key
@@ -215,7 +215,7 @@ def test_a_knob_value_the_machine_cannot_run_costs_one_probe(tmp_path: Path, str
     path.write_text(path.read_text() + "search:\n  batch_size: [1, 2, 4, 8]\n  precision: [bf16, fp32]\n"
                     f"  gradient_checkpointing: [false, true]\ntune:\n  strategy: {strategy}\n  max_trials: 16\n")
     surface = NoBf16()
-    summary = tune(load_spec(path), output=tmp_path / "out", probe_fn=surface).summary
+    summary = tune(load_spec(path), output=tmp_path / "out", probe_fn=surface).summary.to_json()
     assert sum(c["precision"] == "bf16" for c in surface.calls) == 1  # not once per family or batch size
     assert [(u["knob"], u["value"]) for u in summary["unsupported"]] == [("precision", "bf16")]
     assert summary["best_config"]["searched"]["precision"] == "fp32"
@@ -226,8 +226,8 @@ def test_when_everything_ooms_the_summary_says_what_to_change(tmp_path: Path) ->
                           budget={"memory_gb": 5.0, "headroom_gb": HEADROOM})
     path.write_text(path.read_text() + "search:\n  batch_size: [2, 4]\n")
     result = tune(load_spec(path), output=tmp_path / "out", probe_fn=Surface(budget_gb=5.0))
-    failed = result.summary["all_failed"]
-    assert result.summary["best_config"] is None
+    failed = result.summary.to_json()["all_failed"]
+    assert result.summary.to_json()["best_config"] is None
     assert len(failed["measured_peaks_gb"]) == 1  # auto stops the family after the smallest batch OOMs
     assert any(a.startswith("gradient_checkpointing: true") for a in failed["advice"])
     assert any(a.startswith("lora_r") for a in failed["advice"])
@@ -246,7 +246,7 @@ def test_an_oom_that_said_what_it_asked_for_needs_at_least_that(tmp_path: Path) 
                            peak_memory_bytes=int(3 * GiB), oom_needed_bytes=int(p.batch_size * 3 * GiB),
                            budget_memory_gb=5.0, budget_headroom_gb=HEADROOM)
 
-    smallest = tune(load_spec(path), output=tmp_path / "out", probe_fn=oom).summary["all_failed"]["smallest_peak"]
+    smallest = tune(load_spec(path), output=tmp_path / "out", probe_fn=oom).summary.to_json()["all_failed"]["smallest_peak"]
     assert smallest["searched"] == {"batch_size": 2} and smallest["at_least"]
     assert smallest["needs_memory_gb"] == pytest.approx(6.0 + HEADROOM)
     rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
@@ -269,7 +269,7 @@ def test_when_nothing_fits_the_advice_starts_with_the_largest_measured_part(
                            peak_memory_bytes=sum(scaled.values()), memory_parts_bytes=scaled,
                            budget_memory_gb=5.0, budget_headroom_gb=HEADROOM, steps_measured=5)
 
-    failed = tune(load_spec(path), output=tmp_path / "out", probe_fn=over_budget).summary["all_failed"]
+    failed = tune(load_spec(path), output=tmp_path / "out", probe_fn=over_budget).summary.to_json()["all_failed"]
     assert failed["advice"][0].startswith(first)
     smallest = failed["smallest_peak"]
     assert smallest["searched"] == {"batch_size": 2}
@@ -289,13 +289,13 @@ def test_when_the_full_logits_weigh_the_advice_starts_with_a_loss_without_them(t
                            full_logits_bytes=int(logits_gb * GiB) or None,
                            budget_memory_gb=5.0, budget_headroom_gb=HEADROOM, steps_measured=5)
 
-    failed = tune(load_spec(path), output=tmp_path / "out", probe_fn=logits_heavy).summary["all_failed"]
+    failed = tune(load_spec(path), output=tmp_path / "out", probe_fn=logits_heavy).summary.to_json()["all_failed"]
     assert failed["smallest_peak"]["full_logits_gb"] == pytest.approx(2.0)
     assert failed["advice"][0].startswith("a loss without the full logits") and "2.00 GiB" in failed["advice"][0]
     assert failed["advice"][1].startswith("gradient_checkpointing")
     # a loss that builds no full logits (TRL's fused head) gets no such advice
     failed = tune(load_spec(path), output=tmp_path / "out2",
-                  probe_fn=lambda p, n: logits_heavy(p, n, 0.0)).summary["all_failed"]
+                  probe_fn=lambda p, n: logits_heavy(p, n, 0.0)).summary.to_json()["all_failed"]
     assert not any("full logits" in a for a in failed["advice"])
 
 
@@ -321,4 +321,4 @@ def test_the_library_searches_the_default_space_as_the_cli_does(tmp_path: Path) 
     assert {(c["batch_size"], c["gradient_checkpointing"]) for c in surface.calls} <= {
         (b, g) for b in (1, 2, 4) for g in (False, True)} and len(surface.calls) >= 3
     assert {c["batch_size"] * c["gradient_accumulation_steps"] for c in surface.calls} == {4}
-    assert result.summary["best_config"]["effective_batch_size"] == 4
+    assert result.summary.to_json()["best_config"]["effective_batch_size"] == 4

@@ -19,7 +19,7 @@ from trainfit.tune import tune
 
 def test_the_summary_names_runners_up_within_measurement_noise(tmp_path: Path) -> None:
     spec = synthetic_spec(tmp_path, "grid", max_trials=64)
-    summary = tune(spec, output=tmp_path / "out", probe_fn=Noisy()).summary
+    summary = tune(spec, output=tmp_path / "out", probe_fn=Noisy()).summary.to_json()
     best = summary["best_config"]
     ties = summary["within_noise_of_best"]
     # The runner-up 3.1% behind, with a 4% CI, is a tie; the one 3.6% behind with 0.1% is not.
@@ -45,7 +45,7 @@ def test_confirmation_rounds_rank_tied_configs_by_the_median_of_interleaved_repe
     spec = synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=2, confirm_margin=0.0)
     surface = Drifting()
     result = tune(spec, output=tmp_path / "out", probe_fn=surface)
-    s = result.summary
+    s = result.summary.to_json()
     runner_up = dict(zip(("batch_size", "gradient_checkpointing", "lora_r"), RUNNER_UP, strict=True))
     assert s["best_config"]["searched"] == runner_up == result.best.values
     assert [e["searched"] for e in s["confirmation"]] == [runner_up, {**runner_up, "batch_size": 12,
@@ -60,14 +60,14 @@ def test_confirmation_rounds_rank_tied_configs_by_the_median_of_interleaved_repe
     assert f"trial {s['best_config']['trial']}" in (tmp_path / "out" / "train_command.sh").read_text()
     again = Drifting()
     resumed = tune(spec, output=tmp_path / "out", probe_fn=again, resume=True)
-    assert again.calls == [] and resumed.summary["best_config"]["searched"] == runner_up
+    assert again.calls == [] and resumed.summary.to_json()["best_config"]["searched"] == runner_up
 
 
 def test_a_clear_winner_needs_no_confirmation(tmp_path: Path) -> None:
     surface = Surface()  # precise probes, and the runner-up is 3.0% behind: outside the margin
     result = tune(synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=3, confirm_margin=0.02),
                   output=tmp_path / "out", probe_fn=surface)
-    assert len(surface.calls) == len(result.trials) and result.summary["confirmation"] == []
+    assert len(surface.calls) == len(result.trials) and result.summary.to_json()["confirmation"] == []
 
 
 def test_confirmation_also_takes_runners_up_within_the_margin(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_confirmation_also_takes_runners_up_within_the_margin(tmp_path: Path) ->
     surface = Surface()
     result = tune(synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=1, confirm_margin=0.04),
                   output=tmp_path / "out", probe_fn=surface)
-    confirmed = [tuple(e["searched"].values()) for e in result.summary["confirmation"]]
+    confirmed = [tuple(e["searched"].values()) for e in result.summary.to_json()["confirmation"]]
     assert sorted(confirmed) == sorted([(12, False, 8), (24, True, 8), (12, False, 16)])
     assert len(surface.calls) == len(result.trials) + 3
 
@@ -93,7 +93,7 @@ def test_confirmation_leaves_a_config_another_run_is_probing_to_that_run(tmp_pat
     spec = synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=1, confirm_margin=0.0)
     searched = tune(load_spec(spec.source, ["tune.confirm_rounds=0"]), output=tmp_path / "a", storage=url,
                     probe_fn=Noisy())
-    assert searched.summary["within_noise_of_best"]  # the runner-up is a tie: confirmation takes it
+    assert searched.summary.to_json()["within_noise_of_best"]  # the runner-up is a tie: confirmation takes it
     runner_up = dict(zip(("batch_size", "gradient_checkpointing", "lora_r"), RUNNER_UP, strict=True))
     in_flight = store_for(spec, tmp_path / "b", storage=url, resume=True).ask(runner_up)
     other_run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # alive, probing it

@@ -17,6 +17,7 @@ from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.spec import load_spec
+from trainfit.summary import Summary
 from trainfit.template import render_template
 from trainfit.tune import tune
 
@@ -115,6 +116,22 @@ def test_a_sharded_dataset_reaches_trl_as_the_same_files(tmp_path: Path) -> None
                                  data={"path": "data/*.parquet", "text_field": "text"}))
 
 
+@pytest.mark.parametrize("budget_gb", [BUDGET, 5.0])  # a best config; nothing fits (all_failed)
+def test_summary_json_is_the_typed_summary_written_byte_for_byte(tmp_path: Path, budget_gb: float) -> None:
+    """The file is ``Summary.to_json``; ``Summary.from_json`` reads it back to the same record, and
+    writing that again gives the same bytes: a script reads what the CLI rendered."""
+    spec = synthetic_spec(tmp_path, "grid", max_trials=6)
+    spec = load_spec(spec.source, [f"budget.memory_gb={budget_gb}"])
+    result = tune(spec, output=tmp_path / "out", probe_fn=Surface(budget_gb=budget_gb))
+    text = (tmp_path / "out" / "summary.json").read_text()
+    read = Summary.from_json(json.loads(text))
+    assert read == result.summary and (read.best_config is None) == (budget_gb == 5.0)
+    assert (read.all_failed is None) == ("all_failed" not in text) == (budget_gb == BUDGET)
+    assert json.dumps(read.to_json(), indent=2, default=list) + "\n" == text
+    with pytest.raises(TrainfitError, match="schema version 0"):
+        Summary.from_json({**json.loads(text), "schema_version": 0})
+
+
 def test_report_html_draws_every_probe_by_family_against_the_budget(tmp_path: Path) -> None:
     from html.parser import HTMLParser
 
@@ -143,9 +160,9 @@ def test_report_html_draws_every_probe_by_family_against_the_budget(tmp_path: Pa
     assert sum(tag == "path" and a.get("class") == "oom" for tag, a in tags) == 2 * ooms
     assert sum(tag == "polyline" for tag, _ in tags) == 2 * 4  # 4 families (checkpointing x LoRA rank)
     hollow = sum(tag == "circle" and a.get("fill") == "white" for tag, a in tags)
-    assert hollow == 2 * result.summary["over_budget"]
+    assert hollow == 2 * result.summary.to_json()["over_budget"]
     assert f"budget {BUDGET:g} GiB" in page and f"fits below {BUDGET - HEADROOM:g} GiB" in page
-    best = result.summary["best_config"]
+    best = result.summary.to_json()["best_config"]
     assert f"Best: trial {best['trial']}" in page and page.count("<tr>") == len(trials) + 1
 
 

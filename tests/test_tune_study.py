@@ -31,7 +31,7 @@ def test_resume_continues_without_reprobing(tmp_path: Path) -> None:
     result = tune(spec, output=tmp_path / "out", probe_fn=second, max_trials=6, resume=True)
     assert len(first.calls) == 3 and len(second.calls) == 3
     assert not any(c in first.calls for c in second.calls)
-    assert result.summary["total_tested"] == 6
+    assert result.summary.to_json()["total_tested"] == 6
 
 
 def test_a_trial_cut_off_by_a_crash_is_retried(tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_a_trial_cut_off_by_a_crash_is_retried(tmp_path: Path) -> None:
     again = Surface()
     result = tune(spec, output=tmp_path / "out", probe_fn=again, max_trials=5, resume=True)
     assert again.calls[0] == interrupted  # retried first
-    assert result.summary["total_tested"] == 5
+    assert result.summary.to_json()["total_tested"] == 5
 
 
 def test_a_studys_identity_leaves_defaults_out_so_it_survives_new_settings(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_a_running_tune_holds_its_output_folder(tmp_path: Path) -> None:
         tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=2, resume=True)
     running.close()
     result = tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=2, resume=True)
-    assert result.summary["total_tested"] == 2
+    assert result.summary.to_json()["total_tested"] == 2
     # and a finished tune released it
     assert tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=3, resume=True).new_trials == 1
 
@@ -100,7 +100,7 @@ def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Pa
     events: list[TuneEvent] = []
     result = tune(spec_a, output=tmp_path / "out-a2", probe_fn=again, max_trials=4, storage=url, resume=True,
                   on_event=events.append)
-    assert len(again.calls) == 2 and result.summary["total_tested"] == 4
+    assert len(again.calls) == 2 and result.summary.to_json()["total_tested"] == 4
     # the same spec file under another budget is another study: the run names it and what differs
     [study] = [e for e in events if isinstance(e, SharedStudy)]
     assert [o["differs"] for o in study.others] == [["budget.memory_gb"]]
@@ -178,7 +178,7 @@ def _join(spec: Any, url: str, output: Path, log: Path, summary: Path, rendezvou
 
     importlib.import_module("trainfit.search.tune").BUSY_WAIT_S = 0.05  # the module, not the function
     result = tune(spec, output=output, probe_fn=Slow(log, rendezvous), storage=url, join=True, max_trials=64)
-    summary.write_text(json.dumps(result.summary["best_config"]["searched"]))
+    summary.write_text(json.dumps(result.summary.to_json()["best_config"]["searched"]))
 
 
 @pytest.mark.integration  # two tune processes at once on one database

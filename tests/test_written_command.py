@@ -141,7 +141,7 @@ def test_the_readme_main_job_writes_a_command_that_trains_as_written(tmp_path: P
                                                    "tune.target_effective_batch=2"])
     out = tmp_path / "run"
     best = tune(spec, output=out, quick=True,
-                probe_fn=lambda p, n: measured(p, n, prefer="lora_r")).summary["best_config"]
+                probe_fn=lambda p, n: measured(p, n, prefer="lora_r")).summary.to_json()["best_config"]
     assert best["searched"] == {"lora_r": 8, "batch_size": 1}
     script = (out / "train_command.sh").read_text()
     assert f"--model_name_or_path {out.resolve() / 'model'}" in script and "<" not in script

@@ -1,8 +1,5 @@
-"""What a tuning run leaves behind: summary.json, trials.csv, report.html, the command script, advice.
-
-``summary.json`` is a superset of the seeds' ``bayesopt_summary.json`` (``total_tested``,
-``successful``, ``failed_oom``, ``best_config`` with ``samples_per_second``,
-``memory_peak_gb``, ``estimated_full_runtime_hours`` and ``config``).
+"""What a tuning run leaves behind: summary.json (the records of ``trainfit.summary``), trials.csv,
+report.html, the command script, advice when nothing fits.
 """
 
 from __future__ import annotations
@@ -10,7 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,8 +26,19 @@ from trainfit.search.ranking import Repeats, pooled, ranked, within_noise
 from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
-
-SCHEMA_VERSION = 1
+from trainfit.summary import (
+    AllFailed,
+    Budget,
+    ConfigEntry,
+    Confirmation,
+    Lengths,
+    MeasuredPeak,
+    ProbeNote,
+    SmallestPeak,
+    Summary,
+    Tie,
+    UnsupportedValue,
+)
 
 
 def run_samples(spec: Spec, stats: LengthStats | None) -> float | None:
@@ -60,7 +68,7 @@ def command_inputs(params: Params, m: Measurement, stats: LengthStats | None,
 
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
            repeats: Repeats | None = None, data_config: Path | None = None,
-           model_dir: Path | None = None) -> dict[str, Any]:
+           model_dir: Path | None = None) -> ConfigEntry:
     m = t.measurement
     params = space.params(t.values)
     samples = run_samples(spec, stats)
@@ -69,42 +77,42 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
         command = build_command(spec, params, **command_inputs(params, m, stats, data_config, model_dir))
     except TrainfitError:
         command = None
-    return {
-        "trial": t.number,
-        "samples_per_second": m.samples_per_second,
-        "tokens_per_second": m.tokens_per_second,
-        "memory_peak_gb": m.peak_memory_gb,
-        "memory_parts_gb": {k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
-        "mfu": m.mfu,
-        "stable": m.stable,
-        "confirmed_median": (pooled(t, repeats, spec.tune.objective)
-                             if repeats and config_key(t.values) in repeats else None),
-        "estimated_full_runtime_hours": runtime_h,
-        "searched": jsonable(t.values),
-        "effective_batch_size": params.effective_batch_size,
-        "config": params.to_dict(),
-        "command": command,
-    }
+    return ConfigEntry(
+        trial=t.number,
+        samples_per_second=m.samples_per_second,
+        tokens_per_second=m.tokens_per_second,
+        memory_peak_gb=m.peak_memory_gb,
+        memory_parts_gb={k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
+        mfu=m.mfu,
+        stable=m.stable,
+        confirmed_median=(pooled(t, repeats, spec.tune.objective)
+                          if repeats and config_key(t.values) in repeats else None),
+        estimated_full_runtime_hours=runtime_h,
+        searched=jsonable(t.values),
+        effective_batch_size=params.effective_batch_size,
+        config=params.to_dict(),
+        command=command,
+    )
 
 
-def unsupported_report(trials: Sequence[Trial]) -> list[dict[str, Any]]:
+def unsupported_report(trials: Sequence[Trial]) -> list[UnsupportedValue]:
     """Each knob value a probe found this machine cannot run (the search skipped the rest of its configs)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, UnsupportedValue] = {}
     for t in trials:
         for knob, value in t.measurement.unsupported.items():
             out.setdefault(json.dumps([knob, value], default=list),
-                           {"knob": knob, "value": value, "trial": t.number, "message": t.measurement.message})
+                           UnsupportedValue(knob=knob, value=value, trial=t.number, message=t.measurement.message))
     return list(out.values())
 
 
-def probe_notes(trials: Sequence[Trial]) -> list[dict[str, Any]]:
+def probe_notes(trials: Sequence[Trial]) -> list[ProbeNote]:
     """Each distinct note the probes made (a truncation, a loss, a dtype, frozen experts), with the
     trials that made it."""
     out: dict[str, list[int]] = {}
     for t in trials:
         for note in t.measurement.notes:
             out.setdefault(note, []).append(t.number)
-    return [{"note": note, "trials": numbers} for note, numbers in out.items()]
+    return [ProbeNote(note=note, trials=numbers) for note, numbers in out.items()]
 
 
 EFFECTIVE_BATCH = "effective_batch_size"
@@ -126,21 +134,21 @@ def learning_value(space: SearchSpace, values: dict[str, Any], knob: str) -> Any
     return space.params(values).effective_batch_size if knob == EFFECTIVE_BATCH else values.get(knob)
 
 
-def smallest_peak(spec: Spec, trials: Sequence[Trial]) -> dict[str, Any] | None:
+def smallest_peak(spec: Spec, trials: Sequence[Trial]) -> SmallestPeak | None:
     """The config that came closest to fitting, where its peak went, and the budget it needs."""
     measured = [t for t in trials if t.measurement.status in ("ok", "oom") and t.measurement.peak_memory_gb]
     if not measured:
         return None
     t = min(measured, key=lambda t: t.measurement.needed_bytes)
     m = t.measurement
-    return {"searched": jsonable(t.values), "status": m.status, "peak_gb": m.peak_memory_gb,
-            "parts_gb": {k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
-            "oom_needs_more_than_gb": m.oom_needed_gb,
-            "needs_memory_gb": m.needed_bytes / 1024**3 + spec.budget.headroom_gb, "at_least": m.status == "oom",
-            "full_logits_gb": m.full_logits_bytes / 1024**3 if m.full_logits_bytes else None}
+    return SmallestPeak(searched=jsonable(t.values), status=m.status, peak_gb=m.peak_memory_gb or 0.0,
+                        parts_gb={k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
+                        oom_needs_more_than_gb=m.oom_needed_gb,
+                        needs_memory_gb=m.needed_bytes / 1024**3 + spec.budget.headroom_gb, at_least=m.status == "oom",
+                        full_logits_gb=m.full_logits_bytes / 1024**3 if m.full_logits_bytes else None)
 
 
-def oom_advice(trials: Sequence[Trial], stats: LengthStats | None, smallest: dict[str, Any] | None) -> list[str]:
+def oom_advice(trials: Sequence[Trial], stats: LengthStats | None, smallest: SmallestPeak | None) -> list[str]:
     """Concrete knobs that would lower peak memory, from what was searched and measured: knobs
     not tried yet, the ones acting on the largest measured part of ``smallest`` (the
     :func:`smallest_peak`) first."""
@@ -174,15 +182,15 @@ def oom_advice(trials: Sequence[Trial], stats: LengthStats | None, smallest: dic
     if cuda and never("optimizer", "adamw_8bit"):
         advice.append(("optimizer", "optimizer: adamw_8bit (Adam state at 2 instead of 8 bytes per trainable "
                                     "parameter)"))
-    logits = smallest.get("full_logits_gb") if smallest else None
-    if logits and logits >= 0.1 * smallest["peak_gb"]:  # type: ignore[index]
+    logits = smallest.full_logits_gb if smallest else None
+    if smallest and logits and logits >= 0.1 * smallest.peak_gb:
         # first of the step's remedies: it costs one LM-head recompute, not a whole forward
         advice.insert(0, ("step", f"a loss without the full logits: the model's own loss holds the worst-case "
                                f"batch's (batch x length x vocab) logits in fp32, {logits:.2f} GiB, and their "
                                "gradient as much again; `trl sft` computes it with TRL's fused LM head in tiles "
                                "(what loss: auto probes for it), or use a chunked cross-entropy in your trainer"))
-    parts = smallest["parts_gb"] if smallest else {}
-    if (smallest and parts.get("allocator_cache", 0.0) >= 0.1 * smallest["peak_gb"]
+    parts = smallest.parts_gb if smallest else {}
+    if (smallest and parts.get("allocator_cache", 0.0) >= 0.1 * smallest.peak_gb
             and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):
         advice.append(("allocator_cache", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment "
                                           "(less fragmentation: reserved memory closer to what tensors use)"))
@@ -191,78 +199,91 @@ def oom_advice(trials: Sequence[Trial], stats: LengthStats | None, smallest: dic
     return [text for _, text in advice]
 
 
-def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str) -> list[dict[str, Any]]:
+def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str) -> list[Confirmation]:
     """Every measurement of each confirmed config, fastest median first."""
-    return [{"trial": t.number, "searched": jsonable(t.values),
-             "median": pooled(t, repeats, objective),
-             "measurements": [t.objective, *(getattr(m, objective) if m.fits else None
-                                             for m in repeats[config_key(t.values)])]}
+    return [Confirmation(trial=t.number, searched=jsonable(t.values), median=pooled(t, repeats, objective),
+                         measurements=[t.objective, *(getattr(m, objective) if m.fits else None
+                                                      for m in repeats[config_key(t.values)])])
             for t in order if config_key(t.values) in repeats]
+
+
+def fastest_per_value(spec: Spec, space: SearchSpace, order: Sequence[Trial],
+                      entry: Callable[[Trial], ConfigEntry]) -> dict[str, dict[str, ConfigEntry]]:
+    """Per searched knob that changes what is learned (:func:`learning_knobs`): the fastest config of
+    each of its values, keyed by the value as JSON."""
+    per_value: dict[str, dict[str, ConfigEntry]] = {}
+    for knob in learning_knobs(space):
+        best_by_value: dict[str, ConfigEntry] = {}
+        for t in order:
+            key = json.dumps(learning_value(space, t.values, knob), default=list)
+            if key not in best_by_value:
+                best_by_value[key] = entry(t)
+        per_value[knob] = best_by_value
+    return per_value
+
+
+def all_failed(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -> AllFailed:
+    """Why nothing fits: every measured peak, the config closest to fitting, and advice."""
+    smallest = smallest_peak(spec, trials)
+    return AllFailed(
+        measured_peaks_gb=[MeasuredPeak(searched=t.values, peak_gb=t.measurement.peak_memory_gb,
+                                        status=t.measurement.status,
+                                        oom_needs_more_than_gb=t.measurement.oom_needed_gb) for t in trials],
+        smallest_peak=smallest, advice=oom_advice(trials, stats, smallest))
+
+
+def run_lengths(stats: LengthStats | None) -> Lengths | None:
+    """The data's lengths the worst-case and typical batches were drawn from."""
+    return None if stats is None else Lengths(
+        description=stats.description, min=stats.min, median=stats.percentiles["p50"],
+        p99=stats.percentiles["p99"], max=stats.max, model_positions=stats.max_positions)
 
 
 def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, stats: LengthStats | None,
                   strategy: str, stop_reason: str, elapsed_s: float, repeats: Repeats | None = None,
-                  data_config: Path | None = None, model_dir: Path | None = None) -> dict[str, Any]:
+                  data_config: Path | None = None, model_dir: Path | None = None) -> Summary:
     """``data_config``: the TRL config file that loads the data; ``model_dir``: the saved random-init
     model (see :func:`write_outputs`)."""
     repeats = repeats or {}
     objective = spec.tune.objective
     order = ranked(trials, repeats, objective)
     statuses = [t.measurement.status for t in trials]
-    over_budget = sum(1 for t in trials if t.measurement.status == "ok" and not t.feasible)
-    per_value: dict[str, dict[str, Any]] = {}
-    for knob in learning_knobs(space):
-        best_by_value: dict[str, Any] = {}
-        for t in order:
-            key = json.dumps(learning_value(space, t.values, knob), default=list)
-            if key not in best_by_value:
-                best_by_value[key] = _entry(t, spec, space, stats, repeats, data_config, model_dir)
-        per_value[knob] = best_by_value
-    peaks = [(t.values, t.measurement.peak_memory_gb, t.measurement.status, t.measurement.oom_needed_gb)
-             for t in trials]
-    summary: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "total_tested": len(trials),
-        "successful": sum(1 for t in trials if t.feasible),
-        "failed_oom": statuses.count("oom"),
-        "over_budget": over_budget,
-        "failed_error": statuses.count("error"),
-        "failed_timeout": statuses.count("timeout"),
-        "best_config": _entry(order[0], spec, space, stats, repeats, data_config, model_dir) if order else None,
-        "runners_up": [_entry(t, spec, space, stats, repeats, data_config, model_dir) for t in order[1:6]],
-        "within_noise_of_best": [] if repeats else within_noise(order),
-        "confirmation": confirmation(order, repeats, objective),
-        "fastest_per_value": per_value,
-        "unsupported": unsupported_report(trials),
-        "notes": probe_notes(trials),
-        "objective": spec.tune.objective,
-        "strategy": strategy,
-        "stop_reason": stop_reason,
-        "tuning_time_s": elapsed_s,
-        "probe_time_s": sum(t.measurement.wall_time_s or 0.0 for t in trials)
+
+    def entry(t: Trial) -> ConfigEntry:
+        return _entry(t, spec, space, stats, repeats, data_config, model_dir)
+
+    return Summary(
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        total_tested=len(trials),
+        successful=sum(1 for t in trials if t.feasible),
+        failed_oom=statuses.count("oom"),
+        over_budget=sum(1 for t in trials if t.measurement.status == "ok" and not t.feasible),
+        failed_error=statuses.count("error"),
+        failed_timeout=statuses.count("timeout"),
+        best_config=entry(order[0]) if order else None,
+        runners_up=[entry(t) for t in order[1:6]],
+        within_noise_of_best=[] if repeats else [Tie(**tie) for tie in within_noise(order)],
+        confirmation=confirmation(order, repeats, objective),
+        fastest_per_value=fastest_per_value(spec, space, order, entry),
+        unsupported=unsupported_report(trials),
+        notes=probe_notes(trials),
+        objective=objective,
+        strategy=strategy,
+        stop_reason=stop_reason,
+        tuning_time_s=elapsed_s,
+        probe_time_s=sum(t.measurement.wall_time_s or 0.0 for t in trials)
         + sum(m.wall_time_s or 0.0 for ms in repeats.values() for m in ms),  # confirmation probes included
-        "budget": {"memory_gb": spec.budget.memory_gb or recorded_budget_gb(t.measurement for t in trials),
-                   "headroom_gb": spec.budget.headroom_gb,
-                   "of": "the spec" if spec.budget.memory_gb else "the device (no budget.memory_gb)"},
-        "epochs_for_estimate": spec.tune.epochs,
-        "dataset_samples": stats.samples if stats else None,
-        "lengths": None if stats is None else {  # how the worst-case and typical batches were drawn
-            "description": stats.description, "min": stats.min, "median": stats.percentiles["p50"],
-            "p99": stats.percentiles["p99"], "max": stats.max, "model_positions": stats.max_positions},
-        "device": trials[0].measurement.device_name if trials else None,
-        "versions": versions(),
-        "spec": spec.to_dict(),
-    }
-    if not order and trials:
-        smallest = smallest_peak(spec, trials)
-        summary["all_failed"] = {
-            "measured_peaks_gb": [{"searched": v, "peak_gb": p, "status": s, "oom_needs_more_than_gb": n}
-                                  for v, p, s, n in peaks],
-            "smallest_peak": smallest,
-            "advice": oom_advice(trials, stats, smallest),
-        }
-    return summary
+        budget=Budget(memory_gb=spec.budget.memory_gb or recorded_budget_gb(t.measurement for t in trials),
+                      headroom_gb=spec.budget.headroom_gb,
+                      of="the spec" if spec.budget.memory_gb else "the device (no budget.memory_gb)"),
+        epochs_for_estimate=spec.tune.epochs,
+        dataset_samples=stats.samples if stats else None,
+        lengths=run_lengths(stats),
+        device=trials[0].measurement.device_name if trials else None,
+        versions=versions(),
+        spec=spec.to_dict(),
+        all_failed=all_failed(spec, trials, stats) if trials and not order else None,
+    )
 
 
 def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], repeats: Repeats | None = None) -> None:
@@ -285,7 +306,7 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], re
 
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
                   stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
-                  repeats: Repeats | None = None) -> dict[str, Any]:
+                  repeats: Repeats | None = None) -> Summary:
     """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run
     after every trial) and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the
     spec's data file, and for a ``config:`` model, once a config fits, model/: the random-init model
@@ -298,15 +319,15 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     model_dir = initial_model(output, spec) if any(t.feasible for t in trials) else None
     summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
                             elapsed_s=elapsed_s, repeats=repeats, data_config=data_config, model_dir=model_dir)
-    write_atomically(output / "summary.json", json.dumps(summary, indent=2, default=list) + "\n")
+    write_atomically(output / "summary.json", json.dumps(summary.to_json(), indent=2, default=list) + "\n")
     write_trials_csv(output / "trials.csv", space, trials, repeats)
     write_atomically(output / "report.html", tune_report_html(summary, trials, spec.source or "spec"))
-    best = summary["best_config"]
+    best = summary.best_config
     script = output / "train_command.sh"
     if best is not None:
-        trial = next(t for t in trials if t.number == best["trial"])
+        trial = next(t for t in trials if t.number == best.trial)
         m = trial.measurement
-        header = (f"# trainfit: fastest measured config (trial {best['trial']}): "
+        header = (f"# trainfit: fastest measured config (trial {best.trial}): "
                   f"{m.samples_per_second:.4g} samples/s, peak {m.peak_memory_gb:.2f} GiB on {m.device_name}\n"
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")

@@ -17,6 +17,7 @@ from typing import Any
 from trainfit.format import fmt_need, fmt_num
 from trainfit.progress import format_duration
 from trainfit.search.strategies import Trial
+from trainfit.summary import Summary
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22")
@@ -90,21 +91,21 @@ def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: 
             f'<div style="font-size: 11px; text-align: center; width: {_W}px">batch size</div>')
 
 
-def tune_report_html(summary: Mapping[str, Any], trials: Sequence[Trial], source: str) -> str:
-    """The page for ``summary`` (see :func:`trainfit.report.build_summary`) and its ``trials``."""
-    objective = summary["objective"]
+def tune_report_html(summary: Summary, trials: Sequence[Trial], source: str) -> str:
+    """The page for ``summary`` and its ``trials``."""
+    objective = summary.objective
     families = list(dict.fromkeys(_family(t.values) for t in sorted(trials, key=lambda t: t.number)))
     color = {f: _COLORS[i % len(_COLORS)] for i, f in enumerate(families)}
-    budget = summary["budget"]
+    budget = summary.budget
     limits: list[tuple[float, str]] = []
     memory_title = "peak memory, GiB (worst-case batch; an OOM at least what it needed)"
-    if budget["memory_gb"]:
-        limit = budget["memory_gb"] - budget["headroom_gb"]
-        device = budget.get("of", "").startswith("the device")
-        total = fmt_num(budget["memory_gb"])
-        limits = [(budget["memory_gb"], f"{'device memory' if device else 'budget'} {total} GiB")]
-        if limit < budget["memory_gb"]:
-            limits.append((limit, f"fits below {fmt_num(limit)} GiB (headroom {budget['headroom_gb']:g})"))
+    if budget.memory_gb:
+        limit = budget.memory_gb - budget.headroom_gb
+        device = budget.of_device
+        total = fmt_num(budget.memory_gb)
+        limits = [(budget.memory_gb, f"{'device memory' if device else 'budget'} {total} GiB")]
+        if limit < budget.memory_gb:
+            limits.append((limit, f"fits below {fmt_num(limit)} GiB (headroom {budget.headroom_gb:g})"))
         measured = max((t.measurement.needed_bytes / 1024**3 for t in trials), default=0.0)
         if device and limit > _OFF_SCALE * measured:
             # No budget was set: the device's memory (a machine's RAM, on CPU) would flatten every peak.
@@ -117,14 +118,14 @@ def tune_report_html(summary: Mapping[str, Any], trials: Sequence[Trial], source
     memory = _chart(memory_title, trials, color,
                     lambda t: t.measurement.peak_memory_gb if t.measurement.status == "ok" else None,
                     lines=limits, oom_y=lambda t: t.measurement.needed_bytes / 1024**3 or None)
-    best = summary["best_config"]
+    best = summary.best_config
     if best is not None:
-        best_html = (f"<p><b>Best: trial {best['trial']}</b>, {html.escape(_family(best['searched']))} "
-                     f"batch_size={best['config']['batch_size']}: {fmt_num(best[objective], 4)} "
-                     f"{objective.replace('_', ' ')}, peak {fmt_num(best['memory_peak_gb'])} GiB"
-                     + (f", full run ~{format_duration(best['estimated_full_runtime_hours'] * 3600)}"
-                        if best["estimated_full_runtime_hours"] is not None else "")
-                     + f"</p><pre style='white-space: pre-wrap'>{html.escape(best['command'] or '')}</pre>")
+        best_html = (f"<p><b>Best: trial {best.trial}</b>, {html.escape(_family(best.searched))} "
+                     f"batch_size={best.config['batch_size']}: {fmt_num(best.objective(objective), 4)} "
+                     f"{objective.replace('_', ' ')}, peak {fmt_num(best.memory_peak_gb)} GiB"
+                     + (f", full run ~{format_duration(best.estimated_full_runtime_hours * 3600)}"
+                        if best.estimated_full_runtime_hours is not None else "")
+                     + f"</p><pre style='white-space: pre-wrap'>{html.escape(best.command or '')}</pre>")
     else:
         best_html = "<p><b>No configuration fits the budget.</b> See summary.json (all_failed) for advice.</p>"
     names = list(dict.fromkeys(k for t in trials for k in t.values))
@@ -137,10 +138,10 @@ def tune_report_html(summary: Mapping[str, Any], trials: Sequence[Trial], source
     return f"""<!doctype html><meta charset="utf-8"><title>trainfit tune: {html.escape(source)}</title>
 <body style="font-family: sans-serif; max-width: 760px">
 <h2>trainfit tune: {html.escape(source)}</h2>
-<p>{summary['total_tested']} probed: {summary['successful']} fit, {summary['failed_oom']} OOM,
-{summary['over_budget']} over budget, {summary['failed_error']} errors, {summary['failed_timeout']} timeouts;
-strategy {html.escape(summary['strategy'])}; {html.escape(summary['stop_reason'])}; device
-{html.escape(str(summary['device']))}.</p>
+<p>{summary.total_tested} probed: {summary.successful} fit, {summary.failed_oom} OOM,
+{summary.over_budget} over budget, {summary.failed_error} errors, {summary.failed_timeout} timeouts;
+strategy {html.escape(summary.strategy)}; {html.escape(summary.stop_reason)}; device
+{html.escape(str(summary.device))}.</p>
 {best_html}
 <p style="font-size: 12px">{legend}</p>
 {speed}

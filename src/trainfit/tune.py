@@ -39,6 +39,6 @@ def tune(spec: Spec, **options: Any) -> TuneResult:
         import trainfit
         spec = trainfit.load_spec("examples/tiny-llama.yaml")
         result = trainfit.tune(spec, output="runs/a", quick=True)
-        print(result.summary["best_config"])
+        print(result.summary.best_config)
     """
     return run_search(with_default_search(spec), outputs=write_outputs, **options)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from trainfit.cli.render import table
@@ -23,6 +23,7 @@ from trainfit.search.events import (
 )
 from trainfit.search.tune import TuneResult
 from trainfit.spec import Spec
+from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary
 
 
 class TuneView:
@@ -126,98 +127,104 @@ def print_result(result: TuneResult, spec: Spec) -> int:
     """The search's outcome, then the best config (exit status 0) or why nothing fits (1)."""
     s = result.summary
     print(f"\nstopped: {result.stop_reason}")
-    print(f"tested {s['total_tested']}: {s['successful']} fit, {s['failed_oom']} OOM, {s['over_budget']} over budget, "
-          f"{s['failed_error']} errors, {s['failed_timeout']} timeouts; probe time {s['probe_time_s']:.0f} s")
+    print(f"tested {s.total_tested}: {s.successful} fit, {s.failed_oom} OOM, {s.over_budget} over budget, "
+          f"{s.failed_error} errors, {s.failed_timeout} timeouts; probe time {s.probe_time_s:.0f} s")
     if (noisy := noise_warning(result.trials)) is not None:
         print(noisy)
-    for n in s["notes"]:
-        which = "every probe" if len(n["trials"]) == s["total_tested"] else f"{len(n['trials'])} of the probes"
-        print(f"note ({which}): {n['note']}")
-    for u in s["unsupported"]:
-        reason = "; ".join(line.strip() for line in (u["message"] or "").splitlines() if line.strip())
-        print(f"skipped every config with {u['knob']}={u['value']}: cannot run on this machine ({reason})")
-    best = s["best_config"]
-    if best is None and s["total_tested"] == 0:
+    for n in s.notes:
+        which = "every probe" if len(n.trials) == s.total_tested else f"{len(n.trials)} of the probes"
+        print(f"note ({which}): {n.note}")
+    for u in s.unsupported:
+        reason = "; ".join(line.strip() for line in (u.message or "").splitlines() if line.strip())
+        print(f"skipped every config with {u.knob}={u.value}: cannot run on this machine ({reason})")
+    if s.best_config is None and s.total_tested == 0:
         print(f"\nNo configuration was probed ({result.stop_reason}).")
         return 1
-    if best is None:
-        print_nothing_fits(spec, s)
+    if s.best_config is None:
+        print_nothing_fits(spec, s.all_failed)
         return 1
-    print_best(result, s)
+    print_best(result, s, s.best_config)
     return 0
 
 
-def print_nothing_fits(spec: Spec, s: Mapping[str, Any]) -> None:
+def print_nothing_fits(spec: Spec, failed: AllFailed | None) -> None:
     """The measured peaks, the config closest to fitting and where its memory went, and advice."""
     print(f"\nNo configuration fits: {spec.budget.describe()}.")
-    failed = s.get("all_failed", {})
-    print(table([("over budget" if p["status"] == "ok" else p["status"],
-                  (f"peak {p['peak_gb']:.2f} GiB" if p["peak_gb"] is not None else "peak n/a")
-                  + (f", {fmt_need(p['oom_needs_more_than_gb'])}" if p.get("oom_needs_more_than_gb") else ""),
-                  values_line(p["searched"])) for p in failed.get("measured_peaks_gb", [])]))
-    smallest = failed.get("smallest_peak")
-    if smallest:
-        print(f"\nclosest to fitting: {values_line(smallest['searched'])}, peak "
-              f"{'at least ' if smallest['at_least'] else ''}{smallest['peak_gb']:.2f} GiB"
-              + (f" ({fmt_need(smallest['oom_needs_more_than_gb'])}: {OOM_NEED})"
-                 if smallest.get("oom_needs_more_than_gb") else ""))
-        parts = smallest["parts_gb"]
-        if parts:
-            print("  of which " + parts_line(parts, unit=1024**3))
-            if max(parts, key=parts.get) == "runtime":
-                print("  the largest part is the process itself (interpreter, libraries), the same for "
-                      "every config: no knob lowers that part")
-        beyond = (smallest.get("oom_needs_more_than_gb") or 0.0) - smallest["peak_gb"]
-        if beyond >= 0.01:
-            print(f"  and at least {beyond:.2f} GiB more than that peak when it failed (what the step was "
-                  "allocating then: the knobs below lower it)")
-        print(f"  it would fit with --memory-gb {'above ' if smallest['at_least'] else ''}"
-              f"{smallest['needs_memory_gb']:.2f} (or less budget.headroom_gb)")
-    if failed.get("advice"):
+    if failed is None:
+        return
+    print(table([("over budget" if p.status == "ok" else p.status,
+                  (f"peak {p.peak_gb:.2f} GiB" if p.peak_gb is not None else "peak n/a")
+                  + (f", {fmt_need(p.oom_needs_more_than_gb)}" if p.oom_needs_more_than_gb else ""),
+                  values_line(p.searched)) for p in failed.measured_peaks_gb]))
+    if failed.smallest_peak:
+        print_closest(failed.smallest_peak)
+    if failed.advice:
         print("\nTo lower peak memory (knobs to add to the search space; the largest part first):")
-        for line in failed["advice"]:
+        for line in failed.advice:
             print(f"  - {line}")
 
 
-def print_best(result: TuneResult, s: Mapping[str, Any]) -> None:
+def print_closest(smallest: SmallestPeak) -> None:
+    """The config closest to fitting: its peak, where it went, and the budget it would fit."""
+    print(f"\nclosest to fitting: {values_line(smallest.searched)}, peak "
+          f"{'at least ' if smallest.at_least else ''}{smallest.peak_gb:.2f} GiB"
+          + (f" ({fmt_need(smallest.oom_needs_more_than_gb)}: {OOM_NEED})"
+             if smallest.oom_needs_more_than_gb else ""))
+    parts = smallest.parts_gb
+    if parts:
+        print("  of which " + parts_line(parts, unit=1024**3))
+        if max(parts, key=lambda k: parts[k]) == "runtime":
+            print("  the largest part is the process itself (interpreter, libraries), the same for "
+                  "every config: no knob lowers that part")
+    beyond = (smallest.oom_needs_more_than_gb or 0.0) - smallest.peak_gb
+    if beyond >= 0.01:
+        print(f"  and at least {beyond:.2f} GiB more than that peak when it failed (what the step was "
+              "allocating then: the knobs below lower it)")
+    print(f"  it would fit with --memory-gb {'above ' if smallest.at_least else ''}"
+          f"{smallest.needs_memory_gb:.2f} (or less budget.headroom_gb)")
+
+
+def print_best(result: TuneResult, s: Summary, best: ConfigEntry) -> None:
     """The best config, its confirmation, the configs as fast within noise, the fastest per value."""
-    best = s["best_config"]
-    objective_unit = unit(s["objective"])
-    rows = [("config", values_line(best["searched"])),
-            ("samples/s", fmt_num(best["samples_per_second"])
-             + (f" (confirmation median: {fmt_num(best['confirmed_median'])} {objective_unit})"
-                if best["confirmed_median"] is not None else "")),
-            ("tokens/s", f"{fmt_num(best['tokens_per_second'])} (real tokens)"),
-            ("peak memory", f"{best['memory_peak_gb']:.2f} GiB"
-             + (f" ({parts_line(best['memory_parts_gb'], unit=1024**3)})"
-                if best["memory_parts_gb"] else "")),
-            ("effective batch", str(best["effective_batch_size"]))]
-    if best["estimated_full_runtime_hours"] is not None:
-        rows.append(("full run", f"~{format_duration(best['estimated_full_runtime_hours'] * 3600)} for "
-                                 f"{s['epochs_for_estimate']:g} "
-                                 f"epoch(s) of {s['dataset_samples']:,} samples"))
+    objective_unit = unit(s.objective)
+    rows = [("config", values_line(best.searched)),
+            ("samples/s", fmt_num(best.samples_per_second)
+             + (f" (confirmation median: {fmt_num(best.confirmed_median)} {objective_unit})"
+                if best.confirmed_median is not None else "")),
+            ("tokens/s", f"{fmt_num(best.tokens_per_second)} (real tokens)"),
+            ("peak memory", f"{best.memory_peak_gb:.2f} GiB"
+             + (f" ({parts_line(best.memory_parts_gb, unit=1024**3)})" if best.memory_parts_gb else "")),
+            ("effective batch", str(best.effective_batch_size))]
+    if best.estimated_full_runtime_hours is not None:
+        rows.append(("full run", f"~{format_duration(best.estimated_full_runtime_hours * 3600)} for "
+                                 f"{s.epochs_for_estimate:g} epoch(s) of {s.dataset_samples:,} samples"))
     print("\nBEST CONFIGURATION (peak memory on the worst-case batch, speed on typical batches)")
     print(table(rows))
-    if s["confirmation"]:
+    if s.confirmation:
         print("\nconfirmed (every measurement of each config; ranked by the median):")
-        print(table([(f"trial {e['trial']}", f"median {fmt_num(e['median'])}",
-                      ", ".join(fmt_num(x) if x is not None else "failed" for x in e["measurements"]),
-                      values_line(e["searched"])) for e in s["confirmation"]]))
-    ties = s["within_noise_of_best"]
-    if ties:
-        print(f"\nas fast within measurement noise ({len(ties)}): the gap to the best is no larger than the "
-              "two probes' 95% CIs; --confirm N re-probes them, or raise probe.max_seconds for tighter probes")
-        print(table([(f"trial {e['trial']}", f"{fmt_num(e['samples_per_second'])} samples/s",
-                      f"{e['gap']:.1%} slower (noise allows {e['noise']:.1%})",
-                      values_line(e["searched"])) for e in ties]))
-    for knob, by_value in s["fastest_per_value"].items():
+        print(table([(f"trial {e.trial}", f"median {fmt_num(e.median)}",
+                      ", ".join(fmt_num(x) if x is not None else "failed" for x in e.measurements),
+                      values_line(e.searched)) for e in s.confirmation]))
+    if s.within_noise_of_best:
+        print(f"\nas fast within measurement noise ({len(s.within_noise_of_best)}): the gap to the best is no "
+              "larger than the two probes' 95% CIs; --confirm N re-probes them, or raise probe.max_seconds for "
+              "tighter probes")
+        print(table([(f"trial {e.trial}", f"{fmt_num(e.samples_per_second)} samples/s",
+                      f"{e.gap:.1%} slower (noise allows {e.noise:.1%})",
+                      values_line(e.searched)) for e in s.within_noise_of_best]))
+    for knob, by_value in s.fastest_per_value.items():
         if len(by_value) > 1:
-            print(f"\nfastest per {knob} (changes what is learned):")
-            print(table([(f"{knob}={e['searched'].get(knob, e.get(knob))}",
-                          f"{fmt_num(e['samples_per_second'])} samples/s"
-                          + (f" (confirmation median {fmt_num(e['confirmed_median'])} {objective_unit})"
-                             if e["confirmed_median"] is not None else ""),
-                          f"{e['memory_peak_gb']:.2f} GiB",
-                          values_line(e["searched"]))
-                         for e in by_value.values()]))
+            print_fastest_per_value(knob, by_value.values(), objective_unit)
     print(f"\nwrote {result.output}/summary.json, trials.csv, report.html, train_command.sh")
+
+
+def print_fastest_per_value(knob: str, entries: Iterable[ConfigEntry], objective_unit: str) -> None:
+    """The fastest config of each value of a knob that changes what is learned."""
+    print(f"\nfastest per {knob} (changes what is learned):")
+    print(table([(f"{knob}={e.searched.get(knob, getattr(e, knob, None))}",
+                  f"{fmt_num(e.samples_per_second)} samples/s"
+                  + (f" (confirmation median {fmt_num(e.confirmed_median)} {objective_unit})"
+                     if e.confirmed_median is not None else ""),
+                  f"{e.memory_peak_gb:.2f} GiB",
+                  values_line(e.searched))
+                 for e in entries]))

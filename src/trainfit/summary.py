@@ -1,0 +1,239 @@
+"""``summary.json`` as typed records: what a tuning run found, written by ``trainfit.report`` and
+read by the CLI, ``report.html`` and any script (``Summary.from_json``).
+
+The records are frozen dataclasses whose fields are the file's keys, in the file's order, so
+``to_json`` writes exactly the JSON the earlier dict did. ``SCHEMA_VERSION`` changes when a key
+changes meaning or goes away; a new key keeps it. ``summary.json`` is a superset of the seeds'
+``bayesopt_summary.json`` (``total_tested``, ``successful``, ``failed_oom``, ``best_config`` with
+``samples_per_second``, ``memory_peak_gb``, ``estimated_full_runtime_hours`` and ``config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from trainfit.errors import TrainfitError
+
+SCHEMA_VERSION = 1
+
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """A frozen dataclass that is one JSON object: ``to_json`` in field order (a field whose
+    metadata says ``omit_none`` is left out while None), ``from_json`` back, nested records included."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("omit_none"):
+                continue
+            out[f.name] = _plain(value)
+        return out
+
+    @classmethod
+    def from_json(cls: type[R], raw: Mapping[str, Any]) -> R:  # noqa: PYI019 (Python 3.10 has no Self)
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: _typed(hints[k], v) for k, v in raw.items() if k in names})
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _typed(hint: Any, value: Any) -> Any:
+    """``value`` read from JSON as ``hint`` says: records, and lists, dicts and optionals of them."""
+    if value is None:
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint.from_json(value)
+    if origin is list:
+        return [_typed(args[0], v) for v in value]
+    if origin is dict:
+        return {k: _typed(args[1], v) for k, v in value.items()}
+    if args and type(None) in args:  # X | None
+        return _typed(next(a for a in args if a is not type(None)), value)
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigEntry(Record):
+    """One measured config as the summary reports it (the best, a runner-up, the fastest per value)."""
+
+    trial: int
+    samples_per_second: float | None
+    tokens_per_second: float | None
+    memory_peak_gb: float | None
+    memory_parts_gb: dict[str, float]
+    mfu: float | None
+    stable: bool | None
+    confirmed_median: float | None
+    """The median of the config's confirmation probes (``--confirm``), None when not confirmed."""
+    estimated_full_runtime_hours: float | None
+    searched: dict[str, Any]
+    """The searched knobs' values: the config's name in the search space."""
+    effective_batch_size: int
+    config: dict[str, Any]
+    """Every knob of the config (``Params.to_dict``)."""
+    command: str | None
+    """The training command of this config (None when it cannot be written)."""
+
+    def objective(self, name: str) -> float | None:
+        """The value of objective ``name`` (``samples_per_second`` or ``tokens_per_second``)."""
+        value = getattr(self, name)
+        return None if value is None else float(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tie(Record):
+    """A runner-up the probes cannot tell apart from the best (see ``search.ranking.within_noise``)."""
+
+    trial: int
+    searched: dict[str, Any]
+    samples_per_second: float | None
+    gap: float
+    """How much slower it measured, as a fraction of the best's objective."""
+    noise: float
+    """How much slower the two probes' intervals let it measure while being as fast."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Confirmation(Record):
+    """Every measurement of one confirmed config (``--confirm``): the search's, then the repeats'."""
+
+    trial: int
+    searched: dict[str, Any]
+    median: float | None
+    measurements: list[float | None]
+    """None: a repeat that did not fit."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnsupportedValue(Record):
+    """A knob value this machine cannot run (the search skipped every config with it)."""
+
+    knob: str
+    value: Any
+    trial: int
+    message: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeNote(Record):
+    """A note the probes made (a truncation, a loss, a dtype), with the trials that made it."""
+
+    note: str
+    trials: list[int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget(Record):
+    memory_gb: float | None
+    headroom_gb: float
+    of: str
+    """``the spec``, or ``the device (no budget.memory_gb)``."""
+
+    @property
+    def of_device(self) -> bool:
+        return self.of.startswith("the device")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lengths(Record):
+    """How the worst-case and typical batches were drawn: the data's lengths, in positions."""
+
+    description: str
+    min: int
+    median: float
+    p99: float
+    max: int
+    model_positions: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredPeak(Record):
+    searched: dict[str, Any]
+    peak_gb: float | None
+    status: str
+    oom_needs_more_than_gb: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmallestPeak(Record):
+    """The config that came closest to fitting, where its peak went, and the budget it needs."""
+
+    searched: dict[str, Any]
+    status: str
+    peak_gb: float
+    parts_gb: dict[str, float]
+    oom_needs_more_than_gb: float | None
+    needs_memory_gb: float
+    at_least: bool
+    """True for an OOM: it needs at least ``needs_memory_gb``."""
+    full_logits_gb: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllFailed(Record):
+    """When no config fits: every measured peak, the closest one, and what to change."""
+
+    measured_peaks_gb: list[MeasuredPeak]
+    smallest_peak: SmallestPeak | None
+    advice: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary(Record):
+    """``summary.json``: the counts, the best config and its runners-up, the evidence behind the
+    pick, and what the run was (spec, device, versions)."""
+
+    schema_version: int = SCHEMA_VERSION
+    created_at: str
+    total_tested: int
+    successful: int
+    failed_oom: int
+    over_budget: int
+    failed_error: int
+    failed_timeout: int
+    best_config: ConfigEntry | None
+    runners_up: list[ConfigEntry]
+    within_noise_of_best: list[Tie]
+    confirmation: list[Confirmation]
+    fastest_per_value: dict[str, dict[str, ConfigEntry]]
+    """Per searched knob that changes what is learned: the fastest config of each of its values."""
+    unsupported: list[UnsupportedValue]
+    notes: list[ProbeNote]
+    objective: str
+    strategy: str
+    stop_reason: str
+    tuning_time_s: float
+    probe_time_s: float
+    budget: Budget
+    epochs_for_estimate: float
+    dataset_samples: int | None
+    lengths: Lengths | None
+    device: str | None
+    versions: dict[str, Any]
+    spec: dict[str, Any]
+    all_failed: AllFailed | None = field(default=None, metadata={"omit_none": True})
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Summary:
+        version = raw.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise TrainfitError(f"summary.json has schema version {version!r}; this trainfit reads {SCHEMA_VERSION}",
+                                "read it with the trainfit version that wrote it, or tune again")
+        return super().from_json(raw)
