@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ from trainfit.search.strategies import Trial, can_run, config_key, make_strategy
 from trainfit.search.study import TrialStore
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
+from trainfit.summary import Summary
 
 ProbeFn = Callable[[Params, int], Measurement]
 EventFn = Callable[[TuneEvent], None]
@@ -44,7 +45,7 @@ class OutputWriter(Protocol):
 
     def __call__(self, output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
                  stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
-                 repeats: Repeats) -> dict[str, Any]: ...
+                 repeats: Repeats) -> Summary: ...
 QUICK_TRIALS = 6
 BUSY_WAIT_S = 5.0  # beside other runs of a shared storage: how often to look for their results
 CONFIRM_MAX = 4  # configs re-probed by --confirm: the best and its three closest runners-up
@@ -54,7 +55,7 @@ CONFIRM_MAX = 4  # configs re-probed by --confirm: the best and its three closes
 class TuneResult:
     trials: list[Trial]
     best: Trial | None
-    summary: dict[str, Any]
+    summary: Summary
     output: Path
     stop_reason: str
     new_trials: int
@@ -113,6 +114,238 @@ def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Tri
             emit(ConfirmEnd(round=r + 1, rounds=rounds, values=c.values, measurement=m))
 
 
+SEARCH_COMPLETE = "search complete: nothing left worth probing"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When the search stops: its trial and time budgets, and the patience of the samplers."""
+
+    strategy: str
+    max_trials: int
+    most_trials: int
+    """What the progress view counts to: every strategy but bayes proposes grid points, each once."""
+    time_budget_s: float | None
+    patience: int
+    refine: bool
+
+
+def search_limits(spec: Spec, space: SearchSpace, strategy: str, max_trials: int | None, quick: bool,
+                  time_budget_s: float | None, refine: bool) -> Limits:
+    """The run's options over the spec's ``tune:`` section."""
+    if quick:
+        max_trials = min(max_trials or QUICK_TRIALS, QUICK_TRIALS)
+    if max_trials is None:
+        max_trials = spec.tune.max_trials or (space.grid_size() if strategy == "grid" else 30)
+    return Limits(strategy=strategy, max_trials=max_trials,
+                  most_trials=max_trials if strategy == "bayes" else min(max_trials, space.grid_size()),
+                  time_budget_s=time_budget_s if time_budget_s is not None else spec.tune.time_budget_s,
+                  patience=spec.tune.patience, refine=refine)
+
+
+def time_stop(limits: Limits, elapsed_s: float) -> str | None:
+    """Why the run stops now for its time budget, or None."""
+    if limits.time_budget_s is not None and elapsed_s >= limits.time_budget_s:
+        return f"time budget reached ({limits.time_budget_s:g} s)"
+    return None
+
+
+def search_stop(limits: Limits, history: list[Trial], busy: set[str]) -> str | None:
+    """Why the search proper ends before another config is asked for, or None: the trial budget
+    (a trial another run of the storage probes counts), or no better config within the patience."""
+    if len(history) + len(busy) >= limits.max_trials:
+        return f"trial budget reached ({limits.max_trials})"
+    if limits.strategy in ("random", "bayes") and trials_since_best(history) >= limits.patience:
+        return f"no better config in the last {limits.patience} trials"
+    return None
+
+
+def converged_stop(limits: Limits, reused: int) -> str | None:
+    """Why the run stops after the sampler proposed ``reused`` known answers in a row, or None."""
+    if reused >= limits.patience:
+        return f"the sampler proposed {reused} measured or excluded configs in a row"
+    return None
+
+
+@dataclass
+class LoopState:
+    """What the loop knows between two trials."""
+
+    history: list[Trial]
+    start: float
+    busy: set[str] = field(default_factory=set)
+    """Configs other runs of a shared storage probe now (not measured yet)."""
+    new_trials: int = 0
+    stop_reason: str = SEARCH_COMPLETE
+    refining: bool = False
+    """After the search, whatever ended it but the clock (--refine): the best's neighbours."""
+    refined: int = 0
+    reused: int = 0
+    """Known answers told the sampler in a row (measured or excluded configs it proposed again)."""
+    announced: bool = False
+    """The ``Waiting`` event was emitted for the current wait."""
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+AGAIN = object()
+"""``SearchLoop.next_trial``: nothing to probe yet, go round again (wait for others, or re-ask)."""
+
+
+class SearchLoop:
+    """Ask, probe, store, write; one ``turn`` per trial (see :func:`run_search`)."""
+
+    def __init__(self, spec: Spec, space: SearchSpace, store: TrialStore, limits: Limits, probe_fn: ProbeFn,
+                 emit: EventFn, strat: Any, write: Callable[[LoopState, str], Summary]) -> None:
+        self.spec, self.space, self.store, self.limits = spec, space, store, limits
+        self.probe_fn, self.emit, self.strat, self.write = probe_fn, emit, strat, write
+        self.state = LoopState(history=store.history(), start=time.perf_counter())
+
+    def run(self) -> None:
+        while self.turn():
+            pass
+        if self.state.refined:
+            self.state.stop_reason += f"; then refined: {self.state.refined} neighbour(s) of the best probed"
+
+    def turn(self) -> bool:
+        """One pass: stop (False), or ask for a config and measure it (or wait for other runs)."""
+        s, store = self.state, self.store
+        if store.shared:  # other runs' results count, and what they probe now is theirs
+            s.history = store.history()
+            # a config measured already is a confirmation repeat there: it changes no proposal
+            s.busy = store.in_flight() - {config_key(t.values) for t in s.history}
+        if (reason := time_stop(self.limits, s.elapsed())) is not None:
+            s.stop_reason = reason
+            return False
+        if not s.refining and not store.pending_queue():
+            if (reason := search_stop(self.limits, s.history, s.busy)) is not None:
+                s.stop_reason = reason
+                if not (self.limits.refine and ranked(s.history)):
+                    return False
+                s.refining = True
+        trial = self.next_trial()
+        if trial is None:
+            return False
+        return trial is AGAIN or self.measure(trial)
+
+    def next_trial(self) -> Any:
+        """The next trial to measure, ``AGAIN``, or None when nothing is left worth probing."""
+        s, store = self.state, self.store
+        if store.pending_queue():
+            return store.ask(None)  # an interrupted trial, retried first
+        proposal = self.propose()
+        if proposal is None:
+            if s.busy:  # their results may open new configs (a family's next batch size)
+                self.wait_for_others()
+                return AGAIN
+            if not s.refining:
+                s.stop_reason = SEARCH_COMPLETE
+            return None
+        trial = store.ask(None if isinstance(proposal, str) else proposal)  # the one str: SAMPLER
+        if not s.refining and store.over_budget(trial, self.limits.max_trials):  # another run took the last one
+            store.drop(trial, "over the trial budget")
+            return AGAIN  # the next turn counts that run's trial, and stops (or refines)
+        return trial
+
+    def propose(self) -> Any:
+        """The strategy's next config; once it has none (or while refining), with --refine, the
+        best's first unmeasured neighbour (a faster one brings its own)."""
+        s = self.state
+        proposal = None if s.refining else self.strat.propose(s.history, s.busy)
+        if proposal is None and self.limits.refine and (order := ranked(s.history)):
+            if not s.refining:
+                s.stop_reason, s.refining = SEARCH_COMPLETE, True
+            proposal = next((v for v in neighbours(self.space, order[0].values)
+                             if self.store.find(v, s.history) is None and config_key(v) not in s.busy
+                             and can_run(v, unsupported_values(s.history))), None)
+        return proposal
+
+    def measure(self, trial: Any) -> bool:
+        """Probe ``trial``'s config, or tell the store what is known of it; False: stop (converged)."""
+        s, store = self.state, self.store
+        values = {k: trial.params[k] for k in self.space.names}
+        cached = store.find(values, s.history)
+        if cached is None and store.claimed_elsewhere(trial):  # another run measured or took it meanwhile
+            store.drop(trial)
+            self.wait_for_others()
+            return True
+        s.announced = False
+        known = cached is not None
+        if known or not self.space.allowed(values) or not can_run(values, unsupported_values(s.history)):
+            # The sampler (or --refine) may propose a config that is excluded, cannot run here or is
+            # already measured: tell it the known answer instead of probing again.
+            m = cached.measurement if cached is not None else Measurement(
+                status="error", config=self.space.params(values).to_dict(),
+                message="excluded by tune.constraints" if not self.space.allowed(values)
+                else "a knob value of it cannot run on this machine (see the failed probe)")
+            store.tell(trial, values, m, s.history, reused=True)
+            s.reused += 1
+            reason = converged_stop(self.limits, s.reused)
+            if reason is not None:  # it has nothing new to try
+                s.stop_reason = reason
+            return reason is None
+        s.reused = 0
+        self.probe(trial, values)
+        return True
+
+    def probe(self, trial: Any, values: dict[str, Any]) -> None:
+        s, limits = self.state, self.limits
+        self.emit(TrialStart(number=trial.number, index=len(s.history) + 1, max_trials=limits.most_trials,
+                             refining=s.refining, values=values, elapsed_s=s.elapsed()))
+        with self.store.beating(trial):
+            m = self.probe_fn(self.space.params(values), trial.number)
+        s.history.append(self.store.tell(trial, values, m, s.history))
+        s.new_trials += 1
+        self.write(s, "running")
+        s.refined += s.refining
+        self.emit(TrialEnd(number=trial.number, index=len(s.history), max_trials=limits.most_trials,
+                           refining=s.refining, values=values, measurement=m, best=next(iter(ranked(s.history)), None),
+                           elapsed_s=s.elapsed(), mean_probe_s=s.elapsed() / max(s.new_trials, 1)))
+
+    def wait_for_others(self, searching: bool = True) -> None:
+        """``searching``: their results decide what to probe next; else the summary waits for them."""
+        s = self.state
+        if s.busy and not s.announced:
+            s.announced = True
+            self.emit(Waiting(busy=len(s.busy), searching=searching, elapsed_s=s.elapsed()))
+        time.sleep(BUSY_WAIT_S)
+
+    def settle(self) -> None:
+        """The study's trials, for the confirmation and the summary. Beside other runs of a shared
+        storage, first wait for the trials they probe within ``max_trials`` (the run that ended
+        first wrote a summary without them), but not past the time budget."""
+        s = self.state
+        if not self.store.shared:
+            return
+        while True:
+            s.busy = self.store.last_trials(self.limits.max_trials)
+            if not s.busy or time_stop(self.limits, s.elapsed()) is not None:
+                break
+            self.wait_for_others(searching=False)
+        s.history = self.store.history()
+
+
+def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: EventFn,
+                  device_type: str | None) -> tuple[ProbeFn, Any, str, LengthStats | None]:
+    """A real, isolated probe of each config (keeping a built model for the next probe of its
+    family), the session to close after the search, the device type the search's priors use, and
+    the data's lengths (analyzed here unless given: once, for every probe and the runtime estimate)."""
+    from trainfit.probe.runner import ProbeSession, resolve_device_name, run_probe
+
+    if stats is None and spec.data is not None:
+        from trainfit.data.analyze import analyze_spec
+
+        stats = analyze_spec(spec, progress=False)
+    session = ProbeSession()
+
+    def probe_fn(params: Params, number: int) -> Measurement:
+        return run_probe(spec, params, stats=stats, workdir=output / "probes" / f"trial-{number:04d}",
+                         on_event=lambda e: emit(ProbeProgress(e)), session=session)
+
+    return probe_fn, session, device_type or resolve_device_name(spec.probe.device), stats
+
+
 def run_search(
     spec: Spec,
     *,
@@ -144,166 +377,44 @@ def run_search(
     """
     output = Path(output)
     space = spec.search or SearchSpace(base=spec.params, dims=())
-    if stats is None and spec.data is not None and probe_fn is None:
-        from trainfit.data.analyze import analyze_spec
-
-        stats = analyze_spec(spec, progress=False)  # once, for every probe and the runtime estimate
-    strategy_name = strategy or spec.tune.strategy
-    if quick:
-        max_trials = min(max_trials or QUICK_TRIALS, QUICK_TRIALS)
-    if max_trials is None:
-        max_trials = spec.tune.max_trials or (space.grid_size() if strategy_name == "grid" else 30)
-    # What the progress view counts to: every strategy but bayes proposes grid points, each once.
-    most_trials = max_trials if strategy_name == "bayes" else min(max_trials, space.grid_size())
-    time_budget_s = time_budget_s if time_budget_s is not None else spec.tune.time_budget_s
+    limits = search_limits(spec, space, strategy or spec.tune.strategy, max_trials, quick, time_budget_s, refine)
     emit = on_event or (lambda event: None)
-
     session = None
     if probe_fn is None:
-        from trainfit.probe.runner import ProbeSession, resolve_device_name, run_probe
+        probe_fn, session, device_type, stats = default_probe(spec, stats, output, emit, device_type)
 
-        device_type = device_type or resolve_device_name(spec.probe.device)
-        session = ProbeSession()  # keeps a built model for the next probe of the same family
-
-        def probe_fn(params: Params, number: int) -> Measurement:
-            return run_probe(spec, params, stats=stats, workdir=output / "probes" / f"trial-{number:04d}",
-                             on_event=lambda e: emit(ProbeProgress(e)), session=session)
+    def write(state: LoopState, reason: str) -> Summary:
+        return outputs(output, spec, space, state.history, stats=stats, strategy=limits.strategy,
+                       stop_reason=reason, elapsed_s=state.elapsed(), repeats=store.repeats())
 
     store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=resume,
                        storage=storage, seed=spec.tune.seed, sampler=sampler, join=join)
     with contextlib.closing(store):  # releases the output folder for the next run
-        strat = make_strategy(strategy_name, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
+        strat = make_strategy(limits.strategy, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
                               headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
-        if store.repaired is not None:
-            emit(JournalRepaired(**store.repaired))
-        history = store.history()
-        if store.shared:  # the name is the spec's digest: machines of one search all print the same
-            emit(SharedStudy(name=store.name, trials=len(history), others=store.others))
-        if history or store.retried:
-            emit(Resumed(trials=len(history), retried=store.retried))
-        start = time.perf_counter()
-        new_trials = 0
-        stop_reason = "search complete: nothing left worth probing"
-        refining = False  # after the search, whatever ended it but the clock (--refine)
-        refined = 0
-        reused = 0
-        busy: set[str] = set()
-        announced = False  # the "waiting" event, once per wait
-
-        def out_of_time() -> bool:
-            return time_budget_s is not None and time.perf_counter() - start >= time_budget_s
-
-        def wait_for_others(searching: bool = True) -> None:
-            """``searching``: their results decide what to probe next; else the summary waits for them."""
-            nonlocal announced
-            if busy and not announced:
-                announced = True
-                emit(Waiting(busy=len(busy), searching=searching, elapsed_s=time.perf_counter() - start))
-            time.sleep(BUSY_WAIT_S)
-
-        def settle() -> list[Trial]:
-            """The study's trials, for the confirmation and the summary. Beside other runs of a shared
-            storage, first wait for the trials they probe within ``max_trials`` (the run that ended
-            first wrote a summary without them), but not past the time budget."""
-            nonlocal busy
-            if not store.shared:
-                return history
-            while (busy := store.last_trials(max_trials)) and not out_of_time():
-                wait_for_others(searching=False)
-            return store.history()
-
-        def write(reason: str) -> dict[str, Any]:
-            return outputs(output, spec, space, history, stats=stats, strategy=strategy_name, stop_reason=reason,
-                                 elapsed_s=time.perf_counter() - start, repeats=store.repeats())
-
+        loop = SearchLoop(spec, space, store, limits, probe_fn, emit, strat, write)
+        announce(store, loop.state.history, emit)
         try:
-            while True:
-                if store.shared:  # other runs' results count, and what they probe now is theirs
-                    history = store.history()
-                    # a config measured already is a confirmation repeat there: it changes no proposal
-                    busy = store.in_flight() - {config_key(t.values) for t in history}
-                if out_of_time():
-                    stop_reason = f"time budget reached ({time_budget_s:g} s)"
-                    break
-                if not refining and not store.pending_queue():
-                    ended = None
-                    if len(history) + len(busy) >= max_trials:  # a trial another run probes counts
-                        ended = f"trial budget reached ({max_trials})"
-                    elif strategy_name in ("random", "bayes") and trials_since_best(history) >= spec.tune.patience:
-                        ended = f"no better config in the last {spec.tune.patience} trials"
-                    if ended is not None:
-                        stop_reason = ended
-                        if not (refine and ranked(history)):
-                            break
-                        refining = True
-                if store.pending_queue():
-                    trial = store.ask(None)  # an interrupted trial, retried first
-                else:
-                    proposal = None if refining else strat.propose(history, busy)
-                    if proposal is None and refine and ranked(history):
-                        if not refining:
-                            stop_reason, refining = "search complete: nothing left worth probing", True
-                        # A local search: the best's unmeasured neighbours; a faster one brings its own.
-                        proposal = next((v for v in neighbours(space, ranked(history)[0].values)
-                                         if store.find(v, history) is None and config_key(v) not in busy
-                                         and can_run(v, unsupported_values(history))), None)
-                    if proposal is None:
-                        if busy:  # their results may open new configs (a family's next batch size)
-                            wait_for_others()
-                            continue
-                        if not refining:
-                            stop_reason = "search complete: nothing left worth probing"
-                        break
-                    trial = store.ask(None if isinstance(proposal, str) else proposal)  # the one str: SAMPLER
-                    if not refining and store.over_budget(trial, max_trials):  # another run took the last one
-                        store.drop(trial, "over the trial budget")
-                        continue  # the next pass counts that run's trial, and stops (or refines)
-                values = {k: trial.params[k] for k in space.names}
-                cached = store.find(values, history)
-                if cached is None and store.claimed_elsewhere(trial):  # another run measured or took it meanwhile
-                    store.drop(trial)
-                    wait_for_others()
-                    continue
-                announced = False
-                unsupported = unsupported_values(history)
-                if not space.allowed(values) or not can_run(values, unsupported) or cached is not None:
-                    # The sampler (or --refine) may propose a config that is excluded, cannot run here or
-                    # is already measured: tell it the known answer instead of probing again.
-                    m = cached.measurement if cached is not None else Measurement(
-                        status="error", config=space.params(values).to_dict(),
-                        message="excluded by tune.constraints" if not space.allowed(values)
-                        else "a knob value of it cannot run on this machine (see the failed probe)")
-                    store.tell(trial, values, m, history, reused=True)
-                    reused += 1
-                    if reused >= spec.tune.patience:  # converged: it has nothing new to try
-                        stop_reason = f"the sampler proposed {reused} measured or excluded configs in a row"
-                        break
-                    continue
-                reused = 0
-                params = space.params(values)
-                emit(TrialStart(number=trial.number, index=len(history) + 1, max_trials=most_trials,
-                                refining=refining, values=values, elapsed_s=time.perf_counter() - start))
-                with store.beating(trial):
-                    m = probe_fn(params, trial.number)
-                history.append(store.tell(trial, values, m, history))
-                new_trials += 1
-                best = next(iter(ranked(history)), None)
-                write("running")
-                refined += refining
-                emit(TrialEnd(number=trial.number, index=len(history), max_trials=most_trials, refining=refining,
-                              values=values, measurement=m, best=best, elapsed_s=time.perf_counter() - start,
-                              mean_probe_s=(time.perf_counter() - start) / max(new_trials, 1)))
-            if refined:
-                stop_reason += f"; then refined: {refined} neighbour(s) of the best probed"
-            history = settle()
-            confirm(spec, space, store, history, probe_fn, emit)
+            loop.run()
+            loop.settle()
+            confirm(spec, space, store, loop.state.history, probe_fn, emit)
         finally:
             if session is not None:
                 session.close()  # no worker outlives the search
-
+        state = loop.state
         if store.shared:  # what other runs measured meanwhile goes in the summary too
-            history = store.history()
-        summary = write(stop_reason)
-        order = ranked(history, store.repeats(), spec.tune.objective)
-        return TuneResult(trials=history, best=order[0] if order else None, summary=summary, output=output,
-                          stop_reason=stop_reason, new_trials=new_trials)
+            state.history = store.history()
+        summary = write(state, state.stop_reason)
+        order = ranked(state.history, store.repeats(), spec.tune.objective)
+        return TuneResult(trials=state.history, best=order[0] if order else None, summary=summary, output=output,
+                          stop_reason=state.stop_reason, new_trials=state.new_trials)
+
+
+def announce(store: TrialStore, history: list[Trial], emit: EventFn) -> None:
+    """What the run found on opening its study: a repaired journal, a shared study, earlier trials."""
+    if store.repaired is not None:
+        emit(JournalRepaired(**store.repaired))
+    if store.shared:  # the name is the spec's digest: machines of one search all print the same
+        emit(SharedStudy(name=store.name, trials=len(history), others=store.others))
+    if history or store.retried:
+        emit(Resumed(trials=len(history), retried=store.retried))
