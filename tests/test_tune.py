@@ -322,3 +322,30 @@ def test_the_library_searches_the_default_space_as_the_cli_does(tmp_path: Path) 
         (b, g) for b in (1, 2, 4) for g in (False, True)} and len(surface.calls) >= 3
     assert {c["batch_size"] * c["gradient_accumulation_steps"] for c in surface.calls} == {4}
     assert result.summary.to_json()["best_config"]["effective_batch_size"] == 4
+
+
+def test_the_stop_rules_are_functions_of_the_limits_and_the_history() -> None:
+    """The loop's stop rules read no clock and no store: the trial budget counts the trials other
+    runs probe, patience counts the trials since the best (all of them while none fits), the time
+    budget and a sampler that keeps proposing known configs end the run."""
+    from trainfit.search.strategies import Trial
+    from trainfit.search.tune import Limits, converged_stop, search_stop, time_stop
+
+    def trial(n: int, sps: float | None) -> Trial:
+        m = Measurement(status="ok" if sps else "oom", config={"batch_size": n + 1}, samples_per_second=sps,
+                        peak_memory_bytes=GiB)
+        return Trial(number=n, values={"batch_size": n + 1}, measurement=m, objective=sps or 0.0)
+
+    limits = Limits(strategy="bayes", max_trials=5, most_trials=5, time_budget_s=60.0, patience=2, refine=False)
+    history = [trial(0, 10.0), trial(1, 12.0)]
+    assert search_stop(limits, history, busy=set()) is None
+    assert search_stop(limits, history, busy={"a", "b", "c"}) == "trial budget reached (5)"
+    assert search_stop(limits, [*history, trial(2, 11.0), trial(3, None)], busy=set()) == (
+        "no better config in the last 2 trials")
+    assert search_stop(limits, [trial(0, None), trial(1, None)], busy=set()) == "no better config in the last 2 trials"
+    grid = Limits(strategy="grid", max_trials=5, most_trials=5, time_budget_s=None, patience=2, refine=False)
+    assert search_stop(grid, [*history, trial(2, 11.0), trial(3, None)], busy=set()) is None  # grid has no patience
+    assert time_stop(limits, 59.9) is None and time_stop(limits, 60.0) == "time budget reached (60 s)"
+    assert time_stop(grid, 1e9) is None
+    assert converged_stop(limits, 1) is None
+    assert converged_stop(limits, 2) == "the sampler proposed 2 measured or excluded configs in a row"
