@@ -1,14 +1,18 @@
 """A progress line for long work: done/total, rate, ETA. Quiet enough for CI logs.
 
-On a terminal the line is redrawn in place a few times a second; elsewhere a line is printed
-every ``log_every_s`` seconds so logs stay short.
+Drawn by tqdm. On a terminal the line is redrawn in place a few times a second, with a bar when
+the total is known; elsewhere (a CI log, a file) each redraw is a line of its own, at most one
+every ``log_every_s`` seconds, so logs stay short. Either way the words are the same::
+
+    counting d.jsonl | 1,200/5,000 rows (24%) | 400 rows/s, ETA 10s | elapsed 3s
 """
 
 from __future__ import annotations
 
 import sys
-import time
-from typing import TextIO
+from typing import Any, TextIO
+
+from tqdm import tqdm  # type: ignore[import-untyped]
 
 
 def format_duration(seconds: float | None) -> str:
@@ -21,56 +25,90 @@ def format_duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def progress_words(done: int, total: int | None, unit: str, rate: float, elapsed_s: float, note: str = "") -> str:
+    """What follows the label: ``1,200/5,000 rows (24%) | 400 rows/s, ETA 10s | elapsed 3s | note``.
+    ``rate`` in units per second; a ``total`` that ``done`` has passed (an estimate) is left out."""
+    if total and done <= total:
+        eta = (total - done) / rate if rate > 0 else None
+        parts = [f"{done:,}/{total:,} {unit} ({100.0 * done / total:.0f}%)",
+                 f"{rate:,.0f} {unit}/s, ETA {format_duration(eta)}"]
+    else:
+        parts = [f"{done:,} {unit}, {rate:,.0f} {unit}/s"]
+    parts.append(f"elapsed {format_duration(elapsed_s)}")
+    if note:
+        parts.append(note)
+    return " | ".join(parts)
+
+
+class _Bar(tqdm):
+    """tqdm with our words as the ``{words}`` field of its ``bar_format`` (tqdm's documented way
+    to add a field: extend ``format_dict``)."""
+
+    monitor_interval = 0  # no monitor thread: it only forces redraws for ``miniters``, which is 0 here
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        d = super().format_dict
+        rate = d["rate"]  # smoothed over recent redraws; None before the first and at close
+        if rate is None:  # the average since the start (a resumed count's earlier rows left out)
+            rate = (d["n"] - d["initial"]) / d["elapsed"] if d["elapsed"] > 0 else 0.0
+        d["words"] = progress_words(d["n"], d["total"], d["unit"], rate, d["elapsed"], d["postfix"] or "")
+        return d
+
+
+class _LogLines:
+    """The stream tqdm draws on off a terminal: each redraw (``\\r``, the line, spaces over a
+    longer previous one) becomes a line of its own; tqdm's closing newline adds none."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        for line in text.split("\r"):
+            if line := line.rstrip():
+                self.stream.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 class Progress:
-    """Report progress of ``total`` units (None when unknown) under ``label``."""
+    """Report progress of ``total`` units (None when unknown) under ``label``.
+
+    ``done``: units already done when it starts (a resumed count), left out of the rate.
+    ``enabled=False`` prints nothing at all.
+    """
 
     def __init__(self, label: str, total: int | None = None, unit: str = "rows", *,
                  stream: TextIO | None = None, enabled: bool = True, log_every_s: float = 10.0,
                  done: int = 0) -> None:
         self.label, self.total, self.unit = label, total, unit
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.interval = 0.25 if self.tty else log_every_s
-        self.start = time.perf_counter()
-        self.start_done = done
         self.done = done
-        self._last = self.start
+        stream = stream or sys.stderr
+        tty = hasattr(stream, "isatty") and stream.isatty()
+        self._bar = None if not enabled else _Bar(
+            desc=label, total=total, initial=done, unit=unit,
+            file=stream if tty else _LogLines(stream),
+            bar_format="{desc} |{bar}| {words}" if tty and total else "{desc} | {words}",
+            dynamic_ncols=tty,  # fit the terminal as it is resized; a log line is never cut
+            mininterval=0.25 if tty else log_every_s,
+            delay=0 if tty else log_every_s,  # a log's first line comes after an interval, like the others
+            miniters=0,  # time alone decides when to redraw
+            leave=False)  # a count cut short by an error leaves no line; close() prints the last one
 
     def update(self, done: int, note: str = "") -> None:
+        """``done`` units so far (a total, not an increment); redrawn when the interval has passed."""
         self.done = done
-        now = time.perf_counter()
-        if self.enabled and now - self._last >= self.interval:
-            self._last = now
-            self._draw(note)
-
-    def line(self, note: str = "") -> str:
-        elapsed = time.perf_counter() - self.start
-        rate = (self.done - self.start_done) / elapsed if elapsed > 0 else 0.0
-        parts = [self.label]
-        if self.total:
-            pct = 100.0 * self.done / self.total
-            eta = (self.total - self.done) / rate if rate > 0 else None
-            parts.append(f"{self.done:,}/{self.total:,} {self.unit} ({pct:.0f}%)")
-            parts.append(f"{rate:,.0f} {self.unit}/s, ETA {format_duration(eta)}")
-        else:
-            parts.append(f"{self.done:,} {self.unit}, {rate:,.0f} {self.unit}/s")
-        parts.append(f"elapsed {format_duration(elapsed)}")
-        if note:
-            parts.append(note)
-        return " | ".join(parts)
-
-    def _draw(self, note: str) -> None:
-        text = self.line(note)
-        if self.tty:
-            self.stream.write("\r\033[K" + text)
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+        if self._bar is not None:
+            self._bar.set_postfix_str(note, refresh=False)
+            self._bar.update(done - self._bar.n)
 
     def close(self, note: str = "") -> None:
-        if not self.enabled:
+        """The final line, with the average rate, left in place."""
+        if self._bar is None:
             return
-        text = self.line(note)
-        self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
-        self.stream.flush()
+        self._bar.set_postfix_str(note, refresh=False)
+        self._bar.leave = True
+        self._bar.delay = 0  # work shorter than the first interval ends with its line too
+        self._bar.close()

@@ -14,10 +14,11 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from trainfit.data.readers import COMPRESSED, BadRow, data_files, detect_format,
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.progress import Progress
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 BAD = -1  # length recorded for a row that could not be read
 _WORDS = re.compile(r"\w+|[^\w\s]")
@@ -339,140 +343,223 @@ def count_lengths(
         TrainfitError: the file is missing or empty, the field does not exist (the message names
             the fields that do), or a row is malformed while ``on_bad_row='stop'``.
     """
-    import time
-
     path = Path(path)
     fp = fingerprint(path)  # first: a clear error for a missing file, an empty folder, a pattern matching nothing
+    ckpt = _Checkpoint((cache_dir or default_cache_dir()) / _cache_key(path, recipe, fp, fmt))
+    if use_cache and (hit := ckpt.load_final()):
+        return _cached_table(path, recipe, fp, on_bad_row, *hit)
+    count = _start_count(path, recipe, ckpt, fmt=fmt, on_bad_row=on_bad_row, use_cache=use_cache,
+                         progress=progress, checkpoint_every_s=checkpoint_every_s, on_batch=on_batch)
+    rows = iter_rows(path, fmt, columns=recipe.fields, skip=count.resumed_at)
+    _count_batches(count, _batches(rows, batch_rows))
+    return _finish_count(count, fp)
+
+
+def _cache_key(path: Path, recipe: LengthRecipe, fp: str, fmt: str) -> str:
+    """The cache folder's name: what the lengths depend on (the file, the tokenizer, the fields, the format)."""
     key_src = json.dumps([fp, _tokenizer_id(recipe.tokenizer), recipe.text_fields, recipe.messages_field,
                           recipe.length_field, recipe.length_scale, detect_format(path, fmt)])
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
-    ckpt = _Checkpoint((cache_dir or default_cache_dir()) / key)
-    description = recipe.describe()
+    return hashlib.sha256(key_src.encode()).hexdigest()[:20]
 
-    if use_cache and (hit := ckpt.load_final()):
-        cached, meta = hit
-        _stop_at_recorded_bad_row(path, on_bad_row, meta["bad_examples"])
-        return LengthTable(lengths=cached, description=description, source=str(path), source_fingerprint=fp,
-                           approximate=recipe.approximate, bad_rows=meta["bad_rows"], bad_examples=meta["bad_examples"], notes=meta["notes"],
-                           from_cache=True)
 
+def _cached_table(path: Path, recipe: LengthRecipe, fp: str, on_bad_row: str, cached: np.ndarray,
+                  meta: dict[str, Any]) -> LengthTable:
+    """A finished count from the cache, under this run's bad-row policy."""
+    _stop_at_recorded_bad_row(path, on_bad_row, meta["bad_examples"])
+    return LengthTable(lengths=cached, description=recipe.describe(), source=str(path), source_fingerprint=fp,
+                       approximate=recipe.approximate, bad_rows=meta["bad_rows"], bad_examples=meta["bad_examples"],
+                       notes=meta["notes"], from_cache=True)
+
+
+@dataclass(kw_only=True)
+class _Count:
+    """One count under way: how it runs, and what it has counted so far."""
+
+    path: Path
+    recipe: LengthRecipe
+    on_bad_row: str
+    """``stop`` (a bad row raises) or ``skip`` (it is recorded and counted as ``BAD``)."""
+    tokenizer: _Tokenizer | None
+    """None for a length field."""
+    ckpt: _Checkpoint
+    use_cache: bool
+    """False when asked, or when the cache folder is not writable."""
+    checkpoint_every_s: float
+    """Seconds between checkpoints of the partial count."""
+    on_batch: Callable[[int], None] | None
+    """Called with the rows counted so far after each batch."""
+    bar: Progress
+    resumed_at: int
+    """Rows the checkpoint this count resumed from held (0: counted from the start)."""
+    lengths: list[int]
+    """Every row's length so far, from row 0 (``BAD`` for a bad row)."""
+    bad_rows: int
+    bad_examples: list[dict[str, Any]]
+    """The first 20 bad rows: ``{"row", "line", "reason"}``."""
+    notes: list[str]
+    last_checkpoint: float
+    """``time.perf_counter()`` of the last checkpoint (or of the start)."""
+
+
+def _start_count(path: Path, recipe: LengthRecipe, ckpt: _Checkpoint, *, fmt: str, on_bad_row: str,
+                 use_cache: bool, progress: bool, checkpoint_every_s: float,
+                 on_batch: Callable[[int], None] | None) -> _Count:
+    """Load the tokenizer and pick the count up where an interrupted one checkpointed (a bad row it
+    recorded stops a ``stop`` run, as counting it would have)."""
     tokenizer = None if recipe.length_field else _Tokenizer(recipe.tokenizer, need_chat=bool(recipe.messages_field))
     use_cache = use_cache and ckpt.check_writable()
     done, state = ckpt.load_partial() if use_cache else ([], {})
     _stop_at_recorded_bad_row(path, on_bad_row, state.get("bad_examples", []))
-    bad_rows = int(state.get("bad_rows", 0))
-    bad_examples: list[dict[str, Any]] = list(state.get("bad_examples", []))
     notes: list[str] = [tokenizer.chat_note] if tokenizer is not None and tokenizer.chat_note else []
     resumed_at = len(done)
-    lengths: list[int] = done
-
     bar = Progress(f"counting {path.name}", total=estimate_rows(path, fmt), enabled=progress, done=resumed_at)
     if resumed_at:
         notes.append(f"resumed an interrupted count at row {resumed_at:,}")
-    last_ckpt = time.perf_counter()
-    rows = iter_rows(path, fmt, columns=recipe.fields, skip=resumed_at)
+    return _Count(path=path, recipe=recipe, on_bad_row=on_bad_row, tokenizer=tokenizer, ckpt=ckpt,
+                  use_cache=use_cache, checkpoint_every_s=checkpoint_every_s, on_batch=on_batch, bar=bar,
+                  resumed_at=resumed_at, lengths=done, bad_rows=int(state.get("bad_rows", 0)),
+                  bad_examples=list(state.get("bad_examples", [])), notes=notes,
+                  last_checkpoint=time.perf_counter())
 
-    def parse(batch: list[tuple[int, Any]], first: bool
-              ) -> tuple[list[int], list[int], list[str], list[dict[str, Any]]]:
-        """Lengths known without a tokenizer, the texts to tokenize and where they go, bad rows."""
-        texts: list[str] = []
-        slots: list[int] = []  # position in `out` for each text
-        out: list[int] = []
-        bads: list[dict[str, Any]] = []
 
-        def bad(index: int, row: BadRow | None, reason: str | None = None) -> None:
-            record = {"row": index, "line": row.line if row is not None else None,
-                      "reason": reason or (row.reason if row else "unreadable")}
-            if on_bad_row == "stop":
-                raise _bad_row_error(path, record)
-            bads.append(record)
+@dataclass
+class _Batch:
+    """One batch of rows, parsed; its lengths are known once the tokenizer has counted its texts."""
 
-        for index, row in batch:
-            out.append(BAD)
-            if isinstance(row, BadRow):
-                bad(index, row)
-                continue
-            try:
-                if recipe.length_field:
-                    value = _row_value(row, recipe.length_field)
-                    if value is None:
-                        raise _null([recipe.length_field])
-                    out[-1] = int(np.ceil(float(value) * recipe.length_scale))
-                    if out[-1] < 0:
-                        out[-1] = BAD
-                        bad(index, None, f"negative length {value!r} in {recipe.length_field!r}")
-                    continue
-                if recipe.messages_field:
-                    messages = _row_value(row, recipe.messages_field)
-                    if messages is None:
-                        raise _null([recipe.messages_field])
-                    if not isinstance(messages, list):
-                        raise TypeError(f"{recipe.messages_field!r} is not a list of messages")
-                    text = tokenizer.render_chat(messages)  # type: ignore[union-attr]
-                else:
-                    parts = [_row_value(row, f) for f in recipe.text_fields]
-                    if all(p is None for p in parts):  # one null part of several joins as empty
-                        raise _null(recipe.text_fields)
-                    text = parts[0] if len(parts) == 1 and isinstance(parts[0], str) else \
-                        "\n".join("" if p is None else str(p) for p in parts)
-            except KeyError as err:
-                if first:
-                    raise TrainfitError(f"{path.name} has no field {err.args[0]!r}",
-                                        f"fields in the first row: {', '.join(map(str, row))}") from None
-                bad(index, None, f"missing field {err.args[0]!r}")
-                continue
-            except (TypeError, ValueError) as err:
-                bad(index, None, str(err))
-                continue
-            finally:
-                first = False
-            texts.append(text)
-            slots.append(len(out) - 1)
-        return out, slots, texts, bads
+    lengths: list[int] = field(default_factory=list)
+    """One per row: known without a tokenizer (a length field), else ``BAD`` until counted."""
+    texts: list[str] = field(default_factory=list)
+    """The texts to tokenize."""
+    slots: list[int] = field(default_factory=list)
+    """For each text, its row's position in ``lengths``."""
+    bad: list[dict[str, Any]] = field(default_factory=list)
+    """Its bad rows (under ``skip``): ``{"row", "line", "reason"}``."""
+    counted: Future[list[int]] | None = None
+    """The tokenizer's lengths of ``texts``; None when there are none."""
 
-    def finish(out: list[int], slots: list[int], counted: Any, bads: list[dict[str, Any]]) -> None:
-        nonlocal last_ckpt, bad_rows
-        if counted is not None:
-            for slot, n in zip(slots, counted.result()):
-                out[slot] = n
-        bad_rows += len(bads)
-        bad_examples.extend(bads[: max(0, 20 - len(bad_examples))])
-        lengths.extend(out)
-        bar.update(len(lengths))
-        if on_batch is not None:
-            on_batch(len(lengths))
-        if use_cache and time.perf_counter() - last_ckpt >= checkpoint_every_s:
-            ckpt.save_partial(lengths, {"rows": len(lengths), "bad_rows": bad_rows, "bad_examples": bad_examples})
-            last_ckpt = time.perf_counter()
 
+def _count_batches(count: _Count, batches: Iterator[list[tuple[int, Any]]]) -> None:
+    """Count every batch into ``count``, checkpointing as it goes."""
     # Two-stage pipeline: the tokenizer (native code, GIL released, all cores) counts batch k in a
     # worker thread while this thread reads and parses batch k+1.
     from concurrent.futures import ThreadPoolExecutor
 
-    add_special = not recipe.messages_field or (tokenizer is not None and tokenizer.chat_note is not None)
-    previous: tuple[list[int], list[int], Any, list[dict[str, Any]]] | None = None
-    first = resumed_at == 0
+    tokenizer = count.tokenizer
+    add_special = not count.recipe.messages_field or (tokenizer is not None and tokenizer.chat_note is not None)
+    previous: _Batch | None = None
+    first = count.resumed_at == 0
     with ThreadPoolExecutor(max_workers=1) as pool:
-        for batch in _batches(rows, batch_rows):
-            out, slots, texts, bads = parse(batch, first)
+        for rows in batches:
+            batch = _parse_batch(count, rows, first)
             first = False
-            counted = pool.submit(tokenizer.count, texts, add_special) if texts else None  # type: ignore[union-attr]
+            if batch.texts:
+                batch.counted = pool.submit(tokenizer.count, batch.texts, add_special)  # type: ignore[union-attr]
             if previous is not None:
-                finish(*previous)
-            previous = (out, slots, counted, bads)
+                _add_batch(count, previous)
+            previous = batch
         if previous is not None:
-            finish(*previous)
+            _add_batch(count, previous)
 
-    bar.close()
-    if not lengths:
+
+def _parse_batch(count: _Count, rows: list[tuple[int, Any]], first: bool) -> _Batch:
+    """Lengths known without a tokenizer, the texts to tokenize and where they go, bad rows.
+    ``first``: the batch starts the dataset, whose first readable row names the fields there are."""
+    recipe, batch = count.recipe, _Batch()
+    for index, row in rows:
+        batch.lengths.append(BAD)
+        if isinstance(row, BadRow):
+            _bad_row(count, batch, index, row)
+            continue
+        try:
+            if recipe.length_field:
+                length, value = _field_length(row, recipe)
+                if length < 0:
+                    _bad_row(count, batch, index, None, f"negative length {value!r} in {recipe.length_field!r}")
+                else:
+                    batch.lengths[-1] = length
+                continue
+            text = _row_text(row, recipe, count.tokenizer)
+        except KeyError as err:
+            if first:
+                raise TrainfitError(f"{count.path.name} has no field {err.args[0]!r}",
+                                    f"fields in the first row: {', '.join(map(str, row))}") from None
+            _bad_row(count, batch, index, None, f"missing field {err.args[0]!r}")
+            continue
+        except (TypeError, ValueError) as err:
+            _bad_row(count, batch, index, None, str(err))
+            continue
+        finally:
+            first = False
+        batch.texts.append(text)
+        batch.slots.append(len(batch.lengths) - 1)
+    return batch
+
+
+def _field_length(row: dict[str, Any], recipe: LengthRecipe) -> tuple[int, Any]:
+    """A row's length from its numeric field (scaled, rounded up), and the field's value."""
+    assert recipe.length_field is not None
+    value = _row_value(row, recipe.length_field)
+    if value is None:
+        raise _null([recipe.length_field])
+    return int(np.ceil(float(value) * recipe.length_scale)), value
+
+
+def _row_text(row: dict[str, Any], recipe: LengthRecipe, tokenizer: _Tokenizer | None) -> str:
+    """The text a row's length is counted on: its chat messages rendered, or its text fields joined."""
+    if recipe.messages_field:
+        messages = _row_value(row, recipe.messages_field)
+        if messages is None:
+            raise _null([recipe.messages_field])
+        if not isinstance(messages, list):
+            raise TypeError(f"{recipe.messages_field!r} is not a list of messages")
+        return tokenizer.render_chat(messages)  # type: ignore[union-attr]
+    parts = [_row_value(row, f) for f in recipe.text_fields]
+    if all(p is None for p in parts):  # one null part of several joins as empty
+        raise _null(recipe.text_fields)
+    return parts[0] if len(parts) == 1 and isinstance(parts[0], str) else \
+        "\n".join("" if p is None else str(p) for p in parts)
+
+
+def _bad_row(count: _Count, batch: _Batch, index: int, row: BadRow | None, reason: str | None = None) -> None:
+    """Stop at a bad row (``on_bad_row='stop'``), or record it in ``batch``."""
+    record = {"row": index, "line": row.line if row is not None else None,
+              "reason": reason or (row.reason if row else "unreadable")}
+    if count.on_bad_row == "stop":
+        raise _bad_row_error(count.path, record)
+    batch.bad.append(record)
+
+
+def _add_batch(count: _Count, batch: _Batch) -> None:
+    """Append a parsed batch's lengths (waiting for its texts' counts) and bad rows to ``count``;
+    report progress, and checkpoint when ``checkpoint_every_s`` has passed."""
+    if batch.counted is not None:
+        for slot, n in zip(batch.slots, batch.counted.result()):
+            batch.lengths[slot] = n
+    count.bad_rows += len(batch.bad)
+    count.bad_examples.extend(batch.bad[: max(0, 20 - len(count.bad_examples))])
+    count.lengths.extend(batch.lengths)
+    count.bar.update(len(count.lengths))
+    if count.on_batch is not None:
+        count.on_batch(len(count.lengths))
+    if count.use_cache and time.perf_counter() - count.last_checkpoint >= count.checkpoint_every_s:
+        count.ckpt.save_partial(count.lengths, {"rows": len(count.lengths), "bad_rows": count.bad_rows,
+                                                "bad_examples": count.bad_examples})
+        count.last_checkpoint = time.perf_counter()
+
+
+def _finish_count(count: _Count, fp: str) -> LengthTable:
+    """The finished count as a table, saved as the cache's final count; an error when no row could be read."""
+    count.bar.close()
+    path, bad_examples = count.path, count.bad_examples
+    if not count.lengths:
         raise TrainfitError(f"{path} has no rows", "check the file is the dataset you meant")
-    array = np.asarray(lengths, dtype=np.int32)
+    array = np.asarray(count.lengths, dtype=np.int32)
     if (array == BAD).all():
-        raise TrainfitError(f"no row of {path.name} could be read ({bad_rows} bad rows)",
+        raise TrainfitError(f"no row of {path.name} could be read ({count.bad_rows} bad rows)",
                             f"first problem: {bad_examples[0]['reason'] if bad_examples else 'unknown'}")
-    if use_cache:
-        ckpt.save_final(array, {"bad_rows": bad_rows, "bad_examples": bad_examples,
-                                "notes": [n for n in notes if not n.startswith("resumed")]})
-    return LengthTable(lengths=array, description=description, source=str(path), source_fingerprint=fp,
-                       approximate=recipe.approximate, bad_rows=bad_rows, bad_examples=bad_examples, notes=notes)
-
+    if count.use_cache:
+        count.ckpt.save_final(array, {"bad_rows": count.bad_rows, "bad_examples": bad_examples,
+                                      "notes": [n for n in count.notes if not n.startswith("resumed")]})
+    return LengthTable(lengths=array, description=count.recipe.describe(), source=str(path), source_fingerprint=fp,
+                       approximate=count.recipe.approximate, bad_rows=count.bad_rows, bad_examples=bad_examples,
+                       notes=count.notes)

@@ -245,6 +245,60 @@ def open_storage(url: str) -> Any:
     raise AssertionError("unreachable")
 
 
+def _other_studies(summaries: Sequence[Any], name: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every other study that recorded its spec, with the keys where it differs from this one."""
+    return [{"name": o.study_name, "spec_file": o.user_attrs.get("spec_file"),
+             "differs": differing_keys(o.user_attrs["spec"], doc)}
+            for o in summaries if o.study_name != name and "spec" in o.user_attrs]
+
+
+def _refuse_to_open(name: str, *, output: Path, storage: str | None, existing: list[str],
+                    others: list[dict[str, Any]], resume: bool, join: bool) -> None:
+    """Raise when this run may not start or continue study ``name`` there: it exists and neither
+    ``--resume`` nor ``--join`` was given, there is nothing to resume, or the output folder holds
+    another spec's study or an earlier run's results without their study."""
+    where = masked(storage) if storage else str(output)
+    if join and storage is None:
+        raise TrainfitError("--join is for runs sharing a --storage", "add --storage URL, or use --resume")
+    # --join starts the study or continues it: every machine of a job array runs one command.
+    if name in existing and not (resume or join):
+        raise TrainfitError(f"{where} already holds this tuning study",
+                            "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
+    if resume and name not in existing:
+        if existing and storage is None:
+            changed = sorted({k for o in others for k in o["differs"]})
+            what = (f"changed: {', '.join(changed)}" if changed else
+                    "model, data, budget, probe settings, params or search space differ")
+            raise TrainfitError(f"the spec changed since this study started ({what}), so its trials "
+                                "do not apply", "restore the spec, or use --output NEW_FOLDER")
+        raise TrainfitError(f"nothing to resume in {where}",
+                            "drop --resume to start a new study (or --join, to start or join one)")
+    if existing and storage is None and name not in existing:
+        raise TrainfitError(f"{output} holds a study of a different spec; its outputs would be overwritten",
+                            "use --output NEW_FOLDER")
+    results = [f for f in ("summary.json", "trials.csv") if (output / f).exists()]
+    if results and name not in existing and not (resume or join):  # a --storage run's, or a lost journal
+        raise TrainfitError(f"{output} holds the results of an earlier run ({', '.join(results)}) but not its "
+                            "study, so this run would overwrite them",
+                            "use --output NEW_FOLDER (if that run used --storage URL, continue it with the same "
+                            "--storage and --resume)")
+
+
+def _same_data(spec: Spec, began_on: str | None, shared: bool) -> str | None:
+    """The fingerprint of the spec's data (None without data); an error when the study began on
+    other data (``began_on``: its fingerprint, None for a new study or one begun before them)."""
+    data = data_fingerprint(spec)
+    if data is not None and began_on is not None and data != began_on:
+        assert spec.data is not None
+        raise TrainfitError(
+            f"the data at {spec.data.path} changed since this study began (its size or content differ), so "
+            "new measurements would mix with old ones",
+            "every machine must read the same data (a shared filesystem, or identical copies); to start afresh "
+            "on this data, put it at another path" if shared else
+            "resume with the data the study began with, or start afresh with --output NEW_FOLDER")
+    return data
+
+
 class TrialStore:
     def __init__(self, *, output: Path, spec: Spec, space: SearchSpace, objective: str, resume: bool,
                  storage: str | None, seed: int, sampler: Any = None, join: bool = False) -> None:
@@ -284,47 +338,21 @@ class TrialStore:
         summaries = optuna.get_all_study_summaries(self.storage) if storage or journal.exists() else []
         existing = [s.study_name for s in summaries]
         doc = {k: v for k, v in spec.to_dict().items() if k != "source"}
-        spec_file = Path(spec.source).name if spec.source else None
-        # Every other study that recorded its spec, with the keys where it differs from this one.
-        others: list[dict[str, Any]] = [
-            {"name": o.study_name, "spec_file": o.user_attrs.get("spec_file"),
-             "differs": differing_keys(o.user_attrs["spec"], doc)}
-            for o in summaries if o.study_name != self.name and "spec" in o.user_attrs]
-        where = masked(storage) if storage else str(output)
-        if join and storage is None:
-            raise TrainfitError("--join is for runs sharing a --storage", "add --storage URL, or use --resume")
-        # --join starts the study or continues it: every machine of a job array runs one command.
-        if self.name in existing and not (resume or join):
-            raise TrainfitError(f"{where} already holds this tuning study",
-                                "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
-        if resume and self.name not in existing:
-            if existing and storage is None:
-                changed = sorted({k for o in others for k in o["differs"]})
-                what = (f"changed: {', '.join(changed)}" if changed else
-                        "model, data, budget, probe settings, params or search space differ")
-                raise TrainfitError(f"the spec changed since this study started ({what}), so its trials "
-                                    "do not apply", "restore the spec, or use --output NEW_FOLDER")
-            raise TrainfitError(f"nothing to resume in {where}",
-                                "drop --resume to start a new study (or --join, to start or join one)")
-        if existing and storage is None and self.name not in existing:
-            raise TrainfitError(f"{output} holds a study of a different spec; its outputs would be overwritten",
-                                "use --output NEW_FOLDER")
-        results = [f for f in ("summary.json", "trials.csv") if (output / f).exists()]
-        if results and self.name not in existing and not (resume or join):  # a --storage run's, or a lost journal
-            raise TrainfitError(f"{output} holds the results of an earlier run ({', '.join(results)}) but not its "
-                                "study, so this run would overwrite them",
-                                "use --output NEW_FOLDER (if that run used --storage URL, continue it with the same "
-                                "--storage and --resume)")
-        data = data_fingerprint(spec)
+        others = _other_studies(summaries, self.name, doc)
+        _refuse_to_open(self.name, output=output, storage=storage, existing=existing, others=others,
+                        resume=resume, join=join)
         began_on = next((s.user_attrs.get("data_fingerprint") for s in summaries if s.study_name == self.name), None)
-        if data is not None and began_on is not None and data != began_on:
-            assert spec.data is not None
-            raise TrainfitError(
-                f"the data at {spec.data.path} changed since this study began (its size or content differ), so "
-                "new measurements would mix with old ones",
-                "every machine must read the same data (a shared filesystem, or identical copies); to start afresh "
-                "on this data, put it at another path" if self.shared else
-                "resume with the data the study began with, or start afresh with --output NEW_FOLDER")
+        data = _same_data(spec, began_on, self.shared)
+        self._start_study(spec, doc, others, new=self.name not in existing, data=data, began_on=began_on,
+                          seed=seed, sampler=sampler)
+
+    def _start_study(self, spec: Spec, doc: dict[str, Any], others: list[dict[str, Any]], *, new: bool,
+                     data: str | None, began_on: str | None, seed: int, sampler: Any) -> None:
+        """Create or load the study, record what later runs compare with, and retry the trials a
+        crash left running."""
+        import optuna
+
+        spec_file = Path(spec.source).name if spec.source else None
         # The sampler only chooses for the bayes strategy; the others fix every trial's values.
         sampler = sampler or optuna.samplers.GPSampler(seed=seed, n_startup_trials=5)
         self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="maximize",
@@ -332,7 +360,7 @@ class TrialStore:
         self.others: list[dict[str, Any]] = []
         """Other studies of the same spec file in a shared storage, with the keys that differ
         (machines of one job array given different options search apart)."""
-        if self.name not in existing:  # what a later run compares its spec with
+        if new:  # what a later run compares its spec with
             self.study.set_user_attr("spec_file", spec_file)
             self.study.set_user_attr("spec", doc)
         if data is not None and began_on is None:  # a new study, or one begun before fingerprints: from now on

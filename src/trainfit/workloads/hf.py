@@ -158,6 +158,63 @@ def frozen_experts_note(model: Any, experts: tuple[int, int] | None) -> list[str
             f"to adapt them, set params.lora_target_parameters: [{', '.join(stacked)}]"]
 
 
+def weight_dtype(params: Params) -> tuple[Any, str | None]:
+    """The dtype the model's weights are built in, and a note when it is not fp32."""
+    import torch
+
+    # LoRA trains adapters only: the frozen base lives in the compute dtype (as QLoRA-style
+    # recipes load it), while full fine-tuning keeps fp32 master weights under autocast.
+    if params.lora_r is not None and params.precision in ("bf16", "fp16"):
+        return (torch.bfloat16 if params.precision == "bf16" else torch.float16,
+                f"LoRA: frozen base weights held in {params.precision}, adapters in fp32")
+    return torch.float32, None
+
+
+def build_model(model_spec: ModelSpec, config: Any, params: Params, dtype: Any) -> Any:
+    """The transformers model of ``config`` (random-init, or loaded from ``model_spec.path``) with
+    the attention kernel and weight dtype; ``Unsupported`` for an attention kernel it cannot use, a
+    clear error for anything else it cannot be built from."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"attn_implementation": params.attention, "dtype": dtype}
+    try:
+        if model_spec.path is not None:
+            return AutoModelForCausalLM.from_pretrained(model_spec.path, config=config, local_files_only=True,
+                                                        **kwargs)
+        return AutoModelForCausalLM.from_config(config, **kwargs)
+    except (ValueError, ImportError) as err:
+        raise _unbuildable(err, config, params) from None
+    except (AssertionError, TypeError, KeyError, IndexError) as err:  # values the architecture rejects
+        raise _rejected_values(err, config) from None
+
+
+def _unbuildable(err: ValueError | ImportError, config: Any, params: Params) -> TrainfitError:
+    """The error for a model transformers would not build: its attention kernel, a model type that
+    is not a causal LM, or another reason."""
+    if "attention" in str(err).lower() or "attn" in str(err).lower():
+        from trainfit.errors import Unsupported
+
+        others = " or ".join(a for a in ("sdpa", "eager") if a != params.attention)
+        return Unsupported(f"cannot build the model with attention={params.attention}: {err}",
+                           f"try attention: {others}", knob="attention", value=params.attention)
+    if "Unrecognized configuration class" in str(err):  # its message lists every causal LM there is
+        return TrainfitError(f"model_type {config.model_type!r} is not a causal language model (transformers "
+                             "has no AutoModelForCausalLM for it), the kind the built-in workload trains",
+                             "train it through a factory: model.factory: my_module:make_workload "
+                             "(see examples/tiny_tts.py)")
+    return TrainfitError(f"cannot build the model: {err}", "check model.path / model.config")
+
+
+def _rejected_values(err: Exception, config: Any) -> TrainfitError:
+    """The error for config values the architecture rejects, naming token ids outside the vocabulary."""
+    vocab = getattr(config, "vocab_size", None)
+    outside = [f"{k}={v}" for k in ("pad_token_id", "bos_token_id", "eos_token_id")
+               if isinstance(v := getattr(config, k, None), int) and isinstance(vocab, int) and v >= vocab]
+    hint = (f"{', '.join(outside)} outside vocab_size={vocab}: set them under model.config" if outside else
+            "check the config's values (token ids below vocab_size, heads dividing hidden_size)")
+    return TrainfitError(f"cannot build the model: {type(err).__name__}: {err}", hint)
+
+
 class HFCausalLM(Workload):
     """A transformers ``AutoModelForCausalLM`` trained on random token ids of the real lengths.
 
@@ -170,12 +227,10 @@ class HFCausalLM(Workload):
     def __init__(self, model_spec: ModelSpec, params: Params, device: Any, seed: int, *,
                  trl_command: bool = False) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
 
-        self.notes = []
         head, note = resolve_loss(params.loss, trl_command)
         self.loss_kind = "model" if head is None else "fused"
-        self.notes += [note] if note else []
+        self.notes = [note] if note else []
         self.device = device
         config = load_config(model_spec)
         self.config = config
@@ -183,41 +238,18 @@ class HFCausalLM(Workload):
         self.vocab_size = int(config.vocab_size)
         if self.loss_kind == "fused" and (tile := fused_tile_note(self.vocab_size)):
             self.notes.append(tile)
-        # LoRA trains adapters only: the frozen base lives in the compute dtype (as QLoRA-style
-        # recipes load it), while full fine-tuning keeps fp32 master weights under autocast.
-        weight_dtype = torch.float32
-        if params.lora_r is not None and params.precision in ("bf16", "fp16"):
-            weight_dtype = torch.bfloat16 if params.precision == "bf16" else torch.float16
-            self.notes.append(f"LoRA: frozen base weights held in {params.precision}, adapters in fp32")
-        kwargs = {"attn_implementation": params.attention, "dtype": weight_dtype}
+        dtype, dtype_note = weight_dtype(params)
+        self.notes += [dtype_note] if dtype_note else []
         torch.manual_seed(seed)
-        model: Any  # a transformers model; with LoRA, peft's wrapper around it (another class)
-        try:
-            if model_spec.path is not None:
-                model = AutoModelForCausalLM.from_pretrained(model_spec.path, config=config,
-                                                             local_files_only=True, **kwargs)
-            else:
-                model = AutoModelForCausalLM.from_config(config, **kwargs)
-        except (ValueError, ImportError) as err:
-            if "attention" in str(err).lower() or "attn" in str(err).lower():
-                from trainfit.errors import Unsupported
+        model = self._apply_knobs(build_model(model_spec, config, params, dtype), config, params, head)
+        self.model = model.to(device)
+        self.model.train()
+        self.shape = transformer_shape(config, *matmul_params(self.model, experts_active(config)))
+        self._generator = torch.Generator().manual_seed(seed)
 
-                others = " or ".join(a for a in ("sdpa", "eager") if a != params.attention)
-                raise Unsupported(f"cannot build the model with attention={params.attention}: {err}",
-                                  f"try attention: {others}", knob="attention", value=params.attention) from None
-            if "Unrecognized configuration class" in str(err):  # its message lists every causal LM there is
-                raise TrainfitError(f"model_type {config.model_type!r} is not a causal language model (transformers "
-                                    "has no AutoModelForCausalLM for it), the kind the built-in workload trains",
-                                    "train it through a factory: model.factory: my_module:make_workload "
-                                    "(see examples/tiny_tts.py)") from None
-            raise TrainfitError(f"cannot build the model: {err}", "check model.path / model.config") from None
-        except (AssertionError, TypeError, KeyError, IndexError) as err:  # values the architecture rejects
-            vocab = getattr(config, "vocab_size", None)
-            outside = [f"{k}={v}" for k in ("pad_token_id", "bos_token_id", "eos_token_id")
-                       if isinstance(v := getattr(config, k, None), int) and isinstance(vocab, int) and v >= vocab]
-            hint = (f"{', '.join(outside)} outside vocab_size={vocab}: set them under model.config" if outside else
-                    "check the config's values (token ids below vocab_size, heads dividing hidden_size)")
-            raise TrainfitError(f"cannot build the model: {type(err).__name__}: {err}", hint) from None
+    def _apply_knobs(self, model: Any, config: Any, params: Params, head: Any) -> Any:
+        """Checkpointing and LoRA on the built model, then TRL's fused LM head (``head``, None for
+        the model's own loss). With LoRA, the result is peft's wrapper around the model."""
         model.config.use_cache = False
         model = apply_knobs(model, params, task_type="CAUSAL_LM")
         if params.lora_r is not None:
@@ -225,10 +257,7 @@ class HFCausalLM(Workload):
         if head is not None:
             # Where TRL's SFT trainer puts it: on the base model, under the LoRA wrapper.
             head(model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
-        self.model = model.to(device)
-        self.model.train()
-        self.shape = transformer_shape(config, *matmul_params(self.model, experts_active(config)))
-        self._generator = torch.Generator().manual_seed(seed)
+        return model
 
     def make_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
         import torch
