@@ -1,14 +1,46 @@
-"""The knobs a workload applies to a built model (workloads/knobs.py), the same for Hugging Face
-and custom models: gradient checkpointing, then LoRA, unless the factory handles them itself."""
+"""The knobs: each declared once, as a ``Params`` field made with ``knob(...)`` (params.py), and
+applied to a built model (workloads/knobs.py) the same for Hugging Face and custom models:
+gradient checkpointing, then LoRA, unless the factory handles them itself."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+import yaml
 
 from trainfit.errors import TrainfitError
-from trainfit.params import Params
+from trainfit.params import KNOBS, Knob, Params, knob_table_markdown, parse_params
 from trainfit.workloads.knobs import apply_knobs
+
+
+def fields_without_a_knob(cls: type) -> list[str]:
+    """The fields of a ``Params``-like dataclass, but ``extra``, not declared with ``knob(...)``."""
+    return [f.name for f in dataclasses.fields(cls)
+            if f.name != "extra" and not isinstance(f.metadata.get("knob"), Knob)]
+
+
+def test_every_params_field_is_a_knob_and_every_knob_a_field_with_its_documented_default() -> None:
+    assert fields_without_a_knob(Params) == [], "declare every Params field with knob(default, kind=..., doc=...)"
+    fields = [f for f in dataclasses.fields(Params) if f.name != "extra"]
+    assert len(fields) >= 16 and list(KNOBS) == [f.name for f in fields]  # same knobs, declaration order
+    # The check catches a field added the plain way.
+    plain = dataclasses.make_dataclass("Plain", [("warmup", int, dataclasses.field(default=0))], bases=(Params,),
+                                       frozen=True, kw_only=True)
+    assert fields_without_a_knob(plain) == ["warmup"]
+
+    rows = {row.split(" | ")[0].strip("|` "): row.split(" | ")[2] for row in knob_table_markdown().splitlines()[2:]}
+    assert list(rows) == list(KNOBS)
+    for f in fields:
+        knob = KNOBS[f.name]
+        assert knob.name == f.name and knob == dataclasses.replace(f.metadata["knob"], name=f.name)
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        assert getattr(Params(), f.name) == default
+        # The documented default, written in a spec as the table shows it, is the field's default.
+        documented = yaml.safe_load(rows[f.name].strip("`"))
+        parsed, problems = parse_params({f.name: documented}, allow_custom=False)
+        assert not problems and getattr(parsed, f.name) == default, (f.name, rows[f.name], default)
 
 
 class Tiny(torch.nn.Module):

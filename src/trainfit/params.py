@@ -2,16 +2,18 @@
 
 ``Params`` is the single record of one configuration. The probe applies it, the search varies it,
 the report prints it and the command builder turns it into a launch command, so a knob is
-declared exactly once, here, in ``KNOBS``.
+declared exactly once, here: as a field of ``Params`` made with ``knob(...)`` (its type, default,
+values and meaning together). ``KNOBS`` is read from those fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from trainfit.errors import Problem
 
@@ -52,47 +54,19 @@ def split_modules(text: str) -> str | tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
-KNOBS: dict[str, Knob] = {
-    k.name: k
-    for k in (
-        Knob(name="batch_size", kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
-             doc="samples per micro-batch on one device"),
-        Knob(name="gradient_accumulation_steps", kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
-             doc="micro-batches per optimizer step; effective batch = batch_size x this"),
-        Knob(name="max_length", kind="int", minimum=1, nullable=True, changes_learning=True, batch_shape=True,
-             doc="longest sequence (positions) a sample may have; longer samples are truncated. "
-                 "null = the dataset's longest sample"),
-        Knob(name="lora_r", kind="int", minimum=1, nullable=True, changes_learning=True,
-             doc="LoRA rank; null = full fine-tuning"),
-        Knob(name="lora_alpha", kind="float", minimum=0, nullable=True, changes_learning=True,
-             doc="LoRA scaling numerator; null = 2 x lora_r"),
-        Knob(name="lora_dropout", kind="float", minimum=0, maximum=1, changes_learning=True,
-             doc="dropout on the LoRA input; 0 avoids an extra activation copy"),
-        Knob(name="lora_target_modules", kind="modules", nullable=True, changes_learning=True,
-             doc="module names to adapt (list), 'all-linear', or null for peft's default"),
-        Knob(name="lora_target_parameters", kind="modules", nullable=True, changes_learning=True,
-             doc="parameters to adapt besides modules, e.g. a mixture of experts' stacked experts "
-                 "[mlp.experts.gate_up_proj, mlp.experts.down_proj] (peft target_parameters)"),
-        Knob(name="gradient_checkpointing", kind="bool",
-             doc="recompute activations in backward: less memory, ~20-40% more compute"),
-        Knob(name="precision", kind="choice", choices=PRECISIONS, changes_learning=True,
-             doc="fp32, or mixed precision bf16/fp16 (autocast; fp16 adds a loss scaler)"),
-        Knob(name="attention", kind="choice", choices=ATTENTIONS,
-             doc="attention kernel (Hugging Face attn_implementation)"),
-        Knob(name="compile", kind="choice", choices=COMPILE_MODES,
-             doc="torch.compile mode; pair with padding: max_length to avoid recompiles"),
-        Knob(name="tf32", kind="bool",
-             doc="allow TF32 matmuls and cuDNN convolutions on Ampere+ GPUs (no effect on CPU)"),
-        Knob(name="optimizer", kind="choice", choices=OPTIMIZERS, changes_learning=True,
-             doc="adamw (torch), adamw_fused (torch fused kernel), adamw_8bit (bitsandbytes)"),
-        Knob(name="padding", kind="choice", choices=PADDINGS, batch_shape=True,
-             doc="pad each batch to its longest sample, or every batch to max_length"),
-        Knob(name="loss", kind="choice", choices=LOSSES,
-             doc="how a Hugging Face model's loss is computed: model = its own forward, full logits "
-                 "(transformers Trainer, most loops); fused = TRL's fused LM head, log-probs in tiles "
-                 "without the full logits (trl sft); auto = as the training command does"),
-    )
-}
+T = TypeVar("T")
+
+
+def knob(default: T, *, kind: str, doc: str, choices: tuple[Any, ...] = (), minimum: float | None = None,
+         maximum: float | None = None, nullable: bool = False, changes_learning: bool = False,
+         batch_shape: bool = False) -> T:
+    """A ``Params`` field that is a built-in knob: ``default``, and a ``Knob`` of the other arguments in
+    the field's metadata (unnamed: ``KNOBS`` names it after the field). Typed as ``default``, as
+    ``dataclasses.field`` is, so the field keeps its declared type. Defaults are immutable (None,
+    numbers, strings, tuples); ``dataclass`` rejects a list or dict default when ``Params`` is built."""
+    spec = Knob(name="", kind=kind, doc=doc, choices=choices, minimum=minimum, maximum=maximum,
+                nullable=nullable, changes_learning=changes_learning, batch_shape=batch_shape)
+    return field(default=default, metadata={"knob": spec})
 
 
 def model_values(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,40 +88,48 @@ def batches_grow(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Params:
-    """One training configuration. Defaults are the safe, plain choice on any device."""
+    """One training configuration. Defaults are the safe, plain choice on any device.
 
-    batch_size: int = 1
-    """Samples per micro-batch on one device."""
-    gradient_accumulation_steps: int = 1
-    """Micro-batches per optimizer step."""
-    max_length: int | None = None
-    """Longest sample in positions (tokens, frames); None = the dataset's longest."""
-    lora_r: int | None = None
-    """LoRA rank; None = full fine-tuning."""
-    lora_alpha: float | None = None
-    """LoRA alpha; None = 2 x lora_r."""
-    lora_dropout: float = 0.0
-    """Dropout on LoRA inputs."""
-    lora_target_modules: tuple[str, ...] | str | None = None
-    """Modules to adapt: names, 'all-linear', or None for peft's per-architecture default."""
-    lora_target_parameters: tuple[str, ...] | str | None = None
-    """Parameters (not modules) to adapt, such as stacked expert weights; None = none."""
-    gradient_checkpointing: bool = False
-    """Recompute activations during backward."""
-    precision: str = "fp32"
-    """fp32 | bf16 | fp16 (mixed precision via autocast)."""
-    attention: str = "sdpa"
-    """eager | sdpa | flash_attention_2."""
-    compile: str = "off"
-    """off | default | reduce-overhead | max-autotune."""
-    tf32: bool = False
-    """Allow TF32 on CUDA."""
-    optimizer: str = "adamw"
-    """adamw | adamw_fused | adamw_8bit."""
-    padding: str = "longest"
-    """longest | max_length."""
-    loss: str = "auto"
-    """auto | model | fused: the HF model's own loss over the full logits, or TRL's fused LM head."""
+    Every field but ``extra`` is a built-in knob, declared with ``knob(default, ...)``: its ``doc``
+    is the field's documentation (tests/test_knobs.py checks that no field goes without one)."""
+
+    batch_size: int = knob(1, kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
+        doc="samples per micro-batch on one device")
+    gradient_accumulation_steps: int = knob(1, kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
+        doc="micro-batches per optimizer step; effective batch = batch_size x this")
+    max_length: int | None = knob(None, kind="int", minimum=1, nullable=True, changes_learning=True, batch_shape=True,
+        doc="longest sequence (positions) a sample may have; longer samples are truncated. "
+            "null = the dataset's longest sample")
+    lora_r: int | None = knob(None, kind="int", minimum=1, nullable=True, changes_learning=True,
+        doc="LoRA rank; null = full fine-tuning")
+    lora_alpha: float | None = knob(None, kind="float", minimum=0, nullable=True, changes_learning=True,
+        doc="LoRA scaling numerator; null = 2 x lora_r")
+    lora_dropout: float = knob(0.0, kind="float", minimum=0, maximum=1, changes_learning=True,
+        doc="dropout on the LoRA input; 0 avoids an extra activation copy")
+    lora_target_modules: tuple[str, ...] | str | None = knob(None, kind="modules", nullable=True, changes_learning=True,
+        doc="module names to adapt (list), 'all-linear', or null for peft's default")
+    lora_target_parameters: tuple[str, ...] | str | None = knob(
+        None, kind="modules", nullable=True, changes_learning=True,
+        doc="parameters to adapt besides modules, e.g. a mixture of experts' stacked experts "
+            "[mlp.experts.gate_up_proj, mlp.experts.down_proj] (peft target_parameters)")
+    gradient_checkpointing: bool = knob(False, kind="bool",
+        doc="recompute activations in backward: less memory, ~20-40% more compute")
+    precision: str = knob("fp32", kind="choice", choices=PRECISIONS, changes_learning=True,
+        doc="fp32, or mixed precision bf16/fp16 (autocast; fp16 adds a loss scaler)")
+    attention: str = knob("sdpa", kind="choice", choices=ATTENTIONS,
+        doc="attention kernel (Hugging Face attn_implementation)")
+    compile: str = knob("off", kind="choice", choices=COMPILE_MODES,
+        doc="torch.compile mode; pair with padding: max_length to avoid recompiles")
+    tf32: bool = knob(False, kind="bool",
+        doc="allow TF32 matmuls and cuDNN convolutions on Ampere+ GPUs (no effect on CPU)")
+    optimizer: str = knob("adamw", kind="choice", choices=OPTIMIZERS, changes_learning=True,
+        doc="adamw (torch), adamw_fused (torch fused kernel), adamw_8bit (bitsandbytes)")
+    padding: str = knob("longest", kind="choice", choices=PADDINGS, batch_shape=True,
+        doc="pad each batch to its longest sample, or every batch to max_length")
+    loss: str = knob("auto", kind="choice", choices=LOSSES,
+        doc="how a Hugging Face model's loss is computed: model = its own forward, full logits "
+            "(transformers Trainer, most loops); fused = TRL's fused LM head, log-probs in tiles "
+            "without the full logits (trl sft); auto = as the training command does")
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Custom keys passed through to a factory workload (e.g. ``ddpm_batch_mul``)."""
 
@@ -172,6 +154,14 @@ class Params:
 
             raise SpecError(problems, source="params")
         return params
+
+
+KNOBS: dict[str, Knob] = {
+    f.name: dataclasses.replace(f.metadata["knob"], name=f.name)
+    for f in dataclasses.fields(Params)
+    if "knob" in f.metadata
+}
+"""Every built-in knob by name, in ``Params``'s field order (every field but ``extra``)."""
 
 
 def _check_value(knob: Knob, value: Any, key: str) -> tuple[Any, Problem | None]:
