@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
 
 from trainfit.cli import main
@@ -25,6 +26,21 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     text = str(info.value)
     assert "did you mean 'batch_size'?" in text
     assert "did you mean 'bf16'?" in text
+
+
+def test_problems_are_listed_in_the_order_of_the_checks(tmp_path: Path) -> None:
+    # Unknown sections first, then every section's types (budget.headroom_gb here), then each
+    # section's own checks in spec order, then the checks across sections, then the tokenizer.
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({
+        "modle": {}, "model": {"config": {"hidden_size": 8}}, "tokenizer": 5, "params": {"max_length": 8, "loss": "model"},
+        "budget": {"memory_gb": -1, "headroom_gb": "x"}, "probe": {"min_steps": 0, "device": "tpu"},
+        "tune": {"strategy": "grd", "confirm_margin": 1}, "search": {"batch_sise": [1]}}))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert [p.key for p in info.value.problems] == [
+        "modle", "budget.headroom_gb", "model.config.model_type", "budget.memory_gb", "probe.min_steps",
+        "probe.device", "tune.strategy", "tune.confirm_margin", "search.batch_sise", "params.loss", "tokenizer"]
 
 
 def test_unknown_section_and_section_key_get_did_you_mean(tmp_path: Path) -> None:

@@ -6,11 +6,12 @@ choices, ``{low, high, log, step}`` a range. Everything not searched keeps its `
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 import operator
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,8 @@ from trainfit.params import KNOBS, Params, check_knob, split_modules
 _OPS: dict[str, Callable[[Any, Any], Any]] = {
     ">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt}
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*(.+?)\s*$")
+_INVALID = object()
+"""What a value check returns for a value it reported as a problem."""
 
 
 @dataclass(frozen=True)
@@ -152,70 +155,83 @@ def parse_constraint(text: str) -> Constraint | Problem:
     return Constraint(knob=knob, op=op, value=value, text=text.strip())
 
 
-def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bool,
-                constraints: Sequence[str] = (), target_effective_batch: int | None = None
-                ) -> tuple[SearchSpace, list[Problem]]:
-    """Validate the ``search:`` section against the knobs; collect every problem."""
-    problems: list[Problem] = []
-    dims: list[Dimension] = []
-    for name, spec in (raw or {}).items():
-        key = f"search.{name}"
-        if name not in KNOBS and not allow_custom:
-            import difflib
+def did_you_mean(name: Any, known: Iterable[str]) -> str | None:
+    """``did you mean 'x'?`` with the name of ``known`` closest to ``name``; None when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"did you mean {close[0]!r}?" if close else None
 
-            close = difflib.get_close_matches(name, list(KNOBS), n=1)
-            problems.append(Problem(key, "unknown knob", f"did you mean {close[0]!r}?" if close else None))
-            continue
-        if isinstance(spec, list):
-            if not spec:
-                problems.append(Problem(key, "needs at least one choice"))
-                continue
-            values = []
-            for v in spec:
-                if name in KNOBS:
-                    if (p := check_knob(name, v, key)) is not None:
-                        problems.append(p)
-                        continue
-                    if KNOBS[name].kind == "choice" and v is False:
-                        v = "off"
-                    if KNOBS[name].kind == "modules" and isinstance(v, list):
-                        v = ",".join(v)  # Optuna choices are scalars; split again in params()
-                values.append(v)
-            dims.append(Dimension(name, choices=tuple(values)))
-        elif isinstance(spec, Mapping):
-            unknown = set(spec) - {"low", "high", "log", "step"}
-            if unknown or "low" not in spec or "high" not in spec:
-                problems.append(Problem(key, "a range is {low, high} with optional log and step",
-                                        "e.g. batch_size: {low: 1, high: 64, log: true}"))
-                continue
-            low, high = spec["low"], spec["high"]
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)) \
-                    or low > high:
-                problems.append(Problem(key, f"low {low!r} and high {high!r} must be finite numbers with low <= high"))
-                continue
-            if name in KNOBS and KNOBS[name].kind not in ("int", "float"):
-                problems.append(Problem(key, f"{name} is not numeric: give a list of choices"))
-                continue
-            for v in (low, high):
-                if name in KNOBS and (p := check_knob(name, v, key)) is not None:
-                    problems.append(p)
-            if spec.get("log") and low <= 0:
-                problems.append(Problem(key, "a log range needs low > 0"))
-            step = spec.get("step")
-            if step is not None and not (isinstance(step, (int, float)) and not isinstance(step, bool)
-                                         and math.isfinite(step) and step > 0):
-                problems.append(Problem(key, f"step {step!r} must be a number > 0"))
-                continue
-            dims.append(Dimension(name, low=low, high=high, log=bool(spec.get("log", False)), step=spec.get("step")))
-        else:
-            problems.append(Problem(key, "expected a list of choices or a {low, high} range"))
-    if target_effective_batch is not None and any(d.name == "gradient_accumulation_steps" for d in dims):
-        problems.append(Problem("search.gradient_accumulation_steps",
-                                "is derived from tune.target_effective_batch; do not search it too",
-                                "drop one of the two"))
+
+def _choice_value(name: str, value: Any, key: str, problems: list[Problem]) -> Any:
+    """One choice of a searched knob in the form its dimension holds (``_INVALID`` with a problem added)."""
+    if name not in KNOBS:
+        return value  # a custom knob: any value
+    if (p := check_knob(name, value, key)) is not None:
+        problems.append(p)
+        return _INVALID
+    if KNOBS[name].kind == "choice" and value is False:
+        return "off"
+    if KNOBS[name].kind == "modules" and isinstance(value, list):
+        return ",".join(value)  # Optuna choices are scalars; split again in params()
+    return value
+
+
+def _choices_dimension(name: str, spec: list[Any], key: str, problems: list[Problem]) -> Dimension | None:
+    """``knob: [choices]``: a dimension of the choices that are valid values of the knob."""
+    if not spec:
+        problems.append(Problem(key, "needs at least one choice"))
+        return None
+    values = [_choice_value(name, v, key, problems) for v in spec]
+    return Dimension(name, choices=tuple(v for v in values if v is not _INVALID))
+
+
+def _is_finite_number(value: Any) -> bool:
+    """A real number (not a bool), neither infinite nor NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _range_dimension(name: str, spec: Mapping[str, Any], key: str, problems: list[Problem]) -> Dimension | None:
+    """``knob: {low, high, log, step}``: a numeric range whose ends are valid values of the knob."""
+    if set(spec) - {"low", "high", "log", "step"} or "low" not in spec or "high" not in spec:
+        problems.append(Problem(key, "a range is {low, high} with optional log and step",
+                                "e.g. batch_size: {low: 1, high: 64, log: true}"))
+        return None
+    low, high = spec["low"], spec["high"]
+    if not (_is_finite_number(low) and _is_finite_number(high)) or low > high:
+        problems.append(Problem(key, f"low {low!r} and high {high!r} must be finite numbers with low <= high"))
+        return None
+    if name in KNOBS and KNOBS[name].kind not in ("int", "float"):
+        problems.append(Problem(key, f"{name} is not numeric: give a list of choices"))
+        return None
+    for v in (low, high):
+        if name in KNOBS and (p := check_knob(name, v, key)) is not None:
+            problems.append(p)
+    if spec.get("log") and low <= 0:
+        problems.append(Problem(key, "a log range needs low > 0"))
+    step = spec.get("step")
+    if step is not None and not (_is_finite_number(step) and step > 0):
+        problems.append(Problem(key, f"step {step!r} must be a number > 0"))
+        return None
+    return Dimension(name, low=low, high=high, log=bool(spec.get("log", False)), step=step)
+
+
+def _dimension(name: Any, spec: Any, allow_custom: bool, problems: list[Problem]) -> Dimension | None:
+    """One entry of ``search:`` (a list of choices or a range); None when it is wrong."""
+    key = f"search.{name}"
+    if name not in KNOBS and not allow_custom:
+        problems.append(Problem(key, "unknown knob", did_you_mean(name, KNOBS)))
+        return None
+    if isinstance(spec, list):
+        return _choices_dimension(name, spec, key, problems)
+    if isinstance(spec, Mapping):
+        return _range_dimension(name, spec, key, problems)
+    problems.append(Problem(key, "expected a list of choices or a {low, high} range"))
+    return None
+
+
+def _constraints(texts: Sequence[str], known: set[str], problems: list[Problem]) -> list[Constraint]:
+    """``tune.constraints`` parsed; each must name a ``known`` knob."""
     parsed: list[Constraint] = []
-    known = set(KNOBS) | {d.name for d in dims} | set(base.extra)
-    for text in constraints:
+    for text in texts:
         c = parse_constraint(text)
         if isinstance(c, Problem):
             problems.append(c)
@@ -223,6 +239,21 @@ def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bo
             problems.append(Problem("tune.constraints", f"{text!r} names unknown knob {c.knob!r}"))
         else:
             parsed.append(c)
+    return parsed
+
+
+def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bool,
+                constraints: Sequence[str] = (), target_effective_batch: int | None = None
+                ) -> tuple[SearchSpace, list[Problem]]:
+    """Validate the ``search:`` section against the knobs; collect every problem."""
+    problems: list[Problem] = []
+    dims = [d for name, spec in (raw or {}).items()
+            if (d := _dimension(name, spec, allow_custom, problems)) is not None]
+    if target_effective_batch is not None and any(d.name == "gradient_accumulation_steps" for d in dims):
+        problems.append(Problem("search.gradient_accumulation_steps",
+                                "is derived from tune.target_effective_batch; do not search it too",
+                                "drop one of the two"))
+    parsed = _constraints(constraints, set(KNOBS) | {d.name for d in dims} | set(base.extra), problems)
     space = SearchSpace(base=base, dims=tuple(dims), constraints=tuple(parsed),
                         target_effective_batch=target_effective_batch)
     if not problems and dims and space.grid_size() == 0:

@@ -8,7 +8,6 @@ at once. Relative paths are resolved against the spec file's folder.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
@@ -22,6 +21,7 @@ import yaml
 
 from trainfit.errors import Problem, SpecError, TrainfitError
 from trainfit.params import LORA_OPTIONS, Params, parse_params
+from trainfit.space import SearchSpace, did_you_mean, parse_space
 
 GiB = 1024**3
 
@@ -318,6 +318,35 @@ def _expected(annotation: str) -> str:
     return " or ".join(words) + (" (or null)" if "None" in kinds else "")
 
 
+def _unknown(key: str, what: str, name: str, known: Sequence[str], listing: str) -> Problem:
+    """A key that is not one of ``known``: the closest known one as the hint, else all of them."""
+    return Problem(key, what, did_you_mean(name, known) or f"{listing}: {', '.join(known)}")
+
+
+_INVALID = object()
+"""What :func:`_field_value` returns for a value it reported as a problem."""
+
+
+def _field_value(f: dataclasses.Field[Any], key: str, value: Any, problems: list[Problem]) -> Any:
+    """``value`` checked against field ``f``'s type and made its Python form (a list a tuple, an int a
+    float where the field is a float), or ``_INVALID`` with the problem added."""
+    kinds = _kinds(str(f.type))
+    if isinstance(value, str) and kinds[0] == "tuple":
+        value = (value,)  # one item of a list field may be written without the list
+    if not _typed(value, str(f.type)):
+        problems.append(Problem(key, f"expected {_expected(str(f.type))}, got {value!r}"))
+        return _INVALID
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(Problem(key, f"must be a finite number, got {value}",
+                                "leave the key out for its default" if "None" in kinds else None))
+        return _INVALID
+    if isinstance(value, list):
+        value = tuple(value)
+    if "float" in str(f.type) and isinstance(value, int) and "int" not in str(f.type):
+        value = float(value)
+    return value
+
+
 def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str, Any] | None:
     """Type-check one section against its dataclass; unknown keys get a did-you-mean."""
     if raw is None:
@@ -330,26 +359,9 @@ def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str
     for name, value in raw.items():
         f = fields.get(name)
         if f is None:
-            close = difflib.get_close_matches(str(name), list(fields), n=1)
-            problems.append(Problem(f"{key}.{name}", "unknown key",
-                                    f"did you mean {close[0]!r}?" if close
-                                    else f"known keys: {', '.join(fields)}"))
-        else:
-            if isinstance(value, str) and _kinds(str(f.type))[0] == "tuple":
-                value = (value,)  # one item of a list field may be written without the list
-            if not _typed(value, str(f.type)):
-                problems.append(Problem(f"{key}.{name}", f"expected {_expected(str(f.type))}, got {value!r}"))
-                continue
-            if isinstance(value, float) and not math.isfinite(value):
-                problems.append(Problem(f"{key}.{name}", f"must be a finite number, got {value}",
-                                        "leave the key out for its default" if "None" in _kinds(str(f.type))
-                                        else None))
-                continue
-            if isinstance(value, list):
-                value = tuple(value)
-            if "float" in str(f.type) and isinstance(value, int) and "int" not in str(f.type):
-                value = float(value)
-            values[name] = value
+            problems.append(_unknown(f"{key}.{name}", "unknown key", str(name), list(fields), "known keys"))
+        elif (checked := _field_value(f, f"{key}.{name}", value, problems)) is not _INVALID:
+            values[name] = checked
     for name, f in fields.items():
         if name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             if not any(p.key == f"{key}.{name}" for p in problems):
@@ -364,13 +376,12 @@ def is_trl_command(factory: str | None, command_template: str | None) -> bool:
     return not command_template and factory is None
 
 
-def _trl_problems(model: Mapping[str, Any] | None, tune: Mapping[str, Any] | None, params: Params | None,
+def _trl_problems(model: ModelSpec | None, tune: TuneSettings | None, params: Params | None,
                  space: Any) -> list[Problem]:
     """What a ``trl sft`` command cannot take, said when the spec is loaded rather than after the
     search: TRL's ``--lora_alpha`` is an integer, while the knob is a float (for trainers of one's
-    own). ``model``, ``tune``: the spec's raw sections; ``space``: its ``SearchSpace``, if any."""
-    if model is None or tune is None or params is None or not is_trl_command(model.get("factory"),
-                                                                             tune.get("command_template")):
+    own). ``model``, ``tune``: the spec's sections; ``space``: its ``SearchSpace``, if any."""
+    if model is None or tune is None or params is None or not is_trl_command(model.factory, tune.command_template):
         return []
     dim = space.dim("lora_alpha") if space is not None else None
     if dim is not None and dim.is_range:  # a float range proposes fractions, however whole its ends
@@ -387,7 +398,7 @@ def _trl_problems(model: Mapping[str, Any] | None, tune: Mapping[str, Any] | Non
                     "for a trainer that takes a float")]
 
 
-def _loss_problems(model: dict[str, Any] | None, tune: dict[str, Any] | None, params: Params,
+def _loss_problems(model: ModelSpec | None, tune: TuneSettings | None, params: Params,
                    space: Any) -> list[Problem]:
     """``loss`` must be one the training command computes: TRL's fused head for ``trl sft``, and
     none at all for a factory model, which computes its own."""
@@ -396,10 +407,10 @@ def _loss_problems(model: dict[str, Any] | None, tune: dict[str, Any] | None, pa
     dim = space.dim("loss") if space is not None else None
     values = (params.loss, *(dim.choices if dim is not None else ()))
     key = "search.loss" if dim is not None else "params.loss"
-    if model.get("factory") is not None and any(v != "auto" for v in values):
+    if model.factory is not None and any(v != "auto" for v in values):
         return [Problem(key, "a factory model computes its own loss; loss applies to Hugging Face models",
                         "drop loss, or name a custom key your factory reads")]
-    if is_trl_command(model.get("factory"), tune.get("command_template")) and "model" in values:
+    if is_trl_command(model.factory, tune.command_template) and "model" in values:
         return [Problem(key, "loss: model, but the training command is `trl sft`, which always computes the loss "
                              "with TRL's fused LM head",
                         "use loss: auto or fused, or a tune.command_template for a trainer that computes the "
@@ -465,169 +476,225 @@ def model_folder_tokenizer(path: str | None) -> str | None:
     return path if any((Path(path) / name).is_file() for name in _TOKENIZER_FILES) else None
 
 
-def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = None) -> Spec:
-    """Validate a merged spec mapping into a :class:`Spec` or raise one SpecError with all problems."""
-    problems: list[Problem] = []
-    for key in raw:
-        if key not in _TOP_LEVEL:
-            close = difflib.get_close_matches(str(key), _TOP_LEVEL, n=1)
-            problems.append(Problem(str(key), "unknown section",
-                                    f"did you mean {close[0]!r}?" if close
-                                    else f"sections are: {', '.join(_TOP_LEVEL)}"))
-    sections = {name: _section(cls, raw.get(name), name, problems)
-                for name, cls in _SECTIONS.items() if name != "data" or raw.get("data") is not None}
+def _check_one_of(section: Any, key: str, name: str, choices: Sequence[str], problems: list[Problem]) -> None:
+    """Field ``name`` of ``section`` (written under ``key:``) must be one of ``choices``."""
+    value = getattr(section, name)
+    if value not in choices:
+        problems.append(Problem(f"{key}.{name}", f"{value!r} is not one of {', '.join(choices)}"))
 
-    model = sections["model"]
-    if model is not None:
-        given = [k for k in ("path", "config", "factory") if model.get(k) is not None]
-        if len(given) != 1:
-            problems.append(Problem("model", f"give exactly one of path, config, factory (got {given or 'none'})",
-                                    "e.g. model: {config: {model_type: llama, hidden_size: 64, ...}}"))
-        if model.get("config") is not None and "model_type" not in model["config"]:
-            problems.append(Problem("model.config.model_type", "is required",
-                                    "e.g. model_type: llama (any transformers model type)"))
-        if model.get("path") is not None:
-            model["path"] = _resolve(base_dir, model["path"])
-            if not Path(model["path"]).is_dir():
-                problems.append(Problem("model.path", f"{model['path']} is not a folder",
-                                        "give a local Hugging Face model folder (config.json inside)"))
-        factory = model.get("factory")
-        if factory is not None:
-            target, colon, func = factory.rpartition(":")
-            if not colon or not target or not func:
-                problems.append(Problem("model.factory", f"{factory!r} is not 'module:function'",
-                                        "e.g. mypkg.models:make_workload or models.py:make_workload"))
-            elif target.endswith(".py"):
-                resolved = _resolve(base_dir, target)
-                if not Path(resolved).is_file():
-                    problems.append(Problem("model.factory", f"{resolved} does not exist"))
-                model["factory"] = f"{resolved}:{func}"
 
-    data = sections.get("data")
-    if data is not None:
-        data["path"] = _resolve(base_dir, data.get("path"))
-        from trainfit.data.readers import data_files
+_BOUNDS: dict[str, Callable[[float], bool]] = {
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+}
 
-        try:
-            data_files(data["path"])  # a file, a folder of shards, a glob pattern or a save_to_disk folder
-        except TrainfitError as err:
-            problems.append(Problem("data.path", err.message,
-                                    "check the path; a relative path starts at the spec's folder"))
-        fields_given = [k for k in ("text_field", "messages_field", "length_field") if data.get(k) is not None]
-        if len(fields_given) > 1:
-            problems.append(Problem("data",
-                                    f"give one of text_field, messages_field, length_field (got {fields_given})"))
-        if data.get("format", "auto") not in _DATA_FORMATS:
-            problems.append(Problem("data.format", f"{data['format']!r} is not one of {', '.join(_DATA_FORMATS)}"))
-        if data.get("on_bad_row", "stop") not in ("stop", "skip"):
-            problems.append(Problem("data.on_bad_row", "must be stop or skip"))
-        if data.get("length_scale", 1.0) <= 0:
-            problems.append(Problem("data.length_scale", "must be > 0"))
 
-    raw_params = raw.get("params") or {}
-    params = Params()
+def _check_bounds(section: Any, key: str, names: Sequence[str], bound: str, problems: list[Problem]) -> None:
+    """Each field of ``names`` that is set (not None) must satisfy ``bound`` (a key of ``_BOUNDS``).
+    Every default satisfies its bound, so a key left out is never reported."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and not _BOUNDS[bound](value):
+            problems.append(Problem(f"{key}.{name}", f"must be {bound}"))
+
+
+def _typed_sections(raw: Mapping[str, Any], problems: list[Problem]) -> dict[str, dict[str, Any] | None]:
+    """Every section type-checked against its dataclass (``data`` only when given); None for one
+    that is not a mapping or lacks a required key."""
+    return {name: _section(cls, raw.get(name), name, problems)
+            for name, cls in _SECTIONS.items() if name != "data" or raw.get("data") is not None}
+
+
+def _factory_target(factory: str, base_dir: Path, problems: list[Problem]) -> str:
+    """``model.factory`` checked; a ``file.py:function`` one with the file resolved against ``base_dir``."""
+    target, colon, func = factory.rpartition(":")
+    if not colon or not target or not func:
+        problems.append(Problem("model.factory", f"{factory!r} is not 'module:function'",
+                                "e.g. mypkg.models:make_workload or models.py:make_workload"))
+        return factory
+    if not target.endswith(".py"):
+        return factory
+    resolved = _resolve(base_dir, target)
+    if not Path(resolved).is_file():
+        problems.append(Problem("model.factory", f"{resolved} does not exist"))
+    return f"{resolved}:{func}"
+
+
+def _model_section(model: dict[str, Any] | None, base_dir: Path, problems: list[Problem]) -> ModelSpec | None:
+    """``model:``: exactly one of path, config, factory; a config with its ``model_type``; a folder
+    that exists; a factory named ``module:function``."""
+    if model is None:
+        return None
+    given = [k for k in ("path", "config", "factory") if model.get(k) is not None]
+    if len(given) != 1:
+        problems.append(Problem("model", f"give exactly one of path, config, factory (got {given or 'none'})",
+                                "e.g. model: {config: {model_type: llama, hidden_size: 64, ...}}"))
+    if model.get("config") is not None and "model_type" not in model["config"]:
+        problems.append(Problem("model.config.model_type", "is required",
+                                "e.g. model_type: llama (any transformers model type)"))
+    if model.get("path") is not None:
+        model["path"] = _resolve(base_dir, model["path"])
+        if not Path(model["path"]).is_dir():
+            problems.append(Problem("model.path", f"{model['path']} is not a folder",
+                                    "give a local Hugging Face model folder (config.json inside)"))
+    if model.get("factory") is not None:
+        model["factory"] = _factory_target(model["factory"], base_dir, problems)
+    return ModelSpec(**model)
+
+
+def _data_section(typed: dict[str, Any] | None, base_dir: Path, problems: list[Problem]) -> DataSpec | None:
+    """``data:``: a path the readers can read, one length source at most, known format and row policy."""
+    if typed is None:
+        return None
+    data = DataSpec(**{**typed, "path": _resolve(base_dir, typed["path"])})
+    from trainfit.data.readers import data_files
+
+    try:
+        data_files(data.path)  # a file, a folder of shards, a glob pattern or a save_to_disk folder
+    except TrainfitError as err:
+        problems.append(Problem("data.path", err.message,
+                                "check the path; a relative path starts at the spec's folder"))
+    fields_given = [k for k in ("text_field", "messages_field", "length_field") if getattr(data, k) is not None]
+    if len(fields_given) > 1:
+        problems.append(Problem("data", f"give one of text_field, messages_field, length_field (got {fields_given})"))
+    _check_one_of(data, "data", "format", _DATA_FORMATS, problems)
+    if data.on_bad_row not in ("stop", "skip"):
+        problems.append(Problem("data.on_bad_row", "must be stop or skip"))
+    if data.length_scale <= 0:
+        problems.append(Problem("data.length_scale", "must be > 0"))
+    return data
+
+
+def _params_section(raw_params: Any, model: ModelSpec | None, data: DataSpec | None,
+                    problems: list[Problem]) -> Params:
+    """``params:`` (the knobs, custom ones for a factory model); without a dataset it must set
+    ``max_length``. The defaults when it is not a mapping."""
+    raw_params = raw_params or {}
     if not isinstance(raw_params, Mapping):
         problems.append(Problem("params", "expected a mapping of knob: value"))
-    else:
-        allow_custom = model is not None and model.get("factory") is not None
-        params, param_problems = parse_params(raw_params, allow_custom=allow_custom)
-        problems += param_problems
-        if data is None and params.max_length is None and not param_problems:
-            problems.append(Problem("data", "no dataset and no params.max_length",
-                                    "add data: {path: ..., text_field: ...} or set params.max_length"))
+        return Params()
+    params, param_problems = parse_params(raw_params, allow_custom=model is not None and model.factory is not None)
+    problems += param_problems
+    if data is None and params.max_length is None and not param_problems:
+        problems.append(Problem("data", "no dataset and no params.max_length",
+                                "add data: {path: ..., text_field: ...} or set params.max_length"))
+    return params
 
-    budget = sections["budget"]
-    if budget is not None:
-        mem, head = budget.get("memory_gb"), budget.get("headroom_gb", 1.0)
-        if mem is not None and mem <= 0:
-            problems.append(Problem("budget.memory_gb", "must be > 0"))
-        if head < 0:
-            problems.append(Problem("budget.headroom_gb", "must be >= 0"))
-        if mem is not None and mem > 0 and head >= mem:
-            problems.append(Problem("budget.headroom_gb", f"headroom {head} GiB leaves nothing of memory_gb {mem}",
-                                    "lower headroom_gb or raise memory_gb"))
-    probe = sections["probe"]
-    if probe is not None:
-        for name in ("memory_steps", "min_steps", "max_steps"):
-            if probe.get(name, 1) < 1:
-                problems.append(Problem(f"probe.{name}", "must be >= 1"))
-        if probe.get("burn_in_steps", 0) < 0:
-            problems.append(Problem("probe.burn_in_steps", "must be >= 0"))
-        for name in ("max_seconds", "timeout_s", "target_rel_ci"):
-            if name in probe and probe[name] <= 0:
-                problems.append(Problem(f"probe.{name}", "must be > 0"))
-        dev = probe.get("device", "auto")
-        if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
-            problems.append(Problem("probe.device", f"{dev!r} is not auto, cpu, cuda or cuda:N"))
 
-    tune = sections["tune"]
-    space = None
-    if tune is not None:
-        if tune.get("strategy", "auto") not in STRATEGIES:
-            problems.append(Problem("tune.strategy", f"{tune['strategy']!r} is not one of {', '.join(STRATEGIES)}"))
-        if tune.get("objective", "samples_per_second") not in OBJECTIVES:
-            problems.append(Problem("tune.objective", f"{tune['objective']!r} is not one of {', '.join(OBJECTIVES)}"))
-        for name in ("max_trials", "target_effective_batch", "patience"):
-            if tune.get(name) is not None and tune[name] < 1:
-                problems.append(Problem(f"tune.{name}", "must be >= 1"))
-        for name in ("epochs", "time_budget_s"):
-            if isinstance(tune.get(name), (int, float)) and tune[name] <= 0:
-                problems.append(Problem(f"tune.{name}", "must be > 0"))
-        if isinstance(tune.get("confirm_rounds"), int) and tune["confirm_rounds"] < 0:
-            problems.append(Problem("tune.confirm_rounds", "must be >= 0"))
-        if isinstance(tune.get("confirm_margin"), (int, float)) and not 0 <= tune["confirm_margin"] < 1:
-            problems.append(Problem("tune.confirm_margin", "must be between 0 and 1 (a relative gap, e.g. 0.05)"))
-        raw_search = raw.get("search")
-        if raw_search is not None and not isinstance(raw_search, Mapping):
-            problems.append(Problem("search", "expected a mapping of knob: [choices] or {low, high}"))
-        elif raw_search is not None or tune.get("target_effective_batch") or tune.get("constraints"):
-            from trainfit.space import parse_space
+def _budget_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Budget | None:
+    """``budget:``: a positive memory cap that the headroom leaves something of."""
+    if typed is None:
+        return None
+    budget = Budget(**typed)
+    _check_bounds(budget, "budget", ("memory_gb",), "> 0", problems)
+    _check_bounds(budget, "budget", ("headroom_gb",), ">= 0", problems)
+    mem, head = budget.memory_gb, budget.headroom_gb
+    if mem is not None and mem > 0 and head >= mem:
+        problems.append(Problem("budget.headroom_gb", f"headroom {head} GiB leaves nothing of memory_gb {mem}",
+                                "lower headroom_gb or raise memory_gb"))
+    return budget
 
-            space, space_problems = parse_space(
-                raw_search, params, allow_custom=model is not None and model.get("factory") is not None,
-                constraints=tune.get("constraints", ()), target_effective_batch=tune.get("target_effective_batch"))
-            problems += space_problems
-        template = tune.get("command_template")
-        if isinstance(template, str) and params is not None:
-            from trainfit.template import TEMPLATE_EXTRAS, template_problem
 
-            names = [*params.to_dict(), *(space.names if space is not None else ()), *TEMPLATE_EXTRAS]
-            problem = template_problem(template, dict.fromkeys(names))
-            if problem:
-                problems.append(Problem("tune.command_template", problem))
+def _probe_section(typed: dict[str, Any] | None, problems: list[Problem]) -> ProbeSettings | None:
+    """``probe:``: step counts and limits in range, a device trainfit knows how to name."""
+    if typed is None:
+        return None
+    probe = ProbeSettings(**typed)
+    _check_bounds(probe, "probe", ("memory_steps", "min_steps", "max_steps"), ">= 1", problems)
+    _check_bounds(probe, "probe", ("burn_in_steps",), ">= 0", problems)
+    _check_bounds(probe, "probe", ("max_seconds", "timeout_s", "target_rel_ci"), "> 0", problems)
+    dev = probe.device
+    if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
+        problems.append(Problem("probe.device", f"{dev!r} is not auto, cpu, cuda or cuda:N"))
+    return probe
 
+
+def _tune_section(typed: dict[str, Any] | None, problems: list[Problem]) -> TuneSettings | None:
+    """``tune:``: a known strategy and objective, counts and limits in range (its constraints are
+    checked with the search space, its command template against the knobs)."""
+    if typed is None:
+        return None
+    tune = TuneSettings(**typed)
+    _check_one_of(tune, "tune", "strategy", STRATEGIES, problems)
+    _check_one_of(tune, "tune", "objective", OBJECTIVES, problems)
+    _check_bounds(tune, "tune", ("max_trials", "target_effective_batch", "patience"), ">= 1", problems)
+    _check_bounds(tune, "tune", ("epochs", "time_budget_s"), "> 0", problems)
+    _check_bounds(tune, "tune", ("confirm_rounds",), ">= 0", problems)
+    if not 0 <= tune.confirm_margin < 1:
+        problems.append(Problem("tune.confirm_margin", "must be between 0 and 1 (a relative gap, e.g. 0.05)"))
+    return tune
+
+
+def _search_section(raw_search: Any, tune: TuneSettings | None, model: ModelSpec | None, params: Params,
+                    problems: list[Problem]) -> SearchSpace | None:
+    """``search:`` with ``tune``'s constraints and target effective batch; None when neither gives a
+    space (or ``tune:`` is invalid, which leaves the search unchecked)."""
+    if tune is None:
+        return None
+    if raw_search is not None and not isinstance(raw_search, Mapping):
+        problems.append(Problem("search", "expected a mapping of knob: [choices] or {low, high}"))
+        return None
+    if raw_search is None and not tune.target_effective_batch and not tune.constraints:
+        return None
+    space, space_problems = parse_space(
+        raw_search, params, allow_custom=model is not None and model.factory is not None,
+        constraints=tune.constraints, target_effective_batch=tune.target_effective_batch)
+    problems += space_problems
+    return space
+
+
+def _template_problems(tune: TuneSettings | None, params: Params, space: SearchSpace | None) -> list[Problem]:
+    """``tune.command_template`` may name only knobs (set or searched) and the template's extras."""
+    if tune is None or tune.command_template is None:
+        return []
+    from trainfit.template import TEMPLATE_EXTRAS, template_problem
+
+    names = [*params.to_dict(), *(space.names if space is not None else ()), *TEMPLATE_EXTRAS]
+    problem = template_problem(tune.command_template, dict.fromkeys(names))
+    return [Problem("tune.command_template", problem)] if problem else []
+
+
+def _tokenizer(value: Any, model: ModelSpec | None, base_dir: Path, problems: list[Problem]) -> str | None:
+    """``tokenizer:`` resolved against ``base_dir``; left out, the model folder's own tokenizer if any."""
+    if value is None:
+        return model_folder_tokenizer(model.path) if model is not None else None
+    if not isinstance(value, str):
+        problems.append(Problem("tokenizer", "expected a path"))
+        return None
+    tokenizer = _resolve(base_dir, value)
+    if not Path(tokenizer).exists():
+        problems.append(Problem("tokenizer", f"{tokenizer} does not exist",
+                                "give a local tokenizer folder or tokenizer.json"))
+    return tokenizer
+
+
+def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = None) -> Spec:
+    """Validate a merged spec mapping into a :class:`Spec` or raise one SpecError with all problems.
+
+    Problems are listed in a fixed order: unknown sections, every section's types, then each
+    section's own checks, then the checks across sections (loss, LoRA, what ``trl sft`` takes)."""
+    problems = [_unknown(str(key), "unknown section", str(key), _TOP_LEVEL, "sections are")
+                for key in raw if key not in _TOP_LEVEL]
+    sections = _typed_sections(raw, problems)
+    model = _model_section(sections["model"], base_dir, problems)
+    data = _data_section(sections.get("data"), base_dir, problems)
+    params = _params_section(raw.get("params"), model, data, problems)
+    budget = _budget_section(sections["budget"], problems)
+    probe = _probe_section(sections["probe"], problems)
+    tune = _tune_section(sections["tune"], problems)
+    space = _search_section(raw.get("search"), tune, model, params, problems)
+    problems += _template_problems(tune, params, space)
     problems += _loss_problems(model, tune, params, space)
     problems += _lora_problems(params, space)
-
     problems += _trl_problems(model, tune, params, space)
-
-    tokenizer = raw.get("tokenizer")
-    if tokenizer is None and model is not None:
-        tokenizer = model_folder_tokenizer(model.get("path"))
-    elif tokenizer is not None:
-        if not isinstance(tokenizer, str):
-            problems.append(Problem("tokenizer", "expected a path"))
-        else:
-            tokenizer = _resolve(base_dir, tokenizer)
-            if not Path(tokenizer).exists():
-                problems.append(Problem("tokenizer", f"{tokenizer} does not exist",
-                                        "give a local tokenizer folder or tokenizer.json"))
-
+    tokenizer = _tokenizer(raw.get("tokenizer"), model, base_dir, problems)
     if problems:
         raise SpecError(problems, source=source or "spec")
     # A section that is not a mapping is None here, and added a problem above.
     assert model is not None and budget is not None and probe is not None and tune is not None
-    return Spec(
-        model=ModelSpec(**model),
-        data=DataSpec(**data) if data is not None else None,
-        params=params,
-        budget=Budget(**budget),
-        probe=ProbeSettings(**probe),
-        tokenizer=tokenizer,
-        search=space,
-        tune=TuneSettings(**tune),
-        source=source,
-    )
+    return Spec(model=model, data=data, params=params, budget=budget, probe=probe, tokenizer=tokenizer,
+                search=space, tune=tune, source=source)
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
