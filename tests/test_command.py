@@ -34,7 +34,8 @@ BASE = {"batch_size": 2, "gradient_accumulation_steps": 3, "max_length": 64}
 
 @pytest.mark.parametrize("knobs, expected", [
     ({}, {"bf16": False, "fp16": False, "dtype": "float32", "tf32": False, "gradient_checkpointing": False,
-          "attn_implementation": "sdpa", "optim": "adamw_torch", "torch_compile": False, "use_peft": False}),
+          "attn_implementation": "sdpa", "optim": "adamw_torch", "torch_compile": False, "use_peft": False,
+          "train_sampling_strategy": "random"}),
     ({"precision": "bf16"}, {"bf16": True, "fp16": False, "use_cpu": True, "dtype": "float32"}),
     ({"precision": "fp16"}, {"fp16": True, "bf16": False, "use_cpu": True}),
     ({"tf32": True}, {"tf32": False}),  # a CUDA setting: off where the probe ran, on a CPU
@@ -45,6 +46,7 @@ BASE = {"batch_size": 2, "gradient_accumulation_steps": 3, "max_length": 64}
     ({"compile": "default"}, {"torch_compile": True}),
     ({"compile": "max-autotune"}, {"torch_compile": True, "torch_compile_mode": "max-autotune"}),
     ({"padding": "max_length"}, {"pad_to_multiple_of": 64, "max_length": 64}),
+    ({"group_by_length": True}, {"train_sampling_strategy": "group_by_length"}),
     ({"max_length": None}, {"max_length": 48}),  # the length the probe truncated at
     ({"lora_r": 8}, {"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0}),
     ({"lora_r": 8, "lora_alpha": 16}, {"lora_alpha": 16}),  # a float knob, TRL's flag an int

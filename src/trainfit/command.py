@@ -58,6 +58,8 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
         args += ["--max_length", str(max_length)]
     if params.padding == "max_length" and max_length is not None:
         args += ["--pad_to_multiple_of", str(max_length)]
+    if params.group_by_length:  # transformers 5's name of the length-grouped sampler (4.x: --group_by_length)
+        args += ["--train_sampling_strategy", "group_by_length"]
     half = params.precision in ("bf16", "fp16")
     # LoRA trains adapters over a frozen base held in the compute dtype; full fine-tuning keeps fp32 weights.
     dtype = {"bf16": "bfloat16", "fp16": "float16"}[params.precision] if half and params.lora_r else "float32"

@@ -126,6 +126,9 @@ class Params:
         doc="adamw (torch), adamw_fused (torch fused kernel), adamw_8bit (bitsandbytes)")
     padding: str = knob("longest", kind="choice", choices=PADDINGS, batch_shape=True,
         doc="pad each batch to its longest sample, or every batch to max_length")
+    group_by_length: bool = knob(False, kind="bool", batch_shape=True,
+        doc="batch samples of similar length together (the Hugging Face trainer's length-grouped "
+            "sampler): less padding with padding: longest; the order stays random between groups")
     loss: str = knob("auto", kind="choice", choices=LOSSES,
         doc="how a Hugging Face model's loss is computed: model = its own forward, full logits "
             "(transformers Trainer, most loops); fused = TRL's fused LM head, log-probs in tiles "

@@ -76,6 +76,10 @@ class ConfigEntry(Record):
     trial: int
     samples_per_second: float | None
     tokens_per_second: float | None
+    speed_basis: str | None
+    """Which batches the speeds stand for: the epoch's own under the trainer's batching."""
+    padding_share: float | None
+    """Share of those batches' positions that are padding."""
     memory_peak_gb: float | None
     memory_parts_gb: dict[str, float]
     mfu: float | None

@@ -26,6 +26,21 @@ UNSTABLE = ("NOT stable (step/time cap hit: raise probe.max_seconds or probe.max
             "estimate)")
 
 
+def speed_rows(m: Measurement) -> list[tuple[str, str]]:
+    """Which batches the speeds stand for, and the timed shapes the epoch's cost was fitted on."""
+    rows = []
+    if m.speed_basis:
+        padding = f"; {m.padding_share:.0%} of positions are padding" if m.padding_share is not None else ""
+        rows.append(("batches", f"{m.speed_basis}{padding}"))
+    if m.shape_times:
+        shapes = ", ".join(f"{s['rows']}x{s['padded_length']} {s['seconds']:.3g}s" for s in m.shape_times)
+        fit = f"; the fit misses a timed shape by {m.fit_error_rel:.1%} at most" if m.fit_error_rel is not None else ""
+        rows.append(("timed shapes", f"{shapes} (median seconds per step){fit}"))
+    if m.expected_step_time_s is not None:
+        rows.append(("expected step", f"{m.expected_step_time_s:.4g} s over the epoch's batches"))
+    return rows
+
+
 def measurement_report(m: Measurement) -> str:
     rows: list[tuple[str, str]] = [("status", m.status.upper() if m.status != "ok" else "ok")]
     if m.status == "ok":
@@ -33,11 +48,12 @@ def measurement_report(m: Measurement) -> str:
         rows += [
             ("samples/s", fmt_num(m.samples_per_second)),
             ("tokens/s", f"{fmt_num(m.tokens_per_second)} (real tokens, padding excluded)"),
-            ("step time", f"{m.step_time_median_s:.4g} s median, {m.step_time_mean_s:.4g} s mean{ci}, "
-                          f"{m.steps_measured} steps, {'stable' if m.stable else UNSTABLE}"),
+            ("timed steps", f"{m.step_time_median_s:.4g} s median, {m.step_time_mean_s:.4g} s mean{ci}, "
+                            f"{m.steps_measured} steps, {'stable' if m.stable else UNSTABLE}"),
             ("per step", f"{m.samples_per_step} samples, {fmt_num(m.real_tokens_per_step)} real / "
-                         f"{fmt_num(m.padded_tokens_per_step)} padded tokens"),
+                         f"{fmt_num(m.padded_tokens_per_step)} padded tokens (the epoch's mean)"),
         ]
+        rows += speed_rows(m)
     kind = "max reserved (CUDA allocator)" if m.device.startswith("cuda") else "peak RSS of the probe process"
     mem = f"{fmt_bytes(m.peak_memory_bytes)} ({kind})"
     if m.budget_memory_gb is not None and m.status in ("ok", "oom"):

@@ -192,13 +192,16 @@ def print_best(result: TuneResult, s: Summary, best: ConfigEntry) -> None:
              + (f" (confirmation median: {fmt_num(best.confirmed_median)} {objective_unit})"
                 if best.confirmed_median is not None else "")),
             ("tokens/s", f"{fmt_num(best.tokens_per_second)} (real tokens)"),
+            *([("batches", f"{best.speed_basis}" + (f"; {best.padding_share:.0%} of positions are padding"
+                                                     if best.padding_share is not None else ""))]
+              if best.speed_basis else []),
             ("peak memory", f"{best.memory_peak_gb:.2f} GiB"
              + (f" ({parts_line(best.memory_parts_gb, unit=1024**3)})" if best.memory_parts_gb else "")),
             ("effective batch", str(best.effective_batch_size))]
     if best.estimated_full_runtime_hours is not None:
         rows.append(("full run", f"~{format_duration(best.estimated_full_runtime_hours * 3600)} for "
                                  f"{s.epochs_for_estimate:g} epoch(s) of {s.dataset_samples:,} samples"))
-    print("\nBEST CONFIGURATION (peak memory on the worst-case batch, speed on typical batches)")
+    print("\nBEST CONFIGURATION (peak memory on the worst-case batch; speed expected over the epoch's own batches)")
     print(table(rows))
     if s.confirmation:
         print("\nconfirmed (every measurement of each config; ranked by the median):")

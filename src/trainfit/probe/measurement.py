@@ -36,9 +36,22 @@ class Measurement:
     that value (e.g. ``{"attention": "flash_attention_2"}`` without flash-attn): every config
     with it fails alike, so a search skips them."""
     samples_per_second: float | None = None
-    """Samples per second over the timed steps (total samples / total time)."""
+    """Samples per second expected over an epoch of the data's own batches (``speed_basis``): the
+    step cost fitted on the timed shapes, summed over the epoch's micro-batches (probe/estimate.py)."""
     tokens_per_second: float | None = None
-    """Real (non-padding) tokens per second over the timed steps."""
+    """Real (non-padding) tokens per second, likewise."""
+    expected_step_time_s: float | None = None
+    """The expected seconds of one optimizer step over the epoch's batches."""
+    speed_basis: str | None = None
+    """Which batches the speed figures stand for: how the trainer batches the data (random order
+    padded to the longest, length-grouped, fixed padding), or that there is no dataset."""
+    padding_share: float | None = None
+    """Share of the epoch's positions that are padding under that batching."""
+    shape_times: list[dict[str, Any]] = field(default_factory=list)
+    """Each timed shape: ``rows``, ``padded_length``, ``real_tokens``, median ``seconds`` per
+    optimizer step, ``steps`` timed."""
+    fit_error_rel: float | None = None
+    """The step-cost fit's largest miss at a timed shape, as a share of that shape's time."""
     step_time_median_s: float | None = None
     step_time_mean_s: float | None = None
     step_time_std_s: float | None = None
@@ -46,12 +59,14 @@ class Measurement:
     """95% confidence half-width of the mean step time, as a share of the mean."""
     steps_measured: int = 0
     step_times_s: list[float] = field(default_factory=list)
-    """Every timed step, in order (cycles of the typical-batch pool)."""
+    """Every timed step, in order (cycles over the timed shapes)."""
     stable: bool = False
     """True when the timed phase stopped because ``step_time_ci95_rel`` met the target."""
     samples_per_step: int | None = None
     real_tokens_per_step: float | None = None
+    """The epoch's mean real tokens per optimizer step (``samples_per_step`` samples)."""
     padded_tokens_per_step: float | None = None
+    """The epoch's mean positions per optimizer step, padding included."""
     worst_case_lengths: list[int] = field(default_factory=list)
     """Sample lengths of the worst-case batch the memory phase ran."""
     truncated_samples: int | None = None

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.errors import SpecError
+from trainfit.probe.estimate import TypicalMix
 from trainfit.params import Params, model_values, parse_params
 from trainfit.spec import ModelSpec, ProbeSettings
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,8 +36,8 @@ class ProbeRequest:
     """The length samples are truncated at (positions)."""
     worst_lengths: tuple[int, ...]
     """The worst-case micro-batch: the ``batch_size`` longest samples (positions)."""
-    typical_lengths: tuple[int, ...]
-    """Lengths drawn uniformly from the data, for the timed (typical) batches."""
+    typical: TypicalMix
+    """The epoch's micro-batches as the trainer batches the data, and the ones to time."""
     truncated_samples: int | None
     """Samples of the dataset longer than ``max_length`` (None without data)."""
     memory_cap_bytes: int | None
@@ -81,5 +82,5 @@ class ProbeRequest:
         if problems:
             raise SpecError(problems, source="probe request")
         return cls(**{**d, "model": ModelSpec(**d["model"]), "params": params, "probe": ProbeSettings(**d["probe"]),
-                      "worst_lengths": tuple(d["worst_lengths"]), "typical_lengths": tuple(d["typical_lengths"]),
+                      "worst_lengths": tuple(d["worst_lengths"]), "typical": TypicalMix.from_dict(d["typical"]),
                       "notes": tuple(d["notes"])})

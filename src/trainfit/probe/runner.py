@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from trainfit.data.stats import LengthStats, count_longer_than
 from trainfit.params import Params, batches_grow
+from trainfit.probe.estimate import assumed_mix, typical_mix
 from trainfit.probe.events import ProbeEvent, Result, parse_event
 from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
 from trainfit.probe.request import ProbeRequest
@@ -44,19 +45,20 @@ def resolve_device_name(name: str) -> str:
 
 def build_request(spec: Spec, params: Params, stats: LengthStats | None, device: str) -> ProbeRequest:
     """Everything the child needs. Lengths are chosen here, from the data analysis:
-    the worst case is the ``batch_size`` longest samples; typical batches draw from a uniform sample."""
+    the worst case is the ``batch_size`` longest samples; the typical batches are an epoch of a
+    uniform sample of the data's lengths, batched as the trainer will (see probe/estimate.py)."""
     notes: list[str] = []
     truncated: int | None = None
     if stats is None:
         assert params.max_length is not None, "a spec without data has params.max_length (validated)"
         max_length = params.max_length
         worst = [max_length] * params.batch_size
-        typical = [max_length]
+        typical = assumed_mix(params, max_length)
         notes.append(f"no dataset: every sample is assumed to be max_length={max_length} long")
     else:
         max_length = stats.truncation_length(params.max_length)
         worst = stats.longest_lengths(params.batch_size)
-        typical = stats.length_sample
+        typical = typical_mix(stats.length_sample, params, max_length, spec.probe.seed)
         truncated, exact = count_longer_than(stats, max_length)
         if stats.approximate:
             notes.append("sample lengths are approximate (no tokenizer, so word pieces were counted): "
@@ -67,7 +69,7 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
                          "and are truncated")
     return ProbeRequest(model=spec.model, command_template=spec.tune.command_template, params=params,
                         probe=spec.probe, device=device, max_length=max_length, worst_lengths=tuple(worst),
-                        typical_lengths=tuple(typical), truncated_samples=truncated,
+                        typical=typical, truncated_samples=truncated,
                         memory_cap_bytes=int(spec.budget.memory_gb * GiB) if spec.budget.memory_gb else None,
                         budget_memory_gb=spec.budget.memory_gb, budget_headroom_gb=spec.budget.headroom_gb,
                         notes=tuple(notes))

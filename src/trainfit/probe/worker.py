@@ -14,7 +14,8 @@ the next probe gets a fresh one.
 Phases: start (process + imports) -> build (model, knobs, optimizer) -> memory (optimizer steps on
 the worst-case batch; AdamW allocates its state at the first step, so >= 2; at most two
 micro-batches each, see :func:`memory_micro_batches`) -> burn_in (typical
-batches, untimed: compile, cuDNN autotune, allocator warm-up) -> timed (typical batches until the
+batches, untimed: compile, cuDNN autotune, allocator warm-up) -> timed (typical batches at a few
+shapes spread over the epoch's padded lengths, whose fitted cost gives the epoch's speed, until the
 stop rule in :mod:`trainfit.probe.timing` says the estimate is stable).
 """
 
@@ -31,7 +32,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -296,7 +297,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     t = time.perf_counter()
     # At least one whole cycle, so every batch shape of the pool has been seen before timing.
     for _ in range(max(req.probe.burn_in_steps, batches.cycle)):
-        built.step.run(batches.next_step())
+        built.step.run(batches.next_step()[1])
     synchronize(device)
     phases["burn_in"] = time.perf_counter() - t
 
@@ -304,6 +305,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     timed = time_steps(req, built, batches, device)
     phases["timed"] = time.perf_counter() - t
     out.update(speed_fields(req, timed, out["device_name"], out["notes"]))
+    out.update(epoch_fields(req, timed, batches, max_len))
 
 
 def open_device(req: ProbeRequest, out: dict[str, Any], capped_now: bool) -> Any:
@@ -377,37 +379,36 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
 
 
 class TypicalBatches:
-    """A fixed pool of distinct typical steps, cycled: with fixed padding one step shape suffices;
-    with padding to the longest, 8 steps sample the spread of batch lengths."""
+    """The typical micro-batches to time, one per shape the parent picked across the epoch's padded
+    lengths (``req.typical.timing_batches``, see probe/estimate.py), cycled: each optimizer step runs
+    ``gradient_accumulation_steps`` copies of one of them, the next step the next one."""
 
     def __init__(self, req: ProbeRequest, workload: Any, max_len: int) -> None:
-        import random
-
-        params = req.params
-        rng = random.Random(req.probe.seed)
-        fixed = params.padding == "max_length"
-        self.accum = params.gradient_accumulation_steps
-        self.cycle = 1 if fixed else max(1, min(8, 64 // self.accum))
+        fixed = req.params.padding == "max_length"
+        self.accum = req.params.gradient_accumulation_steps
         self.pool = []
-        for _ in range(self.cycle * self.accum):
-            lens = [min(rng.choice(req.typical_lengths), max_len) for _ in range(params.batch_size)]
+        for lengths in req.typical.timing_batches:
+            lens = [min(n, max_len) for n in lengths]
             self.pool.append(workload.make_batch(lens, max_len if fixed else max(lens)))
+        self.cycle = len(self.pool)
         self.cursor = 0
 
-    def next_step(self) -> list[Any]:
-        """The micro-batches of the next optimizer step."""
-        micro = [self.pool[(self.cursor + i) % len(self.pool)] for i in range(self.accum)]
-        self.cursor += self.accum
-        return micro
+    def next_step(self) -> tuple[int, list[Any]]:
+        """Which shape the next optimizer step is, and its micro-batches."""
+        shape = self.cursor % self.cycle
+        self.cursor += 1
+        return shape, [self.pool[shape]] * self.accum
 
 
 @dataclass
 class TimedSteps:
-    """What the timed phase measured: each step's seconds and what the steps held."""
+    """What the timed phase measured: each step's seconds and shape, and what the steps held."""
 
     times: list[float]
     stable: bool
     cycle: int
+    shapes: list[int] = field(default_factory=list)
+    """The index of each timed step's shape in the pool."""
     samples: int = 0
     real_tokens: int = 0
     padded_tokens: int = 0
@@ -428,7 +429,8 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
                     batches.cycle)
     timed = TimedSteps(times=[], stable=False, cycle=batches.cycle)
     while True:
-        micro = batches.next_step()
+        shape, micro = batches.next_step()
+        timed.shapes.append(shape)
         synchronize(device)
         t0 = time.perf_counter()
         built.step.run(micro)
@@ -482,6 +484,34 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
     if cuda and peak is None:
         notes.append(f"MFU unknown: no peak FLOP/s on record for {device_name}")
     return fields
+
+
+def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, max_len: int) -> dict[str, Any]:
+    """The speed of an epoch of the data's own batches (``req.typical``): the step cost fitted on
+    the median time of each timed shape, summed over the epoch's micro-batches (probe/estimate.py)."""
+    import statistics
+
+    from trainfit.probe.estimate import epoch_speed, fit_error, fit_step_cost
+
+    mix = req.typical
+    lengths, seconds, shape_times = [], [], []
+    for k, batch in enumerate(batches.pool):
+        mine = [t for t, s in zip(timed.times, timed.shapes, strict=True) if s == k]
+        if not mine:
+            continue
+        lengths.append(batch.padded_len)
+        seconds.append(statistics.median(mine))
+        shape_times.append({"rows": batch.samples, "padded_length": batch.padded_len,
+                            "real_tokens": batch.real_tokens, "seconds": round(seconds[-1], 6), "steps": len(mine)})
+    cost = fit_step_cost(lengths, seconds)
+    speed = epoch_speed(cost, mix, req.params.gradient_accumulation_steps, max_len)
+    per_sample = req.params.effective_batch_size / mix.samples
+    return {"samples_per_second": speed.samples_per_second, "tokens_per_second": speed.tokens_per_second,
+            "real_tokens_per_step": mix.real_tokens * per_sample,
+            "padded_tokens_per_step": mix.padded_tokens * per_sample,
+            "expected_step_time_s": speed.step_seconds, "speed_basis": mix.batching,
+            "padding_share": mix.padding_share, "shape_times": shape_times,
+            "fit_error_rel": fit_error(cost, lengths, seconds)}
 
 
 def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dict[str, Any]:

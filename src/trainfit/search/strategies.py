@@ -131,11 +131,11 @@ _PRIOR: dict[str, dict[str, tuple[Any, ...]]] = {
     "cuda": {"gradient_checkpointing": (False, True), "precision": ("bf16", "fp16", "fp32"),
              "attention": ("flash_attention_2", "sdpa", "eager"), "tf32": (True, False),
              "optimizer": ("adamw_fused", "adamw", "adamw_8bit"), "padding": ("longest", "max_length"),
-             "compile": ("off", "default", "max-autotune", "reduce-overhead")},
+             "group_by_length": (True, False), "compile": ("off", "default", "max-autotune", "reduce-overhead")},
     "cpu": {"gradient_checkpointing": (False, True), "precision": ("fp32", "bf16", "fp16"),
             "attention": ("sdpa", "eager", "flash_attention_2"), "tf32": (False, True),
             "optimizer": ("adamw_fused", "adamw", "adamw_8bit"), "padding": ("longest", "max_length"),
-            "compile": ("off", "default", "max-autotune", "reduce-overhead")},
+            "group_by_length": (True, False), "compile": ("off", "default", "max-autotune", "reduce-overhead")},
 }
 NO_PRIOR: dict[str, str] = {
     "batch_size": "climbed one step at a time within each family, not ordered by a prior",

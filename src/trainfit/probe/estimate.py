@@ -1,0 +1,176 @@
+"""The speed of the real run: the expected step time over the batches an epoch really sees.
+
+A probe cannot time every batch of an epoch, and a handful of random batches does not represent
+long-tailed data (one batch holding a long sample costs many short ones). So the parent simulates
+the epoch's micro-batches from the data's lengths under the trainer's own batching
+(``data/batching.py``: random order padded to the longest, length-grouped, or fixed padding) and
+keeps their padded lengths (:class:`TypicalMix`). The worker times steps at a few of those
+shapes, spread over the distribution (strata midpoints and the longest batch), and fits a step
+cost ``t(L) = a + b*L + c*L**2`` (a fixed cost, a per-position cost at the batch size, attention's
+quadratic term; none negative) to their median times (:func:`fit_step_cost`). Summed over the
+epoch's micro-batches, that cost gives the expected step time, samples/s and tokens/s
+(:func:`epoch_speed`); the fit's largest miss at a timed shape says how far to trust it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainfit.params import Params
+
+QUANTILES = (0.125, 0.375, 0.625, 0.875, 1.0)
+"""Where the timed shapes sit in the distribution of the epoch's padded lengths: the midpoints of
+four equally likely strata, and the longest batch (the tail, where the quadratic term shows)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TypicalMix:
+    """An epoch's micro-batches reduced to what a step costs, and the micro-batches to time."""
+
+    batching: str
+    """How the trainer batches, in words (``random order, each batch padded to its longest``...)."""
+    padded_lengths: tuple[int, ...]
+    """Each distinct padded length of the epoch's micro-batches ..."""
+    counts: tuple[int, ...]
+    """... and how many micro-batches have it."""
+    samples: int
+    real_tokens: int
+    padded_tokens: int
+    """Positions of the epoch's micro-batches, padding included (rows x padded length)."""
+    timing_batches: tuple[tuple[int, ...], ...]
+    """The sample lengths of each micro-batch the worker times, shortest padded length first."""
+
+    @property
+    def micro_batches(self) -> int:
+        return int(sum(self.counts))
+
+    @property
+    def padding_share(self) -> float:
+        return 1.0 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batching": self.batching, "padded_lengths": list(self.padded_lengths), "counts": list(self.counts),
+                "samples": self.samples, "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
+                "timing_batches": [list(b) for b in self.timing_batches]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TypicalMix:
+        return cls(**{**d, "padded_lengths": tuple(d["padded_lengths"]), "counts": tuple(d["counts"]),
+                      "timing_batches": tuple(tuple(b) for b in d["timing_batches"])})
+
+
+def timing_picks(padded: np.ndarray) -> list[int]:
+    """Indices of the micro-batches to time: those at :data:`QUANTILES` of the padded lengths
+    ``padded`` (one per distinct length; every batch when there are few)."""
+    order = np.argsort(padded, kind="stable")
+    picks: list[int] = []
+    seen: set[int] = set()
+    for q in QUANTILES:
+        i = int(order[min(len(order) - 1, max(0, math.ceil(q * len(order)) - 1))])
+        if int(padded[i]) not in seen:
+            seen.add(int(padded[i]))
+            picks.append(i)
+    return sorted(picks, key=lambda i: int(padded[i]))
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one optimizer step whose micro-batches are padded to ``L`` positions."""
+
+    a: float
+    b: float
+    c: float
+
+    def __call__(self, length: np.ndarray | float) -> np.ndarray | float:
+        return self.a + self.b * length + self.c * np.square(length)
+
+
+def fit_step_cost(lengths: Sequence[float], seconds: Sequence[float]) -> StepCost:
+    """The cost curve through the timed shapes, by non-negative least squares on relative error
+    (a long step must not drown the short ones). With two distinct lengths the quadratic term is
+    dropped; with one, the cost is that step's time."""
+    x = np.asarray(lengths, dtype=float)
+    y = np.asarray(seconds, dtype=float)
+    distinct = len(set(x.tolist()))
+    if distinct == 1:
+        return StepCost(float(np.mean(y)), 0.0, 0.0)
+    from scipy.optimize import nnls  # type: ignore[import-untyped]
+
+    columns = [np.ones_like(x), x, np.square(x)][:3 if distinct >= 3 else 2]
+    design = np.stack(columns, axis=1) / y[:, None]
+    coef, _ = nnls(design, np.ones_like(y))
+    a, b, c = (list(coef) + [0.0, 0.0])[:3]
+    return StepCost(float(a), float(b), float(c))
+
+
+def fit_error(cost: StepCost, lengths: Sequence[float], seconds: Sequence[float]) -> float:
+    """The fit's largest miss at a timed shape, as a share of that shape's measured time."""
+    return max(abs(float(cost(x)) - y) / y for x, y in zip(lengths, seconds, strict=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochSpeed:
+    """What the fitted cost says of the epoch: expected seconds per optimizer step and the speeds."""
+
+    step_seconds: float
+    samples_per_second: float
+    tokens_per_second: float
+
+
+def epoch_speed(cost: StepCost, mix: TypicalMix, accumulation: int, max_length: int | None = None) -> EpochSpeed:
+    """Expected speed over ``mix``'s micro-batches, ``accumulation`` of them per optimizer step.
+    A step of ``accumulation`` micro-batches at mixed lengths costs the mean of ``cost`` at those
+    lengths, as the cost is a fixed part plus one per micro-batch. ``max_length``: the length the
+    worker capped batches at (a model with fewer positions than the data's truncation)."""
+    lengths = np.asarray(mix.padded_lengths, dtype=float)
+    if max_length is not None:
+        lengths = np.minimum(lengths, max_length)
+    counts = np.asarray(mix.counts, dtype=float)
+    step = float(np.sum(counts * cost(lengths)) / counts.sum())
+    seconds = step * counts.sum() / accumulation
+    return EpochSpeed(step_seconds=step, samples_per_second=mix.samples / seconds,
+                      tokens_per_second=mix.real_tokens / seconds)
+
+
+def batching_words(padding: str, group_by_length: bool, max_length: int) -> str:
+    """How the trainer batches the data, as the output says it."""
+    if padding == "max_length":
+        return f"every batch padded to max_length={max_length}"
+    if group_by_length:
+        return "length-grouped batches (group_by_length), each padded to its longest sample"
+    return "random order, each batch padded to its longest sample"
+
+
+def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: int) -> TypicalMix:
+    """An epoch of ``lengths`` (the data's, or a uniform sample of them) batched as ``params`` says,
+    and the micro-batches to time: whole batches at :data:`QUANTILES` of the padded lengths."""
+    from trainfit.data.batching import simulate_epoch
+
+    array = np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
+    epoch = simulate_epoch(array, params.batch_size, padding=params.padding, max_length=max_length,  # type: ignore[arg-type]
+                           group_by_length=params.group_by_length, seed=seed,
+                           gradient_accumulation_steps=params.gradient_accumulation_steps)
+    values, counts = np.unique(epoch.padded_length, return_counts=True)
+    whole = np.flatnonzero(epoch.rows == epoch.rows.max())  # a short last batch is not typical
+    starts = np.concatenate([[0], np.cumsum(epoch.rows)[:-1]])
+    ordered = array[epoch.order]
+    timing = tuple(tuple(int(n) for n in ordered[starts[i]:starts[i] + epoch.rows[i]])
+                   for i in whole[timing_picks(epoch.padded_length[whole])])
+    words = batching_words(params.padding, params.group_by_length, max_length)
+    return TypicalMix(batching=f"{words} ({len(array):,} of the data's lengths)",
+                      padded_lengths=tuple(int(v) for v in values), counts=tuple(int(c) for c in counts),
+                      samples=epoch.samples, real_tokens=epoch.total_real_tokens,
+                      padded_tokens=epoch.total_padded_positions, timing_batches=timing)
+
+
+def assumed_mix(params: Params, max_length: int) -> TypicalMix:
+    """Without a dataset: every sample ``max_length`` long, one shape."""
+    b = params.batch_size
+    return TypicalMix(batching=f"no dataset: every sample assumed max_length={max_length} long",
+                      padded_lengths=(max_length,), counts=(1,), samples=b, real_tokens=b * max_length,
+                      padded_tokens=b * max_length, timing_batches=((max_length,) * b,))

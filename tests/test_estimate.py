@@ -1,0 +1,82 @@
+"""The expected speed over an epoch's own batches (probe/estimate.py): the shapes a probe times,
+the step-cost fit, and its sum over the epoch, against hand-computed cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainfit.params import Params
+from trainfit.probe.estimate import (
+    QUANTILES,
+    StepCost,
+    TypicalMix,
+    assumed_mix,
+    epoch_speed,
+    fit_error,
+    fit_step_cost,
+    typical_mix,
+)
+
+
+def test_the_fit_recovers_a_step_cost_with_a_quadratic_term() -> None:
+    truth = StepCost(0.05, 2e-4, 3e-7)
+    lengths = [40, 90, 160, 300, 1024]
+    seconds = [float(truth(x)) for x in lengths]
+    fit = fit_step_cost(lengths, seconds)
+    assert (fit.a, fit.b, fit.c) == pytest.approx((truth.a, truth.b, truth.c), rel=1e-6)
+    assert fit_error(fit, lengths, seconds) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_fit_keeps_every_term_non_negative_and_says_how_far_it_misses() -> None:
+    lengths = [10, 20, 30, 40]
+    seconds = [1.0, 0.9, 1.1, 1.0]  # noise around a flat cost: no negative slope to chase it
+    fit = fit_step_cost(lengths, seconds)
+    assert min(fit.a, fit.b, fit.c) >= 0
+    assert 0.05 < fit_error(fit, lengths, seconds) < 0.15
+    assert fit_step_cost([64, 64], [0.2, 0.4]) == StepCost(pytest.approx(0.3), 0.0, 0.0)  # one shape: its time
+    two = fit_step_cost([10, 20], [1.0, 2.0])  # two shapes: a line through them
+    assert two.c == 0.0 and float(two(15)) == pytest.approx(1.5)
+
+
+def test_the_epoch_speed_sums_the_cost_over_the_epochs_micro_batches() -> None:
+    mix = TypicalMix(batching="hand", padded_lengths=(10, 100), counts=(3, 1), samples=8, real_tokens=100,
+                     padded_tokens=2 * (3 * 10 + 100), timing_batches=((10, 10), (100, 50)))
+    cost = StepCost(1.0, 0.01, 0.0)  # 1.1 s at 10 positions, 2.0 s at 100
+    speed = epoch_speed(cost, mix, accumulation=2)
+    epoch_s = (3 * 1.1 + 2.0) / 2  # 4 micro-batches, 2 per optimizer step: each step costs the mean
+    assert speed.step_seconds == pytest.approx((3 * 1.1 + 2.0) / 4)
+    assert speed.samples_per_second == pytest.approx(8 / epoch_s)
+    assert speed.tokens_per_second == pytest.approx(100 / epoch_s)
+    capped = epoch_speed(cost, mix, accumulation=2, max_length=50)  # the worker capped batches at 50
+    assert capped.samples_per_second == pytest.approx(8 / ((3 * 1.1 + 1.5) / 2))
+    assert mix.padding_share == pytest.approx(1 - 100 / 260)
+
+
+def test_the_timed_batches_are_real_batches_of_the_epoch_spread_over_its_padded_lengths() -> None:
+    rng = np.random.default_rng(0)
+    lengths = np.where(rng.random(4000) < 0.9, rng.integers(5, 40, 4000), rng.integers(200, 513, 4000))
+    mix = typical_mix(lengths.tolist(), Params(batch_size=4), max_length=400, seed=1)
+    assert mix.samples == 4000 and mix.micro_batches == 1000 and sum(mix.counts) == 1000
+    assert mix.real_tokens == int(np.minimum(lengths, 400).sum())
+    pads = [max(b) for b in mix.timing_batches]
+    assert pads == sorted(pads) and len(set(pads)) == len(pads) <= len(QUANTILES)
+    assert all(len(b) == 4 and max(b) <= 400 for b in mix.timing_batches)
+    assert pads[-1] == 400  # the longest batch: the tail, where attention's quadratic term shows
+    padded = np.sort(np.repeat(mix.padded_lengths, mix.counts))
+    assert pads == sorted({int(padded[int(np.ceil(q * len(padded))) - 1]) for q in QUANTILES})
+    # group_by_length: the same samples, far less padding, and timed shapes of that epoch
+    grouped = typical_mix(lengths.tolist(), Params(batch_size=4, group_by_length=True), max_length=400, seed=1)
+    assert grouped.real_tokens == mix.real_tokens and grouped.padding_share < mix.padding_share / 3
+    assert "length-grouped" in grouped.batching and "random order" in mix.batching
+    # fixed padding: one shape, every position past a sample's length is padding
+    fixed = typical_mix(lengths.tolist(), Params(batch_size=4, padding="max_length", max_length=400),
+                        max_length=400, seed=1)
+    assert fixed.padded_lengths == (400,) and len(fixed.timing_batches) == 1
+    assert fixed.padded_tokens == 4000 * 400
+
+
+def test_a_typical_mix_crosses_into_the_worker_unchanged() -> None:
+    mix = typical_mix([5, 9, 30, 31, 200, 7, 8], Params(batch_size=2), max_length=64, seed=0)
+    assert TypicalMix.from_dict(mix.to_dict()) == mix
+    assert assumed_mix(Params(batch_size=3), 128).timing_batches == ((128, 128, 128),)
