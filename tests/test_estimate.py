@@ -15,6 +15,7 @@ from trainfit.probe.estimate import (
     epoch_speed,
     fit_error,
     fit_step_cost,
+    times_longest,
     typical_mix,
 )
 
@@ -60,11 +61,14 @@ def test_the_timed_batches_are_real_batches_of_the_epoch_spread_over_its_padded_
     assert mix.samples == 4000 and mix.micro_batches == 1000 and sum(mix.counts) == 1000
     assert mix.real_tokens == int(np.minimum(lengths, 400).sum())
     pads = [max(b) for b in mix.timing_batches]
-    assert pads == sorted(pads) and len(set(pads)) == len(pads) <= len(QUANTILES)
+    assert pads == sorted(pads) and len(set(pads)) == len(pads) <= len(QUANTILES) + 1
     assert all(len(b) == 4 and max(b) <= 400 for b in mix.timing_batches)
     assert pads[-1] == 400  # the longest batch: the tail, where attention's quadratic term shows
     padded = np.sort(np.repeat(mix.padded_lengths, mix.counts))
-    assert pads == sorted({int(padded[int(np.ceil(q * len(padded))) - 1]) for q in QUANTILES})
+    assert pads == sorted({int(padded[int(np.ceil(q * len(padded))) - 1]) for q in (*QUANTILES, 1.0)})
+    # where the memory phase's worst-case step stands for the longest batch, it is not timed again
+    strata = typical_mix(lengths.tolist(), Params(batch_size=4), max_length=400, seed=1, longest=False)
+    assert [max(b) for b in strata.timing_batches] == pads[:-1] and not strata.times_longest
     # group_by_length: the same samples, far less padding, and timed shapes of that epoch
     grouped = typical_mix(lengths.tolist(), Params(batch_size=4, group_by_length=True), max_length=400, seed=1)
     assert grouped.real_tokens == mix.real_tokens and grouped.padding_share < mix.padding_share / 3
@@ -74,6 +78,13 @@ def test_the_timed_batches_are_real_batches_of_the_epoch_spread_over_its_padded_
                         max_length=400, seed=1)
     assert fixed.padded_lengths == (400,) and len(fixed.timing_batches) == 1
     assert fixed.padded_tokens == 4000 * 400
+
+
+def test_the_longest_batch_is_timed_only_where_the_memory_phase_cannot_stand_for_it() -> None:
+    assert not times_longest(Params(gradient_accumulation_steps=2), memory_steps=2)  # a whole step of 2
+    assert times_longest(Params(gradient_accumulation_steps=4), memory_steps=2)  # it runs 2 of the 4
+    assert times_longest(Params(), memory_steps=1)  # its only step allocates the optimizer's state
+    assert not times_longest(Params(padding="max_length", max_length=64, gradient_accumulation_steps=8), 2)
 
 
 def test_a_typical_mix_crosses_into_the_worker_unchanged() -> None:

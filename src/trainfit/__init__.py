@@ -7,6 +7,7 @@ Public API (heavy libraries such as torch are imported only when used)::
     m = trainfit.run_probe(spec)
     print(m.status, m.samples_per_second, m.peak_memory_bytes)
     result = trainfit.tune(spec, output="runs/a", quick=True)   # the fastest config that fits
+    print(result.summary.best_config)                            # summary.json as a typed record
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ _LAZY = {
     "summarize": "trainfit.data.stats",
     "tune": "trainfit.tune",
     "TuneResult": "trainfit.search.tune",
+    "Summary": "trainfit.summary",
 }
 
 __all__ = ["CustomWorkload", "LengthRecipe", "LengthStats", "Measurement", "Params", "Spec", "SpecError",
-           "TrainfitError", "TuneResult", "__version__", "count_lengths", "load_spec", "run_probe", "summarize",
-           "tune"]
+           "Summary", "TrainfitError", "TuneResult", "__version__", "count_lengths", "load_spec",
+           "run_probe", "summarize", "tune"]
 
 if TYPE_CHECKING:
     from trainfit.data.lengths import LengthRecipe, count_lengths
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from trainfit.probe.runner import run_probe
     from trainfit.search.tune import TuneResult
     from trainfit.spec import Spec, load_spec
+    from trainfit.summary import Summary
     from trainfit.tune import tune
     from trainfit.workloads.factory import CustomWorkload
 

@@ -5,7 +5,9 @@ long-tailed data (one batch holding a long sample costs many short ones). So the
 the epoch's micro-batches from the data's lengths under the trainer's own batching
 (``data/batching.py``: random order padded to the longest, length-grouped, or fixed padding) and
 keeps their padded lengths (:class:`TypicalMix`). The worker times steps at a few of those
-shapes, spread over the distribution (strata midpoints and the longest batch), and fits a step
+shapes, spread over the distribution (strata midpoints), takes the longest batch's step from the
+memory phase (it runs that shape anyway; timed in the cycle only where the memory phase's step is
+not a whole step of the real accumulation, see :func:`times_longest`), and fits a step
 cost ``t(L) = a + b*L + c*L**2`` (a fixed cost, a per-position cost at the batch size, attention's
 quadratic term; none negative) to their median times (:func:`fit_step_cost`). Summed over the
 epoch's micro-batches, that cost gives the expected step time, samples/s and tokens/s
@@ -23,9 +25,9 @@ import numpy as np
 
 from trainfit.params import Params
 
-QUANTILES = (0.125, 0.375, 0.625, 0.875, 1.0)
+QUANTILES = (0.125, 0.375, 0.625, 0.875)
 """Where the timed shapes sit in the distribution of the epoch's padded lengths: the midpoints of
-four equally likely strata, and the longest batch (the tail, where the quadratic term shows)."""
+four equally likely strata. The tail, where the quadratic term shows, is the longest batch."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +46,8 @@ class TypicalMix:
     """Positions of the epoch's micro-batches, padding included (rows x padded length)."""
     timing_batches: tuple[tuple[int, ...], ...]
     """The sample lengths of each micro-batch the worker times, shortest padded length first."""
+    times_longest: bool = False
+    """The longest batch is among them (else the memory phase's worst-case step stands for it)."""
 
     @property
     def micro_batches(self) -> int:
@@ -56,7 +60,7 @@ class TypicalMix:
     def to_dict(self) -> dict[str, Any]:
         return {"batching": self.batching, "padded_lengths": list(self.padded_lengths), "counts": list(self.counts),
                 "samples": self.samples, "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
-                "timing_batches": [list(b) for b in self.timing_batches]}
+                "timing_batches": [list(b) for b in self.timing_batches], "times_longest": self.times_longest}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TypicalMix:
@@ -64,13 +68,14 @@ class TypicalMix:
                       "timing_batches": tuple(tuple(b) for b in d["timing_batches"])})
 
 
-def timing_picks(padded: np.ndarray) -> list[int]:
+def timing_picks(padded: np.ndarray, longest: bool = False) -> list[int]:
     """Indices of the micro-batches to time: those at :data:`QUANTILES` of the padded lengths
-    ``padded`` (one per distinct length; every batch when there are few)."""
+    ``padded``, and the longest when ``longest`` (one per distinct length; every batch when there
+    are few)."""
     order = np.argsort(padded, kind="stable")
     picks: list[int] = []
     seen: set[int] = set()
-    for q in QUANTILES:
+    for q in (*QUANTILES, 1.0) if longest else QUANTILES:
         i = int(order[min(len(order) - 1, max(0, math.ceil(q * len(order)) - 1))])
         if int(padded[i]) not in seen:
             seen.add(int(padded[i]))
@@ -146,9 +151,21 @@ def batching_words(padding: str, group_by_length: bool, max_length: int) -> str:
     return "random order, each batch padded to its longest sample"
 
 
-def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: int) -> TypicalMix:
+def times_longest(params: Params, memory_steps: int) -> bool:
+    """Whether the longest batch must be timed in the cycle: the memory phase's last step on the
+    worst-case batch (the same shape, padded to the longest) is a whole optimizer step of the real
+    accumulation only with at most 2 micro-batches (``memory_micro_batches``) and after a first
+    step; with fixed padding every batch has that one shape anyway."""
+    if params.padding == "max_length":
+        return False
+    return params.gradient_accumulation_steps > 2 or memory_steps < 2
+
+
+def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: int,
+                longest: bool = True) -> TypicalMix:
     """An epoch of ``lengths`` (the data's, or a uniform sample of them) batched as ``params`` says,
-    and the micro-batches to time: whole batches at :data:`QUANTILES` of the padded lengths."""
+    and the micro-batches to time: whole batches at :data:`QUANTILES` of the padded lengths, and
+    the longest when ``longest`` (:func:`times_longest`)."""
     from trainfit.data.batching import simulate_epoch
 
     array = np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
@@ -160,12 +177,12 @@ def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: i
     starts = np.concatenate([[0], np.cumsum(epoch.rows)[:-1]])
     ordered = array[epoch.order]
     timing = tuple(tuple(int(n) for n in ordered[starts[i]:starts[i] + epoch.rows[i]])
-                   for i in whole[timing_picks(epoch.padded_length[whole])])
+                   for i in whole[timing_picks(epoch.padded_length[whole], longest)])
     words = batching_words(params.padding, params.group_by_length, max_length)
     return TypicalMix(batching=f"{words} ({len(array):,} of the data's lengths)",
                       padded_lengths=tuple(int(v) for v in values), counts=tuple(int(c) for c in counts),
                       samples=epoch.samples, real_tokens=epoch.total_real_tokens,
-                      padded_tokens=epoch.total_padded_positions, timing_batches=timing)
+                      padded_tokens=epoch.total_padded_positions, timing_batches=timing, times_longest=longest)
 
 
 def assumed_mix(params: Params, max_length: int) -> TypicalMix:

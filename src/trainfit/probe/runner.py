@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from trainfit.data.stats import LengthStats, count_longer_than
 from trainfit.params import Params, batches_grow
-from trainfit.probe.estimate import assumed_mix, typical_mix
+from trainfit.probe.estimate import assumed_mix, times_longest, typical_mix
 from trainfit.probe.events import ProbeEvent, Result, parse_event
 from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
 from trainfit.probe.request import ProbeRequest
@@ -58,7 +58,8 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
     else:
         max_length = stats.truncation_length(params.max_length)
         worst = stats.longest_lengths(params.batch_size)
-        typical = typical_mix(stats.length_sample, params, max_length, spec.probe.seed)
+        typical = typical_mix(stats.length_sample, params, max_length, spec.probe.seed,
+                              longest=times_longest(params, spec.probe.memory_steps))
         truncated, exact = count_longer_than(stats, max_length)
         if stats.approximate:
             notes.append("sample lengths are approximate (no tokenizer, so word pieces were counted): "

@@ -288,7 +288,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
 
     t = time.perf_counter()
     meter.start(built, reused)
-    measure_memory(req, built, max_len, out)
+    worst_step = measure_memory(req, built, max_len, out, device)
     synchronize(device)
     phases["memory"] = time.perf_counter() - t
 
@@ -305,7 +305,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     timed = time_steps(req, built, batches, device)
     phases["timed"] = time.perf_counter() - t
     out.update(speed_fields(req, timed, out["device_name"], out["notes"]))
-    out.update(epoch_fields(req, timed, batches, max_len))
+    out.update(epoch_fields(req, timed, batches, max_len, worst_step))
 
 
 def open_device(req: ProbeRequest, out: dict[str, Any], capped_now: bool) -> Any:
@@ -365,17 +365,31 @@ def build(req: ProbeRequest, device: Any, cache: ModelCache) -> tuple[Built, boo
     return built, False, time.perf_counter() - t
 
 
-def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str, Any]) -> None:
+def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str, Any],
+                   device: Any) -> tuple[int, float] | None:
     """``probe.memory_steps`` optimizer steps on the worst-case batch (the longest samples), each
-    with as many micro-batches as reach the peak of the real accumulation."""
+    with as many micro-batches as reach the peak of the real accumulation. Returns the worst-case
+    shape's padded length and its last step's seconds where that step is a whole optimizer step
+    of the real accumulation (at most 2 micro-batches) after the first (which allocates the
+    optimizer's state): the tail point of the step-cost fit, for free (see probe/estimate.py)."""
+    from trainfit.step import synchronize
+
     emit("phase", phase="memory")
     worst = [min(n, max_len) for n in req.worst_lengths]
     out["worst_case_lengths"] = worst
     fixed = req.params.padding == "max_length"
     worst_batch = built.workload.make_batch(worst, max_len if fixed else max(worst))
     out["full_logits_bytes"] = built.workload.logits_bytes(worst_batch)
+    micro = memory_micro_batches(req.params.gradient_accumulation_steps)
+    seconds = 0.0
     for _ in range(req.probe.memory_steps):
-        built.step.run([worst_batch] * memory_micro_batches(req.params.gradient_accumulation_steps))
+        synchronize(device)
+        t = time.perf_counter()
+        built.step.run([worst_batch] * micro)
+        synchronize(device)
+        seconds = time.perf_counter() - t
+    whole = micro == req.params.gradient_accumulation_steps and req.probe.memory_steps >= 2
+    return (worst_batch.padded_len, seconds) if whole and not fixed else None
 
 
 class TypicalBatches:
@@ -486,9 +500,12 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
     return fields
 
 
-def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, max_len: int) -> dict[str, Any]:
+def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, max_len: int,
+                 worst_step: tuple[int, float] | None) -> dict[str, Any]:
     """The speed of an epoch of the data's own batches (``req.typical``): the step cost fitted on
-    the median time of each timed shape, summed over the epoch's micro-batches (probe/estimate.py)."""
+    the median time of each timed shape (and the memory phase's worst-case step, the tail, when
+    the parent left the longest batch out of the timed ones), summed over the epoch's
+    micro-batches (probe/estimate.py)."""
     import statistics
 
     from trainfit.probe.estimate import epoch_speed, fit_error, fit_step_cost
@@ -503,6 +520,12 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
         seconds.append(statistics.median(mine))
         shape_times.append({"rows": batch.samples, "padded_length": batch.padded_len,
                             "real_tokens": batch.real_tokens, "seconds": round(seconds[-1], 6), "steps": len(mine)})
+    if worst_step is not None and not req.typical.times_longest and worst_step[0] > max(lengths, default=0):
+        lengths.append(worst_step[0])
+        seconds.append(worst_step[1])
+        shape_times.append({"rows": len(req.worst_lengths), "padded_length": worst_step[0],
+                            "real_tokens": sum(min(n, max_len) for n in req.worst_lengths),
+                            "seconds": round(worst_step[1], 6), "steps": 1, "phase": "memory"})
     cost = fit_step_cost(lengths, seconds)
     speed = epoch_speed(cost, mix, req.params.gradient_accumulation_steps, max_len)
     per_sample = req.params.effective_batch_size / mix.samples

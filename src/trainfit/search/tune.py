@@ -401,13 +401,18 @@ def run_search(
         finally:
             if session is not None:
                 session.close()  # no worker outlives the search
-        state = loop.state
-        if store.shared:  # what other runs measured meanwhile goes in the summary too
-            state.history = store.history()
-        summary = write(state, state.stop_reason)
-        order = ranked(state.history, store.repeats(), spec.tune.objective)
-        return TuneResult(trials=state.history, best=order[0] if order else None, summary=summary, output=output,
-                          stop_reason=state.stop_reason, new_trials=state.new_trials)
+        return finish(loop, write, output)
+
+
+def finish(loop: SearchLoop, write: Callable[[LoopState, str], Summary], output: Path) -> TuneResult:
+    """The run's result, its outputs written once more with every trial of the study."""
+    state, store = loop.state, loop.store
+    if store.shared:  # what other runs measured meanwhile goes in the summary too
+        state.history = store.history()
+    summary = write(state, state.stop_reason)
+    order = ranked(state.history, store.repeats(), loop.spec.tune.objective)
+    return TuneResult(trials=state.history, best=order[0] if order else None, summary=summary, output=output,
+                      stop_reason=state.stop_reason, new_trials=state.new_trials)
 
 
 def announce(store: TrialStore, history: list[Trial], emit: EventFn) -> None:

@@ -1,0 +1,161 @@
+"""Is the probe's speed the speed of a real epoch on long-tailed data? (issue 19)
+
+A long-tailed corpus of real English text (docstrings of Python's standard library: median far
+below the mean, a tail past max_length), a Llama shape of ~18M parameters with LoRA r=16 in fp32
+on the CPU, and for each batch size and batching (random order padded to the longest, fixed
+padding to max_length, length-grouped): trainfit's probe (its expected speed over the epoch's own
+batches) against the very `trl sft` command `tune` writes, trained for one whole epoch over the
+same samples (``train_runtime``: TRL's training loop, tokenization and start-up excluded).
+Rounds interleave the probes and the runs, so a drift of the machine hits both alike.
+
+    python bench/epoch_fidelity.py [--samples 600] [--batches 1,2,4,8] [--modes longest,max_length,grouped]
+    python bench/epoch_fidelity.py ... --results epoch.json   # kept as each run ends: run again to go on
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Results, dump  # noqa: E402
+from trl_fidelity import PLACEHOLDER, local_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 8,
+         "num_key_value_heads": 8}
+MODES = {"longest": ["padding=longest"], "max_length": ["padding=max_length"],
+         "grouped": ["padding=longest", "group_by_length=true"]}
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    """``n`` docstrings of the standard library's modules, classes and functions, drawn at random."""
+    texts = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc.split()) >= 3:
+                    texts.append(doc)
+    return random.Random(seed).sample(texts, n)
+
+
+def trl_epoch(script: str, model: Path, work: Path) -> dict[str, float]:
+    """One epoch of the written command: TRL's ``train_runtime`` and samples/s."""
+    runnable = script.replace(PLACEHOLDER, str(model)).replace(
+        "--output_dir trainfit-run", f"--output_dir {work / 'out'} --report_to none --save_strategy no "
+                                     "--logging_steps 100000")
+    (work / "run.sh").write_text(runnable)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(work / "hf"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", str(work / "run.sh")], capture_output=True, text=True, env=env, timeout=3600)
+    text = done.stdout + done.stderr
+    runtime = re.search(r"'train_runtime': '?([0-9.]+)", text)
+    rate = re.search(r"'train_samples_per_second': '?([0-9.]+)", text)
+    if done.returncode != 0 or runtime is None or rate is None:
+        raise RuntimeError(f"trl sft failed:\n{text[-3000:]}")
+    return {"train_runtime_s": float(runtime.group(1)), "samples_per_second": float(rate.group(1))}
+
+
+def main() -> None:
+    from trainfit.command import command_script, trl_data_config
+    from trainfit.data.analyze import analyze_spec
+    from trainfit.probe import run_probe
+    from trainfit.report import command_inputs
+    from trainfit.spec import load_spec
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=600)
+    ap.add_argument("--batches", default="1,2,4,8")
+    ap.add_argument("--modes", default="longest,max_length,grouped")
+    ap.add_argument("--max-length", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--results", type=Path, help="keep each run's results here as they come; a second call resumes")
+    args = ap.parse_args()
+    results = Results(args.results)
+    setup = {k: v for k, v in vars(args).items() if k not in ("rounds", "results")}
+    if results.get("setup") not in (None, setup):
+        sys.exit(f"{args.results} holds results of another setup ({results.get('setup')}): give another file")
+    results.put("setup", setup)
+    work = Path(tempfile.mkdtemp(prefix="epoch-fidelity-"))
+    data = work / "corpus.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus(args.samples)))
+    base = [f"data.path={data}", f"max_length={args.max_length}", "lora_r=16", "lora_target_modules=all-linear",
+            "gradient_accumulation_steps=1", "probe.max_seconds=30", "budget.memory_gb=16",
+            *(f"model.config.{k}={v}" for k, v in SHAPE.items())]
+    spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", base)
+    stats = analyze_spec(spec, progress=False)
+    model = local_model(spec, work / "model")
+    data_config = work / "trl_data.yaml"
+    data_config.write_text(yaml.safe_dump(trl_data_config(spec)))
+    batches = [int(b) for b in args.batches.split(",")]
+    modes = args.modes.split(",")
+    for r in range(args.rounds):
+        for mode in modes:
+            for b in batches:
+                key = f"{r + 1}/{mode}/{b}"
+                if results.get(key) is not None:
+                    continue
+                run_spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", [*base, *MODES[mode], f"batch_size={b}"])
+                params = run_spec.params
+                m = run_probe(run_spec, params, stats=stats)
+                assert m.status == "ok", m.message
+                script = command_script(run_spec, params, "# epoch_fidelity",
+                                        **command_inputs(params, m, stats, data_config))
+                trl = trl_epoch(script, model, work)
+                row = {"probe_samples_per_second": m.samples_per_second,
+                       "probe_epoch_s": stats.samples / m.samples_per_second,
+                       "probe_wall_s": m.wall_time_s, "probe_timed_s": m.phases_s.get("timed"),
+                       "padding_share": m.padding_share, "fit_error_rel": m.fit_error_rel,
+                       "shape_times": m.shape_times, "trl": trl}
+                results.put(key, row)
+                print(f"round {r + 1} {mode} batch {b}: probe {m.samples_per_second:.2f} samples/s "
+                      f"(epoch ~{row['probe_epoch_s']:.0f} s, padding {m.padding_share:.0%}), trl "
+                      f"{trl['samples_per_second']:.2f} samples/s (epoch {trl['train_runtime_s']:.0f} s): "
+                      f"{m.samples_per_second / trl['samples_per_second']:.2f}x", file=sys.stderr, flush=True)
+    summarize(results, args, stats, modes, batches)
+
+
+def summarize(results: Results, args: argparse.Namespace, stats: Any, modes: list[str], batches: list[int]) -> None:
+    table: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        rows = {}
+        for b in batches:
+            runs = [results.get(f"{r + 1}/{mode}/{b}") for r in range(args.rounds)]
+            probe = statistics.median(x["probe_samples_per_second"] for x in runs)
+            trl = statistics.median(x["trl"]["samples_per_second"] for x in runs)
+            rows[b] = {"probe_samples_per_second": probe, "trl_samples_per_second": trl, "probe_over_trl": probe / trl,
+                       "probe_epoch_s": statistics.median(x["probe_epoch_s"] for x in runs),
+                       "trl_epoch_s": statistics.median(x["trl"]["train_runtime_s"] for x in runs),
+                       "padding_share": runs[0]["padding_share"], "fit_error_rel": runs[0]["fit_error_rel"],
+                       "probe_wall_s": statistics.median(x["probe_wall_s"] for x in runs)}
+        order = {k: sorted(rows, key=lambda b: -rows[b][f"{k}_samples_per_second"]) for k in ("probe", "trl")}
+        table[mode] = {"batches": rows, "probe_ranking": order["probe"], "trl_ranking": order["trl"],
+                       "same_ranking": order["probe"] == order["trl"]}
+    import trl
+
+    dump("epoch_fidelity", {"trl": trl.__version__, "samples": stats.samples, "lengths": {
+        "median": stats.percentiles["p50"], "mean": stats.mean, "p99": stats.percentiles["p99"], "max": stats.max},
+        "max_length": args.max_length, "model_shape": SHAPE, "lora_r": 16, "precision": "fp32",
+        "rounds": args.rounds, "modes": table})
+
+
+if __name__ == "__main__":
+    main()
