@@ -31,6 +31,18 @@ class Results:
         self.path = path
         self.data: dict[str, Any] = json.loads(path.read_text()) if path and path.exists() else {}
 
+    @classmethod
+    def of_setup(cls, args: Any) -> Results:
+        """``args.results`` for the run ``args`` describes (every option but ``rounds`` and
+        ``results``): a file holding another setup's results is refused, not mixed in."""
+        results = cls(args.results)
+        setup = {k: v for k, v in vars(args).items() if k not in ("rounds", "results")}
+        if results.get("setup") not in (None, setup):
+            raise SystemExit(f"{args.results} holds results of another setup ({results.get('setup')}): "
+                             "give another file")
+        results.put("setup", setup)
+        return results
+
     def get(self, key: str) -> Any:
         return self.data.get(key)
 

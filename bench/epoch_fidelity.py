@@ -89,11 +89,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--results", type=Path, help="keep each run's results here as they come; a second call resumes")
     args = ap.parse_args()
-    results = Results(args.results)
-    setup = {k: v for k, v in vars(args).items() if k not in ("rounds", "results")}
-    if results.get("setup") not in (None, setup):
-        sys.exit(f"{args.results} holds results of another setup ({results.get('setup')}): give another file")
-    results.put("setup", setup)
+    results = Results.of_setup(args)
     work = Path(tempfile.mkdtemp(prefix="epoch-fidelity-"))
     data = work / "corpus.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus(args.samples)))

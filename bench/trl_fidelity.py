@@ -141,11 +141,7 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=512, help="every batch is padded (and truncated) to this")
     ap.add_argument("--results", type=Path, help="keep each round's results here as they come; a second call resumes")
     args = ap.parse_args()
-    results = Results(args.results)
-    setup = {k: v for k, v in vars(args).items() if k not in ("rounds", "results")}
-    if results.get("setup") not in (None, setup):
-        sys.exit(f"{args.results} holds results of another setup ({results.get('setup')}): give another file")
-    results.put("setup", setup)
+    results = Results.of_setup(args)
     short, long = map(int, args.steps.split(","))
     overrides = [f"max_length={args.max_length}", "padding=max_length"]
     overrides += ["probe.device=cuda", "precision=bf16"] if args.cuda else []
