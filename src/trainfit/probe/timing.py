@@ -1,7 +1,7 @@
 """When to stop timing: the stated stability criterion and the summary of step times.
 
-Timed steps run in cycles over a fixed pool of ``cycle`` distinct typical steps (one step when
-padding is fixed: every step then has the same shape). Criterion: after at least ``min_steps``
+Timed steps run in cycles over the ``cycle`` timed shapes, one step each (one shape when padding
+is fixed: every step then has the same shape; see probe/estimate.py). Criterion: after at least ``min_steps``
 steps and two whole cycles, stop when the 95% confidence half-width (Student's t) of the mean
 *cycle* time is at most ``target_rel_ci`` of that mean; otherwise stop at ``max_steps`` or
 ``max_seconds`` (and say the estimate is not stable). Comparing whole cycles separates machine

@@ -366,12 +366,12 @@ def build(req: ProbeRequest, device: Any, cache: ModelCache) -> tuple[Built, boo
 
 
 def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str, Any],
-                   device: Any) -> tuple[int, float] | None:
+                   device: Any) -> tuple[int, float]:
     """``probe.memory_steps`` optimizer steps on the worst-case batch (the longest samples), each
     with as many micro-batches as reach the peak of the real accumulation. Returns the worst-case
-    shape's padded length and its last step's seconds where that step is a whole optimizer step
-    of the real accumulation (at most 2 micro-batches) after the first (which allocates the
-    optimizer's state): the tail point of the step-cost fit, for free (see probe/estimate.py)."""
+    shape's padded length and its last step's seconds: the tail point of the step-cost fit, for
+    free, where the parent says it is a whole step of the real accumulation after a first one
+    (``TypicalMix.times_longest`` false, see probe/estimate.py)."""
     from trainfit.step import synchronize
 
     emit("phase", phase="memory")
@@ -388,8 +388,7 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
         built.step.run([worst_batch] * micro)
         synchronize(device)
         seconds = time.perf_counter() - t
-    whole = micro == req.params.gradient_accumulation_steps and req.probe.memory_steps >= 2
-    return (worst_batch.padded_len, seconds) if whole and not fixed else None
+    return worst_batch.padded_len, seconds
 
 
 class TypicalBatches:
@@ -423,9 +422,6 @@ class TimedSteps:
     cycle: int
     shapes: list[int] = field(default_factory=list)
     """The index of each timed step's shape in the pool."""
-    samples: int = 0
-    real_tokens: int = 0
-    padded_tokens: int = 0
     model_flops: float = 0.0
     hardware_flops: float = 0.0
     flops_known: bool = True
@@ -451,9 +447,6 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
         synchronize(device)
         timed.times.append(time.perf_counter() - t0)
         for b in micro:
-            timed.samples += b.samples
-            timed.real_tokens += b.real_tokens
-            timed.padded_tokens += b.padded_tokens
             f = built.workload.flops(b.seq_lens, req.params.gradient_checkpointing)
             if f is None:
                 timed.flops_known = False
@@ -467,8 +460,9 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
 
 
 def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: list[str]) -> dict[str, Any]:
-    """The Measurement fields of the timed steps: speed, step-time statistics, FLOPs and MFU
-    (where the device's peak is on record; a note says why not otherwise)."""
+    """The Measurement fields of the timed steps: step-time statistics, FLOPs and MFU (where the
+    device's peak is on record; a note says why not otherwise). The speeds are the epoch's
+    (:func:`epoch_fields`)."""
     from trainfit.devices import peak_flops
     from trainfit.flops import utilization
     from trainfit.probe.timing import StepTimes
@@ -478,13 +472,10 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
     st = StepTimes.of(timed.times, timed.cycle)
     fields: dict[str, Any] = dict(
         status="ok",
-        samples_per_second=timed.samples / st.total,
-        tokens_per_second=timed.real_tokens / st.total,
         step_time_median_s=st.median, step_time_mean_s=st.mean, step_time_std_s=st.std,
         step_time_ci95_rel=st.ci95_rel if st.n > 1 else None,
         steps_measured=st.n, stable=timed.stable, step_times_s=[round(x, 6) for x in timed.times],
         samples_per_step=params.effective_batch_size,
-        real_tokens_per_step=timed.real_tokens / st.n, padded_tokens_per_step=timed.padded_tokens / st.n,
     )
     peak = peak_flops(device_name, params.precision, params.tf32) if cuda else None
     if timed.flops_known:
@@ -501,7 +492,7 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
 
 
 def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, max_len: int,
-                 worst_step: tuple[int, float] | None) -> dict[str, Any]:
+                 worst_step: tuple[int, float]) -> dict[str, Any]:
     """The speed of an epoch of the data's own batches (``req.typical``): the step cost fitted on
     the median time of each timed shape (and the memory phase's worst-case step, the tail, when
     the parent left the longest batch out of the timed ones), summed over the epoch's
@@ -520,7 +511,7 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
         seconds.append(statistics.median(mine))
         shape_times.append({"rows": batch.samples, "padded_length": batch.padded_len,
                             "real_tokens": batch.real_tokens, "seconds": round(seconds[-1], 6), "steps": len(mine)})
-    if worst_step is not None and not req.typical.times_longest and worst_step[0] > max(lengths, default=0):
+    if not mix.times_longest and worst_step[0] > max(lengths, default=0):
         lengths.append(worst_step[0])
         seconds.append(worst_step[1])
         shape_times.append({"rows": len(req.worst_lengths), "padded_length": worst_step[0],
