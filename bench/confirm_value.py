@@ -31,11 +31,12 @@ def live(spec, rounds: int, label: str) -> dict[str, Any]:
     spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=rounds))
     with tempfile.TemporaryDirectory() as tmp:
         res = tune(spec, output=tmp, strategy="auto", max_trials=10**6, on_event=progress(label))
-    confirmed = res.summary["confirmation"]  # with repeats, the near-ties are the confirmed configs
+    summary = res.summary.to_json()
+    confirmed = summary["confirmation"]  # with repeats, the near-ties are the confirmed configs
     return {"confirm_rounds": rounds, "pick": res.best.values if res.best else None,
-            "near_ties": [e["searched"] for e in res.summary["within_noise_of_best"] + confirmed],
+            "near_ties": [e["searched"] for e in summary["within_noise_of_best"] + confirmed],
             "probes": len(res.trials), "confirmation_probes": sum(len(e["measurements"]) - 1 for e in confirmed),
-            "probe_time_s": res.summary.get("probe_time_s")}
+            "probe_time_s": summary.get("probe_time_s")}
 
 
 def reference(spec, configs: list[dict[str, Any]], rounds: int) -> dict[str, float]:

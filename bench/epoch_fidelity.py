@@ -10,6 +10,7 @@ Rounds interleave the probes and the runs, so a drift of the machine hits both a
 
     python bench/epoch_fidelity.py [--samples 600] [--batches 1,2,4,8] [--modes longest,max_length,grouped]
     python bench/epoch_fidelity.py ... --results epoch.json   # kept as each run ends: run again to go on
+    python bench/epoch_fidelity.py --cuda --model-1b ...      # on a GPU: bf16, the ~1.1B shape of gpu_sweep.py
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def main() -> None:
     ap.add_argument("--modes", default="longest,max_length,grouped")
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--cuda", action="store_true", help="probe and train on the GPU, in bf16")
+    ap.add_argument("--model-1b", action="store_true", help="the ~1.1B Llama shape of gpu_sweep.py")
     ap.add_argument("--results", type=Path, help="keep each run's results here as they come; a second call resumes")
     args = ap.parse_args()
     results = Results.of_setup(args)
@@ -94,8 +97,14 @@ def main() -> None:
     data = work / "corpus.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus(args.samples)))
     base = [f"data.path={data}", f"max_length={args.max_length}", "lora_r=16", "lora_target_modules=all-linear",
-            "gradient_accumulation_steps=1", "probe.max_seconds=30", "budget.memory_gb=16",
+            "gradient_accumulation_steps=1", "probe.max_seconds=30",
+            f"budget.memory_gb={60 if args.cuda else 16}",
             *(f"model.config.{k}={v}" for k, v in SHAPE.items())]
+    base += ["probe.device=cuda", "precision=bf16"] if args.cuda else []
+    if args.model_1b:
+        from gpu_sweep import LLAMA_1B_OVERRIDES
+
+        base += LLAMA_1B_OVERRIDES
     spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", base)
     stats = analyze_spec(spec, progress=False)
     model = local_model(spec, work / "model")
@@ -149,7 +158,8 @@ def summarize(results: Results, args: argparse.Namespace, stats: Any, modes: lis
 
     dump("epoch_fidelity", {"trl": trl.__version__, "samples": stats.samples, "lengths": {
         "median": stats.percentiles["p50"], "mean": stats.mean, "p99": stats.percentiles["p99"], "max": stats.max},
-        "max_length": args.max_length, "model_shape": SHAPE, "lora_r": 16, "precision": "fp32",
+        "max_length": args.max_length, "model_shape": "llama-1.1b" if args.model_1b else SHAPE, "lora_r": 16,
+        "precision": "bf16" if args.cuda else "fp32", "device": "cuda" if args.cuda else "cpu",
         "rounds": args.rounds, "modes": table})
 
 

@@ -10,9 +10,10 @@
 #   # here, after each call: the state for the next one, and what is done so far
 #   mkdir -p .gpu && cp FILES_AT/gpu-state.tar.gz .gpu/ && cat FILES_AT/progress.txt
 #
-# Steps, in order (each skipped once done), the issues' figures first: the GPU tests; the LoRA and
-# the full fine-tuning sweeps (issue 2); tune against the Hugging Face Trainer, then auto against
-# the grid, random search and TPE (issue 4); then LoRA with the model's own loss over the full
+# Steps, in order (each skipped once done), the issues' figures first: the GPU tests; the LoRA
+# sweep (issue 2); the epoch estimate against whole `trl sft` epochs (issue 19); the full
+# fine-tuning sweep (issue 2); tune against the Hugging Face Trainer, then auto against the grid,
+# random search and TPE (issue 4); then LoRA with the model's own loss over the full
 # logits, and the TRL fidelity run. A step starts
 # only with enough time left for it (or for a useful part, where it resumes), and one cut short
 # by the deadline goes on in the next call. Raw results land in gpu/ of the tarball; see
@@ -38,13 +39,15 @@ fi
 export PYTHONPATH=$site$PWD/src PYTHONUNBUFFERED=1
 if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
     gpu=(--tiny --cpu); fidelity=(--steps 2,4); tests=(tests/test_gpu.py); workload=llama
+    epoch=(--samples 40 --batches 1,2 --modes longest)
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
+    epoch=(--cuda --model-1b --samples 600 --batches 1,2,4,8 --modes longest,grouped)
 fi
 
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(tests sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity)
+steps=(tests sweep_lora epoch_fidelity sweep_full tune_compare search_efficiency sweep_logits trl_fidelity)
 
 save() {  # everything measured so far, in one file, and a line per step for the reader
     tar -czf "$out/gpu-state.tar.gz" -C /tmp/gpu-session gpu
@@ -81,6 +84,10 @@ step() {
 
 step tests 120 python3 -m pytest -q -p no:cacheprovider "${tests[@]}"
 step sweep_lora 120 python3 bench/gpu_sweep.py "${gpu[@]}" --modes lora_r16 --results "$state/sweep.json"
+# Issue 19: the probe's expected speed over an epoch's own batches against whole `trl sft` epochs;
+# each run is kept as it ends, so a cut one goes on in the next call.
+step epoch_fidelity 150 bash -c "python3 bench/epoch_fidelity.py ${epoch[*]} \
+    --results $state/epoch_fidelity_runs.json > $state/epoch_fidelity.json"
 step sweep_full 120 python3 bench/gpu_sweep.py "${gpu[@]}" --modes full --results "$state/sweep.json"
 # The search stops itself before the deadline (--tune-budget-s) and goes on in the next call; the
 # three Hugging Face Trainer runs then need about two minutes.

@@ -68,7 +68,7 @@ def run_trainfit(config: dict, data: Path, args: argparse.Namespace, out: Path) 
         f"{e.measurement.samples_per_second}", file=sys.stderr, flush=True))
     assert res.best is not None, "trainfit found no config that fits"
     best = res.best.measurement
-    return {"search_wall_s_this_call": time.perf_counter() - start, "probe_time_s": res.summary["probe_time_s"],
+    return {"search_wall_s_this_call": time.perf_counter() - start, "probe_time_s": res.summary.probe_time_s,
             "stop_reason": res.stop_reason, "probes": len(res.trials),
             "oom_probes": sum(t.measurement.status == "oom" for t in res.trials),
             "pick": best.config, "probe_samples_per_second": best.samples_per_second,
