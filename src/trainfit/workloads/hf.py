@@ -5,6 +5,7 @@ kernel and weight dtype at construction, then gradient checkpointing, then LoRA,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 from collections.abc import Sequence
@@ -241,7 +242,12 @@ class HFCausalLM(Workload):
         dtype, dtype_note = weight_dtype(params)
         self.notes += [dtype_note] if dtype_note else []
         torch.manual_seed(seed)
-        model = self._apply_knobs(build_model(model_spec, config, params, dtype), config, params, head)
+        # A random-init model is initialized where it trains: a 1.1B model's init took ~70 s on the
+        # CPU of an H100 machine (docs/benchmarks.md) and a blink on the GPU. Its weights then come
+        # from the GPU's generator, not the CPU's: the same cost and memory, other values.
+        on_accelerator = model_spec.path is None and torch.device(device).type != "cpu"
+        with torch.device(device) if on_accelerator else contextlib.nullcontext():
+            model = self._apply_knobs(build_model(model_spec, config, params, dtype), config, params, head)
         self.model = model.to(device)
         self.model.train()
         self.shape = transformer_shape(config, *matmul_params(self.model, experts_active(config)))
