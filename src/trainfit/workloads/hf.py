@@ -26,7 +26,8 @@ tuning process's own memory and written in fp32 (4 GB here)."""
 
 
 def save_initial_model(model: ModelSpec, tokenizer: str | None, folder: Path, seed: int) -> bool:
-    """Save the random-init model a ``config:`` spec probes (the probe's seed: the same weights)
+    """Save the random-init model a ``config:`` spec probes (the probe's seed: the same weights as a
+    probe on the CPU; a GPU probe draws its own, at the same cost)
     and its tokenizer as a Hugging Face folder, so ``trl sft --model_name_or_path`` trains it.
     Once: a folder already there is kept (``tune`` writes its outputs after every trial). Whole or
     not at all: written as ``FOLDER.partial`` and renamed. Returns whether ``folder`` holds the
