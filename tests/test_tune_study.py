@@ -4,6 +4,7 @@ work of and retry abandoned trials in. Probes are the synthetic Surface of tune_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -126,29 +127,36 @@ def test_a_shared_storage_retries_only_trials_whose_owner_is_gone(tmp_path: Path
     assert store_for(spec, tmp_path / "c", storage=url, resume=True).retried == 1
 
 
-class Clock:
-    """``time`` as the study module sees it: ``time()`` returns ``now``, which the test moves;
-    everything else is the real module (the heartbeat thread still waits in real seconds)."""
+def age_heartbeat(db: Path, trial: Any, seconds: int) -> None:
+    """Move ``trial``'s last heartbeat, as Optuna recorded it in the database, ``seconds`` back: as
+    if its run had recorded none since (the database's clock, which Optuna reads, is left alone)."""
+    import sqlite3
 
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        changed = con.execute("UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, ?) WHERE trial_id = ?",
+                              (f"-{seconds} seconds", trial._trial_id)).rowcount
+    assert changed == 1, "the trial has no heartbeat recorded"
 
 
-def test_a_heartbeat_tells_a_live_trial_on_another_machine_from_a_dead_one(tmp_path: Path, monkeypatch: Any) -> None:
-    """The age of a trial's last beat is read on the study's clock, which the test moves: the
-    outcome does not depend on how fast this machine runs the heartbeat thread."""
+def heartbeat_age_s(db: Path, trial: Any) -> float:
+    """Seconds since ``trial``'s last heartbeat, on the database's clock."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        [(age,)] = con.execute("SELECT (julianday('now') - julianday(heartbeat)) * 86400 FROM trial_heartbeats "
+                               "WHERE trial_id = ?", (trial._trial_id,)).fetchall()
+    return float(age)
+
+
+def test_optunas_heartbeat_tells_a_live_trial_on_another_machine_from_a_dead_one(tmp_path: Path) -> None:
+    """Two trials of another machine, which this host cannot check: both recorded a heartbeat when
+    asked for. One's run stops beating; the other's probe runs on. Once the dead one's last beat is
+    older than the grace period, the next run closes it as Optuna's heartbeat says, and its config is
+    open again, while the live one (its beat recorded meanwhile) stays claimed."""
     from trainfit.search import study
 
-    clock = Clock(1_000.0)
-    monkeypatch.setattr(study, "time", clock)
-    monkeypatch.setattr(study, "HEARTBEAT_S", 0.01)  # the beating thread's real wait, and the clock's unit
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    db = tmp_path / "shared.db"
+    url = f"sqlite:///{db}"
     spec = synthetic_spec(tmp_path, "grid")
     machine_a = store_for(spec, tmp_path / "a", storage=url)
     live = machine_a.ask({"batch_size": 1, "gradient_checkpointing": False, "lora_r": 8})
@@ -159,17 +167,42 @@ def test_a_heartbeat_tells_a_live_trial_on_another_machine_from_a_dead_one(tmp_p
     def stored(trial: Any) -> Any:
         return {t.number: t for t in machine_a.study.get_trials()}[trial.number]
 
-    with machine_a.beating(live):  # the live machine's probe runs ...
-        # both stamped at their start, no beat missed yet: neither is another run's to retry
-        assert store_for(spec, tmp_path / "b", storage=url, resume=True).retried == 0
-        clock.now += 100 * study.HEARTBEAT_S  # ... and time passes: the dead one misses 100 beats
+    b = store_for(spec, tmp_path / "b", storage=url, resume=True)
+    assert b.retried == 0 and b.in_flight() == {b._key(live), b._key(dead)}  # no beat missed yet
+    grace = 3 * study.HEARTBEAT_S
+    for t in (live, dead):  # no beat for longer than the grace period ...
+        age_heartbeat(db, t, grace + 10)
+    with machine_a.beating(live):  # ... but the live machine's probe runs, and records one at once
         deadline = time.monotonic() + 60  # a hang guard only
-        while stored(live).user_attrs["heartbeat"] != clock.now:  # the live one's next beat is stored
-            assert time.monotonic() < deadline, "the heartbeat thread never stamped the live trial"
+        while heartbeat_age_s(db, live) > grace:
+            assert time.monotonic() < deadline, "beating never recorded the live trial's heartbeat"
             time.sleep(0.01)
-        assert store_for(spec, tmp_path / "c", storage=url, resume=True).retried == 1
+        c = store_for(spec, tmp_path / "c", storage=url, resume=True)
+        assert c.retried == 1 and c.in_flight() == {c._key(live)}  # the dead one's config is open again
     assert stored(dead).state.name == "FAIL" and stored(live).state.name == "RUNNING"
-    assert stored(dead).user_attrs["heartbeat"] == 1_000.0 and stored(live).user_attrs["heartbeat"] == clock.now
+    assert b.in_flight() == {b._key(live)}  # a run that joined before sees it too
+
+
+def test_a_trial_whose_run_died_before_its_first_heartbeat_is_retried(tmp_path: Path) -> None:
+    """Optuna never calls a trial without a heartbeat stale: one whose run died while asking for
+    it (before its first beat and its owner) is closed once it started longer ago than the grace
+    period."""
+    import sqlite3
+
+    from trainfit.search import study
+
+    db = tmp_path / "shared.db"
+    url = f"sqlite:///{db}"
+    spec = synthetic_spec(tmp_path, "grid")
+    machine_a = store_for(spec, tmp_path / "a", storage=url)
+    with pytest.warns(UserWarning, match="supposed to be used with Study.optimize"):  # what TrialStore.ask hides
+        asking = machine_a.study.ask()  # what a run cut off inside TrialStore.ask leaves behind
+    assert store_for(spec, tmp_path / "b", storage=url, resume=True).retried == 0  # it may still be asking
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        con.execute("UPDATE trials SET datetime_start = datetime(datetime_start, ?) WHERE trial_id = ?",
+                    (f"-{3 * study.HEARTBEAT_S + 10} seconds", asking._trial_id))
+    assert store_for(spec, tmp_path / "c", storage=url, resume=True).retried == 1
+    assert {t.number: t for t in machine_a.study.get_trials()}[asking.number].state.name == "FAIL"
 
 
 def _join(spec: Any, url: str, output: Path, log: Path, summary: Path, rendezvous: Path) -> None:

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -32,7 +32,10 @@ from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 
 CONSTRAINT = "memory"
-HEARTBEAT_S = 30.0
+HEARTBEAT_S = 30
+"""Seconds between the heartbeats Optuna records for a trial a run of a shared ``--storage`` is
+probing (the RDBStorage's ``heartbeat_interval``, a whole number). A trial with none for three
+intervals (its ``grace_period``) is stale: its run is gone, and its config is open again."""
 
 
 def study_name(spec: Spec) -> str:
@@ -194,6 +197,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _abandoned(trial: Any) -> bool:
+    """Is a RUNNING trial of a shared storage one that no live run will finish, as Optuna's
+    heartbeat does not (yet) tell?
+
+    - Its owner ran on this host and that process is gone: known at once, where the heartbeat
+      waits out its grace period (three beats). A run stopped by Ctrl-C and resumed on the same
+      machine would otherwise find its own cut-off trial in flight, and wait for it, for 90 s.
+    - It has no owner three beats after its start: its run died while asking for it, before its
+      first heartbeat, and Optuna never calls a trial without a heartbeat stale (the sampler's
+      work in ``ask`` comes first, a moment a Ctrl-C can land in)."""
+    owner = trial.user_attrs.get("owner")
+    if owner is None:
+        start = trial.datetime_start
+        return start is None or time.time() - start.timestamp() > 3 * HEARTBEAT_S
+    host, _, pid = str(owner).partition(":")
+    return host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
+
+
 def _lock_folder(output: Path) -> IO[str]:
     """Hold ``output/.lock`` for this run, or say which run holds it."""
     f = (output / ".lock").open("a+")
@@ -218,10 +239,15 @@ def masked(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def open_storage(url: str) -> Any:
+def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None) -> Any:
     """The Optuna storage behind ``--storage URL``: a clear error for a bad URL, a missing driver
     or an unreachable server, and a retry while several runs create a new database's tables at
-    the same moment (the loser's insert fails)."""
+    the same moment (the loser's insert fails).
+
+    Its heartbeat is on (every ``HEARTBEAT_S`` seconds, stale after three missed): runs on other
+    machines tell a trial that a live run is probing from one whose machine died by the heartbeats
+    recorded in the database, on the database's clock. ``on_stale(study, trial)`` is called for each
+    stale trial this process closes; it does not queue the trial again (see :meth:`TrialStore.ask`)."""
     import optuna
     import sqlalchemy.exc
 
@@ -232,7 +258,10 @@ def open_storage(url: str) -> Any:
                             "e.g. postgresql://user:password@host/db, or sqlite:///study.db on one machine") from None
     for attempt in range(5):
         try:
-            return optuna.storages.RDBStorage(url)
+            with warnings.catch_warnings():  # the heartbeat is "experimental" since optuna 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S,
+                                                  heartbeat_stale_trial_callback=on_stale)
         except ImportError:
             raise TrainfitError(f"no database driver installed for --storage {shown}",
                                 "install one, e.g. pip install psycopg2-binary (PostgreSQL) or pymysql (MySQL)"
@@ -333,7 +362,10 @@ class TrialStore:
         journal = output / "study.journal"
         self.repaired = mend_journal(journal, resume) if not self.shared and journal.exists() else None
         """The damaged tail dropped from the journal (line, reason, backup), for the run to report."""
-        self.storage = open_storage(storage) if storage else journal_storage(journal)
+        self._stale: list[int] = []
+        """Trials this run closed because Optuna's heartbeat found them stale (their numbers)."""
+        self.storage = (open_storage(storage, lambda study, trial: self._stale.append(trial.number)) if storage
+                        else journal_storage(journal))
         self.name = study_name(spec)
         summaries = optuna.get_all_study_summaries(self.storage) if storage or journal.exists() else []
         existing = [s.study_name for s in summaries]
@@ -371,33 +403,46 @@ class TrialStore:
         self.retried = self._retry_interrupted()
 
     def _retry_interrupted(self) -> int:
-        """A trial left RUNNING by a crash or Ctrl-C is closed as FAIL and queued again.
+        """A trial left RUNNING by a crash or Ctrl-C is closed as FAIL and retried; how many.
 
         With the output folder's journal, holding the folder's lock means no other run is live,
-        so every RUNNING trial is stale. A shared ``--storage`` may hold trials that another
-        machine is probing right now: only abandoned ones are retried (see :meth:`_abandoned`),
-        and not through the study's queue (two runs could pop one queued trial): its config,
+        so every RUNNING trial is stale, and it is queued again. A shared ``--storage`` may hold
+        trials that another machine is probing right now: only abandoned ones are closed (see
+        :meth:`_live_trials`), and not queued (two runs could pop one queued trial): its config,
         unmeasured, is simply open to be proposed again."""
         from optuna.trial import TrialState
 
-        stale = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                 if not self.shared or self._abandoned(t)]
+        if self.shared:
+            return self._live_trials()[1]
+        stale = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         for t in stale:
             self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-            if not self.shared:
-                self.study.enqueue_trial(t.params, skip_if_exists=False)
+            self.study.enqueue_trial(t.params, skip_if_exists=False)
         return len(stale)
 
-    def _abandoned(self, trial: Any) -> bool:
-        """Its owner process is gone (on this host), or its last sign of life (the latest stamp of
-        :meth:`beating`, else its start) is older than three missed stamps."""
-        host, _, pid = str(trial.user_attrs.get("owner", "")).partition(":")
-        if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
-            return True
-        last = trial.user_attrs.get("heartbeat")
-        if last is None and trial.datetime_start is not None:
-            last = trial.datetime_start.timestamp()
-        return last is None or time.time() - last > 3 * HEARTBEAT_S
+    def _live_trials(self) -> tuple[list[Any], int]:
+        """The RUNNING trials of a shared storage that live runs are probing, and how many abandoned
+        ones this call closed as FAIL first: those Optuna's heartbeat finds stale (the storage's
+        ``fail_stale_trials``, as ``Study.optimize`` does before each trial), and those
+        :func:`_abandoned` knows sooner or which the heartbeat cannot judge."""
+        import optuna
+        from optuna.trial import TrialState
+
+        closed = len(self._stale)
+        with warnings.catch_warnings():  # "experimental" since optuna 2.9
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)  # each trial it closes goes in self._stale
+        closed = len(self._stale) - closed
+        live = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if not _abandoned(t):
+                live.append(t)
+                continue
+            # another run may close it at the same moment (as fail_stale_trials allows for)
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+                closed += 1
+        return live, closed
 
     def in_flight(self) -> set[str]:
         """Config keys that other live runs of a shared ``--storage`` are probing right now (so
@@ -471,11 +516,8 @@ class TrialStore:
         return measured + len({self._key(t) for t in running if t.number < number})
 
     def _others_running(self) -> list[Any]:
-        from optuna.trial import TrialState
-
         mine = owner_id()
-        return [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if t.user_attrs.get("owner") != mine and not self._abandoned(t)]
+        return [t for t in self._live_trials()[0] if t.user_attrs.get("owner") != mine]
 
     def _key(self, trial: Any) -> str:
         return config_key({k: trial.params[k] for k in self.space.names if k in trial.params})
@@ -506,19 +548,21 @@ class TrialStore:
 
     @contextlib.contextmanager
     def beating(self, trial: Any) -> Iterator[None]:
-        """While a probe of ``trial`` runs, stamp it every ``HEARTBEAT_S`` seconds, so other runs of
-        a shared storage tell a live trial (however long its probe) from one whose machine died
-        (reopened after three missed beats). Nothing to do with the output folder's journal."""
+        """While a probe of ``trial`` runs, record its heartbeat in a shared storage at once and then
+        every ``HEARTBEAT_S`` seconds, as ``Study.optimize`` does around its objective (Optuna's
+        heartbeat thread is private): other runs tell a live trial (however long its probe) from
+        one whose machine died (stale after three missed beats). Nothing to do with the output
+        folder's journal."""
         if not self.shared:
             yield
             return
         stop = threading.Event()
 
         def beat() -> None:
-            while not stop.wait(HEARTBEAT_S):
-                try:
-                    trial.set_user_attr("heartbeat", time.time())
-                except Exception:  # noqa: BLE001 - the storage is unreachable: the probe goes on; others may reopen it
+            while True:
+                with contextlib.suppress(Exception):  # the storage is unreachable: the probe goes on; next beat
+                    self.storage.record_heartbeat(trial._trial_id)  # the storage API takes its id, not its number
+                if stop.wait(HEARTBEAT_S):
                     return
 
         thread = threading.Thread(target=beat, name="trainfit-heartbeat", daemon=True)
@@ -534,7 +578,10 @@ class TrialStore:
 
         Fixed values go through ``PartialFixedSampler``, not the study's queue: a queued trial is
         popped by whichever run of a shared storage asks first, and over SQLite two runs can pop
-        the same one."""
+        the same one.
+
+        In a shared storage the trial's first heartbeat is recorded before its ``owner``: a trial
+        with an owner has a heartbeat for Optuna to judge (see :func:`_abandoned`)."""
         import optuna
 
         sampler = self.study.sampler
@@ -543,12 +590,17 @@ class TrialStore:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 self.study.sampler = optuna.samplers.PartialFixedSampler(dict(values), sampler)
         try:
-            trial = self.study.ask(self.distributions)
+            with warnings.catch_warnings():
+                # A heartbeat storage warns on every ask that its heartbeat "is supposed to be used with
+                # Study.optimize": ask and tell alone neither record heartbeats nor close stale trials.
+                # This class does both, as optimize does (beating, _live_trials).
+                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
+                trial = self.study.ask(self.distributions)
         finally:
             self.study.sampler = sampler
-        trial.set_user_attr("owner", owner_id())
         if self.shared:
-            trial.set_user_attr("heartbeat", time.time())
+            self.storage.record_heartbeat(trial._trial_id)
+        trial.set_user_attr("owner", owner_id())
         return trial
 
     def pending_queue(self) -> bool:
