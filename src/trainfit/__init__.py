@@ -32,9 +32,10 @@ _LAZY = {
     "tune": "trainfit.tune",
     "TuneResult": "trainfit.search.tune",
     "Summary": "trainfit.summary",
+    "OnTrackCallback": "trainfit.monitor",
 }
 
-__all__ = ["CustomWorkload", "LengthRecipe", "LengthStats", "Measurement", "Params", "Spec", "SpecError",
+__all__ = ["CustomWorkload", "LengthRecipe", "LengthStats", "Measurement", "OnTrackCallback", "Params", "Spec", "SpecError",
            "Summary", "TrainfitError", "TuneResult", "__version__", "count_lengths", "load_spec",
            "run_probe", "summarize", "tune"]
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from trainfit.data.lengths import LengthRecipe, count_lengths
     from trainfit.data.stats import LengthStats, summarize
     from trainfit.errors import SpecError, TrainfitError
+    from trainfit.monitor import OnTrackCallback
     from trainfit.params import Params
     from trainfit.probe.measurement import Measurement
     from trainfit.probe.runner import run_probe

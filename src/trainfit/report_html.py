@@ -91,6 +91,18 @@ def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: 
             f'<div style="font-size: 11px; text-align: center; width: {_W}px">batch size</div>')
 
 
+PLAN_SLOT = "<!-- plan --><!-- /plan -->"
+"""Where ``trainfit plan`` puts its section (between the two comments, replacing an earlier one)."""
+
+
+def with_plan(page: str, section: str) -> str:
+    """``page`` (a report written by :func:`tune_report_html`) with ``section`` in its plan slot."""
+    start, end = page.find("<!-- plan -->"), page.find("<!-- /plan -->")
+    if start < 0 or end < start:  # a report from before plan sections: the section goes before the trials
+        return page.replace("<h3>Trials</h3>", f"<!-- plan -->{section}<!-- /plan -->\n<h3>Trials</h3>", 1)
+    return page[:start] + f"<!-- plan -->{section}" + page[end:]
+
+
 def tune_report_html(summary: Summary, trials: Sequence[Trial], source: str) -> str:
     """The page for ``summary`` and its ``trials``."""
     objective = summary.objective
@@ -143,6 +155,7 @@ def tune_report_html(summary: Summary, trials: Sequence[Trial], source: str) -> 
 strategy {html.escape(summary.strategy)}; {html.escape(summary.stop_reason)}; device
 {html.escape(str(summary.device))}.</p>
 {best_html}
+{PLAN_SLOT}
 <p style="font-size: 12px">{legend}</p>
 {speed}
 {memory}

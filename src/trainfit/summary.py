@@ -14,6 +14,7 @@ import dataclasses
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from trainfit.errors import TrainfitError
@@ -241,3 +242,17 @@ class Summary(Record):
             raise TrainfitError(f"summary.json has schema version {version!r}; this trainfit reads {SCHEMA_VERSION}",
                                 "read it with the trainfit version that wrote it, or tune again")
         return super().from_json(raw)
+
+
+def read_summary(folder: Path) -> Summary:
+    """The ``summary.json`` of a tune output folder, or a clear error naming what is wrong."""
+    import json
+
+    path = folder / "summary.json"
+    if not path.is_file():
+        raise TrainfitError(f"{folder} holds no summary.json: it is not a tune output folder",
+                            "give the folder `trainfit tune --output` wrote (its summary.json names the best config)")
+    try:
+        return Summary.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as err:
+        raise TrainfitError(f"cannot read {path}: {err}", "tune again into a new folder") from None

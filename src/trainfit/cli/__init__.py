@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-COMMANDS = ("analyze", "probe", "tune", "env")
+COMMANDS = ("analyze", "probe", "tune", "plan", "env")
 
 DESCRIPTION = """\
 Find the fastest training configuration that fits in memory, prove it by measurement.
@@ -21,6 +21,7 @@ Find the fastest training configuration that fits in memory, prove it by measure
   trainfit analyze data.jsonl --text-field text --tokenizer ./tok   lengths, percentiles, padding
   trainfit probe spec.yaml --set batch_size=8                       measure one configuration
   trainfit tune spec.yaml --quick                                   search for the fastest config that fits
+  trainfit plan RUN_DIR --max-hours 12 --epochs 3                   fit the run into a time window, with an ETA
   trainfit env                                                      devices and versions
 
 Run `trainfit COMMAND --help` for the options of each command.

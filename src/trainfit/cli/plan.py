@@ -1,0 +1,120 @@
+"""``trainfit plan``: fit a training run into a time window, from a tune output folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from trainfit.cli.common import number
+
+EPILOG = """\
+examples:
+  trainfit plan trainfit-runs/tiny-llama/20261124-101500 --max-hours 12 --epochs 3
+  trainfit plan RUN_DIR --max-hours 8 --priority quality --calibrate 50   # real trainer steps first
+  trainfit plan RUN_DIR --max-hours 2 --json                              # plan.json on stdout
+
+Priorities are rules over the configs tune measured, never fixed numbers:
+  fast              the fastest config that fits
+  balanced          the highest capacity (full fine-tuning, LoRA rank, max_length) within 10% of the fastest
+  quality           the highest capacity whose run fits the window
+  memory_efficient  the lowest peak memory within 10% of the fastest
+
+The ETA is the epoch's real work at the measured speed plus the checkpoint saves (timed on this
+disk); --calibrate N adds the trainer's own per-step cost, measured by running N real steps of the
+written train_command.sh. Writes RUN_DIR/plan.json and RUN_DIR/plan.txt. Exit status: 0 when the
+run fits the window, 1 when it does not (the plan then lists what would, each with its ETA).
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("plan", help="fit a training run into a time window, from a tune folder",
+                       description="Plan a training run from what `trainfit tune` measured: the config a priority "
+                                   "picks, its ETA with an interval, checkpoints, and what to change when it does "
+                                   "not fit the window.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a `trainfit tune` output folder (holds summary.json)")
+    p.add_argument("--max-hours", type=number(float, above=0), required=True, help="the time window, in hours")
+    p.add_argument("--epochs", type=number(float, above=0),
+                   help="passes over the dataset (default: the spec's tune.epochs)")
+    p.add_argument("--priority", choices=("fast", "balanced", "quality", "memory_efficient"), default="balanced",
+                   help="how to choose among the measured configs (default: balanced; see below)")
+    p.add_argument("--margin-minutes", type=number(float, at_least=0), default=30.0,
+                   help="safety margin taken off the window (default: 30)")
+    p.add_argument("--checkpoint-minutes", type=number(float, above=0), default=30.0,
+                   help="save a checkpoint this often (default: 30)")
+    p.add_argument("--calibrate", type=number(int, at_least=1), metavar="N",
+                   help="first run N real trainer steps of train_command.sh to measure the trainer's own cost")
+    p.add_argument("--json", action="store_true", help="print plan.json instead of the text plan")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainfit.files import write_atomically
+    from trainfit.plan import make_plan
+
+    folder = Path(args.run_dir)
+    calibration = None
+    if args.calibrate:
+        from trainfit.plan_calibrate import calibrate
+
+        print(f"calibrating: {args.calibrate} real trainer steps of {folder / 'train_command.sh'} ...", flush=True)
+        calibration = calibrate(folder, args.calibrate, on_progress=lambda line: print(f"  {line}", flush=True))
+    plan = make_plan(folder, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority,
+                     margin_minutes=args.margin_minutes, checkpoint_minutes=args.checkpoint_minutes,
+                     calibration=calibration)
+    text = render(plan)
+    write_atomically(folder / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")
+    write_atomically(folder / "plan.txt", text + "\n")
+    report = folder / "report.html"
+    if report.is_file():  # the tune's page gains the plan
+        from trainfit.plan.html import plan_section
+        from trainfit.report_html import with_plan
+
+        write_atomically(report, with_plan(report.read_text(), plan_section(plan)))
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2))
+    else:
+        print(text)
+        print(f"\nwritten: {folder / 'plan.json'}, {folder / 'plan.txt'}")
+    return 0 if plan.fits else 1
+
+
+def render(plan: Any) -> str:
+    """The plan as a reader checks it: the window, the pick and why, the ETA and what it is made
+    of, what each priority would pick, and the options when it does not fit."""
+    from trainfit.cli.render import table
+    from trainfit.format import fmt_num, values_line
+    from trainfit.progress import format_duration as dur
+
+    e = plan.eta
+    spare = plan.window_s - e.high_s
+    verdict = (f"FITS, {dur(spare)} to spare at the interval's high end" if plan.fits
+               else f"DOES NOT FIT: {dur(-spare)} over at the interval's high end")
+    lines = [f"PLAN: {plan.epochs:g} epoch{'s' * (plan.epochs != 1)} of {plan.dataset_samples:,} samples in "
+             f"{plan.max_hours:g} h, less a {plan.margin_minutes:g} min safety margin: {dur(plan.window_s)} to use",
+             "",
+             f"priority {plan.priority}: {plan.rule}",
+             f"config: trial {plan.trial}: {values_line(plan.searched)} ({fmt_num(plan.samples_per_second)} samples/s "
+             f"measured, peak {plan.peak_gb:.2f} GiB)",
+             "",
+             f"ETA {dur(e.total_s)} ({dur(e.low_s)} - {dur(e.high_s)}): {verdict}"]
+    rows = [("training", f"{e.steps:,} steps x {fmt_num(e.step_time_s)} s = {dur(e.train_s)} (+-{e.spread_rel:.1%})"),
+            ("trainer cost", "not calibrated (see below)" if e.trainer_overhead_s is None
+             else f"{fmt_num(e.trainer_overhead_s)} s a step, measured, included above"),
+            ("checkpoints", f"{e.checkpoints} save{'s' * (e.checkpoints != 1)}, every {dur(plan.checkpoint_every_s)}, "
+                            f"{plan.checkpoint_bytes / 2**20:,.0f} MiB each = {dur(e.checkpoint_s)}")]
+    lines += ["", table(rows), "", "what it rests on:", *(f"  - {line}" for line in plan.rests_on), "",
+              "each priority's pick:",
+              table([(c.priority, f"trial {c.trial}", values_line(c.searched), dur(c.eta_s),
+                      "fits" if c.fits else "does not fit") for c in plan.priorities])]
+    if plan.options:
+        lines += ["", "to fit the window (most kept first):"]
+        lines += [f"  {i}. {o.change}: ETA {dur(o.eta.total_s)} (up to {dur(o.eta.high_s)}); {o.cost}; from {o.basis}"
+                  for i, o in enumerate(plan.options, 1)]
+    elif not plan.fits:
+        lines += ["", "nothing measured fits the window: a longer window, or tune with a faster space"]
+    if plan.command:
+        lines += ["", "train it:", f"  {plan.command}"]
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""Is a run on track to finish inside its plan's window? ``OnTrackCallback`` answers while a
+Hugging Face ``Trainer`` runs:
+
+    trainer = Trainer(..., callbacks=[trainfit.OnTrackCallback(plan="RUN_DIR/plan.json")])
+
+Every ``every_s`` seconds it projects the finish from the steps done so far (the measured pace,
+not the plan's), compares it with the plan's ETA and window, prints one line (stderr), and keeps the latest
+status in ``on_track.json`` beside the plan. The check itself (:class:`OnTrack`) needs no trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainfit.files import write_atomically
+from trainfit.plan import Plan
+from trainfit.progress import format_duration as dur
+from trainfit.summary import Record
+
+
+@dataclass(frozen=True, kw_only=True)
+class Status(Record):
+    """Where a run stands against its plan."""
+
+    step: int
+    max_steps: int
+    elapsed_s: float
+    projected_s: float
+    """The whole run's time at the pace of the steps done so far."""
+    planned_s: float
+    """The plan's ETA."""
+    window_s: float
+    state: str
+    """``on track`` (projected inside the plan's interval), ``slower than planned`` (past it, inside
+    the window) or ``will miss the window``."""
+
+    @property
+    def line(self) -> str:
+        return (f"{self.state}: step {self.step:,}/{self.max_steps:,}, {dur(self.elapsed_s)} elapsed, projected "
+                f"{dur(self.projected_s)} (planned {dur(self.planned_s)}, window {dur(self.window_s)})")
+
+
+class OnTrack:
+    """The check of a run against ``plan``: :meth:`status` at a step."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+
+    def status(self, step: int, max_steps: int, elapsed_s: float) -> Status:
+        pace = elapsed_s / step if step else 0.0
+        projected = pace * max_steps + self._checkpoints_left(step, max_steps)
+        e = self.plan.eta
+        state = ("on track" if projected <= e.high_s else "slower than planned" if projected <= self.plan.window_s
+                 else "will miss the window")
+        return Status(step=step, max_steps=max_steps, elapsed_s=elapsed_s, projected_s=projected,
+                      planned_s=e.total_s, window_s=self.plan.window_s, state=state)
+
+    def _checkpoints_left(self, step: int, max_steps: int) -> float:
+        """The saves the plan priced that are still to come (the done ones are in the pace)."""
+        e = self.plan.eta
+        return e.checkpoint_s * (1 - step / max_steps) if max_steps else 0.0
+
+
+def load_plan(plan: Plan | str | Path) -> tuple[Plan, Path | None]:
+    if isinstance(plan, Plan):
+        return plan, None
+    path = Path(plan)
+    return Plan.from_json(json.loads(path.read_text())), path.parent
+
+
+def _callback_base() -> type:
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class OnTrackCallback(_callback_base()):  # type: ignore[misc]
+    """A ``transformers.TrainerCallback`` that checks the run against ``plan`` (a ``Plan`` or
+    the path of a ``plan.json``) every ``every_s`` seconds and at the end."""
+
+    def __init__(self, plan: Plan | str | Path, every_s: float = 60.0) -> None:
+        loaded, folder = load_plan(plan)
+        self.check = OnTrack(loaded)
+        self.every_s = every_s
+        self.out = folder / "on_track.json" if folder is not None else None
+        self.start: float | None = None
+        self.last = 0.0
+        self.latest: Status | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.start = self.last = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.start is not None and time.monotonic() - self.last >= self.every_s:
+            self._report(state)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.start is not None:
+            self._report(state)
+
+    def _report(self, state: Any) -> None:
+        assert self.start is not None
+        self.last = time.monotonic()
+        self.latest = self.check.status(int(state.global_step), int(state.max_steps), self.last - self.start)
+        print(f"trainfit: {self.latest.line}", file=sys.stderr, flush=True)
+        if self.out is not None:
+            write_atomically(self.out, json.dumps(self.latest.to_json(), indent=2) + "\n")

@@ -1,0 +1,207 @@
+"""``trainfit plan``: fit a training run into a time window, from what ``tune`` measured.
+
+A plan never guesses a throughput: the ETA is the epoch's real work at the speed the probes
+measured over the data's own batches (``inputs``), plus the trainer's per-step cost where
+``--calibrate`` measured it and the checkpoint saves timed on the output disk (``eta``). The
+priorities are rules over the measured configs (``choose``); a run that does not fit gets ranked
+options, each with its own ETA (``options``)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainfit.errors import TrainfitError
+from trainfit.plan.choose import PRIORITIES, RULES, choose
+from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, write_speed
+from trainfit.plan.inputs import Candidate, TuneRun, load_run
+from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
+from trainfit.summary import Record
+
+if TYPE_CHECKING:
+    from trainfit.plan_calibrate import Calibration
+
+SCHEMA_VERSION = 1
+
+__all__ = ["PRIORITIES", "Plan", "make_plan"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice(Record):
+    """The config a priority picks and its run's ETA."""
+
+    priority: str
+    trial: int
+    searched: dict[str, Any]
+    eta_s: float
+    fits: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan(Record):
+    """``plan.json``: the inputs, what the estimate rests on, the chosen config, its ETA and
+    interval, the checkpoint interval, and what to change when the run does not fit."""
+
+    schema_version: int = SCHEMA_VERSION
+    created_at: str
+    run_dir: str
+    max_hours: float
+    margin_minutes: float
+    window_s: float
+    """The time the run may take: the window less the safety margin."""
+    epochs: float
+    dataset_samples: int
+    priority: str
+    rule: str
+    trial: int
+    searched: dict[str, Any]
+    config: dict[str, Any]
+    samples_per_second: float
+    """The probe's expected speed of the chosen config (before calibration)."""
+    peak_gb: float
+    command: str | None
+    """The chosen config's training command for this run: ``tune``'s, with the plan's epochs and a
+    checkpoint every ``save_steps`` steps for a ``trl sft`` command; a command template as tune wrote
+    it. None: tune wrote none for this config."""
+    save_steps: int
+    """Optimizer steps between checkpoints: the checkpoint interval at the expected step time."""
+    eta: Eta
+    fits: bool
+    checkpoint_every_s: float
+    checkpoint_bytes: int
+    write_bytes_per_s: float
+    calibration: dict[str, Any] | None
+    rests_on: list[str]
+    """What the estimate rests on, in words, and what it leaves out."""
+    priorities: list[Choice]
+    """What each priority would pick, for comparison."""
+    options: list[Option] = field(default_factory=list)
+    """When the run does not fit: what would, ranked."""
+
+
+def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, priority: str = "balanced",
+              margin_minutes: float = 30.0, checkpoint_minutes: float = 30.0,
+              calibration: Calibration | None = None) -> Plan:
+    """The plan of a run of ``epochs`` (default: the tune's ``tune.epochs``) over the tune
+    folder's dataset in ``max_hours``, less ``margin_minutes``, with ``priority``'s config."""
+    _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
+    run = load_run(run_dir)
+    summary = run.summary
+    if not run.candidates:
+        raise TrainfitError(f"no probe result in {run_dir / 'probes'} fits the budget with a speed measured",
+                            "tune again into a new folder (the probes folder may have been removed)")
+    if not summary.dataset_samples:
+        raise TrainfitError(f"the tune in {run_dir} had no dataset: there is no epoch to plan",
+                            "give the spec a data.path and tune again")
+    epochs = float(epochs if epochs is not None else summary.epochs_for_estimate)
+    samples = summary.dataset_samples
+    total = round(samples * epochs)
+    window = max_hours * 3600 - margin_minutes * 60
+    every = checkpoint_minutes * 60
+    speed = write_speed(run_dir, max(checkpoint_bytes(c) for c in run.candidates))
+
+    def eta(c: Candidate, n: int = total) -> Eta:
+        return estimate(c, n, write_bytes_per_s=speed, checkpoint_every_s=every, calibration=calibration)
+
+    chosen = choose(priority, run.candidates, eta, window)
+    run_eta = eta(chosen)
+    save_steps = max(1, int(every // run_eta.step_time_s))
+    fits = run_eta.fits(window)
+    options = [] if fits else _options(run, chosen, samples, epochs, total, window, eta)
+    return Plan(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_dir=str(run_dir),
+                max_hours=max_hours, margin_minutes=margin_minutes, window_s=window, epochs=epochs,
+                dataset_samples=samples, priority=priority, rule=RULES[priority], trial=chosen.trial,
+                searched=chosen.searched, config=chosen.config, samples_per_second=chosen.samples_per_second,
+                peak_gb=chosen.peak_gb, command=planned_command(_command(run, chosen), epochs, save_steps),
+                save_steps=save_steps, eta=run_eta, fits=fits,
+                checkpoint_every_s=every, checkpoint_bytes=checkpoint_bytes(chosen), write_bytes_per_s=speed,
+                calibration=calibration.to_json() if calibration else None,
+                rests_on=_rests_on(run, chosen, calibration),
+                priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
+                options=options)
+
+
+def _check(max_hours: float, epochs: float | None, margin: float, checkpoint: float, priority: str) -> None:
+    if priority not in PRIORITIES:
+        raise TrainfitError(f"unknown priority {priority!r}", f"use one of: {', '.join(PRIORITIES)}")
+    if not max_hours > 0:
+        raise TrainfitError(f"--max-hours must be positive, got {max_hours:g}", "e.g. --max-hours 12")
+    if epochs is not None and not epochs > 0:
+        raise TrainfitError(f"--epochs must be positive, got {epochs:g}", "e.g. --epochs 3")
+    if margin < 0 or margin >= max_hours * 60:
+        raise TrainfitError(f"--margin-minutes {margin:g} leaves no time in a {max_hours:g} h window",
+                            "use a margin shorter than the window (default 30 minutes)")
+    if not checkpoint > 0:
+        raise TrainfitError(f"--checkpoint-minutes must be positive, got {checkpoint:g}", "e.g. --checkpoint-minutes 30")
+
+
+def _options(run: TuneRun, chosen: Candidate, samples: int, epochs: float, total: int, window: float,
+             eta: Any) -> list[Option]:
+    shorter: list[Option] = []
+    lengths = _length_stats(run)
+    if lengths is not None:
+        stats, params, seed = lengths
+        shorter = shorter_max_length(chosen, params, stats, seed, total, window, eta)
+    return ranked([faster_config(chosen, run.candidates[0], total, window, eta), *shorter,
+                   fewer_epochs(chosen, samples, epochs, window, eta), subset(chosen, samples, epochs, window, eta)])
+
+
+def _length_stats(run: TuneRun) -> Any:
+    """The data's lengths (from the length cache, or counted again) and the chosen config's
+    params, for the shorter ``max_length`` options; None when the tune's spec cannot be rebuilt
+    here (its data moved, say)."""
+    from trainfit.data.analyze import analyze_spec
+    from trainfit.spec import build_spec
+
+    source = run.summary.spec.get("source")
+    if run.spec_doc is None or not source:
+        return None
+    try:
+        spec = build_spec(run.spec_doc, base_dir=Path(source).parent)
+        if spec.data is None:
+            return None
+        return analyze_spec(spec, progress=False), spec.params, spec.probe.seed
+    except (TrainfitError, OSError):
+        return None
+
+
+def planned_command(command: str | None, epochs: float, save_steps: int) -> str | None:
+    """``command`` for the planned run: a ``trl sft`` command trains ``epochs`` and saves a
+    checkpoint every ``save_steps`` (keeping the last 3); any other command is left as written."""
+    if command is None or "trl sft " not in command:
+        return command
+    command = re.sub(r"--num_train_epochs \S+", f"--num_train_epochs {epochs:g}", command)
+    return f"{command} --save_strategy steps --save_steps {save_steps} --save_total_limit 3"
+
+
+def _command(run: TuneRun, chosen: Candidate) -> str | None:
+    s = run.summary
+    entries = [e for e in (s.best_config, *s.runners_up, *(e for v in s.fastest_per_value.values() for e in v.values()))
+               if e is not None]
+    return next((e.command for e in entries if e.trial == chosen.trial), None)
+
+
+def _choice(priority: str, c: Candidate, eta: Any, window: float) -> Choice:
+    e = eta(c)
+    return Choice(priority=priority, trial=c.trial, searched=c.searched, eta_s=e.total_s, fits=e.fits(window))
+
+
+def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None) -> list[str]:
+    s = run.summary
+    lines = [f"speed: trial {chosen.trial}'s probe over the epoch's own batches ({s.device or 'this device'}), "
+             f"measured to +-{chosen.spread_rel:.1%} (its step time's 95% interval and the epoch fit's largest miss)"]
+    if calibration is None:
+        lines.append("not calibrated: the ETA is the model's step alone, a lower bound; a trainer adds its own "
+                     "per-step work (measured: 0-15% on a CPU, 1.4-1.9x on an H100 with short steps, "
+                     "docs/benchmarks.md); run with --calibrate 50 to measure it")
+    else:
+        lines.append(f"calibrated: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran at "
+                     f"{calibration.ratio:.2f}x the probe's speed; their extra time per step is added to every step")
+    lines.append("checkpoint saves: the optimizer state and trained weights the probe measured, at the write speed "
+                 "timed on the output folder's disk")
+    lines.append("not included: evaluation passes, data loading beyond the trainer's, start-up (model load, "
+                 "tokenization)")
+    return lines

@@ -1,0 +1,37 @@
+"""The priorities: rules over the measured configs that fit, never fixed numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from trainfit.plan.eta import Eta
+from trainfit.plan.inputs import Candidate
+
+PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
+WITHIN = 0.10
+"""``balanced`` and ``memory_efficient`` look among the configs this close to the fastest."""
+
+RULES = {
+    "fast": "the fastest config that fits",
+    "balanced": f"the highest capacity (full fine-tuning, then LoRA rank, then max_length) among the configs "
+                f"within {WITHIN:.0%} of the fastest",
+    "quality": "the highest capacity (full fine-tuning, then LoRA rank, then max_length) whose run fits the window",
+    "memory_efficient": f"the lowest peak memory among the configs within {WITHIN:.0%} of the fastest",
+}
+
+
+def choose(priority: str, candidates: Sequence[Candidate], eta: Callable[[Candidate], Eta],
+           window_s: float) -> Candidate:
+    """The config ``priority`` picks from ``candidates`` (fastest first, all fitting the memory
+    budget); ``eta`` prices a config's run, ``window_s`` is the time it may take. ``priority`` is
+    one of :data:`PRIORITIES` (``make_plan`` checks it)."""
+    fastest = candidates[0]
+    near = [c for c in candidates if c.samples_per_second >= (1 - WITHIN) * fastest.samples_per_second]
+    if priority == "fast":
+        return fastest
+    if priority == "balanced":
+        return max(near, key=lambda c: (c.capacity, c.samples_per_second))
+    if priority == "memory_efficient":
+        return min(near, key=lambda c: (c.peak_gb, -c.samples_per_second))
+    in_window = [c for c in candidates if eta(c).fits(window_s)] or [fastest]
+    return max(in_window, key=lambda c: (c.capacity, c.samples_per_second))

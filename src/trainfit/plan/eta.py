@@ -1,0 +1,100 @@
+"""How long a run takes: the epoch's real work at the measured speed, the trainer's own per-step
+cost where it was calibrated, and the checkpoint saves, each with the spread it was measured with."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainfit.plan.inputs import Candidate
+from trainfit.summary import Record
+
+if TYPE_CHECKING:
+    from trainfit.plan_calibrate import Calibration
+
+SAVE_SAMPLE_BYTES = 256 * 2**20
+"""At most this much is written to time a checkpoint save; a larger checkpoint is priced at the
+write speed measured on it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Eta(Record):
+    """A run's expected duration and its interval, in seconds, with what it is made of."""
+
+    samples: int
+    """Samples trained: the dataset (or the subset) times the epochs."""
+    steps: int
+    train_s: float
+    """The optimizer steps at the expected step time (the probe's, plus the calibrated trainer cost)."""
+    step_time_s: float
+    trainer_overhead_s: float | None
+    """The trainer's own time per step measured by calibration; None: not calibrated."""
+    checkpoints: int
+    checkpoint_s: float
+    """All saves: their number times one save of this config's checkpoint (:func:`checkpoint_bytes`)
+    at the write speed measured on the output folder's disk."""
+    total_s: float
+    low_s: float
+    high_s: float
+    spread_rel: float
+    """The relative half-width of the interval: the probe's and the calibration's measured spreads."""
+
+    def fits(self, window_s: float) -> bool:
+        return self.high_s <= window_s
+
+
+def checkpoint_bytes(c: Candidate) -> int:
+    """What one checkpoint holds, from the memory the probe measured: the optimizer's state, and
+    the trained weights (with LoRA the adapters, half the state of AdamW's two moments; else the
+    whole model)."""
+    optimizer = c.optimizer_gb * 2**30
+    weights = optimizer / 2 if c.lora_r else c.model_gb * 2**30
+    return int(optimizer + weights)
+
+
+def write_speed(folder: Path, size: int) -> float:
+    """Bytes per second written to ``folder``'s disk and made durable (fsync), as a checkpoint
+    save is, timed on ``size`` bytes (at most :data:`SAVE_SAMPLE_BYTES`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = max(2**20, min(size, SAVE_SAMPLE_BYTES))
+    block = os.urandom(min(written, 8 * 2**20))
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".trainfit-save-timing-") as f:
+        start = time.perf_counter()
+        left = written
+        while left > 0:
+            left -= f.write(block[:left])
+        f.flush()
+        os.fsync(f.fileno())
+        seconds = time.perf_counter() - start
+    return written / seconds
+
+
+def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint_every_s: float,
+             calibration: Calibration | None = None) -> Eta:
+    """The duration of training ``samples`` samples with config ``c``.
+
+    Without a calibration the time is the model's step alone, as the probe measured it over the
+    epoch's own batches: a lower bound (a trainer adds its own per-step work). With one, the
+    trainer's cost per step that it measured on top of the probe's expected step (for the
+    calibrated config) is added to every step of this config too: it is the trainer's, not the
+    model's."""
+    steps = math.ceil(samples / c.samples_per_step)
+    overhead = None
+    spread = c.spread_rel
+    if calibration is not None:
+        probe_step = calibration.seconds_per_step * calibration.ratio  # the probe's step for the same samples
+        overhead = max(0.0, calibration.seconds_per_step - probe_step)
+        spread = math.hypot(spread, calibration.spread_rel)
+    step = c.step_time_s + (overhead or 0.0)
+    train = steps * step
+    saves = max(1, math.ceil(train / checkpoint_every_s))  # one every interval, the last at the end
+    checkpoint = saves * checkpoint_bytes(c) / write_bytes_per_s
+    total = train + checkpoint
+    return Eta(samples=samples, steps=steps, train_s=train, step_time_s=step, trainer_overhead_s=overhead,
+               checkpoints=saves, checkpoint_s=checkpoint, total_s=total, low_s=train * (1 - spread) + checkpoint,
+               high_s=train * (1 + spread) + checkpoint, spread_rel=spread)

@@ -1,0 +1,124 @@
+"""What a plan is made from: a tune output folder's summary and every config it measured."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainfit.errors import TrainfitError
+from trainfit.probe.measurement import Measurement
+from trainfit.summary import Summary, read_summary
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One config the search measured and found to fit the budget, as a plan can use it."""
+
+    trial: int
+    searched: dict[str, Any]
+    """The searched knobs' values (the config's name in the search)."""
+    config: dict[str, Any]
+    """Every knob (``Params.to_dict``)."""
+    samples_per_second: float
+    """The probe's expected speed over the epoch's own batches (the median of its probes)."""
+    step_time_s: float
+    """The probe's expected time of one optimizer step over those batches."""
+    samples_per_step: int
+    spread_rel: float
+    """The 95% relative half-width of the measured step time, and the epoch fit's largest miss,
+    combined (root of the sum of squares): how far the figure may be off by measurement."""
+    peak_gb: float
+    optimizer_gb: float
+    """The optimizer state the probe measured (a checkpoint holds it)."""
+    model_gb: float
+    shape_times: list[dict[str, Any]]
+    """The timed shapes behind the fit (see ``Measurement.shape_times``)."""
+
+    @property
+    def lora_r(self) -> int:
+        return int(self.config.get("lora_r") or 0)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.config["max_length"])
+
+    @property
+    def capacity(self) -> tuple[float, int]:
+        """What ``quality`` prefers: full fine-tuning over any LoRA rank, a larger rank, then a
+        longer ``max_length``."""
+        return (float("inf") if not self.lora_r else float(self.lora_r), self.max_length)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneRun:
+    folder: Path
+    summary: Summary
+    candidates: list[Candidate]
+    """Every fitting config, fastest first."""
+    spec_doc: dict[str, Any] | None
+    """The spec as the tune was given it (before validation), for what the plan rebuilds from it."""
+
+
+def load_run(folder: Path) -> TuneRun:
+    """Read a tune output folder: its ``summary.json`` and every probe its study journal kept."""
+    summary = read_summary(folder)
+    if summary.best_config is None:
+        raise TrainfitError(f"no config fit the budget in {folder}: there is nothing to plan",
+                            "see its summary.json's all_failed advice, then tune again")
+    studies = _studies(folder)
+    by_key: dict[str, list[tuple[int, Measurement]]] = {}
+    for number, values, m in _measured(studies):
+        if m.fits and m.samples_per_second and m.expected_step_time_s:
+            by_key.setdefault(json.dumps(values, sort_keys=True, default=str), []).append((number, m))
+    candidates = [_candidate(runs, list(summary.best_config.searched)) for runs in by_key.values()]
+    candidates.sort(key=lambda c: -c.samples_per_second)
+    doc = next((s.user_attrs["spec"] for s in studies if "spec" in s.user_attrs), None)
+    return TuneRun(folder=folder, summary=summary, candidates=candidates, spec_doc=doc)
+
+
+def _studies(folder: Path) -> list[Any]:
+    """The Optuna studies of the folder's journal (one, unless the spec changed between runs)."""
+    import optuna
+
+    from trainfit.search.study import journal_storage
+
+    journal = folder / "study.journal"
+    if not journal.is_file():
+        raise TrainfitError(f"{folder} holds no study.journal, where tune keeps every config it measured",
+                            "plan a tune that kept its trials in its output folder (a --storage run keeps them "
+                            "in its database)")
+    storage = journal_storage(journal)
+    return [optuna.load_study(study_name=s.study_name, storage=storage)
+            for s in optuna.get_all_study_summaries(storage)]
+
+
+def _measured(studies: list[Any]) -> Iterator[tuple[int, dict[str, Any], Measurement]]:
+    """Every probe of the studies (confirmation repeats too): trial number, searched values,
+    measurement."""
+    from optuna.trial import TrialState
+
+    for study in studies:
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            data = t.user_attrs.get("measurement")
+            if data is not None and not t.user_attrs.get("reused"):
+                yield t.number, dict(t.user_attrs.get("values", t.params)), Measurement.from_dict(data)
+
+
+def _candidate(runs: list[tuple[int, Measurement]], searched: list[str]) -> Candidate:
+    """A config from its probes (a confirmed config has several): the median speed, the first
+    probe's shapes and memory."""
+    trial, m = runs[0]
+    sps = statistics.median(r.samples_per_second or 0.0 for _, r in runs)
+    step = statistics.median(r.expected_step_time_s or 0.0 for _, r in runs)
+    spread = ((m.step_time_ci95_rel or 0.0) ** 2 + (m.fit_error_rel or 0.0) ** 2) ** 0.5
+    parts = m.memory_parts_bytes
+    return Candidate(trial=trial, searched={k: m.config.get(k) for k in searched}, config=dict(m.config),
+                     samples_per_second=sps, step_time_s=step,
+                     samples_per_step=int(m.samples_per_step or m.config.get("batch_size", 1)),
+                     spread_rel=spread, peak_gb=float(m.peak_memory_gb or 0.0),
+                     optimizer_gb=parts.get("optimizer", 0) / 2**30, model_gb=parts.get("model", 0) / 2**30,
+                     shape_times=list(m.shape_times))

@@ -1,0 +1,116 @@
+"""When the run does not fit its window: what would, each with its own ETA."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainfit.data.stats import LengthStats
+from trainfit.params import Params
+from trainfit.plan.eta import Eta
+from trainfit.plan.inputs import Candidate
+from trainfit.probe.estimate import epoch_speed, fit_step_cost, typical_mix
+from trainfit.summary import Record
+
+SHORTER_QUANTILES = (0.99, 0.95, 0.9)
+"""The shorter ``max_length`` options: these quantiles of the data's lengths, rounded up to 64."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option(Record):
+    """One way to fit the window, with the ETA it would take and what it gives up."""
+
+    kind: str
+    """``fewer_epochs``, ``shorter_max_length``, ``subset`` or ``faster_config``."""
+    change: str
+    """What to change, in words a user acts on."""
+    cost: str
+    """What it gives up."""
+    basis: str
+    """What its ETA rests on."""
+    eta: Eta
+    trial: int
+    """The measured config it starts from."""
+
+
+def fewer_epochs(c: Candidate, samples: int, epochs: float, window_s: float,
+                 eta: Callable[[Candidate, int], Eta]) -> Option | None:
+    """The most whole epochs whose run fits, when at least one does."""
+    most = max((e for e in range(1, math.ceil(epochs)) if eta(c, samples * e).fits(window_s)), default=None)
+    if most is None:
+        return None
+    return Option(kind="fewer_epochs", change=f"train {most} epoch{'s' * (most > 1)} instead of {epochs:g}",
+                  cost=f"{1 - most / epochs:.0%} fewer passes over the data", basis="the chosen config's probe",
+                  eta=eta(c, samples * most), trial=c.trial)
+
+
+def subset(c: Candidate, samples: int, epochs: float, window_s: float,
+           eta: Callable[[Candidate, int], Eta]) -> Option | None:
+    """The largest share of the dataset whose run of ``epochs`` fits (halving the gap, on the ETA's
+    high end)."""
+    low, high = 0, samples
+    while high - low > max(1, samples // 1000):
+        mid = (low + high) // 2
+        low, high = (mid, high) if eta(c, int(mid * epochs)).fits(window_s) else (low, mid)
+    if low == 0:
+        return None
+    return Option(kind="subset", change=f"train on {low:,} of the {samples:,} samples ({low / samples:.0%}), "
+                                        f"{epochs:g} epoch{'s' * (epochs != 1)}",
+                  cost=f"{1 - low / samples:.0%} of the data left out", basis="the chosen config's probe",
+                  eta=eta(c, int(low * epochs)), trial=c.trial)
+
+
+def faster_config(c: Candidate, fastest: Candidate, total: int, window_s: float,
+                  eta: Callable[[Candidate, int], Eta]) -> Option | None:
+    """The fastest measured config, when it is not the chosen one and its run fits."""
+    if fastest.trial == c.trial or not eta(fastest, total).fits(window_s):
+        return None
+    changed = {k: v for k, v in fastest.searched.items() if c.searched.get(k) != v}
+    return Option(kind="faster_config", change="use " + ", ".join(f"{k}={v}" for k, v in changed.items()),
+                  cost=f"{fastest.samples_per_second / c.samples_per_second:.2f}x the chosen config's speed; "
+                       "capacity or memory as measured (trial " + str(fastest.trial) + ")",
+                  basis="its own probe", eta=eta(fastest, total), trial=fastest.trial)
+
+
+def shorter_max_length(c: Candidate, params: Params, stats: LengthStats, seed: int, total: int,
+                       window_s: float, eta: Callable[[Candidate, int], Eta]) -> list[Option]:
+    """Shorter ``max_length`` values that fit, each with the share of samples it truncates. The
+    step cost is the one fitted through the config's timed shapes (no new probe): lengths below
+    the longest timed shape are inside what was measured, and a shorter worst case needs less
+    memory than the one probed."""
+    lengths = np.asarray(stats.length_sample)
+    if len(lengths) == 0 or len(c.shape_times) == 0:
+        return []
+    cost = fit_step_cost([s["padded_length"] for s in c.shape_times], [s["seconds"] for s in c.shape_times])
+    options: list[Option] = []
+    seen: set[int] = set()
+    for q in SHORTER_QUANTILES:
+        length = int(math.ceil(float(np.quantile(lengths, q)) / 64) * 64)
+        if length >= c.max_length or length in seen:
+            continue
+        seen.add(length)
+        shorter = params.replace(**{**c.config, "max_length": length})  # the config's knobs, cut shorter
+        mix = typical_mix(lengths.tolist(), shorter, length, seed, longest=False)
+        speed = epoch_speed(cost, mix, shorter.gradient_accumulation_steps)
+        scaled = Candidate(**{**c.__dict__, "samples_per_second": speed.samples_per_second,
+                              "step_time_s": speed.step_seconds, "config": {**c.config, "max_length": length}})
+        run = eta(scaled, total)
+        if run.fits(window_s):
+            cut = float(np.mean(lengths > length))
+            options.append(Option(kind="shorter_max_length", change=f"max_length {length} instead of {c.max_length}",
+                                  cost=f"truncates {cut:.1%} of the samples (the {q:.0%} quantile of their lengths)",
+                                  basis="the chosen config's step cost fitted through its timed shapes, over the "
+                                        "data's lengths cut at the new max_length (not probed)",
+                                  eta=run, trial=c.trial))
+    return options
+
+
+def ranked(options: Sequence[Option | None]) -> list[Option]:
+    """The options that exist, the one that keeps the most of the run first: the shortest ETA is
+    not the point, the least given up within the window is; ordered by kind as a user would try
+    them (a faster config gives up nothing learned, then truncation, then epochs, then data)."""
+    order = ("faster_config", "shorter_max_length", "fewer_epochs", "subset")
+    return sorted((o for o in options if o is not None), key=lambda o: order.index(o.kind))

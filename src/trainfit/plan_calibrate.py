@@ -1,0 +1,387 @@
+"""Real trainer steps of the chosen config, timed: the calibration of ``trainfit plan --calibrate N``.
+
+The probe prices the model's step; ``trl sft`` adds its own per-step work (its data loader and
+collator, the scheduler, its metrics over the logits, accelerate's bookkeeping): 0-15% on the test
+CPU, 1.4-1.9x on an H100 with short steps (docs/benchmarks.md). A calibration measures it by
+running the command ``tune`` wrote (``train_command.sh``) as a user runs it, twice, for a short
+and a long ``--max_steps``.
+
+The extra steps of the long run are timed two ways. (1) Within the long run: the parent stamps the
+arrival of each update of the trainer's progress bar, and the time from the short run's step count
+to the last step is the figure; neither run's start-up nor its first steps enter it. (2) The long
+run's ``train_runtime`` less the short run's (``bench/trl_fidelity.py``'s method): start-up cancels
+out, but the first step's warm-up varies from run to run by as much as a few steps take. On the
+2-core test VM, the same config (tiny Llama, effective batch 64, ~1.1 s a step) took 5.6 s for its
+first step in one run and 1.3 s in the next, so a 6-step run finished before the 2-step one; four
+calibrations of 4 steps of another config (~0.44 s a step by the bar) gave 0.25-0.55 s a step by
+the runtimes. (1) is the figure; (2) is used when the bar shows fewer than two of the steps (a
+transformers that draws no bar), and is reported as each run ends.
+"""
+
+from __future__ import annotations
+
+import codecs
+import importlib.util
+import itertools
+import math
+import os
+import re
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from trainfit.errors import TrainfitError
+from trainfit.summary import ConfigEntry, Summary, read_summary
+
+SCHEMA_VERSION = 1
+"""The version of :meth:`Calibration.to_json`'s format."""
+
+FALLBACK_HINT = "plan without --calibrate: the estimate then rests on the probe alone"
+
+LOG_TAIL_LINES = 30
+"""Lines of a failed run's output quoted in the error (the whole log stays in the work folder)."""
+
+_TRAIN_RUNTIME = re.compile(r"'train_runtime': '?([0-9.]+(?:[eE][+-]?[0-9]+)?)")
+"""transformers' final metrics, printed by its progress callback as ``{'train_runtime': '44.17', ...}``:
+each float formatted ``.4g``, so a run past 9,999 s reads ``'1.235e+04'``."""
+
+_BAR = re.compile(r"^\s*\d+%\|[^|]*\|\s*(\d+)/(\d+) \[")
+"""The trainer's own progress bar (tqdm, no description: the data-preparation bars have one)."""
+
+_HEADER_TRIAL = re.compile(r"^# trainfit: fastest measured config \(trial (\d+)\)", re.MULTILINE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """What real trainer steps of one config measured, against what its probe expected."""
+
+    steps: int
+    """Optimizer steps timed: the long run's ``--max_steps`` minus the short run's (the long run's
+    steps after the short run's count)."""
+    seconds_per_step: float
+    """The trainer's own time per optimizer step over those steps (s), timed within the long run
+    from the short run's step count to its last step by its progress bar's updates (the first
+    shown at or after that count to the last shown; see :func:`bar_seconds_per_step`); where the bar
+    shows fewer than two of them, the difference of the two runs' ``train_runtime`` / ``steps``."""
+    samples_per_second: float
+    """The trainer's speed: the config's effective batch / ``seconds_per_step``."""
+    probe_samples_per_second: float
+    """The probe's expected speed of the same config over the epoch's own batches: ``summary.json``'s
+    ``best_config`` (its ``confirmed_median`` when confirmation ran, the median of its probes as a
+    plan reads them; else its ``samples_per_second``)."""
+    ratio: float
+    """``samples_per_second / probe_samples_per_second``: the factor a plan multiplies the probe's
+    speed by (below 1: the trainer does work per step the probe does not). The timed steps are the
+    ones the trainer's seeded shuffle draws first, not the epoch's average batch the probe's figure
+    stands for: over few steps of long-tailed data the ratio carries their difference too."""
+    spread_rel: float
+    """95% relative half-width of ``seconds_per_step``, from the timed steps' own variation: each
+    interval between two updates of the long run's progress bar after the short run's step count
+    (one per optimizer step, or per few when steps are shorter than tqdm's 0.1 s refresh), divided
+    by the steps it covers, is one sample; the half-width is Student's t x their standard error /
+    their mean (``probe.timing.relative_ci95``). With fewer than two such intervals, those of both
+    runs after their first step are used; with fewer still, ``inf`` (unknown; written as null).
+    It leaves out a drift of the machine beyond the timed steps."""
+    command: str
+    """The long run's command as it ran: the written ``trl sft`` command with the calibration's
+    arguments after it (``--max_steps`` and the rest; see :func:`calibration_args`)."""
+    device: str | None
+    """The device the config was probed on, which the written command trains on (its
+    ``--use_cpu`` and ``OMP_NUM_THREADS`` follow the probe's device): ``summary.json``'s ``device``."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = None if isinstance(value, float) and not math.isfinite(value) else value
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
+        version = raw.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise TrainfitError(f"a calibration has schema version {version!r}; this trainfit reads {SCHEMA_VERSION}",
+                                "calibrate again with this trainfit")
+        values = {f.name: raw[f.name] for f in fields(cls)}
+        if values["spread_rel"] is None:
+            values["spread_rel"] = math.inf
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One run of the command: TRL's ``train_runtime`` (s) and the arrival time of each step the
+    progress bar showed (``{step: perf_counter seconds}``)."""
+
+    train_runtime_s: float
+    step_arrivals: dict[int, float]
+
+
+def short_steps(steps: int) -> int:
+    """The short run's ``--max_steps``: enough to be past the first step's warm-up, a fifth of the
+    timed steps for a long calibration (a longer warm-up then stays inside the short run)."""
+    return max(2, steps // 5)
+
+
+def calibration_args(max_steps: int, output_dir: Path) -> list[str]:
+    """What a calibration run appends to the written command (``trl sft`` takes the later flag):
+    the step count, a throw-away output folder, no checkpoints, no reporting, no periodic logging
+    (its metrics cost host synchronizations a run with the default ``logging_steps`` makes rarely),
+    and the progress bar on (its updates time the steps)."""
+    return ["--max_steps", str(max_steps), "--output_dir", str(output_dir), "--save_strategy", "no",
+            "--report_to", "none", "--logging_strategy", "no", "--disable_tqdm", "false"]
+
+
+def parse_train_runtime(text: str) -> float | None:
+    """TRL's ``train_runtime`` (s) in a run's output; None when it printed none (the last one wins)."""
+    found = _TRAIN_RUNTIME.findall(text)
+    return float(found[-1]) if found else None
+
+
+def bar_step(segment: str, total: int) -> int | None:
+    """The step a progress-bar ``segment`` (text between carriage returns) shows, if it is the
+    trainer's bar for ``total`` steps."""
+    match = _BAR.match(segment)
+    return int(match.group(1)) if match and int(match.group(2)) == total else None
+
+
+def _shown(arrivals: Mapping[int, float], after: int) -> list[tuple[int, float]]:
+    return sorted((n, t) for n, t in arrivals.items() if n >= after)
+
+
+def bar_seconds_per_step(arrivals: Mapping[int, float], after: int) -> float | None:
+    """Seconds per step from the progress bar's first shown step at or after ``after`` to its last
+    shown (``arrivals``: ``{step: seconds}``); None with fewer than two shown. A step whose update
+    tqdm skipped (under its 0.1 s refresh) shows with the next one; the last at the latest when the
+    bar closes, as the trainer ends, a few milliseconds after the step."""
+    shown = _shown(arrivals, after)
+    if len(shown) < 2:
+        return None
+    (n0, t0), (n1, t1) = shown[0], shown[-1]
+    return (t1 - t0) / (n1 - n0)
+
+
+def step_spread(long: Mapping[int, float], short: Mapping[int, float], short_steps: int) -> float:
+    """``Calibration.spread_rel`` from the two runs' step arrivals (``{step: seconds}``; see there)."""
+    from trainfit.probe.timing import relative_ci95
+
+    def per_step(arrivals: Mapping[int, float], after: int) -> list[float]:
+        return [(t1 - t0) / (n1 - n0) for (n0, t0), (n1, t1) in itertools.pairwise(_shown(arrivals, after))]
+
+    samples = per_step(long, short_steps)
+    if len(samples) < 2:
+        samples = per_step(long, 1) + per_step(short, 1)
+    return relative_ci95(samples)
+
+
+def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
+              on_progress: Callable[[str], None] | None = None) -> Calibration:
+    """Time ``steps`` real optimizer steps of the best config of the tune output folder ``run_dir``
+    with the command ``tune`` wrote for it (``train_command.sh``, a ``trl sft`` command; for a
+    ``config:`` model it trains the random-init model saved in ``run_dir/model``).
+
+    The command runs twice in a child process group, for ``short_steps(steps)`` and
+    ``short_steps(steps) + steps`` optimizer steps, with :func:`calibration_args` after it, in the
+    environment of this process (``trl`` found beside this Python first). ``work``: where each
+    run's full output is kept (``calibrate-N-steps.log``) and the trainer writes (each run's output
+    folder, with the model ``trl sft`` saves as it ends, is removed after the run); None: a new
+    temporary folder, removed after a calibration that succeeds. ``on_progress``: a line at each
+    run's start, its first step shown and its end, then the two timings of the steps.
+
+    Raises :class:`TrainfitError` when ``steps`` < 1, ``run_dir`` holds no ``summary.json`` or
+    ``train_command.sh``, the command is a ``tune.command_template`` or has a placeholder to fill,
+    ``trl`` is not installed, or a run fails (with its last lines and the log's path). Ctrl-C (or
+    any other exception) kills the run's whole process group before it propagates.
+    """
+    if steps < 1:
+        raise TrainfitError(f"a calibration times at least 1 optimizer step (asked for {steps})",
+                            "e.g. 50 steps: more give a tighter figure, each costs one step of the config")
+    script, best, summary = _written_command(Path(run_dir))
+    env = _trainer_env()
+    say = on_progress or (lambda line: None)
+    scratch = work is None
+    folder = Path(tempfile.mkdtemp(prefix="trainfit-calibrate-")) if work is None else Path(work)
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / "train_command.sh"  # the command as read now: a tune still running may rewrite the original
+    copy.write_text(script)
+    short = short_steps(steps)
+    runs: list[_Run] = []
+    try:
+        for number, max_steps in enumerate((short, short + steps), start=1):
+            say(f"run {number} of 2: `trl sft` for {max_steps} steps "
+                f"(log: {folder / f'calibrate-{max_steps}-steps.log'})")
+            runs.append(_run_command(copy, max_steps, folder, env, _prefixed(say, f"run {number} of 2: ")))
+    except TrainfitError:
+        raise  # the log it names stays
+    except BaseException:  # Ctrl-C: the runs are killed, their partial logs of no use
+        if scratch:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    by_runtimes = (runs[1].train_runtime_s - runs[0].train_runtime_s) / steps
+    say(f"{steps} steps: {by_runtimes:.4g} s a step by the runs' train_runtime difference")
+    seconds = bar_seconds_per_step(runs[1].step_arrivals, short)
+    if seconds is None:
+        seconds = by_runtimes
+        if seconds <= 0:
+            raise TrainfitError(f"the {short + steps}-step run took no longer than the {short}-step one "
+                                f"({runs[1].train_runtime_s:g} s against {runs[0].train_runtime_s:g} s), and "
+                                f"its progress bar showed too few steps to time them within the run (logs: {folder})",
+                                f"calibrate over more steps (e.g. {max(50, 10 * steps)}), or {FALLBACK_HINT}")
+    else:
+        say(f"{steps} steps: {seconds:.4g} s a step by the {short + steps}-step run's progress bar (the figure)")
+    probe = best.confirmed_median if best.confirmed_median is not None else best.samples_per_second
+    assert probe is not None  # the best config is a fitting, timed one
+    speed = best.effective_batch_size / seconds
+    calibration = Calibration(
+        steps=steps, seconds_per_step=seconds, samples_per_second=speed,
+        probe_samples_per_second=float(probe), ratio=speed / float(probe),
+        spread_rel=step_spread(runs[1].step_arrivals, runs[0].step_arrivals, short),
+        command=_as_run(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
+        device=summary.device)
+    if scratch:
+        shutil.rmtree(folder, ignore_errors=True)
+    return calibration
+
+
+def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda line: say(prefix + line)
+
+
+def _written_command(run_dir: Path) -> tuple[str, ConfigEntry, Summary]:
+    """The text of ``run_dir/train_command.sh``, the best config it trains and the summary, once
+    checked to be a ``trl sft`` command a calibration can run."""
+    summary = read_summary(run_dir)
+    best = summary.best_config
+    if best is None or best.samples_per_second is None:
+        raise TrainfitError(f"no config fit the budget in {run_dir}: there is no command to calibrate",
+                            "see its summary.json's all_failed advice, then tune again")
+    if (summary.spec.get("tune") or {}).get("command_template"):
+        raise TrainfitError("this run's training command is the spec's tune.command_template: a calibration "
+                            "runs only the `trl sft` command trainfit writes, for now", FALLBACK_HINT)
+    script_path = run_dir / "train_command.sh"
+    if not script_path.is_file():
+        raise TrainfitError(f"{run_dir} holds no train_command.sh (tune writes it once a config fits)",
+                            f"tune again into a new folder, or {FALLBACK_HINT}")
+    script = script_path.read_text()
+    written_for = _HEADER_TRIAL.search(script)
+    if written_for is not None and int(written_for.group(1)) != best.trial:
+        raise TrainfitError(f"{script_path} is for trial {written_for.group(1)}, summary.json's best config is "
+                            f"trial {best.trial}: is a tune still writing {run_dir}?",
+                            "calibrate once the tune has ended")
+    no_command = re.search(r"^# No command: (.*)$", script, re.MULTILINE)
+    if no_command is not None:
+        raise TrainfitError(f"tune wrote no training command in {script_path}: {no_command.group(1)}", FALLBACK_HINT)
+    body = script.partition("set -euo pipefail\n")[2]
+    if not re.match(r"(OMP_NUM_THREADS=\d+ )?trl sft ", body):
+        raise TrainfitError(f"{script_path} is not the `trl sft` command trainfit writes: a calibration runs only "
+                            "that command, for now", FALLBACK_HINT)
+    placeholder = re.search(r"'(<[^']*>)'", body)
+    if placeholder is not None:
+        raise TrainfitError(f"{script_path} still has a placeholder to fill: {placeholder.group(1)}",
+                            "fill it in (the script's '# note:' lines say how), then calibrate")
+    return script, best, summary
+
+
+def _trainer_env() -> dict[str, str]:
+    """This process's environment, with the ``trl`` beside this Python first on PATH (the one whose
+    package was checked) and unbuffered output (each progress update arrives as it is written)."""
+    if importlib.util.find_spec("trl") is None:
+        raise TrainfitError("trl is not installed: a calibration runs the written `trl sft` command",
+                            f"pip install trl (the version the command was written for: see summary.json's "
+                            f"versions), or {FALLBACK_HINT}")
+    path = os.pathsep.join(p for p in (str(Path(sys.executable).parent), os.environ.get("PATH")) if p)
+    if shutil.which("trl", path=path) is None:
+        raise TrainfitError(f"trl is installed for {sys.executable} but its `trl` command is on no PATH",
+                            f"reinstall trl (pip install --force-reinstall trl), or {FALLBACK_HINT}")
+    return {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def _as_run(script: str, args: list[str]) -> str:
+    """The script's command on one line, its own arguments (``"$@"``) replaced by ``args``."""
+    body = script.partition("set -euo pipefail\n")[2].strip()
+    return body.replace(" \\\n    ", " ").replace('"$@"', shlex.join(args))
+
+
+def _run_command(script: Path, max_steps: int, folder: Path, env: Mapping[str, str],
+                 say: Callable[[str], None]) -> _Run:
+    """Run ``script`` with :func:`calibration_args` for ``max_steps`` steps; its output goes to
+    ``folder/calibrate-{max_steps}-steps.log`` as it comes, each update of the trainer's progress bar
+    stamped on arrival."""
+    log_path = folder / f"calibrate-{max_steps}-steps.log"
+    out_dir = folder / f"trainer-{max_steps}-steps"
+    rc, text, arrivals = run_logged(["bash", str(script), *calibration_args(max_steps, out_dir)], log_path,
+                                    cwd=folder, env=env, bar_total=max_steps, say=say)
+    shutil.rmtree(out_dir, ignore_errors=True)  # the model trl sft saves as it ends
+    runtime = parse_train_runtime(text)
+    if rc != 0 or runtime is None:
+        tail = "\n".join("  | " + line for line in re.split(r"[\r\n]+", text.strip())[-LOG_TAIL_LINES:])
+        why = f"exited with {rc}" if rc != 0 else "printed no train_runtime"
+        raise TrainfitError(f"the calibration's {max_steps}-step run of `trl sft` {why}; its last lines:\n{tail}",
+                            f"the whole output is in {log_path}; fix what it says, or {FALLBACK_HINT}")
+    say(f"done: train_runtime {runtime:g} s")
+    return _Run(train_runtime_s=runtime, step_arrivals=arrivals)
+
+
+def run_logged(argv: list[str], log_path: Path, *, cwd: Path, env: Mapping[str, str], bar_total: int,
+               say: Callable[[str], None]) -> tuple[int, str, dict[int, float]]:
+    """Run ``argv`` in its own process group, its output (stdout and stderr) written to ``log_path``
+    as it comes. Returns the exit status, the output, and when each step of the trainer's progress
+    bar for ``bar_total`` steps first arrived (``time.perf_counter()``). Ctrl-C, or any exception
+    here (``say`` raising, say), kills the whole group (the shell, ``accelerate launch`` and the
+    training process it starts) before it propagates; so does the run's end (a straggler it left)."""
+    arrivals: dict[int, float] = {}
+    started = time.perf_counter()
+    received = bytearray()
+    tail = ""  # the output after its last line break: the progress bar tqdm is drawing now
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a bar's blocks may be split between reads
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=cwd, env=dict(env), start_new_session=True)
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(fd, selectors.EVENT_READ)
+                while True:
+                    if not selector.select(0.5):
+                        if proc.poll() is not None:  # ended, but a process it left holds the pipe open
+                            break
+                        continue
+                    chunk = os.read(fd, 1 << 16)
+                    now = time.perf_counter()
+                    if not chunk:
+                        break
+                    log.write(chunk)
+                    log.flush()
+                    received += chunk
+                    # tqdm draws each update as "\r" + the bar: the newest one is complete on arrival.
+                    *done, tail = re.split(r"[\r\n]", tail + decoder.decode(chunk))
+                    for segment in (*done, tail):
+                        n = bar_step(segment, bar_total)
+                        if n is not None and n > 0 and n not in arrivals:
+                            if not arrivals:
+                                say(f"step {n} of {bar_total} after {now - started:.0f} s of start-up")
+                            arrivals[n] = now
+            rc = proc.wait()
+        finally:
+            _kill_group(proc)
+            proc.stdout.close()
+    return rc, received.decode("utf-8", "replace"), arrivals
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group ``proc`` leads (it was started in a session of its own), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # nothing left in the group
+        pass
+    proc.wait()

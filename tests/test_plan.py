@@ -1,0 +1,226 @@
+"""``trainfit plan``: the priorities as rules over measured configs, the ETA and its parts, the
+options when a run does not fit, and the command on a real tune folder (integration)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY_LLAMA, make_spec_file
+
+from trainfit.cli import main
+from trainfit.data.stats import LengthStats
+from trainfit.params import Params
+from trainfit.plan import Plan, planned_command
+from trainfit.plan.choose import choose
+from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, write_speed
+from trainfit.plan.inputs import Candidate
+from trainfit.plan.options import fewer_epochs, shorter_max_length, subset
+
+FAST_DISK = 1e9  # bytes/s: checkpoints cost ~nothing in the tests of the rules
+
+
+def candidate(trial: int, sps: float, *, lora_r: int | None = 8, peak: float = 10.0, max_length: int = 512,
+              batch: int = 8, spread: float = 0.02, shapes: list[dict] | None = None) -> Candidate:
+    return Candidate(trial=trial, searched={"batch_size": batch, "lora_r": lora_r},
+                     config={"batch_size": batch, "lora_r": lora_r, "max_length": max_length,
+                             "gradient_accumulation_steps": 1},
+                     samples_per_second=sps, step_time_s=batch / sps, samples_per_step=batch, spread_rel=spread,
+                     peak_gb=peak, optimizer_gb=0.1, model_gb=2.0, shape_times=shapes or [])
+
+
+def eta_of(samples: int, every_s: float = 1800.0):
+    return lambda c, n=samples: estimate(c, n, write_bytes_per_s=FAST_DISK, checkpoint_every_s=every_s)
+
+
+# Fastest first, as load_run orders them: A fastest; B within 10% with a larger rank; C within 10%
+# with the lowest peak; D full fine-tuning at half the speed.
+A, B, C, D = (candidate(0, 100.0, lora_r=8, peak=10.0), candidate(1, 95.0, lora_r=16, peak=12.0),
+              candidate(2, 92.0, lora_r=8, peak=6.0), candidate(3, 50.0, lora_r=None, peak=20.0))
+ALL = [A, B, C, D]
+
+
+@pytest.mark.parametrize(("priority", "window_s", "picked"), [
+    ("fast", 1e9, A),
+    ("balanced", 1e9, B),  # the highest capacity within 10% of the fastest
+    ("memory_efficient", 1e9, C),  # the lowest peak within 10% of the fastest
+    ("quality", 1e9, D),  # full fine-tuning, as its run fits
+    ("quality", 150.0, B),  # D's 200 s do not fit 150 s: the highest capacity whose run does
+])
+def test_each_priority_is_a_rule_over_the_measured_configs(priority: str, window_s: float, picked: Candidate) -> None:
+    assert choose(priority, ALL, eta_of(10_000), window_s) == picked
+
+
+def test_the_eta_is_the_steps_at_the_measured_step_plus_the_saves_with_an_interval() -> None:
+    c = candidate(0, 10.0, batch=8, spread=0.05)  # 0.8 s a step
+    e = estimate(c, 1_000, write_bytes_per_s=2**20, checkpoint_every_s=30.0)
+    assert e.steps == 125 and e.train_s == pytest.approx(100.0)
+    assert e.checkpoints == math.ceil(100.0 / 30.0)
+    assert e.checkpoint_s == pytest.approx(4 * checkpoint_bytes(c) / 2**20)
+    assert e.total_s == pytest.approx(e.train_s + e.checkpoint_s)
+    assert (e.low_s, e.high_s) == (pytest.approx(95.0 + e.checkpoint_s), pytest.approx(105.0 + e.checkpoint_s))
+    assert e.trainer_overhead_s is None
+
+
+def test_a_lora_checkpoint_holds_the_optimizer_state_and_the_adapters_a_full_one_the_model() -> None:
+    lora, full = candidate(0, 10.0, lora_r=8), candidate(1, 10.0, lora_r=None)
+    assert checkpoint_bytes(lora) == int(0.1 * 2**30 * 1.5)
+    assert checkpoint_bytes(full) == int((0.1 + 2.0) * 2**30)
+
+
+def test_fewer_epochs_and_a_subset_are_the_most_that_fit() -> None:
+    c = candidate(0, 10.0, batch=10, spread=0.0)  # 1 s a step, 10 samples/s
+    eta = eta_of(0, every_s=1e9)
+    window = 250.0  # 2,500 samples of training
+    epochs = fewer_epochs(c, 1_000, 3, window, eta)
+    assert epochs is not None and epochs.change == "train 2 epochs instead of 3" and epochs.eta.fits(window)
+    part = subset(c, 1_000, 3, window, eta)
+    assert part is not None and part.eta.fits(window)
+    low = part.eta.samples // 3
+    assert 820 <= low <= 833  # 833 samples x 3 epochs fit, to the search's resolution (1 sample in 1,000)
+    assert not eta(c, int((low + 10) * 3)).fits(window)
+    assert fewer_epochs(c, 1_000, 3, 50.0, eta) is None  # not even one epoch fits
+
+
+def test_a_shorter_max_length_is_priced_by_the_fitted_step_cost_and_says_what_it_truncates() -> None:
+    lengths = np.random.default_rng(0).lognormal(4.5, 0.8, 2_000).astype(int) + 1
+    stats = LengthStats.__new__(LengthStats)
+    object.__setattr__(stats, "length_sample", lengths.tolist())
+    shapes = [{"padded_length": n, "seconds": 0.01 + 2e-4 * n} for n in (64, 128, 256, 512)]  # per step, batch 8
+    c = candidate(0, 100.0, batch=8, max_length=1024, shapes=shapes)
+    options = shorter_max_length(c, Params(max_length=1024), stats, 0, 8_000, 1e9, eta_of(8_000))
+    assert [o.kind for o in options] == ["shorter_max_length"] * len(options) and options
+    times = [o.eta.train_s for o in options]
+    assert times == sorted(times, reverse=True)  # shorter max_length, shorter run
+    for o in options:
+        length = int(o.change.split()[1])
+        assert length % 64 == 0 and length < 1024
+        assert f"{np.mean(lengths > length):.1%}" in o.cost
+
+
+def test_the_disk_write_speed_is_measured_on_the_output_folder(tmp_path: Path) -> None:
+    assert write_speed(tmp_path, 4 * 2**20) > 0
+    assert not list(tmp_path.iterdir())  # the timing file is gone
+
+
+def test_the_planned_command_trains_the_plans_epochs_and_checkpoints_on_its_interval() -> None:
+    cmd = "trl sft --model_name_or_path m --num_train_epochs 1 --output_dir trainfit-run"
+    assert planned_command(cmd, 3, 120) == ("trl sft --model_name_or_path m --num_train_epochs 3 --output_dir "
+                                            "trainfit-run --save_strategy steps --save_steps 120 --save_total_limit 3")
+    assert planned_command("python train.py --bs 8", 3, 120) == "python train.py --bs 8"  # a template: as written
+    assert planned_command(None, 3, 120) is None
+
+
+@pytest.fixture(scope="module")
+def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real tune of the tiny Llama (four configs, each a real probe)."""
+    from conftest import write_texts
+
+    root = tmp_path_factory.mktemp("plan")
+    data = root / "train.jsonl"
+    write_texts(data)
+    spec = make_spec_file(root, model={"config": TINY_LLAMA}, data={"path": str(data), "text_field": "text"},
+                          params={"max_length": 64})
+    spec.write_text(spec.read_text() + "search:\n  batch_size: [1, 4]\n  lora_r: [null, 4]\n")
+    out = root / "out"
+    assert main(["tune", str(spec), "--output", str(out), "--strategy", "grid"]) == 0
+    return out
+
+
+@pytest.mark.integration
+def test_plan_of_a_real_tune_writes_a_plan_that_reads_back_and_fits(tune_dir: Path, capsys) -> None:
+    assert main(["plan", str(tune_dir), "--max-hours", "10", "--epochs", "2", "--priority", "fast"]) == 0
+    printed = capsys.readouterr().out
+    plan = Plan.from_json(json.loads((tune_dir / "plan.json").read_text()))
+    assert plan.fits and plan.to_json() == json.loads((tune_dir / "plan.json").read_text())
+    summary = json.loads((tune_dir / "summary.json").read_text())
+    assert plan.trial == summary["best_config"]["trial"]  # fast: tune's own pick
+    assert plan.eta.samples == 2 * summary["dataset_samples"]
+    assert plan.eta.train_s == pytest.approx(plan.eta.steps * plan.eta.step_time_s)
+    assert [c.priority for c in plan.priorities] == ["fast", "balanced", "quality", "memory_efficient"]
+    assert "not calibrated" in " ".join(plan.rests_on)
+    assert plan.command is not None and "--num_train_epochs 2" in plan.command and "--save_steps" in plan.command
+    assert "FITS" in printed and (tune_dir / "plan.txt").read_text().startswith("PLAN: 2 epochs of 200 samples")
+    # report.html gains the plan's section; a second plan replaces it
+    assert main(["plan", str(tune_dir), "--max-hours", "5", "--epochs", "1"]) == 0
+    page = (tune_dir / "report.html").read_text()
+    assert page.count("<h3>Plan:") == 1 and "<h3>Plan: 1 epoch(s) in 5 h" in page and page.index("Plan:") < page.index(
+        "<h3>Trials</h3>")
+
+
+@pytest.mark.integration
+def test_a_run_that_does_not_fit_gets_options_that_each_fit(tune_dir: Path, capsys) -> None:
+    fastest = json.loads((tune_dir / "summary.json").read_text())["best_config"]["samples_per_second"]
+    hours = 200 * 50 / fastest / 3600 / 4  # a quarter of 50 epochs' time
+    assert main(["plan", str(tune_dir), "--max-hours", f"{hours:.6f}", "--margin-minutes", "0",
+                 "--epochs", "50", "--priority", "quality"]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+    plan = Plan.from_json(json.loads((tune_dir / "plan.json").read_text()))
+    assert not plan.fits and plan.options
+    assert all(o.eta.fits(plan.window_s) for o in plan.options)
+    assert {"fewer_epochs", "subset"} <= {o.kind for o in plan.options}
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    assert main(["plan", str(tmp_path), "--max-hours", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no summary.json" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main(["plan", str(tmp_path), "--max-hours", "0"])
+    assert "--max-hours" in capsys.readouterr().err
+
+
+def test_eta_reads_back_from_json() -> None:
+    e = estimate(candidate(0, 10.0), 100, write_bytes_per_s=FAST_DISK, checkpoint_every_s=60.0)
+    assert Eta.from_json(e.to_json()) == e
+
+
+def a_plan(total_s: float, spread: float, window_s: float, checkpoint_s: float = 0.0) -> Plan:
+    eta = Eta(samples=1_000, steps=100, train_s=total_s - checkpoint_s, step_time_s=(total_s - checkpoint_s) / 100,
+              trainer_overhead_s=None, checkpoints=1, checkpoint_s=checkpoint_s, total_s=total_s,
+              low_s=total_s * (1 - spread), high_s=total_s * (1 + spread), spread_rel=spread)
+    return Plan(created_at="2026-11-24T00:00:00+00:00", run_dir="r", max_hours=1.0, margin_minutes=0.0,
+                window_s=window_s, epochs=1.0, dataset_samples=1_000, priority="fast", rule="", trial=0, searched={},
+                config={}, samples_per_second=1.0, peak_gb=1.0, command=None, save_steps=10, eta=eta, fits=True,
+                checkpoint_every_s=1800.0, checkpoint_bytes=1, write_bytes_per_s=1.0, calibration=None, rests_on=[],
+                priorities=[])
+
+
+@pytest.mark.parametrize(("elapsed_at_half", "state"), [
+    (50.0, "on track"),              # the planned pace
+    (54.0, "on track"),              # slower, but inside the plan's interval (+10%)
+    (58.0, "slower than planned"),   # past the interval, inside the window
+    (75.0, "will miss the window"),  # 150 s projected, 120 s window
+])
+def test_on_track_projects_the_finish_from_the_pace_so_far(elapsed_at_half: float, state: str) -> None:
+    from trainfit.monitor import OnTrack
+
+    status = OnTrack(a_plan(100.0, 0.10, 120.0)).status(50, 100, elapsed_at_half)
+    assert status.state == state and status.projected_s == pytest.approx(2 * elapsed_at_half)
+
+
+@pytest.mark.integration
+def test_on_track_callback_reports_from_a_real_trainer(tmp_path: Path, capsys) -> None:
+    """A real Hugging Face Trainer, a few steps of a tiny model, with the callback checking every
+    step against a plan whose window it cannot miss."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
+
+    import trainfit
+
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(a_plan(3600.0, 0.1, 7200.0).to_json()))
+    cfg = dict(TINY_LLAMA)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    ids = torch.randint(0, 256, (16, 32))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=4,
+                             report_to="none", save_strategy="no", use_cpu=True, logging_steps=100)
+    callback = trainfit.OnTrackCallback(plan=plan_path, every_s=0.0)
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+    status = json.loads((tmp_path / "on_track.json").read_text())
+    assert status["step"] == 4 and status["max_steps"] == 4 and status["state"] == "on track"
+    assert "trainfit: on track: step 4/4" in capsys.readouterr().err

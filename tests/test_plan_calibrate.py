@@ -1,0 +1,229 @@
+"""The calibration of `trainfit plan --calibrate N`: the written `trl sft` command run for real, twice,
+its extra steps timed by TRL's own `train_runtime`; and every folder it cannot calibrate refused in
+words, before anything runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES
+
+from trainfit.errors import TrainfitError
+from trainfit.params import Params
+from trainfit.plan_calibrate import (
+    Calibration,
+    bar_seconds_per_step,
+    bar_step,
+    calibrate,
+    calibration_args,
+    parse_train_runtime,
+    run_logged,
+    short_steps,
+    step_spread,
+)
+from trainfit.probe.measurement import Measurement
+from trainfit.probe.timing import relative_ci95
+from trainfit.spec import load_spec
+from trainfit.tune import tune
+
+SMALL_TUNE = ["max_length=256", "search={batch_size: [4]}", "tune.target_effective_batch=32", "tune.max_trials=1"]
+"""The bundled example cut to one config, effective batch 32 at up to 256 tokens: steps of ~0.3-0.5 s on a 2-core
+CPU, each one shown by the trainer's progress bar (tqdm refreshes at most every 0.1 s)."""
+QUICK_PROBE = ["probe.max_seconds=3", "probe.burn_in_steps=1", "probe.min_steps=2", "probe.max_steps=4"]
+"""A probe that only has to give a figure (the test decides nothing on it)."""
+
+
+def fixed(params: Params, number: int) -> Measurement:
+    """Not a probe (these tests are about the folder a tune leaves): a fitting config at a fixed speed."""
+    return Measurement(status="ok", config=params.to_dict(), samples_per_second=50.0, tokens_per_second=5000.0,
+                       peak_memory_bytes=2**30, steps_measured=5, stable=True, device="cpu", cpu_threads=2)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tune folder of the bundled example whose command is `trl sft` (its model saved), from fixed figures."""
+    out = tmp_path_factory.mktemp("written") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINFIT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        tune(load_spec(EXAMPLES / "tiny-llama.yaml", SMALL_TUNE), output=out, probe_fn=fixed)
+    return out
+
+
+def folder_with(tmp_path: Path, written: Path, script: str | None) -> Path:
+    """A copy of ``written``'s summary.json with ``script`` as its train_command.sh (None: none)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(written / "summary.json", run)
+    if script is not None:
+        (run / "train_command.sh").write_text(script)
+    return run
+
+
+def test_a_calibration_needs_a_step(tmp_path: Path) -> None:
+    with pytest.raises(TrainfitError, match=r"at least 1 optimizer step \(asked for 0\)"):
+        calibrate(tmp_path, 0)
+
+
+def test_a_folder_that_is_not_a_tune_output_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TrainfitError, match="holds no summary.json"):
+        calibrate(tmp_path, 4)
+
+
+def test_a_folder_without_train_command_sh_is_refused(tmp_path: Path, written: Path) -> None:
+    with pytest.raises(TrainfitError, match="holds no train_command.sh") as err:
+        calibrate(folder_with(tmp_path, written, None), 4, work=tmp_path / "work")
+    assert "rests on the probe alone" in str(err.value)
+    assert not (tmp_path / "work").exists()  # refused before anything ran
+
+
+def test_a_command_with_a_placeholder_is_refused(tmp_path: Path, written: Path) -> None:
+    """A random-init model over 1B parameters is not saved: its script names a placeholder, which
+    `trl sft` would try to download as a model."""
+    from trainfit.command import MODEL_PLACEHOLDER
+
+    script = (written / "train_command.sh").read_text().replace(str(written.resolve() / "model"),
+                                                               shlex.quote(MODEL_PLACEHOLDER))
+    with pytest.raises(TrainfitError, match="still has a placeholder to fill: <a local model folder"):
+        calibrate(folder_with(tmp_path, written, script), 4)
+
+
+def test_a_command_written_for_another_trial_than_the_summarys_best_is_refused(tmp_path: Path, written: Path) -> None:
+    script = (written / "train_command.sh").read_text().replace("config (trial 0)", "config (trial 7)")
+    with pytest.raises(TrainfitError, match="is for trial 7, summary.json's best config is trial 0"):
+        calibrate(folder_with(tmp_path, written, script), 4)
+
+
+def test_a_command_template_is_refused_with_the_probe_alone_as_the_way_on(tmp_path: Path) -> None:
+    spec = load_spec(EXAMPLES / "tiny-tts.yaml", ["tune.max_trials=1",
+                                                 "tune.command_template=python train.py --bs {batch_size}"])
+    tune(spec, output=tmp_path / "run", probe_fn=fixed)
+    assert (tmp_path / "run" / "train_command.sh").is_file()
+    with pytest.raises(TrainfitError, match="tune.command_template: a calibration runs only the `trl sft` command") \
+            as err:
+        calibrate(tmp_path / "run", 4)
+    assert err.value.hint is not None and "the estimate then rests on the probe alone" in err.value.hint
+
+
+def fake_trainer(tmp_path: Path, body: str) -> Path:
+    """A stand-in for `trl sft` (bash), for what the calibration does with any child process."""
+    script = tmp_path / "trainer.sh"
+    script.write_text(f"#!/usr/bin/env bash\n{body}\n")
+    return script
+
+
+def test_a_failed_run_says_its_last_lines_and_keeps_its_whole_log(tmp_path: Path) -> None:
+    from trainfit.plan_calibrate import _run_command
+
+    script = fake_trainer(tmp_path, 'for i in $(seq 1 100); do echo "line $i"; done\n'
+                                    'echo "ValueError: no such model" >&2\nexit 3')
+    with pytest.raises(TrainfitError) as err:
+        _run_command(script, 2, tmp_path, os.environ, lambda line: None)
+    message = str(err.value)
+    assert "2-step run of `trl sft` exited with 3" in message and "  | ValueError: no such model" in message
+    assert "  | line 99" in message and "  | line 60" not in message  # the last 30 lines only
+    log = tmp_path / "calibrate-2-steps.log"
+    assert f"the whole output is in {log}" in message
+    assert log.read_text().count("line ") == 100
+
+
+def test_ctrl_c_kills_the_run_and_everything_it_started(tmp_path: Path) -> None:
+    """The trainer's process group goes: `bash`, and what it started (here a `sleep`; for real,
+    `accelerate launch` and the training process)."""
+    pids = tmp_path / "pids"
+    script = fake_trainer(tmp_path, f"sleep 300 &\necho $$ $! > {pids}\n"
+                                    "printf '\\r 20%%|##        | 1/5 [00:01<00:04,  1.00s/it]'\nwait")
+
+    def interrupt(line: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_logged(["bash", str(script)], tmp_path / "log", cwd=tmp_path, env=os.environ, bar_total=5,
+                   say=interrupt)
+    for pid in map(int, pids.read_text().split()):
+        assert not alive(pid), pid
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_trl_s_metrics_and_progress_bar_are_read_as_printed() -> None:
+    """Lines as transformers 5.24 prints them (floats formatted .4g: a long run's runtime has an exponent)."""
+    metrics = "{'train_runtime': '0.3547', 'train_samples_per_second': '135.3', 'train_loss': '7.608'}"
+    assert parse_train_runtime(f"noise\n{metrics}\n") == 0.3547
+    assert parse_train_runtime("{'train_runtime': '1.235e+04', 'epoch': '1'}") == 12350.0
+    assert parse_train_runtime("Traceback (most recent call last):") is None
+    assert bar_step(" 33%|███▎      | 2/6 [00:00<00:00, 14.24it/s]", 6) == 2
+    assert bar_step("100%|██████████| 6/6 [00:00<00:00, 17.51it/s]", 6) == 6
+    assert bar_step(" 33%|███▎      | 2/6 [00:00<00:00, 14.24it/s]", 2) is None  # another run's bar
+    assert bar_step("Tokenizing train dataset:  14%|█▍        | 6/6 [00:00<00:00, 2105.25 examples/s]", 6) is None
+
+
+def test_the_steps_after_the_short_runs_count_are_timed_by_the_progress_bar() -> None:
+    """The figure and its spread come from the long run's steps after the short run's count, each
+    interval divided by the steps it covers: the warm-up before them is left out."""
+    long = {1: 0.0, 2: 5.0, 3: 6.1, 5: 7.9, 6: 9.1}  # step 1 -> 2: warm-up; 3 -> 5: two steps in one update
+    assert bar_seconds_per_step(long, 2) == pytest.approx(4.1 / 4)
+    assert step_spread(long, {}, 2) == pytest.approx(relative_ci95([1.1, 0.9, 1.2]))
+    assert bar_seconds_per_step({1: 0.0, 2: 1.0, 3: 2.2}, 3) is None
+    # Too few intervals after the short run's steps: every interval after the first step, of both runs.
+    assert step_spread({1: 0.0, 2: 1.0, 3: 2.2}, {1: 0.0, 2: 0.9}, 3) == pytest.approx(relative_ci95([1.0, 1.2, 0.9]))
+    assert step_spread({3: 1.0}, {}, 3) == math.inf
+
+
+def test_a_calibration_reads_back_from_json_with_an_unknown_spread() -> None:
+    c = Calibration(steps=4, seconds_per_step=0.5, samples_per_second=16.0, probe_samples_per_second=20.0, ratio=0.8,
+                    spread_rel=math.inf, command="trl sft --max_steps 6", device="cpu")
+    raw = json.loads(json.dumps(c.to_json()))
+    assert raw["spread_rel"] is None and raw["schema_version"] == 1
+    assert Calibration.from_json(raw) == c
+    with pytest.raises(TrainfitError, match="schema version 2"):
+        Calibration.from_json({**raw, "schema_version": 2})
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Calibration, list[str], Path]:
+    """A real tune of the bundled example (one config, a real probe), then a real calibration of it:
+    `trl sft` for 2 then 6 steps (nothing downloaded: the saved model, the bundled data, the Hub off)."""
+    pytest.importorskip("trl")
+    root = tmp_path_factory.mktemp("calibrated")
+    out, work, lines = root / "run", root / "work", []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINFIT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("HF_HOME", str(root / "hf"))
+        mp.setenv("PATH", os.pathsep.join(p for p in ("/usr/bin", "/bin") if os.path.isdir(p)))  # trl: found beside Python
+        tune(load_spec(EXAMPLES / "tiny-llama.yaml", [*SMALL_TUNE, *QUICK_PROBE]), output=out)
+        calibration = calibrate(out, 4, work=work, on_progress=lines.append)
+    return out, calibration, lines, work
+
+
+@pytest.mark.integration
+def test_a_calibration_times_real_trl_steps_of_the_written_command(calibrated) -> None:
+    out, c, lines, work = calibrated
+    best = json.loads((out / "summary.json").read_text())["best_config"]
+    assert c.steps == 4 and short_steps(4) == 2
+    assert c.seconds_per_step > 0 and c.samples_per_second > 0 and c.spread_rel > 0
+    assert c.samples_per_second == pytest.approx(best["effective_batch_size"] / c.seconds_per_step)
+    assert c.probe_samples_per_second == best["samples_per_second"]
+    assert c.ratio == pytest.approx(c.samples_per_second / c.probe_samples_per_second)
+    # The written command, as run: tune's command for the best config with the calibration's arguments after it.
+    assert c.command == f"{best['command']} {shlex.join(calibration_args(6, work / 'trainer-6-steps'))}"
+    assert c.device == json.loads((out / "summary.json").read_text())["device"]
+    assert sorted(p.name for p in work.iterdir()) == ["calibrate-2-steps.log", "calibrate-6-steps.log",
+                                                      "train_command.sh"]  # the trainer's output folders: removed
+    assert (work / "train_command.sh").read_text() == (out / "train_command.sh").read_text()
+    assert lines[0].startswith("run 1 of 2: `trl sft` for 2 steps") and "run 2 of 2: done: " in lines[-3]
+    assert "by the runs' train_runtime difference" in lines[-2] and "(the figure)" in lines[-1]
+    assert Calibration.from_json(json.loads(json.dumps(c.to_json()))) == c
