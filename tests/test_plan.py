@@ -65,6 +65,21 @@ def test_the_eta_is_the_steps_at_the_measured_step_plus_the_saves_with_an_interv
     assert e.trainer_overhead_s is None
 
 
+def test_a_calibration_adds_the_trainers_cost_per_step_and_its_start_up() -> None:
+    from trainfit.plan_calibrate import Calibration
+
+    c = candidate(0, 10.0, batch=8, spread=0.03)  # 0.8 s a step in the probe
+    # The trainer ran the calibrated config at 1.0 s a step where its probe said 0.8: 0.2 s its own.
+    cal = Calibration(steps=20, seconds_per_step=1.0, samples_per_second=8.0, probe_samples_per_second=10.0,
+                      ratio=0.8, spread_rel=0.04, startup_s=12.0, command="trl sft ...", device="cpu")
+    e = estimate(c, 1_000, write_bytes_per_s=FAST_DISK, checkpoint_every_s=1e9, calibration=cal)
+    assert e.trainer_overhead_s == pytest.approx(0.2) and e.step_time_s == pytest.approx(1.0)
+    assert e.train_s == pytest.approx(125.0) and e.startup_s == 12.0
+    assert e.total_s == pytest.approx(125.0 + 12.0 + e.checkpoint_s)
+    assert e.spread_rel == pytest.approx(0.05)  # the probe's 3% and the calibration's 4%, combined
+    assert e.high_s - e.total_s == pytest.approx(125.0 * 0.05)
+
+
 def test_a_lora_checkpoint_holds_the_optimizer_state_and_the_adapters_a_full_one_the_model() -> None:
     lora, full = candidate(0, 10.0, lora_r=8), candidate(1, 10.0, lora_r=None)
     assert checkpoint_bytes(lora) == int(0.1 * 2**30 * 1.5)
@@ -180,7 +195,7 @@ def test_eta_reads_back_from_json() -> None:
 
 def a_plan(total_s: float, spread: float, window_s: float, checkpoint_s: float = 0.0) -> Plan:
     eta = Eta(samples=1_000, steps=100, train_s=total_s - checkpoint_s, step_time_s=(total_s - checkpoint_s) / 100,
-              trainer_overhead_s=None, checkpoints=1, checkpoint_s=checkpoint_s, total_s=total_s,
+              trainer_overhead_s=None, startup_s=None, checkpoints=1, checkpoint_s=checkpoint_s, total_s=total_s,
               low_s=total_s * (1 - spread), high_s=total_s * (1 + spread), spread_rel=spread)
     return Plan(created_at="2026-11-24T00:00:00+00:00", run_dir="r", max_hours=1.0, margin_minutes=0.0,
                 window_s=window_s, epochs=1.0, dataset_samples=1_000, priority="fast", rule="", trial=0, searched={},

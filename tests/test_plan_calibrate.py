@@ -184,7 +184,7 @@ def test_the_steps_after_the_short_runs_count_are_timed_by_the_progress_bar() ->
 
 def test_a_calibration_reads_back_from_json_with_an_unknown_spread() -> None:
     c = Calibration(steps=4, seconds_per_step=0.5, samples_per_second=16.0, probe_samples_per_second=20.0, ratio=0.8,
-                    spread_rel=math.inf, command="trl sft --max_steps 6", device="cpu")
+                    spread_rel=math.inf, startup_s=3.0, command="trl sft --max_steps 6", device="cpu")
     raw = json.loads(json.dumps(c.to_json()))
     assert raw["spread_rel"] is None and raw["schema_version"] == 1
     assert Calibration.from_json(raw) == c
@@ -215,6 +215,7 @@ def test_a_calibration_times_real_trl_steps_of_the_written_command(calibrated) -
     best = json.loads((out / "summary.json").read_text())["best_config"]
     assert c.steps == 4 and short_steps(4) == 2
     assert c.seconds_per_step > 0 and c.samples_per_second > 0 and c.spread_rel > 0
+    assert c.startup_s > 0  # launch to exit holds more than the steps: imports, the model, the data
     assert c.samples_per_second == pytest.approx(best["effective_batch_size"] / c.seconds_per_step)
     assert c.probe_samples_per_second == best["samples_per_second"]
     assert c.ratio == pytest.approx(c.samples_per_second / c.probe_samples_per_second)

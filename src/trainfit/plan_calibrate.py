@@ -91,6 +91,10 @@ class Calibration:
     their mean (``probe.timing.relative_ci95``). With fewer than two such intervals, those of both
     runs after their first step are used; with fewer still, ``inf`` (unknown; written as null).
     It leaves out a drift of the machine beyond the timed steps."""
+    startup_s: float
+    """What a run of the command costs beyond its optimizer steps at ``seconds_per_step``: launch
+    to exit less the steps (imports, model load, the dataset's tokenization, the first steps'
+    warm-up, the final save); the larger of the two runs' (the first prepares the data uncached)."""
     command: str
     """The long run's command as it ran: the written ``trl sft`` command with the calibration's
     arguments after it (``--max_steps`` and the rest; see :func:`calibration_args`)."""
@@ -124,6 +128,8 @@ class _Run:
 
     train_runtime_s: float
     step_arrivals: dict[int, float]
+    wall_s: float
+    """Launch to exit, as a user's run of the command takes."""
 
 
 def short_steps(steps: int) -> int:
@@ -245,6 +251,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
         steps=steps, seconds_per_step=seconds, samples_per_second=speed,
         probe_samples_per_second=float(probe), ratio=speed / float(probe),
         spread_rel=step_spread(runs[1].step_arrivals, runs[0].step_arrivals, short),
+        startup_s=max(0.0, *(run.wall_s - n * seconds for run, n in zip(runs, (short, short + steps), strict=True))),
         command=_as_run(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
         device=summary.device)
     if scratch:
@@ -318,8 +325,10 @@ def _run_command(script: Path, max_steps: int, folder: Path, env: Mapping[str, s
     stamped on arrival."""
     log_path = folder / f"calibrate-{max_steps}-steps.log"
     out_dir = folder / f"trainer-{max_steps}-steps"
+    started = time.perf_counter()
     rc, text, arrivals = run_logged(["bash", str(script), *calibration_args(max_steps, out_dir)], log_path,
                                     cwd=folder, env=env, bar_total=max_steps, say=say)
+    wall = time.perf_counter() - started
     shutil.rmtree(out_dir, ignore_errors=True)  # the model trl sft saves as it ends
     runtime = parse_train_runtime(text)
     if rc != 0 or runtime is None:
@@ -328,7 +337,7 @@ def _run_command(script: Path, max_steps: int, folder: Path, env: Mapping[str, s
         raise TrainfitError(f"the calibration's {max_steps}-step run of `trl sft` {why}; its last lines:\n{tail}",
                             f"the whole output is in {log_path}; fix what it says, or {FALLBACK_HINT}")
     say(f"done: train_runtime {runtime:g} s")
-    return _Run(train_runtime_s=runtime, step_arrivals=arrivals)
+    return _Run(train_runtime_s=runtime, step_arrivals=arrivals, wall_s=wall)
 
 
 def run_logged(argv: list[str], log_path: Path, *, cwd: Path, env: Mapping[str, str], bar_total: int,

@@ -103,6 +103,8 @@ def render(plan: Any) -> str:
     rows = [("training", f"{e.steps:,} steps x {fmt_num(e.step_time_s)} s = {dur(e.train_s)} (+-{e.spread_rel:.1%})"),
             ("trainer cost", "not calibrated (see below)" if e.trainer_overhead_s is None
              else f"{fmt_num(e.trainer_overhead_s)} s a step, measured, included above"),
+            ("start-up", "not calibrated" if e.startup_s is None
+             else f"{dur(e.startup_s)} (launch to first step and last step to exit, measured)"),
             ("checkpoints", f"{e.checkpoints} save{'s' * (e.checkpoints != 1)}, every {dur(plan.checkpoint_every_s)}, "
                             f"{plan.checkpoint_bytes / 2**20:,.0f} MiB each = {dur(e.checkpoint_s)}")]
     lines += ["", table(rows), "", "what it rests on:", *(f"  - {line}" for line in plan.rests_on), "",

@@ -199,9 +199,11 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None) 
                      "docs/benchmarks.md); run with --calibrate 50 to measure it")
     else:
         lines.append(f"calibrated: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran at "
-                     f"{calibration.ratio:.2f}x the probe's speed; their extra time per step is added to every step")
+                     f"{calibration.ratio:.2f}x the probe's speed; their extra time per step is added to every step, and "
+                     f"the command's start-up and end ({calibration.startup_s:.0f} s, launch to exit less its steps) "
+                     "once")
     lines.append("checkpoint saves: the optimizer state and trained weights the probe measured, at the write speed "
                  "timed on the output folder's disk")
-    lines.append("not included: evaluation passes, data loading beyond the trainer's, start-up (model load, "
-                 "tokenization)")
+    lines.append("not included: evaluation passes" + ("" if calibration else ", start-up (model load, tokenization) "
+                                                       "and the final save: --calibrate measures them"))
     return lines

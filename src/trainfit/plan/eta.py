@@ -34,6 +34,8 @@ class Eta(Record):
     step_time_s: float
     trainer_overhead_s: float | None
     """The trainer's own time per step measured by calibration; None: not calibrated."""
+    startup_s: float | None
+    """Launch to first step and last step to exit, measured by calibration; None: not calibrated."""
     checkpoints: int
     checkpoint_s: float
     """All saves: their number times one save of this config's checkpoint (:func:`checkpoint_bytes`)
@@ -82,7 +84,8 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     epoch's own batches: a lower bound (a trainer adds its own per-step work). With one, the
     trainer's cost per step that it measured on top of the probe's expected step (for the
     calibrated config) is added to every step of this config too: it is the trainer's, not the
-    model's."""
+    model's; and the run's start-up and end (launch to exit less its steps) as calibration measured
+    them."""
     steps = math.ceil(samples / c.samples_per_step)
     overhead = None
     spread = c.spread_rel
@@ -94,7 +97,8 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     train = steps * step
     saves = max(1, math.ceil(train / checkpoint_every_s))  # one every interval, the last at the end
     checkpoint = saves * checkpoint_bytes(c) / write_bytes_per_s
-    total = train + checkpoint
+    startup = calibration.startup_s if calibration is not None else None
+    fixed = checkpoint + (startup or 0.0)
     return Eta(samples=samples, steps=steps, train_s=train, step_time_s=step, trainer_overhead_s=overhead,
-               checkpoints=saves, checkpoint_s=checkpoint, total_s=total, low_s=train * (1 - spread) + checkpoint,
-               high_s=train * (1 + spread) + checkpoint, spread_rel=spread)
+               startup_s=startup, checkpoints=saves, checkpoint_s=checkpoint, total_s=train + fixed,
+               low_s=train * (1 - spread) + fixed, high_s=train * (1 + spread) + fixed, spread_rel=spread)
