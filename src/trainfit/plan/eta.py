@@ -101,4 +101,4 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     fixed = checkpoint + (startup or 0.0)
     return Eta(samples=samples, steps=steps, train_s=train, step_time_s=step, trainer_overhead_s=overhead,
                startup_s=startup, checkpoints=saves, checkpoint_s=checkpoint, total_s=train + fixed,
-               low_s=train * (1 - spread) + fixed, high_s=train * (1 + spread) + fixed, spread_rel=spread)
+               low_s=train * max(0.0, 1 - spread) + fixed, high_s=train * (1 + spread) + fixed, spread_rel=spread)

@@ -1,0 +1,104 @@
+"""Does `trainfit plan`'s ETA, made before training, hold for the whole run? (issue 20)
+
+The same long-tailed real text as bench/epoch_fidelity.py (docstrings of Python's standard
+library) and its ~18M-parameter Llama shape with LoRA r=16 in fp32 on the CPU. For each padding
+(to the longest sample, to max_length): `trainfit tune` over batch sizes 1/2/4 (grid), then
+`trainfit plan` with and without `--calibrate N`, then the planned `trl sft` command (the plan's
+own: one epoch, its checkpoint flags) run as a user runs it, timed from launch to exit.
+
+    python bench/plan_eta.py [--samples 300] [--calibrate 20] [--modes longest,max_length]
+    python bench/plan_eta.py ... --results plan_eta.json   # kept as each mode ends: run again to go on
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Results, dump  # noqa: E402
+from epoch_fidelity import SHAPE, corpus  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = {"longest": ["padding=longest"], "max_length": ["padding=max_length"]}
+
+
+def run_written(command: str, cwd: Path) -> float:
+    """Launch-to-exit seconds of ``command`` run by bash in ``cwd`` (trl beside this Python first)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(cwd / "hf"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    start = time.perf_counter()
+    done = subprocess.run(["bash", "-c", command + " --report_to none"], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=7200)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"the planned command failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    return wall
+
+
+def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dict:
+    from trainfit.plan import make_plan
+    from trainfit.plan_calibrate import calibrate
+    from trainfit.spec import load_spec
+    from trainfit.tune import tune
+
+    overrides = [f"data.path={data}", f"max_length={args.max_length}", "lora_r=16", "lora_target_modules=all-linear",
+                 "gradient_accumulation_steps=1", "probe.max_seconds=20", "budget.memory_gb=16",
+                 *(f"model.config.{k}={v}" for k, v in SHAPE.items()), *MODES[mode],
+                 "search.batch_size=[1, 2, 4]", "search.gradient_checkpointing=[false]", "search.lora_r=[16]",
+                 "tune.target_effective_batch=null"]
+    spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", overrides)
+    run_dir = work / mode
+    start = time.perf_counter()
+    tune(spec, output=run_dir, strategy="grid")
+    tune_s = time.perf_counter() - start
+    plain = make_plan(run_dir, max_hours=10, epochs=1, priority="fast")
+    start = time.perf_counter()
+    cal = calibrate(run_dir, args.calibrate, on_progress=lambda line: print(f"  {line}", file=sys.stderr))
+    calibrate_s = time.perf_counter() - start
+    planned = make_plan(run_dir, max_hours=10, epochs=1, priority="fast", calibration=cal)
+    assert planned.command is not None
+    (work / f"{mode}-run").mkdir()
+    actual = run_written(planned.command, work / f"{mode}-run")
+    row = {"tune_s": tune_s, "calibrate_s": calibrate_s, "trial": planned.trial, "searched": planned.searched,
+           "actual_s": actual, "calibration": cal.to_json(),
+           "eta_calibrated": planned.eta.to_json(), "eta_probe_only": plain.eta.to_json(),
+           "error_calibrated": (planned.eta.total_s - actual) / actual,
+           "error_probe_only": (plain.eta.total_s - actual) / actual,
+           "inside_interval": planned.eta.low_s <= actual <= planned.eta.high_s}
+    print(f"{mode}: trial {planned.trial} {planned.searched}: actual {actual:.1f} s launch to exit; plan "
+          f"{planned.eta.total_s:.1f} s ({planned.eta.low_s:.1f}-{planned.eta.high_s:.1f}) calibrated, "
+          f"{plain.eta.total_s:.1f} s probe only", file=sys.stderr, flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=300)
+    ap.add_argument("--max-length", type=int, default=512)
+    ap.add_argument("--calibrate", type=int, default=20, help="real trainer steps of the calibration")
+    ap.add_argument("--modes", default="longest,max_length")
+    ap.add_argument("--results", type=Path, help="keep each mode's results here as they come; a second call resumes")
+    args = ap.parse_args()
+    results = Results.of_setup(args)
+    work = Path(tempfile.mkdtemp(prefix="plan-eta-"))
+    data = work / "corpus.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus(args.samples)))
+    for mode in args.modes.split(","):
+        if results.get(mode) is None:
+            results.put(mode, one_mode(mode, args, data, work))
+    import trl
+
+    dump("plan_eta", {"trl": trl.__version__, "samples": args.samples, "max_length": args.max_length,
+                      "model_shape": SHAPE, "calibrate_steps": args.calibrate,
+                      "modes": {m: results.get(m) for m in args.modes.split(",")}})
+
+
+if __name__ == "__main__":
+    main()
