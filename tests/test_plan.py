@@ -80,6 +80,32 @@ def test_a_calibration_adds_the_trainers_cost_per_step_and_its_start_up() -> Non
     assert e.high_s - e.total_s == pytest.approx(125.0 * 0.05)
 
 
+def test_a_calibration_whose_spread_is_unknown_leaves_the_interval_to_the_probe() -> None:
+    from trainfit.plan_calibrate import Calibration
+
+    cal = Calibration(steps=2, seconds_per_step=1.0, samples_per_second=8.0, probe_samples_per_second=10.0,
+                      ratio=0.8, spread_rel=math.inf, startup_s=5.0, command="trl sft ...", device="cpu")
+    e = estimate(candidate(0, 10.0, spread=0.03), 800, write_bytes_per_s=FAST_DISK, checkpoint_every_s=1e9,
+                 calibration=cal)
+    assert e.spread_rel == pytest.approx(0.03) and math.isfinite(e.high_s)
+    assert json.loads(json.dumps(e.to_json(), allow_nan=False)) == e.to_json()  # valid JSON, no Infinity
+
+
+def test_a_faster_config_says_whether_it_changes_what_is_learned() -> None:
+    from trainfit.plan.options import faster_config, ranked
+
+    quality, same_kind, other_rank = candidate(0, 50.0, lora_r=16), candidate(1, 100.0, lora_r=16, batch=16), \
+        candidate(2, 100.0, lora_r=8)
+    eta = eta_of(1_000)
+    kept = faster_config(quality, same_kind, 1_000, 1e9, eta)
+    changed = faster_config(quality, other_rank, 1_000, 1e9, eta)
+    assert kept is not None and kept.cost.startswith("nothing learned changes") and kept.change == "use batch_size=16"
+    assert changed is not None and changed.cost.startswith("changes what is learned (lora_r)")
+    assert faster_config(quality, quality, 1_000, 1e9, eta) is None  # the chosen one is the fastest
+    shorter = fewer_epochs(quality, 1_000, 3, 1e9, eta)
+    assert [o.trial for o in ranked([changed, shorter, kept])] == [1, 2, 0]
+
+
 def test_a_lora_checkpoint_holds_the_optimizer_state_and_the_adapters_a_full_one_the_model() -> None:
     lora, full = candidate(0, 10.0, lora_r=8), candidate(1, 10.0, lora_r=None)
     assert checkpoint_bytes(lora) == int(0.1 * 2**30 * 1.5)
@@ -125,21 +151,23 @@ def test_the_planned_command_trains_the_plans_epochs_and_checkpoints_on_its_inte
     cmd = "trl sft --model_name_or_path m --num_train_epochs 1 --output_dir trainfit-run"
     assert planned_command(cmd, 3, 120) == ("trl sft --model_name_or_path m --num_train_epochs 3 --output_dir "
                                             "trainfit-run --save_strategy steps --save_steps 120 --save_total_limit 3")
-    assert planned_command("python train.py --bs 8", 3, 120) == "python train.py --bs 8"  # a template: as written
+    assert planned_command("python train.py --bs 8", 3, 120, template=True) == "python train.py --bs 8"  # as written
     assert planned_command(None, 3, 120) is None
 
 
 @pytest.fixture(scope="module")
 def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real tune of the tiny Llama (four configs, each a real probe)."""
-    from conftest import write_texts
+    """A real tune of the tiny Llama (four configs, each a real probe), with the bundled tokenizer
+    (saved beside the random-init model, so the written `trl sft` command runs)."""
+    from conftest import EXAMPLES, write_texts
 
     root = tmp_path_factory.mktemp("plan")
     data = root / "train.jsonl"
     write_texts(data)
-    spec = make_spec_file(root, model={"config": TINY_LLAMA}, data={"path": str(data), "text_field": "text"},
-                          params={"max_length": 64})
-    spec.write_text(spec.read_text() + "search:\n  batch_size: [1, 4]\n  lora_r: [null, 4]\n")
+    spec = make_spec_file(root, model={"config": {**TINY_LLAMA, "vocab_size": 2000}},
+                          data={"path": str(data), "text_field": "text"}, params={"max_length": 64})
+    spec.write_text(spec.read_text() + f"tokenizer: {EXAMPLES / 'data' / 'tokenizer.json'}\n"
+                    "search:\n  batch_size: [1, 4]\n  lora_r: [null, 4]\n")
     out = root / "out"
     assert main(["tune", str(spec), "--output", str(out), "--strategy", "grid"]) == 0
     return out
@@ -179,10 +207,23 @@ def test_a_run_that_does_not_fit_gets_options_that_each_fit(tune_dir: Path, caps
     assert {"fewer_epochs", "subset"} <= {o.kind for o in plan.options}
 
 
+@pytest.mark.integration
+def test_a_calibrated_plan_prints_valid_json_and_adds_the_trainers_cost(tune_dir: Path, capsys) -> None:
+    assert main(["plan", str(tune_dir), "--max-hours", "10", "--epochs", "1", "--calibrate", "2", "--json"]) == 0
+    captured = capsys.readouterr()
+    plan = Plan.from_json(json.loads(captured.out))  # stdout is the plan alone: progress went to stderr
+    assert "calibrating: 2 real trainer steps" in captured.err
+    assert plan.calibration is not None and plan.calibration["steps"] == 2
+    assert plan.eta.startup_s is not None and plan.eta.startup_s > 0 and plan.eta.trainer_overhead_s is not None
+    assert plan.eta.total_s == pytest.approx(plan.eta.train_s + plan.eta.startup_s + plan.eta.checkpoint_s)
+
+
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert main(["plan", str(tmp_path), "--max-hours", "2"]) == 2
     err = capsys.readouterr().err
     assert "holds no summary.json" in err and "Traceback" not in err
+    assert main(["plan", str(tmp_path / "missing"), "--max-hours", "2"]) == 2
+    assert "is not a folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["plan", str(tmp_path), "--max-hours", "0"])
     assert "--max-hours" in capsys.readouterr().err

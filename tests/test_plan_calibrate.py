@@ -1,5 +1,6 @@
 """The calibration of `trainfit plan --calibrate N`: the written `trl sft` command run for real, twice,
-its extra steps timed by TRL's own `train_runtime`; and every folder it cannot calibrate refused in
+its extra steps timed by the trainer's progress bar (TRL's `train_runtime` difference as the
+fallback); and every folder it cannot calibrate refused in
 words, before anything runs."""
 
 from __future__ import annotations

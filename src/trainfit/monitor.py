@@ -52,8 +52,11 @@ class OnTrack:
         self.plan = plan
 
     def status(self, step: int, max_steps: int, elapsed_s: float) -> Status:
+        """At ``step`` of ``max_steps``, ``elapsed_s`` after training began: the steps at the pace so
+        far, the checkpoint saves still to come and the start-up the plan measured (it came before
+        ``elapsed_s`` began), against the plan."""
         pace = elapsed_s / step if step else 0.0
-        projected = pace * max_steps + self._checkpoints_left(step, max_steps)
+        projected = pace * max_steps + self._checkpoints_left(step, max_steps) + (self.plan.eta.startup_s or 0.0)
         e = self.plan.eta
         state = ("on track" if projected <= e.high_s else "slower than planned" if projected <= self.plan.window_s
                  else "will miss the window")

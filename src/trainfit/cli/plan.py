@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainfit.cli.common import number
+from trainfit.plan.choose import PRIORITIES
+
+if TYPE_CHECKING:
+    from trainfit.plan import Plan
 
 EPILOG = """\
 examples:
@@ -38,7 +43,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-hours", type=number(float, above=0), required=True, help="the time window, in hours")
     p.add_argument("--epochs", type=number(float, above=0),
                    help="passes over the dataset (default: the spec's tune.epochs)")
-    p.add_argument("--priority", choices=("fast", "balanced", "quality", "memory_efficient"), default="balanced",
+    p.add_argument("--priority", choices=PRIORITIES, default="balanced",
                    help="how to choose among the measured configs (default: balanced; see below)")
     p.add_argument("--margin-minutes", type=number(float, at_least=0), default=30.0,
                    help="safety margin taken off the window (default: 30)")
@@ -59,8 +64,10 @@ def run(args: argparse.Namespace) -> int:
     if args.calibrate:
         from trainfit.plan_calibrate import calibrate
 
-        print(f"calibrating: {args.calibrate} real trainer steps of {folder / 'train_command.sh'} ...", flush=True)
-        calibration = calibrate(folder, args.calibrate, on_progress=lambda line: print(f"  {line}", flush=True))
+        print(f"calibrating: {args.calibrate} real trainer steps of {folder / 'train_command.sh'} ...", file=sys.stderr,
+              flush=True)  # stderr: --json keeps stdout for the plan
+        calibration = calibrate(folder, args.calibrate,
+                                on_progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     plan = make_plan(folder, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority,
                      margin_minutes=args.margin_minutes, checkpoint_minutes=args.checkpoint_minutes,
                      calibration=calibration)
@@ -81,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan.fits else 1
 
 
-def render(plan: Any) -> str:
+def render(plan: Plan) -> str:
     """The plan as a reader checks it: the window, the pick and why, the ETA and what it is made
     of, what each priority would pick, and the options when it does not fit."""
     from trainfit.cli.render import table
@@ -118,5 +125,9 @@ def render(plan: Any) -> str:
     elif not plan.fits:
         lines += ["", "nothing measured fits the window: a longer window, or tune with a faster space"]
     if plan.command:
-        lines += ["", "train it:", f"  {plan.command}"]
+        lines += ["", "train it:" if plan.fits else "its command (as planned, it does not fit the window):",
+                  f"  {plan.command}"]
+    else:
+        lines += ["", f"tune wrote no command for trial {plan.trial}: set its values ({values_line(plan.searched)}) in "
+                      "the spec and tune or probe it for one"]
     return "\n".join(lines)

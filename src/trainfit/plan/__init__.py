@@ -9,7 +9,9 @@ options, each with its own ETA (``options``)."""
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,12 @@ from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, s
 from trainfit.summary import Record
 
 if TYPE_CHECKING:
+    from trainfit.data.stats import LengthStats
     from trainfit.plan_calibrate import Calibration
+    from trainfit.spec import Spec
+
+EtaOf = Callable[..., Eta]
+"""A config's run priced: ``eta(candidate, samples=the plan's)``."""
 
 SCHEMA_VERSION = 1
 
@@ -91,8 +98,8 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
     run = load_run(run_dir)
     summary = run.summary
     if not run.candidates:
-        raise TrainfitError(f"no probe result in {run_dir / 'probes'} fits the budget with a speed measured",
-                            "tune again into a new folder (the probes folder may have been removed)")
+        raise TrainfitError(f"no config in {run_dir / 'study.journal'} fits the budget with an epoch speed measured",
+                            "tune again into a new folder with this trainfit (an older one kept no epoch speed)")
     if not summary.dataset_samples:
         raise TrainfitError(f"the tune in {run_dir} had no dataset: there is no epoch to plan",
                             "give the spec a data.path and tune again")
@@ -106,17 +113,18 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
     def eta(c: Candidate, n: int = total) -> Eta:
         return estimate(c, n, write_bytes_per_s=speed, checkpoint_every_s=every, calibration=calibration)
 
+    rebuilt = _rebuilt(run)
     chosen = choose(priority, run.candidates, eta, window)
     run_eta = eta(chosen)
     save_steps = max(1, int(every // run_eta.step_time_s))
     fits = run_eta.fits(window)
-    options = [] if fits else _options(run, chosen, samples, epochs, total, window, eta)
+    options = [] if fits else _options(run, rebuilt, chosen, samples, epochs, total, window, eta)
     return Plan(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_dir=str(run_dir),
                 max_hours=max_hours, margin_minutes=margin_minutes, window_s=window, epochs=epochs,
                 dataset_samples=samples, priority=priority, rule=RULES[priority], trial=chosen.trial,
                 searched=chosen.searched, config=chosen.config, samples_per_second=chosen.samples_per_second,
-                peak_gb=chosen.peak_gb, command=planned_command(_command(run, chosen), epochs, save_steps),
-                save_steps=save_steps, eta=run_eta, fits=fits,
+                peak_gb=chosen.peak_gb, save_steps=save_steps,
+                command=planned_command(_command(run, rebuilt, chosen), epochs, save_steps, _template(run)), eta=run_eta, fits=fits,
                 checkpoint_every_s=every, checkpoint_bytes=checkpoint_bytes(chosen), write_bytes_per_s=speed,
                 calibration=calibration.to_json() if calibration else None,
                 rests_on=_rests_on(run, chosen, calibration),
@@ -135,24 +143,32 @@ def _check(max_hours: float, epochs: float | None, margin: float, checkpoint: fl
         raise TrainfitError(f"--margin-minutes {margin:g} leaves no time in a {max_hours:g} h window",
                             "use a margin shorter than the window (default 30 minutes)")
     if not checkpoint > 0:
-        raise TrainfitError(f"--checkpoint-minutes must be positive, got {checkpoint:g}", "e.g. --checkpoint-minutes 30")
+        raise TrainfitError(f"--checkpoint-minutes must be positive, got {checkpoint:g}",
+                            "e.g. --checkpoint-minutes 30")
 
 
-def _options(run: TuneRun, chosen: Candidate, samples: int, epochs: float, total: int, window: float,
-             eta: Any) -> list[Option]:
+def _options(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, samples: int, epochs: float, total: int,
+             window: float, eta: EtaOf) -> list[Option]:
     shorter: list[Option] = []
-    lengths = _length_stats(run)
-    if lengths is not None:
-        stats, params, seed = lengths
-        shorter = shorter_max_length(chosen, params, stats, seed, total, window, eta)
+    if rebuilt is not None and rebuilt.stats is not None:
+        spec = rebuilt.spec
+        shorter = shorter_max_length(chosen, spec.params, rebuilt.stats, spec.probe.seed, total, window, eta)
     return ranked([faster_config(chosen, run.candidates[0], total, window, eta), *shorter,
                    fewer_epochs(chosen, samples, epochs, window, eta), subset(chosen, samples, epochs, window, eta)])
 
 
-def _length_stats(run: TuneRun) -> Any:
-    """The data's lengths (from the length cache, or counted again) and the chosen config's
-    params, for the shorter ``max_length`` options; None when the tune's spec cannot be rebuilt
-    here (its data moved, say)."""
+@dataclass(frozen=True)
+class Rebuilt:
+    """The tune's spec validated again, and its data's lengths (None without data)."""
+
+    spec: Spec
+    stats: LengthStats | None
+
+
+def _rebuilt(run: TuneRun) -> Rebuilt | None:
+    """The tune's spec and its data's lengths (from the length cache, or counted again), for the
+    shorter ``max_length`` options and a command tune did not write; None when the spec cannot be
+    rebuilt here (its data moved, say)."""
     from trainfit.data.analyze import analyze_spec
     from trainfit.spec import build_spec
 
@@ -161,30 +177,50 @@ def _length_stats(run: TuneRun) -> Any:
         return None
     try:
         spec = build_spec(run.spec_doc, base_dir=Path(source).parent)
-        if spec.data is None:
-            return None
-        return analyze_spec(spec, progress=False), spec.params, spec.probe.seed
+        return Rebuilt(spec, analyze_spec(spec, progress=False) if spec.data is not None else None)
     except (TrainfitError, OSError):
         return None
 
 
-def planned_command(command: str | None, epochs: float, save_steps: int) -> str | None:
-    """``command`` for the planned run: a ``trl sft`` command trains ``epochs`` and saves a
-    checkpoint every ``save_steps`` (keeping the last 3); any other command is left as written."""
-    if command is None or "trl sft " not in command:
+def planned_command(command: str | None, epochs: float, save_steps: int, template: bool = False) -> str | None:
+    """``command`` for the planned run: the ``trl sft`` command trainfit writes trains ``epochs``
+    and saves a checkpoint every ``save_steps`` (keeping the last 3); a ``template`` (the spec's
+    ``tune.command_template``) is left as written."""
+    if command is None or template:
         return command
     command = re.sub(r"--num_train_epochs \S+", f"--num_train_epochs {epochs:g}", command)
     return f"{command} --save_strategy steps --save_steps {save_steps} --save_total_limit 3"
 
 
-def _command(run: TuneRun, chosen: Candidate) -> str | None:
+def _template(run: TuneRun) -> bool:
+    return bool((run.summary.spec.get("tune") or {}).get("command_template"))
+
+
+def _command(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate) -> str | None:
+    """The chosen config's command: the one tune wrote for it, else built as tune builds it (a
+    config outside the summary's entries); None when neither can be had."""
     s = run.summary
     entries = [e for e in (s.best_config, *s.runners_up, *(e for v in s.fastest_per_value.values() for e in v.values()))
                if e is not None]
-    return next((e.command for e in entries if e.trial == chosen.trial), None)
+    written = next((e.command for e in entries if e.trial == chosen.trial), None)
+    if written is not None or rebuilt is None or rebuilt.spec.search is None or chosen.measurement is None:
+        return written
+    from trainfit.command import build_command
+    from trainfit.report import command_inputs
+
+    spec = rebuilt.spec
+    params = spec.search.params(chosen.searched)
+    data_config = run.folder / "trl_data.yaml"
+    model_dir = run.folder.resolve() / "model"
+    try:
+        return build_command(spec, params, **command_inputs(
+            params, chosen.measurement, rebuilt.stats, data_config if data_config.is_file() else None,
+            model_dir if (model_dir / "config.json").is_file() else None))
+    except TrainfitError:
+        return None
 
 
-def _choice(priority: str, c: Candidate, eta: Any, window: float) -> Choice:
+def _choice(priority: str, c: Candidate, eta: EtaOf, window: float) -> Choice:
     e = eta(c)
     return Choice(priority=priority, trial=c.trial, searched=c.searched, eta_s=e.total_s, fits=e.fits(window))
 
@@ -194,16 +230,27 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None) 
     lines = [f"speed: trial {chosen.trial}'s probe over the epoch's own batches ({s.device or 'this device'}), "
              f"measured to +-{chosen.spread_rel:.1%} (its step time's 95% interval and the epoch fit's largest miss)"]
     if calibration is None:
+        how = ("run with --calibrate 50 to measure it" if run.summary.best_config and run.summary.best_config.command
+               and not _template(run) else "--calibrate runs only the `trl sft` command trainfit writes, so here "
+               "the ETA rests on the probe alone")
         lines.append("not calibrated: the ETA is the model's step alone, a lower bound; a trainer adds its own "
                      "per-step work (measured: 0-15% on a CPU, 1.4-1.9x on an H100 with short steps, "
-                     "docs/benchmarks.md); run with --calibrate 50 to measure it")
+                     f"docs/benchmarks.md); {how}")
     else:
         lines.append(f"calibrated: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran at "
-                     f"{calibration.ratio:.2f}x the probe's speed; their extra time per step is added to every step, and "
+                     f"{calibration.ratio:.2f}x the probe's speed; their extra time per step is added to every step, "
+                     "and "
                      f"the command's start-up and end ({calibration.startup_s:.0f} s, launch to exit less its steps) "
                      "once")
+        if not math.isfinite(calibration.spread_rel):
+            lines.append("the calibration's own spread could not be measured (too few steps shown): the interval "
+                         "holds the probe's alone; calibrate over more steps for it")
+        if calibration.steps and chosen.trial != run.summary.best_config.trial:  # type: ignore[union-attr]
+            lines.append(f"the calibration ran trial {run.summary.best_config.trial} (tune's pick, the one written "  # type: ignore[union-attr]
+                         f"command); its per-step cost is applied to trial {chosen.trial} as measured, though a "
+                         "different batch/accumulation split may change it")
     lines.append("checkpoint saves: the optimizer state and trained weights the probe measured, at the write speed "
-                 "timed on the output folder's disk")
+                 f"timed on the disk of {run.folder} (the trainer's --output_dir may be elsewhere)")
     lines.append("not included: evaluation passes" + ("" if calibration else ", start-up (model load, tokenization) "
                                                        "and the final save: --calibrate measures them"))
     return lines

@@ -12,10 +12,11 @@ WITHIN = 0.10
 """``balanced`` and ``memory_efficient`` look among the configs this close to the fastest."""
 
 RULES = {
-    "fast": "the fastest config that fits",
+    "fast": "the fastest config that fits the memory budget",
     "balanced": f"the highest capacity (full fine-tuning, then LoRA rank, then max_length) among the configs "
                 f"within {WITHIN:.0%} of the fastest",
-    "quality": "the highest capacity (full fine-tuning, then LoRA rank, then max_length) whose run fits the window",
+    "quality": "the highest capacity (full fine-tuning, then LoRA rank, then max_length) whose run fits the window "
+               "(the fastest when none does)",
     "memory_efficient": f"the lowest peak memory among the configs within {WITHIN:.0%} of the fastest",
 }
 

@@ -92,7 +92,8 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     if calibration is not None:
         probe_step = calibration.seconds_per_step * calibration.ratio  # the probe's step for the same samples
         overhead = max(0.0, calibration.seconds_per_step - probe_step)
-        spread = math.hypot(spread, calibration.spread_rel)
+        if math.isfinite(calibration.spread_rel):  # else unmeasured (too few steps shown): the plan says so
+            spread = math.hypot(spread, calibration.spread_rel)
     step = c.step_time_s + (overhead or 0.0)
     train = steps * step
     saves = max(1, math.ceil(train / checkpoint_every_s))  # one every interval, the last at the end

@@ -37,6 +37,8 @@ class Candidate:
     model_gb: float
     shape_times: list[dict[str, Any]]
     """The timed shapes behind the fit (see ``Measurement.shape_times``)."""
+    measurement: Measurement | None = None
+    """Its (first) probe, for a command built from it."""
 
     @property
     def lora_r(self) -> int:
@@ -48,7 +50,7 @@ class Candidate:
 
     @property
     def capacity(self) -> tuple[float, int]:
-        """What ``quality`` prefers: full fine-tuning over any LoRA rank, a larger rank, then a
+        """What ``quality`` and ``balanced`` prefer: full fine-tuning over any LoRA rank, a larger rank, then a
         longer ``max_length``."""
         return (float("inf") if not self.lora_r else float(self.lora_r), self.max_length)
 
@@ -65,6 +67,8 @@ class TuneRun:
 
 def load_run(folder: Path) -> TuneRun:
     """Read a tune output folder: its ``summary.json`` and every probe its study journal kept."""
+    if not folder.is_dir():
+        raise TrainfitError(f"{folder} is not a folder", "give the tune output folder (the one holding summary.json)")
     summary = read_summary(folder)
     if summary.best_config is None:
         raise TrainfitError(f"no config fit the budget in {folder}: there is nothing to plan",
@@ -81,7 +85,7 @@ def load_run(folder: Path) -> TuneRun:
 
 
 def _studies(folder: Path) -> list[Any]:
-    """The Optuna studies of the folder's journal (one, unless the spec changed between runs)."""
+    """The Optuna studies of the folder's journal (tune keeps one per folder)."""
     import optuna
 
     from trainfit.search.study import journal_storage
@@ -121,4 +125,4 @@ def _candidate(runs: list[tuple[int, Measurement]], searched: list[str]) -> Cand
                      samples_per_step=int(m.samples_per_step or m.config.get("batch_size", 1)),
                      spread_rel=spread, peak_gb=float(m.peak_memory_gb or 0.0),
                      optimizer_gb=parts.get("optimizer", 0) / 2**30, model_gb=parts.get("model", 0) / 2**30,
-                     shape_times=list(m.shape_times))
+                     shape_times=list(m.shape_times), measurement=m)

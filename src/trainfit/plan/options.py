@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainfit.data.stats import LengthStats
-from trainfit.params import Params
+from trainfit.params import KNOBS, Params
 from trainfit.plan.eta import Eta
 from trainfit.plan.inputs import Candidate
 from trainfit.probe.estimate import epoch_speed, fit_step_cost, typical_mix
@@ -69,9 +69,11 @@ def faster_config(c: Candidate, fastest: Candidate, total: int, window_s: float,
     if fastest.trial == c.trial or not eta(fastest, total).fits(window_s):
         return None
     changed = {k: v for k, v in fastest.searched.items() if c.searched.get(k) != v}
+    learned = [k for k in changed if k not in KNOBS or KNOBS[k].changes_learning]  # custom keys: cannot tell
     return Option(kind="faster_config", change="use " + ", ".join(f"{k}={v}" for k, v in changed.items()),
-                  cost=f"{fastest.samples_per_second / c.samples_per_second:.2f}x the chosen config's speed; "
-                       "capacity or memory as measured (trial " + str(fastest.trial) + ")",
+                  cost=(f"changes what is learned ({', '.join(learned)})" if learned else "nothing learned changes")
+                       + f"; peak {fastest.peak_gb:.2f} GiB against {c.peak_gb:.2f}; "
+                       f"{fastest.samples_per_second / c.samples_per_second:.2f}x the speed (trial {fastest.trial})",
                   basis="its own probe", eta=eta(fastest, total), trial=fastest.trial)
 
 
@@ -110,7 +112,12 @@ def shorter_max_length(c: Candidate, params: Params, stats: LengthStats, seed: i
 
 def ranked(options: Sequence[Option | None]) -> list[Option]:
     """The options that exist, the one that keeps the most of the run first: the shortest ETA is
-    not the point, the least given up within the window is; ordered by kind as a user would try
-    them (a faster config gives up nothing learned, then truncation, then epochs, then data)."""
-    order = ("faster_config", "shorter_max_length", "fewer_epochs", "subset")
-    return sorted((o for o in options if o is not None), key=lambda o: order.index(o.kind))
+    not the point, the least given up within the window is. A faster config that changes nothing
+    learned first, then truncation, a faster config that changes what is learned, fewer epochs,
+    less data."""
+    def rank(o: Option) -> int:
+        if o.kind == "faster_config":
+            return 0 if o.cost.startswith("nothing learned") else 2
+        return {"shorter_max_length": 1, "fewer_epochs": 3, "subset": 4}[o.kind]
+
+    return sorted((o for o in options if o is not None), key=rank)
