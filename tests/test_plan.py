@@ -118,11 +118,13 @@ def test_fewer_epochs_and_a_subset_are_the_most_that_fit() -> None:
     window = 250.0  # 2,500 samples of training
     epochs = fewer_epochs(c, 1_000, 3, window, eta)
     assert epochs is not None and epochs.change == "train 2 epochs instead of 3" and epochs.eta.fits(window)
+    assert epochs.flags == "--num_train_epochs 2"
     part = subset(c, 1_000, 3, window, eta)
     assert part is not None and part.eta.fits(window)
     low = part.eta.samples // 3
     assert 820 <= low <= 833  # 833 samples x 3 epochs fit, to the search's resolution (1 sample in 1,000)
     assert not eta(c, int((low + 10) * 3)).fits(window)
+    assert part.flags == f"--max_steps {math.ceil(low * 3 / 10)}"  # a subset is a step count to trl sft
     assert fewer_epochs(c, 1_000, 3, 50.0, eta) is None  # not even one epoch fits
 
 
@@ -139,7 +141,7 @@ def test_a_shorter_max_length_is_priced_by_the_fitted_step_cost_and_says_what_it
     for o in options:
         length = int(o.change.split()[1])
         assert length % 64 == 0 and length < 1024
-        assert f"{np.mean(lengths > length):.1%}" in o.cost
+        assert f"{np.mean(lengths > length):.1%}" in o.cost and o.flags == f"--max_length {length}"
 
 
 def test_the_disk_write_speed_is_measured_on_the_output_folder(tmp_path: Path) -> None:

@@ -121,7 +121,7 @@ def render(plan: Plan) -> str:
     if plan.options:
         lines += ["", "to fit the window (most kept first):"]
         lines += [f"  {i}. {o.change}: ETA {dur(o.eta.total_s)} (up to {dur(o.eta.high_s)}); {o.cost}; from {o.basis}"
-                  for i, o in enumerate(plan.options, 1)]
+                  + (f"; in the command: {o.flags}" if o.flags else "") for i, o in enumerate(plan.options, 1)]
     elif not plan.fits:
         lines += ["", "nothing measured fits the window: a longer window, or tune with a faster space"]
     if plan.command:

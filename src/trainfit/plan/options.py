@@ -34,6 +34,9 @@ class Option(Record):
     eta: Eta
     trial: int
     """The measured config it starts from."""
+    flags: str = ""
+    """The flags of the written ``trl sft`` command that make the change (empty: another config,
+    whose own command applies)."""
 
 
 def fewer_epochs(c: Candidate, samples: int, epochs: float, window_s: float,
@@ -44,7 +47,7 @@ def fewer_epochs(c: Candidate, samples: int, epochs: float, window_s: float,
         return None
     return Option(kind="fewer_epochs", change=f"train {most} epoch{'s' * (most > 1)} instead of {epochs:g}",
                   cost=f"{1 - most / epochs:.0%} fewer passes over the data", basis="the chosen config's probe",
-                  eta=eta(c, samples * most), trial=c.trial)
+                  eta=eta(c, samples * most), trial=c.trial, flags=f"--num_train_epochs {most}")
 
 
 def subset(c: Candidate, samples: int, epochs: float, window_s: float,
@@ -60,7 +63,7 @@ def subset(c: Candidate, samples: int, epochs: float, window_s: float,
     return Option(kind="subset", change=f"train on {low:,} of the {samples:,} samples ({low / samples:.0%}), "
                                         f"{epochs:g} epoch{'s' * (epochs != 1)}",
                   cost=f"{1 - low / samples:.0%} of the data left out", basis="the chosen config's probe",
-                  eta=eta(c, int(low * epochs)), trial=c.trial)
+                  eta=(run := eta(c, int(low * epochs))), trial=c.trial, flags=f"--max_steps {run.steps}")
 
 
 def faster_config(c: Candidate, fastest: Candidate, total: int, window_s: float,
@@ -106,7 +109,7 @@ def shorter_max_length(c: Candidate, params: Params, stats: LengthStats, seed: i
                                   cost=f"truncates {cut:.1%} of the samples (the {q:.0%} quantile of their lengths)",
                                   basis="the chosen config's step cost fitted through its timed shapes, over the "
                                         "data's lengths cut at the new max_length (not probed)",
-                                  eta=run, trial=c.trial))
+                                  eta=run, trial=c.trial, flags=f"--max_length {length}"))
     return options
 
 
