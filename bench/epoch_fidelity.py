@@ -58,6 +58,22 @@ def corpus(n: int, seed: int = 0) -> list[str]:
     return random.Random(seed).sample(texts, n)
 
 
+def corpus_file(folder: Path, n: int) -> Path:
+    """:func:`corpus` as ``folder/corpus.jsonl`` (a ``text`` field per line)."""
+    path = folder / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus(n)))
+    return path
+
+
+def base_overrides(data: Path, max_length: int, *, probe_seconds: float, cuda: bool = False) -> list[str]:
+    """The bundled example turned into this benchmark's setup: the corpus, :data:`SHAPE` with LoRA
+    r=16 on every linear layer, no accumulation; fp32 on the CPU or bf16 on a GPU."""
+    return [f"data.path={data}", f"max_length={max_length}", "lora_r=16", "lora_target_modules=all-linear",
+            "gradient_accumulation_steps=1", f"probe.max_seconds={probe_seconds:g}",
+            f"budget.memory_gb={60 if cuda else 16}", *(f"model.config.{k}={v}" for k, v in SHAPE.items()),
+            *(["probe.device=cuda", "precision=bf16"] if cuda else [])]
+
+
 def trl_epoch(script: str, model: Path, work: Path) -> dict[str, float]:
     """One epoch of the written command: TRL's ``train_runtime`` and samples/s."""
     runnable = script.replace(PLACEHOLDER, str(model)).replace(
@@ -94,13 +110,7 @@ def main() -> None:
     args = ap.parse_args()
     results = Results.of_setup(args)
     work = Path(tempfile.mkdtemp(prefix="epoch-fidelity-"))
-    data = work / "corpus.jsonl"
-    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus(args.samples)))
-    base = [f"data.path={data}", f"max_length={args.max_length}", "lora_r=16", "lora_target_modules=all-linear",
-            "gradient_accumulation_steps=1", "probe.max_seconds=30",
-            f"budget.memory_gb={60 if args.cuda else 16}",
-            *(f"model.config.{k}={v}" for k, v in SHAPE.items())]
-    base += ["probe.device=cuda", "precision=bf16"] if args.cuda else []
+    base = base_overrides(corpus_file(work, args.samples), args.max_length, probe_seconds=30, cuda=args.cuda)
     if args.model_1b:
         from gpu_sweep import LLAMA_1B_OVERRIDES
 

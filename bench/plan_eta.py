@@ -13,7 +13,6 @@ own: one epoch, its checkpoint flags) run as a user runs it, timed from launch t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Results, dump  # noqa: E402
-from epoch_fidelity import SHAPE, corpus  # noqa: E402
+from epoch_fidelity import SHAPE, base_overrides, corpus_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"longest": ["padding=longest"], "max_length": ["padding=max_length"]}
@@ -48,9 +47,7 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
     from trainfit.spec import load_spec
     from trainfit.tune import tune
 
-    overrides = [f"data.path={data}", f"max_length={args.max_length}", "lora_r=16", "lora_target_modules=all-linear",
-                 "gradient_accumulation_steps=1", "probe.max_seconds=20", "budget.memory_gb=16",
-                 *(f"model.config.{k}={v}" for k, v in SHAPE.items()), *MODES[mode],
+    overrides = [*base_overrides(data, args.max_length, probe_seconds=20), *MODES[mode],
                  "search.batch_size=[1, 2, 4]", "search.gradient_checkpointing=[false]", "search.lora_r=[16]",
                  "tune.target_effective_batch=null"]
     spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", overrides)
@@ -88,8 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     results = Results.of_setup(args)
     work = Path(tempfile.mkdtemp(prefix="plan-eta-"))
-    data = work / "corpus.jsonl"
-    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus(args.samples)))
+    data = corpus_file(work, args.samples)
     for mode in args.modes.split(","):
         if results.get(mode) is None:
             results.put(mode, one_mode(mode, args, data, work))

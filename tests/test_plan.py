@@ -282,3 +282,12 @@ def test_on_track_callback_reports_from_a_real_trainer(tmp_path: Path, capsys) -
     status = json.loads((tmp_path / "on_track.json").read_text())
     assert status["step"] == 4 and status["max_steps"] == 4 and status["state"] == "on track"
     assert "trainfit: on track: step 4/4" in capsys.readouterr().err
+
+
+def test_plan_json_of_another_schema_is_refused() -> None:
+    from trainfit.errors import TrainfitError
+
+    raw = a_plan(100.0, 0.1, 200.0).to_json()
+    assert Plan.from_json(raw) == a_plan(100.0, 0.1, 200.0)
+    with pytest.raises(TrainfitError, match="plan.json has schema version 2"):
+        Plan.from_json({**raw, "schema_version": 2})

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
-from trainfit.summary import ConfigEntry, Summary, read_summary
+from trainfit.summary import ConfigEntry, Summary, check_schema, read_summary
 
 SCHEMA_VERSION = 1
 """The version of :meth:`Calibration.to_json`'s format."""
@@ -111,10 +111,7 @@ class Calibration:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
-        version = raw.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise TrainfitError(f"a calibration has schema version {version!r}; this trainfit reads {SCHEMA_VERSION}",
-                                "calibrate again with this trainfit")
+        check_schema(raw, SCHEMA_VERSION, "a calibration", "calibrate again with this trainfit")
         values = {f.name: raw[f.name] for f in fields(cls)}
         if values["spread_rel"] is None:
             values["spread_rel"] = math.inf
@@ -271,7 +268,7 @@ def _written_command(run_dir: Path) -> tuple[str, ConfigEntry, Summary]:
     if best is None or best.samples_per_second is None:
         raise TrainfitError(f"no config fit the budget in {run_dir}: there is no command to calibrate",
                             "see its summary.json's all_failed advice, then tune again")
-    if (summary.spec.get("tune") or {}).get("command_template"):
+    if summary.command_template:
         raise TrainfitError("this run's training command is the spec's tune.command_template: a calibration "
                             "runs only the `trl sft` command trainfit writes, for now", FALLBACK_HINT)
     script_path = run_dir / "train_command.sh"

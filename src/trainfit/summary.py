@@ -235,13 +235,23 @@ class Summary(Record):
     spec: dict[str, Any]
     all_failed: AllFailed | None = field(default=None, metadata={"omit_none": True})
 
+    @property
+    def command_template(self) -> str | None:
+        """The spec's ``tune.command_template`` (None: the command is the ``trl sft`` one trainfit writes)."""
+        return (self.spec.get("tune") or {}).get("command_template")
+
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Summary:
-        version = raw.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise TrainfitError(f"summary.json has schema version {version!r}; this trainfit reads {SCHEMA_VERSION}",
-                                "read it with the trainfit version that wrote it, or tune again")
+        check_schema(raw, SCHEMA_VERSION, "summary.json",
+                     "read it with the trainfit version that wrote it, or tune again")
         return super().from_json(raw)
+
+
+def check_schema(raw: Mapping[str, Any], version: int, what: str, hint: str) -> None:
+    """Refuse ``raw`` (a versioned file's content) unless its ``schema_version`` is ``version``."""
+    if raw.get("schema_version") != version:
+        raise TrainfitError(f"{what} has schema version {raw.get('schema_version')!r}; this trainfit reads {version}",
+                            hint)
 
 
 def read_summary(folder: Path) -> Summary:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,7 @@ from trainfit.plan.choose import PRIORITIES, RULES, choose
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, write_speed
 from trainfit.plan.inputs import Candidate, TuneRun, load_run
 from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
-from trainfit.summary import Record
+from trainfit.summary import Record, check_schema
 
 if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats
@@ -88,6 +88,11 @@ class Plan(Record):
     options: list[Option] = field(default_factory=list)
     """When the run does not fit: what would, ranked."""
 
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Plan:
+        check_schema(raw, SCHEMA_VERSION, "plan.json", "plan again with this trainfit")
+        return super().from_json(raw)
+
 
 def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, priority: str = "balanced",
               margin_minutes: float = 30.0, checkpoint_minutes: float = 30.0,
@@ -124,7 +129,8 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
                 dataset_samples=samples, priority=priority, rule=RULES[priority], trial=chosen.trial,
                 searched=chosen.searched, config=chosen.config, samples_per_second=chosen.samples_per_second,
                 peak_gb=chosen.peak_gb, save_steps=save_steps, eta=run_eta, fits=fits,
-                command=planned_command(_command(run, rebuilt, chosen), epochs, save_steps, _template(run)),
+                command=planned_command(_command(run, rebuilt, chosen), epochs, save_steps,
+                                        template=bool(summary.command_template)),
                 checkpoint_every_s=every, checkpoint_bytes=checkpoint_bytes(chosen), write_bytes_per_s=speed,
                 calibration=calibration.to_json() if calibration else None,
                 rests_on=_rests_on(run, chosen, calibration),
@@ -192,10 +198,6 @@ def planned_command(command: str | None, epochs: float, save_steps: int, templat
     return f"{command} --save_strategy steps --save_steps {save_steps} --save_total_limit 3"
 
 
-def _template(run: TuneRun) -> bool:
-    return bool((run.summary.spec.get("tune") or {}).get("command_template"))
-
-
 def _command(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate) -> str | None:
     """The chosen config's command: the one tune wrote for it, else built as tune builds it (a
     config outside the summary's entries); None when neither can be had."""
@@ -230,9 +232,9 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None) 
     lines = [f"speed: trial {chosen.trial}'s probe over the epoch's own batches ({s.device or 'this device'}), "
              f"measured to +-{chosen.spread_rel:.1%} (its step time's 95% interval and the epoch fit's largest miss)"]
     if calibration is None:
-        how = ("run with --calibrate 50 to measure it" if run.summary.best_config and run.summary.best_config.command
-               and not _template(run) else "--calibrate runs only the `trl sft` command trainfit writes, so here "
-               "the ETA rests on the probe alone")
+        calibratable = bool(s.best_config and s.best_config.command) and not s.command_template
+        how = ("run with --calibrate 50 to measure it" if calibratable else
+               "--calibrate runs only the `trl sft` command trainfit writes, so here the ETA rests on the probe alone")
         lines.append("not calibrated: the ETA is the model's step alone, a lower bound; a trainer adds its own "
                      "per-step work (measured: 0-15% on a CPU, 1.4-1.9x on an H100 with short steps, "
                      f"docs/benchmarks.md); {how}")
