@@ -12,7 +12,6 @@ import pytest
 from conftest import TINY_LLAMA, make_spec_file
 
 from trainfit.cli import main
-from trainfit.data.stats import LengthStats
 from trainfit.params import Params
 from trainfit.plan import Plan, planned_command
 from trainfit.plan.choose import choose
@@ -130,11 +129,9 @@ def test_fewer_epochs_and_a_subset_are_the_most_that_fit() -> None:
 
 def test_a_shorter_max_length_is_priced_by_the_fitted_step_cost_and_says_what_it_truncates() -> None:
     lengths = np.random.default_rng(0).lognormal(4.5, 0.8, 2_000).astype(int) + 1
-    stats = LengthStats.__new__(LengthStats)
-    object.__setattr__(stats, "length_sample", lengths.tolist())
     shapes = [{"padded_length": n, "seconds": 0.01 + 2e-4 * n} for n in (64, 128, 256, 512)]  # per step, batch 8
     c = candidate(0, 100.0, batch=8, max_length=1024, shapes=shapes)
-    options = shorter_max_length(c, Params(max_length=1024), stats, 0, 8_000, 1e9, eta_of(8_000))
+    options = shorter_max_length(c, Params(max_length=1024), lengths.tolist(), 0, 8_000, 1e9, eta_of(8_000))
     assert [o.kind for o in options] == ["shorter_max_length"] * len(options) and options
     times = [o.eta.train_s for o in options]
     assert times == sorted(times, reverse=True)  # shorter max_length, shorter run

@@ -158,7 +158,8 @@ def _options(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, samples: 
     shorter: list[Option] = []
     if rebuilt is not None and rebuilt.stats is not None:
         spec = rebuilt.spec
-        shorter = shorter_max_length(chosen, spec.params, rebuilt.stats, spec.probe.seed, total, window, eta)
+        shorter = shorter_max_length(chosen, spec.params, rebuilt.stats.length_sample, spec.probe.seed, total, window,
+                                     eta)
     return ranked([faster_config(chosen, run.candidates[0], total, window, eta), *shorter,
                    fewer_epochs(chosen, samples, epochs, window, eta), subset(chosen, samples, epochs, window, eta)])
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainfit.data.stats import LengthStats
 from trainfit.params import KNOBS, Params
 from trainfit.plan.eta import Eta
 from trainfit.plan.inputs import Candidate
@@ -80,13 +79,13 @@ def faster_config(c: Candidate, fastest: Candidate, total: int, window_s: float,
                   basis="its own probe", eta=eta(fastest, total), trial=fastest.trial)
 
 
-def shorter_max_length(c: Candidate, params: Params, stats: LengthStats, seed: int, total: int,
+def shorter_max_length(c: Candidate, params: Params, data_lengths: Sequence[int], seed: int, total: int,
                        window_s: float, eta: Callable[[Candidate, int], Eta]) -> list[Option]:
     """Shorter ``max_length`` values that fit, each with the share of samples it truncates. The
     step cost is the one fitted through the config's timed shapes (no new probe): lengths below
     the longest timed shape are inside what was measured, and a shorter worst case needs less
-    memory than the one probed."""
-    lengths = np.asarray(stats.length_sample)
+    memory than the one probed. ``data_lengths``: the data's (or a uniform sample of them)."""
+    lengths = np.asarray(data_lengths)
     if len(lengths) == 0 or len(c.shape_times) == 0:
         return []
     cost = fit_step_cost([s["padded_length"] for s in c.shape_times], [s["seconds"] for s in c.shape_times])
