@@ -11,8 +11,9 @@ arrival of each update of the trainer's progress bar, and the time from the shor
 to the last step is the figure; neither run's start-up nor its first steps enter it. (2) The long
 run's ``train_runtime`` less the short run's (``bench/trl_fidelity.py``'s method): start-up cancels
 out, but the first step's warm-up varies from run to run by as much as a few steps take. While
-this was built (seen, not a recorded benchmark), on the 2-core test VM the same config (tiny Llama, effective batch 64, ~1.1 s a step) took 5.6 s for its
-first step in one run and 1.3 s in the next, so a 6-step run finished before the 2-step one; four
+this was built (seen, not a recorded benchmark), on the 2-core test VM the same config (tiny
+Llama, effective batch 64, ~1.1 s a step) took 5.6 s for its first step in one run and 1.3 s in
+the next, so a 6-step run finished before the 2-step one; four
 calibrations of 4 steps of another config (~0.44 s a step by the bar) gave 0.25-0.55 s a step by
 the runtimes. (1) is the figure; (2) is used when the bar shows fewer than two of the steps (a
 transformers that draws no bar), and is reported as each run ends.
