@@ -208,11 +208,11 @@ def test_a_run_that_does_not_fit_gets_options_that_each_fit(tune_dir: Path, caps
 
 @pytest.mark.integration
 def test_a_calibrated_plan_prints_valid_json_and_adds_the_trainers_cost(tune_dir: Path, capsys) -> None:
-    assert main(["plan", str(tune_dir), "--max-hours", "10", "--epochs", "1", "--calibrate", "2", "--json"]) == 0
+    assert main(["plan", str(tune_dir), "--max-hours", "10", "--epochs", "1", "--calibrate", "20", "--json"]) == 0
     captured = capsys.readouterr()
     plan = Plan.from_json(json.loads(captured.out))  # stdout is the plan alone: progress went to stderr
-    assert "calibrating: 2 real trainer steps" in captured.err
-    assert plan.calibration is not None and plan.calibration["steps"] == 2
+    assert "calibrating: 20 real trainer steps" in captured.err
+    assert plan.calibration is not None and plan.calibration["steps"] == 20
     assert plan.eta.startup_s is not None and plan.eta.startup_s > 0 and plan.eta.trainer_overhead_s is not None
     assert plan.eta.total_s == pytest.approx(plan.eta.train_s + plan.eta.startup_s + plan.eta.checkpoint_s)
 

@@ -196,7 +196,7 @@ def test_a_calibration_reads_back_from_json_with_an_unknown_spread() -> None:
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Calibration, list[str], Path]:
     """A real tune of the bundled example (one config, a real probe), then a real calibration of it:
-    `trl sft` for 2 then 6 steps (nothing downloaded: the saved model, the bundled data, the Hub off)."""
+    `trl sft` for 4 then 24 steps, enough for the progress bar to show several (nothing downloaded: the saved model, the bundled data, the Hub off)."""
     pytest.importorskip("trl")
     root = tmp_path_factory.mktemp("calibrated")
     out, work, lines = root / "run", root / "work", []
@@ -206,7 +206,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Calibrat
         mp.setenv("HF_HOME", str(root / "hf"))
         mp.setenv("PATH", os.pathsep.join(p for p in ("/usr/bin", "/bin") if os.path.isdir(p)))  # trl: found beside Python
         tune(load_spec(EXAMPLES / "tiny-llama.yaml", [*SMALL_TUNE, *QUICK_PROBE]), output=out)
-        calibration = calibrate(out, 4, work=work, on_progress=lines.append)
+        calibration = calibrate(out, 20, work=work, on_progress=lines.append)
     return out, calibration, lines, work
 
 
@@ -214,18 +214,18 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Calibrat
 def test_a_calibration_times_real_trl_steps_of_the_written_command(calibrated) -> None:
     out, c, lines, work = calibrated
     best = json.loads((out / "summary.json").read_text())["best_config"]
-    assert c.steps == 4 and short_steps(4) == 2
+    assert c.steps == 20 and short_steps(20) == 4
     assert c.seconds_per_step > 0 and c.samples_per_second > 0 and c.spread_rel > 0
     assert c.startup_s > 0  # launch to exit holds more than the steps: imports, the model, the data
     assert c.samples_per_second == pytest.approx(best["effective_batch_size"] / c.seconds_per_step)
     assert c.probe_samples_per_second == best["samples_per_second"]
     assert c.ratio == pytest.approx(c.samples_per_second / c.probe_samples_per_second)
     # The written command, as run: tune's command for the best config with the calibration's arguments after it.
-    assert c.command == f"{best['command']} {shlex.join(calibration_args(6, work / 'trainer-6-steps'))}"
+    assert c.command == f"{best['command']} {shlex.join(calibration_args(24, work / 'trainer-24-steps'))}"
     assert c.device == json.loads((out / "summary.json").read_text())["device"]
-    assert sorted(p.name for p in work.iterdir()) == ["calibrate-2-steps.log", "calibrate-6-steps.log",
+    assert sorted(p.name for p in work.iterdir()) == ["calibrate-24-steps.log", "calibrate-4-steps.log",
                                                       "train_command.sh"]  # the trainer's output folders: removed
     assert (work / "train_command.sh").read_text() == (out / "train_command.sh").read_text()
-    assert lines[0].startswith("run 1 of 2: `trl sft` for 2 steps") and "run 2 of 2: done: " in lines[-3]
+    assert lines[0].startswith("run 1 of 2: `trl sft` for 4 steps") and "run 2 of 2: done: " in lines[-3]
     assert "by the runs' train_runtime difference" in lines[-2] and "(the figure)" in lines[-1]
     assert Calibration.from_json(json.loads(json.dumps(c.to_json()))) == c
