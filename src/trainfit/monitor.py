@@ -51,12 +51,15 @@ class OnTrack:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
 
-    def status(self, step: int, max_steps: int, elapsed_s: float) -> Status:
-        """At ``step`` of ``max_steps``, ``elapsed_s`` after training began: the steps at the pace so
-        far, the checkpoint saves still to come and the start-up the plan measured (it came before
-        ``elapsed_s`` began), against the plan."""
-        pace = elapsed_s / step if step else 0.0
-        projected = pace * max_steps + self._checkpoints_left(step, max_steps) + (self.plan.eta.startup_s or 0.0)
+    def status(self, step: int, max_steps: int, elapsed_s: float, *, step_s: float | None = None,
+               startup_counted: bool = False) -> Status:
+        """At ``step`` of ``max_steps``, ``elapsed_s`` into the run: the steps still to come at
+        ``step_s`` each (default: the pace so far, ``elapsed_s / step``), the checkpoint saves still
+        to come, and the start-up the plan measured unless ``elapsed_s`` counts it already
+        (``startup_counted``: timed from the process start), against the plan."""
+        pace = step_s if step_s is not None else (elapsed_s / step if step else 0.0)
+        projected = (elapsed_s + pace * (max_steps - step) + self._checkpoints_left(step, max_steps)
+                     + (0.0 if startup_counted else self.plan.eta.startup_s or 0.0))
         e = self.plan.eta
         state = ("on track" if projected <= e.high_s else "slower than planned" if projected <= self.plan.window_s
                  else "will miss the window")
@@ -84,19 +87,27 @@ def _callback_base() -> type:
 
 class OnTrackCallback(_callback_base()):  # type: ignore[misc]
     """A ``transformers.TrainerCallback`` that checks the run against ``plan`` (a ``Plan`` or
-    the path of a ``plan.json``) every ``every_s`` seconds and at the end."""
+    the path of a ``plan.json``) every ``every_s`` seconds and at the end.
 
-    def __init__(self, plan: Plan | str | Path, every_s: float = 60.0) -> None:
+    ``started_at``: the run's start in epoch seconds (``time.time()``), when the caller knows it
+    (``trainfit train`` does: the first start, so a resumed run counts its earlier parts and its
+    start-up); None: the time counts from the trainer's start, plus the plan's start-up. The pace
+    is that of the steps this process ran, so a resumed run projects from its own steps."""
+
+    def __init__(self, plan: Plan | str | Path, every_s: float = 60.0, started_at: float | None = None) -> None:
         loaded, folder = load_plan(plan)
         self.check = OnTrack(loaded)
         self.every_s = every_s
+        self.started_at = started_at
         self.out = folder / "on_track.json" if folder is not None else None
         self.start: float | None = None
+        self.first_step = 0
         self.last = 0.0
         self.latest: Status | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.start = self.last = time.monotonic()
+        self.first_step = int(state.global_step)  # a resumed run's steps so far
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.start is not None and time.monotonic() - self.last >= self.every_s:
@@ -109,7 +120,12 @@ class OnTrackCallback(_callback_base()):  # type: ignore[misc]
     def _report(self, state: Any) -> None:
         assert self.start is not None
         self.last = time.monotonic()
-        self.latest = self.check.status(int(state.global_step), int(state.max_steps), self.last - self.start)
+        step = int(state.global_step)
+        done = step - self.first_step
+        step_s = (self.last - self.start) / done if done else None
+        elapsed = time.time() - self.started_at if self.started_at is not None else self.last - self.start
+        self.latest = self.check.status(step, int(state.max_steps), elapsed, step_s=step_s,
+                                        startup_counted=self.started_at is not None)
         print(f"trainfit: {self.latest.line}", file=sys.stderr, flush=True)
         if self.out is not None:
             write_atomically(self.out, json.dumps(self.latest.to_json(), indent=2) + "\n")

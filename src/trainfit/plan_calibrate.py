@@ -209,7 +209,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
     if steps < 1:
         raise TrainfitError(f"a calibration times at least 1 optimizer step (asked for {steps})",
                             "e.g. 50 steps: more give a tighter figure, each costs one step of the config")
-    script, best, summary = _written_command(Path(run_dir))
+    script, best, summary = written_command(Path(run_dir))
     env = _trainer_env()
     say = on_progress or (lambda line: None)
     scratch = work is None
@@ -250,7 +250,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
         probe_samples_per_second=float(probe), ratio=speed / float(probe),
         spread_rel=step_spread(runs[1].step_arrivals, runs[0].step_arrivals, short),
         startup_s=max(0.0, *(run.wall_s - n * seconds for run, n in zip(runs, (short, short + steps), strict=True))),
-        command=_as_run(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
+        command=as_one_line(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
         device=summary.device)
     if scratch:
         shutil.rmtree(folder, ignore_errors=True)
@@ -261,38 +261,40 @@ def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
     return lambda line: say(prefix + line)
 
 
-def _written_command(run_dir: Path) -> tuple[str, ConfigEntry, Summary]:
+def written_command(run_dir: Path, fallback: str = FALLBACK_HINT, *, use: str = "a calibration",
+                    ) -> tuple[str, ConfigEntry, Summary]:
     """The text of ``run_dir/train_command.sh``, the best config it trains and the summary, once
-    checked to be a ``trl sft`` command a calibration can run."""
+    checked to be a ``trl sft`` command ``use`` (what runs it, for the errors) can run; ``fallback``:
+    the errors' way out."""
     summary = read_summary(run_dir)
     best = summary.best_config
     if best is None or best.samples_per_second is None:
-        raise TrainfitError(f"no config fit the budget in {run_dir}: there is no command to calibrate",
+        raise TrainfitError(f"no config fit the budget in {run_dir}: there is no command for {use}",
                             "see its summary.json's all_failed advice, then tune again")
     if summary.command_template:
-        raise TrainfitError("this run's training command is the spec's tune.command_template: a calibration "
-                            "runs only the `trl sft` command trainfit writes, for now", FALLBACK_HINT)
+        raise TrainfitError(f"this run's training command is the spec's tune.command_template: {use} "
+                            "runs only the `trl sft` command trainfit writes, for now", fallback)
     script_path = run_dir / "train_command.sh"
     if not script_path.is_file():
         raise TrainfitError(f"{run_dir} holds no train_command.sh (tune writes it once a config fits)",
-                            f"tune again into a new folder, or {FALLBACK_HINT}")
+                            f"tune again into a new folder, or {fallback}")
     script = script_path.read_text()
     written_for = _HEADER_TRIAL.search(script)
     if written_for is not None and int(written_for.group(1)) != best.trial:
         raise TrainfitError(f"{script_path} is for trial {written_for.group(1)}, summary.json's best config is "
                             f"trial {best.trial}: is a tune still writing {run_dir}?",
-                            "calibrate once the tune has ended")
+                            "wait for the tune to end")
     no_command = re.search(r"^# No command: (.*)$", script, re.MULTILINE)
     if no_command is not None:
-        raise TrainfitError(f"tune wrote no training command in {script_path}: {no_command.group(1)}", FALLBACK_HINT)
+        raise TrainfitError(f"tune wrote no training command in {script_path}: {no_command.group(1)}", fallback)
     body = script.partition("set -euo pipefail\n")[2]
     if not re.match(r"(OMP_NUM_THREADS=\d+ )?trl sft ", body):
-        raise TrainfitError(f"{script_path} is not the `trl sft` command trainfit writes: a calibration runs only "
-                            "that command, for now", FALLBACK_HINT)
+        raise TrainfitError(f"{script_path} is not the `trl sft` command trainfit writes: {use} runs only "
+                            "that command, for now", fallback)
     placeholder = re.search(r"'(<[^']*>)'", body)
     if placeholder is not None:
         raise TrainfitError(f"{script_path} still has a placeholder to fill: {placeholder.group(1)}",
-                            "fill it in (the script's '# note:' lines say how), then calibrate")
+                            "fill it in (the script's '# note:' lines say how), then try again")
     return script, best, summary
 
 
@@ -310,7 +312,7 @@ def _trainer_env() -> dict[str, str]:
     return {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
 
 
-def _as_run(script: str, args: list[str]) -> str:
+def as_one_line(script: str, args: list[str]) -> str:
     """The script's command on one line, its own arguments (``"$@"``) replaced by ``args``."""
     body = script.partition("set -euo pipefail\n")[2].strip()
     return body.replace(" \\\n    ", " ").replace('"$@"', shlex.join(args))

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-COMMANDS = ("analyze", "probe", "tune", "plan", "env")
+COMMANDS = ("analyze", "probe", "tune", "plan", "train", "env")
 
 DESCRIPTION = """\
 Find the fastest training configuration that fits in memory, prove it by measurement.
@@ -22,6 +22,7 @@ Find the fastest training configuration that fits in memory, prove it by measure
   trainfit probe spec.yaml --set batch_size=8                       measure one configuration
   trainfit tune spec.yaml --quick                                   search for the fastest config that fits
   trainfit plan RUN_DIR --max-hours 12 --epochs 3                   fit the run into a time window, with an ETA
+  trainfit train RUN_DIR --resume                                   train it, checkpointed and resumable
   trainfit env                                                      devices and versions
 
 Run `trainfit COMMAND --help` for the options of each command.
@@ -83,10 +84,17 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    # What follows `--` goes to the trainer unchanged (argparse's sub-commands do not pass it on).
+    ours, dashes, passed_on = (argv[:argv.index("--")], True, argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, False, [])
+    args = parser.parse_args(ours)
     if args.command is None:
         parser.print_help()
         return 2
+    if dashes:
+        if not hasattr(args, "passed_on"):
+            parser.error(f"`trainfit {args.command}` takes no arguments after --")
+        args.passed_on = passed_on
     args.argv = argv  # what the user ran: the resume hint repeats it
     try:
         with terminate_as_interrupt():

@@ -1,0 +1,69 @@
+"""``trainfit train``: run the measured config for real, checkpointed, resumable, on the plan's clock."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+from trainfit.cli.common import number
+
+EPILOG = """\
+examples:
+  trainfit train RUN_DIR                                  # trains into RUN_DIR/train
+  trainfit train RUN_DIR --output runs/final --resume     # after a crash, kill -9, preemption or Ctrl-C
+  trainfit train RUN_DIR --deadline                       # stop with a checkpoint before the plan's window ends
+  trainfit train RUN_DIR -- --max_steps 100 --logging_steps 10   # more `trl sft` arguments
+
+What trains: the config RUN_DIR/plan.json chose (`trainfit plan`), else the fastest one
+(train_command.sh), with the written `trl sft` arguments, by TRL's own trainer in this process.
+Checkpoints: every --checkpoint-minutes (default: the plan's, else 30) and at the end; a save
+counts once its last file is on disk, so a crash mid-save leaves the previous one usable. The
+newest --keep are kept. --resume continues from the last complete one: optimizer, scheduler, RNG
+and the data position restored, no sample repeated or skipped; it refuses when the arguments
+differ from the first start's, and names them. SIGTERM or Ctrl-C: a checkpoint, then exit
+(143 / 130); resume later. With a plan, an on-track line every --monitor-seconds.
+
+Writes to the output folder: train.json, checkpoint-STEP/, train_log.jsonl (one JSON object per
+log, checkpoint and stop), the trained model, train_result.json; and RUN_DIR/actual.json (the
+actual time against the plan's ETA) when a planned run finishes.
+Exit status: 0 finished, 3 stopped by the deadline, 130/143 stopped by Ctrl-C/SIGTERM.
+"""
+
+STOP_STATUS = {"deadline": 3, "SIGINT": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="train the measured config, checkpointed and resumable",
+                       description="Train the config a tune folder measured (or its plan chose), with checkpoints, "
+                                   "resume and the on-track check against the plan.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a `trainfit tune` output folder (holds summary.json)")
+    p.add_argument("--output", help="where the run, its checkpoints and model go (default: RUN_DIR/train)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output from its last complete checkpoint")
+    p.add_argument("--checkpoint-minutes", type=number(float, above=0),
+                   help="save a checkpoint this often (default: the plan's, else 30)")
+    p.add_argument("--keep", type=number(int, at_least=1), default=2, help="complete checkpoints kept (default: 2)")
+    p.add_argument("--deadline", type=number(float, above=0), nargs="?", const=0.0, metavar="HOURS",
+                   help="stop with a checkpoint before HOURS after the first start (no value: the plan's window)")
+    p.add_argument("--monitor-seconds", type=number(float, above=0), default=60.0,
+                   help="seconds between on-track lines, with a plan (default: 60)")
+    p.set_defaults(run=run, passed_on=[])  # after --: more `trl sft` arguments (see the examples)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainfit.train import train
+
+    output = Path(args.output) if args.output else Path(args.run_dir) / "train"
+    result = train(args.run_dir, output, resume=args.resume, checkpoint_minutes=args.checkpoint_minutes,
+                   keep=args.keep, deadline_hours=args.deadline or None, use_plan_deadline=args.deadline == 0.0,
+                   extra_args=args.passed_on, monitor_every_s=args.monitor_seconds)
+    print(json.dumps(result.to_json(), indent=2))
+    if result.status == "finished":
+        print(f"\ntrained: {output} (step {result.step:,} of {result.max_steps:,})")
+        return 0
+    print(f"\nstopped by {result.stopped_by} at step {result.step:,} of {result.max_steps:,}, with a checkpoint; "
+          f"continue: trainfit train {args.run_dir} --output {output} --resume")
+    return STOP_STATUS.get(result.stopped_by or "", 1)

@@ -1,0 +1,248 @@
+"""``trainfit train``: the training that was measured, run to its end, checkpointed and resumable.
+
+From a tune output folder it trains the config the folder's ``plan.json`` chose (``trainfit
+plan``), else the fastest one (``train_command.sh``), with the written ``trl sft`` arguments run by
+TRL's own trainer in this process (:mod:`trainfit.train.sft`). It adds a checkpoint every
+``checkpoint_every_s`` and at the end (only complete ones count: :mod:`trainfit.train.checkpoints`),
+a clean stop with a checkpoint on SIGTERM or before a deadline, the on-track check against the plan
+(:class:`trainfit.OnTrackCallback`) and a JSON-lines log. ``resume=True`` continues from the last
+complete checkpoint with the optimizer, scheduler, RNG states and data position it saved (the
+Trainer's own resume), after checking that nothing that changes the training differs.
+
+Output folder: ``train.json`` (what is trained, written once), ``checkpoint-STEP/`` (the newest
+``keep``), ``train_log.jsonl``, the final model, ``train_result.json`` (and the plan folder's
+``actual.json``: the actual time against the plan's ETA).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainfit.errors import TrainfitError
+from trainfit.files import write_atomically
+from trainfit.plan import Plan
+from trainfit.summary import Record, check_schema
+from trainfit.train.checkpoints import incomplete, latest_complete
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainRun(Record):
+    """``train.json``: what an output folder trains; written at the first start, checked on resume."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_dir: str
+    """The tune output folder it came from."""
+    source: str
+    """``plan.json`` (the plan's chosen config and epochs) or ``train_command.sh`` (the fastest config)."""
+    trial: int
+    threads: int | None
+    """CPU threads the probe used (``OMP_NUM_THREADS`` of the command); None: the library default."""
+    argv: list[str]
+    """The ``trl sft`` arguments trained, the user's extra ones and trainfit's own last."""
+    started_at: float
+    """Epoch seconds of the first start: a deadline and the actual time count from it."""
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> TrainRun:
+        check_schema(raw, SCHEMA_VERSION, "train.json", "train into a new --output with this trainfit")
+        return super().from_json(raw)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainResult(Record):
+    """``train_result.json``: how the run (or this part of it) ended."""
+
+    schema_version: int = SCHEMA_VERSION
+    status: str
+    """``finished``, or ``stopped`` (SIGTERM or the deadline: resume it with ``--resume``)."""
+    stopped_by: str | None
+    step: int
+    max_steps: int
+    resumed_from: str | None
+    """The checkpoint this process started from; None: step 0."""
+    process_s: float
+    """This process's time in ``train``: start-up, model, data, the steps, the saves."""
+    elapsed_s: float
+    """Since the first start (``train.json``'s ``started_at``), pauses between resumes included."""
+    planned_s: float | None
+    """The plan's ETA (None: trained without a plan)."""
+    planned_low_s: float | None = None
+    planned_high_s: float | None = None
+    output: str
+
+
+def _read(path: Path, what: str, fix: str) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise TrainfitError(f"cannot read {what} {path}: {err}", fix) from None
+    if not isinstance(raw, dict):
+        raise TrainfitError(f"{what} {path} is not a JSON object", fix)
+    return raw
+
+
+def _plan(run_dir: Path) -> Plan | None:
+    path = run_dir / "plan.json"
+    if not path.is_file():
+        return None
+    return Plan.from_json(_read(path, "the plan", f"plan again: trainfit plan {run_dir} --max-hours H"))
+
+
+def training_command(run_dir: Path) -> tuple[str, str, int, Plan | None]:
+    """The one-line ``trl sft`` command to train, where it came from, its trial and the plan."""
+    from trainfit.plan_calibrate import as_one_line, written_command
+
+    fallback = f"run the command yourself: bash {run_dir / 'train_command.sh'} --output_dir DIR"
+    plan = _plan(run_dir)
+    if plan is not None:
+        if plan.command is None or not plan.command.lstrip().startswith(("trl sft", "OMP_NUM_THREADS")):
+            raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, which has no `trl sft` command "
+                                "trainfit wrote: `trainfit train` runs only that command, for now", fallback)
+        return plan.command, "plan.json", plan.trial, plan
+    script, best, _ = written_command(run_dir, fallback, use="`trainfit train`")
+    return as_one_line(script, []), "train_command.sh", best.trial, None
+
+
+def changed_flags(before: Sequence[str], now: Sequence[str]) -> list[str]:
+    """The ``trl sft`` flags whose values differ between two argument lists (either side missing
+    counts), as ``--flag: before -> now``."""
+    from trainfit.train.sft import flags
+
+    a, b = flags(before), flags(now)
+    return [f"--{k}: {a.get(k, '(unset)')} -> {b.get(k, '(unset)')}" for k in sorted(a.keys() | b.keys())
+            if a.get(k) != b.get(k)]
+
+
+def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[str] = (),
+            say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
+    """Check the input and the output folder; returns what to train, the checkpoint to resume
+    from (None: from step 0) and the plan. Removes unfinished checkpoints (they cannot be resumed)."""
+    run_dir, output = Path(run_dir), Path(output)
+    if not run_dir.is_dir():
+        raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
+    command, source, trial, plan = training_command(run_dir)
+    threads, argv = _split(command)
+    argv = [*argv, *extra_args, "--output_dir", str(output), "--save_strategy", "no", "--disable_tqdm", "false"]
+    record_path = output / "train.json"
+    if resume:
+        if not record_path.is_file():
+            raise TrainfitError(f"there is nothing to resume in {output}: it holds no train.json",
+                                f"start the run without --resume: trainfit train {run_dir} --output {output}")
+        record = TrainRun.from_json(_read(record_path, "the run record", "train into a new --output"))
+        changed = changed_flags(record.argv, argv)
+        if record.run_dir != str(run_dir.resolve()) or record.trial != trial:
+            changed.insert(0, f"trained: {record.run_dir} trial {record.trial} -> {run_dir.resolve()} trial {trial}")
+        if changed:
+            raise TrainfitError(f"{output} trains something else than this command would; what differs:\n  "
+                                + "\n  ".join(changed),
+                                "resume with the same tune folder, plan and extra arguments, or train into a new "
+                                "--output")
+    else:
+        if record_path.exists() or any(output.glob("checkpoint-*")):
+            raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
+                                f"continue it: trainfit train {run_dir} --output {output} --resume; or pick a new "
+                                "--output")
+        output.mkdir(parents=True, exist_ok=True)
+        record = TrainRun(run_dir=str(run_dir.resolve()), source=source, trial=trial, threads=threads, argv=argv,
+                          started_at=time.time())
+        write_atomically(record_path, json.dumps(record.to_json(), indent=2) + "\n")
+    for folder in incomplete(output):
+        say(f"trainfit: removing {folder.name}: its save did not finish (no completion mark), so it cannot be resumed")
+        shutil.rmtree(folder, ignore_errors=True)
+    checkpoint = latest_complete(output) if resume else None
+    if resume and checkpoint is None:
+        say(f"trainfit: {output} holds no complete checkpoint: starting again from step 0")
+    return record, checkpoint, plan
+
+
+def _split(command: str) -> tuple[int | None, list[str]]:
+    from trainfit.train.sft import split_command
+
+    return split_command(command)
+
+
+def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, checkpoint_minutes: float | None = None,
+          keep: int = 2, deadline_hours: float | None = None, use_plan_deadline: bool = False,
+          extra_args: Sequence[str] = (), monitor_every_s: float = 60.0,
+          say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> TrainResult:
+    """Train the tune folder ``run_dir``'s chosen config into ``output`` (see the module).
+
+    ``checkpoint_minutes``: between checkpoints (default: the plan's, else 30). ``keep``: complete
+    checkpoints kept. ``deadline_hours`` (since the first start) or ``use_plan_deadline`` (the
+    plan's window): stop with a checkpoint when the next step and save would pass it.
+    ``extra_args``: more ``trl sft`` arguments, after the written ones (a later flag wins).
+    """
+    began = time.monotonic()
+    run_dir, output = Path(run_dir), Path(output)
+    record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, say=say)
+    if use_plan_deadline:
+        if plan is None:
+            raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
+                                f"give the hours (--deadline 11.5), or plan first: trainfit plan {run_dir} --max-hours H")
+        deadline_hours = plan.max_hours
+    every_s = checkpoint_minutes * 60 if checkpoint_minutes is not None else (
+        plan.checkpoint_every_s if plan is not None else 30 * 60)
+    if record.threads is not None:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(record.threads)
+        torch.set_num_threads(record.threads)
+    from trainfit.monitor import OnTrackCallback
+    from trainfit.train.callbacks import RunLog, TrainControl
+    from trainfit.train.sft import build_trainer
+
+    log = RunLog(output / "train_log.jsonl")
+    control = TrainControl(every_s=every_s, keep=keep, log=log, started_at=record.started_at, say=say,
+                           deadline=record.started_at + deadline_hours * 3600 if deadline_hours else None)
+    callbacks: list[object] = [control]
+    if plan is not None:
+        callbacks.append(OnTrackCallback(run_dir / "plan.json", every_s=monitor_every_s, started_at=record.started_at))
+    say(f"trainfit: training trial {record.trial} of {run_dir} ({record.source}) into {output}"
+        + (f", resuming from {checkpoint.name}" if checkpoint else ""))
+    log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source, trial=record.trial)
+    trainer = build_trainer(record.argv, callbacks)
+    trainer.args.save_total_limit = None  # one rotation: TrainControl's, which never drops the last complete one
+    restore = control.listen()
+    try:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except OSError as err:  # a full disk mid-save, most often: that save has no mark, the last marked one stays
+        last = latest_complete(output)
+        raise TrainfitError(f"training stopped at step {int(trainer.state.global_step):,}: {err}",
+                            f"fix the cause (free disk space under {output}?), then resume: trainfit train {run_dir} "
+                            f"--output {output} --resume (from {last.name if last else 'step 0'})") from err
+    except Exception as err:
+        if checkpoint is None or control.first_step is not None:
+            raise
+        raise TrainfitError(f"{checkpoint} could not be loaded to resume from: {type(err).__name__}: {err}",
+                            f"remove it (rm -r {checkpoint}) and resume again: the checkpoint before it is used, "
+                            "or step 0 when there is none") from err
+    finally:
+        restore()
+    step, max_steps = int(trainer.state.global_step), int(trainer.state.max_steps)
+    if control.stopped is None:
+        trainer.save_model(str(output))
+    result = TrainResult(
+        status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
+        max_steps=max_steps, resumed_from=checkpoint.name if checkpoint else None,
+        process_s=time.monotonic() - began, elapsed_s=time.time() - record.started_at,
+        planned_s=plan.eta.total_s if plan else None, planned_low_s=plan.eta.low_s if plan else None,
+        planned_high_s=plan.eta.high_s if plan else None, output=str(output))
+    text = json.dumps(result.to_json(), indent=2) + "\n"
+    write_atomically(output / "train_result.json", text)
+    if plan is not None and result.status == "finished":
+        write_atomically(run_dir / "actual.json", text)
+    log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
+    return result
+
+
+__all__ = ["TrainResult", "TrainRun", "changed_flags", "prepare", "train", "training_command"]

@@ -1,0 +1,137 @@
+"""What ``trainfit train`` adds to a Hugging Face ``Trainer``, as ``TrainerCallback``s: a checkpoint
+on a time interval (complete-marked, rotated: :mod:`trainfit.train.checkpoints`), a clean stop with
+a checkpoint on SIGTERM or before a deadline, and a JSON-lines log of the run.
+
+Each decision is a small pure piece (:class:`Interval`, :func:`deadline_near`) the callbacks call
+at a step's end, so it is tested without a trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainfit.train.checkpoints import mark_complete, rotate
+
+
+def _callback_base() -> type:
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+@dataclass
+class Interval:
+    """Time since the last checkpoint (or the start): a save is due every ``every_s`` seconds."""
+
+    every_s: float
+    last: float
+
+    def due(self, now: float) -> bool:
+        return now - self.last >= self.every_s
+
+
+def deadline_near(now: float, deadline: float, step_s: float, save_s: float) -> bool:
+    """Whether one more step and a checkpoint save (``step_s``, ``save_s``: their times so far)
+    would end past ``deadline`` (all in seconds on one clock): then stop now, with a save."""
+    return now + step_s + save_s >= deadline
+
+
+class RunLog:
+    """A JSON-lines file, one object per event (``{"event": ..., "time": epoch seconds, ...}``),
+    each line flushed as written so a crash loses none before it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, event: str, **fields: Any) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"event": event, "time": round(time.time(), 3), **fields}) + "\n")
+
+
+class TrainControl(_callback_base()):  # type: ignore[misc]
+    """Saves a checkpoint into the trainer's ``output_dir`` every ``every_s`` seconds and at the last step, keeps the
+    newest ``keep`` complete ones, and stops cleanly (saving first) on SIGTERM or when the next
+    step and save would pass ``deadline`` (epoch seconds). Logs steps, saves and stops to ``log``.
+
+    ``stopped`` says why a run stopped early (None: it did not)."""
+
+    def __init__(self, *, every_s: float, keep: int, log: RunLog, started_at: float,
+                 deadline: float | None = None, say: Callable[[str], None] = print) -> None:
+        self.keep, self.log, self.say = keep, log, say
+        self.started_at, self.deadline = started_at, deadline
+        self.interval = Interval(every_s, time.monotonic())
+        self.stopped: str | None = None
+        self.signal: str | None = None
+        self.save_s = 0.0
+        self.save_began = 0.0
+        self.first_step: int | None = None
+        self.segment_began = 0.0
+
+    def listen(self) -> Callable[[], None]:
+        """Catch SIGTERM (a cluster's preemption) and a first Ctrl-C as a request to save and stop
+        at the step's end (a second Ctrl-C stops at once); returns the function that restores the
+        previous handlers."""
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if signum == signal.SIGINT and self.signal is not None:
+                raise KeyboardInterrupt
+            self.signal = signal.Signals(signum).name
+            if signum == signal.SIGINT:
+                self.say("trainfit: Ctrl-C: saving a checkpoint at the step's end, then stopping "
+                         "(Ctrl-C again to stop at once, losing the steps since the last checkpoint)")
+
+        for s in previous:
+            signal.signal(s, on_signal)
+
+        def restore() -> None:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+        return restore
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.interval.last = self.segment_began = time.monotonic()
+        self.first_step = int(state.global_step)
+        self.log.write("train_begin", step=self.first_step, max_steps=int(state.max_steps))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.monotonic()
+        step = int(state.global_step)
+        done = step - (self.first_step or 0)
+        step_s = (now - self.segment_began) / done if done else 0.0
+        reason = None
+        if self.signal is not None:
+            reason = self.signal
+        elif self.deadline is not None and deadline_near(time.time(), self.deadline, step_s, self.save_s):
+            reason = "deadline"
+        if reason is not None and step < state.max_steps:
+            self.stopped = reason
+            control.should_training_stop = True
+            self.say(f"trainfit: {reason}: saving a checkpoint at step {step:,} and stopping")
+            self.log.write("stop", step=step, reason=reason)
+        if reason is not None or self.interval.due(now) or step >= state.max_steps:
+            control.should_save = True
+            self.save_began = now
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        self.log.write("log", step=int(state.global_step), max_steps=int(state.max_steps),
+                       elapsed_s=round(time.time() - self.started_at, 3), **(logs or {}))
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        mark_complete(folder)
+        removed = rotate(folder.parent, self.keep)
+        now = time.monotonic()
+        self.save_s = now - self.save_began
+        self.interval.last = now
+        self.say(f"trainfit: checkpoint at step {state.global_step:,} ({self.save_s:.1f} s): {folder}")
+        self.log.write("checkpoint", step=int(state.global_step), path=str(folder), save_s=round(self.save_s, 3),
+                       removed=[p.name for p in removed])

@@ -1,0 +1,92 @@
+"""The written ``trl sft`` command, run in this process: TRL's own argument parser and trainer, so
+what trains is what the command would train, with trainfit's callbacks added.
+
+:func:`split_command` reads the command line tune or plan wrote; :func:`build_trainer` does what
+``trl sft`` does with those arguments (``trl/scripts/sft.py``'s ``main``, trl 1.x: model load
+arguments, the dataset or dataset mixture, the PEFT and quantization configs) and stops before
+training, so the caller adds callbacks and chooses the checkpoint to resume from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from trainfit.errors import TrainfitError
+
+_PREFIX = re.compile(r"^(?:OMP_NUM_THREADS=(\d+) )?trl sft (.*)$", re.DOTALL)
+
+
+def split_command(command: str) -> tuple[int | None, list[str]]:
+    """The CPU threads (``OMP_NUM_THREADS=N``, None when unset) and the ``trl sft`` arguments of
+    a one-line ``command`` as trainfit writes it."""
+    match = _PREFIX.match(command.strip())
+    if match is None:
+        raise TrainfitError(f"not a `trl sft` command as trainfit writes it: {command[:80]}",
+                            "train from a tune folder whose train_command.sh runs `trl sft`")
+    threads, rest = match.groups()
+    return (int(threads) if threads else None), shlex.split(rest)
+
+
+def flags(argv: Sequence[str]) -> dict[str, str]:
+    """``--flag value`` pairs of ``argv`` (a later flag wins; a flag with no value maps to "")."""
+    out: dict[str, str] = {}
+    key = None
+    for token in argv:
+        if token.startswith("--"):
+            key = token[2:]
+            out[key] = ""
+        elif key is not None:
+            out[key] = f"{out[key]} {token}".strip()
+    return out
+
+
+def parse(argv: Sequence[str]) -> tuple[Any, Any, Any, Any]:
+    """TRL's own parse of ``trl sft`` arguments: (script, training, model, dataset) arguments.
+    A bad or unknown argument is a :class:`TrainfitError` that quotes the parser."""
+    from trl.scripts.sft import make_parser
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return tuple(make_parser().parse_args_and_config(args=list(argv)))
+    except SystemExit:
+        said = err.getvalue().strip().splitlines()
+        raise TrainfitError(f"`trl sft` refused the arguments: {said[-1] if said else 'no reason given'}",
+                            "see `trl sft --help`; arguments after -- go to it unchanged") from None
+    except ValueError as e:
+        raise TrainfitError(f"`trl sft` refused the arguments: {e}", "see `trl sft --help`") from None
+
+
+def build_trainer(argv: Sequence[str], callbacks: Sequence[Any]) -> Any:
+    """An ``SFTTrainer`` built as ``trl sft ARGV`` builds it, with ``callbacks`` added."""
+    from datasets import load_dataset  # type: ignore[import-untyped]
+    from trl import SFTTrainer, get_dataset, get_peft_config, get_quantization_config
+
+    script_args, training_args, model_args, dataset_args = parse(argv)
+    model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code,
+                         "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype}
+    if training_args.model_init_kwargs is not None:
+        model_init_kwargs.update(training_args.model_init_kwargs)
+    training_args.model_init_kwargs = model_init_kwargs
+    if dataset_args.datasets:
+        dataset = get_dataset(dataset_args)
+    elif script_args.dataset_name:
+        dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config,
+                               streaming=script_args.dataset_streaming)
+    else:
+        raise TrainfitError("the command names no dataset (`--dataset_name` or a `--config` with datasets)",
+                            "train from a tune folder whose train_command.sh names its data")
+    return SFTTrainer(
+        model=model_args.model_name_or_path,
+        args=training_args,
+        train_dataset=dataset[script_args.dataset_train_split],
+        eval_dataset=dataset[script_args.dataset_test_split] if training_args.eval_strategy != "no" else None,
+        quantization_config=get_quantization_config(model_args),
+        peft_config=get_peft_config(model_args),
+        callbacks=list(callbacks),
+    )

@@ -1,0 +1,255 @@
+"""``trainfit train``: checkpoint folders a crash cannot spoil, the stop rules, and (integration)
+real `trl sft` runs of a tuned tiny Llama killed with SIGKILL or SIGTERM and resumed, which end
+with the very parameters of a run that was never interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_texts
+
+from trainfit.cli import main
+from trainfit.train import changed_flags
+from trainfit.train.callbacks import Interval, deadline_near
+from trainfit.train.checkpoints import (
+    MARK,
+    checkpoints,
+    incomplete,
+    is_complete,
+    latest_complete,
+    mark_complete,
+    rotate,
+)
+from trainfit.train.sft import flags, split_command
+
+
+def fake_checkpoint(run: Path, step: int, complete: bool = True) -> Path:
+    folder = run / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "optimizer.pt").write_bytes(b"x" * 100)
+    if complete:
+        mark_complete(folder)
+    return folder
+
+
+def test_only_a_checkpoint_whose_save_finished_counts(tmp_path: Path) -> None:
+    fake_checkpoint(tmp_path, 2)
+    fake_checkpoint(tmp_path, 10)
+    fake_checkpoint(tmp_path, 12, complete=False)  # a save cut short: files, no mark
+    (tmp_path / "checkpoint-notastep").mkdir()
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-10", "checkpoint-12"]
+    assert latest_complete(tmp_path) == tmp_path / "checkpoint-10"  # by step, not by name: 10 > 2
+    assert [p.name for p in incomplete(tmp_path)] == ["checkpoint-12"]
+    # A mark copied with its folder to another step's name does not make that one complete.
+    shutil.copytree(tmp_path / "checkpoint-10", tmp_path / "checkpoint-11")
+    assert not is_complete(tmp_path / "checkpoint-11")
+    (tmp_path / "checkpoint-2" / MARK).write_text("{not json")
+    assert not is_complete(tmp_path / "checkpoint-2")
+
+
+def test_rotation_keeps_the_newest_complete_ones_and_never_the_last_one_only_half_saved(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        fake_checkpoint(tmp_path, step)
+    fake_checkpoint(tmp_path, 4, complete=False)  # being saved now
+    removed = rotate(tmp_path, keep=2)
+    assert sorted(p.name for p in removed) == ["checkpoint-1"]
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3", "checkpoint-4"]
+    mark_complete(tmp_path / "checkpoint-4")
+    rotate(tmp_path, keep=1)
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-4"]
+
+
+def test_the_stop_rules() -> None:
+    interval = Interval(every_s=60.0, last=100.0)
+    assert not interval.due(159.9) and interval.due(160.0)
+    # 10 s steps and a 5 s save: at 985 s one more step and a save end at 1000 s, the deadline.
+    assert not deadline_near(984.0, 1000.0, step_s=10.0, save_s=5.0)
+    assert deadline_near(985.0, 1000.0, step_s=10.0, save_s=5.0)
+
+
+def test_the_written_command_splits_into_threads_and_trl_arguments() -> None:
+    threads, argv = split_command("OMP_NUM_THREADS=2 trl sft --model_name_or_path '/a b/model' --lora_r 8 --bf16 false")
+    assert threads == 2 and argv == ["--model_name_or_path", "/a b/model", "--lora_r", "8", "--bf16", "false"]
+    assert split_command("trl sft --lora_r 8")[0] is None
+    assert flags(["--lora_r", "8", "--use_peft", "--lora_r", "16"]) == {"lora_r": "16", "use_peft": ""}
+    assert changed_flags(["--lora_r", "8", "--max_steps", "5"], ["--lora_r", "8", "--max_steps", "6", "--seed", "1"]) \
+        == ["--max_steps: 5 -> 6", "--seed: (unset) -> 1"]
+
+
+# --- real runs -------------------------------------------------------------------------------------------
+
+STEPS = 40
+RUN_ARGS = ["--checkpoint-minutes", "0.00001", "--", "--max_steps", str(STEPS)]  # a save at every step's end
+
+
+@pytest.fixture(scope="module")
+def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real tune of one LoRA config of a tiny Llama (its model saved, with the bundled tokenizer,
+    so the written `trl sft` command trains it)."""
+    pytest.importorskip("trl")
+    root = tmp_path_factory.mktemp("train")
+    data = root / "train.jsonl"
+    write_texts(data)
+    spec = make_spec_file(root, model={"config": {**TINY_LLAMA, "vocab_size": 2000}},
+                          data={"path": str(data), "text_field": "text"},
+                          params={"max_length": 64, "batch_size": 2, "gradient_accumulation_steps": 2})
+    spec.write_text(spec.read_text() + f"tokenizer: {EXAMPLES / 'data' / 'tokenizer.json'}\n"
+                    "search:\n  lora_r: [4]\n")
+    out = root / "tune"
+    assert main(["tune", str(spec), "--output", str(out), "--strategy", "grid"]) == 0
+    return out
+
+
+def trainfit(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "trainfit", "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def finished(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def weights(folder: Path) -> dict[str, object]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "adapter_model.safetensors")
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    import torch
+
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and wa
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name  # bitwise: the CPU run is deterministic
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tune_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("whole") / "run"
+    rc, text = finished(trainfit(str(tune_dir), "--output", str(out), *RUN_ARGS))
+    assert rc == 0, text
+    return out
+
+
+def wait_for_checkpoint(out: Path, at_least: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        done = latest_complete(out) if out.is_dir() else None
+        if done is not None and int(done.name.split("-")[1]) >= at_least:
+            return
+        assert proc.poll() is None, "the run ended before it could be interrupted: " + (proc.stdout.read() if proc.stdout else "")
+        time.sleep(0.02)
+    raise AssertionError("no checkpoint in time")
+
+
+@pytest.mark.integration
+def test_a_run_killed_with_sigkill_resumes_to_the_parameters_of_an_uninterrupted_one(
+        tune_dir: Path, uninterrupted: Path, tmp_path: Path) -> None:
+    result = json.loads((uninterrupted / "train_result.json").read_text())
+    assert result["status"] == "finished" and result["step"] == STEPS
+    log = [json.loads(line) for line in (uninterrupted / "train_log.jsonl").read_text().splitlines()]
+    saved = [e["step"] for e in log if e["event"] == "checkpoint"]
+    assert saved == list(range(1, STEPS + 1))  # on the interval (here: each step), and at the end
+    assert len(checkpoints(uninterrupted)) == 2  # --keep 2
+
+    out = tmp_path / "run"
+    proc = trainfit(str(tune_dir), "--output", str(out), *RUN_ARGS)
+    wait_for_checkpoint(out, 3, proc)
+    proc.kill()  # SIGKILL: no handler runs, no save
+    proc.wait()
+    last = latest_complete(out)
+    assert last is not None and int(last.name.split("-")[1]) < STEPS
+    # A crash during a later save: that checkpoint's files are there, half written, with no mark.
+    half = out / f"checkpoint-{int(last.name.split('-')[1]) + 1}"
+    shutil.copytree(last, half)
+    (half / MARK).unlink()
+    (half / "optimizer.pt").write_bytes(b"truncated")
+
+    rc, text = finished(trainfit(str(tune_dir), "--output", str(out), *RUN_ARGS))
+    assert rc == 2 and "already holds a run" in text and "--resume" in text  # not silently restarted
+    rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", *RUN_ARGS))
+    assert rc == 0, text
+    assert f"removing {half.name}: its save did not finish" in text
+    resumed = json.loads((out / "train_result.json").read_text())
+    assert resumed["resumed_from"] == last.name and resumed["step"] == STEPS
+    assert_same_weights(out, uninterrupted)
+
+
+@pytest.mark.integration
+def test_sigterm_saves_a_checkpoint_and_a_resume_past_a_rotten_one_ends_where_an_uninterrupted_run_does(
+        tune_dir: Path, uninterrupted: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = trainfit(str(tune_dir), "--output", str(out), *RUN_ARGS)
+    wait_for_checkpoint(out, 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    rc, text = finished(proc)
+    assert rc == 143, text
+    stopped = json.loads((out / "train_result.json").read_text())
+    assert stopped["status"] == "stopped" and stopped["stopped_by"] == "SIGTERM" and stopped["step"] < STEPS
+    assert latest_complete(out) == out / f"checkpoint-{stopped['step']}"  # saved as it stopped: nothing lost
+    assert "--resume" in text
+
+    rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", "--checkpoint-minutes", "0.00001",
+                                 "--", "--max_steps", str(STEPS + 1)))
+    assert rc == 2 and f"--max_steps: {STEPS} -> {STEPS + 1}" in text and "Traceback" not in text  # refused, naming what differs
+    # The newest checkpoint rots on disk after its save was marked: a clear error, then the one before it.
+    newest = latest_complete(out)
+    assert newest is not None and len(checkpoints(out)) == 2
+    (newest / "optimizer.pt").write_bytes(b"rotten")
+    rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", *RUN_ARGS))
+    assert rc == 2 and f"{newest} could not be loaded" in text and f"rm -r {newest}" in text, text
+    assert "Traceback" not in text
+    shutil.rmtree(newest)
+    rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", *RUN_ARGS))
+    assert rc == 0, text
+    assert_same_weights(out, uninterrupted)
+
+
+@pytest.mark.integration
+def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadline(
+        tune_dir: Path, tmp_path: Path, capsys) -> None:
+    plan_dir = tmp_path / "planned"
+    shutil.copytree(tune_dir, plan_dir)
+    assert main(["plan", str(plan_dir), "--max-hours", "10", "--epochs", "1"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "run"
+    assert main(["train", str(plan_dir), "--output", str(out), "--monitor-seconds", "0.01"]) == 0
+    captured = capsys.readouterr()
+    run = json.loads((out / "train.json").read_text())
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    assert run["source"] == "plan.json" and run["trial"] == plan["trial"]
+    assert "on track" in captured.err or "slower than planned" in captured.err
+    actual = json.loads((plan_dir / "actual.json").read_text())
+    assert actual["status"] == "finished" and actual["planned_s"] == plan["eta"]["total_s"]
+    assert actual["elapsed_s"] > 0 and json.loads((plan_dir / "on_track.json").read_text())["step"] == actual["step"]
+
+    # A deadline already passing: the run stops at its first step, with a checkpoint, status 3.
+    late = tmp_path / "late"
+    assert main(["train", str(plan_dir), "--output", str(late), "--deadline", "0.00001"]) == 3
+    stopped = json.loads((late / "train_result.json").read_text())
+    assert stopped["stopped_by"] == "deadline" and stopped["step"] == 1
+    assert latest_complete(late) == late / "checkpoint-1"
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    assert main(["train", str(tmp_path / "missing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    assert main(["train", str(tmp_path)]) == 2
+    assert "holds no summary.json" in capsys.readouterr().err
+    assert main(["train", str(tmp_path), "--output", str(tmp_path / "o"), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    with pytest.raises(SystemExit):  # only train passes arguments on
+        main(["probe", "x.yaml", "--", "--max_steps", "1"])
+    assert "takes no arguments after --" in capsys.readouterr().err
