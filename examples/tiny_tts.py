@@ -66,9 +66,23 @@ def make_workload(params: trainfit.Params, device: torch.device) -> trainfit.Cus
         # in the head; plus the attention matmuls (PaLM: 12 * layers * d_model * T per frame).
         return 6 * enc_params * frames + 12 * model.layers * model.d_model * frames**2 + 6 * head_params * frames * mul
 
+    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+        # `trainfit train` feeds real rows here. The bundled speech.csv has durations and text, no
+        # audio: each clip's mel frames stand in as noise seeded by its utt_id (a real collate loads
+        # the clip's features); the lengths, the padding and the padding mask are the real ones.
+        frames = [min(round(float(r["duration_s"]) * 100), params.max_length) for r in rows]
+        pad_to = params.max_length if params.padding == "max_length" else max(frames)
+        mels = torch.zeros(len(rows), pad_to, N_MELS)
+        for i, (r, n) in enumerate(zip(rows, frames, strict=True)):
+            g = torch.Generator().manual_seed(int(str(r["utt_id"]).removeprefix("utt")))
+            mels[i, :n] = torch.randn(n, N_MELS, generator=g)
+        pad_mask = torch.arange(pad_to).unsqueeze(0) >= torch.tensor(frames).unsqueeze(1)
+        return {"mels": mels.to(device), "pad_mask": pad_mask.to(device)}
+
     return trainfit.CustomWorkload(
         model=model,
         make_batch=make_batch,
+        collate=collate,
         loss=lambda m, inputs: m(**inputs),
         flops_per_sample=flops_per_sample,
     )

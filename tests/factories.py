@@ -33,6 +33,31 @@ def scaled(params: trainfit.Params, device: torch.device) -> trainfit.CustomWork
     )
 
 
+def learnable(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
+    """`scaled` that also trains on real rows: each row's `frames` (n x 8 numbers), zero-padded to
+    the batch's longest. `sleep_s` (a custom knob) lengthens each micro-batch, as a larger model's
+    would, so a test can interrupt a run mid-way."""
+    made = scaled(params, device)
+    pause = float(params.extra.get("sleep_s", 0.0))
+    loss = made.loss
+
+    def slow_loss(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(pause)
+        return loss(m, x)
+
+    made.loss = slow_loss
+
+    def collate(rows: list[dict]) -> torch.Tensor:
+        longest = max(len(r["frames"]) for r in rows)
+        x = torch.zeros(len(rows), longest, 8)
+        for i, r in enumerate(rows):
+            x[i, : len(r["frames"])] = torch.tensor(r["frames"])
+        return x.to(device)
+
+    made.collate = collate
+    return made
+
+
 def crash(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
     os.abort()
 

@@ -5,6 +5,7 @@ with the very parameters of a run that was never interrupted."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import pytest
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_texts
 
 from trainfit.cli import main
+from trainfit.errors import TrainfitError
 from trainfit.train import changed_flags
 from trainfit.train.callbacks import Interval, deadline_near
 from trainfit.train.checkpoints import (
@@ -82,6 +84,33 @@ def test_the_written_command_splits_into_threads_and_trl_arguments() -> None:
     assert flags(["--lora_r", "8", "--use_peft", "--lora_r", "16"]) == {"lora_r": "16", "use_peft": ""}
     assert changed_flags(["--lora_r", "8", "--max_steps", "5"], ["--lora_r", "8", "--max_steps", "6", "--seed", "1"]) \
         == ["--max_steps: 5 -> 6", "--seed: (unset) -> 1"]
+
+
+def test_the_data_order_is_a_reproducible_shuffle_per_epoch_that_resumes_mid_way(tmp_path: Path) -> None:
+    from trainfit.data.order import epoch_rows
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(100)))
+
+    def ids(**kw: int) -> list[int]:
+        return [r["id"] for r in epoch_rows(str(data), seed=1, buffer=16, **kw)]
+
+    first = ids(epoch=0)
+    assert sorted(first) == list(range(100)) and first != list(range(100))  # each sample once, shuffled
+    assert ids(epoch=0) == first and ids(epoch=1) != first  # the same order again; another each epoch
+    assert ids(epoch=0, skip=37) == first[37:]  # a resume reads on: nothing repeated or skipped
+    data.write_text(data.read_text() + "{broken\n")
+    with pytest.raises(TrainfitError, match="line 101"):
+        ids(epoch=0)
+
+
+def test_steps_split_epochs_as_the_loop_runs_them() -> None:
+    from trainfit.train.loop import plan_steps, steps_of
+
+    assert plan_steps(60, 4, 1.0, None) == (15, 15)
+    assert plan_steps(61, 4, 2.5, None) == (16, 40) and plan_steps(61, 4, 2.5, 7) == (16, 7)
+    steps = list(steps_of(iter(range(11)), batch_size=2, accumulation=2))
+    assert steps == [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], [10]]]  # the epoch's last step is partial
 
 
 # --- real runs -------------------------------------------------------------------------------------------
@@ -240,6 +269,57 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
     stopped = json.loads((late / "train_result.json").read_text())
     assert stopped["stopped_by"] == "deadline" and stopped["step"] == 1
     assert latest_complete(late) == late / "checkpoint-1"
+
+
+@pytest.fixture(scope="module")
+def factory_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real tune of a custom factory model whose rows are real numbers in a JSONL file."""
+    import random
+
+    root = tmp_path_factory.mktemp("factory")
+    rng = random.Random(0)
+    data = root / "frames.jsonl"
+    with data.open("w") as f:
+        for i in range(60):
+            n = rng.randint(2, 9)
+            f.write(json.dumps({"id": i, "n": n, "frames": [[rng.uniform(-1, 1) for _ in range(8)]
+                                                            for _ in range(n)]}) + "\n")
+    spec = make_spec_file(root, model={"factory": f"{Path(__file__).parent / 'factories.py'}:learnable"},
+                          data={"path": str(data), "length_field": "n"},
+                          params={"batch_size": 2, "gradient_accumulation_steps": 2, "max_length": 16, "width_mul": 2,
+                                  "sleep_s": 0.02})
+    spec.write_text(spec.read_text() + "search:\n  batch_size: [2]\ntune:\n  epochs: 3\n")
+    out = root / "tune"
+    assert main(["tune", str(spec), "--output", str(out), "--strategy", "grid"]) == 0
+    return out
+
+
+@pytest.mark.integration
+def test_a_factory_model_trains_on_its_rows_and_resumes_after_sigkill_to_the_same_weights(
+        factory_tune: Path, tmp_path: Path) -> None:
+    import torch
+
+    args = ["--checkpoint-minutes", "0.00001", "--max-steps", "40"]  # 40 steps: 2+ epochs of 15 steps
+    whole = tmp_path / "whole"
+    rc, text = finished(trainfit(str(factory_tune), "--output", str(whole), *args))
+    assert rc == 0, text
+    assert json.loads((whole / "train.json").read_text())["kind"] == "factory"
+    log = [json.loads(line) for line in (whole / "train_log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log if e["event"] == "log"] == [10, 20, 30, 40]
+    assert all(math.isfinite(e["loss"]) for e in log if e["event"] == "log")
+
+    out = tmp_path / "run"
+    proc = trainfit(str(factory_tune), "--output", str(out), *args)
+    wait_for_checkpoint(out, 17, proc)  # into the second epoch
+    proc.kill()
+    proc.wait()
+    rc, text = finished(trainfit(str(factory_tune), "--output", str(out), "--resume", *args))
+    assert rc == 0, text
+    assert json.loads((out / "train_result.json").read_text())["resumed_from"] is not None
+    a, b = torch.load(whole / "model.pt"), torch.load(out / "model.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rc, text = finished(trainfit(str(factory_tune), "--output", str(tmp_path / "x"), "--", "--max_steps", "3"))
+    assert rc == 2 and "factory model" in text
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,13 +93,16 @@ class OnTrackCallback(_callback_base()):  # type: ignore[misc]
     ``started_at``: the run's start in epoch seconds (``time.time()``), when the caller knows it
     (``trainfit train`` does: the first start, so a resumed run counts its earlier parts and its
     start-up); None: the time counts from the trainer's start, plus the plan's start-up. The pace
-    is that of the steps this process ran, so a resumed run projects from its own steps."""
+    is that of the steps this process ran, so a resumed run projects from its own steps.
+    ``on_status``: also called with each :class:`Status` (``trainfit train`` logs them)."""
 
-    def __init__(self, plan: Plan | str | Path, every_s: float = 60.0, started_at: float | None = None) -> None:
+    def __init__(self, plan: Plan | str | Path, every_s: float = 60.0, started_at: float | None = None,
+                 on_status: Callable[[Status], None] | None = None) -> None:
         loaded, folder = load_plan(plan)
         self.check = OnTrack(loaded)
         self.every_s = every_s
         self.started_at = started_at
+        self.on_status = on_status
         self.out = folder / "on_track.json" if folder is not None else None
         self.start: float | None = None
         self.first_step = 0
@@ -127,5 +131,7 @@ class OnTrackCallback(_callback_base()):  # type: ignore[misc]
         self.latest = self.check.status(step, int(state.max_steps), elapsed, step_s=step_s,
                                         startup_counted=self.started_at is not None)
         print(f"trainfit: {self.latest.line}", file=sys.stderr, flush=True)
+        if self.on_status is not None:
+            self.on_status(self.latest)
         if self.out is not None:
             write_atomically(self.out, json.dumps(self.latest.to_json(), indent=2) + "\n")

@@ -119,11 +119,15 @@ class TrainStep:
 
     def run(self, micro_batches: Sequence[Batch]) -> float:
         """One optimizer step over ``micro_batches`` (at least one); returns the mean loss (a host sync)."""
-        n = len(micro_batches)
+        return self.run_inputs([batch.inputs for batch in micro_batches])
+
+    def run_inputs(self, micro_inputs: Sequence[Any]) -> float:
+        """:meth:`run` over each micro-batch's inputs (what the workload's ``loss`` takes)."""
+        n = len(micro_inputs)
         total = None
-        for batch in micro_batches:
+        for inputs in micro_inputs:
             with self.autocast():
-                loss = self.workload.loss(batch.inputs) / n
+                loss = self.workload.loss(inputs) / n
             if self.scaler is not None:
                 self.scaler.scale(loss).backward()
             else:

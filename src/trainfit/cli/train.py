@@ -15,7 +15,8 @@ examples:
   trainfit train RUN_DIR                                  # trains into RUN_DIR/train
   trainfit train RUN_DIR --output runs/final --resume     # after a crash, kill -9, preemption or Ctrl-C
   trainfit train RUN_DIR --deadline                       # stop with a checkpoint before the plan's window ends
-  trainfit train RUN_DIR -- --max_steps 100 --logging_steps 10   # more `trl sft` arguments
+  trainfit train RUN_DIR --max-steps 100                  # a short run first
+  trainfit train RUN_DIR -- --logging_steps 10 --report_to tensorboard   # more `trl sft` arguments
 
 What trains: the config RUN_DIR/plan.json chose (`trainfit plan`), else the fastest one
 (train_command.sh), with the written `trl sft` arguments, by TRL's own trainer in this process.
@@ -45,6 +46,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --output from its last complete checkpoint")
     p.add_argument("--checkpoint-minutes", type=number(float, above=0),
                    help="save a checkpoint this often (default: the plan's, else 30)")
+    p.add_argument("--max-steps", type=number(int, at_least=1), metavar="N",
+                   help="stop after N optimizer steps (default: the plan's epochs, else the command's)")
     p.add_argument("--keep", type=number(int, at_least=1), default=2, help="complete checkpoints kept (default: 2)")
     p.add_argument("--deadline", type=number(float, above=0), nargs="?", const=0.0, metavar="HOURS",
                    help="stop with a checkpoint before HOURS after the first start (no value: the plan's window)")
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else Path(args.run_dir) / "train"
     result = train(args.run_dir, output, resume=args.resume, checkpoint_minutes=args.checkpoint_minutes,
                    keep=args.keep, deadline_hours=args.deadline or None, use_plan_deadline=args.deadline == 0.0,
-                   extra_args=args.passed_on, monitor_every_s=args.monitor_seconds)
+                   extra_args=args.passed_on, max_steps=args.max_steps, monitor_every_s=args.monitor_seconds)
     print(json.dumps(result.to_json(), indent=2))
     if result.status == "finished":
         print(f"\ntrained: {output} (step {result.step:,} of {result.max_steps:,})")

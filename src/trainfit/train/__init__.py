@@ -16,13 +16,14 @@ Output folder: ``train.json`` (what is trained, written once), ``checkpoint-STEP
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,22 @@ class TrainRun(Record):
     run_dir: str
     """The tune output folder it came from."""
     source: str
-    """``plan.json`` (the plan's chosen config and epochs) or ``train_command.sh`` (the fastest config)."""
+    """``plan.json`` (the plan's chosen config and epochs), else ``train_command.sh`` (a Hugging
+    Face model: the fastest config's command) or ``summary.json`` (a factory model: the fastest config)."""
     trial: int
+    kind: str
+    """``trl_sft`` (the written command, by TRL's trainer) or ``factory`` (trainfit's loop on the
+    probe's ``TrainStep``)."""
     threads: int | None
     """CPU threads the probe used (``OMP_NUM_THREADS`` of the command); None: the library default."""
-    argv: list[str]
-    """The ``trl sft`` arguments trained, the user's extra ones and trainfit's own last."""
+    argv: list[str] = field(default_factory=list)
+    """``trl_sft``: the ``trl sft`` arguments trained, the user's extra ones and trainfit's own last."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """``factory``: every knob of the config trained."""
+    epochs: float | None = None
+    """``factory``: passes over the data (the plan's, else the spec's ``tune.epochs``)."""
+    max_steps: int | None = None
+    """A cap on the optimizer steps (``--max-steps``); None: the epochs decide."""
     started_at: float
     """Epoch seconds of the first start: a deadline and the actual time count from it."""
 
@@ -56,6 +67,16 @@ class TrainRun(Record):
     def from_json(cls, raw: Mapping[str, Any]) -> TrainRun:
         check_schema(raw, SCHEMA_VERSION, "train.json", "train into a new --output with this trainfit")
         return super().from_json(raw)
+
+    def what(self) -> dict[str, str]:
+        """What decides the training, flat, for :func:`differences`."""
+        from trainfit.train.sft import flags
+
+        out = {"tune folder": self.run_dir, "trial": str(self.trial), "max steps": str(self.max_steps)}
+        if self.kind == "trl_sft":
+            return {**out, **{f"--{k}": v for k, v in flags(self.argv).items()}}
+        return {**out, "epochs": f"{self.epochs:g}" if self.epochs is not None else "None",
+                **{k: json.dumps(v) for k, v in self.config.items()}}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,63 +119,87 @@ def _plan(run_dir: Path) -> Plan | None:
     return Plan.from_json(_read(path, "the plan", f"plan again: trainfit plan {run_dir} --max-hours H"))
 
 
-def training_command(run_dir: Path) -> tuple[str, str, int, Plan | None]:
-    """The one-line ``trl sft`` command to train, where it came from, its trial and the plan."""
+def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
+    """The one-line ``trl sft`` command to train, where it came from, and its trial."""
     from trainfit.plan_calibrate import as_one_line, written_command
 
     fallback = f"run the command yourself: bash {run_dir / 'train_command.sh'} --output_dir DIR"
-    plan = _plan(run_dir)
     if plan is not None:
         if plan.command is None or not plan.command.lstrip().startswith(("trl sft", "OMP_NUM_THREADS")):
             raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, which has no `trl sft` command "
                                 "trainfit wrote: `trainfit train` runs only that command, for now", fallback)
-        return plan.command, "plan.json", plan.trial, plan
+        return plan.command, "plan.json", plan.trial
     script, best, _ = written_command(run_dir, fallback, use="`trainfit train`")
-    return as_one_line(script, []), "train_command.sh", best.trial, None
+    return as_one_line(script, []), "train_command.sh", best.trial
 
 
 def changed_flags(before: Sequence[str], now: Sequence[str]) -> list[str]:
-    """The ``trl sft`` flags whose values differ between two argument lists (either side missing
-    counts), as ``--flag: before -> now``."""
+    """The ``trl sft`` flags whose values differ between two argument lists (see :func:`differences`)."""
     from trainfit.train.sft import flags
 
-    a, b = flags(before), flags(now)
-    return [f"--{k}: {a.get(k, '(unset)')} -> {b.get(k, '(unset)')}" for k in sorted(a.keys() | b.keys())
-            if a.get(k) != b.get(k)]
+    return differences({f"--{k}": v for k, v in flags(before).items()}, {f"--{k}": v for k, v in flags(now).items()})
 
 
-def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[str] = (),
+def differences(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """The keys whose values differ (either side missing counts), as ``key: before -> now``."""
+    return [f"{k}: {before.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in sorted(before.keys() | now.keys())
+            if before.get(k) != now.get(k)]
+
+
+def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (),
+             max_steps: int | None = None) -> tuple[TrainRun, Plan | None]:
+    """What ``run_dir`` says to train (its plan's choice, else its fastest config), as a record
+    started now, and the plan."""
+    from trainfit.summary import read_summary
+
+    if not run_dir.is_dir():
+        raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
+    summary = read_summary(run_dir)
+    plan = _plan(run_dir)
+    common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time())
+    if (summary.spec.get("model") or {}).get("factory"):
+        if extra_args:
+            raise TrainfitError("arguments after -- go to `trl sft`, and this tune folder's model is a factory model, "
+                                "which trains in trainfit's own loop", "drop them (--max-steps caps the steps)")
+        best = summary.best_config
+        if plan is None and (best is None or best.samples_per_second is None):
+            raise TrainfitError(f"no config fit the budget in {run_dir}: there is nothing to train",
+                                "see its summary.json's all_failed advice, then tune again")
+        chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (
+            best.trial, best.config, float(summary.epochs_for_estimate or 1))  # type: ignore[union-attr]
+        return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
+                      config=dict(chosen[1]), epochs=chosen[2]), plan
+    command, source, trial = training_command(run_dir, plan)
+    threads, argv = _split(command)
+    argv = [*argv, *extra_args, *(["--max_steps", str(max_steps)] if max_steps else []),
+            "--output_dir", str(output), "--save_strategy", "no", "--disable_tqdm", "false"]
+    return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv), plan
+
+
+def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[str] = (), max_steps: int | None = None,
             say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
     """Check the input and the output folder; returns what to train, the checkpoint to resume
     from (None: from step 0) and the plan. Removes unfinished checkpoints (they cannot be resumed)."""
     run_dir, output = Path(run_dir), Path(output)
-    if not run_dir.is_dir():
-        raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
-    command, source, trial, plan = training_command(run_dir)
-    threads, argv = _split(command)
-    argv = [*argv, *extra_args, "--output_dir", str(output), "--save_strategy", "no", "--disable_tqdm", "false"]
+    now, plan = to_train(run_dir, output, extra_args=extra_args, max_steps=max_steps)
     record_path = output / "train.json"
     if resume:
         if not record_path.is_file():
             raise TrainfitError(f"there is nothing to resume in {output}: it holds no train.json",
                                 f"start the run without --resume: trainfit train {run_dir} --output {output}")
         record = TrainRun.from_json(_read(record_path, "the run record", "train into a new --output"))
-        changed = changed_flags(record.argv, argv)
-        if record.run_dir != str(run_dir.resolve()) or record.trial != trial:
-            changed.insert(0, f"trained: {record.run_dir} trial {record.trial} -> {run_dir.resolve()} trial {trial}")
+        changed = differences(record.what(), now.what())
         if changed:
             raise TrainfitError(f"{output} trains something else than this command would; what differs:\n  "
                                 + "\n  ".join(changed),
-                                "resume with the same tune folder, plan and extra arguments, or train into a new "
-                                "--output")
+                                "resume with the same tune folder, plan and arguments, or train into a new --output")
     else:
         if record_path.exists() or any(output.glob("checkpoint-*")):
             raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
                                 f"continue it: trainfit train {run_dir} --output {output} --resume; or pick a new "
                                 "--output")
         output.mkdir(parents=True, exist_ok=True)
-        record = TrainRun(run_dir=str(run_dir.resolve()), source=source, trial=trial, threads=threads, argv=argv,
-                          started_at=time.time())
+        record = now
         write_atomically(record_path, json.dumps(record.to_json(), indent=2) + "\n")
     for folder in incomplete(output):
         say(f"trainfit: removing {folder.name}: its save did not finish (no completion mark), so it cannot be resumed")
@@ -173,18 +218,21 @@ def _split(command: str) -> tuple[int | None, list[str]]:
 
 def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, checkpoint_minutes: float | None = None,
           keep: int = 2, deadline_hours: float | None = None, use_plan_deadline: bool = False,
-          extra_args: Sequence[str] = (), monitor_every_s: float = 60.0,
+          extra_args: Sequence[str] = (), max_steps: int | None = None, monitor_every_s: float = 60.0,
           say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> TrainResult:
-    """Train the tune folder ``run_dir``'s chosen config into ``output`` (see the module).
+    """Train the tune folder ``run_dir``'s chosen config into ``output`` (see the module); a
+    factory model trains in trainfit's loop (:mod:`trainfit.train.loop`).
 
     ``checkpoint_minutes``: between checkpoints (default: the plan's, else 30). ``keep``: complete
     checkpoints kept. ``deadline_hours`` (since the first start) or ``use_plan_deadline`` (the
     plan's window): stop with a checkpoint when the next step and save would pass it.
     ``extra_args``: more ``trl sft`` arguments, after the written ones (a later flag wins).
+    ``max_steps``: a cap on the optimizer steps.
     """
     began = time.monotonic()
     run_dir, output = Path(run_dir), Path(output)
-    record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, say=say)
+    record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
+                                       say=say)
     if use_plan_deadline:
         if plan is None:
             raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
@@ -199,41 +247,33 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
         torch.set_num_threads(record.threads)
     from trainfit.monitor import OnTrackCallback
     from trainfit.train.callbacks import RunLog, TrainControl
-    from trainfit.train.sft import build_trainer
 
     log = RunLog(output / "train_log.jsonl")
     control = TrainControl(every_s=every_s, keep=keep, log=log, started_at=record.started_at, say=say,
                            deadline=record.started_at + deadline_hours * 3600 if deadline_hours else None)
-    callbacks: list[object] = [control]
+    callbacks: list[Any] = [control]
     if plan is not None:
-        callbacks.append(OnTrackCallback(run_dir / "plan.json", every_s=monitor_every_s, started_at=record.started_at))
+        callbacks.append(OnTrackCallback(run_dir / "plan.json", every_s=monitor_every_s, started_at=record.started_at,
+                                         on_status=lambda status: log.write("on_track", **status.to_json())))
     say(f"trainfit: training trial {record.trial} of {run_dir} ({record.source}) into {output}"
         + (f", resuming from {checkpoint.name}" if checkpoint else ""))
     log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source, trial=record.trial)
-    trainer = build_trainer(record.argv, callbacks)
-    trainer.args.save_total_limit = None  # one rotation: TrainControl's, which never drops the last complete one
     restore = control.listen()
     try:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        if record.kind == "factory":
+            step, total = _run_factory(run_dir, record, output, checkpoint, callbacks, say)
+        else:
+            step, total = _run_trl_sft(record, output, checkpoint, callbacks, control)
     except OSError as err:  # a full disk mid-save, most often: that save has no mark, the last marked one stays
         last = latest_complete(output)
-        raise TrainfitError(f"training stopped at step {int(trainer.state.global_step):,}: {err}",
+        raise TrainfitError(f"training stopped: {err}",
                             f"fix the cause (free disk space under {output}?), then resume: trainfit train {run_dir} "
                             f"--output {output} --resume (from {last.name if last else 'step 0'})") from err
-    except Exception as err:
-        if checkpoint is None or control.first_step is not None:
-            raise
-        raise TrainfitError(f"{checkpoint} could not be loaded to resume from: {type(err).__name__}: {err}",
-                            f"remove it (rm -r {checkpoint}) and resume again: the checkpoint before it is used, "
-                            "or step 0 when there is none") from err
     finally:
         restore()
-    step, max_steps = int(trainer.state.global_step), int(trainer.state.max_steps)
-    if control.stopped is None:
-        trainer.save_model(str(output))
     result = TrainResult(
         status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
-        max_steps=max_steps, resumed_from=checkpoint.name if checkpoint else None,
+        max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
         process_s=time.monotonic() - began, elapsed_s=time.time() - record.started_at,
         planned_s=plan.eta.total_s if plan else None, planned_low_s=plan.eta.low_s if plan else None,
         planned_high_s=plan.eta.high_s if plan else None, output=str(output))
@@ -243,6 +283,54 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
         write_atomically(run_dir / "actual.json", text)
     log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+def _run_trl_sft(record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
+                 control: Any) -> tuple[int, int]:
+    """Train with TRL's trainer in this process; returns (steps done, total steps)."""
+    from trainfit.train.sft import build_trainer
+
+    trainer = build_trainer(record.argv, callbacks)
+    trainer.args.save_total_limit = None  # one rotation: TrainControl's, which never drops the last complete one
+    try:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except OSError:
+        raise
+    except Exception as err:
+        if checkpoint is None or control.first_step is not None:
+            raise
+        raise TrainfitError(f"{checkpoint} could not be loaded to resume from: {type(err).__name__}: {err}",
+                            f"remove it (rm -r {checkpoint}) and resume again: the checkpoint before it is used, "
+                            "or step 0 when there is none") from err
+    if control.stopped is None:
+        trainer.save_model(str(output))
+    return int(trainer.state.global_step), int(trainer.state.max_steps)
+
+
+def _run_factory(run_dir: Path, record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
+                 say: Callable[[str], None]) -> tuple[int, int]:
+    """Train a factory model with trainfit's loop; returns (steps done, total steps)."""
+    from trainfit.params import parse_params
+    from trainfit.plan.inputs import load_run
+    from trainfit.spec import build_spec
+    from trainfit.summary import read_summary
+    from trainfit.train.loop import run_loop
+
+    summary = read_summary(run_dir)
+    source = summary.spec.get("source")
+    doc = load_run(run_dir).spec_doc
+    if doc is None or not source:
+        raise TrainfitError(f"{run_dir}'s study holds no spec to rebuild the factory model from",
+                            "tune again with this trainfit")
+    spec = build_spec(doc, base_dir=Path(source).parent)
+    if spec.data is None:
+        raise TrainfitError("the spec has no data: a factory model trains on the rows of its data.path",
+                            "add data: {path: ...} to the spec, tune, then train")
+    params, problems = parse_params(record.config, allow_custom=True)
+    if problems:
+        raise TrainfitError(f"the config of trial {record.trial} does not parse: {problems[0]}", "tune again")
+    return run_loop(spec, params, samples=summary.dataset_samples or 0, epochs=record.epochs or 1.0,
+                    max_steps=record.max_steps, output=output, checkpoint=checkpoint, callbacks=callbacks, say=say)
 
 
 __all__ = ["TrainResult", "TrainRun", "changed_flags", "prepare", "train", "training_command"]

@@ -105,6 +105,8 @@ class TrainControl(_callback_base()):  # type: ignore[misc]
         now = time.monotonic()
         step = int(state.global_step)
         done = step - (self.first_step or 0)
+        if done == 1:  # what a resume costs: its launch to here
+            self.log.write("first_step", step=step, elapsed_s=round(time.time() - self.started_at, 3))
         step_s = (now - self.segment_began) / done if done else 0.0
         reason = None
         if self.signal is not None:

@@ -8,6 +8,7 @@ The factory is called as ``factory(params, device)`` and returns a :class:`Custo
             model=model,
             make_batch=lambda lengths, pad_to: ...,   # inputs on `device`
             loss=lambda model, inputs: model(**inputs),
+            collate=lambda rows: ...,                 # optional: real rows -> inputs, for `trainfit train`
         )
 
 trainfit applies precision, compile, tf32, the optimizer, batch size, accumulation and padding.
@@ -49,6 +50,10 @@ class CustomWorkload:
     """Longest length the model accepts, if any."""
     handles: Collection[str] = ()
     """Knobs the factory applied itself: any of gradient_checkpointing, lora_r, attention."""
+    collate: Callable[[list[dict[str, Any]]], Any] | None = None
+    """``(rows) -> inputs``: real samples (rows of the spec's ``data``, as read) made into the
+    inputs ``loss`` takes, padded as ``params.padding`` says; what ``trainfit train`` trains on.
+    None: the model can be probed and tuned, not trained by trainfit."""
 
 
 def load_factory(target: str) -> Callable[..., CustomWorkload]:

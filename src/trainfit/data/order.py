@@ -1,0 +1,55 @@
+"""The order a training loop reads a dataset in: shuffled, reproducible, memory-bounded, resumable.
+
+Rows stream from disk through a shuffle buffer of ``buffer`` rows (as webdataset and
+``datasets``' streaming shuffle do): the next row out is a random one of the buffer, drawn by a
+generator seeded with ``(seed, epoch)``. Memory holds ``buffer`` rows whatever the file's size,
+each epoch has its own order, and the same seed and epoch give the same order, so a resumed run
+reads on from sample ``skip`` with nothing repeated or skipped.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from trainfit.data.readers import BadRow, iter_rows
+from trainfit.errors import TrainfitError
+
+BUFFER = 8192
+
+
+def epoch_rows(path: str, *, seed: int, epoch: int, fmt: str = "auto", skip: int = 0, buffer: int = BUFFER,
+               on_bad_row: str = "stop") -> Iterator[dict[str, Any]]:
+    """The rows of ``path`` in epoch ``epoch``'s order, from its sample ``skip`` on. A bad row is
+    an error naming it (``on_bad_row: stop``) or left out (``skip``)."""
+    rng = random.Random(f"{seed}:{epoch}")
+    pool: list[dict[str, Any]] = []
+    produced = 0
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for index, row in iter_rows(path, fmt):
+            if isinstance(row, BadRow):
+                if on_bad_row == "stop":
+                    where = f"line {row.line}" if row.line is not None else f"row {index + 1}"
+                    raise TrainfitError(f"{path}: {where} cannot be read: {row.reason}",
+                                        "fix the row, or set data.on_bad_row: skip")
+                continue
+            yield row
+
+    def out(row: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        nonlocal produced
+        produced += 1
+        if produced > skip:
+            yield row
+
+    for row in rows():
+        if len(pool) < buffer:
+            pool.append(row)
+            continue
+        i = rng.randrange(len(pool))
+        chosen, pool[i] = pool[i], row
+        yield from out(chosen)
+    rng.shuffle(pool)
+    for row in pool:
+        yield from out(row)

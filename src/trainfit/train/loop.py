@@ -1,0 +1,175 @@
+"""The training loop of a custom (factory) model: the probe's own :class:`trainfit.step.TrainStep`
+over the real dataset, so what trains is what was measured.
+
+The factory's ``collate`` makes rows into inputs; rows stream in :func:`trainfit.data.order.epoch_rows`'s
+reproducible order. An optimizer step takes ``batch_size x gradient_accumulation_steps`` samples
+(fewer at an epoch's end) and never spans two epochs. A checkpoint (``checkpoint-STEP``) holds the
+model, optimizer, scaler and RNG states and where the data stands (epoch, samples read in it); the
+stop and save decisions are :class:`trainfit.train.callbacks.TrainControl`'s, called as the Hugging
+Face trainer calls a callback, so both loops stop, save and rotate alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from trainfit.errors import TrainfitError
+from trainfit.params import Params
+from trainfit.spec import Spec
+
+STATE = "loop_state.json"
+LOG_EVERY = 10
+"""Steps between loss lines in the log (the Hugging Face trainer's ``logging_steps`` default)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where a run stands: optimizer steps done, the epoch, and samples of it already trained on."""
+
+    step: int = 0
+    epoch: int = 0
+    consumed: int = 0
+
+
+def plan_steps(samples: int, per_step: int, epochs: float, max_steps: int | None) -> tuple[int, int]:
+    """(steps per epoch, total steps): a step per ``per_step`` samples, the last of an epoch
+    partial; ``epochs`` may be fractional; ``max_steps`` caps the total."""
+    per_epoch = max(1, math.ceil(samples / per_step))
+    total = max(1, math.ceil(per_epoch * epochs))
+    return per_epoch, min(total, max_steps) if max_steps else total
+
+
+def steps_of(rows: Iterator[dict[str, Any]], batch_size: int, accumulation: int) -> Iterator[list[list[dict[str, Any]]]]:
+    """Group rows into optimizer steps of up to ``accumulation`` micro-batches of up to ``batch_size``."""
+    step: list[list[dict[str, Any]]] = []
+    micro: list[dict[str, Any]] = []
+    for row in rows:
+        micro.append(row)
+        if len(micro) == batch_size:
+            step.append(micro)
+            micro = []
+            if len(step) == accumulation:
+                yield step
+                step = []
+    if micro:
+        step.append(micro)
+    if step:
+        yield step
+
+
+def save(folder: Path, step_runner: Any, position: Position) -> None:
+    """The checkpoint's files (its completion mark is written after, by the caller's control)."""
+    import numpy as np
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(step_runner.workload.model.state_dict(), folder / "model.pt")
+    torch.save(step_runner.optimizer.state_dict(), folder / "optimizer.pt")
+    if step_runner.scaler is not None:
+        torch.save(step_runner.scaler.state_dict(), folder / "scaler.pt")
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    torch.save(rng, folder / "rng_state.pth")
+    (folder / STATE).write_text(json.dumps(dataclasses.asdict(position)) + "\n")
+
+
+def load(folder: Path, step_runner: Any, device: Any) -> Position:
+    """Restore a checkpoint :func:`save` wrote; a file that cannot be read is a clear error."""
+    import numpy as np
+    import torch
+
+    try:
+        step_runner.workload.model.load_state_dict(torch.load(folder / "model.pt", map_location=device))
+        step_runner.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=device))
+        if step_runner.scaler is not None:
+            step_runner.scaler.load_state_dict(torch.load(folder / "scaler.pt"))
+        rng = torch.load(folder / "rng_state.pth", weights_only=False)
+        raw = json.loads((folder / STATE).read_text())
+    except Exception as err:
+        raise TrainfitError(f"{folder} could not be loaded to resume from: {type(err).__name__}: {err}",
+                            f"remove it (rm -r {folder}) and resume again: the checkpoint before it is used, "
+                            "or step 0 when there is none") from err
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return Position(step=int(raw["step"]), epoch=int(raw["epoch"]), consumed=int(raw["consumed"]))
+
+
+def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_steps: int | None, output: Path,
+             checkpoint: Path | None, callbacks: Sequence[Any], say: Callable[[str], None]) -> tuple[int, int]:
+    """Train ``spec``'s factory model with ``params`` for ``epochs`` over its ``samples`` rows (or
+    ``max_steps``), from ``checkpoint`` when given; ``callbacks`` are called as a Hugging Face
+    trainer calls them. Returns (steps done, total steps); the model's weights end in ``output/model.pt``."""
+    import torch
+
+    from trainfit.data.order import epoch_rows
+    from trainfit.progress import Progress
+    from trainfit.probe.runner import resolve_device_name
+    from trainfit.step import TrainStep
+    from trainfit.workloads import build_workload
+    from trainfit.workloads.factory import FactoryWorkload
+
+    assert spec.data is not None
+    device = torch.device(resolve_device_name(spec.probe.device))
+    torch.manual_seed(spec.probe.seed)
+    workload = build_workload(spec, params, device)
+    assert isinstance(workload, FactoryWorkload)
+    collate = workload.custom.collate
+    if collate is None:
+        raise TrainfitError(f"the factory {spec.model.factory} returns no collate: trainfit has no way to make the "
+                            "dataset's rows into the model's inputs",
+                            "return trainfit.CustomWorkload(..., collate=lambda rows: inputs) (rows are the data "
+                            "file's records as dicts), or train with your own loop")
+    runner = TrainStep(workload, params, device)
+    _, total = plan_steps(samples, params.effective_batch_size, epochs, max_steps)
+    position = load(checkpoint, runner, device) if checkpoint is not None else Position()
+    args = SimpleNamespace(output_dir=str(output))
+    state = SimpleNamespace(global_step=position.step, max_steps=total, epoch=position.epoch)
+    control = SimpleNamespace(should_save=False, should_training_stop=False)
+
+    def call(event: str, **kwargs: Any) -> None:
+        for cb in callbacks:
+            getattr(cb, event)(args, state, control, **kwargs)
+
+    call("on_train_begin")
+    bar = Progress("training", total, unit="steps", done=position.step)
+    epoch, consumed, losses = position.epoch, position.consumed, []
+    try:
+        while state.global_step < total:
+            rows = epoch_rows(spec.data.path, seed=spec.probe.seed, epoch=epoch, fmt=spec.data.format, skip=consumed,
+                              on_bad_row=spec.data.on_bad_row)
+            for micro in steps_of(rows, params.batch_size, params.gradient_accumulation_steps):
+                losses.append(runner.run_inputs([collate(m) for m in micro]))
+                consumed += sum(len(m) for m in micro)
+                state.global_step += 1
+                state.epoch = epoch + consumed / samples
+                bar.update(state.global_step, note=f"epoch {state.epoch:.2f}")
+                call("on_step_end")
+                if state.global_step % LOG_EVERY == 0 or state.global_step == total:
+                    call("on_log", logs={"loss": round(sum(losses) / len(losses), 6), "epoch": round(state.epoch, 4)})
+                    losses = []
+                if control.should_save:
+                    save(output / f"checkpoint-{state.global_step}", runner, Position(state.global_step, epoch, consumed))
+                    call("on_save")
+                    control.should_save = False
+                if control.should_training_stop or state.global_step >= total:
+                    break
+            else:
+                epoch, consumed = epoch + 1, 0
+                continue
+            break
+    finally:
+        bar.close(note=f"epoch {state.epoch:.2f}")
+    call("on_train_end")
+    if not control.should_training_stop:
+        torch.save(workload.model.state_dict(), output / "model.pt")
+    return int(state.global_step), total
