@@ -4,7 +4,9 @@ The same long-tailed real text as bench/epoch_fidelity.py (docstrings of Python'
 library) and its ~18M-parameter Llama shape with LoRA r=16 in fp32 on the CPU. For each padding
 (to the longest sample, to max_length): `trainfit tune` over batch sizes 1/2/4 (grid), then
 `trainfit plan` with and without `--calibrate N`, then the planned `trl sft` command (the plan's
-own: one epoch, its checkpoint flags) run as a user runs it, timed from launch to exit.
+own: one epoch, its checkpoint flags) run as a user runs it, timed from launch to exit, then
+`trainfit train` of the same plan (the plan.json written into the tune folder), timed from
+launch to exit, with its monitor's projection of the end read from its log at 10% of the steps.
 
     python bench/plan_eta.py [--samples 300] [--calibrate 20] [--modes longest,max_length]
     python bench/plan_eta.py ... --results plan_eta.json   # kept as each mode ends: run again to go on
@@ -41,6 +43,32 @@ def run_written(command: str, cwd: Path) -> float:
     return wall
 
 
+def run_trainfit_train(run_dir: Path, out: Path, monitor_every_s: float) -> tuple[float, dict, list[dict]]:
+    """Launch-to-exit seconds of `trainfit train` of ``run_dir``'s plan, its train_result.json and log."""
+    import json
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(out.parent / "hf")}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "trainfit", "train", str(run_dir), "--output", str(out),
+                           "--monitor-seconds", f"{monitor_every_s:g}", "--", "--report_to", "none"],
+                          env=env, capture_output=True, text=True, timeout=7200, check=False)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"trainfit train failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    return wall, json.loads((out / "train_result.json").read_text()), log
+
+
+def at_tenth(log: list[dict], result: dict) -> dict | None:
+    """The monitor's first projection at or past 10% of the steps, against the actual end."""
+    first = next((e for e in log if e["event"] == "on_track" and e["step"] >= 0.1 * e["max_steps"]), None)
+    if first is None:
+        return None
+    return {"step": first["step"], "max_steps": first["max_steps"], "projected_s": first["projected_s"],
+            "actual_elapsed_s": result["elapsed_s"],
+            "error": (first["projected_s"] - result["elapsed_s"]) / result["elapsed_s"]}
+
+
 def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dict:
     from trainfit.plan import make_plan
     from trainfit.plan_calibrate import calibrate
@@ -63,15 +91,24 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
     assert planned.command is not None
     (work / f"{mode}-run").mkdir()
     actual = run_written(planned.command, work / f"{mode}-run")
+    import json
+
+    (run_dir / "plan.json").write_text(json.dumps(planned.to_json(), indent=2) + "\n")
+    train_wall, result, log = run_trainfit_train(run_dir, work / f"{mode}-train", planned.eta.total_s / 40)
+    tenth = at_tenth(log, result)
     row = {"tune_s": tune_s, "calibrate_s": calibrate_s, "trial": planned.trial, "searched": planned.searched,
            "actual_s": actual, "calibration": cal.to_json(),
            "eta_calibrated": planned.eta.to_json(), "eta_probe_only": plain.eta.to_json(),
            "error_calibrated": (planned.eta.total_s - actual) / actual,
            "error_probe_only": (plain.eta.total_s - actual) / actual,
-           "inside_interval": planned.eta.low_s <= actual <= planned.eta.high_s}
+           "inside_interval": planned.eta.low_s <= actual <= planned.eta.high_s,
+           "trainfit_train_s": train_wall, "error_trainfit_train": (planned.eta.total_s - train_wall) / train_wall,
+           "trainfit_train_inside_interval": planned.eta.low_s <= train_wall <= planned.eta.high_s,
+           "trainfit_train_steps": result["step"], "monitor_at_tenth": tenth}
     print(f"{mode}: trial {planned.trial} {planned.searched}: actual {actual:.1f} s launch to exit; plan "
           f"{planned.eta.total_s:.1f} s ({planned.eta.low_s:.1f}-{planned.eta.high_s:.1f}) calibrated, "
-          f"{plain.eta.total_s:.1f} s probe only", file=sys.stderr, flush=True)
+          f"{plain.eta.total_s:.1f} s probe only; trainfit train {train_wall:.1f} s; monitor at 10%: "
+          f"{tenth}", file=sys.stderr, flush=True)
     return row
 
 

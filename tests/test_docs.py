@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainfit.cli import build_parser
+from trainfit.cli import build_parser, split_passed_on
 from trainfit.params import knob_table_markdown
 from trainfit.spec import Budget, DataSpec, ModelSpec, ProbeSettings, TuneSettings
 
@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS, ROOT / "bench" / "README.md"]
-EXPECTED_DOCS = {"architecture.md", "benchmarks.md", "outputs.md", "probe.md", "search.md", "spec.md"}
+EXPECTED_DOCS = {"architecture.md", "benchmarks.md", "outputs.md", "plan.md", "probe.md", "search.md", "spec.md",
+                 "train.md"}
 
 TWO_COMMANDS = """\
 ```bash
@@ -134,7 +135,7 @@ def test_every_trainfit_command_in_the_docs_parses() -> None:
     parser = build_parser()
     for page, command in shown:
         try:
-            args = parser.parse_args(shlex.split(command)[1:])
+            args = parser.parse_args(split_passed_on(shlex.split(command)[1:])[0])
         except SystemExit:
             pytest.fail(f"{page.relative_to(ROOT)}: `{command}` does not parse (see `trainfit --help`)")
         assert args.command is not None, command

@@ -257,6 +257,31 @@ def test_on_track_projects_the_finish_from_the_pace_so_far(elapsed_at_half: floa
     assert status.state == state and status.projected_s == pytest.approx(2 * elapsed_at_half)
 
 
+def test_on_track_weighs_the_steps_so_far_by_the_work_their_batches_held() -> None:
+    """Random-order batches: the first tenth of the steps drew short samples. Their pace per step
+    says the run ends early; weighed by the plan's step cost of those very batches, it does not."""
+    import dataclasses
+
+    from trainfit.monitor import OnTrack, Pace
+
+    # Step cost 0.1 + 0.001 * L s; the epoch's mean batch is 400 long: 0.5 s a step, 100 steps, 50 s.
+    plan = dataclasses.replace(a_plan(50.0, 0.05, 120.0), step_cost=[0.1, 0.001, 0.0], model_step_s=0.5,
+                               config={"gradient_accumulation_steps": 2})
+    check = OnTrack(plan)
+    assert check.batch_cost(200) == pytest.approx(0.15)  # a micro-batch: half the step at L = 200
+    # 10 steps of 2 micro-batches 200 long ran at exactly the planned cost: 10 x 0.3 s = 3 s.
+    by_steps = check.status(10, 100, 3.0, Pace(3.0, 10))
+    by_work = check.status(10, 100, 3.0, Pace(3.0, 10, work_s=20 * check.batch_cost(200)))
+    assert by_steps.projected_s == pytest.approx(30.0)  # 0.3 s a step for all 100: wrong by 40%
+    assert by_work.projected_s == pytest.approx(50.0)   # 3 s done + 47 s of work left at the planned rate
+    # The machine runs 20% slow: the same batches took 3.6 s; the rest of the work is 20% slower too.
+    slow = check.status(10, 100, 3.6, Pace(3.6, 10, work_s=3.0))
+    assert slow.projected_s == pytest.approx(3.6 + 1.2 * 47.0)
+    # A resumed run: 40 earlier steps (at the plan's mean), then 10 in this process; 70 s so far in all.
+    resumed = check.status(50, 100, 70.0, Pace(3.0, 10, work_s=3.0))
+    assert resumed.projected_s == pytest.approx(70.0 + (50.0 - 40 * 0.5 - 3.0))
+
+
 @pytest.mark.integration
 def test_on_track_callback_reports_from_a_real_trainer(tmp_path: Path, capsys) -> None:
     """A real Hugging Face Trainer, a few steps of a tiny model, with the callback checking every

@@ -322,6 +322,48 @@ def test_a_factory_model_trains_on_its_rows_and_resumes_after_sigkill_to_the_sam
     assert rc == 2 and "factory model" in text
 
 
+FAKE_TRAINER = """\
+import json, os, sys
+import trainfit
+callback = trainfit.OnTrackCallback.from_environment()
+seen = {k: v for k, v in os.environ.items() if k.startswith("TRAINFIT_")}
+json.dump({"argv": sys.argv[1:], "env": seen, "callback": callback is not None}, open("fake.json", "w"))
+sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
+"""
+
+
+@pytest.mark.integration
+def test_a_command_template_runs_as_a_child_told_the_plan_output_and_resume(
+        factory_tune: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = tmp_path / "fake_trainer.py"
+    trainer.write_text(FAKE_TRAINER)
+    spec = factory_tune.parent / "spec.yaml"
+    templated = tmp_path / "templated.yaml"
+    templated.write_text(spec.read_text() + f"  command_template: {sys.executable} {trainer} --bs {{batch_size}}\n")
+    run_dir = tmp_path / "tune"
+    assert main(["tune", str(templated), "--output", str(run_dir), "--strategy", "grid"]) == 0
+    assert main(["plan", str(run_dir), "--max-hours", "1"]) == 0
+    out = tmp_path / "run"
+    assert main(["train", str(run_dir), "--output", str(out), "--deadline", "2", "--", "--epochs", "3"]) == 0
+    seen = json.loads((out / "fake.json").read_text())
+    assert seen["argv"] == ["--bs", "2", "--epochs", "3"]  # the filled template, then the arguments after --
+    env = seen["env"]
+    assert env["TRAINFIT_PLAN"] == str((run_dir / "plan.json").resolve()) and env["TRAINFIT_RESUME"] == "0"
+    assert env["TRAINFIT_OUTPUT"] == str(out.resolve()) and float(env["TRAINFIT_DEADLINE"]) > time.time()
+    assert seen["callback"]  # the monitor found its plan in the environment
+    assert json.loads((out / "train.json").read_text())["kind"] == "command"
+    assert json.loads((run_dir / "actual.json").read_text())["status"] == "finished"
+    assert main(["train", str(run_dir), "--output", str(out), "--resume", "--", "--epochs", "3"]) == 0
+    assert json.loads((out / "fake.json").read_text())["env"]["TRAINFIT_RESUME"] == "1"
+    capsys.readouterr()
+    monkeypatch.setenv("FAKE_EXIT", "3")
+    assert main(["train", str(run_dir), "--output", str(tmp_path / "failed")]) == 2
+    assert "your training command exited with 3" in capsys.readouterr().err
+    # --loop: the factory model in trainfit's loop after all.
+    assert main(["train", str(run_dir), "--output", str(tmp_path / "loop"), "--loop", "--max-steps", "2"]) == 0
+    assert json.loads((tmp_path / "loop" / "train.json").read_text())["kind"] == "factory"
+
+
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert main(["train", str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err

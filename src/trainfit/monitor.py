@@ -20,6 +20,7 @@ from typing import Any
 
 from trainfit.files import write_atomically
 from trainfit.plan import Plan
+from trainfit.probe.estimate import StepCost
 from trainfit.progress import format_duration as dur
 from trainfit.summary import Record
 
@@ -46,26 +47,61 @@ class Status(Record):
                 f"{dur(self.projected_s)} (planned {dur(self.planned_s)}, window {dur(self.window_s)})")
 
 
+@dataclass(frozen=True)
+class Pace:
+    """What the steps run so far (in this process) say of the steps to come."""
+
+    seconds: float
+    """Their time."""
+    steps: int
+    work_s: float | None = None
+    """What the plan's fitted step cost expected of the very batches they trained on (None: the
+    batches were not seen). The pace is then measured against the work done, not the step count:
+    with random-order batches of long-tailed lengths the first steps' mix is not the epoch's."""
+
+
 class OnTrack:
     """The check of a run against ``plan``: :meth:`status` at a step."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
+        coefficients = plan.step_cost
+        self.accumulation = int(plan.config.get("gradient_accumulation_steps") or 1)
+        self.cost = None if coefficients is None or plan.model_step_s is None else StepCost(*coefficients)
 
-    def status(self, step: int, max_steps: int, elapsed_s: float, *, step_s: float | None = None,
+    def batch_cost(self, padded_length: int) -> float | None:
+        """The plan's expected seconds of one micro-batch padded to ``padded_length`` (None: the
+        plan has no step cost)."""
+        return None if self.cost is None else float(self.cost(float(padded_length))) / self.accumulation
+
+    def status(self, step: int, max_steps: int, elapsed_s: float, pace: Pace | None = None, *,
                startup_counted: bool = False) -> Status:
-        """At ``step`` of ``max_steps``, ``elapsed_s`` into the run: the steps still to come at
-        ``step_s`` each (default: the pace so far, ``elapsed_s / step``), the checkpoint saves still
-        to come, and the start-up the plan measured unless ``elapsed_s`` counts it already
+        """At ``step`` of ``max_steps``, ``elapsed_s`` into the run: the time of the steps still
+        to come at ``pace`` (default: ``elapsed_s`` over ``step`` steps), the checkpoint saves
+        still to come, and the start-up the plan measured unless ``elapsed_s`` counts it already
         (``startup_counted``: timed from the process start), against the plan."""
-        pace = step_s if step_s is not None else (elapsed_s / step if step else 0.0)
-        projected = (elapsed_s + pace * (max_steps - step) + self._checkpoints_left(step, max_steps)
+        pace = pace if pace is not None else Pace(elapsed_s, step)
+        projected = (elapsed_s + self._remaining_s(step, max_steps, pace) + self._checkpoints_left(step, max_steps)
                      + (0.0 if startup_counted else self.plan.eta.startup_s or 0.0))
         e = self.plan.eta
         state = ("on track" if projected <= e.high_s else "slower than planned" if projected <= self.plan.window_s
                  else "will miss the window")
         return Status(step=step, max_steps=max_steps, elapsed_s=elapsed_s, projected_s=projected,
                       planned_s=e.total_s, window_s=self.plan.window_s, state=state)
+
+    def _remaining_s(self, step: int, max_steps: int, pace: Pace) -> float:
+        """The steps to come: the plan's expected work of them (its expected step, less what the
+        seen batches already did) at the pace the seen batches ran against their expected work;
+        without seen batches, the steps so far's mean time each."""
+        left = max(0, max_steps - step)
+        model_step = self.plan.model_step_s
+        if pace.work_s is None or model_step is None or pace.steps <= 0:
+            return pace.seconds / pace.steps * left if pace.steps > 0 else 0.0
+        overhead = self.plan.eta.trainer_overhead_s or 0.0
+        ratio = pace.seconds / (pace.work_s + pace.steps * overhead)
+        done_before = step - pace.steps  # a resumed run's earlier steps: at the plan's mean
+        work_left = max(0.0, max_steps * model_step - done_before * model_step - pace.work_s)
+        return ratio * (work_left + left * overhead)
 
     def _checkpoints_left(self, step: int, max_steps: int) -> float:
         """The saves the plan priced that are still to come (the done ones are in the pace)."""
@@ -108,10 +144,48 @@ class OnTrackCallback(_callback_base()):  # type: ignore[misc]
         self.first_step = 0
         self.last = 0.0
         self.latest: Status | None = None
+        self.work_s: float | None = None
+
+    @classmethod
+    def from_environment(cls, every_s: float = 60.0) -> OnTrackCallback | None:
+        """The callback of a run ``trainfit train`` started with your ``tune.command_template``
+        (``TRAINFIT_PLAN`` and ``TRAINFIT_STARTED_AT`` in the environment); None outside one, or
+        without a plan."""
+        import os
+
+        plan = os.environ.get("TRAINFIT_PLAN")
+        if not plan:
+            return None
+        started = os.environ.get("TRAINFIT_STARTED_AT")
+        return cls(plan, every_s=every_s, started_at=float(started) if started else None)
+
+    def watch(self, trainer: Any) -> Any:
+        """Weigh each batch ``trainer`` collates by the plan's step cost (its padded length,
+        ``input_ids``' last dimension), so the pace is measured against the work the batches
+        held; returns ``trainer``. Batches collated in dataloader worker processes are not seen:
+        the pace is then the steps'."""
+        collate = trainer.data_collator
+
+        def seen(features: Any) -> Any:
+            batch = collate(features)
+            ids = batch.get("input_ids") if hasattr(batch, "get") else None
+            if ids is not None and hasattr(ids, "shape"):
+                self.observe(int(ids.shape[-1]))
+            return batch
+
+        trainer.data_collator = seen
+        return trainer
+
+    def observe(self, padded_length: int) -> None:
+        """A micro-batch padded to ``padded_length`` is about to train."""
+        cost = self.check.batch_cost(padded_length)
+        if cost is not None:
+            self.work_s = (self.work_s or 0.0) + cost
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.start = self.last = time.monotonic()
         self.first_step = int(state.global_step)  # a resumed run's steps so far
+        self.work_s = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.start is not None and time.monotonic() - self.last >= self.every_s:
@@ -125,10 +199,9 @@ class OnTrackCallback(_callback_base()):  # type: ignore[misc]
         assert self.start is not None
         self.last = time.monotonic()
         step = int(state.global_step)
-        done = step - self.first_step
-        step_s = (self.last - self.start) / done if done else None
+        pace = Pace(self.last - self.start, step - self.first_step, self.work_s)
         elapsed = time.time() - self.started_at if self.started_at is not None else self.last - self.start
-        self.latest = self.check.status(step, int(state.max_steps), elapsed, step_s=step_s,
+        self.latest = self.check.status(step, int(state.max_steps), elapsed, pace,
                                         startup_counted=self.started_at is not None)
         print(f"trainfit: {self.latest.line}", file=sys.stderr, flush=True)
         if self.on_status is not None:

@@ -79,19 +79,26 @@ def terminate_as_interrupt() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def split_passed_on(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """trainfit's own arguments, and what follows ``--`` (None without one): that goes to the
+    trainer unchanged (argparse's sub-commands do not pass it on)."""
+    if "--" not in argv:
+        return argv, None
+    at = argv.index("--")
+    return argv[:at], argv[at + 1:]
+
+
 def main(argv: list[str] | None = None) -> int:
     from trainfit.errors import TrainfitError, os_error
 
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    # What follows `--` goes to the trainer unchanged (argparse's sub-commands do not pass it on).
-    ours, dashes, passed_on = (argv[:argv.index("--")], True, argv[argv.index("--") + 1:]) if "--" in argv \
-        else (argv, False, [])
+    ours, passed_on = split_passed_on(argv)
     args = parser.parse_args(ours)
     if args.command is None:
         parser.print_help()
         return 2
-    if dashes:
+    if passed_on is not None:
         if not hasattr(args, "passed_on"):
             parser.error(f"`trainfit {args.command}` takes no arguments after --")
         args.passed_on = passed_on

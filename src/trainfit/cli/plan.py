@@ -127,6 +127,8 @@ def render(plan: Plan) -> str:
     if plan.command:
         lines += ["", "train it:" if plan.fits else "its command (as planned, it does not fit the window):",
                   f"  {plan.command}"]
+        if plan.command.lstrip().startswith(("trl sft", "OMP_NUM_THREADS")):
+            lines += [f"or, checkpointed, resumable and watched against this plan: trainfit train {plan.run_dir}"]
     else:
         lines += ["", f"tune wrote no command for trial {plan.trial}: set its values ({values_line(plan.searched)}) in "
                       "the spec and tune or probe it for one"]

@@ -18,8 +18,11 @@ examples:
   trainfit train RUN_DIR --max-steps 100                  # a short run first
   trainfit train RUN_DIR -- --logging_steps 10 --report_to tensorboard   # more `trl sft` arguments
 
-What trains: the config RUN_DIR/plan.json chose (`trainfit plan`), else the fastest one
-(train_command.sh), with the written `trl sft` arguments, by TRL's own trainer in this process.
+What trains: the config RUN_DIR/plan.json chose (`trainfit plan`), else the fastest one: a Hugging
+Face model with the written `trl sft` arguments, by TRL's own trainer in this process; a factory
+model in trainfit's loop on the probe's step (its factory's collate feeds it the rows); a spec's
+tune.command_template as a child process, told the plan, output, resume and deadline through
+TRAINFIT_* variables (its checkpoints are its own).
 Checkpoints: every --checkpoint-minutes (default: the plan's, else 30) and at the end; a save
 counts once its last file is on disk, so a crash mid-save leaves the previous one usable. The
 newest --keep are kept. --resume continues from the last complete one: optimizer, scheduler, RNG
@@ -48,6 +51,8 @@ def add_parser(sub: Any) -> None:
                    help="save a checkpoint this often (default: the plan's, else 30)")
     p.add_argument("--max-steps", type=number(int, at_least=1), metavar="N",
                    help="stop after N optimizer steps (default: the plan's epochs, else the command's)")
+    p.add_argument("--loop", action="store_true",
+                   help="a factory model: train in trainfit's loop even when the spec has a tune.command_template")
     p.add_argument("--keep", type=number(int, at_least=1), default=2, help="complete checkpoints kept (default: 2)")
     p.add_argument("--deadline", type=number(float, above=0), nargs="?", const=0.0, metavar="HOURS",
                    help="stop with a checkpoint before HOURS after the first start (no value: the plan's window)")
@@ -62,11 +67,13 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else Path(args.run_dir) / "train"
     result = train(args.run_dir, output, resume=args.resume, checkpoint_minutes=args.checkpoint_minutes,
                    keep=args.keep, deadline_hours=args.deadline or None, use_plan_deadline=args.deadline == 0.0,
-                   extra_args=args.passed_on, max_steps=args.max_steps, monitor_every_s=args.monitor_seconds)
+                   extra_args=args.passed_on, max_steps=args.max_steps, loop=args.loop, monitor_every_s=args.monitor_seconds)
     print(json.dumps(result.to_json(), indent=2))
+    steps = f" (step {result.step:,} of {result.max_steps:,})" if result.step is not None else ""
     if result.status == "finished":
-        print(f"\ntrained: {output} (step {result.step:,} of {result.max_steps:,})")
+        print(f"\ntrained: {output}{steps}")
         return 0
-    print(f"\nstopped by {result.stopped_by} at step {result.step:,} of {result.max_steps:,}, with a checkpoint; "
-          f"continue: trainfit train {args.run_dir} --output {output} --resume")
+    saved = ", with a checkpoint" if result.step is not None else " (your trainer was told; its checkpoints are its own)"
+    print(f"\nstopped by {result.stopped_by}{steps}{saved}; continue: trainfit train {args.run_dir} --output {output} "
+          "--resume")
     return STOP_STATUS.get(result.stopped_by or "", 1)

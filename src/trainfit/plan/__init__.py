@@ -87,6 +87,13 @@ class Plan(Record):
     """What each priority would pick, for comparison."""
     options: list[Option] = field(default_factory=list)
     """When the run does not fit: what would, ranked."""
+    step_cost: list[float] | None = None
+    """The chosen config's fitted step cost ``[a, b, c]``: ``a + b*L + c*L**2`` seconds for an
+    optimizer step whose micro-batches are padded to ``L``; what the monitor weighs each batch
+    it sees by. None: no timed shapes (a plan from an older trainfit)."""
+    model_step_s: float | None = None
+    """The probe's expected step over the epoch's batches (``eta.step_time_s`` less the trainer's
+    calibrated cost)."""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Plan:
@@ -135,7 +142,12 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
                 calibration=calibration.to_json() if calibration else None,
                 rests_on=_rests_on(run, chosen, calibration),
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
-                options=options)
+                options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s)
+
+
+def _coefficients(c: Candidate) -> list[float] | None:
+    cost = c.step_cost()
+    return None if cost is None else [cost.a, cost.b, cost.c]
 
 
 def _check(max_hours: float, epochs: float | None, margin: float, checkpoint: float, priority: str) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
+from trainfit.probe.estimate import StepCost, fit_step_cost
 from trainfit.probe.measurement import Measurement
 from trainfit.summary import Summary, read_summary
 
@@ -43,6 +44,12 @@ class Candidate:
     @property
     def lora_r(self) -> int:
         return int(self.config.get("lora_r") or 0)
+
+    def step_cost(self) -> StepCost | None:
+        """The step cost fitted through :attr:`shape_times` (None without timed shapes)."""
+        if not self.shape_times:
+            return None
+        return fit_step_cost([s["padded_length"] for s in self.shape_times], [s["seconds"] for s in self.shape_times])
 
     @property
     def max_length(self) -> int:

@@ -11,7 +11,7 @@ import numpy as np
 from trainfit.params import KNOBS, Params
 from trainfit.plan.eta import Eta
 from trainfit.plan.inputs import Candidate
-from trainfit.probe.estimate import epoch_speed, fit_step_cost, typical_mix
+from trainfit.probe.estimate import epoch_speed, typical_mix
 from trainfit.summary import Record
 
 SHORTER_QUANTILES = (0.99, 0.95, 0.9)
@@ -86,9 +86,9 @@ def shorter_max_length(c: Candidate, params: Params, data_lengths: Sequence[int]
     the longest timed shape are inside what was measured, and a shorter worst case needs less
     memory than the one probed. ``data_lengths``: the data's (or a uniform sample of them)."""
     lengths = np.asarray(data_lengths)
-    if len(lengths) == 0 or len(c.shape_times) == 0:
+    cost = c.step_cost()
+    if len(lengths) == 0 or cost is None:
         return []
-    cost = fit_step_cost([s["padded_length"] for s in c.shape_times], [s["seconds"] for s in c.shape_times])
     options: list[Option] = []
     seen: set[int] = set()
     for q in SHORTER_QUANTILES:

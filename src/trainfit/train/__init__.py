@@ -1,13 +1,14 @@
 """``trainfit train``: the training that was measured, run to its end, checkpointed and resumable.
 
 From a tune output folder it trains the config the folder's ``plan.json`` chose (``trainfit
-plan``), else the fastest one (``train_command.sh``), with the written ``trl sft`` arguments run by
-TRL's own trainer in this process (:mod:`trainfit.train.sft`). It adds a checkpoint every
+plan``), else the fastest one: a Hugging Face model with the written ``trl sft`` arguments run by
+TRL's own trainer in this process (:mod:`trainfit.train.sft`), a factory model in trainfit's loop
+on the probe's ``TrainStep`` (:mod:`trainfit.train.loop`). It adds a checkpoint every
 ``checkpoint_every_s`` and at the end (only complete ones count: :mod:`trainfit.train.checkpoints`),
 a clean stop with a checkpoint on SIGTERM or before a deadline, the on-track check against the plan
 (:class:`trainfit.OnTrackCallback`) and a JSON-lines log. ``resume=True`` continues from the last
-complete checkpoint with the optimizer, scheduler, RNG states and data position it saved (the
-Trainer's own resume), after checking that nothing that changes the training differs.
+complete checkpoint with the optimizer, scheduler, RNG states and data position it saved,
+after checking that nothing that changes the training differs.
 
 Output folder: ``train.json`` (what is trained, written once), ``checkpoint-STEP/`` (the newest
 ``keep``), ``train_log.jsonl``, the final model, ``train_result.json`` (and the plan folder's
@@ -19,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -48,12 +50,13 @@ class TrainRun(Record):
     Face model: the fastest config's command) or ``summary.json`` (a factory model: the fastest config)."""
     trial: int
     kind: str
-    """``trl_sft`` (the written command, by TRL's trainer) or ``factory`` (trainfit's loop on the
-    probe's ``TrainStep``)."""
+    """``trl_sft`` (the written command, by TRL's trainer), ``factory`` (trainfit's loop on the
+    probe's ``TrainStep``) or ``command`` (the spec's ``tune.command_template``, as a child process)."""
     threads: int | None
     """CPU threads the probe used (``OMP_NUM_THREADS`` of the command); None: the library default."""
     argv: list[str] = field(default_factory=list)
-    """``trl_sft``: the ``trl sft`` arguments trained, the user's extra ones and trainfit's own last."""
+    """``trl_sft``: the ``trl sft`` arguments trained, the user's extra ones and trainfit's own last;
+    ``command``: the one command line run."""
     config: dict[str, Any] = field(default_factory=dict)
     """``factory``: every knob of the config trained."""
     epochs: float | None = None
@@ -75,6 +78,8 @@ class TrainRun(Record):
         out = {"tune folder": self.run_dir, "trial": str(self.trial), "max steps": str(self.max_steps)}
         if self.kind == "trl_sft":
             return {**out, **{f"--{k}": v for k, v in flags(self.argv).items()}}
+        if self.kind == "command":
+            return {**out, "command": " ".join(self.argv)}
         return {**out, "epochs": f"{self.epochs:g}" if self.epochs is not None else "None",
                 **{k: json.dumps(v) for k, v in self.config.items()}}
 
@@ -87,8 +92,9 @@ class TrainResult(Record):
     status: str
     """``finished``, or ``stopped`` (SIGTERM or the deadline: resume it with ``--resume``)."""
     stopped_by: str | None
-    step: int
-    max_steps: int
+    step: int | None
+    """Optimizer steps done (None: your own command ran, trainfit does not see its steps)."""
+    max_steps: int | None
     resumed_from: str | None
     """The checkpoint this process started from; None: step 0."""
     process_s: float
@@ -133,6 +139,31 @@ def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
     return as_one_line(script, []), "train_command.sh", best.trial
 
 
+def template_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
+    """The filled ``tune.command_template`` to run (the plan's choice, else the fastest config's
+    ``train_command.sh``), where it came from, and its trial."""
+    import re
+
+    if plan is not None:
+        if plan.command is None:
+            raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, for which tune wrote no command",
+                                "plan again with another priority, or fill its values into your command yourself")
+        return plan.command, "plan.json", plan.trial
+    from trainfit.summary import read_summary
+
+    best = read_summary(run_dir).best_config
+    script_path = run_dir / "train_command.sh"
+    if best is None or not script_path.is_file():
+        raise TrainfitError(f"{run_dir} holds no train_command.sh: no config fit the budget",
+                            "see its summary.json's all_failed advice, then tune again")
+    script = script_path.read_text()
+    no_command = re.search(r"^# No command: (.*)$", script, re.MULTILINE)
+    if no_command is not None:
+        raise TrainfitError(f"tune wrote no training command in {script_path}: {no_command.group(1)}",
+                            "fix the spec's tune.command_template and tune again")
+    return script.partition("set -euo pipefail\n")[2].strip(), "train_command.sh", best.trial
+
+
 def changed_flags(before: Sequence[str], now: Sequence[str]) -> list[str]:
     """The ``trl sft`` flags whose values differ between two argument lists (see :func:`differences`)."""
     from trainfit.train.sft import flags
@@ -146,10 +177,11 @@ def differences(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
             if before.get(k) != now.get(k)]
 
 
-def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (),
-             max_steps: int | None = None) -> tuple[TrainRun, Plan | None]:
+def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max_steps: int | None = None,
+             loop: bool = False) -> tuple[TrainRun, Plan | None]:
     """What ``run_dir`` says to train (its plan's choice, else its fastest config), as a record
-    started now, and the plan."""
+    started now, and the plan. A spec with a ``tune.command_template`` trains with that command,
+    unless ``loop`` (a factory model, in trainfit's loop)."""
     from trainfit.summary import read_summary
 
     if not run_dir.is_dir():
@@ -157,7 +189,18 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (),
     summary = read_summary(run_dir)
     plan = _plan(run_dir)
     common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time())
-    if (summary.spec.get("model") or {}).get("factory"):
+    factory = bool((summary.spec.get("model") or {}).get("factory"))
+    if loop and not factory:
+        raise TrainfitError("--loop trains a factory model in trainfit's loop; this tune folder's model is a Hugging "
+                            "Face one, trained by TRL's trainer", "drop --loop")
+    if summary.command_template and not loop:
+        if max_steps:
+            raise TrainfitError("--max-steps caps trainfit's own loops; this run is your command_template",
+                                "pass your trainer's own step limit after --")
+        line, source, trial = template_command(run_dir, plan)
+        return common(source=source, trial=trial, kind="command", threads=None,
+                      argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])]), plan
+    if factory:
         if extra_args:
             raise TrainfitError("arguments after -- go to `trl sft`, and this tune folder's model is a factory model, "
                                 "which trains in trainfit's own loop", "drop them (--max-steps caps the steps)")
@@ -177,11 +220,11 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (),
 
 
 def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[str] = (), max_steps: int | None = None,
-            say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
+            loop: bool = False, say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
     """Check the input and the output folder; returns what to train, the checkpoint to resume
     from (None: from step 0) and the plan. Removes unfinished checkpoints (they cannot be resumed)."""
     run_dir, output = Path(run_dir), Path(output)
-    now, plan = to_train(run_dir, output, extra_args=extra_args, max_steps=max_steps)
+    now, plan = to_train(run_dir, output, extra_args=extra_args, max_steps=max_steps, loop=loop)
     record_path = output / "train.json"
     if resume:
         if not record_path.is_file():
@@ -204,8 +247,8 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
     for folder in incomplete(output):
         say(f"trainfit: removing {folder.name}: its save did not finish (no completion mark), so it cannot be resumed")
         shutil.rmtree(folder, ignore_errors=True)
-    checkpoint = latest_complete(output) if resume else None
-    if resume and checkpoint is None:
+    checkpoint = latest_complete(output) if resume and record.kind != "command" else None
+    if resume and checkpoint is None and record.kind != "command":
         say(f"trainfit: {output} holds no complete checkpoint: starting again from step 0")
     return record, checkpoint, plan
 
@@ -218,7 +261,8 @@ def _split(command: str) -> tuple[int | None, list[str]]:
 
 def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, checkpoint_minutes: float | None = None,
           keep: int = 2, deadline_hours: float | None = None, use_plan_deadline: bool = False,
-          extra_args: Sequence[str] = (), max_steps: int | None = None, monitor_every_s: float = 60.0,
+          extra_args: Sequence[str] = (), max_steps: int | None = None, loop: bool = False,
+          monitor_every_s: float = 60.0,
           say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> TrainResult:
     """Train the tune folder ``run_dir``'s chosen config into ``output`` (see the module); a
     factory model trains in trainfit's loop (:mod:`trainfit.train.loop`).
@@ -227,12 +271,13 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     checkpoints kept. ``deadline_hours`` (since the first start) or ``use_plan_deadline`` (the
     plan's window): stop with a checkpoint when the next step and save would pass it.
     ``extra_args``: more ``trl sft`` arguments, after the written ones (a later flag wins).
-    ``max_steps``: a cap on the optimizer steps.
+    ``max_steps``: a cap on the optimizer steps. ``loop``: a factory model trains in trainfit's
+    loop even when the spec has a ``tune.command_template`` (which otherwise runs: :mod:`trainfit.train.child`).
     """
     began = time.monotonic()
     run_dir, output = Path(run_dir), Path(output)
     record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
-                                       say=say)
+                                       loop=loop, say=say)
     if use_plan_deadline:
         if plan is None:
             raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
@@ -258,19 +303,26 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     say(f"trainfit: training trial {record.trial} of {run_dir} ({record.source}) into {output}"
         + (f", resuming from {checkpoint.name}" if checkpoint else ""))
     log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source, trial=record.trial)
-    restore = control.listen()
-    try:
-        if record.kind == "factory":
-            step, total = _run_factory(run_dir, record, output, checkpoint, callbacks, say)
-        else:
-            step, total = _run_trl_sft(record, output, checkpoint, callbacks, control)
-    except OSError as err:  # a full disk mid-save, most often: that save has no mark, the last marked one stays
-        last = latest_complete(output)
-        raise TrainfitError(f"training stopped: {err}",
-                            f"fix the cause (free disk space under {output}?), then resume: trainfit train {run_dir} "
-                            f"--output {output} --resume (from {last.name if last else 'step 0'})") from err
-    finally:
-        restore()
+    step: int | None
+    total: int | None
+    if record.kind == "command":
+        step = total = None
+        control.stopped = _run_command(record, run_dir, output, plan, resume=resume, every_s=every_s,
+                                       deadline=control.deadline, say=say)
+    else:
+        restore = control.listen()
+        try:
+            if record.kind == "factory":
+                step, total = _run_factory(run_dir, record, output, checkpoint, callbacks, say)
+            else:
+                step, total = _run_trl_sft(record, output, checkpoint, callbacks, control)
+        except OSError as err:  # a full disk mid-save, most often: that save has no mark, the last marked one stays
+            last = latest_complete(output)
+            raise TrainfitError(f"training stopped: {err}",
+                                f"fix the cause (free disk space under {output}?), then resume: trainfit train "
+                                f"{run_dir} --output {output} --resume (from {last.name if last else 'step 0'})") from err
+        finally:
+            restore()
     result = TrainResult(
         status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
         max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
@@ -285,13 +337,27 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     return result
 
 
+def _run_command(record: TrainRun, run_dir: Path, output: Path, plan: Plan | None, *, resume: bool, every_s: float,
+                 deadline: float | None, say: Callable[[str], None]) -> str | None:
+    """Run your own training command; returns the signal passed on to it (None: it ended by itself)."""
+    from trainfit.train.child import child_environment, run_child
+
+    env = child_environment(plan=run_dir / "plan.json" if plan is not None else None, output=output, resume=resume,
+                            checkpoint_every_s=every_s, deadline=deadline, started_at=record.started_at)
+    return run_child(record.argv[0], cwd=output, env=env, say=say)
+
+
 def _run_trl_sft(record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
                  control: Any) -> tuple[int, int]:
     """Train with TRL's trainer in this process; returns (steps done, total steps)."""
+    from trainfit.monitor import OnTrackCallback
     from trainfit.train.sft import build_trainer
 
     trainer = build_trainer(record.argv, callbacks)
     trainer.args.save_total_limit = None  # one rotation: TrainControl's, which never drops the last complete one
+    for callback in callbacks:
+        if isinstance(callback, OnTrackCallback):
+            callback.watch(trainer)  # the pace against the work of the very batches trained
     try:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except OSError:

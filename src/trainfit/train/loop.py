@@ -112,8 +112,8 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     import torch
 
     from trainfit.data.order import epoch_rows
-    from trainfit.progress import Progress
     from trainfit.probe.runner import resolve_device_name
+    from trainfit.progress import Progress
     from trainfit.step import TrainStep
     from trainfit.workloads import build_workload
     from trainfit.workloads.factory import FactoryWorkload
