@@ -19,7 +19,7 @@ from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_texts
 
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
-from trainfit.train import changed_flags
+from trainfit.train import differences
 from trainfit.train.callbacks import Interval, deadline_near
 from trainfit.train.checkpoints import (
     MARK,
@@ -69,6 +69,34 @@ def test_rotation_keeps_the_newest_complete_ones_and_never_the_last_one_only_hal
     assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-4"]
 
 
+def test_train_control_saves_on_its_interval_at_the_end_and_before_a_deadline(tmp_path: Path) -> None:
+    """The control's decisions at a step's end, as the trainer calls it (plain objects for its state)."""
+    from types import SimpleNamespace
+
+    from trainfit.train.callbacks import RunLog, TrainControl
+
+    def step_end(control: TrainControl, step: int, max_steps: int = 10) -> SimpleNamespace:
+        flags = SimpleNamespace(should_save=False, should_training_stop=False)
+        control.on_step_end(None, SimpleNamespace(global_step=step, max_steps=max_steps), flags)
+        return flags
+
+    log = RunLog(tmp_path / "log.jsonl")
+    begin = SimpleNamespace(global_step=0, max_steps=10)
+    hourly = TrainControl(every_s=3600, keep=2, log=log, started_at=time.time(), say=lambda line: None)
+    hourly.on_train_begin(None, begin, None)
+    assert not step_end(hourly, 1).should_save  # an hour has not passed
+    assert step_end(hourly, 10).should_save     # the last step saves
+    hourly.signal = "SIGTERM"
+    last = step_end(hourly, 10)
+    assert last.should_save and not last.should_training_stop and hourly.stopped is None  # ends as finished
+    # A deadline 50 s away: one step is quick, but the plan says a save takes a minute: stop now, saving.
+    late = TrainControl(every_s=3600, keep=2, log=log, started_at=time.time(), deadline=time.time() + 50,
+                        save_s=60.0, say=lambda line: None)
+    late.on_train_begin(None, begin, None)
+    stop = step_end(late, 1)
+    assert stop.should_save and stop.should_training_stop and late.stopped == "deadline"
+
+
 def test_the_stop_rules() -> None:
     interval = Interval(every_s=60.0, last=100.0)
     assert not interval.due(159.9) and interval.due(160.0)
@@ -82,8 +110,9 @@ def test_the_written_command_splits_into_threads_and_trl_arguments() -> None:
     assert threads == 2 and argv == ["--model_name_or_path", "/a b/model", "--lora_r", "8", "--bf16", "false"]
     assert split_command("trl sft --lora_r 8")[0] is None
     assert flags(["--lora_r", "8", "--use_peft", "--lora_r", "16"]) == {"lora_r": "16", "use_peft": ""}
-    assert changed_flags(["--lora_r", "8", "--max_steps", "5"], ["--lora_r", "8", "--max_steps", "6", "--seed", "1"]) \
-        == ["--max_steps: 5 -> 6", "--seed: (unset) -> 1"]
+    assert differences(flags(["--lora_r", "8", "--max_steps", "5"]), flags(["--lora_r", "8", "--max_steps", "6",
+                                                                             "--seed", "1"])) \
+        == ["max_steps: 5 -> 6", "seed: (unset) -> 1"]
 
 
 def test_the_data_order_is_a_reproducible_shuffle_per_epoch_that_resumes_mid_way(tmp_path: Path) -> None:
@@ -184,7 +213,7 @@ def wait_for_checkpoint(out: Path, at_least: int, proc: subprocess.Popen[str]) -
 
 @pytest.mark.integration
 def test_a_run_killed_with_sigkill_resumes_to_the_parameters_of_an_uninterrupted_one(
-        tune_dir: Path, uninterrupted: Path, tmp_path: Path) -> None:
+        tune_dir: Path, uninterrupted: Path, tmp_path: Path, capsys) -> None:
     result = json.loads((uninterrupted / "train_result.json").read_text())
     assert result["status"] == "finished" and result["step"] == STEPS
     log = [json.loads(line) for line in (uninterrupted / "train_log.jsonl").read_text().splitlines()]
@@ -201,12 +230,14 @@ def test_a_run_killed_with_sigkill_resumes_to_the_parameters_of_an_uninterrupted
     assert last is not None and int(last.name.split("-")[1]) < STEPS
     # A crash during a later save: that checkpoint's files are there, half written, with no mark.
     half = out / f"checkpoint-{int(last.name.split('-')[1]) + 1}"
+    shutil.rmtree(half, ignore_errors=True)  # the kill may have cut this very save short already
     shutil.copytree(last, half)
     (half / MARK).unlink()
     (half / "optimizer.pt").write_bytes(b"truncated")
 
-    rc, text = finished(trainfit(str(tune_dir), "--output", str(out), *RUN_ARGS))
-    assert rc == 2 and "already holds a run" in text and "--resume" in text  # not silently restarted
+    assert main(["train", str(tune_dir), "--output", str(out), *RUN_ARGS]) == 2  # checked before anything loads
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--resume" in err  # not silently restarted
     rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", *RUN_ARGS))
     assert rc == 0, text
     assert f"removing {half.name}: its save did not finish" in text
@@ -217,7 +248,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_parameters_of_an_uninterrupted
 
 @pytest.mark.integration
 def test_sigterm_saves_a_checkpoint_and_a_resume_past_a_rotten_one_ends_where_an_uninterrupted_run_does(
-        tune_dir: Path, uninterrupted: Path, tmp_path: Path) -> None:
+        tune_dir: Path, uninterrupted: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     proc = trainfit(str(tune_dir), "--output", str(out), *RUN_ARGS)
     wait_for_checkpoint(out, 2, proc)
@@ -229,15 +260,15 @@ def test_sigterm_saves_a_checkpoint_and_a_resume_past_a_rotten_one_ends_where_an
     assert latest_complete(out) == out / f"checkpoint-{stopped['step']}"  # saved as it stopped: nothing lost
     assert "--resume" in text
 
-    rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", "--checkpoint-minutes", "0.00001",
-                                 "--", "--max_steps", str(STEPS + 1)))
-    assert rc == 2 and f"--max_steps: {STEPS} -> {STEPS + 1}" in text and "Traceback" not in text  # refused, naming what differs
+    assert main(["train", str(tune_dir), "--output", str(out), "--resume", "--checkpoint-minutes", "0.00001",
+                 "--", "--max_steps", str(STEPS + 1)]) == 2
+    assert f"--max_steps: {STEPS} -> {STEPS + 1}" in capsys.readouterr().err  # refused, naming what differs
     # The newest checkpoint rots on disk after its save was marked: a clear error, then the one before it.
     newest = latest_complete(out)
     assert newest is not None and len(checkpoints(out)) == 2
     (newest / "optimizer.pt").write_bytes(b"rotten")
     rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", *RUN_ARGS))
-    assert rc == 2 and f"{newest} could not be loaded" in text and f"rm -r {newest}" in text, text
+    assert rc == 2 and f"could not resume from {newest}" in text and f"rm -r {newest}" in text, text
     assert "Traceback" not in text
     shutil.rmtree(newest)
     rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", *RUN_ARGS))
@@ -296,7 +327,7 @@ def factory_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.integration
 def test_a_factory_model_trains_on_its_rows_and_resumes_after_sigkill_to_the_same_weights(
-        factory_tune: Path, tmp_path: Path) -> None:
+        factory_tune: Path, tmp_path: Path, capsys) -> None:
     import torch
 
     args = ["--checkpoint-minutes", "0.00001", "--max-steps", "40"]  # 40 steps: 2+ epochs of 15 steps
@@ -315,19 +346,22 @@ def test_a_factory_model_trains_on_its_rows_and_resumes_after_sigkill_to_the_sam
     proc.wait()
     rc, text = finished(trainfit(str(factory_tune), "--output", str(out), "--resume", *args))
     assert rc == 0, text
-    assert json.loads((out / "train_result.json").read_text())["resumed_from"] is not None
+    resumed_from = json.loads((out / "train_result.json").read_text())["resumed_from"]
+    assert resumed_from is not None and 17 <= int(resumed_from.split("-")[1]) < 40  # past the first epoch's 15
     a, b = torch.load(whole / "model.pt"), torch.load(out / "model.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    rc, text = finished(trainfit(str(factory_tune), "--output", str(tmp_path / "x"), "--", "--max_steps", "3"))
-    assert rc == 2 and "factory model" in text
+    assert main(["train", str(factory_tune), "--output", str(tmp_path / "x"), "--", "--max_steps", "3"]) == 2
+    assert "factory model" in capsys.readouterr().err
 
 
 FAKE_TRAINER = """\
-import json, os, sys
+import json, os, pathlib, sys
 import trainfit
 callback = trainfit.OnTrackCallback.from_environment()
+pathlib.Path(os.environ["TRAINFIT_OUTPUT"], "checkpoint-5").mkdir(exist_ok=True)  # the trainer's own
 seen = {k: v for k, v in os.environ.items() if k.startswith("TRAINFIT_")}
-json.dump({"argv": sys.argv[1:], "env": seen, "callback": callback is not None}, open("fake.json", "w"))
+out = pathlib.Path(os.environ["TRAINFIT_OUTPUT"], "fake.json")
+json.dump({"argv": sys.argv[1:], "env": seen, "callback": callback is not None, "cwd": os.getcwd()}, out.open("w"))
 sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
 """
 
@@ -344,8 +378,10 @@ def test_a_command_template_runs_as_a_child_told_the_plan_output_and_resume(
     assert main(["tune", str(templated), "--output", str(run_dir), "--strategy", "grid"]) == 0
     assert main(["plan", str(run_dir), "--max-hours", "1"]) == 0
     out = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
     assert main(["train", str(run_dir), "--output", str(out), "--deadline", "2", "--", "--epochs", "3"]) == 0
     seen = json.loads((out / "fake.json").read_text())
+    assert seen["cwd"] == str(tmp_path)  # where trainfit ran: the template's relative paths hold
     assert seen["argv"] == ["--bs", "2", "--epochs", "3"]  # the filled template, then the arguments after --
     env = seen["env"]
     assert env["TRAINFIT_PLAN"] == str((run_dir / "plan.json").resolve()) and env["TRAINFIT_RESUME"] == "0"
@@ -355,6 +391,7 @@ def test_a_command_template_runs_as_a_child_told_the_plan_output_and_resume(
     assert json.loads((run_dir / "actual.json").read_text())["status"] == "finished"
     assert main(["train", str(run_dir), "--output", str(out), "--resume", "--", "--epochs", "3"]) == 0
     assert json.loads((out / "fake.json").read_text())["env"]["TRAINFIT_RESUME"] == "1"
+    assert (out / "checkpoint-5").is_dir()  # a resume leaves your trainer's checkpoints alone
     capsys.readouterr()
     monkeypatch.setenv("FAKE_EXIT", "3")
     assert main(["train", str(run_dir), "--output", str(tmp_path / "failed")]) == 2
@@ -370,8 +407,7 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert main(["train", str(tmp_path)]) == 2
     assert "holds no summary.json" in capsys.readouterr().err
     assert main(["train", str(tmp_path), "--output", str(tmp_path / "o"), "--resume"]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
+    assert "holds no summary.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # only train passes arguments on
         main(["probe", "x.yaml", "--", "--max_steps", "1"])
     assert "takes no arguments after --" in capsys.readouterr().err

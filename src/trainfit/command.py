@@ -7,6 +7,7 @@ TrainingArguments and peft), whose flags are mapped knob by knob below.
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -192,3 +193,22 @@ def _split_flags(words: list[str]) -> list[str]:
         else:
             out[-1] += " " + quoted
     return out
+
+
+TRL_COMMAND = re.compile(r"^(?:OMP_NUM_THREADS=(\d+) )?trl sft (.*)$", re.DOTALL)
+"""The ``trl sft`` command trainfit writes, on one line: its CPU threads and its arguments."""
+
+
+def is_trl_command(command: str) -> bool:
+    """Whether ``command`` (one line) is the ``trl sft`` command trainfit writes (not a template)."""
+    return TRL_COMMAND.match(command.strip()) is not None
+
+
+def script_command(script: str) -> tuple[str | None, str | None]:
+    """A ``train_command.sh``'s command on one line, without the script's own arguments
+    (``"$@"``), and None; or None and tune's reason when it wrote no command."""
+    no_command = re.search(r"^# No command: (.*)$", script, re.MULTILINE)
+    if no_command is not None:
+        return None, no_command.group(1)
+    body = script.partition("set -euo pipefail\n")[2].strip()
+    return body.replace(" \\\n    ", " ").replace(' "$@"', "").strip(), None

@@ -68,3 +68,15 @@ def os_error(err: OSError) -> TrainfitError:
     the cause and, where there is one, the fix."""
     where = f" ({err.filename})" if err.filename else ""
     return TrainfitError(f"{err.strerror or err}{where}", _OS_FIXES.get(err.errno or 0))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a cluster's preemption or time limit, ``kill``) or SIGHUP (the terminal closed),
+    handled as Ctrl-C is: the probe worker is stopped, what was measured is kept, and the way to
+    resume is printed."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum

@@ -116,13 +116,14 @@ def load_plan(plan: Plan | str | Path) -> tuple[Plan, Path | None]:
     return Plan.from_json(json.loads(path.read_text())), path.parent
 
 
-def _callback_base() -> type:
+def trainer_callback_base() -> type:
+    """``transformers.TrainerCallback``, imported when a callback class is defined."""
     from transformers import TrainerCallback
 
     return TrainerCallback
 
 
-class OnTrackCallback(_callback_base()):  # type: ignore[misc]
+class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
     """A ``transformers.TrainerCallback`` that checks the run against ``plan`` (a ``Plan`` or
     the path of a ``plan.json``) every ``every_s`` seconds and at the end.
 
@@ -145,6 +146,7 @@ class OnTrackCallback(_callback_base()):  # type: ignore[misc]
         self.last = 0.0
         self.latest: Status | None = None
         self.work_s: float | None = None
+        self.ahead_s = 0.0
 
     @classmethod
     def from_environment(cls, every_s: float = 60.0) -> OnTrackCallback | None:
@@ -163,7 +165,8 @@ class OnTrackCallback(_callback_base()):  # type: ignore[misc]
         """Weigh each batch ``trainer`` collates by the plan's step cost (its padded length,
         ``input_ids``' last dimension), so the pace is measured against the work the batches
         held; returns ``trainer``. Batches collated in dataloader worker processes are not seen:
-        the pace is then the steps'."""
+        the pace is then the steps'. accelerate's data loader collates one batch ahead of the one
+        that trains: the latest seen is left out until the run ends."""
         collate = trainer.data_collator
 
         def seen(features: Any) -> Any:
@@ -181,26 +184,32 @@ class OnTrackCallback(_callback_base()):  # type: ignore[misc]
         cost = self.check.batch_cost(padded_length)
         if cost is not None:
             self.work_s = (self.work_s or 0.0) + cost
+            self.ahead_s = cost
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.start = self.last = time.monotonic()
         self.first_step = int(state.global_step)  # a resumed run's steps so far
         self.work_s = None
+        self.ahead_s = 0.0
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.start is not None and time.monotonic() - self.last >= self.every_s:
-            self._report(state)
+            self._report(state, ahead=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.start is not None:
-            self._report(state)
+            self._report(state, ahead=False)
 
-    def _report(self, state: Any) -> None:
+    def _report(self, state: Any, ahead: bool) -> None:
         assert self.start is not None
         self.last = time.monotonic()
         step = int(state.global_step)
-        pace = Pace(self.last - self.start, step - self.first_step, self.work_s)
-        elapsed = time.time() - self.started_at if self.started_at is not None else self.last - self.start
+        work = None if self.work_s is None else max(0.0, self.work_s - (self.ahead_s if ahead else 0.0))
+        pace = Pace(self.last - self.start, step - self.first_step, work)
+        if self.started_at is not None:
+            elapsed = time.time() - self.started_at
+        else:  # this process's time, and a resumed run's earlier steps at the plan's step time
+            elapsed = self.last - self.start + self.first_step * self.check.plan.eta.step_time_s
         self.latest = self.check.status(step, int(state.max_steps), elapsed, pace,
                                         startup_counted=self.started_at is not None)
         print(f"trainfit: {self.latest.line}", file=sys.stderr, flush=True)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from trainfit.command import is_trl_command, script_command
 from trainfit.errors import TrainfitError
 from trainfit.summary import ConfigEntry, Summary, check_schema, read_summary
 
@@ -284,11 +285,10 @@ def written_command(run_dir: Path, fallback: str = FALLBACK_HINT, *, use: str = 
         raise TrainfitError(f"{script_path} is for trial {written_for.group(1)}, summary.json's best config is "
                             f"trial {best.trial}: is a tune still writing {run_dir}?",
                             "wait for the tune to end")
-    no_command = re.search(r"^# No command: (.*)$", script, re.MULTILINE)
-    if no_command is not None:
-        raise TrainfitError(f"tune wrote no training command in {script_path}: {no_command.group(1)}", fallback)
-    body = script.partition("set -euo pipefail\n")[2]
-    if not re.match(r"(OMP_NUM_THREADS=\d+ )?trl sft ", body):
+    body, why_none = script_command(script)
+    if body is None:
+        raise TrainfitError(f"tune wrote no training command in {script_path}: {why_none}", fallback)
+    if not is_trl_command(body):
         raise TrainfitError(f"{script_path} is not the `trl sft` command trainfit writes: {use} runs only "
                             "that command, for now", fallback)
     placeholder = re.search(r"'(<[^']*>)'", body)
@@ -314,8 +314,8 @@ def _trainer_env() -> dict[str, str]:
 
 def as_one_line(script: str, args: list[str]) -> str:
     """The script's command on one line, its own arguments (``"$@"``) replaced by ``args``."""
-    body = script.partition("set -euo pipefail\n")[2].strip()
-    return body.replace(" \\\n    ", " ").replace('"$@"', shlex.join(args))
+    body, _ = script_command(script)
+    return " ".join([body or "", *([shlex.join(args)] if args else [])])
 
 
 def _run_command(script: Path, max_steps: int, folder: Path, env: Mapping[str, str],

@@ -13,7 +13,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-COMMANDS = ("analyze", "probe", "tune", "plan", "train", "env")
+from trainfit.errors import Terminated
+
+COMMANDS = ("analyze", "probe", "tune", "ablate", "plan", "train", "env")
 
 DESCRIPTION = """\
 Find the fastest training configuration that fits in memory, prove it by measurement.
@@ -21,6 +23,7 @@ Find the fastest training configuration that fits in memory, prove it by measure
   trainfit analyze data.jsonl --text-field text --tokenizer ./tok   lengths, percentiles, padding
   trainfit probe spec.yaml --set batch_size=8                       measure one configuration
   trainfit tune spec.yaml --quick                                   search for the fastest config that fits
+  trainfit ablate spec.yaml                                         what each speed/memory technique buys
   trainfit plan RUN_DIR --max-hours 12 --epochs 3                   fit the run into a time window, with an ETA
   trainfit train RUN_DIR --resume                                   train it, checkpointed and resumable
   trainfit env                                                      devices and versions
@@ -43,16 +46,6 @@ def _version() -> str:
     from trainfit import __version__
 
     return __version__
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a cluster's preemption or time limit, ``kill``) or SIGHUP (the terminal closed),
-    handled as Ctrl-C is: the probe worker is stopped, what was measured is kept, and the way to
-    resume is printed."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)

@@ -127,7 +127,9 @@ def render(plan: Plan) -> str:
     if plan.command:
         lines += ["", "train it:" if plan.fits else "its command (as planned, it does not fit the window):",
                   f"  {plan.command}"]
-        if plan.command.lstrip().startswith(("trl sft", "OMP_NUM_THREADS")):
+        from trainfit.command import is_trl_command
+
+        if is_trl_command(plan.command):
             lines += [f"or, checkpointed, resumable and watched against this plan: trainfit train {plan.run_dir}"]
     else:
         lines += ["", f"tune wrote no command for trial {plan.trial}: set its values ({values_line(plan.searched)}) in "

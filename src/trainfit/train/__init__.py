@@ -17,14 +17,14 @@ Output folder: ``train.json`` (what is trained, written once), ``checkpoint-STEP
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-import os
 import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.plan import Plan
 from trainfit.summary import Record, check_schema
-from trainfit.train.checkpoints import incomplete, latest_complete
+from trainfit.train.checkpoints import incomplete, latest_complete, unloadable
 
 SCHEMA_VERSION = 1
 
@@ -76,8 +76,8 @@ class TrainRun(Record):
         from trainfit.train.sft import flags
 
         out = {"tune folder": self.run_dir, "trial": str(self.trial), "max steps": str(self.max_steps)}
-        if self.kind == "trl_sft":
-            return {**out, **{f"--{k}": v for k, v in flags(self.argv).items()}}
+        if self.kind == "trl_sft":  # the output folder is the one resumed, however it is spelled
+            return {**out, **{f"--{k}": v for k, v in flags(self.argv).items() if k != "output_dir"}}
         if self.kind == "command":
             return {**out, "command": " ".join(self.argv)}
         return {**out, "epochs": f"{self.epochs:g}" if self.epochs is not None else "None",
@@ -127,11 +127,12 @@ def _plan(run_dir: Path) -> Plan | None:
 
 def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
     """The one-line ``trl sft`` command to train, where it came from, and its trial."""
+    from trainfit.command import is_trl_command
     from trainfit.plan_calibrate import as_one_line, written_command
 
     fallback = f"run the command yourself: bash {run_dir / 'train_command.sh'} --output_dir DIR"
     if plan is not None:
-        if plan.command is None or not plan.command.lstrip().startswith(("trl sft", "OMP_NUM_THREADS")):
+        if plan.command is None or not is_trl_command(plan.command):
             raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, which has no `trl sft` command "
                                 "trainfit wrote: `trainfit train` runs only that command, for now", fallback)
         return plan.command, "plan.json", plan.trial
@@ -142,33 +143,24 @@ def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
 def template_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
     """The filled ``tune.command_template`` to run (the plan's choice, else the fastest config's
     ``train_command.sh``), where it came from, and its trial."""
-    import re
+    from trainfit.command import script_command
+    from trainfit.summary import read_summary
 
     if plan is not None:
         if plan.command is None:
             raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, for which tune wrote no command",
                                 "plan again with another priority, or fill its values into your command yourself")
         return plan.command, "plan.json", plan.trial
-    from trainfit.summary import read_summary
-
     best = read_summary(run_dir).best_config
     script_path = run_dir / "train_command.sh"
     if best is None or not script_path.is_file():
         raise TrainfitError(f"{run_dir} holds no train_command.sh: no config fit the budget",
                             "see its summary.json's all_failed advice, then tune again")
-    script = script_path.read_text()
-    no_command = re.search(r"^# No command: (.*)$", script, re.MULTILINE)
-    if no_command is not None:
-        raise TrainfitError(f"tune wrote no training command in {script_path}: {no_command.group(1)}",
+    line, why_none = script_command(script_path.read_text())
+    if line is None:
+        raise TrainfitError(f"tune wrote no training command in {script_path}: {why_none}",
                             "fix the spec's tune.command_template and tune again")
-    return script.partition("set -euo pipefail\n")[2].strip(), "train_command.sh", best.trial
-
-
-def changed_flags(before: Sequence[str], now: Sequence[str]) -> list[str]:
-    """The ``trl sft`` flags whose values differ between two argument lists (see :func:`differences`)."""
-    from trainfit.train.sft import flags
-
-    return differences({f"--{k}": v for k, v in flags(before).items()}, {f"--{k}": v for k, v in flags(now).items()})
+    return line, "train_command.sh", best.trial
 
 
 def differences(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
@@ -213,7 +205,9 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
                       config=dict(chosen[1]), epochs=chosen[2]), plan
     command, source, trial = training_command(run_dir, plan)
-    threads, argv = _split(command)
+    from trainfit.train.sft import split_command
+
+    threads, argv = split_command(command)
     argv = [*argv, *extra_args, *(["--max_steps", str(max_steps)] if max_steps else []),
             "--output_dir", str(output), "--save_strategy", "no", "--disable_tqdm", "false"]
     return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv), plan
@@ -223,7 +217,7 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
             loop: bool = False, say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
     """Check the input and the output folder; returns what to train, the checkpoint to resume
     from (None: from step 0) and the plan. Removes unfinished checkpoints (they cannot be resumed)."""
-    run_dir, output = Path(run_dir), Path(output)
+    run_dir, output = Path(run_dir), Path(output).resolve()
     now, plan = to_train(run_dir, output, extra_args=extra_args, max_steps=max_steps, loop=loop)
     record_path = output / "train.json"
     if resume:
@@ -244,19 +238,15 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
         output.mkdir(parents=True, exist_ok=True)
         record = now
         write_atomically(record_path, json.dumps(record.to_json(), indent=2) + "\n")
+    if record.kind == "command":  # its checkpoints are your trainer's own: trainfit leaves them alone
+        return record, None, plan
     for folder in incomplete(output):
         say(f"trainfit: removing {folder.name}: its save did not finish (no completion mark), so it cannot be resumed")
         shutil.rmtree(folder, ignore_errors=True)
-    checkpoint = latest_complete(output) if resume and record.kind != "command" else None
-    if resume and checkpoint is None and record.kind != "command":
+    checkpoint = latest_complete(output) if resume else None
+    if resume and checkpoint is None:
         say(f"trainfit: {output} holds no complete checkpoint: starting again from step 0")
     return record, checkpoint, plan
-
-
-def _split(command: str) -> tuple[int | None, list[str]]:
-    from trainfit.train.sft import split_command
-
-    return split_command(command)
 
 
 def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, checkpoint_minutes: float | None = None,
@@ -275,66 +265,119 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     loop even when the spec has a ``tune.command_template`` (which otherwise runs: :mod:`trainfit.train.child`).
     """
     began = time.monotonic()
-    run_dir, output = Path(run_dir), Path(output)
-    record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
-                                       loop=loop, say=say)
-    if use_plan_deadline:
-        if plan is None:
-            raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
-                                f"give the hours (--deadline 11.5), or plan first: trainfit plan {run_dir} --max-hours H")
-        deadline_hours = plan.max_hours
-    every_s = checkpoint_minutes * 60 if checkpoint_minutes is not None else (
-        plan.checkpoint_every_s if plan is not None else 30 * 60)
-    if record.threads is not None:
-        import torch
+    if keep < 1:
+        raise TrainfitError(f"keep={keep}: at least the newest complete checkpoint is kept", "keep=1 or more")
+    run_dir, output = Path(run_dir), Path(output).resolve()
+    if not run_dir.is_dir():
+        raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
+    from trainfit.summary import read_summary
 
-        os.environ["OMP_NUM_THREADS"] = str(record.threads)
-        torch.set_num_threads(record.threads)
-    from trainfit.monitor import OnTrackCallback
-    from trainfit.train.callbacks import RunLog, TrainControl
+    read_summary(run_dir)  # a clear error before any folder is made
+    output.mkdir(parents=True, exist_ok=True)
+    with _only_run(output):
+        record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args,
+                                           max_steps=max_steps, loop=loop, say=say)
+        if use_plan_deadline:
+            if plan is None:
+                raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
+                                    f"give the hours (--deadline 11.5), or plan first: trainfit plan {run_dir} "
+                                    "--max-hours H")
+            deadline_hours = plan.max_hours
+        every_s = checkpoint_minutes * 60 if checkpoint_minutes is not None else (
+            plan.checkpoint_every_s if plan is not None else 30 * 60)
+        from trainfit.monitor import OnTrackCallback
+        from trainfit.train.callbacks import RunLog, TrainControl
 
-    log = RunLog(output / "train_log.jsonl")
-    control = TrainControl(every_s=every_s, keep=keep, log=log, started_at=record.started_at, say=say,
-                           deadline=record.started_at + deadline_hours * 3600 if deadline_hours else None)
-    callbacks: list[Any] = [control]
-    if plan is not None:
-        callbacks.append(OnTrackCallback(run_dir / "plan.json", every_s=monitor_every_s, started_at=record.started_at,
-                                         on_status=lambda status: log.write("on_track", **status.to_json())))
-    say(f"trainfit: training trial {record.trial} of {run_dir} ({record.source}) into {output}"
-        + (f", resuming from {checkpoint.name}" if checkpoint else ""))
-    log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source, trial=record.trial)
-    step: int | None
-    total: int | None
-    if record.kind == "command":
-        step = total = None
-        control.stopped = _run_command(record, run_dir, output, plan, resume=resume, every_s=every_s,
-                                       deadline=control.deadline, say=say)
-    else:
-        restore = control.listen()
-        try:
-            if record.kind == "factory":
-                step, total = _run_factory(run_dir, record, output, checkpoint, callbacks, say)
-            else:
-                step, total = _run_trl_sft(record, output, checkpoint, callbacks, control)
-        except OSError as err:  # a full disk mid-save, most often: that save has no mark, the last marked one stays
-            last = latest_complete(output)
-            raise TrainfitError(f"training stopped: {err}",
-                                f"fix the cause (free disk space under {output}?), then resume: trainfit train "
-                                f"{run_dir} --output {output} --resume (from {last.name if last else 'step 0'})") from err
-        finally:
-            restore()
-    result = TrainResult(
-        status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
-        max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
-        process_s=time.monotonic() - began, elapsed_s=time.time() - record.started_at,
-        planned_s=plan.eta.total_s if plan else None, planned_low_s=plan.eta.low_s if plan else None,
-        planned_high_s=plan.eta.high_s if plan else None, output=str(output))
-    text = json.dumps(result.to_json(), indent=2) + "\n"
-    write_atomically(output / "train_result.json", text)
-    if plan is not None and result.status == "finished":
-        write_atomically(run_dir / "actual.json", text)
-    log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
+        log = RunLog(output / "train_log.jsonl")
+        one_save = plan.eta.checkpoint_s / plan.eta.checkpoints if plan is not None and plan.eta.checkpoints else 0.0
+        control = TrainControl(every_s=every_s, keep=keep, log=log, started_at=record.started_at, say=say,
+                               deadline=record.started_at + deadline_hours * 3600 if deadline_hours else None,
+                               save_s=one_save)
+        callbacks: list[Any] = [control]
+        if plan is not None:
+            callbacks.append(OnTrackCallback(run_dir / "plan.json", every_s=monitor_every_s,
+                                             started_at=record.started_at,
+                                             on_status=lambda status: log.write("on_track", **status.to_json())))
+        say(f"trainfit: training trial {record.trial} of {run_dir} ({record.source}) into {output}"
+            + (f", resuming from {checkpoint.name}" if checkpoint else ""))
+        log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source,
+                  trial=record.trial)
+        step: int | None
+        total: int | None
+        if record.kind == "command":
+            step = total = None
+            control.stopped = _run_command(record, run_dir, output, plan, resume=resume, every_s=every_s,
+                                           deadline=control.deadline, say=say)
+        else:
+            with _threads(record.threads), _listening(control):
+                try:
+                    if record.kind == "factory":
+                        step, total = _run_factory(run_dir, record, output, checkpoint, callbacks, say)
+                    else:
+                        step, total = _run_trl_sft(record, output, checkpoint, callbacks, control)
+                except OSError as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
+                    from trainfit.errors import os_error
+
+                    last = latest_complete(output)
+                    raise TrainfitError(f"training stopped: {os_error(err)}",
+                                        f"fix the cause, then resume: trainfit train {run_dir} --output {output} "
+                                        f"--resume (from {last.name if last else 'step 0'})") from err
+        result = TrainResult(
+            status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
+            max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
+            process_s=time.monotonic() - began, elapsed_s=time.time() - record.started_at,
+            planned_s=plan.eta.total_s if plan else None, planned_low_s=plan.eta.low_s if plan else None,
+            planned_high_s=plan.eta.high_s if plan else None, output=str(output))
+        text = json.dumps(result.to_json(), indent=2) + "\n"
+        write_atomically(output / "train_result.json", text)
+        if plan is not None and result.status == "finished":
+            write_atomically(run_dir / "actual.json", text)
+        log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+@contextlib.contextmanager
+def _only_run(output: Path) -> Iterator[None]:
+    """Hold ``output/.lock`` while training: a second ``trainfit train`` on the same folder (a
+    ``--resume`` while the run is alive, say) is refused instead of deleting its checkpoints."""
+    import fcntl
+
+    with (output / ".lock").open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise TrainfitError(f"another `trainfit train` is running in {output}",
+                                "wait for it to end, or stop it (Ctrl-C or SIGTERM saves a checkpoint) and resume"
+                                ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _threads(threads: int | None) -> Iterator[None]:
+    """The CPU threads the probe used, for the run only."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def _listening(control: Any) -> Iterator[None]:
+    restore = control.listen()
+    try:
+        yield
+    finally:
+        restore()
 
 
 def _run_command(record: TrainRun, run_dir: Path, output: Path, plan: Plan | None, *, resume: bool, every_s: float,
@@ -344,7 +387,7 @@ def _run_command(record: TrainRun, run_dir: Path, output: Path, plan: Plan | Non
 
     env = child_environment(plan=run_dir / "plan.json" if plan is not None else None, output=output, resume=resume,
                             checkpoint_every_s=every_s, deadline=deadline, started_at=record.started_at)
-    return run_child(record.argv[0], cwd=output, env=env, say=say)
+    return run_child(record.argv[0], env=env, say=say)
 
 
 def _run_trl_sft(record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
@@ -365,9 +408,7 @@ def _run_trl_sft(record: TrainRun, output: Path, checkpoint: Path | None, callba
     except Exception as err:
         if checkpoint is None or control.first_step is not None:
             raise
-        raise TrainfitError(f"{checkpoint} could not be loaded to resume from: {type(err).__name__}: {err}",
-                            f"remove it (rm -r {checkpoint}) and resume again: the checkpoint before it is used, "
-                            "or step 0 when there is none") from err
+        raise unloadable(checkpoint, err) from err  # it failed while the Trainer loaded the checkpoint
     if control.stopped is None:
         trainer.save_model(str(output))
     return int(trainer.state.global_step), int(trainer.state.max_steps)
@@ -399,4 +440,4 @@ def _run_factory(run_dir: Path, record: TrainRun, output: Path, checkpoint: Path
                     max_steps=record.max_steps, output=output, checkpoint=checkpoint, callbacks=callbacks, say=say)
 
 
-__all__ = ["TrainResult", "TrainRun", "changed_flags", "prepare", "train", "training_command"]
+__all__ = ["TrainResult", "TrainRun", "differences", "prepare", "train", "training_command"]

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainfit.errors import Terminated
+from trainfit.monitor import trainer_callback_base
 from trainfit.train.checkpoints import mark_complete, rotate
-
-
-def _callback_base() -> type:
-    from transformers import TrainerCallback
-
-    return TrainerCallback
 
 
 @dataclass
@@ -54,7 +51,7 @@ class RunLog:
             f.write(json.dumps({"event": event, "time": round(time.time(), 3), **fields}) + "\n")
 
 
-class TrainControl(_callback_base()):  # type: ignore[misc]
+class TrainControl(trainer_callback_base()):  # type: ignore[misc]
     """Saves a checkpoint into the trainer's ``output_dir`` every ``every_s`` seconds and at the last step, keeps the
     newest ``keep`` complete ones, and stops cleanly (saving first) on SIGTERM or when the next
     step and save would pass ``deadline`` (epoch seconds). Logs steps, saves and stops to ``log``.
@@ -62,30 +59,35 @@ class TrainControl(_callback_base()):  # type: ignore[misc]
     ``stopped`` says why a run stopped early (None: it did not)."""
 
     def __init__(self, *, every_s: float, keep: int, log: RunLog, started_at: float,
-                 deadline: float | None = None, say: Callable[[str], None] = print) -> None:
+                 deadline: float | None = None, save_s: float = 0.0, say: Callable[[str], None] = print) -> None:
         self.keep, self.log, self.say = keep, log, say
         self.started_at, self.deadline = started_at, deadline
         self.interval = Interval(every_s, time.monotonic())
         self.stopped: str | None = None
         self.signal: str | None = None
-        self.save_s = 0.0
+        self.save_s = save_s
+        """One save's time: the last one this process made (before it, the caller's estimate)."""
         self.save_began = 0.0
         self.first_step: int | None = None
         self.segment_began = 0.0
 
     def listen(self) -> Callable[[], None]:
-        """Catch SIGTERM (a cluster's preemption) and a first Ctrl-C as a request to save and stop
-        at the step's end (a second Ctrl-C stops at once); returns the function that restores the
-        previous handlers."""
-        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        """Catch SIGTERM (a cluster's preemption), SIGHUP (the terminal closed) and a first Ctrl-C
+        as a request to save and stop at the step's end; before the first step there is nothing to
+        save, and they stop at once, as does a second Ctrl-C. Returns the function that restores
+        the previous handlers (nothing is caught off the main thread, where Python allows no handler)."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
 
         def on_signal(signum: int, frame: Any) -> None:
-            if signum == signal.SIGINT and self.signal is not None:
-                raise KeyboardInterrupt
-            self.signal = signal.Signals(signum).name
-            if signum == signal.SIGINT:
-                self.say("trainfit: Ctrl-C: saving a checkpoint at the step's end, then stopping "
-                         "(Ctrl-C again to stop at once, losing the steps since the last checkpoint)")
+            name = signal.Signals(signum).name
+            if self.first_step is None or (signum == signal.SIGINT and self.signal is not None):
+                raise Terminated(signum) if signum != signal.SIGINT else KeyboardInterrupt
+            self.signal = name
+            self.say(f"trainfit: {name}: saving a checkpoint at the step's end, then stopping"
+                     + (" (Ctrl-C again to stop at once, losing the steps since the last checkpoint)"
+                        if signum == signal.SIGINT else ""))
 
         for s in previous:
             signal.signal(s, on_signal)

@@ -18,6 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
+from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 
 MARK = "trainfit-complete.json"
@@ -71,12 +72,14 @@ def mark_complete(folder: Path) -> None:
 def rotate(run: Path, keep: int) -> list[Path]:
     """Delete all but the newest ``keep`` complete checkpoints of ``run``, and every unfinished one
     older than the newest complete one. Returns what was deleted."""
-    done = [p for p in checkpoints(run) if is_complete(p)]
+    found = checkpoints(run)
+    complete = {p: is_complete(p) for p in found}
+    done = [p for p in found if complete[p]]
     if not done:
         return []
     newest = step_of(done[-1]) or 0
     doomed = done[:-keep] if keep > 0 else []
-    doomed += [p for p in incomplete(run) if (step_of(p) or 0) < newest]
+    doomed += [p for p in found if not complete[p] and (step_of(p) or 0) < newest]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
@@ -88,3 +91,10 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def unloadable(folder: Path, err: BaseException) -> TrainfitError:
+    """The error for a complete checkpoint a resume could not load (a file damaged after its save)."""
+    return TrainfitError(f"could not resume from {folder}: {type(err).__name__}: {err}",
+                         f"if that checkpoint is damaged, remove it (rm -r {folder}) and resume again: the one "
+                         "before it is used, or step 0 when there is none")

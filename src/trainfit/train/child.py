@@ -1,5 +1,6 @@
 """Your own trainer (the spec's ``tune.command_template``, filled for the chosen config) run by
-``trainfit train`` as a child process, with the run's facts in its environment.
+``trainfit train`` as a child process, in the folder ``trainfit train`` was started from (where
+the template's relative paths were written for), with the run's facts in its environment.
 
 trainfit cannot checkpoint or resume a trainer it does not run in-process; it hands that trainer
 what it needs to do so and to be watched (:data:`ENVIRONMENT`), forwards SIGTERM and Ctrl-C to
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -41,24 +43,31 @@ def child_environment(*, plan: Path | None, output: Path, resume: bool, checkpoi
     return env
 
 
-def run_child(command: str, *, cwd: Path, env: Mapping[str, str], say: Callable[[str], None]) -> str | None:
-    """Run ``command`` (bash) in its own process group, its output on this process's, SIGTERM and
-    Ctrl-C passed on to the whole group. Returns the signal that stopped it by our hand (None: it
-    ended by itself); raises :class:`TrainfitError` when it fails."""
-    proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=dict(env), start_new_session=True)
+def run_child(command: str, *, env: Mapping[str, str], say: Callable[[str], None]) -> str | None:
+    """Run ``command`` (bash, in this process's folder) in its own process group, its output on
+    this process's. SIGTERM, SIGHUP and Ctrl-C are passed on to the whole group (as SIGTERM, or
+    SIGINT for Ctrl-C); a second one kills the group. If this process leaves early for any other
+    reason, the group is killed too: no trainer is left running unwatched. Returns the signal
+    passed on (None: the command ended by itself); raises :class:`TrainfitError` when it fails."""
+    proc = subprocess.Popen(["bash", "-c", command], env=dict(env), start_new_session=True)
     received: list[str] = []
 
     def forward(signum: int, frame: object) -> None:
         received.append(signal.Signals(signum).name)
-        say(f"trainfit: {received[-1]}: passed on to your training command (pid {proc.pid})")
-        try:
-            os.killpg(proc.pid, signal.SIGTERM if signum == signal.SIGTERM else signal.SIGINT)
-        except ProcessLookupError:
-            pass
+        again = len(received) > 1
+        say(f"trainfit: {received[-1]}: " + ("killing your training command" if again else
+                                             f"passed on to your training command (pid {proc.pid})"))
+        _signal_group(proc, signal.SIGKILL if again else signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    main_thread = threading.current_thread() is threading.main_thread()
+    caught = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, forward) for s in caught} if main_thread else {}
     try:
         rc = proc.wait()
+    except BaseException:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -69,3 +78,10 @@ def run_child(command: str, *, cwd: Path, env: Mapping[str, str], say: Callable[
                             "its output is above; fix what it says and run again (with --resume when your trainer "
                             "saved checkpoints: it is told so by TRAINFIT_RESUME=1)")
     return None
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):  # the group has ended
+        pass

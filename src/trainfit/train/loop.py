@@ -23,6 +23,7 @@ from typing import Any
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.spec import Spec
+from trainfit.train.checkpoints import unloadable
 
 STATE = "loop_state.json"
 LOG_EVERY = 10
@@ -70,7 +71,7 @@ def save(folder: Path, step_runner: Any, position: Position) -> None:
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save(step_runner.workload.model.state_dict(), folder / "model.pt")
+    torch.save(plain(step_runner.workload.model).state_dict(), folder / "model.pt")
     torch.save(step_runner.optimizer.state_dict(), folder / "optimizer.pt")
     if step_runner.scaler is not None:
         torch.save(step_runner.scaler.state_dict(), folder / "scaler.pt")
@@ -86,22 +87,25 @@ def load(folder: Path, step_runner: Any, device: Any) -> Position:
     import torch
 
     try:
-        step_runner.workload.model.load_state_dict(torch.load(folder / "model.pt", map_location=device))
+        plain(step_runner.workload.model).load_state_dict(torch.load(folder / "model.pt", map_location=device))
         step_runner.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=device))
         if step_runner.scaler is not None:
             step_runner.scaler.load_state_dict(torch.load(folder / "scaler.pt"))
         rng = torch.load(folder / "rng_state.pth", weights_only=False)
         raw = json.loads((folder / STATE).read_text())
     except Exception as err:
-        raise TrainfitError(f"{folder} could not be loaded to resume from: {type(err).__name__}: {err}",
-                            f"remove it (rm -r {folder}) and resume again: the checkpoint before it is used, "
-                            "or step 0 when there is none") from err
+        raise unloadable(folder, err) from err
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     if rng.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     return Position(step=int(raw["step"]), epoch=int(raw["epoch"]), consumed=int(raw["consumed"]))
+
+
+def plain(model: Any) -> Any:
+    """The module under a ``torch.compile`` wrapper: its weights' names are the model's own."""
+    return getattr(model, "_orig_mod", model)
 
 
 def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_steps: int | None, output: Path,
@@ -129,6 +133,9 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
                             "dataset's rows into the model's inputs",
                             "return trainfit.CustomWorkload(..., collate=lambda rows: inputs) (rows are the data "
                             "file's records as dicts), or train with your own loop")
+    if samples < 1:
+        raise TrainfitError(f"{spec.data.path} holds no samples to train on (the tune counted {samples})",
+                            "check data.path, then tune again")
     runner = TrainStep(workload, params, device)
     _, total = plan_steps(samples, params.effective_batch_size, epochs, max_steps)
     position = load(checkpoint, runner, device) if checkpoint is not None else Position()
@@ -163,7 +170,10 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
                     control.should_save = False
                 if control.should_training_stop or state.global_step >= total:
                     break
-            else:
+            else:  # the epoch's rows are all read
+                if consumed == 0:
+                    raise TrainfitError(f"{spec.data.path} gave no rows to train on in epoch {epoch + 1}",
+                                        "check data.path (and data.on_bad_row: every row skipped?)")
                 epoch, consumed = epoch + 1, 0
                 continue
             break
@@ -171,5 +181,5 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
         bar.close(note=f"epoch {state.epoch:.2f}")
     call("on_train_end")
     if not control.should_training_stop:
-        torch.save(workload.model.state_dict(), output / "model.pt")
+        torch.save(plain(workload.model).state_dict(), output / "model.pt")
     return int(state.global_step), total

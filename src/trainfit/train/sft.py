@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import shlex
 from collections.abc import Sequence
 from typing import Any
 
 from trainfit.errors import TrainfitError
 
-_PREFIX = re.compile(r"^(?:OMP_NUM_THREADS=(\d+) )?trl sft (.*)$", re.DOTALL)
-
 
 def split_command(command: str) -> tuple[int | None, list[str]]:
     """The CPU threads (``OMP_NUM_THREADS=N``, None when unset) and the ``trl sft`` arguments of
     a one-line ``command`` as trainfit writes it."""
-    match = _PREFIX.match(command.strip())
+    from trainfit.command import TRL_COMMAND
+
+    match = TRL_COMMAND.match(command.strip())
     if match is None:
         raise TrainfitError(f"not a `trl sft` command as trainfit writes it: {command[:80]}",
                             "train from a tune folder whose train_command.sh runs `trl sft`")

@@ -1,0 +1,150 @@
+"""``trainfit ablate``: what each speed/memory technique buys, measured on your model and data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainfit.cli.common import add_spec_arguments, spec_from_args, stats_from_args
+
+if TYPE_CHECKING:
+    from trainfit.ablate import Ablation, Row
+
+EPILOG = """\
+examples:
+  trainfit ablate examples/tiny-llama.yaml
+  trainfit ablate examples/tiny-tts.yaml --output runs/tts-ablation
+  trainfit ablate my.yaml --set batch_size=8 --device cuda --output runs/abl --resume   # after an interruption
+
+A baseline with every technique off (fp32, eager attention, no checkpointing, no TF32, no compile,
+plain AdamW, padding to the batch's longest) is probed, then each technique alone on top of it,
+then every one that ran together (leaving out what changes what is learned). Each row is a real
+probe: samples/s and its ratio to the baseline with a 95% interval, peak memory and its change,
+the steps' own memory (activations, mostly) and MFU. A technique the device or the model cannot
+run is listed as unavailable with the reason. The in-house guide's claimed figures are shown beside.
+Writes OUTPUT/ablation.json (after each row: --resume reuses the rows measured) and ablation.html.
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("ablate", help="measure what each speed/memory technique buys, alone and together",
+                       description="Probe a baseline with every technique off, each technique alone, and all "
+                                   "together, on the spec's model and data.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_spec_arguments(p)
+    p.add_argument("--output", help="output folder (default: a new trainfit-runs/SPEC_NAME/ablate-TIMESTAMP)")
+    p.add_argument("--only", metavar="WORDS", help="only the techniques whose names hold one of these comma-separated "
+                                                   "words, e.g. --only checkpointing,precision")
+    p.add_argument("--resume", action="store_true", help="reuse the rows --output's ablation.json already holds")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from trainfit.ablate import Ablation, ablate
+    from trainfit.errors import TrainfitError
+    from trainfit.files import write_atomically
+
+    spec = spec_from_args(args)
+    out = Path(args.output) if args.output else \
+        Path("trainfit-runs") / Path(args.spec).stem / datetime.now().strftime("ablate-%Y%m%d-%H%M%S")
+    path = out / "ablation.json"
+    done: dict[str, Row] = {}
+    if args.resume:
+        if not path.is_file():
+            raise TrainfitError(f"nothing to resume: {path} does not exist", "drop --resume, or give the --output "
+                                                                             "of the interrupted ablation")
+        done = {r.name: r for r in Ablation.from_json(json.loads(path.read_text())).rows}
+    out.mkdir(parents=True, exist_ok=True)
+    stats = stats_from_args(args, spec)
+    print(f"trainfit ablate: {spec.source} -> {out}")
+    measured: list[Row] = []
+
+    def on_row(row: Row) -> None:
+        measured.append(row)
+        print(f"  {row_line(row)}", flush=True)
+        partial = {"schema_version": 1, "created_at": "", "device": measured[0].device, "baseline": {},
+                   "rows": [r.to_json() for r in measured]}
+        write_atomically(path, json.dumps(partial, indent=2) + "\n")  # kept as it comes: --resume goes on
+
+    only = [w.strip() for w in (args.only or "").split(",") if w.strip()]
+    result = ablate(spec, stats=stats, done=done, only=only, on_row=on_row)
+    write_atomically(path, json.dumps(result.to_json(), indent=2) + "\n")
+    write_atomically(out / "ablation.html", page(result, str(spec.source)))
+    print()
+    print(render(result))
+    print(f"\nwrote {path}, {out / 'ablation.html'}")
+    return 0 if result.rows and result.rows[0].status == "ok" else 1
+
+
+def row_line(row: Row) -> str:
+    from trainfit.format import fmt_num
+
+    if row.status != "ok":
+        return f"{row.name}: {row.status.upper()}" + (f" ({row.reason})" if row.reason else "")
+    ratio = f", x{row.speedup:.2f}" if row.speedup is not None else ""
+    return f"{row.name}: {fmt_num(row.samples_per_second or 0)} samples/s{ratio}, peak {row.peak_gb or 0:.2f} GiB"
+
+
+def cells(row: Row) -> list[str]:
+    """One table row: what, speed, ratio with its interval, peak, its change, step memory, MFU, claim."""
+    from trainfit.format import fmt_num
+
+    if row.status != "ok":
+        reason = (row.reason or "").splitlines()[0][:90] if row.reason else ""
+        return [row.name, row.status, reason, "", "", "", "", row.claim or ""]
+    ratio = ("1 (baseline)" if row.speedup is None else
+             f"x{row.speedup:.2f} ({row.speedup_low:.2f}-{row.speedup_high:.2f})")
+    change = "" if row.memory_change is None else f"{row.memory_change:+.0%}"
+    name = row.name + (" *" if row.changes_learning else "")
+    return [name, fmt_num(row.samples_per_second or 0), ratio, f"{row.peak_gb or 0:.2f}", change,
+            f"{row.step_memory_gb:.3f}" if row.step_memory_gb is not None else "",
+            f"{row.mfu:.1%}" if row.mfu is not None else "", row.claim or ""]
+
+
+HEADER = ["technique", "samples/s", "vs baseline (95%)", "peak GiB", "memory", "step GiB", "MFU", "the guide claimed"]
+
+
+def render(result: Ablation) -> str:
+    from trainfit.cli.render import table
+
+    lines = [f"ABLATION on {result.device} (each technique alone over the baseline, then together)",
+             table([cells(r) for r in result.rows], HEADER)]
+    if any(r.changes_learning for r in result.rows):
+        lines.append("* changes what is learned (LoRA, a shorter max_length): not in 'all together'")
+    lines.append(f"claims: {result.claim_source}; measured here on your model, data and device")
+    return "\n".join(lines)
+
+
+def page(result: Ablation, source: str) -> str:
+    """ablation.html: the table and a bar per row for speed and for peak memory (self-contained)."""
+    import html
+
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells(r)) + "</tr>" for r in result.rows)
+    ok = [r for r in result.rows if r.status == "ok"]
+    top_speed = max((r.samples_per_second or 0 for r in ok), default=1) or 1
+    top_peak = max((r.peak_gb or 0 for r in ok), default=1) or 1
+
+    def bars(value: Any, top: float, unit: str) -> str:
+        return "".join(f'<div class="bar"><span class="label">{html.escape(r.name)}</span>'
+                       f'<span class="fill" style="width: {280 * (value(r) or 0) / top:.0f}px"></span>'
+                       f'<span>{value(r) or 0:.3g} {unit}</span></div>' for r in ok)
+
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>trainfit ablation: {html.escape(source)}</title>
+<style>body {{font-family: sans-serif; margin: 2em}} table {{border-collapse: collapse}}
+td, th {{border: 1px solid #ccc; padding: 4px 8px; text-align: left}}
+.bar {{display: flex; align-items: center; gap: 8px; margin: 2px 0}} .label {{width: 260px}}
+.fill {{display: inline-block; height: 14px; background: #1f77b4}} #memory .fill {{background: #d62728}}</style>
+</head><body>
+<h1>Ablation: {html.escape(source)}</h1>
+<p>Measured on {html.escape(result.device)}, {html.escape(result.created_at)}. Each technique alone over the
+baseline (every technique off), then together. Claims: {html.escape(result.claim_source)}.</p>
+<table><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in HEADER)}</tr>{rows}</table>
+<h2>samples/s</h2><div id="speed">{bars(lambda r: r.samples_per_second, top_speed, "samples/s")}</div>
+<h2>peak memory</h2><div id="memory">{bars(lambda r: r.peak_gb, top_peak, "GiB")}</div>
+</body></html>
+"""

@@ -1,0 +1,117 @@
+"""``trainfit ablate``: the rows' arithmetic, which techniques go together, and (integration) real
+probes of a tiny Llama: every technique measured or listed as unavailable with its reason, the
+files, a resume that reuses the rows, and gradient checkpointing lowering the steps' own memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY_LLAMA, make_spec_file, write_texts
+
+from trainfit.ablate import BASELINE, Row, all_together, row_of, techniques
+from trainfit.cli import main
+from trainfit.probe.measurement import Measurement
+from trainfit.spec import load_spec
+
+
+def measurement(sps: float, peak_gb: float, ci: float = 0.05, **kw) -> Measurement:
+    return Measurement(status="ok", config={}, samples_per_second=sps, step_time_ci95_rel=ci,
+                       peak_memory_bytes=int(peak_gb * 2**30), **kw)
+
+
+def test_a_row_is_its_speed_and_memory_against_the_baseline() -> None:
+    base = row_of("baseline", {}, measurement(10.0, 2.0, ci=0.03), None)
+    assert base.speedup is None and base.peak_gb == pytest.approx(2.0)
+    row = row_of("bf16", {"precision": "bf16"}, measurement(15.0, 1.5, ci=0.04), base, claim="+20-40%")
+    assert row.speedup == pytest.approx(1.5) and row.memory_change == pytest.approx(-0.25)
+    assert (row.speedup_low, row.speedup_high) == pytest.approx((1.5 * 0.95, 1.5 * 1.05))  # 3% and 4% combined
+    unsupported = Measurement(status="error", config={}, message="needs a CUDA GPU",
+                              unsupported={"knob": "attention", "value": "flash_attention_2"})
+    flash = row_of("flash", {"attention": "flash_attention_2"}, unsupported, base)
+    assert flash.status == "unavailable" and flash.reason == "needs a CUDA GPU" and flash.speedup is None
+
+
+def test_all_together_takes_the_fastest_of_rival_values_and_leaves_out_what_changes_learning() -> None:
+    def ok(name: str, knobs: dict, sps: float, learning: bool = False) -> Row:
+        return Row(name=name, knobs=knobs, status="ok", samples_per_second=sps, changes_learning=learning)
+
+    rows = [ok("baseline", {}, 10), ok("ckpt", {"gradient_checkpointing": True}, 9),
+            ok("bf16", {"precision": "bf16"}, 12), ok("fp16", {"precision": "fp16"}, 14),
+            Row(name="8-bit", knobs={"optimizer": "adamw_8bit"}, status="unavailable"),
+            ok("fused", {"optimizer": "adamw_fused"}, 11), ok("lora", {"lora_r": 16}, 30, learning=True)]
+    assert all_together(rows) == {"gradient_checkpointing": True, "precision": "fp16", "optimizer": "adamw_fused"}
+
+
+def test_a_factory_model_keeps_its_own_attention(tmp_path: Path) -> None:
+    spec = load_spec(make_spec_file(tmp_path, model={"factory": f"{Path(__file__).parent / 'factories.py'}:scaled"},
+                                    params={"width_mul": 1, "max_length": 16}))
+    rows = {t.name: t for t in techniques(spec, None)}
+    assert rows["SDPA attention"].not_applicable and "handles" in rows["SDPA attention"].not_applicable
+    assert not any("LoRA" in name for name in rows)  # no modules to adapt were named
+    assert set(BASELINE) >= {"precision", "attention", "gradient_checkpointing", "compile", "optimizer"}
+
+
+@pytest.fixture(scope="module")
+def llama_spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ablate")
+    data = root / "train.jsonl"
+    write_texts(data)
+    return make_spec_file(root, model={"config": {**TINY_LLAMA, "vocab_size": 2000}},
+                          data={"path": str(data), "text_field": "text"}, params={"max_length": 64, "batch_size": 4})
+
+
+@pytest.mark.integration
+def test_ablate_measures_every_technique_or_says_why_not_and_resumes(llama_spec: Path, tmp_path: Path,
+                                                                     capsys) -> None:
+    from conftest import EXAMPLES
+
+    spec = llama_spec.parent / "with_tokenizer.yaml"
+    spec.write_text(llama_spec.read_text() + f"tokenizer: {EXAMPLES / 'data' / 'tokenizer.json'}\n")
+    out = tmp_path / "abl"
+    only = "checkpointing,sdpa,flash,8-bit,fused"  # the rest (compile, fp16 on a CPU) is bench material: minutes
+    assert main(["ablate", str(spec), "--output", str(out), "--only", only]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((out / "ablation.json").read_text())
+    rows = {r["name"]: r for r in result["rows"]}
+    assert result["rows"][0]["name"] == "baseline" and rows["baseline"]["status"] == "ok"
+    assert rows["baseline"]["knobs"] == {} and result["baseline"]["precision"] == "fp32"
+    assert rows["flash attention 2"]["status"] == "unavailable" and "CUDA" in rows["flash attention 2"]["reason"]
+    assert rows["8-bit AdamW"]["status"] == "unavailable"
+    for name in ("gradient checkpointing", "SDPA attention", "fused AdamW"):
+        assert rows[name]["status"] == "ok" and rows[name]["speedup"] > 0, name
+        assert rows[name]["speedup_low"] <= rows[name]["speedup"] <= rows[name]["speedup_high"]
+    assert rows["SDPA attention"]["claim"] == "speed 1.3-1.5x, memory -30-40%"  # the guide's figure beside ours
+    together = rows["all together"]
+    assert together["status"] == "ok" and together["knobs"]["gradient_checkpointing"] is True
+    assert list(rows) == ["baseline", "gradient checkpointing", "SDPA attention", "flash attention 2", "fused AdamW",
+                          "8-bit AdamW", "all together"]
+    assert "ABLATION on" in printed and "unavailable" in printed
+    assert "<table>" in (out / "ablation.html").read_text()
+
+    # --resume: every row is kept, none measured again (a new probe would not give the same speed).
+    assert main(["ablate", str(spec), "--output", str(out), "--resume", "--only", only]) == 0
+    again = {r["name"]: r for r in json.loads((out / "ablation.json").read_text())["rows"]}
+    assert again == rows
+
+
+@pytest.mark.integration
+def test_gradient_checkpointing_lowers_the_steps_own_memory(tmp_path: Path) -> None:
+    """A model whose activations dominate (4 layers, 256 wide, batch 4 x 512 tokens): the steps'
+    own memory (their peak above what is held between steps) falls with checkpointing."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(f"w{j % 50}" for j in range(600))}) + "\n"
+                            for _ in range(8)))
+    from conftest import EXAMPLES
+
+    spec = make_spec_file(tmp_path, model={"config": {**TINY_LLAMA, "hidden_size": 256, "intermediate_size": 512,
+                                                      "num_hidden_layers": 4, "vocab_size": 2000}},
+                          data={"path": str(data), "text_field": "text"},
+                          params={"max_length": 512, "batch_size": 4, "padding": "max_length"})
+    spec.write_text(spec.read_text() + f"tokenizer: {EXAMPLES / 'data' / 'tokenizer.json'}\n")
+    out = tmp_path / "abl"
+    assert main(["ablate", str(spec), "--output", str(out), "--only", "checkpointing"]) == 0
+    rows = {r["name"]: r for r in json.loads((out / "ablation.json").read_text())["rows"]}
+    assert list(rows) == ["baseline", "gradient checkpointing"]  # --only; nothing to put together
+    assert rows["gradient checkpointing"]["step_memory_gb"] < 0.7 * rows["baseline"]["step_memory_gb"]
