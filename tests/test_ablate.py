@@ -10,7 +10,18 @@ from pathlib import Path
 import pytest
 from conftest import TINY_LLAMA, make_spec_file, write_texts
 
-from trainfit.ablate import BASELINE, Row, all_together, row_of, techniques
+from trainfit.ablate import (
+    AGAIN,
+    BASELINE,
+    TOGETHER,
+    Row,
+    all_together,
+    helped,
+    reference,
+    row_of,
+    techniques,
+    with_ratios,
+)
 from trainfit.cli import main
 from trainfit.probe.measurement import Measurement
 from trainfit.spec import load_spec
@@ -21,27 +32,36 @@ def measurement(sps: float, peak_gb: float, ci: float = 0.05, **kw) -> Measureme
                        peak_memory_bytes=int(peak_gb * 2**30), **kw)
 
 
-def test_a_row_is_its_speed_and_memory_against_the_baseline() -> None:
-    base = row_of("baseline", {}, measurement(10.0, 2.0, ci=0.03), None)
-    assert base.speedup is None and base.peak_gb == pytest.approx(2.0)
-    row = row_of("bf16", {"precision": "bf16"}, measurement(15.0, 1.5, ci=0.04), base, claim="+20-40%")
+def test_a_row_is_its_speed_and_memory_against_the_mean_baseline_with_the_drift_in_its_interval() -> None:
+    first = row_of("baseline", {}, measurement(10.0, 2.0, ci=0.03))
+    again = row_of(AGAIN, {}, measurement(11.0, 2.0, ci=0.04))
+    ref, drift = reference(first, again)
+    assert ref.samples_per_second == pytest.approx(10.5) and drift == pytest.approx(1 / 10.5)
+    row = with_ratios(row_of("bf16", {"precision": "bf16"}, measurement(15.75, 1.5, ci=0.04), claim="+20-40%"),
+                      ref, drift)
     assert row.speedup == pytest.approx(1.5) and row.memory_change == pytest.approx(-0.25)
-    assert (row.speedup_low, row.speedup_high) == pytest.approx((1.5 * 0.95, 1.5 * 1.05))  # 3% and 4% combined
+    spread = (0.04 ** 2 + 0.04 ** 2 + drift ** 2) ** 0.5  # its probe, the baseline's, the drift
+    assert (row.speedup_low, row.speedup_high) == pytest.approx((1.5 * (1 - spread), 1.5 * (1 + spread)))
     unsupported = Measurement(status="error", config={}, message="needs a CUDA GPU",
                               unsupported={"knob": "attention", "value": "flash_attention_2"})
-    flash = row_of("flash", {"attention": "flash_attention_2"}, unsupported, base)
+    flash = with_ratios(row_of("flash", {"attention": "flash_attention_2"}, unsupported), ref, drift)
     assert flash.status == "unavailable" and flash.reason == "needs a CUDA GPU" and flash.speedup is None
 
 
-def test_all_together_takes_the_fastest_of_rival_values_and_leaves_out_what_changes_learning() -> None:
-    def ok(name: str, knobs: dict, sps: float, learning: bool = False) -> Row:
-        return Row(name=name, knobs=knobs, status="ok", samples_per_second=sps, changes_learning=learning)
+def test_what_helped_goes_together_the_fastest_of_rival_values_first() -> None:
+    def ok(name: str, knobs: dict, sps: float, low: float, memory: float = 0.0, learning: bool = False,
+           notes: tuple = ()) -> Row:
+        return Row(name=name, knobs=knobs, status="ok", samples_per_second=sps, speedup_low=low,
+                   memory_change=memory, changes_learning=learning, notes=list(notes))
 
-    rows = [ok("baseline", {}, 10), ok("ckpt", {"gradient_checkpointing": True}, 9),
-            ok("bf16", {"precision": "bf16"}, 12), ok("fp16", {"precision": "fp16"}, 14),
+    rows = [ok("ckpt", {"gradient_checkpointing": True}, 9, 0.85, memory=-0.3),  # slower, but leaner: in
+            ok("bf16", {"precision": "bf16"}, 12, 1.1), ok("fp16", {"precision": "fp16"}, 14, 1.2),
             Row(name="8-bit", knobs={"optimizer": "adamw_8bit"}, status="unavailable"),
-            ok("fused", {"optimizer": "adamw_fused"}, 11), ok("lora", {"lora_r": 16}, 30, learning=True)]
-    assert all_together(rows) == {"gradient_checkpointing": True, "precision": "fp16", "optimizer": "adamw_fused"}
+            ok("fused", {"optimizer": "adamw_fused"}, 10.2, 0.97),  # inside the noise: out
+            ok("tf32", {"tf32": True}, 12, 1.1, notes=("tf32 has no effect on CPU",)),  # a no-op's luck: out
+            ok("lora", {"lora_r": 16}, 30, 2.5, learning=True)]  # learns something else: out
+    assert [helped(r) for r in rows] == [True, True, True, False, False, False, False]
+    assert all_together(rows) == {"gradient_checkpointing": True, "precision": "fp16"}
 
 
 def test_a_factory_model_keeps_its_own_attention(tmp_path: Path) -> None:
@@ -83,10 +103,12 @@ def test_ablate_measures_every_technique_or_says_why_not_and_resumes(llama_spec:
         assert rows[name]["status"] == "ok" and rows[name]["speedup"] > 0, name
         assert rows[name]["speedup_low"] <= rows[name]["speedup"] <= rows[name]["speedup_high"]
     assert rows["SDPA attention"]["claim"] == "speed 1.3-1.5x, memory -30-40%"  # the guide's figure beside ours
-    together = rows["all together"]
-    assert together["status"] == "ok" and together["knobs"]["gradient_checkpointing"] is True
-    assert list(rows) == ["baseline", "gradient checkpointing", "SDPA attention", "flash attention 2", "fused AdamW",
-                          "8-bit AdamW", "all together"]
+    assert list(rows)[:6] == ["baseline", "gradient checkpointing", "SDPA attention", "flash attention 2",
+                              "fused AdamW", "8-bit AdamW"]
+    assert list(rows)[6] == AGAIN and rows[AGAIN]["status"] == "ok"  # the drift, measured
+    assert rows["baseline"]["speedup_low"] <= 1 <= rows["baseline"]["speedup_high"]  # against the two probes' mean
+    together = rows.get(TOGETHER)  # measured when at least two techniques helped beyond the noise
+    assert together is None or together["status"] == "ok"
     assert "ABLATION on" in printed and "unavailable" in printed
     assert "<table>" in (out / "ablation.html").read_text()
 
@@ -113,5 +135,5 @@ def test_gradient_checkpointing_lowers_the_steps_own_memory(tmp_path: Path) -> N
     out = tmp_path / "abl"
     assert main(["ablate", str(spec), "--output", str(out), "--only", "checkpointing"]) == 0
     rows = {r["name"]: r for r in json.loads((out / "ablation.json").read_text())["rows"]}
-    assert list(rows) == ["baseline", "gradient checkpointing"]  # --only; nothing to put together
+    assert list(rows) == ["baseline", "gradient checkpointing", AGAIN]  # --only; nothing to put together
     assert rows["gradient checkpointing"]["step_memory_gb"] < 0.7 * rows["baseline"]["step_memory_gb"]

@@ -13,16 +13,19 @@ guide claims a figure, it is shown beside the measured one.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.spec import Spec
 from trainfit.summary import Record
 
 SCHEMA_VERSION = 1
+FIXED = "fixed padding at max_length"
 
 BASELINE: dict[str, Any] = {"gradient_checkpointing": False, "attention": "eager", "precision": "fp32", "tf32": False,
                             "compile": "off", "optimizer": "adamw", "padding": "longest", "group_by_length": False}
@@ -41,6 +44,8 @@ class Technique:
     changes_learning: bool = False
     not_applicable: str | None = None
     """Why the model cannot take it (then it is listed, not probed)."""
+    versus: str | None = None
+    """The row it is compared with, when not the baseline (compile: fixed padding, which it needs)."""
 
 
 def techniques(spec: Spec, recommended_length: int | None) -> list[Technique]:
@@ -56,14 +61,16 @@ def techniques(spec: Spec, recommended_length: int | None) -> list[Technique]:
         Technique("bf16 mixed precision", {"precision": "bf16"}, "speed +20-40%, memory -30-40% (over SDPA)"),
         Technique("fp16 mixed precision", {"precision": "fp16"}, "speed +20-40%, memory -30-40% (over SDPA)"),
         Technique("TF32 matmuls", {"tf32": True}, "speed +10-15% (with cuDNN benchmark)"),
-        Technique("torch.compile, fixed padding", {"compile": "default", "padding": "max_length"}),
         Technique("fused AdamW", {"optimizer": "adamw_fused"}),
         Technique("8-bit AdamW", {"optimizer": "adamw_8bit"}),
+        Technique(FIXED, {"padding": "max_length"}),
+        Technique("torch.compile", {"compile": "default", "padding": "max_length"}, versus=FIXED),
     ]
-    if recommended_length is not None:
-        rows.append(Technique(f"fixed padding at {recommended_length}",
+    longest = spec.params.max_length or 0
+    if recommended_length is not None and recommended_length != longest:
+        rows.append(Technique(f"fixed padding at {recommended_length} (the data's)",
                               {"padding": "max_length", "max_length": recommended_length},
-                              changes_learning=recommended_length < (spec.params.max_length or recommended_length)))
+                              changes_learning=recommended_length < longest))
     if not factory and spec.params.lora_r is None:
         rows.append(Technique("LoRA r=16, all linear layers", {"lora_r": 16, "lora_target_modules": "all-linear"},
                               changes_learning=True))
@@ -84,7 +91,9 @@ class Row(Record):
     spread_rel: float | None = None
     """The probe's step-time 95% interval, relative."""
     speedup: float | None = None
-    """Samples/s over the baseline's."""
+    """Samples/s over the baseline's (or ``versus``'s)."""
+    versus: str | None = None
+    """The row the ratios are against, when not the baseline."""
     speedup_low: float | None = None
     speedup_high: float | None = None
     """The speed-up's 95% interval, from both probes' step-time intervals."""
@@ -111,37 +120,66 @@ class Ablation(Record):
     baseline: dict[str, Any]
     """Every knob of the baseline config."""
     rows: list[Row]
-    """The baseline first, each technique alone, then all the available ones together."""
+    """The baseline first, each technique alone, the baseline again, then the ones that helped together."""
     claim_source: str = CLAIM_SOURCE
+    drift: float = 0.0
+    """How far the baseline's two probes (first and after the techniques) differ, relative: the
+    machine's drift over the ablation, in every ratio's interval."""
 
 
-def row_of(name: str, knobs: Mapping[str, Any], m: Any, base: Row | None, *, claim: str | None = None,
-           changes_learning: bool = False) -> Row:
-    """A :class:`Row` from measurement ``m`` against the baseline's row ``base`` (None: this is it)."""
+def row_of(name: str, knobs: Mapping[str, Any], m: Any, *, claim: str | None = None,
+           changes_learning: bool = False, versus: str | None = None) -> Row:
+    """A :class:`Row` of measurement ``m``, its ratios not yet filled (:func:`with_ratios`)."""
     status = "unavailable" if m.status != "ok" and m.unsupported else m.status
     common = {"name": name, "knobs": dict(knobs), "claim": claim, "changes_learning": changes_learning,
-              "notes": [n for n in m.notes if "no budget" not in n], "device": m.device_name or m.device}
+              "notes": [n for n in m.notes if "no budget" not in n], "device": m.device_name or m.device,
+              "versus": versus}
     if status != "ok":
         return Row(status=status, reason=m.message, peak_gb=_gb(m.peak_memory_bytes), **common)
-    speedup = low = high = change = None
-    if base is not None and base.status == "ok" and base.samples_per_second:
-        speedup = m.samples_per_second / base.samples_per_second
-        spread = math.hypot(m.step_time_ci95_rel or 0.0, base.spread_rel or 0.0)
-        low, high = speedup * (1 - spread), speedup * (1 + spread)
-        if m.peak_memory_bytes and base.peak_gb:
-            change = _gb(m.peak_memory_bytes) / base.peak_gb - 1  # type: ignore[operator]
     return Row(status="ok", samples_per_second=m.samples_per_second, spread_rel=m.step_time_ci95_rel,
-               speedup=speedup, speedup_low=low,
-               speedup_high=high, peak_gb=_gb(m.peak_memory_bytes), memory_change=change,
-               step_memory_gb=_gb(m.memory_parts_bytes.get("step")), mfu=m.mfu, **common)
+               peak_gb=_gb(m.peak_memory_bytes), step_memory_gb=_gb(m.memory_parts_bytes.get("step")), mfu=m.mfu,
+               **common)
 
 
-def all_together(rows: list[Row]) -> dict[str, Any]:
-    """The knobs of every technique that ran, leaving out what changes what is learned: for the
-    knobs with rival values (attention, precision, optimizer) the one whose row was fastest, for
-    the others the first row's value."""
+def reference(first: Row, again: Row | None) -> tuple[Row, float]:
+    """The baseline the ratios are against: the mean speed of its probe before the techniques and
+    after them; and the drift between the two (relative), which widens every ratio's interval: a
+    machine whose speed drifts makes each row's own ratio that uncertain."""
+    if again is None or again.status != "ok" or first.status != "ok" or not first.samples_per_second:
+        return first, 0.0
+    a, b = first.samples_per_second, again.samples_per_second or 0.0
+    mean = (a + b) / 2
+    spread = max(first.spread_rel or 0.0, again.spread_rel or 0.0)
+    return dataclasses.replace(first, samples_per_second=mean, spread_rel=spread), abs(a - b) / mean
+
+
+def with_ratios(row: Row, ref: Row, drift: float) -> Row:
+    """``row`` with its speed-up over ``ref`` (95% interval: both probes' step-time intervals and
+    the baseline's ``drift``) and its peak memory against ``ref``'s."""
+    if row.status != "ok" or ref.status != "ok" or not ref.samples_per_second or not row.samples_per_second:
+        return row
+    speedup = row.samples_per_second / ref.samples_per_second
+    spread = math.sqrt((row.spread_rel or 0.0) ** 2 + (ref.spread_rel or 0.0) ** 2 + drift ** 2)
+    change = row.peak_gb / ref.peak_gb - 1 if row.peak_gb and ref.peak_gb else None
+    return dataclasses.replace(row, speedup=speedup, speedup_low=speedup * (1 - spread),
+                               speedup_high=speedup * (1 + spread), memory_change=change)
+
+
+def helped(row: Row) -> bool:
+    """Whether a technique's row earns its place in "all that helped": it ran, learns the same,
+    has an effect on this device, and was faster beyond its interval or lowered peak memory by 5%."""
+    if row.status != "ok" or row.changes_learning or any("no effect" in n for n in row.notes):
+        return False
+    faster = row.speedup_low is not None and row.speedup_low > 1
+    leaner = row.memory_change is not None and row.memory_change <= -0.05
+    return faster or leaner
+
+
+def all_together(rows: Sequence[Row]) -> dict[str, Any]:
+    """The knobs of every technique row that :func:`helped`: for the knobs with rival values
+    (attention, precision, optimizer) the one whose row was fastest, for the others the first."""
     chosen: dict[str, Any] = {}
-    ran = [r for r in rows[1:] if r.status == "ok" and not r.changes_learning]
+    ran = [r for r in rows if helped(r)]
     for knob in ("attention", "precision", "optimizer"):
         best = max((r for r in ran if knob in r.knobs), key=lambda r: r.samples_per_second or 0.0, default=None)
         if best is not None:
@@ -152,13 +190,17 @@ def all_together(rows: list[Row]) -> dict[str, Any]:
     return chosen
 
 
+AGAIN = "baseline, again"
+TOGETHER = "all that helped, together"
+
+
 def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = None, only: Sequence[str] = (),
            on_row: Callable[[Row], None] | None = None) -> Ablation:
-    """Probe the baseline, each technique of :func:`techniques`, and all the available ones
-    together. ``stats``: the data's length analysis (default: computed). ``done``: rows an
-    interrupted ablation measured, by name: reused when their knobs are the same. ``only``: the
-    techniques whose names contain one of these words (default: all). ``on_row``
-    hears each row as it is measured (or reused)."""
+    """Probe the baseline, each technique of :func:`techniques`, the baseline again (the machine's
+    drift), and the techniques that helped, together. ``stats``: the data's length analysis
+    (default: computed). ``done``: rows an interrupted ablation measured, by name: reused when
+    their knobs are the same. ``only``: the techniques whose names contain one of these words
+    (default: all). ``on_row`` hears each row as it is measured (or reused), before its ratios."""
     import datetime as _dt
 
     from trainfit.data.analyze import analyze_spec
@@ -170,37 +212,46 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
     say = on_row or (lambda row: None)
     base_params = _params(spec.params, {**BASELINE, **({"attention": spec.params.attention}
                                                        if spec.model.factory is not None else {})})
+    everything = techniques(spec, stats.recommended_max_length if stats is not None else None)
+    chosen = [t for t in everything if not only or any(word.lower() in t.name.lower() for word in only)]
+    if only and not chosen:
+        raise TrainfitError(f"--only {','.join(only)} names no technique",
+                            f"the techniques: {', '.join(t.name for t in everything)}")
+    if any(t.versus for t in chosen):  # what a compared row is compared with is measured too
+        needed = {t.versus for t in chosen}
+        chosen = [t for t in everything if t in chosen or t.name in needed]
     rows: list[Row] = []
     with ProbeSession() as session:
-        def measure(name: str, knobs: Mapping[str, Any], **kw: Any) -> None:
+        def measure(name: str, knobs: Mapping[str, Any], **kw: Any) -> Row:
             kept = earlier.get(name)
             if kept is not None and kept.knobs == dict(knobs) and kept.status != "error":
-                rows.append(kept)
+                row = kept
             else:
-                m = run_probe(spec, _params(base_params, knobs), stats=stats, session=session)
-                rows.append(row_of(name, knobs, m, rows[0] if rows else None, **kw))
-            say(rows[-1])
+                row = row_of(name, knobs, run_probe(spec, _params(base_params, knobs), stats=stats, session=session),
+                             **kw)
+            say(row)
+            return row
 
-        measure("baseline", {})
-        chosen = [t for t in techniques(spec, stats.recommended_max_length if stats is not None else None)
-                  if not only or any(word.lower() in t.name.lower() for word in only)]
-        if only and not chosen:
-            from trainfit.errors import TrainfitError
-
-            names = ", ".join(t.name for t in techniques(spec, None))
-            raise TrainfitError(f"--only {','.join(only)} names no technique", f"the techniques: {names}")
+        rows.append(measure("baseline", {}))
         for t in chosen:
             if t.not_applicable:
                 rows.append(Row(name=t.name, knobs=dict(t.knobs), status="unavailable", reason=t.not_applicable,
                                 claim=t.claim))
                 say(rows[-1])
-                continue
-            measure(t.name, t.knobs, claim=t.claim, changes_learning=t.changes_learning)
-        together = all_together(rows)
-        if sum(r.status == "ok" for r in rows[1:]) >= 2 and together:
-            measure("all together", together, claim="speed 2.1x, memory -58% (checkpointing, SDPA, mixed precision)")
+            else:
+                rows.append(measure(t.name, t.knobs, claim=t.claim, changes_learning=t.changes_learning,
+                                    versus=t.versus))
+        rows.append(measure(AGAIN, {}))
+        ref, drift = reference(rows[0], rows[-1])
+        by_name = {r.name: r for r in rows}
+        rows = [with_ratios(r, by_name[r.versus] if r.versus else ref, drift) for r in rows]
+        together = all_together(rows[1:-1])
+        if sum(helped(r) for r in rows[1:-1]) >= 2:
+            rows.append(with_ratios(measure(TOGETHER, together, claim="speed 2.1x, memory -58% (checkpointing, SDPA, "
+                                                                        "mixed precision: their 'all optimizations')"),
+                                    ref, drift))
     return Ablation(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                    device=rows[0].device, baseline=base_params.to_dict(), rows=rows)
+                    device=rows[0].device, baseline=base_params.to_dict(), rows=rows, drift=drift)
 
 
 def _params(params: Params, changes: Mapping[str, Any]) -> Params:
