@@ -255,6 +255,11 @@ def test_on_track_projects_the_finish_from_the_pace_so_far(elapsed_at_half: floa
 
     status = OnTrack(a_plan(100.0, 0.10, 120.0)).status(50, 100, elapsed_at_half)
     assert status.state == state and status.projected_s == pytest.approx(2 * elapsed_at_half)
+    if state == "will miss the window":  # 1.5 s a step: 45 s of the window left holds 30 more steps
+        assert status.steps_that_fit == 80 and status.epochs_that_fit == pytest.approx(0.8)
+        assert "80 steps fit (0.80 epochs)" in status.line and "--deadline" in status.line
+    else:
+        assert status.steps_that_fit is None
 
 
 def test_on_track_weighs_the_steps_so_far_by_the_work_their_batches_held() -> None:

@@ -40,11 +40,19 @@ class Status(Record):
     state: str
     """``on track`` (projected inside the plan's interval), ``slower than planned`` (past it, inside
     the window) or ``will miss the window``."""
+    steps_that_fit: int | None = None
+    """When it will miss the window: the steps that end inside it at this pace."""
+    epochs_that_fit: float | None = None
 
     @property
     def line(self) -> str:
-        return (f"{self.state}: step {self.step:,}/{self.max_steps:,}, {dur(self.elapsed_s)} elapsed, projected "
+        line = (f"{self.state}: step {self.step:,}/{self.max_steps:,}, {dur(self.elapsed_s)} elapsed, projected "
                 f"{dur(self.projected_s)} (planned {dur(self.planned_s)}, window {dur(self.window_s)})")
+        if self.steps_that_fit is not None:
+            line += (f"; at this pace {self.steps_that_fit:,} steps fit ({self.epochs_that_fit:.2f} epochs): stop "
+                     f"there (--max-steps {self.steps_that_fit}, or --deadline to stop with a checkpoint before the "
+                     "window ends), or shorten the run (trainfit plan's options)")
+        return line
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,13 @@ class OnTrack:
         e = self.plan.eta
         state = ("on track" if projected <= e.high_s else "slower than planned" if projected <= self.plan.window_s
                  else "will miss the window")
+        fit = None
+        if state == "will miss the window" and max_steps > step:
+            per_step = (projected - elapsed_s) / (max_steps - step)  # the steps to come, saves included
+            fit = step + max(0, int((self.plan.window_s - elapsed_s) / per_step)) if per_step > 0 else None
         return Status(step=step, max_steps=max_steps, elapsed_s=elapsed_s, projected_s=projected,
-                      planned_s=e.total_s, window_s=self.plan.window_s, state=state)
+                      planned_s=e.total_s, window_s=self.plan.window_s, state=state, steps_that_fit=fit,
+                      epochs_that_fit=None if fit is None else self.plan.epochs * fit / max_steps)
 
     def _remaining_s(self, step: int, max_steps: int, pace: Pace) -> float:
         """The steps to come: the plan's expected work of them (its expected step, less what the
