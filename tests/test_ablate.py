@@ -35,8 +35,9 @@ def measurement(sps: float, peak_gb: float, ci: float = 0.05, **kw) -> Measureme
 def test_a_row_is_its_speed_and_memory_against_the_mean_baseline_with_the_drift_in_its_interval() -> None:
     first = row_of("baseline", {}, measurement(10.0, 2.0, ci=0.03))
     again = row_of(AGAIN, {}, measurement(11.0, 2.0, ci=0.04))
-    ref, drift = reference(first, again)
+    ref, drift, memory_noise = reference(first, again)
     assert ref.samples_per_second == pytest.approx(10.5) and drift == pytest.approx(1 / 10.5)
+    assert ref.peak_gb == pytest.approx(2.0) and memory_noise == 0.0
     row = with_ratios(row_of("bf16", {"precision": "bf16"}, measurement(15.75, 1.5, ci=0.04), claim="+20-40%"),
                       ref, drift)
     assert row.speedup == pytest.approx(1.5) and row.memory_change == pytest.approx(-0.25)
@@ -62,6 +63,30 @@ def test_what_helped_goes_together_the_fastest_of_rival_values_first() -> None:
             ok("lora", {"lora_r": 16}, 30, 2.5, learning=True)]  # learns something else: out
     assert [helped(r) for r in rows] == [True, True, True, False, False, False, False]
     assert all_together(rows) == {"gradient_checkpointing": True, "precision": "fp16"}
+
+
+def test_compile_goes_together_only_with_the_fixed_padding_it_needs_having_helped() -> None:
+    fixed = Row(name="fixed padding at max_length", knobs={"padding": "max_length"}, status="ok",
+                samples_per_second=2, speedup_low=0.1, memory_change=0.0)
+    compiled = Row(name="torch.compile", knobs={"compile": "default", "padding": "max_length"}, status="ok",
+                   samples_per_second=3, speedup_low=1.3, memory_change=0.0, versus=fixed.name)
+    sdpa = Row(name="sdpa", knobs={"attention": "sdpa"}, status="ok", samples_per_second=12, speedup_low=1.1)
+    assert all_together([fixed, compiled, sdpa]) == {"attention": "sdpa"}  # fixed padding would cost 10x
+    # A memory change inside the baseline's own noise (its two probes 8% apart) is not a help.
+    leaner = Row(name="fused", knobs={"optimizer": "adamw_fused"}, status="ok", speedup_low=0.9, memory_change=-0.07)
+    assert helped(leaner) and not helped(leaner, memory_noise=0.08)
+
+
+def test_a_resume_of_another_config_is_refused_before_any_probe(llama_spec: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "abl"
+    out.mkdir()
+    (out / "ablation.json").write_text(json.dumps({"schema_version": 1, "created_at": "", "device": "cpu",
+                                                   "baseline": {"batch_size": 99}, "rows": []}))
+    assert main(["ablate", str(llama_spec), "--output", str(out), "--resume"]) == 2
+    assert "measured another config" in capsys.readouterr().err
+    (out / "ablation.json").write_text("{broken")
+    assert main(["ablate", str(llama_spec), "--output", str(out), "--resume"]) == 2
+    assert "is not an ablation trainfit can read" in capsys.readouterr().err
 
 
 def test_a_factory_model_keeps_its_own_attention(tmp_path: Path) -> None:

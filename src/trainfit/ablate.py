@@ -53,6 +53,7 @@ def techniques(spec: Spec, recommended_length: int | None) -> list[Technique]:
     length, for the fixed-padding row)."""
     factory = spec.model.factory is not None
     own = "a factory model's attention is its own (trainfit applies it only when the factory lists it in handles)"
+    no_length = None if spec.params.max_length else "needs params.max_length (the length every batch is padded to)"
     rows = [
         Technique("gradient checkpointing", {"gradient_checkpointing": True}, "memory -20-30%, speed 0.90-0.95x"),
         Technique("SDPA attention", {"attention": "sdpa"}, "speed 1.3-1.5x, memory -30-40%",
@@ -63,11 +64,12 @@ def techniques(spec: Spec, recommended_length: int | None) -> list[Technique]:
         Technique("TF32 matmuls", {"tf32": True}, "speed +10-15% (with cuDNN benchmark)"),
         Technique("fused AdamW", {"optimizer": "adamw_fused"}),
         Technique("8-bit AdamW", {"optimizer": "adamw_8bit"}),
-        Technique(FIXED, {"padding": "max_length"}),
-        Technique("torch.compile", {"compile": "default", "padding": "max_length"}, versus=FIXED),
+        Technique(FIXED, {"padding": "max_length"}, not_applicable=no_length),
+        Technique("torch.compile", {"compile": "default", "padding": "max_length"}, versus=FIXED,
+                  not_applicable=no_length),
     ]
-    longest = spec.params.max_length or 0
-    if recommended_length is not None and recommended_length != longest:
+    longest = spec.params.max_length
+    if recommended_length is not None and longest is not None and recommended_length != longest:
         rows.append(Technique(f"fixed padding at {recommended_length} (the data's)",
                               {"padding": "max_length", "max_length": recommended_length},
                               changes_learning=recommended_length < longest))
@@ -141,16 +143,19 @@ def row_of(name: str, knobs: Mapping[str, Any], m: Any, *, claim: str | None = N
                **common)
 
 
-def reference(first: Row, again: Row | None) -> tuple[Row, float]:
-    """The baseline the ratios are against: the mean speed of its probe before the techniques and
-    after them; and the drift between the two (relative), which widens every ratio's interval: a
-    machine whose speed drifts makes each row's own ratio that uncertain."""
+def reference(first: Row, again: Row | None) -> tuple[Row, float, float]:
+    """The baseline the ratios are against: the mean speed and peak of its probe before the
+    techniques and after them; the drift of its speed between the two (relative), which widens
+    every ratio's interval; and that of its peak memory, the noise a memory change must exceed."""
     if again is None or again.status != "ok" or first.status != "ok" or not first.samples_per_second:
-        return first, 0.0
+        return first, 0.0, 0.0
     a, b = first.samples_per_second, again.samples_per_second or 0.0
     mean = (a + b) / 2
     spread = max(first.spread_rel or 0.0, again.spread_rel or 0.0)
-    return dataclasses.replace(first, samples_per_second=mean, spread_rel=spread), abs(a - b) / mean
+    pa, pb = first.peak_gb or 0.0, again.peak_gb or 0.0
+    peak = (pa + pb) / 2
+    ref = dataclasses.replace(first, samples_per_second=mean, spread_rel=spread, peak_gb=peak or None)
+    return ref, abs(a - b) / mean, abs(pa - pb) / peak if peak else 0.0
 
 
 def with_ratios(row: Row, ref: Row, drift: float) -> Row:
@@ -165,21 +170,32 @@ def with_ratios(row: Row, ref: Row, drift: float) -> Row:
                                speedup_high=speedup * (1 + spread), memory_change=change)
 
 
-def helped(row: Row) -> bool:
+def helped(row: Row, memory_noise: float = 0.0, versus: Row | None = None) -> bool:
     """Whether a technique's row earns its place in "all that helped": it ran, learns the same,
-    has an effect on this device, and was faster beyond its interval or lowered peak memory by 5%."""
+    has an effect on this device, and was faster beyond its interval or lowered peak memory by 5%
+    and by more than the baseline's own two probes differ (``memory_noise``). A row compared with
+    another (``versus``: compile with fixed padding) also needs that one to have helped: its knobs
+    come along."""
     if row.status != "ok" or row.changes_learning or any("no effect" in n for n in row.notes):
         return False
+    if row.versus is not None and (versus is None or not helped(versus, memory_noise)):
+        return False
     faster = row.speedup_low is not None and row.speedup_low > 1
-    leaner = row.memory_change is not None and row.memory_change <= -0.05
+    leaner = row.memory_change is not None and row.memory_change <= -max(0.05, memory_noise)
     return faster or leaner
 
 
-def all_together(rows: Sequence[Row]) -> dict[str, Any]:
-    """The knobs of every technique row that :func:`helped`: for the knobs with rival values
-    (attention, precision, optimizer) the one whose row was fastest, for the others the first."""
+def helpful(rows: Sequence[Row], memory_noise: float = 0.0) -> list[Row]:
+    """The technique rows that :func:`helped`."""
+    by_name = {r.name: r for r in rows}
+    return [r for r in rows if helped(r, memory_noise, by_name.get(r.versus) if r.versus else None)]
+
+
+def all_together(rows: Sequence[Row], memory_noise: float = 0.0) -> dict[str, Any]:
+    """The knobs of the :func:`helpful` rows: for the knobs with rival values (attention,
+    precision, optimizer) the one whose row was fastest, for the others the first."""
+    ran = helpful(rows, memory_noise)
     chosen: dict[str, Any] = {}
-    ran = [r for r in rows if helped(r)]
     for knob in ("attention", "precision", "optimizer"):
         best = max((r for r in ran if knob in r.knobs), key=lambda r: r.samples_per_second or 0.0, default=None)
         if best is not None:
@@ -210,8 +226,7 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
         stats = analyze_spec(spec, progress=False)
     earlier = dict(done or {})
     say = on_row or (lambda row: None)
-    base_params = _params(spec.params, {**BASELINE, **({"attention": spec.params.attention}
-                                                       if spec.model.factory is not None else {})})
+    base_params = baseline_params(spec)
     everything = techniques(spec, stats.recommended_max_length if stats is not None else None)
     chosen = [t for t in everything if not only or any(word.lower() in t.name.lower() for word in only)]
     if only and not chosen:
@@ -233,6 +248,9 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
             return row
 
         rows.append(measure("baseline", {}))
+        if rows[0].status != "ok":  # nothing to compare with: the techniques are not probed
+            return Ablation(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                            device=rows[0].device, baseline=base_params.to_dict(), rows=rows)
         for t in chosen:
             if t.not_applicable:
                 rows.append(Row(name=t.name, knobs=dict(t.knobs), status="unavailable", reason=t.not_applicable,
@@ -242,16 +260,22 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
                 rows.append(measure(t.name, t.knobs, claim=t.claim, changes_learning=t.changes_learning,
                                     versus=t.versus))
         rows.append(measure(AGAIN, {}))
-        ref, drift = reference(rows[0], rows[-1])
+        ref, drift, memory_noise = reference(rows[0], rows[-1])
         by_name = {r.name: r for r in rows}
         rows = [with_ratios(r, by_name[r.versus] if r.versus else ref, drift) for r in rows]
-        together = all_together(rows[1:-1])
-        if sum(helped(r) for r in rows[1:-1]) >= 2:
+        together = all_together(rows[1:-1], memory_noise)
+        if len(helpful(rows[1:-1], memory_noise)) >= 2:
             rows.append(with_ratios(measure(TOGETHER, together, claim="speed 2.1x, memory -58% (checkpointing, SDPA, "
                                                                         "mixed precision: their 'all optimizations')"),
                                     ref, drift))
     return Ablation(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     device=rows[0].device, baseline=base_params.to_dict(), rows=rows, drift=drift)
+
+
+def baseline_params(spec: Spec) -> Params:
+    """The spec's config with every technique off (:data:`BASELINE`); a factory keeps its attention."""
+    own = {"attention": spec.params.attention} if spec.model.factory is not None else {}
+    return _params(spec.params, {**BASELINE, **own})
 
 
 def _params(params: Params, changes: Mapping[str, Any]) -> Params:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,40 +47,67 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from trainfit.ablate import Ablation, ablate
-    from trainfit.errors import TrainfitError
+    from trainfit.ablate import ablate, baseline_params
     from trainfit.files import write_atomically
 
     spec = spec_from_args(args)
     out = Path(args.output) if args.output else \
         Path("trainfit-runs") / Path(args.spec).stem / datetime.now().strftime("ablate-%Y%m%d-%H%M%S")
     path = out / "ablation.json"
+    baseline = baseline_params(spec).to_dict()
     done: dict[str, Row] = {}
     if args.resume:
-        if not path.is_file():
-            raise TrainfitError(f"nothing to resume: {path} does not exist", "drop --resume, or give the --output "
-                                                                             "of the interrupted ablation")
-        done = {r.name: r for r in Ablation.from_json(json.loads(path.read_text())).rows}
+        done = {r.name: r for r in earlier_rows(path, baseline)}
     out.mkdir(parents=True, exist_ok=True)
     stats = stats_from_args(args, spec)
     print(f"trainfit ablate: {spec.source} -> {out}")
     measured: list[Row] = []
 
+    def kept(rows: list[Row]) -> list[Row]:  # this run's rows, then earlier ones it did not measure again
+        names = {r.name for r in rows}
+        return rows + [r for name, r in done.items() if name not in names]
+
     def on_row(row: Row) -> None:
         measured.append(row)
         print(f"  {row_line(row)}", flush=True)
-        partial = {"schema_version": 1, "created_at": "", "device": measured[0].device, "baseline": {},
-                   "rows": [r.to_json() for r in measured]}
+        partial = {"schema_version": 1, "created_at": "", "device": measured[0].device, "baseline": baseline,
+                   "rows": [r.to_json() for r in kept(measured)]}
         write_atomically(path, json.dumps(partial, indent=2) + "\n")  # kept as it comes: --resume goes on
 
     only = [w.strip() for w in (args.only or "").split(",") if w.strip()]
     result = ablate(spec, stats=stats, done=done, only=only, on_row=on_row)
+    result = dataclasses.replace(result, rows=kept(result.rows))
     write_atomically(path, json.dumps(result.to_json(), indent=2) + "\n")
     write_atomically(out / "ablation.html", page(result, str(spec.source)))
     print()
     print(render(result))
     print(f"\nwrote {path}, {out / 'ablation.html'}")
-    return 0 if result.rows and result.rows[0].status == "ok" else 1
+    if result.rows[0].status != "ok":
+        print("the baseline (every technique off) did not run, so nothing was compared: make it fit first, "
+              "e.g. --set batch_size=1 or --memory-gb", file=sys.stderr)
+        return 1
+    return 0
+
+
+def earlier_rows(path: Path, baseline: dict[str, Any]) -> list[Row]:
+    """The rows of the ablation in ``path``, once it is checked to be of this baseline config."""
+    from trainfit.ablate import Ablation
+    from trainfit.errors import TrainfitError
+
+    if not path.is_file():
+        raise TrainfitError(f"nothing to resume: {path} does not exist",
+                            "drop --resume, or give the --output of the interrupted ablation")
+    try:
+        earlier = Ablation.from_json(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError) as err:
+        raise TrainfitError(f"{path} is not an ablation trainfit can read ({err})",
+                            "ablate into a new --output") from None
+    if earlier.baseline != baseline:
+        differ = sorted(k for k in baseline.keys() | earlier.baseline.keys()
+                        if baseline.get(k) != earlier.baseline.get(k))
+        raise TrainfitError(f"{path} measured another config: {', '.join(differ)} differ",
+                            "resume with the same spec and --set, or ablate into a new --output")
+    return earlier.rows
 
 
 def row_line(row: Row) -> str:
@@ -110,12 +139,15 @@ HEADER = ["technique", "samples/s", "vs baseline (95%)", "peak GiB", "memory", "
 
 
 def render(result: Ablation) -> str:
+    from trainfit.ablate import AGAIN
     from trainfit.cli.render import table
 
     lines = [(f"ABLATION on {result.device} (each technique alone over the baseline, then the ones that helped "
               "together; ratios against the mean of the baseline's two probes)"),
-             table([cells(r) for r in result.rows], HEADER),
-             f"the baseline's two probes differ by {result.drift:.1%} (the machine's drift): every interval includes it"]
+             table([cells(r) for r in result.rows], HEADER)]
+    if any(r.name == AGAIN and r.status == "ok" for r in result.rows):
+        lines.append(f"the baseline's two probes differ by {result.drift:.1%} in speed (the machine's drift): every "
+                     "interval includes it")
     if any(r.changes_learning for r in result.rows):
         lines.append("* changes what is learned (LoRA, a shorter max_length): not put together with the others")
     lines.append(f"claims: {result.claim_source}; measured here on your model, data and device")
