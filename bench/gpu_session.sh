@@ -14,7 +14,7 @@
 # sweep (issue 2); the epoch estimate against whole `trl sft` epochs (issue 19); the full
 # fine-tuning sweep (issue 2); tune against the Hugging Face Trainer, then auto against the grid,
 # random search and TPE (issue 4); then LoRA with the model's own loss over the full
-# logits, and the TRL fidelity run. A step starts
+# logits, the TRL fidelity run, and the ablation table on the ~1B Llama (issue 21). A step starts
 # only with enough time left for it (or for a useful part, where it resumes), and one cut short
 # by the deadline goes on in the next call. Raw results land in gpu/ of the tarball; see
 # docs/benchmarks.md for how they are recorded.
@@ -40,14 +40,17 @@ export PYTHONPATH=$site$PWD/src PYTHONUNBUFFERED=1
 if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
     gpu=(--tiny --cpu); fidelity=(--steps 2,4); tests=(tests/test_gpu.py); workload=llama
     epoch=(--samples 40 --batches 1,2 --modes longest)
+    ablate=(--device cpu --only checkpointing,sdpa)
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
     epoch=(--cuda --model-1b --samples 600 --batches 1,2,4,8 --modes longest,grouped)
+    ablate=(--device cuda $(python3 -c "import sys; sys.path.insert(0, 'bench')
+from gpu_sweep import LLAMA_1B_OVERRIDES; print(' '.join('--set ' + o for o in LLAMA_1B_OVERRIDES))"))
 fi
 
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(tests sweep_lora epoch_fidelity sweep_full tune_compare search_efficiency sweep_logits trl_fidelity)
+steps=(tests sweep_lora epoch_fidelity sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
 
 save() {  # everything measured so far, in one file, and a line per step for the reader
     tar -czf "$out/gpu-state.tar.gz" -C /tmp/gpu-session gpu
@@ -103,5 +106,9 @@ step sweep_logits 120 python3 bench/gpu_sweep.py "${gpu[@]}" --modes lora_r16_fu
     --results "$state/sweep.json"
 step trl_fidelity 180 bash -c "python3 bench/trl_fidelity.py ${fidelity[*]} --rounds 1 \
     --results $state/trl_fidelity_rounds.json > $state/trl_fidelity.json"
+# Issue 21: what each technique buys on the ~1B Llama (the guide's claims were taken on a GPU);
+# ablation.json is kept after every row, so a cut ablation goes on (--resume) in the next call.
+step ablate 240 bash -c "python3 -m trainfit ablate examples/tiny-llama.yaml ${ablate[*]} --output $state/ablate \
+    \$( [ -f $state/ablate/ablation.json ] && echo --resume )"
 save
 cat "$out/progress.txt"
