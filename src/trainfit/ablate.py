@@ -137,9 +137,9 @@ def row_of(name: str, knobs: Mapping[str, Any], m: Any, *, claim: str | None = N
               "notes": [n for n in m.notes if "no budget" not in n], "device": m.device_name or m.device,
               "versus": versus}
     if status != "ok":
-        return Row(status=status, reason=m.message, peak_gb=_gb(m.peak_memory_bytes), **common)
+        return Row(status=status, reason=m.message, peak_gb=m.peak_memory_gb, **common)
     return Row(status="ok", samples_per_second=m.samples_per_second, spread_rel=m.step_time_ci95_rel,
-               peak_gb=_gb(m.peak_memory_bytes), step_memory_gb=_gb(m.memory_parts_bytes.get("step")), mfu=m.mfu,
+               peak_gb=m.peak_memory_gb, step_memory_gb=_gb(m.memory_parts_bytes.get("step")), mfu=m.mfu,
                **common)
 
 

@@ -387,10 +387,15 @@ def run_logged(argv: list[str], log_path: Path, *, cwd: Path, env: Mapping[str, 
     return rc, received.decode("utf-8", "replace"), arrivals
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the process group ``proc`` leads (it was started in a session of its own), and reap it."""
+def signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    """Send ``signum`` to the process group ``proc`` leads (it was started in a session of its own)."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):  # nothing left in the group
         pass
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group ``proc`` leads, and reap it."""
+    signal_group(proc, signal.SIGKILL)
     proc.wait()

@@ -190,7 +190,7 @@ def _null(names: list[str] | tuple[str, ...]) -> ValueError:
     return ValueError(f"{', '.join(map(repr, names))} {'is' if len(names) == 1 else 'are'} null")
 
 
-def _bad_row_error(path: Path, bad: dict[str, Any]) -> TrainfitError:
+def bad_row_error(path: Path, bad: dict[str, Any]) -> TrainfitError:
     """The ``on_bad_row='stop'`` error for one bad row (``{"row", "line", "reason"}``, as recorded)."""
     where = f"line {bad['line']}" if bad["line"] is not None else f"row {bad['row']}"
     return TrainfitError(f"{path.name}, {where}: {bad['reason']}",
@@ -201,7 +201,7 @@ def _stop_at_recorded_bad_row(path: Path, on_bad_row: str, bad_examples: list[di
     """A count cached (or checkpointed) under ``skip`` records its bad rows; under ``stop`` the
     first of them stops the run as counting would have, so the policy needs no cache of its own."""
     if on_bad_row == "stop" and bad_examples:
-        raise _bad_row_error(path, bad_examples[0])
+        raise bad_row_error(path, bad_examples[0])
 
 
 class _Checkpoint:
@@ -525,7 +525,7 @@ def _bad_row(count: _Count, batch: _Batch, index: int, row: BadRow | None, reaso
     record = {"row": index, "line": row.line if row is not None else None,
               "reason": reason or (row.reason if row else "unreadable")}
     if count.on_bad_row == "stop":
-        raise _bad_row_error(count.path, record)
+        raise bad_row_error(count.path, record)
     batch.bad.append(record)
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from trainfit.data.lengths import bad_row_error
 from trainfit.data.readers import BadRow, iter_rows
-from trainfit.errors import TrainfitError
 
 BUFFER = 8192
 
@@ -31,9 +32,7 @@ def epoch_rows(path: str, *, seed: int, epoch: int, fmt: str = "auto", skip: int
         for index, row in iter_rows(path, fmt):
             if isinstance(row, BadRow):
                 if on_bad_row == "stop":
-                    where = f"line {row.line}" if row.line is not None else f"row {index + 1}"
-                    raise TrainfitError(f"{path}: {where} cannot be read: {row.reason}",
-                                        "fix the row, or set data.on_bad_row: skip")
+                    raise bad_row_error(Path(path), {"row": index, "line": row.line, "reason": row.reason})
                 continue
             yield row
 

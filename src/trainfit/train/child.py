@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from trainfit.errors import TrainfitError
+from trainfit.plan_calibrate import signal_group
 
 ENVIRONMENT = {
     "TRAINFIT_PLAN": "the plan.json the run follows (unset without a plan)",
@@ -57,7 +58,7 @@ def run_child(command: str, *, env: Mapping[str, str], say: Callable[[str], None
         again = len(received) > 1
         say(f"trainfit: {received[-1]}: " + ("killing your training command" if again else
                                              f"passed on to your training command (pid {proc.pid})"))
-        _signal_group(proc, signal.SIGKILL if again else signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        signal_group(proc, signal.SIGKILL if again else signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
     main_thread = threading.current_thread() is threading.main_thread()
     caught = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -65,7 +66,7 @@ def run_child(command: str, *, env: Mapping[str, str], say: Callable[[str], None
     try:
         rc = proc.wait()
     except BaseException:
-        _signal_group(proc, signal.SIGKILL)
+        signal_group(proc, signal.SIGKILL)
         proc.wait()
         raise
     finally:
@@ -79,9 +80,3 @@ def run_child(command: str, *, env: Mapping[str, str], say: Callable[[str], None
                             "saved checkpoints: it is told so by TRAINFIT_RESUME=1)")
     return None
 
-
-def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        os.killpg(proc.pid, signum)
-    except (ProcessLookupError, PermissionError):  # the group has ended
-        pass
