@@ -126,7 +126,7 @@ def test_ablate_measures_every_technique_or_says_why_not_and_resumes(llama_spec:
     assert rows["8-bit AdamW"]["status"] == "unavailable"
     for name in ("gradient checkpointing", "SDPA attention", "fused AdamW"):
         assert rows[name]["status"] == "ok" and rows[name]["speedup"] > 0, name
-        assert rows[name]["speedup_low"] <= rows[name]["speedup"] <= rows[name]["speedup_high"]
+        assert rows[name]["spread_rel"] is not None and rows[name]["memory_change"] is not None, name
     assert rows["SDPA attention"]["claim"] == "speed 1.3-1.5x, memory -30-40%"  # the guide's figure beside ours
     assert list(rows)[:6] == ["baseline", "gradient checkpointing", "SDPA attention", "flash attention 2",
                               "fused AdamW", "8-bit AdamW"]
