@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -219,30 +219,8 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
     copy = folder / "train_command.sh"  # the command as read now: a tune still running may rewrite the original
     copy.write_text(script)
     short = short_steps(steps)
-    runs: list[_Run] = []
-    try:
-        for number, max_steps in enumerate((short, short + steps), start=1):
-            say(f"run {number} of 2: `trl sft` for {max_steps} steps "
-                f"(log: {folder / f'calibrate-{max_steps}-steps.log'})")
-            runs.append(_run_command(copy, max_steps, folder, env, _prefixed(say, f"run {number} of 2: ")))
-    except TrainfitError:
-        raise  # the log it names stays
-    except BaseException:  # Ctrl-C: the runs are killed, their partial logs of no use
-        if scratch:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-    by_runtimes = (runs[1].train_runtime_s - runs[0].train_runtime_s) / steps
-    say(f"{steps} steps: {by_runtimes:.4g} s a step by the runs' train_runtime difference")
-    seconds = bar_seconds_per_step(runs[1].step_arrivals, short)
-    if seconds is None:
-        seconds = by_runtimes
-        if seconds <= 0:
-            raise TrainfitError(f"the {short + steps}-step run took no longer than the {short}-step one "
-                                f"({runs[1].train_runtime_s:g} s against {runs[0].train_runtime_s:g} s), and "
-                                f"its progress bar showed too few steps to time them within the run (logs: {folder})",
-                                f"calibrate over more steps (e.g. {max(50, 10 * steps)}), or {FALLBACK_HINT}")
-    else:
-        say(f"{steps} steps: {seconds:.4g} s a step by the {short + steps}-step run's progress bar (the figure)")
+    runs = _run_twice(copy, short, steps, folder, env, say, scratch=scratch)
+    seconds = _seconds_per_step(runs, short, steps, folder, say)
     probe = best.confirmed_median if best.confirmed_median is not None else best.samples_per_second
     assert probe is not None  # the best config is a fitting, timed one
     speed = best.effective_batch_size / seconds
@@ -256,6 +234,42 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
     if scratch:
         shutil.rmtree(folder, ignore_errors=True)
     return calibration
+
+
+def _run_twice(script: Path, short: int, steps: int, folder: Path, env: Mapping[str, str],
+               say: Callable[[str], None], *, scratch: bool) -> list[_Run]:
+    """Run ``script`` for ``short`` and then ``short + steps`` optimizer steps (see :func:`calibrate`)."""
+    runs: list[_Run] = []
+    try:
+        for number, max_steps in enumerate((short, short + steps), start=1):
+            say(f"run {number} of 2: `trl sft` for {max_steps} steps "
+                f"(log: {folder / f'calibrate-{max_steps}-steps.log'})")
+            runs.append(_run_command(script, max_steps, folder, env, _prefixed(say, f"run {number} of 2: ")))
+    except TrainfitError:
+        raise  # the log it names stays
+    except BaseException:  # Ctrl-C: the runs are killed, their partial logs of no use
+        if scratch:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return runs
+
+
+def _seconds_per_step(runs: Sequence[_Run], short: int, steps: int, folder: Path,
+                      say: Callable[[str], None]) -> float:
+    """One optimizer step's seconds: from the longer run's progress bar past its first ``short``
+    steps, else from the two runs' ``train_runtime`` difference."""
+    by_runtimes = (runs[1].train_runtime_s - runs[0].train_runtime_s) / steps
+    say(f"{steps} steps: {by_runtimes:.4g} s a step by the runs' train_runtime difference")
+    seconds = bar_seconds_per_step(runs[1].step_arrivals, short)
+    if seconds is not None:
+        say(f"{steps} steps: {seconds:.4g} s a step by the {short + steps}-step run's progress bar (the figure)")
+        return seconds
+    if by_runtimes <= 0:
+        raise TrainfitError(f"the {short + steps}-step run took no longer than the {short}-step one "
+                            f"({runs[1].train_runtime_s:g} s against {runs[0].train_runtime_s:g} s), and "
+                            f"its progress bar showed too few steps to time them within the run (logs: {folder})",
+                            f"calibrate over more steps (e.g. {max(50, 10 * steps)}), or {FALLBACK_HINT}")
+    return by_runtimes
 
 
 def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:

@@ -285,43 +285,14 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
             deadline_hours = plan.max_hours
         every_s = checkpoint_minutes * 60 if checkpoint_minutes is not None else (
             plan.checkpoint_every_s if plan is not None else 30 * 60)
-        from trainfit.monitor import OnTrackCallback
-        from trainfit.train.callbacks import RunLog, TrainControl
-
-        log = RunLog(output / "train_log.jsonl")
-        one_save = plan.eta.checkpoint_s / plan.eta.checkpoints if plan is not None and plan.eta.checkpoints else 0.0
-        control = TrainControl(every_s=every_s, keep=keep, log=log, started_at=record.started_at, say=say,
-                               deadline=record.started_at + deadline_hours * 3600 if deadline_hours else None,
-                               save_s=one_save)
-        callbacks: list[Any] = [control]
-        if plan is not None:
-            callbacks.append(OnTrackCallback(run_dir / "plan.json", every_s=monitor_every_s,
-                                             started_at=record.started_at,
-                                             on_status=lambda status: log.write("on_track", **status.to_json())))
+        log, control, callbacks = _watchers(run_dir, output, record, plan, every_s=every_s, keep=keep,
+                                            deadline_hours=deadline_hours, monitor_every_s=monitor_every_s, say=say)
         say(f"trainfit: training trial {record.trial} of {run_dir} ({record.source}) into {output}"
             + (f", resuming from {checkpoint.name}" if checkpoint else ""))
         log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source,
                   trial=record.trial)
-        step: int | None
-        total: int | None
-        if record.kind == "command":
-            step = total = None
-            control.stopped = _run_command(record, run_dir, output, plan, resume=resume, every_s=every_s,
-                                           deadline=control.deadline, say=say)
-        else:
-            with _threads(record.threads), _listening(control):
-                try:
-                    if record.kind == "factory":
-                        step, total = _run_factory(run_dir, record, output, checkpoint, callbacks, say)
-                    else:
-                        step, total = _run_trl_sft(record, output, checkpoint, callbacks, control)
-                except OSError as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
-                    from trainfit.errors import os_error
-
-                    last = latest_complete(output)
-                    raise TrainfitError(f"training stopped: {os_error(err)}",
-                                        f"fix the cause, then resume: trainfit train {run_dir} --output {output} "
-                                        f"--resume (from {last.name if last else 'step 0'})") from err
+        step, total = _run(run_dir, output, record, plan, checkpoint, control, callbacks, resume=resume,
+                           every_s=every_s, say=say)
         result = TrainResult(
             status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
             max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
@@ -334,6 +305,50 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
             write_atomically(run_dir / "actual.json", text)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+def _watchers(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, *, every_s: float, keep: int,
+              deadline_hours: float | None, monitor_every_s: float,
+              say: Callable[[str], None]) -> tuple[Any, Any, list[Any]]:
+    """The run's log, its checkpoint/deadline control and the trainer callbacks (the control, and
+    the on-track monitor when the folder has a plan)."""
+    from trainfit.monitor import OnTrackCallback
+    from trainfit.train.callbacks import RunLog, TrainControl
+
+    log = RunLog(output / "train_log.jsonl")
+    one_save = plan.eta.checkpoint_s / plan.eta.checkpoints if plan is not None and plan.eta.checkpoints else 0.0
+    control = TrainControl(every_s=every_s, keep=keep, log=log, started_at=record.started_at, say=say,
+                           deadline=record.started_at + deadline_hours * 3600 if deadline_hours else None,
+                           save_s=one_save)
+    callbacks: list[Any] = [control]
+    if plan is not None:
+        callbacks.append(OnTrackCallback(run_dir / "plan.json", every_s=monitor_every_s,
+                                         started_at=record.started_at,
+                                         on_status=lambda status: log.write("on_track", **status.to_json())))
+    return log, control, callbacks
+
+
+def _run(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, checkpoint: Path | None, control: Any,
+         callbacks: list[Any], *, resume: bool, every_s: float,
+         say: Callable[[str], None]) -> tuple[int | None, int | None]:
+    """Train by the record's kind; the step reached and the run's total steps (None for a
+    command template, whose trainer is the user's)."""
+    if record.kind == "command":
+        control.stopped = _run_command(record, run_dir, output, plan, resume=resume, every_s=every_s,
+                                       deadline=control.deadline, say=say)
+        return None, None
+    with _threads(record.threads), _listening(control):
+        try:
+            if record.kind == "factory":
+                return _run_factory(run_dir, record, output, checkpoint, callbacks, say)
+            return _run_trl_sft(record, output, checkpoint, callbacks, control)
+        except OSError as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
+            from trainfit.errors import os_error
+
+            last = latest_complete(output)
+            raise TrainfitError(f"training stopped: {os_error(err)}",
+                                f"fix the cause, then resume: trainfit train {run_dir} --output {output} "
+                                f"--resume (from {last.name if last else 'step 0'})") from err
 
 
 @contextlib.contextmanager

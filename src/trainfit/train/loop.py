@@ -116,27 +116,10 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     import torch
 
     from trainfit.data.order import epoch_rows
-    from trainfit.probe.runner import resolve_device_name
     from trainfit.progress import Progress
-    from trainfit.step import TrainStep
-    from trainfit.workloads import build_workload
-    from trainfit.workloads.factory import FactoryWorkload
 
     assert spec.data is not None
-    device = torch.device(resolve_device_name(spec.probe.device))
-    torch.manual_seed(spec.probe.seed)
-    workload = build_workload(spec, params, device)
-    assert isinstance(workload, FactoryWorkload)
-    collate = workload.custom.collate
-    if collate is None:
-        raise TrainfitError(f"the factory {spec.model.factory} returns no collate: trainfit has no way to make the "
-                            "dataset's rows into the model's inputs",
-                            "return trainfit.CustomWorkload(..., collate=lambda rows: inputs) (rows are the data "
-                            "file's records as dicts), or train with your own loop")
-    if samples < 1:
-        raise TrainfitError(f"{spec.data.path} holds no samples to train on (the tune counted {samples})",
-                            "check data.path, then tune again")
-    runner = TrainStep(workload, params, device)
+    workload, runner, collate, device = _factory_runner(spec, params, samples)
     _, total = plan_steps(samples, params.effective_batch_size, epochs, max_steps)
     position = load(checkpoint, runner, device) if checkpoint is not None else Position()
     args = SimpleNamespace(output_dir=str(output))
@@ -183,3 +166,30 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     if not control.should_training_stop:
         torch.save(plain(workload.model).state_dict(), output / "model.pt")
     return int(state.global_step), total
+
+
+def _factory_runner(spec: Spec, params: Params, samples: int) -> tuple[Any, Any, Callable[[list[Any]], Any], Any]:
+    """The factory's workload, the probe's ``TrainStep`` over it, its ``collate`` and the device:
+    a clear error for a factory without ``collate`` or data without samples."""
+    import torch
+
+    from trainfit.probe.runner import resolve_device_name
+    from trainfit.step import TrainStep
+    from trainfit.workloads import build_workload
+    from trainfit.workloads.factory import FactoryWorkload
+
+    assert spec.data is not None
+    device = torch.device(resolve_device_name(spec.probe.device))
+    torch.manual_seed(spec.probe.seed)
+    workload = build_workload(spec, params, device)
+    assert isinstance(workload, FactoryWorkload)
+    collate = workload.custom.collate
+    if collate is None:
+        raise TrainfitError(f"the factory {spec.model.factory} returns no collate: trainfit has no way to make the "
+                            "dataset's rows into the model's inputs",
+                            "return trainfit.CustomWorkload(..., collate=lambda rows: inputs) (rows are the data "
+                            "file's records as dicts), or train with your own loop")
+    if samples < 1:
+        raise TrainfitError(f"{spec.data.path} holds no samples to train on (the tune counted {samples})",
+                            "check data.path, then tune again")
+    return workload, TrainStep(workload, params, device), collate, device
