@@ -16,6 +16,7 @@ from trainfit.params import Params
 from trainfit.plan import Plan, planned_command
 from trainfit.plan.choose import choose
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, write_speed
+from trainfit.plan.eval_pass import Evaluation
 from trainfit.plan.inputs import Candidate
 from trainfit.plan.options import fewer_epochs, shorter_max_length, subset
 
@@ -154,6 +155,49 @@ def test_the_planned_command_trains_the_plans_epochs_and_checkpoints_on_its_inte
     assert planned_command(None, 3, 120) is None
 
 
+def evaluation(every: int | None, pass_s: float = 2.0, spread: float = 0.1) -> Evaluation:
+    return Evaluation(path="eval.jsonl", every=every, batch_size=4, samples=40, batches=10, padding_share=0.0,
+                      pass_s=pass_s, spread_rel=spread, trial=0, shapes=[])
+
+
+def test_evaluation_passes_fall_where_the_trainer_runs_them() -> None:
+    assert evaluation(10).passes(100, 1.0) == 10  # at steps 10, 20, ..., 100
+    assert evaluation(10).passes(101, 1.0) == 11  # ... and after the last step, which is no multiple of 10
+    assert evaluation(None).passes(300, 3.0) == 3 and evaluation(None).passes(150, 1.5) == 2  # each epoch's end
+    assert evaluation(10).trl_args() == ["--eval_strategy", "steps", "--eval_steps", "10",
+                                         "--per_device_eval_batch_size", "4", "--dataset_test_split", "test"]
+
+
+def test_the_eta_adds_each_evaluation_pass_with_its_own_spread() -> None:
+    c = candidate(0, 10.0, batch=8, spread=0.05)  # 0.8 s a step, 125 steps: 100 s
+    e = estimate(c, 1_000, write_bytes_per_s=FAST_DISK, checkpoint_every_s=1e9, evaluation=evaluation(50), epochs=1.0)
+    assert e.evals == 3 and e.eval_s == pytest.approx(6.0)  # steps 50, 100 and the last (125): 3 x 2 s
+    assert e.total_s == pytest.approx(100.0 + 6.0 + e.checkpoint_s)
+    assert e.high_s == pytest.approx(105.0 + 6.6 + e.checkpoint_s) and e.low_s == pytest.approx(95.0 + 5.4 + e.checkpoint_s)
+    twice = estimate(c, 2_000, write_bytes_per_s=FAST_DISK, checkpoint_every_s=1e9, evaluation=evaluation(None),
+                     epochs=2.0)
+    assert twice.evals == 2 and twice.eval_s == pytest.approx(4.0)
+    assert Eta.from_json(e.to_json()) == e
+
+
+def test_the_planned_command_evaluates_on_the_eval_split_of_a_dataset_folder_trls_parser_accepts(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    from trainfit.train.sft import parse
+
+    cmd = ("OMP_NUM_THREADS=2 trl sft --model_name_or_path m --config /runs/a/trl_data.yaml --dataset_text_field text "
+           "--bf16 false --use_cpu true --num_train_epochs 1 --output_dir trainfit-run")
+    folder = tmp_path / "with space" / "trl_dataset"
+    planned = planned_command(cmd, 2, 50, evaluation=(evaluation(25), folder))
+    assert planned is not None and "--config" not in planned
+    import shlex
+
+    words = shlex.split(planned)
+    script, training, _, _ = parse(words[3:])
+    assert script.dataset_name == str(folder) and script.dataset_test_split == "test"
+    assert training.eval_strategy == "steps" and training.eval_steps == 25 and training.per_device_eval_batch_size == 4
+    assert training.num_train_epochs == 2 and training.save_steps == 50
+
+
 @pytest.fixture(scope="module")
 def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real tune of the tiny Llama (four configs, each a real probe), with the bundled tokenizer
@@ -215,6 +259,40 @@ def test_a_calibrated_plan_prints_valid_json_and_adds_the_trainers_cost(tune_dir
     assert plan.calibration is not None and plan.calibration["steps"] == 20
     assert plan.eta.startup_s is not None and plan.eta.startup_s > 0 and plan.eta.trainer_overhead_s is not None
     assert plan.eta.total_s == pytest.approx(plan.eta.train_s + plan.eta.startup_s + plan.eta.checkpoint_s)
+
+
+@pytest.mark.integration
+def test_an_eval_set_is_timed_forward_only_priced_into_the_eta_and_given_to_the_command(
+        tune_dir: Path, tmp_path: Path, capsys) -> None:
+    from conftest import write_texts
+    from datasets import load_dataset  # type: ignore[import-untyped]
+
+    eval_data = tmp_path / "eval.jsonl"
+    write_texts(eval_data, n=30)
+    assert main(["plan", str(tune_dir), "--max-hours", "10", "--epochs", "1", "--priority", "fast",
+                 "--eval-data", str(eval_data), "--eval-every", "7", "--eval-batch-size", "4"]) == 0
+    printed = capsys.readouterr().out
+    plan = Plan.from_json(json.loads((tune_dir / "plan.json").read_text()))
+    ev = plan.evaluation
+    assert ev is not None and ev.samples == 30 and ev.batches == 8 and ev.batch_size == 4 and ev.every == 7
+    assert ev.trial == plan.trial and ev.pass_s > 0 and ev.shapes and all(s["seconds"] > 0 for s in ev.shapes)
+    assert {s["rows"] for s in ev.shapes} <= {4, 2}  # 30 samples in file order: seven batches of 4, one of 2
+    assert plan.eta.evals == math.ceil(plan.eta.steps / 7) and plan.eta.eval_s == pytest.approx(plan.eta.evals * ev.pass_s)
+    assert plan.eta.total_s == pytest.approx(plan.eta.train_s + plan.eta.eval_s + plan.eta.checkpoint_s)
+    assert "evaluation" in printed and "timed forward-only" in printed
+    assert plan.command is not None and "--eval_steps 7" in plan.command
+    assert f"--dataset_name {tune_dir / 'trl_dataset'}" in plan.command
+    splits = load_dataset(str(tune_dir / "trl_dataset"))  # what `trl sft --dataset_name` reads
+    summary = json.loads((tune_dir / "summary.json").read_text())
+    assert splits["train"].num_rows == summary["dataset_samples"] and splits["test"].num_rows == 30
+
+    assert main(["plan", str(tune_dir), "--max-hours", "10", "--eval-every", "5"]) == 2
+    assert "--eval-data" in capsys.readouterr().err  # a schedule without an eval set
+    assert main(["plan", str(tune_dir), "--max-hours", "10", "--eval-data", str(tmp_path / "nope.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", str(tune_dir), "--max-hours", "10", "--eval-data", str(eval_data), "--eval-every", "often"])
+    assert "'epoch'" in capsys.readouterr().err
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
@@ -285,6 +363,21 @@ def test_on_track_weighs_the_steps_so_far_by_the_work_their_batches_held() -> No
     # A resumed run: 40 earlier steps (at the plan's mean), then 10 in this process; 70 s so far in all.
     resumed = check.status(50, 100, 70.0, Pace(3.0, 10, work_s=3.0))
     assert resumed.projected_s == pytest.approx(70.0 + (50.0 - 40 * 0.5 - 3.0))
+
+
+def test_on_track_takes_the_evaluation_passes_out_of_the_pace_and_adds_those_to_come() -> None:
+    import dataclasses
+
+    from trainfit.monitor import OnTrack, Pace
+
+    # 100 steps of 0.5 s, a pass every 20 steps (5 in all) planned at 2 s.
+    plan = dataclasses.replace(a_plan(60.0, 0.05, 120.0), evaluation=evaluation(20, pass_s=2.0))
+    check = OnTrack(plan)
+    # At step 40: 20 s of steps and two passes that took 3 s each.
+    status = check.status(40, 100, 26.0, Pace(26.0, 40, eval_s=6.0, evals=2))
+    assert status.projected_s == pytest.approx(26.0 + 60 * 0.5 + 3 * 3.0)  # the steps' pace; 3 passes left at 3 s
+    before = check.status(10, 100, 5.0, Pace(5.0, 10))  # no pass yet: the plan's 2 s each, 5 to come
+    assert before.projected_s == pytest.approx(5.0 + 90 * 0.5 + 5 * 2.0)
 
 
 @pytest.mark.integration

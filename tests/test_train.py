@@ -281,7 +281,10 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
         tune_dir: Path, tmp_path: Path, capsys) -> None:
     plan_dir = tmp_path / "planned"
     shutil.copytree(tune_dir, plan_dir)
-    assert main(["plan", str(plan_dir), "--max-hours", "10", "--epochs", "1"]) == 0
+    eval_data = tmp_path / "eval.jsonl"
+    write_texts(eval_data, n=12, seed=1)
+    assert main(["plan", str(plan_dir), "--max-hours", "10", "--epochs", "1", "--eval-data", str(eval_data),
+                 "--eval-every", "20"]) == 0
     capsys.readouterr()
     out = tmp_path / "run"
     assert main(["train", str(plan_dir), "--output", str(out), "--monitor-seconds", "0.01"]) == 0
@@ -289,6 +292,9 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
     run = json.loads((out / "train.json").read_text())
     plan = json.loads((plan_dir / "plan.json").read_text())
     assert run["source"] == "plan.json" and run["trial"] == plan["trial"]
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    evaluated = [e["step"] for e in log if e["event"] == "log" and "eval_loss" in e]
+    assert evaluated == [20, 40, 50] and plan["eta"]["evals"] == 3  # the plan priced the passes TRL's trainer ran
     assert "on track" in captured.err or "slower than planned" in captured.err
     actual = json.loads((plan_dir / "actual.json").read_text())
     assert actual["status"] == "finished" and actual["planned_s"] == plan["eta"]["total_s"]
@@ -330,21 +336,30 @@ def test_a_factory_model_trains_on_its_rows_and_resumes_after_sigkill_to_the_sam
         factory_tune: Path, tmp_path: Path, capsys) -> None:
     import torch
 
+    # Planned with an eval set (its pass timed forward-only on the factory model), evaluated every 15 steps.
+    planned = tmp_path / "planned"
+    shutil.copytree(factory_tune, planned)
+    eval_data = tmp_path / "eval.jsonl"
+    eval_data.write_text("".join((factory_tune.parent / "frames.jsonl").read_text().splitlines(keepends=True)[:10]))
+    assert main(["plan", str(planned), "--max-hours", "1", "--eval-data", str(eval_data), "--eval-every", "15"]) == 0
+    assert json.loads((planned / "plan.json").read_text())["evaluation"]["pass_s"] > 0
     args = ["--checkpoint-minutes", "0.00001", "--max-steps", "40"]  # 40 steps: 2+ epochs of 15 steps
     whole = tmp_path / "whole"
-    rc, text = finished(trainfit(str(factory_tune), "--output", str(whole), *args))
+    rc, text = finished(trainfit(str(planned), "--output", str(whole), *args))
     assert rc == 0, text
     assert json.loads((whole / "train.json").read_text())["kind"] == "factory"
     log = [json.loads(line) for line in (whole / "train_log.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in log if e["event"] == "log"] == [10, 20, 30, 40]
-    assert all(math.isfinite(e["loss"]) for e in log if e["event"] == "log")
+    assert [e["step"] for e in log if e["event"] == "log" and "loss" in e] == [10, 20, 30, 40]
+    assert all(math.isfinite(e["loss"]) for e in log if e["event"] == "log" and "loss" in e)
+    evaluated = [e for e in log if e["event"] == "log" and "eval_loss" in e]
+    assert [e["step"] for e in evaluated] == [15, 30, 40] and all(math.isfinite(e["eval_loss"]) for e in evaluated)
 
     out = tmp_path / "run"
-    proc = trainfit(str(factory_tune), "--output", str(out), *args)
+    proc = trainfit(str(planned), "--output", str(out), *args)
     wait_for_checkpoint(out, 17, proc)  # into the second epoch
     proc.kill()
     proc.wait()
-    rc, text = finished(trainfit(str(factory_tune), "--output", str(out), "--resume", *args))
+    rc, text = finished(trainfit(str(planned), "--output", str(out), "--resume", *args))
     assert rc == 0, text
     resumed_from = json.loads((out / "train_result.json").read_text())["resumed_from"]
     assert resumed_from is not None and 17 <= int(resumed_from.split("-")[1]) < 40  # past the first epoch's 15

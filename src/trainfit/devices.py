@@ -7,8 +7,10 @@ table has no peak, so MFU is reported as ``None`` rather than a wrong number.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,3 +183,20 @@ def describe_environment() -> dict[str, Any]:
             })
         info["gpus"] = gpus
     return info
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op CPU threads set to ``threads`` (the probe's, say) inside the block only;
+    None: left as they are."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

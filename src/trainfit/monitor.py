@@ -66,6 +66,9 @@ class Pace:
     """What the plan's fitted step cost expected of the very batches they trained on (None: the
     batches were not seen). The pace is then measured against the work done, not the step count:
     with random-order batches of long-tailed lengths the first steps' mix is not the epoch's."""
+    eval_s: float = 0.0
+    """Of ``seconds``, the evaluation passes' (their ``eval_runtime``): not the steps' pace."""
+    evals: int = 0
 
 
 class OnTrack:
@@ -90,7 +93,7 @@ class OnTrack:
         (``startup_counted``: timed from the process start), against the plan."""
         pace = pace if pace is not None else Pace(elapsed_s, step)
         projected = (elapsed_s + self._remaining_s(step, max_steps, pace) + self._checkpoints_left(step, max_steps)
-                     + (0.0 if startup_counted else self.plan.eta.startup_s or 0.0))
+                     + self._evals_left(step, max_steps, pace) + (0.0 if startup_counted else self.plan.eta.startup_s or 0.0))
         e = self.plan.eta
         state = ("on track" if projected <= e.high_s else "slower than planned" if projected <= self.plan.window_s
                  else "will miss the window")
@@ -108,13 +111,25 @@ class OnTrack:
         without seen batches, the steps so far's mean time each."""
         left = max(0, max_steps - step)
         model_step = self.plan.model_step_s
+        seconds = max(0.0, pace.seconds - pace.eval_s)
         if pace.work_s is None or model_step is None or pace.steps <= 0:
-            return pace.seconds / pace.steps * left if pace.steps > 0 else 0.0
+            return seconds / pace.steps * left if pace.steps > 0 else 0.0
         overhead = self.plan.eta.trainer_overhead_s or 0.0
-        ratio = pace.seconds / (pace.work_s + pace.steps * overhead)
+        ratio = seconds / (pace.work_s + pace.steps * overhead)
         done_before = step - pace.steps  # a resumed run's earlier steps: at the plan's mean
         work_left = max(0.0, max_steps * model_step - done_before * model_step - pace.work_s)
         return ratio * (work_left + left * overhead)
+
+    def _evals_left(self, step: int, max_steps: int, pace: Pace) -> float:
+        """The evaluation passes still to come in a run of ``max_steps``, each at the mean of the
+        passes seen so far (else the plan's timed pass)."""
+        ev = self.plan.evaluation
+        if ev is None or not max_steps:
+            return 0.0
+        epochs = self.plan.epochs * max_steps / self.plan.eta.steps if self.plan.eta.steps else self.plan.epochs
+        done = step // ev.every if ev.every else int(epochs * step / max_steps)
+        left = max(0, ev.passes(max_steps, epochs) - done)
+        return left * (pace.eval_s / pace.evals if pace.evals else ev.pass_s)
 
     def _checkpoints_left(self, step: int, max_steps: int) -> float:
         """The saves the plan priced that are still to come (the done ones are in the pace)."""
@@ -160,6 +175,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         self.latest: Status | None = None
         self.work_s: float | None = None
         self.ahead_s = 0.0
+        self.eval_s = 0.0
+        self.evals = 0
 
     @classmethod
     def from_environment(cls, every_s: float = 60.0) -> OnTrackCallback | None:
@@ -179,13 +196,14 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         ``input_ids``' last dimension), so the pace is measured against the work the batches
         held; returns ``trainer``. Batches collated in dataloader worker processes are not seen:
         the pace is then the steps'. accelerate's data loader collates one batch ahead of the one
-        that trains: the latest seen is left out until the run ends."""
+        that trains: the latest seen is left out until the run ends. Batches collated while the
+        model is in eval mode are an evaluation's, not training work."""
         collate = trainer.data_collator
 
         def seen(features: Any) -> Any:
             batch = collate(features)
             ids = batch.get("input_ids") if hasattr(batch, "get") else None
-            if ids is not None and hasattr(ids, "shape"):
+            if ids is not None and hasattr(ids, "shape") and getattr(trainer.model, "training", True):
                 self.observe(int(ids.shape[-1]))
             return batch
 
@@ -204,6 +222,13 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         self.first_step = int(state.global_step)  # a resumed run's steps so far
         self.work_s = None
         self.ahead_s = 0.0
+        self.eval_s, self.evals = 0.0, 0
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
+                    **kwargs: Any) -> None:
+        """An evaluation pass ended: its time (``eval_runtime``) is not the steps' pace."""
+        self.eval_s += float((metrics or {}).get("eval_runtime") or 0.0)
+        self.evals += 1
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.start is not None and time.monotonic() - self.last >= self.every_s:
@@ -218,7 +243,7 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         self.last = time.monotonic()
         step = int(state.global_step)
         work = None if self.work_s is None else max(0.0, self.work_s - (self.ahead_s if ahead else 0.0))
-        pace = Pace(self.last - self.start, step - self.first_step, work)
+        pace = Pace(self.last - self.start, step - self.first_step, work, eval_s=self.eval_s, evals=self.evals)
         if self.started_at is not None:
             elapsed = time.time() - self.started_at
         else:  # this process's time, and a resumed run's earlier steps at the plan's step time

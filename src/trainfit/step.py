@@ -146,3 +146,16 @@ class TrainStep:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(total)  # one host sync per step, as a training loop that logs its loss has
+
+    def evaluate(self, inputs: Any) -> float:
+        """The loss of one evaluation batch: forward only, no gradients, the model in eval mode
+        (dropout off), under the same autocast as training; the model is put back in train mode."""
+        import torch
+
+        model = self.workload.model
+        model.eval()
+        try:
+            with torch.no_grad(), self.autocast():
+                return float(self.workload.loss(inputs))
+        finally:
+            model.train()

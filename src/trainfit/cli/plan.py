@@ -19,6 +19,7 @@ examples:
   trainfit plan trainfit-runs/tiny-llama/20261124-101500 --max-hours 12 --epochs 3
   trainfit plan RUN_DIR --max-hours 8 --priority quality --calibrate 50   # real trainer steps first
   trainfit plan RUN_DIR --max-hours 2 --json                              # plan.json on stdout
+  trainfit plan RUN_DIR --max-hours 12 --eval-data val.jsonl --eval-every 500   # with evaluation passes
 
 Priorities are rules over the configs tune measured, never fixed numbers:
   fast              the fastest config that fits
@@ -28,7 +29,8 @@ Priorities are rules over the configs tune measured, never fixed numbers:
 
 The ETA is the epoch's real work at the measured speed plus the checkpoint saves (timed on this
 disk); --calibrate N adds the trainer's own per-step cost, measured by running N real steps of the
-written train_command.sh. Writes RUN_DIR/plan.json and RUN_DIR/plan.txt. Exit status: 0 when the
+written train_command.sh; --eval-data adds the evaluation passes, one timed forward-only on the
+chosen config (and the planned command evaluates on that set). Writes RUN_DIR/plan.json and RUN_DIR/plan.txt. Exit status: 0 when the
 run fits the window, 1 when it does not (the plan then lists what would, each with its ETA).
 """
 
@@ -51,8 +53,24 @@ def add_parser(sub: Any) -> None:
                    help="save a checkpoint this often (default: 30)")
     p.add_argument("--calibrate", type=number(int, at_least=1), metavar="N",
                    help="first run N real trainer steps of train_command.sh to measure the trainer's own cost")
+    p.add_argument("--eval-data", metavar="PATH",
+                   help="an eval set (the training data's format and fields): its passes are timed and priced")
+    p.add_argument("--eval-every", type=_every, default=None, metavar="N|epoch",
+                   help="evaluate every N optimizer steps, or at each epoch's end (default: epoch)")
+    p.add_argument("--eval-batch-size", type=number(int, at_least=1), metavar="B",
+                   help="samples per eval batch (default: the config's batch size)")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the text plan")
     p.set_defaults(run=run)
+
+
+def _every(text: str) -> int | None:
+    """``--eval-every``: a number of optimizer steps, or ``epoch`` (None)."""
+    if text == "epoch":
+        return None
+    try:
+        return number(int, at_least=1)(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{err}: give a number of optimizer steps, or 'epoch'") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.plan import make_plan
 
     folder = Path(args.run_dir)
+    if args.eval_data is None and (args.eval_every is not None or args.eval_batch_size is not None):
+        from trainfit.errors import TrainfitError
+
+        raise TrainfitError("--eval-every and --eval-batch-size say how to evaluate, and no eval set was given",
+                            "add --eval-data PATH (the training data's format and fields)")
     calibration = None
     if args.calibrate:
         from trainfit.plan_calibrate import calibrate
@@ -70,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                                 on_progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     plan = make_plan(folder, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority,
                      margin_minutes=args.margin_minutes, checkpoint_minutes=args.checkpoint_minutes,
-                     calibration=calibration)
+                     calibration=calibration, eval_data=args.eval_data, eval_every=args.eval_every,
+                     eval_batch_size=args.eval_batch_size)
     text = render(plan)
     write_atomically(folder / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")
     write_atomically(folder / "plan.txt", text + "\n")
@@ -86,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         print(f"\nwritten: {folder / 'plan.json'}, {folder / 'plan.txt'}")
     return 0 if plan.fits else 1
+
+
+def _schedule(every: int | None) -> str:
+    return "at each epoch's end" if every is None else f"every {every:,} steps"
 
 
 def render(plan: Plan) -> str:
@@ -113,7 +141,10 @@ def render(plan: Plan) -> str:
             ("start-up", "not calibrated" if e.startup_s is None
              else f"{dur(e.startup_s)} (launch to first step and last step to exit, measured)"),
             ("checkpoints", f"{e.checkpoints} save{'s' * (e.checkpoints != 1)}, every {dur(plan.checkpoint_every_s)}, "
-                            f"{plan.checkpoint_bytes / 2**20:,.0f} MiB each = {dur(e.checkpoint_s)}")]
+                            f"{plan.checkpoint_bytes / 2**20:,.0f} MiB each = {dur(e.checkpoint_s)}"),
+            ("evaluation", "none (--eval-data prices it)" if plan.evaluation is None else
+             f"{e.evals} pass{'es' * (e.evals != 1)} ({_schedule(plan.evaluation.every)}) x "
+             f"{fmt_num(plan.evaluation.pass_s)} s = {dur(e.eval_s)} (timed forward-only)")]
     lines += ["", table(rows), "", "what it rests on:", *(f"  - {line}" for line in plan.rests_on), "",
               "each priority's pick:",
               table([(c.priority, f"trial {c.trial}", values_line(c.searched), dur(c.eta_s),

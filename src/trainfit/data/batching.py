@@ -136,7 +136,7 @@ class EpochBatches:
 def simulate_epoch(lengths: Sequence[int] | np.ndarray, batch_size: int, *, padding: Padding,
                    max_length: int | None, group_by_length: bool = False, seed: int = 0,
                    drop_last: bool = False, gradient_accumulation_steps: int = 1,
-                   pad_to_multiple_of: int | None = None) -> EpochBatches:
+                   pad_to_multiple_of: int | None = None, shuffle: bool = True) -> EpochBatches:
     """The batches one epoch yields for these sample lengths under the Trainer's batching.
 
     Args:
@@ -155,6 +155,8 @@ def simulate_epoch(lengths: Sequence[int] | np.ndarray, batch_size: int, *, padd
             ``batch_size * gradient_accumulation_steps`` samples.
         pad_to_multiple_of: Round every padded length up to a multiple of this (the collators'
             ``pad_to_multiple_of``); None: no rounding.
+        shuffle: False: the samples in file order, as an evaluation pass reads them (the
+            trainers' sequential sampler); ``group_by_length`` and ``seed`` then play no part.
 
     Raises:
         ValueError: on empty or non-integer lengths, a negative length, ``batch_size``,
@@ -168,8 +170,8 @@ def simulate_epoch(lengths: Sequence[int] | np.ndarray, batch_size: int, *, padd
         raise ValueError(f"drop_last with {array.size} samples and batch_size {batch_size} leaves no batch")
     if max_length is not None:
         array = np.minimum(array, max_length)
-    permutation = np.random.default_rng(seed).permutation(array.size)
-    if group_by_length:
+    permutation = np.random.default_rng(seed).permutation(array.size) if shuffle else np.arange(array.size)
+    if group_by_length and shuffle:
         order = length_grouped_order(array, permutation, batch_size * gradient_accumulation_steps)
     else:
         order = permutation

@@ -20,6 +20,17 @@ from trainfit.data.readers import BadRow, iter_rows
 BUFFER = 8192
 
 
+def file_rows(path: str, *, fmt: str = "auto", on_bad_row: str = "stop") -> Iterator[dict[str, Any]]:
+    """The rows of ``path`` in file order (as an evaluation pass reads them). A bad row is an
+    error naming it (``on_bad_row: stop``) or left out (``skip``)."""
+    for index, row in iter_rows(path, fmt):
+        if isinstance(row, BadRow):
+            if on_bad_row == "stop":
+                raise bad_row_error(Path(path), {"row": index, "line": row.line, "reason": row.reason})
+            continue
+        yield row
+
+
 def epoch_rows(path: str, *, seed: int, epoch: int, fmt: str = "auto", skip: int = 0, buffer: int = BUFFER,
                on_bad_row: str = "stop") -> Iterator[dict[str, Any]]:
     """The rows of ``path`` in epoch ``epoch``'s order, from its sample ``skip`` on. A bad row is
@@ -28,21 +39,13 @@ def epoch_rows(path: str, *, seed: int, epoch: int, fmt: str = "auto", skip: int
     pool: list[dict[str, Any]] = []
     produced = 0
 
-    def rows() -> Iterator[dict[str, Any]]:
-        for index, row in iter_rows(path, fmt):
-            if isinstance(row, BadRow):
-                if on_bad_row == "stop":
-                    raise bad_row_error(Path(path), {"row": index, "line": row.line, "reason": row.reason})
-                continue
-            yield row
-
     def out(row: dict[str, Any]) -> Iterator[dict[str, Any]]:
         nonlocal produced
         produced += 1
         if produced > skip:
             yield row
 
-    for row in rows():
+    for row in file_rows(path, fmt=fmt, on_bad_row=on_bad_row):
         if len(pool) < buffer:
             pool.append(row)
             continue

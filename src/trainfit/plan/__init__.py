@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trainfit.errors import TrainfitError
 from trainfit.plan.choose import PRIORITIES, RULES, choose
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, write_speed
+from trainfit.plan.eval_pass import Evaluation, measure_eval_pass, trl_dataset
 from trainfit.plan.inputs import Candidate, TuneRun, load_run
 from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
 from trainfit.summary import Record, check_schema
@@ -94,6 +96,8 @@ class Plan(Record):
     model_step_s: float | None = None
     """The probe's expected step over the epoch's batches (``eta.step_time_s`` less the trainer's
     calibrated cost)."""
+    evaluation: Evaluation | None = None
+    """The eval set, its schedule and one pass's measured cost; None: the run evaluates nothing."""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Plan:
@@ -103,9 +107,15 @@ class Plan(Record):
 
 def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, priority: str = "balanced",
               margin_minutes: float = 30.0, checkpoint_minutes: float = 30.0,
-              calibration: Calibration | None = None) -> Plan:
+              calibration: Calibration | None = None, eval_data: str | Path | None = None,
+              eval_every: int | None = None, eval_batch_size: int | None = None) -> Plan:
     """The plan of a run of ``epochs`` (default: the tune's ``tune.epochs``) over the tune
-    folder's dataset in ``max_hours``, less ``margin_minutes``, with ``priority``'s config."""
+    folder's dataset in ``max_hours``, less ``margin_minutes``, with ``priority``'s config.
+
+    ``eval_data``: an eval set (the training data's format and fields), evaluated every
+    ``eval_every`` optimizer steps (None: at each epoch's end) in batches of ``eval_batch_size``
+    (default: the config's batch size); one pass is timed forward-only on the config the priority
+    picks without it, and the passes join every config's ETA."""
     _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
     run = load_run(run_dir)
     summary = run.summary
@@ -122,10 +132,16 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
     every = checkpoint_minutes * 60
     speed = write_speed(run_dir, max(checkpoint_bytes(c) for c in run.candidates))
 
+    evaluation: Evaluation | None = None
+
     def eta(c: Candidate, n: int = total) -> Eta:
-        return estimate(c, n, write_bytes_per_s=speed, checkpoint_every_s=every, calibration=calibration)
+        return estimate(c, n, write_bytes_per_s=speed, checkpoint_every_s=every, calibration=calibration,
+                        evaluation=evaluation, epochs=n / samples)
 
     rebuilt = _rebuilt(run)
+    if eval_data is not None:
+        evaluation = _evaluation(run, rebuilt, choose(priority, run.candidates, eta, window), Path(eval_data),
+                                 eval_every, eval_batch_size)
     chosen = choose(priority, run.candidates, eta, window)
     run_eta = eta(chosen)
     save_steps = max(1, int(every // run_eta.step_time_s))
@@ -137,12 +153,45 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
                 searched=chosen.searched, config=chosen.config, samples_per_second=chosen.samples_per_second,
                 peak_gb=chosen.peak_gb, save_steps=save_steps, eta=run_eta, fits=fits,
                 command=planned_command(_command(run, rebuilt, chosen), epochs, save_steps,
-                                        template=bool(summary.command_template)),
+                                        template=bool(summary.command_template),
+                                        evaluation=_trl_evaluation(run, rebuilt, evaluation)),
                 checkpoint_every_s=every, checkpoint_bytes=checkpoint_bytes(chosen), write_bytes_per_s=speed,
                 calibration=calibration.to_json() if calibration else None,
-                rests_on=_rests_on(run, chosen, calibration),
+                rests_on=_rests_on(run, chosen, calibration, evaluation),
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
-                options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s)
+                options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s,
+                evaluation=evaluation)
+
+
+def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: Path, every: int | None,
+                batch_size: int | None) -> Evaluation:
+    """One eval pass of ``path`` timed on ``chosen``'s config (see :mod:`trainfit.plan.eval_pass`)."""
+    from trainfit.params import parse_params
+
+    if rebuilt is None or rebuilt.spec.data is None:
+        raise TrainfitError(f"an eval pass is timed on the tune's model and data, and the spec of {run.folder} cannot "
+                            "be rebuilt here (its model, tokenizer or data moved?)",
+                            "plan where the tune ran, or plan without --eval-data")
+    if not path.exists():
+        raise TrainfitError(f"--eval-data {path} does not exist", "give the eval set's file (the training data's "
+                            "format and fields)")
+    params, problems = parse_params(chosen.config, allow_custom=True)
+    if problems:
+        raise TrainfitError(f"the config of trial {chosen.trial} does not parse: {problems[0]}", "tune again")
+    m = chosen.measurement
+    stats = rebuilt.stats
+    return measure_eval_pass(rebuilt.spec, params, path=path, every=every, batch_size=batch_size or params.batch_size,
+                             max_length=stats.truncation_length(params.max_length) if stats else params.max_length,
+                             trial=chosen.trial, threads=m.cpu_threads if m is not None else None)
+
+
+def _trl_evaluation(run: TuneRun, rebuilt: Rebuilt | None, evaluation: Evaluation | None) -> tuple[Evaluation, Path] | None:
+    """The evaluation and the dataset folder (train and test splits) its ``trl sft`` command reads."""
+    from trainfit.command import trl_data_config
+
+    if evaluation is None or rebuilt is None or run.summary.command_template or trl_data_config(rebuilt.spec) is None:
+        return None
+    return evaluation, trl_dataset(run.folder / "trl_dataset", rebuilt.spec, Path(evaluation.path))
 
 
 def _coefficients(c: Candidate) -> list[float] | None:
@@ -201,14 +250,21 @@ def _rebuilt(run: TuneRun) -> Rebuilt | None:
         return None
 
 
-def planned_command(command: str | None, epochs: float, save_steps: int, template: bool = False) -> str | None:
+def planned_command(command: str | None, epochs: float, save_steps: int, template: bool = False,
+                    evaluation: tuple[Evaluation, Path] | None = None) -> str | None:
     """``command`` for the planned run: the ``trl sft`` command trainfit writes trains ``epochs``
-    and saves a checkpoint every ``save_steps`` (keeping the last 3); a ``template`` (the spec's
-    ``tune.command_template``) is left as written."""
+    and saves a checkpoint every ``save_steps`` (keeping the last 3); with ``evaluation`` (the
+    passes and a dataset folder holding the train and test splits) it reads that folder and
+    evaluates on its schedule. A ``template`` (the spec's ``tune.command_template``) is left as written."""
     if command is None or template:
         return command
     command = re.sub(r"--num_train_epochs \S+", f"--num_train_epochs {epochs:g}", command)
-    return f"{command} --save_strategy steps --save_steps {save_steps} --save_total_limit 3"
+    command = f"{command} --save_strategy steps --save_steps {save_steps} --save_total_limit 3"
+    if evaluation is not None:
+        passes, folder = evaluation
+        command = re.sub(r"--config ('[^']*'|\S+)", lambda _: f"--dataset_name {shlex.quote(str(folder))}", command)
+        command = f"{command} {shlex.join(passes.trl_args())}"
+    return command
 
 
 def _command(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate) -> str | None:
@@ -240,7 +296,8 @@ def _choice(priority: str, c: Candidate, eta: EtaOf, window: float) -> Choice:
     return Choice(priority=priority, trial=c.trial, searched=c.searched, eta_s=e.total_s, fits=e.fits(window))
 
 
-def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None) -> list[str]:
+def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
+              evaluation: Evaluation | None = None) -> list[str]:
     s = run.summary
     lines = [f"speed: trial {chosen.trial}'s probe over the epoch's own batches ({s.device or 'this device'}), "
              f"measured to +-{chosen.spread_rel:.1%} (its step time's 95% interval and the epoch fit's largest miss)"]
@@ -266,6 +323,14 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None) 
                          "different batch/accumulation split may change it")
     lines.append("checkpoint saves: the optimizer state and trained weights the probe measured, at the write speed "
                  f"timed on the disk of {run.folder} (the trainer's --output_dir may be elsewhere)")
-    lines.append("not included: evaluation passes" + ("" if calibration else ", start-up (model load, tokenization) "
-                                                       "and the final save: --calibrate measures them"))
+    if evaluation is not None:
+        lines.append(f"evaluation: {evaluation.samples:,} samples in {evaluation.batches:,} batches of "
+                     f"{evaluation.batch_size}, one pass timed forward-only on trial {evaluation.trial} at "
+                     f"{evaluation.pass_s:.3g} s (+-{evaluation.spread_rel:.1%}), applied to every config; the "
+                     "trainer's own work around a pass (collation, its metrics) is not in it")
+    if calibration is None or evaluation is None:
+        lines.append("not included: " + ", ".join(
+            ([] if evaluation else ["evaluation passes (--eval-data prices them)"])
+            + ([] if calibration else ["start-up (model load, tokenization) and the final save: --calibrate measures "
+                                       "them"])))
     return lines

@@ -1,5 +1,6 @@
 """How long a run takes: the epoch's real work at the measured speed, the trainer's own per-step
-cost where it was calibrated, and the checkpoint saves, each with the spread it was measured with."""
+cost where it was calibrated, the evaluation passes and the checkpoint saves, each with the spread
+it was measured with."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from trainfit.plan.inputs import Candidate
 from trainfit.summary import Record
 
 if TYPE_CHECKING:
+    from trainfit.plan.eval_pass import Evaluation
     from trainfit.plan_calibrate import Calibration
 
 SAVE_SAMPLE_BYTES = 256 * 2**20
@@ -44,7 +46,13 @@ class Eta(Record):
     low_s: float
     high_s: float
     spread_rel: float
-    """The relative half-width of the interval: the probe's and the calibration's measured spreads."""
+    """The relative half-width of the training part's interval: the probe's and the calibration's
+    measured spreads."""
+    evals: int = 0
+    """Evaluation passes in the run."""
+    eval_s: float = 0.0
+    """All passes: their number times one pass timed forward-only (``plan.eval_pass``), within its
+    own spread in the interval."""
 
     def fits(self, window_s: float) -> bool:
         return self.high_s <= window_s
@@ -77,7 +85,8 @@ def write_speed(folder: Path, size: int) -> float:
 
 
 def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint_every_s: float,
-             calibration: Calibration | None = None) -> Eta:
+             calibration: Calibration | None = None, evaluation: Evaluation | None = None,
+             epochs: float = 1.0) -> Eta:
     """The duration of training ``samples`` samples with config ``c``.
 
     Without a calibration the time is the model's step alone, as the probe measured it over the
@@ -85,7 +94,9 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     trainer's cost per step that it measured on top of the probe's expected step (for the
     calibrated config) is added to every step of this config too: it is the trainer's, not the
     model's; and the run's start-up and end (launch to exit less its steps) as calibration measured
-    them."""
+    them. ``evaluation``: the passes a run of ``epochs`` makes, at the price measured for one
+    (the trainer's time around a pass is not in it: the run's monitor subtracts the passes' own
+    ``eval_runtime``)."""
     steps = math.ceil(samples / c.samples_per_step)
     overhead = None
     spread = c.spread_rel
@@ -100,6 +111,11 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     checkpoint = saves * checkpoint_bytes(c) / write_bytes_per_s
     startup = calibration.startup_s if calibration is not None else None
     fixed = checkpoint + (startup or 0.0)
+    evals = evaluation.passes(steps, epochs) if evaluation is not None else 0
+    eval_s = evals * evaluation.pass_s if evaluation is not None else 0.0
+    eval_spread = evaluation.spread_rel if evaluation is not None and math.isfinite(evaluation.spread_rel) else 0.0
     return Eta(samples=samples, steps=steps, train_s=train, step_time_s=step, trainer_overhead_s=overhead,
-               startup_s=startup, checkpoints=saves, checkpoint_s=checkpoint, total_s=train + fixed,
-               low_s=train * max(0.0, 1 - spread) + fixed, high_s=train * (1 + spread) + fixed, spread_rel=spread)
+               startup_s=startup, checkpoints=saves, checkpoint_s=checkpoint, total_s=train + eval_s + fixed,
+               low_s=train * max(0.0, 1 - spread) + eval_s * max(0.0, 1 - eval_spread) + fixed,
+               high_s=train * (1 + spread) + eval_s * (1 + eval_spread) + fixed, spread_rel=spread, evals=evals,
+               eval_s=eval_s)

@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainfit.devices import torch_threads
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.plan import Plan
+from trainfit.plan.eval_pass import Evaluation
 from trainfit.summary import Record, check_schema
 from trainfit.train.checkpoints import incomplete, latest_complete, unloadable
 
@@ -63,6 +65,8 @@ class TrainRun(Record):
     """``factory``: passes over the data (the plan's, else the spec's ``tune.epochs``)."""
     max_steps: int | None = None
     """A cap on the optimizer steps (``--max-steps``); None: the epochs decide."""
+    evaluation: Evaluation | None = None
+    """``factory``: the plan's eval set and schedule (a ``trl_sft`` run has them in its arguments)."""
     started_at: float
     """Epoch seconds of the first start: a deadline and the actual time count from it."""
 
@@ -80,6 +84,9 @@ class TrainRun(Record):
             return {**out, **{f"--{k}": v for k, v in flags(self.argv).items() if k != "output_dir"}}
         if self.kind == "command":
             return {**out, "command": " ".join(self.argv)}
+        e = self.evaluation
+        if e is not None:
+            out["evaluation"] = f"{e.path}, every {e.every or 'epoch'}, batch {e.batch_size}"
         return {**out, "epochs": f"{self.epochs:g}" if self.epochs is not None else "None",
                 **{k: json.dumps(v) for k, v in self.config.items()}}
 
@@ -203,7 +210,7 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
         chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (
             best.trial, best.config, float(summary.epochs_for_estimate or 1))  # type: ignore[union-attr]
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
-                      config=dict(chosen[1]), epochs=chosen[2]), plan
+                      config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None), plan
     command, source, trial = training_command(run_dir, plan)
     from trainfit.train.sft import split_command
 
@@ -337,7 +344,7 @@ def _run(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, check
         control.stopped = _run_command(record, run_dir, output, plan, resume=resume, every_s=every_s,
                                        deadline=control.deadline, say=say)
         return None, None
-    with _threads(record.threads), _listening(control):
+    with torch_threads(record.threads), _listening(control):
         try:
             if record.kind == "factory":
                 return _run_factory(run_dir, record, output, checkpoint, callbacks, say)
@@ -368,22 +375,6 @@ def _only_run(output: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def _threads(threads: int | None) -> Iterator[None]:
-    """The CPU threads the probe used, for the run only."""
-    if threads is None:
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
@@ -452,7 +443,8 @@ def _run_factory(run_dir: Path, record: TrainRun, output: Path, checkpoint: Path
     if problems:
         raise TrainfitError(f"the config of trial {record.trial} does not parse: {problems[0]}", "tune again")
     return run_loop(spec, params, samples=summary.dataset_samples or 0, epochs=record.epochs or 1.0,
-                    max_steps=record.max_steps, output=output, checkpoint=checkpoint, callbacks=callbacks, say=say)
+                    max_steps=record.max_steps, output=output, checkpoint=checkpoint, callbacks=callbacks, say=say,
+                    evaluation=record.evaluation)
 
 
 __all__ = ["TrainResult", "TrainRun", "differences", "prepare", "train", "training_command"]

@@ -15,15 +15,19 @@ import dataclasses
 import json
 import math
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.spec import Spec
 from trainfit.train.checkpoints import unloadable
+
+if TYPE_CHECKING:
+    from trainfit.plan.eval_pass import Evaluation
 
 STATE = "loop_state.json"
 LOG_EVERY = 10
@@ -108,58 +112,121 @@ def plain(model: Any) -> Any:
     return getattr(model, "_orig_mod", model)
 
 
+def evaluate(runner: Any, collate: Callable[[list[Any]], Any], evaluation: Evaluation, *, fmt: str = "auto",
+             on_bad_row: str = "stop") -> dict[str, float]:
+    """One pass over the eval set in file order, forward only: the loss per sample over the pass
+    and its seconds, under the names the Hugging Face trainer logs them by."""
+    from trainfit.data.order import file_rows
+
+    began = time.perf_counter()
+    total, seen = 0.0, 0
+    for micro in steps_of(file_rows(evaluation.path, fmt=fmt, on_bad_row=on_bad_row), evaluation.batch_size, 1):
+        rows = micro[0]
+        total += runner.evaluate(collate(rows)) * len(rows)
+        seen += len(rows)
+    if seen == 0:
+        raise TrainfitError(f"the eval set {evaluation.path} gave no rows", "check the plan's --eval-data")
+    seconds = time.perf_counter() - began
+    return {"eval_loss": round(total / seen, 6), "eval_runtime": round(seconds, 4),
+            "eval_samples_per_second": round(seen / seconds, 3)}
+
+
+class _Hooks:
+    """What the loop shows its callbacks, as the Hugging Face trainer does (``args``, ``state``,
+    ``control``, each event), and when it evaluates: the trainer's step strategy (every
+    ``every``-th step and after the last) or its epoch strategy."""
+
+    def __init__(self, callbacks: Sequence[Any], output: Path, total: int, position: Position,
+                 evaluation: Evaluation | None, run_eval: Callable[[Evaluation], dict[str, float]]) -> None:
+        self.callbacks, self.evaluation, self.run_eval = callbacks, evaluation, run_eval
+        self.args = SimpleNamespace(output_dir=str(output))
+        self.state = SimpleNamespace(global_step=position.step, max_steps=total, epoch=position.epoch)
+        self.control = SimpleNamespace(should_save=False, should_training_stop=False)
+
+    def call(self, event: str, **kwargs: Any) -> None:
+        for cb in self.callbacks:
+            getattr(cb, event)(self.args, self.state, self.control, **kwargs)
+
+    def evaluates_after_step(self) -> bool:
+        every = self.evaluation.every if self.evaluation is not None else None
+        return bool(every) and (self.state.global_step % every == 0 or self.state.global_step >= self.state.max_steps)
+
+    def evaluates_at_epoch_end(self) -> bool:
+        return self.evaluation is not None and not self.evaluation.every
+
+    def after_step(self, losses: list[float], save_now: Callable[[], None]) -> list[float]:
+        """What the trainer does after a step, in its order: the step's callbacks, an evaluation
+        when one is due, the loss line every :data:`LOG_EVERY` steps, a save when the control
+        asks for one. Returns the losses not yet logged."""
+        state = self.state
+        self.call("on_step_end")
+        if self.evaluates_after_step():
+            self.evaluate()
+        if state.global_step % LOG_EVERY == 0 or state.global_step == state.max_steps:
+            self.call("on_log", logs={"loss": round(sum(losses) / len(losses), 6), "epoch": round(state.epoch, 4)})
+            losses = []
+        if self.control.should_save:
+            save_now()
+            self.call("on_save")
+            self.control.should_save = False
+        return losses
+
+    def evaluate(self) -> None:
+        assert self.evaluation is not None
+        metrics = self.run_eval(self.evaluation)
+        self.call("on_evaluate", metrics=metrics)
+        self.call("on_log", logs={**metrics, "epoch": round(self.state.epoch, 4)})
+
+
 def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_steps: int | None, output: Path,
-             checkpoint: Path | None, callbacks: Sequence[Any], say: Callable[[str], None]) -> tuple[int, int]:
+             checkpoint: Path | None, callbacks: Sequence[Any], say: Callable[[str], None],
+             evaluation: Evaluation | None = None) -> tuple[int, int]:
     """Train ``spec``'s factory model with ``params`` for ``epochs`` over its ``samples`` rows (or
     ``max_steps``), from ``checkpoint`` when given; ``callbacks`` are called as a Hugging Face
-    trainer calls them. Returns (steps done, total steps); the model's weights end in ``output/model.pt``."""
+    trainer calls them. ``evaluation``: its eval set evaluated on its schedule, as the trainer's
+    step or epoch strategy does (also after the last step). Returns (steps done, total steps); the
+    model's weights end in ``output/model.pt``."""
     import torch
 
     from trainfit.data.order import epoch_rows
     from trainfit.progress import Progress
 
-    assert spec.data is not None
+    data = spec.data
+    assert data is not None
     workload, runner, collate, device = _factory_runner(spec, params, samples)
     _, total = plan_steps(samples, params.effective_batch_size, epochs, max_steps)
     position = load(checkpoint, runner, device) if checkpoint is not None else Position()
-    args = SimpleNamespace(output_dir=str(output))
-    state = SimpleNamespace(global_step=position.step, max_steps=total, epoch=position.epoch)
-    control = SimpleNamespace(should_save=False, should_training_stop=False)
-
-    def call(event: str, **kwargs: Any) -> None:
-        for cb in callbacks:
-            getattr(cb, event)(args, state, control, **kwargs)
-
+    hooks = _Hooks(callbacks, output, total, position, evaluation,
+                   lambda e: evaluate(runner, collate, e, fmt=data.format, on_bad_row=data.on_bad_row))
+    state, control, call = hooks.state, hooks.control, hooks.call
     call("on_train_begin")
     bar = Progress("training", total, unit="steps", done=position.step)
     epoch, consumed, losses = position.epoch, position.consumed, []
     try:
         while state.global_step < total:
-            rows = epoch_rows(spec.data.path, seed=spec.probe.seed, epoch=epoch, fmt=spec.data.format, skip=consumed,
-                              on_bad_row=spec.data.on_bad_row)
+            rows = epoch_rows(data.path, seed=spec.probe.seed, epoch=epoch, fmt=data.format, skip=consumed,
+                              on_bad_row=data.on_bad_row)
             for micro in steps_of(rows, params.batch_size, params.gradient_accumulation_steps):
                 losses.append(runner.run_inputs([collate(m) for m in micro]))
                 consumed += sum(len(m) for m in micro)
                 state.global_step += 1
                 state.epoch = epoch + consumed / samples
                 bar.update(state.global_step, note=f"epoch {state.epoch:.2f}")
-                call("on_step_end")
-                if state.global_step % LOG_EVERY == 0 or state.global_step == total:
-                    call("on_log", logs={"loss": round(sum(losses) / len(losses), 6), "epoch": round(state.epoch, 4)})
-                    losses = []
-                if control.should_save:
-                    save(output / f"checkpoint-{state.global_step}", runner, Position(state.global_step, epoch, consumed))
-                    call("on_save")
-                    control.should_save = False
+                losses = hooks.after_step(losses, lambda: save(output / f"checkpoint-{state.global_step}", runner,
+                                                               Position(state.global_step, epoch, consumed)))
                 if control.should_training_stop or state.global_step >= total:
                     break
             else:  # the epoch's rows are all read
                 if consumed == 0:
-                    raise TrainfitError(f"{spec.data.path} gave no rows to train on in epoch {epoch + 1}",
+                    raise TrainfitError(f"{data.path} gave no rows to train on in epoch {epoch + 1}",
                                         "check data.path (and data.on_bad_row: every row skipped?)")
+                if hooks.evaluates_at_epoch_end():
+                    hooks.evaluate()
                 epoch, consumed = epoch + 1, 0
                 continue
             break
+        if hooks.evaluates_at_epoch_end() and state.global_step >= total and consumed:
+            hooks.evaluate()  # the last epoch's end (a partial one), as the trainer's epoch strategy does
     finally:
         bar.close(note=f"epoch {state.epoch:.2f}")
     call("on_train_end")

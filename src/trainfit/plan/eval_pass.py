@@ -1,0 +1,171 @@
+"""An evaluation pass, priced by measurement: the eval set's batches as the trainer forms them (in
+file order, at the eval batch size, padded as the config pads), a few of them timed forward-only
+on the chosen config (the model in eval mode, no gradients, the config's precision), the cost
+fitted over their padded lengths as the probe fits a step's (:mod:`trainfit.probe.estimate`) and
+summed over the pass."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainfit.errors import TrainfitError
+from trainfit.summary import Record
+
+if TYPE_CHECKING:
+    from trainfit.params import Params
+    from trainfit.spec import Spec
+
+ROUNDS = (3, 7)
+"""Each timed shape runs at least 3 and at most 7 times (after one untimed warm-up)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation(Record):
+    """What the run evaluates, how often, and what one pass costs (``plan.json``'s ``evaluation``)."""
+
+    path: str
+    """The eval set (same format and fields as the training data)."""
+    every: int | None
+    """Optimizer steps between passes (the trainer's ``eval_steps``); None: one at each epoch's end."""
+    batch_size: int
+    """Samples per eval batch (``per_device_eval_batch_size``)."""
+    samples: int
+    batches: int
+    padding_share: float
+    pass_s: float
+    """One pass's expected seconds: the fitted cost summed over its batches."""
+    spread_rel: float
+    """The timed shapes' largest 95% relative interval and the fit's largest miss, combined."""
+    trial: int
+    """The config the pass was timed on."""
+    shapes: list[dict[str, Any]]
+    """Each timed batch: ``rows``, ``padded_length``, ``seconds`` (the median of its runs)."""
+
+    def passes(self, steps: int, epochs: float) -> int:
+        """Passes in a run of ``steps`` optimizer steps over ``epochs`` epochs: at every
+        ``every``-th step and after the last (transformers' ``DefaultFlowCallback``), else one at
+        the end of each epoch, the last partial one too."""
+        return math.ceil(steps / self.every) if self.every else math.ceil(epochs)
+
+    def trl_args(self) -> list[str]:
+        """The ``trl sft`` flags that run these passes (the eval set comes as the dataset's test split)."""
+        strategy = ["--eval_strategy", "steps", "--eval_steps", str(self.every)] if self.every else [
+            "--eval_strategy", "epoch"]
+        return [*strategy, "--per_device_eval_batch_size", str(self.batch_size), "--dataset_test_split", "test"]
+
+
+def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: int | None, batch_size: int,
+                      max_length: int | None, trial: int, threads: int | None = None,
+                      budget_s: float = 10.0) -> Evaluation:
+    """Time the eval pass of ``path`` for config ``params`` of ``spec``'s model (see the module).
+
+    ``max_length``: where samples are truncated (the probe's truncation length); ``threads``: the
+    CPU threads the probe used; ``budget_s``: roughly how long the timing may take, past the
+    model's build and each shape's warm-up.
+
+    Raises :class:`TrainfitError` for an eval set that cannot be read or holds no sample.
+    """
+    import numpy as np
+
+    from trainfit.data.analyze import recipe_for_spec
+    from trainfit.data.batching import simulate_epoch
+    from trainfit.data.lengths import count_lengths
+    from trainfit.probe.estimate import fit_error, fit_step_cost, timing_picks
+
+    assert spec.data is not None
+    if batch_size < 1:
+        raise TrainfitError(f"eval batch size {batch_size}: at least 1 sample a batch", "e.g. --eval-batch-size 8")
+    if every is not None and every < 1:
+        raise TrainfitError(f"evaluating every {every} steps: give 1 or more, or 'epoch'", "e.g. --eval-every 500")
+    table = count_lengths(path, recipe_for_spec(spec), fmt=spec.data.format, on_bad_row=spec.data.on_bad_row,
+                          progress=False)
+    lengths = table.valid
+    if lengths.size == 0:
+        raise TrainfitError(f"the eval set {path} holds no sample to evaluate on", "check --eval-data")
+    fixed = params.padding == "max_length" and max_length is not None
+    batches = simulate_epoch(lengths, batch_size, padding="max_length" if fixed else "longest", max_length=max_length,
+                             shuffle=False)
+    starts = np.concatenate([[0], np.cumsum(batches.rows)[:-1]])
+    picks = timing_picks(batches.padded_length, longest=True)
+    shapes = [(int(batches.rows[i]), int(batches.padded_length[i]),
+               [int(min(n, max_length or n)) for n in lengths[batches.order[starts[i]:starts[i] + batches.rows[i]]]])
+              for i in picks]
+    seconds = _time_forward(spec, params, shapes, threads, budget_s)
+    medians = [statistics.median(s) for s in seconds]
+    per_full_batch = [s * batch_size / rows for s, (rows, _, _) in zip(medians, shapes, strict=True)]
+    cost = fit_step_cost([length for _, length, _ in shapes], per_full_batch)
+    pass_s = float(np.sum(np.asarray(cost(batches.padded_length.astype(float))) * batches.rows / batch_size))
+    spread = math.hypot(max(_spreads(seconds)), fit_error(cost, [x for _, x, _ in shapes], per_full_batch))
+    return Evaluation(path=str(path), every=every, batch_size=batch_size, samples=int(lengths.size),
+                      batches=batches.batches, padding_share=batches.padding_share, pass_s=pass_s, spread_rel=spread,
+                      trial=trial, shapes=[{"rows": rows, "padded_length": length, "seconds": s}
+                                           for (rows, length, _), s in zip(shapes, medians, strict=True)])
+
+
+def _spreads(seconds: list[list[float]]) -> list[float]:
+    from trainfit.probe.timing import relative_ci95
+
+    return [relative_ci95(s) for s in seconds]
+
+
+def _time_forward(spec: Spec, params: Params, shapes: list[tuple[int, int, list[int]]], threads: int | None,
+                  budget_s: float) -> list[list[float]]:
+    """Each shape's forward-only times (one warm-up first, then rounds over all shapes until the
+    budget is spent, between :data:`ROUNDS`)."""
+    import torch
+
+    from trainfit.devices import torch_threads
+    from trainfit.probe.runner import resolve_device_name
+    from trainfit.step import TrainStep, synchronize
+    from trainfit.workloads import build_workload
+
+    device = torch.device(resolve_device_name(spec.probe.device))
+    with torch_threads(threads):
+        torch.manual_seed(spec.probe.seed)
+        workload = build_workload(spec, params, device)
+        step = TrainStep(workload, params, device)  # compile and autocast as the run has them
+        inputs = [workload.make_batch(lens, length).inputs for _, length, lens in shapes]
+        for x in inputs:
+            step.evaluate(x)  # warm-up: first-call allocations, a compile
+        times: list[list[float]] = [[] for _ in inputs]
+        began = time.perf_counter()
+        rounds = 0
+        while rounds < ROUNDS[0] or (rounds < ROUNDS[1] and time.perf_counter() - began < budget_s):
+            for x, timed in zip(inputs, times, strict=True):
+                synchronize(device)
+                t0 = time.perf_counter()
+                step.evaluate(x)
+                synchronize(device)
+                timed.append(time.perf_counter() - t0)
+            rounds += 1
+    return times
+
+
+def trl_dataset(folder: Path, spec: Spec, eval_path: Path) -> Path:
+    """``folder`` made into a dataset ``datasets.load_dataset(folder)`` reads as two splits: links
+    named ``train-NNNNN`` to the spec's data files (in order) and ``test-NNNNN`` to the eval set's.
+    ``trl sft --dataset_name folder`` then trains on the one and evaluates on the other (TRL's
+    dataset mixture config concatenates its files into one split, so it cannot say which is which)."""
+    from trainfit.data.readers import data_files, detect_format
+
+    assert spec.data is not None
+    train = [Path(f).resolve() for f in data_files(spec.data.path)]
+    test = [Path(f).resolve() for f in data_files(str(eval_path))]
+    kinds = {detect_format(Path(spec.data.path), spec.data.format), detect_format(eval_path, spec.data.format)}
+    suffixes = {f.suffix for f in [*train, *test]}
+    if len(kinds) > 1 or len(suffixes) > 1:
+        raise TrainfitError(f"the eval set {eval_path} is not in the training data's format ({spec.data.path})",
+                            "give an eval set in the same format, with the same file suffix")
+    if folder.exists():
+        for old in folder.iterdir():
+            old.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, files in (("train", train), ("test", test)):
+        for i, source in enumerate(files):
+            (folder / f"{split}-{i:05d}{source.suffix}").symlink_to(source)
+    return folder
