@@ -7,8 +7,12 @@ library) and its ~18M-parameter Llama shape with LoRA r=16 in fp32 on the CPU. F
 own: one epoch, its checkpoint flags) run as a user runs it, timed from launch to exit, then
 `trainfit train` of the same plan (the plan.json written into the tune folder), timed from
 launch to exit, with its monitor's projection of the end read from its log at 10% of the steps.
+With ``--eval-samples N`` the run evaluates on N other docstrings ``--eval-passes`` times
+(``trainfit plan --eval-data``: one pass timed forward-only and priced into the ETA); the row
+then holds the plan's pass against each pass's ``eval_runtime`` in `trainfit train`'s log.
 
     python bench/plan_eta.py [--samples 300] [--calibrate 20] [--modes longest,max_length]
+    python bench/plan_eta.py --modes longest --eval-samples 60 --eval-passes 4
     python bench/plan_eta.py ... --results plan_eta.json   # kept as each mode ends: run again to go on
 """
 
@@ -24,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Results, dump  # noqa: E402
-from epoch_fidelity import SHAPE, base_overrides, corpus_file  # noqa: E402
+from epoch_fidelity import SHAPE, base_overrides, corpus, corpus_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"longest": ["padding=longest"], "max_length": ["padding=max_length"]}
@@ -69,6 +73,29 @@ def at_tenth(log: list[dict], result: dict) -> dict | None:
             "error": (first["projected_s"] - result["elapsed_s"]) / result["elapsed_s"]}
 
 
+def eval_file(work: Path, n: int) -> Path:
+    """``n`` docstrings drawn with another seed than the training corpus's, as ``work/eval.jsonl``."""
+    import json
+
+    path = work / "eval.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus(n, seed=1)))
+    return path
+
+
+def evaluations(log: list[dict], planned: object) -> dict | None:
+    """The plan's evaluation against the passes `trainfit train` logged."""
+    ev = getattr(planned, "evaluation", None)
+    if ev is None:
+        return None
+    runtimes = [e["eval_runtime"] for e in log if e["event"] == "log" and "eval_runtime" in e]
+    eta = planned.eta  # type: ignore[attr-defined]
+    return {"every": ev.every, "planned_passes": eta.evals, "planned_pass_s": ev.pass_s, "planned_eval_s": eta.eval_s,
+            "spread_rel": ev.spread_rel, "passes": len(runtimes), "eval_runtime_s": runtimes,
+            "actual_eval_s": sum(runtimes),
+            "error_per_pass": (ev.pass_s - sum(runtimes) / len(runtimes)) / (sum(runtimes) / len(runtimes))
+            if runtimes else None}
+
+
 def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dict:
     from trainfit.plan import make_plan
     from trainfit.plan_calibrate import calibrate
@@ -83,11 +110,15 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
     start = time.perf_counter()
     tune(spec, output=run_dir, strategy="grid")
     tune_s = time.perf_counter() - start
-    plain = make_plan(run_dir, max_hours=10, epochs=1, priority="fast")
+    evaluate = {}
+    if args.eval_samples:
+        steps = make_plan(run_dir, max_hours=10, epochs=1, priority="fast").eta.steps
+        evaluate = {"eval_data": eval_file(work, args.eval_samples), "eval_every": -(-steps // args.eval_passes)}
+    plain = make_plan(run_dir, max_hours=10, epochs=1, priority="fast", **evaluate)
     start = time.perf_counter()
     cal = calibrate(run_dir, args.calibrate, on_progress=lambda line: print(f"  {line}", file=sys.stderr))
     calibrate_s = time.perf_counter() - start
-    planned = make_plan(run_dir, max_hours=10, epochs=1, priority="fast", calibration=cal)
+    planned = make_plan(run_dir, max_hours=10, epochs=1, priority="fast", calibration=cal, **evaluate)
     assert planned.command is not None
     (work / f"{mode}-run").mkdir()
     actual = run_written(planned.command, work / f"{mode}-run")
@@ -104,7 +135,8 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
            "inside_interval": planned.eta.low_s <= actual <= planned.eta.high_s,
            "trainfit_train_s": train_wall, "error_trainfit_train": (planned.eta.total_s - train_wall) / train_wall,
            "trainfit_train_inside_interval": planned.eta.low_s <= train_wall <= planned.eta.high_s,
-           "trainfit_train_steps": result["step"], "monitor_at_tenth": tenth}
+           "trainfit_train_steps": result["step"], "monitor_at_tenth": tenth,
+           "evaluation": evaluations(log, planned)}
     print(f"{mode}: trial {planned.trial} {planned.searched}: actual {actual:.1f} s launch to exit; plan "
           f"{planned.eta.total_s:.1f} s ({planned.eta.low_s:.1f}-{planned.eta.high_s:.1f}) calibrated, "
           f"{plain.eta.total_s:.1f} s probe only; trainfit train {train_wall:.1f} s; monitor at 10%: "
@@ -118,6 +150,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--calibrate", type=int, default=20, help="real trainer steps of the calibration")
     ap.add_argument("--modes", default="longest,max_length")
+    ap.add_argument("--eval-samples", type=int, default=0, help="evaluate on this many other docstrings")
+    ap.add_argument("--eval-passes", type=int, default=4, help="evaluation passes in the epoch")
     ap.add_argument("--results", type=Path, help="keep each mode's results here as they come; a second call resumes")
     args = ap.parse_args()
     results = Results.of_setup(args)
@@ -129,6 +163,7 @@ def main() -> None:
     import trl
 
     dump("plan_eta", {"trl": trl.__version__, "samples": args.samples, "max_length": args.max_length,
+                      "eval_samples": args.eval_samples, "eval_passes": args.eval_passes,
                       "model_shape": SHAPE, "calibrate_steps": args.calibrate,
                       "modes": {m: results.get(m) for m in args.modes.split(",")}})
 

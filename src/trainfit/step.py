@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from trainfit.devices import cpu_flags
@@ -80,23 +82,56 @@ def synchronize(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _optimizer(params: Params, trainable: list[Any]) -> Any:
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """What a training run sets that a step's cost does not depend on: the learning rate and its
+    schedule, weight decay, gradient clipping. The defaults are TRL's ``SFTConfig``'s (linear decay
+    to 0 over ``total_steps``, no warmup, no weight decay, clipping at 1.0)."""
+
+    learning_rate: float = 2e-5
+    lr_scheduler_type: str = "linear"
+    """``linear``, ``cosine`` or ``constant`` (each after the warmup)."""
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = MAX_GRAD_NORM
+    total_steps: int = 1
+
+    def factor(self, step: int) -> float:
+        """The learning rate's multiplier at optimizer step ``step`` (0-based), as transformers'
+        schedules of the same names compute it."""
+        if step < self.warmup_steps:
+            return step / max(1, self.warmup_steps)
+        if self.lr_scheduler_type == "constant":
+            return 1.0
+        progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
+        if self.lr_scheduler_type == "cosine":
+            return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+        return max(0.0, 1.0 - progress)
+
+
+SCHEDULERS = ("linear", "cosine", "constant")
+
+
+def _optimizer(params: Params, trainable: list[Any], schedule: Schedule | None = None) -> Any:
     import torch
 
-    lr = 1e-5  # the learning rate does not change a step's cost
+    lr = schedule.learning_rate if schedule else 1e-5  # the learning rate does not change a step's cost
+    decay = schedule.weight_decay if schedule else 0.0
     if params.optimizer == "adamw":
-        return torch.optim.AdamW(trainable, lr=lr, foreach=True)
+        return torch.optim.AdamW(trainable, lr=lr, weight_decay=decay, foreach=True)
     if params.optimizer == "adamw_fused":
-        return torch.optim.AdamW(trainable, lr=lr, fused=True)
+        return torch.optim.AdamW(trainable, lr=lr, weight_decay=decay, fused=True)
     import bitsandbytes as bnb  # checked by check_support
 
-    return bnb.optim.AdamW8bit(trainable, lr=lr)
+    return bnb.optim.AdamW8bit(trainable, lr=lr, weight_decay=decay)
 
 
 class TrainStep:
-    """Runs optimizer steps of ``gradient_accumulation_steps`` micro-batches each."""
+    """Runs optimizer steps of ``gradient_accumulation_steps`` micro-batches each. ``schedule``:
+    the learning rate, its schedule, weight decay and clipping of a real run (None: a probe's,
+    whose figures do not depend on them)."""
 
-    def __init__(self, workload: Workload, params: Params, device: Any) -> None:
+    def __init__(self, workload: Workload, params: Params, device: Any, schedule: Schedule | None = None) -> None:
         import torch
 
         self.workload, self.params, self.device = workload, params, device
@@ -112,7 +147,10 @@ class TrainStep:
             raise TrainfitError("the model has no trainable parameters",
                                 "check lora_target_modules, or that the factory leaves parameters trainable")
         self.trainable = trainable
-        self.optimizer = _optimizer(params, trainable)
+        self.optimizer = _optimizer(params, trainable, schedule)
+        self.max_grad_norm = schedule.max_grad_norm if schedule else MAX_GRAD_NORM
+        self.scheduler = (torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule.factor)
+                          if schedule is not None else None)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(params.precision)
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device.type) if params.precision == "fp16" else None
@@ -138,12 +176,14 @@ class TrainStep:
 
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.trainable, MAX_GRAD_NORM)
+        torch.nn.utils.clip_grad_norm_(self.trainable, self.max_grad_norm)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(total)  # one host sync per step, as a training loop that logs its loss has
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainfit.errors import Terminated
 
-COMMANDS = ("analyze", "probe", "tune", "ablate", "plan", "train", "env")
+COMMANDS = ("analyze", "probe", "tune", "ablate", "compare", "plan", "train", "env")
 
 DESCRIPTION = """\
 Find the fastest training configuration that fits in memory, prove it by measurement.
@@ -24,6 +24,7 @@ Find the fastest training configuration that fits in memory, prove it by measure
   trainfit probe spec.yaml --set batch_size=8                       measure one configuration
   trainfit tune spec.yaml --quick                                   search for the fastest config that fits
   trainfit ablate spec.yaml                                         what each speed/memory technique buys
+  trainfit compare spec.yaml --configs c.yaml --steps 200           train named configs, compare their curves
   trainfit plan RUN_DIR --max-hours 12 --epochs 3                   fit the run into a time window, with an ETA
   trainfit train RUN_DIR --resume                                   train it, checkpointed and resumable
   trainfit env                                                      devices and versions

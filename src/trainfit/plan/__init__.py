@@ -191,7 +191,7 @@ def _trl_evaluation(run: TuneRun, rebuilt: Rebuilt | None, evaluation: Evaluatio
 
     if evaluation is None or rebuilt is None or run.summary.command_template or trl_data_config(rebuilt.spec) is None:
         return None
-    return evaluation, trl_dataset(run.folder / "trl_dataset", rebuilt.spec, Path(evaluation.path))
+    return evaluation, trl_dataset(run.folder.resolve() / "trl_dataset", rebuilt.spec, Path(evaluation.path))
 
 
 def _coefficients(c: Candidate) -> list[float] | None:

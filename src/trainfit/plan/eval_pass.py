@@ -20,13 +20,13 @@ if TYPE_CHECKING:
     from trainfit.params import Params
     from trainfit.spec import Spec
 
-ROUNDS = (3, 7)
-"""Each timed shape runs at least 3 and at most 7 times (after one untimed warm-up)."""
+ROUNDS = (5, 15)
+"""Each timed shape runs at least 5 and at most 15 times (after one untimed warm-up)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class Evaluation(Record):
-    """What the run evaluates, how often, and what one pass costs (``plan.json``'s ``evaluation``)."""
+class EvalSchedule(Record):
+    """What a run evaluates on and how often: what a training loop needs to evaluate."""
 
     path: str
     """The eval set (same format and fields as the training data)."""
@@ -34,17 +34,6 @@ class Evaluation(Record):
     """Optimizer steps between passes (the trainer's ``eval_steps``); None: one at each epoch's end."""
     batch_size: int
     """Samples per eval batch (``per_device_eval_batch_size``)."""
-    samples: int
-    batches: int
-    padding_share: float
-    pass_s: float
-    """One pass's expected seconds: the fitted cost summed over its batches."""
-    spread_rel: float
-    """The timed shapes' largest 95% relative interval and the fit's largest miss, combined."""
-    trial: int
-    """The config the pass was timed on."""
-    shapes: list[dict[str, Any]]
-    """Each timed batch: ``rows``, ``padded_length``, ``seconds`` (the median of its runs)."""
 
     def passes(self, steps: int, epochs: float) -> int:
         """Passes in a run of ``steps`` optimizer steps over ``epochs`` epochs: at every
@@ -57,6 +46,24 @@ class Evaluation(Record):
         strategy = ["--eval_strategy", "steps", "--eval_steps", str(self.every)] if self.every else [
             "--eval_strategy", "epoch"]
         return [*strategy, "--per_device_eval_batch_size", str(self.batch_size), "--dataset_test_split", "test"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation(EvalSchedule):
+    """The schedule and what one pass costs (``plan.json``'s ``evaluation``)."""
+
+    samples: int
+    batches: int
+    padding_share: float
+    pass_s: float
+    """One pass's expected seconds: the fitted cost summed over its batches."""
+    spread_rel: float
+    """The 95% relative interval of the rounds' times (each round times every shape once) and the
+    fit's largest miss, combined."""
+    trial: int
+    """The config the pass was timed on."""
+    shapes: list[dict[str, Any]]
+    """Each timed batch: ``rows``, ``padded_length``, ``seconds`` (the median of its runs)."""
 
 
 def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: int | None, batch_size: int,
@@ -76,6 +83,7 @@ def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: in
     from trainfit.data.batching import simulate_epoch
     from trainfit.data.lengths import count_lengths
     from trainfit.probe.estimate import fit_error, fit_step_cost, timing_picks
+    from trainfit.probe.timing import relative_ci95
 
     assert spec.data is not None
     if batch_size < 1:
@@ -100,23 +108,18 @@ def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: in
     per_full_batch = [s * batch_size / rows for s, (rows, _, _) in zip(medians, shapes, strict=True)]
     cost = fit_step_cost([length for _, length, _ in shapes], per_full_batch)
     pass_s = float(np.sum(np.asarray(cost(batches.padded_length.astype(float))) * batches.rows / batch_size))
-    spread = math.hypot(max(_spreads(seconds)), fit_error(cost, [x for _, x, _ in shapes], per_full_batch))
+    rounds = [sum(r) for r in zip(*seconds, strict=True)]  # one figure per round: an outlier step is diluted
+    spread = math.hypot(relative_ci95(rounds), fit_error(cost, [x for _, x, _ in shapes], per_full_batch))
     return Evaluation(path=str(path), every=every, batch_size=batch_size, samples=int(lengths.size),
                       batches=batches.batches, padding_share=batches.padding_share, pass_s=pass_s, spread_rel=spread,
                       trial=trial, shapes=[{"rows": rows, "padded_length": length, "seconds": s}
                                            for (rows, length, _), s in zip(shapes, medians, strict=True)])
 
 
-def _spreads(seconds: list[list[float]]) -> list[float]:
-    from trainfit.probe.timing import relative_ci95
-
-    return [relative_ci95(s) for s in seconds]
-
-
 def _time_forward(spec: Spec, params: Params, shapes: list[tuple[int, int, list[int]]], threads: int | None,
                   budget_s: float) -> list[list[float]]:
-    """Each shape's forward-only times (one warm-up first, then rounds over all shapes until the
-    budget is spent, between :data:`ROUNDS`)."""
+    """Each shape's forward-only times, one list per shape, equally long (one warm-up first, then
+    rounds over all shapes until the budget is spent, between :data:`ROUNDS`)."""
     import torch
 
     from trainfit.devices import torch_threads

@@ -12,6 +12,7 @@ Face trainer calls a callback, so both loops stop, save and rotate alike.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -27,7 +28,8 @@ from trainfit.spec import Spec
 from trainfit.train.checkpoints import unloadable
 
 if TYPE_CHECKING:
-    from trainfit.plan.eval_pass import Evaluation
+    from trainfit.plan.eval_pass import EvalSchedule
+    from trainfit.step import Schedule
 
 STATE = "loop_state.json"
 LOG_EVERY = 10
@@ -112,7 +114,7 @@ def plain(model: Any) -> Any:
     return getattr(model, "_orig_mod", model)
 
 
-def evaluate(runner: Any, collate: Callable[[list[Any]], Any], evaluation: Evaluation, *, fmt: str = "auto",
+def evaluate(runner: Any, collate: Callable[[list[Any]], Any], evaluation: EvalSchedule, *, fmt: str = "auto",
              on_bad_row: str = "stop") -> dict[str, float]:
     """One pass over the eval set in file order, forward only: the loss per sample over the pass
     and its seconds, under the names the Hugging Face trainer logs them by."""
@@ -137,8 +139,9 @@ class _Hooks:
     ``every``-th step and after the last) or its epoch strategy."""
 
     def __init__(self, callbacks: Sequence[Any], output: Path, total: int, position: Position,
-                 evaluation: Evaluation | None, run_eval: Callable[[Evaluation], dict[str, float]]) -> None:
-        self.callbacks, self.evaluation, self.run_eval = callbacks, evaluation, run_eval
+                 evaluation: EvalSchedule | None, log_every: int,
+                 run_eval: Callable[[EvalSchedule], dict[str, float]]) -> None:
+        self.callbacks, self.evaluation, self.run_eval, self.log_every = callbacks, evaluation, run_eval, log_every
         self.args = SimpleNamespace(output_dir=str(output))
         self.state = SimpleNamespace(global_step=position.step, max_steps=total, epoch=position.epoch)
         self.control = SimpleNamespace(should_save=False, should_training_stop=False)
@@ -156,13 +159,13 @@ class _Hooks:
 
     def after_step(self, losses: list[float], save_now: Callable[[], None]) -> list[float]:
         """What the trainer does after a step, in its order: the step's callbacks, an evaluation
-        when one is due, the loss line every :data:`LOG_EVERY` steps, a save when the control
+        when one is due, the loss line every ``log_every`` steps, a save when the control
         asks for one. Returns the losses not yet logged."""
         state = self.state
         self.call("on_step_end")
         if self.evaluates_after_step():
             self.evaluate()
-        if state.global_step % LOG_EVERY == 0 or state.global_step == state.max_steps:
+        if state.global_step % self.log_every == 0 or state.global_step == state.max_steps:
             self.call("on_log", logs={"loss": round(sum(losses) / len(losses), 6), "epoch": round(state.epoch, 4)})
             losses = []
         if self.control.should_save:
@@ -180,12 +183,14 @@ class _Hooks:
 
 def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_steps: int | None, output: Path,
              checkpoint: Path | None, callbacks: Sequence[Any], say: Callable[[str], None],
-             evaluation: Evaluation | None = None) -> tuple[int, int]:
+             evaluation: EvalSchedule | None = None, schedule: Schedule | None = None,
+             log_every: int = LOG_EVERY) -> tuple[int, int]:
     """Train ``spec``'s factory model with ``params`` for ``epochs`` over its ``samples`` rows (or
     ``max_steps``), from ``checkpoint`` when given; ``callbacks`` are called as a Hugging Face
     trainer calls them. ``evaluation``: its eval set evaluated on its schedule, as the trainer's
-    step or epoch strategy does (also after the last step). Returns (steps done, total steps); the
-    model's weights end in ``output/model.pt``."""
+    step or epoch strategy does (also after the last step). ``schedule``: the learning rate and the
+    rest of :class:`trainfit.step.Schedule` (None: the probe's). ``log_every``: steps between loss
+    lines. Returns (steps done, total steps); the model's weights end in ``output/model.pt``."""
     import torch
 
     from trainfit.data.order import epoch_rows
@@ -193,10 +198,11 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
 
     data = spec.data
     assert data is not None
-    workload, runner, collate, device = _factory_runner(spec, params, samples)
     _, total = plan_steps(samples, params.effective_batch_size, epochs, max_steps)
+    workload, runner, collate, device = _factory_runner(
+        spec, params, samples, dataclasses.replace(schedule, total_steps=total) if schedule else None)
     position = load(checkpoint, runner, device) if checkpoint is not None else Position()
-    hooks = _Hooks(callbacks, output, total, position, evaluation,
+    hooks = _Hooks(callbacks, output, total, position, evaluation, log_every,
                    lambda e: evaluate(runner, collate, e, fmt=data.format, on_bad_row=data.on_bad_row))
     state, control, call = hooks.state, hooks.control, hooks.call
     call("on_train_begin")
@@ -212,8 +218,8 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
                 state.global_step += 1
                 state.epoch = epoch + consumed / samples
                 bar.update(state.global_step, note=f"epoch {state.epoch:.2f}")
-                losses = hooks.after_step(losses, lambda: save(output / f"checkpoint-{state.global_step}", runner,
-                                                               Position(state.global_step, epoch, consumed)))
+                losses = hooks.after_step(losses, functools.partial(
+                    save, output / f"checkpoint-{state.global_step}", runner, Position(state.global_step, epoch, consumed)))
                 if control.should_training_stop or state.global_step >= total:
                     break
             else:  # the epoch's rows are all read
@@ -235,7 +241,8 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     return int(state.global_step), total
 
 
-def _factory_runner(spec: Spec, params: Params, samples: int) -> tuple[Any, Any, Callable[[list[Any]], Any], Any]:
+def _factory_runner(spec: Spec, params: Params, samples: int,
+                    schedule: Schedule | None = None) -> tuple[Any, Any, Callable[[list[Any]], Any], Any]:
     """The factory's workload, the probe's ``TrainStep`` over it, its ``collate`` and the device:
     a clear error for a factory without ``collate`` or data without samples."""
     import torch
@@ -259,4 +266,4 @@ def _factory_runner(spec: Spec, params: Params, samples: int) -> tuple[Any, Any,
     if samples < 1:
         raise TrainfitError(f"{spec.data.path} holds no samples to train on (the tune counted {samples})",
                             "check data.path, then tune again")
-    return workload, TrainStep(workload, params, device), collate, device
+    return workload, TrainStep(workload, params, device, schedule), collate, device

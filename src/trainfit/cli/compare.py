@@ -1,0 +1,82 @@
+"""``trainfit compare``: named configs trained K steps each, their curves, speed and memory compared."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from trainfit.cli.common import number
+
+EPILOG = """\
+examples:
+  trainfit compare examples/tiny-llama.yaml --configs examples/compare-configs.yaml --steps 60
+  trainfit compare my.yaml --configs round1.yaml --steps 200 --eval-data val.jsonl --eval-every 25
+  trainfit compare my.yaml --configs round1.yaml --steps 200 --output runs/cmp --resume   # after an interruption
+  trainfit compare my.yaml --configs runs/cmp/next_configs.yaml --steps 400 --output runs/cmp2   # the next round
+
+The configs file maps names to settings on top of the spec's params: any knob (batch_size,
+gradient_accumulation_steps, lora_r, lora_alpha, precision, ...; a factory model's own keys too)
+and the training values learning_rate, lr_scheduler_type, warmup_steps, warmup_ratio,
+weight_decay and max_grad_norm:
+
+  low_lr:  {learning_rate: 1.0e-4}
+  high_lr: {learning_rate: 1.0e-3, warmup_ratio: 0.1}
+  big_r:   {learning_rate: 1.0e-3, lora_r: 64}
+
+Each config trains in its own process on the trainer `trainfit train` uses (TRL's SFTTrainer, or
+trainfit's loop for a factory model), with the same seed and data order, its loss logged every
+step and the eval set evaluated on its schedule. A config whose loss is not finite or rises past
+its start is stopped as diverged; one that runs out of memory is reported, and the others still run.
+Writes OUTPUT/compare.json (after each config: --resume keeps the finished ones), compare.html (loss
+curves against steps and time, speed and memory bars), next_configs.yaml (from the suggestions).
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("compare", help="train named configs for K steps each and compare loss, speed and memory",
+                       description="Train each named config of a configs file for the same number of steps on the "
+                                   "spec's model and data; compare loss curves, speed and memory; suggest the next "
+                                   "round.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", help="YAML spec (see examples/tiny-llama.yaml)")
+    p.add_argument("--configs", required=True, metavar="YAML", help="the named configs (see below)")
+    p.add_argument("--steps", type=number(int, at_least=1), required=True, help="optimizer steps per config")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec value for every config (as in tune); repeatable")
+    p.add_argument("--eval-data", metavar="PATH", help="a held-out set (the training data's format and fields)")
+    p.add_argument("--eval-every", type=number(int, at_least=1), metavar="N",
+                   help="evaluate every N steps and after the last (default: 5 times in the run)")
+    p.add_argument("--eval-batch-size", type=number(int, at_least=1), metavar="B",
+                   help="samples per eval batch (default: the spec's batch size)")
+    p.add_argument("--target-loss", type=number(float, above=0), metavar="LOSS",
+                   help="report the step, time and samples each config took to reach this loss")
+    p.add_argument("--output", help="output folder (default: a new trainfit-runs/SPEC_NAME/compare-TIMESTAMP)")
+    p.add_argument("--resume", action="store_true", help="keep the configs --output's compare.json finished")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from trainfit.cli.render import table
+    from trainfit.compare import compare
+    from trainfit.compare.report import HEADER, rows
+    from trainfit.errors import TrainfitError
+
+    if args.eval_data is None and (args.eval_every is not None or args.eval_batch_size is not None):
+        raise TrainfitError("--eval-every and --eval-batch-size say how to evaluate, and no eval set was given",
+                            "add --eval-data PATH")
+    out = Path(args.output) if args.output else \
+        Path("trainfit-runs") / Path(args.spec).stem / datetime.now().strftime("compare-%Y%m%d-%H%M%S")
+    print(f"trainfit compare: {args.spec} with {args.configs} -> {out}")
+    state = compare(args.spec, args.configs, steps=args.steps, output=out, overrides=args.overrides,
+                    eval_data=args.eval_data, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
+                    target_loss=args.target_loss, resume=args.resume)
+    print()
+    print(table([HEADER, *rows(state)]))
+    print("\nsuggestions for the next round:")
+    for s in state.suggestions:
+        print(f"  - {s.says}\n      ({s.evidence})")
+    print(f"\nwritten: {out / 'compare.json'}, {out / 'compare.html'}"
+          + (f", {out / 'next_configs.yaml'}" if (out / "next_configs.yaml").is_file() else ""))
+    return 0 if all(r.status == "finished" for r in state.runs.values()) else 1

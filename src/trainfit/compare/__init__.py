@@ -1,0 +1,223 @@
+"""``trainfit compare``: train a handful of named configs for K steps each on the real data, with
+the same seed and data order, and compare their loss curves, speed and memory; then suggest the
+next round.
+
+Each config trains in its own process (:mod:`trainfit.compare.child`) on the trainers
+``trainfit train`` uses. ``compare.json`` is rewritten after each config, so an interrupted
+comparison resumes (``--resume``) with the configs not yet done. The suggestions
+(:mod:`trainfit.compare.suggest`) come with their evidence and a ``next_configs.yaml``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainfit.compare.configs import NamedConfig, read_configs
+from trainfit.compare.runs import ConfigRun
+from trainfit.compare.suggest import Suggestion, suggest
+from trainfit.errors import TrainfitError
+from trainfit.files import write_atomically
+from trainfit.plan.eval_pass import EvalSchedule
+from trainfit.spec import Spec, load_spec
+from trainfit.summary import Record, check_schema
+
+SCHEMA_VERSION = 1
+
+__all__ = ["Comparison", "compare"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison(Record):
+    """``compare.json``: what was compared, how, each config's run, and the suggestions."""
+
+    schema_version: int = SCHEMA_VERSION
+    created_at: str
+    spec: str
+    steps: int
+    seed: int
+    evaluation: EvalSchedule | None
+    target_loss: float | None
+    device: str
+    configs: dict[str, dict[str, Any]]
+    """Each config as written, in the file's order."""
+    runs: dict[str, ConfigRun] = field(default_factory=dict)
+    """The configs trained so far."""
+    suggestions: list[Suggestion] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Comparison:  # type: ignore[override]
+        check_schema(raw, SCHEMA_VERSION, "compare.json", "compare again into a new --output")
+        return super().from_json(raw)
+
+    def setup(self) -> dict[str, Any]:
+        """What a resumed comparison must share with this one."""
+        return {"spec": self.spec, "steps": self.steps, "seed": self.seed,
+                "evaluation": self.evaluation.to_json() if self.evaluation else None, "target_loss": self.target_loss}
+
+
+def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, output: str | Path,
+            overrides: Sequence[str] = (), eval_data: str | Path | None = None, eval_every: int | None = None,
+            eval_batch_size: int | None = None, target_loss: float | None = None, resume: bool = False,
+            say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> Comparison:
+    """Train each config of ``configs_path`` for ``steps`` optimizer steps on ``spec_path``'s model
+    and data (see the module) into ``output``; ``eval_data`` is evaluated every ``eval_every``
+    steps (default: 5 times in the run)."""
+    spec = load_spec(spec_path, overrides)
+    configs = read_configs(configs_path, spec)
+    _check(spec, steps, eval_data)
+    output = Path(output).resolve()
+    evaluation = None if eval_data is None else EvalSchedule(
+        path=str(Path(eval_data).resolve()), every=eval_every or max(1, steps // 5),
+        batch_size=eval_batch_size or spec.params.batch_size)
+    state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say)
+    jobs = _Jobs(spec, spec_path, overrides, output, evaluation, steps)
+    for i, config in enumerate(configs, 1):
+        if config.name in state.runs:
+            continue
+        say(f"[{i}/{len(configs)}] {config.name}: {steps} steps of {_settings(config)}")
+        run = jobs.run(config)
+        say(f"[{i}/{len(configs)}] {config.name}: {run.status}" + (f" ({run.error})" if run.error else ""))
+        state = _with(state, runs={**state.runs, config.name: run})
+        _write(output, state)
+    state = _with(state, suggestions=suggest(state.configs, state.runs, target_loss, steps))
+    _write(output, state)
+    from trainfit.compare.report import write_report
+
+    write_report(output, state)
+    return state
+
+
+def _check(spec: Spec, steps: int, eval_data: str | Path | None) -> None:
+    if steps < 1:
+        raise TrainfitError(f"--steps {steps}: each config trains at least 1 step", "e.g. --steps 200")
+    if spec.data is None:
+        raise TrainfitError("compare trains on the spec's data, and the spec has none", "add data: {path: ...}")
+    if spec.model.factory is None and not spec.uses_trl_sft:
+        raise TrainfitError("compare trains a Hugging Face model with TRL's trainer; this spec trains with its "
+                            "tune.command_template", "remove command_template from the spec for the comparison")
+    if eval_data is not None and not Path(eval_data).exists():
+        raise TrainfitError(f"--eval-data {eval_data} does not exist", "give the held-out set's file (the "
+                            "training data's format and fields)")
+
+
+def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, evaluation: EvalSchedule | None,
+           target_loss: float | None, resume: bool, say: Callable[[str], None]) -> Comparison:
+    from trainfit.probe.runner import resolve_device_name
+
+    now = Comparison(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                     spec=str(Path(spec.source or "spec").resolve()), steps=steps, seed=spec.probe.seed,
+                     evaluation=evaluation, target_loss=target_loss, device=resolve_device_name(spec.probe.device),
+                     configs={c.name: c.given for c in configs})
+    path = output / "compare.json"
+    if not path.exists():
+        if resume:
+            say(f"trainfit: {output} holds no comparison yet: starting one")
+        output.mkdir(parents=True, exist_ok=True)
+        return now
+    if not resume:
+        raise TrainfitError(f"{output} already holds a comparison (compare.json)",
+                            "finish it with --resume, or give a new --output")
+    try:
+        before = Comparison.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as err:
+        raise TrainfitError(f"{path} cannot be read ({err})", "compare into a new --output") from None
+    changed = [f"{k}: {before.setup()[k]} -> {v}" for k, v in now.setup().items() if before.setup()[k] != v]
+    if changed:
+        raise TrainfitError(f"{output} compared with other settings; what differs:\n  " + "\n  ".join(changed),
+                            "resume with the same spec and flags, or compare into a new --output")
+    kept = {n: r for n, r in before.runs.items() if now.configs.get(n) == before.configs.get(n)}
+    for name in sorted(set(before.runs) - set(kept)):
+        say(f"trainfit: {name} changed in the configs file (or left it): training it again")
+    if kept:
+        say(f"trainfit: resuming: {', '.join(kept)} done, kept")
+    return _with(now, runs=kept)
+
+
+class _Jobs:
+    """What each config's child process is given, and the child run."""
+
+    def __init__(self, spec: Spec, spec_path: str | Path, overrides: Sequence[str], output: Path,
+                 evaluation: EvalSchedule | None, steps: int) -> None:
+        import torch
+
+        from trainfit.data.analyze import analyze_spec
+        from trainfit.probe.runner import resolve_device_name
+
+        self.spec, self.output, self.evaluation, self.steps = spec, output, evaluation, steps
+        self.base = {"spec": str(Path(spec_path).resolve()), "overrides": list(overrides), "steps": steps,
+                     "evaluation": evaluation.to_json() if evaluation else None}
+        self.stats = analyze_spec(spec, progress=False)
+        self.cpu = resolve_device_name(spec.probe.device) == "cpu"
+        self.threads = torch.get_num_threads() if self.cpu else None
+        self.data: list[str] = []
+        self.model_dir: Path | None = None
+        if spec.model.factory is None:
+            self._trl_data()
+
+    def _trl_data(self) -> None:
+        """The data (and eval split) and the saved random-init model the ``trl sft`` runs read."""
+        import yaml
+
+        from trainfit.command import trl_data_config
+        from trainfit.plan.eval_pass import trl_dataset
+        from trainfit.report import initial_model
+
+        if self.evaluation is not None:
+            folder = trl_dataset(self.output / "trl_dataset", self.spec, Path(self.evaluation.path))
+            self.data = ["--dataset_name", str(folder), *self.evaluation.trl_args()]
+        else:
+            config = trl_data_config(self.spec)
+            if config is None:
+                raise TrainfitError(f"trl sft has no loader for {self.spec.data.path if self.spec.data else 'the data'}",
+                                    "give the data as JSONL, JSON, CSV, Parquet or text")
+            (self.output / "trl_data.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            self.data = ["--config", str(self.output / "trl_data.yaml")]
+        self.model_dir = initial_model(self.output, self.spec)
+
+    def argv(self, config: NamedConfig) -> list[str]:
+        """The ``trl sft`` arguments of ``config``, as tune writes them, on this comparison's data."""
+        from trainfit.command import trl_command
+
+        words = trl_command(self.spec, config.params, max_length=self.stats.truncation_length(config.params.max_length),
+                            data_config=Path("DATA"), cpu_threads=self.threads, model_dir=self.model_dir)
+        words = words[words.index("sft") + 1:]
+        at = words.index("--config")
+        return [*words[:at], *self.data, *words[at + 2:]]
+
+    def run(self, config: NamedConfig) -> ConfigRun:
+        folder = self.output / config.name
+        shutil.rmtree(folder, ignore_errors=True)  # a config cut short earlier starts over
+        folder.mkdir(parents=True)
+        job = {**self.base, "name": config.name, "given": config.given, "folder": str(folder),
+               "threads": self.threads, "samples": self.stats.samples,
+               "argv": self.argv(config) if self.spec.model.factory is None else []}
+        (folder / "job.json").write_text(json.dumps(job, indent=2) + "\n")
+        subprocess.run([sys.executable, "-m", "trainfit.compare.child", str(folder / "job.json")], check=False)
+        result = folder / "result.json"
+        if not result.is_file():
+            return ConfigRun(name=config.name, status="failed", steps=0, max_steps=self.steps, samples_per_step=0,
+                             train_s=0.0, eval_s=0.0, samples_per_second=None, peak_memory_gb=None,
+                             error="its process ended without a result (killed?)")
+        return ConfigRun.from_json(json.loads(result.read_text()))
+
+
+def _settings(config: NamedConfig) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.given.items()) or "the spec's params"
+
+
+def _with(state: Comparison, **changes: Any) -> Comparison:
+    import dataclasses
+
+    return dataclasses.replace(state, **changes)
+
+
+def _write(output: Path, state: Comparison) -> None:
+    write_atomically(output / "compare.json", json.dumps(state.to_json(), indent=2) + "\n")

@@ -1,0 +1,107 @@
+"""One config of a comparison, trained in its own process (``python -m trainfit.compare.child
+JOB.json``): K real optimizer steps on the same trainers ``trainfit train`` uses (TRL's
+``SFTTrainer`` for a Hugging Face model, trainfit's loop on the probe's ``TrainStep`` for a factory
+model), with the same seed and data order for every config, its loss logged every step and the
+eval set evaluated on its schedule. It writes ``result.json`` (a :class:`ConfigRun`) into its folder.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from trainfit.compare.runs import ConfigRun, CurveLog, peak_memory_gb
+from trainfit.files import write_atomically
+
+
+def run(job: dict[str, Any]) -> ConfigRun:
+    """Train the job's config (see the module) and return what it measured."""
+    import torch
+
+    from trainfit.compare.configs import read_one
+    from trainfit.devices import torch_threads
+    from trainfit.probe.runner import resolve_device_name
+    from trainfit.spec import load_spec
+
+    spec = load_spec(job["spec"], job.get("overrides", []))
+    config = read_one(job["name"], job["given"], spec)
+    folder = Path(job["folder"])
+    device = torch.device(resolve_device_name(spec.probe.device))
+    steps = int(job["steps"])
+    log = CurveLog(config.name, lambda line: print(line, file=sys.stderr, flush=True), max(1, steps // 10))
+    with torch_threads(job.get("threads")):
+        torch.manual_seed(spec.probe.seed)
+        if spec.model.factory is not None:
+            done = _factory(spec, config, job, log, folder)
+        else:
+            done = _trl(config, job, log, folder)
+    train_s = log.seconds()
+    samples = config.params.effective_batch_size
+    return ConfigRun(name=config.name, status="diverged" if log.diverged_at is not None else "finished", steps=done,
+                     max_steps=steps, samples_per_step=samples, train_s=round(train_s, 4),
+                     eval_s=round(log.eval_s, 4), samples_per_second=done * samples / train_s if train_s > 0 else None,
+                     peak_memory_gb=peak_memory_gb(device), losses=log.losses, evals=log.evals,
+                     diverged_at=log.diverged_at)
+
+
+def _factory(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder: Path) -> int:
+    from trainfit.plan.eval_pass import Evaluation
+    from trainfit.train.loop import run_loop
+
+    evaluation = Evaluation.from_json(job["evaluation"]) if job.get("evaluation") else None
+    steps = int(job["steps"])
+    done, _ = run_loop(spec, config.params, samples=int(job["samples"]), epochs=float(steps), max_steps=steps,
+                       output=folder, checkpoint=None, callbacks=[log], say=lambda line: None,
+                       evaluation=evaluation, schedule=config.schedule(steps), log_every=1)
+    return done
+
+
+def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path) -> int:
+    from trainfit.train.sft import build_trainer
+
+    argv = [*job["argv"], *config.trl_args(), "--max_steps", str(job["steps"]), "--logging_steps", "1",
+            "--save_strategy", "no", "--report_to", "none", "--output_dir", str(folder / "trainer"),
+            "--disable_tqdm", "true", "--log_level", "warning"]
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer = build_trainer(argv, [log])
+    for printer in (PrinterCallback, ProgressCallback):  # a line per step each: this log says it in one line
+        trainer.remove_callback(printer)
+    trainer.train()
+    return int(trainer.state.global_step)
+
+
+def main(argv: list[str]) -> int:
+    from trainfit.errors import TrainfitError
+
+    import os
+
+    from trainfit.probe.worker import die_with_parent
+
+    die_with_parent(os.getppid(), pdeathsig=True)  # a comparison killed leaves no config training
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notes, per config
+    job = json.loads(Path(argv[0]).read_text())
+    folder = Path(job["folder"])
+    try:
+        result = run(job)
+    except TrainfitError as err:
+        result = _failed(job, "failed", str(err))
+    except Exception as err:  # noqa: BLE001 (the comparison goes on with the other configs and reports this one)
+        from trainfit.probe.worker import is_oom
+
+        status = "out_of_memory" if is_oom(err) else "failed"
+        result = _failed(job, status, f"{type(err).__name__}: {err}")
+    write_atomically(folder / "result.json", json.dumps(result.to_json(), indent=2) + "\n")
+    return 0
+
+
+def _failed(job: dict[str, Any], status: str, error: str) -> ConfigRun:
+    return ConfigRun(name=job["name"], status=status, steps=0, max_steps=int(job["steps"]), samples_per_step=0,
+                     train_s=0.0, eval_s=0.0, samples_per_second=None, peak_memory_gb=None, error=error[-2000:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,128 @@
+"""The named configs a comparison trains: a YAML mapping of names to knob values (docs/spec.md's
+knobs, and a factory's own keys) and training values (:data:`TRAINING_KEYS`), each applied on top
+of the spec's ``params``.
+
+    conservative: {learning_rate: 1.0e-4, lora_r: 16}
+    aggressive:   {learning_rate: 5.0e-4, lora_r: 64, warmup_steps: 10}
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainfit.errors import Problem, SpecError, TrainfitError
+from trainfit.params import Params, parse_params
+from trainfit.spec import Spec
+from trainfit.step import SCHEDULERS, Schedule
+
+TRAINING_KEYS: dict[str, str] = {
+    "learning_rate": "the peak learning rate (default 2e-5, TRL's)",
+    "lr_scheduler_type": f"the learning rate's schedule after warmup: {', '.join(SCHEDULERS)} (default linear)",
+    "warmup_steps": "optimizer steps of linear warmup (default 0)",
+    "warmup_ratio": "warmup as a share of the run's steps, 0-1 (instead of warmup_steps)",
+    "weight_decay": "AdamW's weight decay (default 0)",
+    "max_grad_norm": "gradients clipped to this total norm (default 1.0)",
+}
+"""The training values a config may set besides knobs, and what each means."""
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class NamedConfig:
+    """One config to compare: its name, every knob, its training values, and what it set."""
+
+    name: str
+    params: Params
+    training: dict[str, Any]
+    """The training values it sets (:data:`TRAINING_KEYS`); the rest are the defaults."""
+    given: dict[str, Any] = field(default_factory=dict)
+    """The config as written (knobs and training values), for the report and a later round."""
+
+    def schedule(self, total_steps: int) -> Schedule:
+        t = self.training
+        warmup = int(t.get("warmup_steps") or math.ceil(float(t.get("warmup_ratio") or 0.0) * total_steps))
+        return Schedule(learning_rate=float(t.get("learning_rate", 2e-5)),
+                        lr_scheduler_type=str(t.get("lr_scheduler_type", "linear")), warmup_steps=warmup,
+                        weight_decay=float(t.get("weight_decay", 0.0)),
+                        max_grad_norm=float(t.get("max_grad_norm", 1.0)), total_steps=total_steps)
+
+    def trl_args(self) -> list[str]:
+        """The ``trl sft`` flags of its training values."""
+        return [word for key, value in self.training.items() for word in (f"--{key}", str(value))]
+
+
+def read_configs(path: str | Path, spec: Spec) -> list[NamedConfig]:
+    """The configs of the YAML file ``path`` over ``spec``'s params; every problem of the file at
+    once (a :class:`SpecError` naming each config and key), or a :class:`TrainfitError` for a file
+    that cannot be read."""
+    from trainfit.spec import load_yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise TrainfitError(f"configs file {path} not found",
+                            "write a YAML mapping of names to settings, e.g. fast: {learning_rate: 3.0e-4}")
+    raw = load_yaml(path.read_text(), str(path))
+    if not isinstance(raw, dict) or not raw:
+        raise TrainfitError(f"{path} must hold a mapping of config names to their settings",
+                            "e.g. low_lr: {learning_rate: 1.0e-5}\\nhigh_lr: {learning_rate: 1.0e-4}")
+    problems: list[Problem] = []
+    configs = [c for name, values in raw.items() if (c := _config(str(name), values, spec, problems)) is not None]
+    if problems:
+        raise SpecError(problems, source=str(path))
+    return configs
+
+
+def read_one(name: str, values: Any, spec: Spec) -> NamedConfig:
+    """The config ``name`` as written (``values``), over ``spec``'s params."""
+    problems: list[Problem] = []
+    config = _config(name, values, spec, problems)
+    if problems or config is None:
+        raise SpecError(problems, source=f"config {name}")
+    return config
+
+
+def _config(name: str, values: Any, spec: Spec, problems: list[Problem]) -> NamedConfig | None:
+    if not NAME.match(name):
+        problems.append(Problem(name, "a config name is letters, digits, '_', '.' and '-' (it names a folder)"))
+        return None
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        problems.append(Problem(name, f"expected a mapping of settings, got {type(values).__name__}"))
+        return None
+    factory = spec.model.factory is not None and not spec.uses_trl_sft
+    training = {k: v for k, v in values.items() if k in TRAINING_KEYS}
+    for key, value in training.items():
+        problem = _check_training(key, value)
+        if problem:
+            problems.append(Problem(f"{name}.{key}", problem))
+    knobs = {k: v for k, v in values.items() if k not in TRAINING_KEYS}
+    for key in knobs:
+        close = difflib.get_close_matches(key, list(TRAINING_KEYS), n=1, cutoff=0.8)
+        if close:
+            problems.append(Problem(f"{name}.{key}", "unknown setting", f"did you mean {close[0]!r}?"))
+    params, found = parse_params({**spec.params.to_dict(), **knobs}, allow_custom=factory, prefix=name)
+    problems.extend(found)
+    return NamedConfig(name=name, params=params, training=training, given=dict(values))
+
+
+def _check_training(key: str, value: Any) -> str | None:
+    if key == "lr_scheduler_type":
+        return None if value in SCHEDULERS else f"must be one of {', '.join(SCHEDULERS)}, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number, got {value!r}"
+    if key == "warmup_steps" and (not isinstance(value, int) or value < 0):
+        return f"must be a whole number >= 0, got {value!r}"
+    if key == "warmup_ratio" and not 0 <= value <= 1:
+        return f"must be between 0 and 1, got {value!r}"
+    if key in ("learning_rate", "max_grad_norm") and not value > 0:
+        return f"must be > 0, got {value!r}"
+    if value < 0:
+        return f"must be >= 0, got {value!r}"
+    return None

@@ -1,0 +1,146 @@
+"""What a comparison's curves say about the next round: rules over the measured runs, each
+suggestion with its evidence and, where it proposes a config, that config for the next
+``configs.yaml``. Pure functions of the runs and the configs as written."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainfit.compare.runs import ConfigRun
+from trainfit.summary import Record
+
+SAME_LOSS = 0.02
+"""Two final losses within 2% of each other are the same result."""
+SLOWER = 0.9
+"""A config at less than 0.9x another's speed is slower."""
+STILL_FALLING = 0.01
+"""A loss still falls when its last quarter's mean is 1% below its third quarter's."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Suggestion(Record):
+    says: str
+    evidence: str
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Configs for the next round (name -> settings), when the suggestion proposes some."""
+
+
+def final_loss(run: ConfigRun) -> float | None:
+    """What a run ends at: its last eval loss, else the mean of its last tenth of train losses."""
+    if run.evals:
+        return run.evals[-1][2]
+    if not run.losses:
+        return None
+    tail = run.losses[-max(1, len(run.losses) // 10):]
+    return statistics.fmean(x[2] for x in tail)
+
+
+def still_falling(run: ConfigRun) -> bool:
+    """Its train loss's last quarter is below its third quarter by :data:`STILL_FALLING` or more."""
+    losses = [x[2] for x in run.losses]
+    if len(losses) < 8:
+        return False
+    q = len(losses) // 4
+    return statistics.fmean(losses[-q:]) < (1 - STILL_FALLING) * statistics.fmean(losses[-2 * q:-q])
+
+
+def ranked(runs: dict[str, ConfigRun]) -> list[str]:
+    """The configs that finished, best (lowest final loss) first."""
+    done = [name for name, r in runs.items() if r.status == "finished" and final_loss(r) is not None]
+    return sorted(done, key=lambda name: final_loss(runs[name]))  # type: ignore[arg-type, return-value]
+
+
+def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target_loss: float | None = None,
+            steps: int | None = None) -> list[Suggestion]:
+    """The next round's suggestions (see the module) from the configs as written and their runs."""
+    order = ranked(runs)
+    out = [s for name, run in runs.items() if run.status == "diverged" for s in [_diverged(name, given[name], run)]]
+    if order:
+        best = order[0]
+        out += _learning_rate_edge(best, given, runs, order)
+        out += _capacity(given, runs, order)
+        if still_falling(runs[best]):
+            out.append(Suggestion(says=f"train {best} longer" + (f" (e.g. --steps {2 * steps})" if steps else ""),
+                                  evidence=f"its loss was still falling at the end: {_quarters(runs[best])}"))
+        out.insert(0, Suggestion(says=f"{best} is the best so far", evidence=_standing(order, runs),
+                                 configs={best: dict(given[best])}))
+    if target_loss is not None and not any(reached(r, target_loss) for r in runs.values()):
+        best_loss = min((x for r in runs.values() if (x := final_loss(r)) is not None), default=None)
+        out.append(Suggestion(says=f"no config reached the target loss {target_loss:g}",
+                              evidence=f"the lowest final loss was {best_loss:.4g}" if best_loss is not None
+                              else "no config finished"))
+    return out
+
+
+def reached(run: ConfigRun, target: float) -> list[float] | None:
+    """``[step, seconds, samples]`` where the run's loss first reached ``target`` (its eval loss when
+    it has evaluations, else its train loss); None when it never did."""
+    points = run.evals or run.losses
+    hit = next((p for p in points if p[2] <= target), None)
+    return None if hit is None else [hit[0], hit[1], hit[0] * run.samples_per_step]
+
+
+def _diverged(name: str, given: dict[str, Any], run: ConfigRun) -> Suggestion:
+    lr = float(given.get("learning_rate", 2e-5))
+    losses = [x[2] for x in run.losses]
+    start = f"{statistics.fmean(losses[:5]):.4g}" if losses else "?"
+    return Suggestion(says=f"{name} diverged at step {run.diverged_at}: lower its learning rate or add warmup",
+                      evidence=f"its loss went from {start} at the start to {losses[-1] if losses else '?'} at step "
+                               f"{run.diverged_at}",
+                      configs={f"{name}_stable": {**given, "learning_rate": float(f"{lr / 3:.3g}"),
+                                                  "warmup_ratio": 0.1}})
+
+
+def _learning_rate_edge(best: str, given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun],
+                        order: list[str]) -> list[Suggestion]:
+    """The best config had the highest (lowest) learning rate tried: try past it."""
+    rates = {name: float(given[name].get("learning_rate", 2e-5)) for name in order}
+    if len(set(rates.values())) < 2:
+        return []
+    lr = rates[best]
+    others = ", ".join(f"{n} ({rates[n]:g}): {final_loss(runs[n]):.4g}" for n in order[1:4])
+    if lr == max(rates.values()) and still_falling(runs[best]):
+        return [Suggestion(says=f"the highest learning rate tried ({lr:g}) was the best and its loss still fell: "
+                                f"try 2x ({2 * lr:g})",
+                           evidence=f"final loss {best} ({lr:g}): {final_loss(runs[best]):.4g}; {others}",
+                           configs={f"{best}_lr_x2": {**given[best], "learning_rate": float(f"{2 * lr:.3g}")}})]
+    if lr == min(rates.values()):
+        return [Suggestion(says=f"the lowest learning rate tried ({lr:g}) was the best: try half of it ({lr / 2:g})",
+                           evidence=f"final loss {best} ({lr:g}): {final_loss(runs[best]):.4g}; {others}",
+                           configs={f"{best}_lr_half": {**given[best], "learning_rate": float(f"{lr / 2:.3g}")}})]
+    return []
+
+
+def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], order: list[str]) -> list[Suggestion]:
+    """A larger LoRA rank that matched a smaller one's loss, slower: keep the smaller."""
+    out = []
+    for big in order:
+        for small in order:
+            r_big, r_small = given[big].get("lora_r"), given[small].get("lora_r")
+            if not (isinstance(r_big, int) and isinstance(r_small, int) and r_big > r_small):
+                continue
+            loss_big, loss_small = final_loss(runs[big]), final_loss(runs[small])
+            speed_big, speed_small = runs[big].samples_per_second, runs[small].samples_per_second
+            if None in (loss_big, loss_small, speed_big, speed_small):
+                continue
+            ratio = speed_big / speed_small  # type: ignore[operator]
+            if loss_big >= (1 - SAME_LOSS) * loss_small and ratio < SLOWER:  # type: ignore[operator]
+                out.append(Suggestion(says=f"r={r_big} ({big}) matched r={r_small} ({small}) at {ratio:.2f}x the "
+                                           f"speed: keep {r_small}",
+                                      evidence=f"final loss {loss_big:.4g} against {loss_small:.4g}; "
+                                               f"{speed_big:.3g} against {speed_small:.3g} samples/s"))
+    return out
+
+
+def _quarters(run: ConfigRun) -> str:
+    losses = [x[2] for x in run.losses]
+    q = len(losses) // 4
+    return (f"mean {statistics.fmean(losses[-2 * q:-q]):.4g} in the third quarter of its steps, "
+            f"{statistics.fmean(losses[-q:]):.4g} in the last")
+
+
+def _standing(order: list[str], runs: dict[str, ConfigRun]) -> str:
+    kind = "eval" if runs[order[0]].evals else "train"
+    return f"final {kind} loss: " + ", ".join(f"{n} {final_loss(runs[n]):.4g}" for n in order)

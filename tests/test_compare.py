@@ -1,0 +1,213 @@
+"""``trainfit compare``: the configs file and its errors, the learning-rate schedules against
+transformers' own, the suggestion rules on constructed curves, and real comparisons: two learning
+rates of a tiny Llama under TRL's trainer, ranked by eval loss; a factory model's comparison killed
+and resumed (integration)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_texts
+
+from trainfit.cli import main
+from trainfit.compare.configs import read_configs
+from trainfit.compare.report import page, rows
+from trainfit.compare.runs import ConfigRun, diverged
+from trainfit.compare.suggest import final_loss, reached, suggest
+from trainfit.errors import SpecError, TrainfitError
+from trainfit.spec import load_spec
+from trainfit.step import Schedule
+
+
+@pytest.fixture
+def llama(tmp_path: Path):
+    data = tmp_path / "train.jsonl"
+    write_texts(data, n=40)
+    path = make_spec_file(tmp_path, model={"config": {**TINY_LLAMA, "vocab_size": 2000}},
+                          data={"path": str(data), "text_field": "text"}, params={"max_length": 64, "lora_r": 4})
+    path.write_text(path.read_text() + f"tokenizer: {EXAMPLES / 'data' / 'tokenizer.json'}\n")
+    return path
+
+
+def test_a_configs_file_sets_knobs_and_training_values_over_the_spec(llama: Path, tmp_path: Path) -> None:
+    spec = load_spec(llama)
+    (tmp_path / "c.yaml").write_text("a: {learning_rate: 1.0e-4}\nb: {learning_rate: 3.0e-4, lora_r: 16, "
+                                     "warmup_ratio: 0.1, lr_scheduler_type: cosine}\n")
+    a, b = read_configs(tmp_path / "c.yaml", spec)
+    assert (a.name, a.params.lora_r, a.params.max_length, a.training) == ("a", 4, 64, {"learning_rate": 1e-4})
+    assert b.params.lora_r == 16 and b.schedule(100).warmup_steps == 10 and b.schedule(100).lr_scheduler_type == "cosine"
+    assert b.trl_args() == ["--learning_rate", "0.0003", "--warmup_ratio", "0.1", "--lr_scheduler_type", "cosine"]
+
+
+def test_every_problem_of_a_configs_file_is_named_with_its_config_and_key(llama: Path, tmp_path: Path) -> None:
+    spec = load_spec(llama)
+    (tmp_path / "bad.yaml").write_text("ok: {learning_rate: 1.0e-4}\ntypo: {learnig_rate: 1.0e-4}\n"
+                                       "knob: {lora_rr: 8}\nzero: {learning_rate: 0}\nsched: {lr_scheduler_type: step}\n"
+                                       "'a b': {}\n")
+    with pytest.raises(SpecError) as err:
+        read_configs(tmp_path / "bad.yaml", spec)
+    text = str(err.value)
+    assert "typo.learnig_rate: unknown setting (did you mean 'learning_rate'?)" in text
+    assert "knob.lora_rr: unknown knob (did you mean 'lora_r'?)" in text
+    assert "zero.learning_rate: must be > 0" in text and "sched.lr_scheduler_type: must be one of" in text
+    assert "a b: a config name is letters" in text and "ok." not in text
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(TrainfitError, match="mapping of config names"):
+        read_configs(tmp_path / "list.yaml", spec)
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine", "constant"])
+def test_the_learning_rate_schedules_are_transformers_own(kind: str) -> None:
+    import torch
+    from transformers import get_scheduler
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    name = "constant_with_warmup" if kind == "constant" else kind
+    reference = get_scheduler(name, optimizer, num_warmup_steps=5, num_training_steps=40)
+    schedule = Schedule(learning_rate=1.0, lr_scheduler_type=kind, warmup_steps=5, total_steps=40)
+    for step in range(40):
+        assert schedule.factor(step) == pytest.approx(reference.lr_lambdas[0](step), abs=1e-12), step
+
+
+def test_a_loss_that_is_not_finite_or_rises_past_its_start_diverged() -> None:
+    assert diverged([3.0, 2.9, float("nan")])
+    assert diverged([3.0] * 5 + [3.0, 3.2, 3.4, 3.6, 3.8])  # the last five's mean 3.4 > 1.1 x 3.0
+    assert not diverged([3.0] * 5 + [2.9, 2.8, 2.7, 2.6, 2.5]) and not diverged([3.0, 9.0])
+
+
+def curve(start: float, end: float, n: int = 40, seconds_per_step: float = 0.1) -> list[list[float]]:
+    return [[i, i * seconds_per_step, start + (end - start) * i / n] for i in range(1, n + 1)]
+
+
+def a_run(name: str, losses: list[list[float]], *, evals: list[list[float]] | None = None, status: str = "finished",
+          sps: float = 10.0, diverged_at: int | None = None) -> ConfigRun:
+    return ConfigRun(name=name, status=status, steps=len(losses), max_steps=40, samples_per_step=4, train_s=4.0,
+                     eval_s=0.0, samples_per_second=sps, peak_memory_gb=1.0, losses=losses, evals=evals or [],
+                     diverged_at=diverged_at)
+
+
+def test_the_suggestions_follow_the_curves_and_say_why() -> None:
+    given = {"low": {"learning_rate": 1e-4, "lora_r": 16}, "high": {"learning_rate": 1e-3, "lora_r": 16},
+             "wide": {"learning_rate": 1e-3, "lora_r": 64}, "wild": {"learning_rate": 1e-2, "lora_r": 16}}
+    runs = {"low": a_run("low", curve(3.0, 2.8)),
+            "high": a_run("high", curve(3.0, 2.0)),  # the best, the highest rate that did not diverge, still falling
+            "wide": a_run("wide", curve(3.0, 2.01), sps=6.0),  # the same loss at 0.6x the speed
+            "wild": a_run("wild", curve(3.0, 9.0, n=12), status="diverged", diverged_at=12)}
+    said = {s.says: s for s in suggest(given, runs, target_loss=1.5, steps=40)}
+    assert "high is the best so far" in said and said["high is the best so far"].configs == {"high": given["high"]}
+    stable = said["wild diverged at step 12: lower its learning rate or add warmup"]
+    assert stable.configs == {"wild_stable": {"learning_rate": 0.00333, "lora_r": 16, "warmup_ratio": 0.1}}
+    x2 = said["the highest learning rate tried (0.001) was the best and its loss still fell: try 2x (0.002)"]
+    assert x2.configs == {"high_lr_x2": {"learning_rate": 0.002, "lora_r": 16}} and x2.evidence.endswith("low (0.0001): 2.807")
+    assert "r=64 (wide) matched r=16 (high) at 0.60x the speed: keep 16" in said
+    assert "train high longer (e.g. --steps 80)" in said
+    assert "no config reached the target loss 1.5" in said
+    # the lowest rate best: try half; nothing falls any more: no "longer"
+    flat = {"low": a_run("low", [[i, i, 2.0] for i in range(1, 41)]), "high": a_run("high", curve(3.0, 2.5))}
+    said = {s.says for s in suggest({k: given[k] for k in flat}, flat)}
+    assert "the lowest learning rate tried (0.0001) was the best: try half of it (5e-05)" in said
+    assert not any("longer" in s for s in said)
+
+
+def test_the_final_loss_and_the_target_come_from_the_eval_curve_when_there_is_one() -> None:
+    run = a_run("a", curve(3.0, 2.0), evals=[[10, 1.0, 2.9], [20, 2.0, 2.6], [40, 4.0, 2.4]])
+    assert final_loss(run) == 2.4 and reached(run, 2.6) == [20, 2.0, 80] and reached(run, 1.0) is None
+    assert final_loss(a_run("b", curve(3.0, 2.0))) == pytest.approx(2.0375)  # the last tenth's mean
+
+
+# --- real comparisons --------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_two_learning_rates_train_under_trl_and_rank_by_eval_loss_with_their_curves(
+        llama: Path, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("trl")
+    (tmp_path / "c.yaml").write_text("slow: {learning_rate: 1.0e-6}\nfast: {learning_rate: 3.0e-3}\n")
+    eval_data = tmp_path / "eval.jsonl"
+    write_texts(eval_data, n=12, seed=3)
+    out = tmp_path / "cmp"
+    assert main(["compare", str(llama), "--configs", str(tmp_path / "c.yaml"), "--steps", "10", "--eval-data",
+                 str(eval_data), "--eval-every", "5", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    state = json.loads((out / "compare.json").read_text())
+    for name in ("slow", "fast"):
+        run = state["runs"][name]
+        assert run["status"] == "finished" and run["steps"] == 10 and [p[0] for p in run["losses"]] == list(range(1, 11))
+        assert [p[0] for p in run["evals"]] == [5, 10] and run["samples_per_second"] > 0 and run["peak_memory_gb"] > 0
+    assert state["runs"]["fast"]["evals"][-1][2] < state["runs"]["slow"]["evals"][-1][2]
+    assert state["suggestions"][0]["says"] == "fast is the best so far"
+    assert printed.index("slow ") < printed.index("fast ") and "fast is the best so far" in printed
+    assert (out / "next_configs.yaml").read_text().count("learning_rate") >= 1
+    html = (out / "compare.html").read_text()
+    assert html.count("<polyline") == 4 and html.count("<circle") == 8  # train lines and eval dots, in two charts
+
+
+@pytest.fixture
+def factory_spec(tmp_path: Path) -> Path:
+    import random
+
+    rng = random.Random(0)
+    data = tmp_path / "frames.jsonl"
+    with data.open("w") as f:
+        for i in range(40):
+            n = rng.randint(2, 9)
+            f.write(json.dumps({"id": i, "n": n, "frames": [[rng.uniform(-1, 1) for _ in range(8)]
+                                                            for _ in range(n)]}) + "\n")
+    return make_spec_file(tmp_path, model={"factory": f"{Path(__file__).parent / 'factories.py'}:learnable"},
+                          data={"path": str(data), "length_field": "n"},
+                          params={"batch_size": 2, "max_length": 16, "width_mul": 2, "sleep_s": 0.05})
+
+
+@pytest.mark.integration
+def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
+        factory_spec: Path, tmp_path: Path) -> None:
+    configs = tmp_path / "c.yaml"
+    configs.write_text("first: {learning_rate: 1.0e-3}\nsecond: {learning_rate: 1.0e-2, sleep_s: 0.2}\n")
+    out = tmp_path / "cmp"
+    argv = [sys.executable, "-m", "trainfit", "compare", str(factory_spec), "--configs", str(configs), "--steps", "20",
+            "--output", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while not ((out / "second" / "job.json").is_file()):  # the first is done and written, the second started
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = json.loads((out / "compare.json").read_text())["runs"]
+    assert list(first) == ["first"] and first["first"]["status"] == "finished"
+    time.sleep(0.5)  # its child died with it
+    assert not (out / "second" / "result.json").exists()
+
+    assert main(["compare", str(factory_spec), "--configs", str(configs), "--steps", "20", "--output", str(out)]) == 2
+    done = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resuming: first done, kept" in done.stderr
+    state = json.loads((out / "compare.json").read_text())
+    assert state["runs"]["first"] == first["first"] and state["runs"]["second"]["steps"] == 20
+    assert all(math.isfinite(p[2]) for p in state["runs"]["second"]["losses"])
+    # another step count is another comparison: refused, naming it
+    again = subprocess.run([*argv[:-3], "30", "--output", str(out), "--resume"], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 2 and "steps: 20 -> 30" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_the_page_draws_each_curve_and_escapes_names(tmp_path: Path) -> None:
+    from trainfit.compare import Comparison
+
+    state = Comparison(created_at="", spec="s.yaml", steps=40, seed=0, evaluation=None, target_loss=2.5, device="cpu",
+                       configs={"a<b": {}, "c": {}, "d": {}},
+                       runs={"a<b": a_run("a<b", curve(3.0, 2.0)), "c": a_run("c", curve(3.0, 2.8))})
+    html = page(state)
+    assert html.count("<polyline") == 4 and "<td>a&lt;b</td>" in html and "<td>a<b</td>" not in html
+    assert "<script" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")  # self-contained
+    table = {r[0]: r for r in rows(state)}
+    assert table["d"][1] == "not run" and table["c"][6] == "not reached" and table["a<b"][6].startswith("step 20,")
+    assert Comparison.from_json(json.loads(json.dumps(state.to_json()))) == state
