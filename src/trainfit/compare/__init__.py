@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,23 +201,25 @@ class _Jobs:
                "threads": self.threads, "samples": self.stats.samples,
                "argv": self.argv(config) if self.spec.model.factory is None else []}
         (folder / "job.json").write_text(json.dumps(job, indent=2) + "\n")
+        began = time.perf_counter()
         subprocess.run([sys.executable, "-m", "trainfit.compare.child", str(folder / "job.json")], check=False)
+        wall = round(time.perf_counter() - began, 3)
         result = folder / "result.json"
         if not result.is_file():
             return ConfigRun(name=config.name, status="failed", steps=0, max_steps=self.steps, samples_per_step=0,
                              train_s=0.0, eval_s=0.0, samples_per_second=None, peak_memory_gb=None,
                              error="its process ended without a result (killed?)")
-        return ConfigRun.from_json(json.loads(result.read_text()))
+        return _with(ConfigRun.from_json(json.loads(result.read_text())), wall_s=wall)
 
 
 def _settings(config: NamedConfig) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.given.items()) or "the spec's params"
 
 
-def _with(state: Comparison, **changes: Any) -> Comparison:
+def _with(record: Any, **changes: Any) -> Any:
     import dataclasses
 
-    return dataclasses.replace(state, **changes)
+    return dataclasses.replace(record, **changes)
 
 
 def _write(output: Path, state: Comparison) -> None:

@@ -75,10 +75,9 @@ def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from trainfit.errors import TrainfitError
-
     import os
 
+    from trainfit.errors import TrainfitError
     from trainfit.probe.worker import die_with_parent
 
     die_with_parent(os.getppid(), pdeathsig=True)  # a comparison killed leaves no config training

@@ -39,6 +39,8 @@ class ConfigRun(Record):
     """``[step, seconds of training so far, eval loss]`` at every evaluation."""
     diverged_at: int | None = None
     error: str | None = None
+    wall_s: float | None = None
+    """The config's process, launch to exit: imports, the model's build, the data, the steps, the passes."""
 
 
 class CurveLog(trainer_callback_base()):  # type: ignore[misc]
