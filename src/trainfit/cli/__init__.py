@@ -15,7 +15,7 @@ from typing import Any
 
 from trainfit.errors import Terminated
 
-COMMANDS = ("analyze", "probe", "tune", "ablate", "compare", "plan", "train", "env")
+COMMANDS = ("analyze", "probe", "tune", "ablate", "compare", "plan", "train", "dashboard", "env")
 
 DESCRIPTION = """\
 Find the fastest training configuration that fits in memory, prove it by measurement.
@@ -27,6 +27,7 @@ Find the fastest training configuration that fits in memory, prove it by measure
   trainfit compare spec.yaml --configs c.yaml --steps 200           train named configs, compare their curves
   trainfit plan RUN_DIR --max-hours 12 --epochs 3                   fit the run into a time window, with an ETA
   trainfit train RUN_DIR --resume                                   train it, checkpointed and resumable
+  trainfit dashboard RUN_DIR                                        watch a search in a browser (optuna-dashboard)
   trainfit env                                                      devices and versions
 
 Run `trainfit COMMAND --help` for the options of each command.

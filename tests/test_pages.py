@@ -1,0 +1,108 @@
+"""The pages a user opens, in a real headless browser (Chromium, skipped where it is absent):
+report.html and compare.html render their plots (a screenshot, its pixels read), and
+``trainfit dashboard`` serves the study, which optuna-dashboard's page lists, beside the run's own
+pages (integration)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import TINY_LLAMA, make_spec_file, write_texts
+
+from trainfit.cli import main
+
+BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+needs_browser = pytest.mark.skipif(BROWSER is None, reason="no Chromium here (.ci/run installs it: apt-get install chromium)")
+
+
+def browser(*args: str, timeout: float = 60) -> str:
+    assert BROWSER is not None
+    done = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
+                          capture_output=True, text=True, timeout=timeout)
+    return done.stdout
+
+
+def screenshot(page: Path, out: Path, height: int = 2400) -> object:
+    from PIL import Image
+
+    browser(f"--screenshot={out}", f"--window-size=1200,{height}", page.resolve().as_uri())
+    assert out.is_file(), f"no screenshot of {page}"
+    return Image.open(out).convert("RGB")
+
+
+def pixels_near(image: object, color: str, tolerance: int = 40) -> int:
+    """How many pixels are within ``tolerance`` of ``color`` (#rrggbb) on each channel."""
+    target = tuple(int(color[i:i + 2], 16) for i in (1, 3, 5))
+    return sum(1 for px in image.getdata()  # type: ignore[attr-defined]
+               if all(abs(a - b) <= tolerance for a, b in zip(px, target, strict=True)))
+
+
+@pytest.fixture(scope="module")
+def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pages")
+    data = root / "train.jsonl"
+    write_texts(data, n=60)
+    spec = make_spec_file(root, model={"config": {**TINY_LLAMA, "vocab_size": 256}},
+                          data={"path": str(data), "text_field": "text"}, params={"max_length": 64})
+    spec.write_text(spec.read_text() + "search:\n  batch_size: [1, 2, 4]\n")
+    out = root / "tune"
+    assert main(["tune", str(spec), "--output", str(out), "--strategy", "grid"]) == 0
+    return out
+
+
+@needs_browser
+@pytest.mark.integration
+def test_the_tune_report_and_a_comparison_draw_their_plots(tune_dir: Path, tmp_path: Path) -> None:
+    image = screenshot(tune_dir / "report.html", tmp_path / "report.png")
+    assert pixels_near(image, "#1f77b4") > 200  # the charts' first series: its points and lines are drawn
+    assert len(set(image.getdata())) > 50  # type: ignore[attr-defined]  (not a blank page)
+
+    from test_compare import a_run, curve
+
+    from trainfit.compare import Comparison
+    from trainfit.compare.report import page
+
+    state = Comparison(created_at="", spec="s.yaml", steps=40, seed=0, evaluation=None, target_loss=None, device="cpu",
+                       configs={"low": {}, "high": {}},
+                       runs={"low": a_run("low", curve(3.0, 2.8)), "high": a_run("high", curve(3.0, 2.0), sps=6.0)})
+    (tmp_path / "compare.html").write_text(page(state))
+    image = screenshot(tmp_path / "compare.html", tmp_path / "compare.png")
+    for color in ("#1f77b4", "#d62728"):  # each config's curve and bars, in its own color
+        assert pixels_near(image, color) > 300, color
+
+
+@pytest.mark.integration
+def test_the_dashboard_serves_the_study_and_the_runs_pages(tune_dir: Path, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("optuna_dashboard")
+    proc = subprocess.Popen([sys.executable, "-m", "trainfit", "dashboard", str(tune_dir), "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline() if proc.stderr else ""
+        found = re.search(r"(http://127\.0\.0\.1:\d+)/dashboard", line)
+        assert found, line
+        base = found.group(1)
+        studies = json.loads(urllib.request.urlopen(f"{base}/api/studies", timeout=30).read())
+        names = [s["study_name"] for s in studies["study_summaries"]]
+        assert len(names) == 1 and names[0].startswith("trainfit-")
+        index = urllib.request.urlopen(f"{base}/trainfit/", timeout=30).read().decode()
+        assert 'href="/trainfit/report.html"' in index
+        assert b"<svg" in urllib.request.urlopen(f"{base}/trainfit/report.html", timeout=30).read()
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"{base}/trainfit/study.journal", timeout=30)  # the folder's pages only
+        if BROWSER is not None:  # optuna-dashboard's own page, run in a browser, lists the study and its trials
+            assert names[0] in browser("--virtual-time-budget=10000", "--dump-dom", f"{base}/dashboard")
+            dom = browser("--virtual-time-budget=10000", "--dump-dom", f"{base}/dashboard/studies/0/trials")
+            assert {"Trial 0", "Trial 1", "Trial 2"} <= set(re.findall(r"Trial \d+", dom))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert main(["dashboard", str(tmp_path)]) == 2
+    assert "holds no study.journal" in capsys.readouterr().err
