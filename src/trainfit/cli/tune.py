@@ -22,6 +22,7 @@ examples:
   trainfit tune spec.yaml --strategy bayes --time-budget 3600 --refine
   trainfit tune spec.yaml --confirm 2                            # re-probe near-ties on a noisy machine
   trainfit tune spec.yaml --storage postgresql://host/db --join  # the same on every machine: one search
+  trainfit tune spec.yaml --budgets 8,12,16,24                   # the fastest config for each GPU size
 
 The search space is the spec's `search:` section (same keys as `params:`; a list = choices,
 {low, high, log} = a range). Outputs in --output (default trainfit-runs/SPEC_NAME/TIMESTAMP):
@@ -61,6 +62,10 @@ def add_parser(sub: Any) -> None:
                    help="then probe the best and the runners-up within its measurement noise or within "
                         "tune.confirm_margin (default 5%%) N more times each, interleaved, and rank them by their "
                         "median (tune.confirm_rounds; for noisy or shared machines)")
+    p.add_argument("--budgets", metavar="GIB,GIB,...",
+                   help="a matrix: search under the largest budget, then each smaller one with every config "
+                        "measured so far taken as measured (judged against it), probing only what is new; "
+                        "each budget's outputs in OUTPUT/budget-NGB, the matrix in OUTPUT/budgets.json")
     p.add_argument("--quiet", action="store_true", help="only the final report")
     p.set_defaults(run=run)
 
@@ -136,11 +141,14 @@ def run(args: argparse.Namespace) -> int:
         print("effective batch: differs between configs (no tune.target_effective_batch) and changes what is "
               "learned; the summary gives the fastest per effective batch (set tune.target_effective_batch to "
               "compare every config at one)")
+    options = {"stats": stats, "resume": args.resume, "join": args.join, "storage": args.storage,
+               "strategy": args.strategy, "max_trials": args.max_trials, "time_budget_s": args.time_budget,
+               "quick": args.quick, "refine": args.refine,
+               "on_event": TuneView(args.quiet, spec.tune.objective, run_samples(spec, stats))}
     try:
-        result = tune(spec, output=args.output, stats=stats, resume=args.resume, join=args.join,
-                      storage=args.storage, strategy=args.strategy, max_trials=args.max_trials,
-                      time_budget_s=args.time_budget, quick=args.quick, refine=args.refine,
-                      on_event=TuneView(args.quiet, spec.tune.objective, run_samples(spec, stats)))
+        if args.budgets:
+            return run_budgets(args, spec, options)
+        result = tune(spec, output=args.output, **options)
     except KeyboardInterrupt as err:
         from trainfit.cli import interrupted_status
 
@@ -153,3 +161,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"trainfit tune: error: {os_error(err)}\n{resume_hint(args)}", file=sys.stderr)
         return 2
     return print_result(result, spec)
+
+
+def run_budgets(args: argparse.Namespace, spec: Any, options: dict[str, Any]) -> int:
+    """``--budgets``: one search per budget, sharing what is measured; the matrix at the end."""
+    from pathlib import Path
+
+    from trainfit.budgets import parse_budgets, tune_budgets
+    from trainfit.cli.render import table
+    from trainfit.errors import TrainfitError
+    from trainfit.format import values_line
+
+    budgets = parse_budgets(args.budgets)
+    if args.memory_gb is not None or args.storage:
+        raise TrainfitError("--budgets sets the budget of each search (and keeps each in its own folder's journal)",
+                            "drop --memory-gb and --storage")
+
+    def announce(budget: float, folder: Path) -> None:
+        print(f"\n== budget {budget:g} GiB -> {folder}")
+
+    matrix, _ = tune_budgets(spec, budgets, output=args.output, announce=announce, **options)
+    print("\nBUDGET MATRIX (the fastest measured config under each budget)")
+    rows = [("budget", "config", "samples/s", "peak GiB", "full run", "probes (taken as measured)")]
+    for r in matrix.rows:
+        rows.append((f"{r.budget_gb:g} GiB", values_line(r.searched) if r.searched else "nothing fits",
+                     f"{r.samples_per_second:.4g}" if r.samples_per_second else "",
+                     f"{r.peak_gb:.2f}" if r.peak_gb is not None else "",
+                     f"{r.estimated_full_runtime_hours * 60:.1f} min" if r.estimated_full_runtime_hours else "",
+                     f"{r.probed} ({r.reused})"))
+    print(table(rows))
+    print(f"\n{matrix.probes} probes in all; each budget's summary.json and train_command.sh are in its folder; "
+          f"the matrix in {Path(args.output) / 'budgets.json'}")
+    return 0 if matrix.rows[0].trial is not None else 1
