@@ -35,6 +35,7 @@ def test_a_measurement_is_judged_again_against_a_smaller_budget() -> None:
     assert rejudged(m, 24.0).peak_memory_gb == m.peak_memory_gb and rejudged(m, 24.0).samples_per_second == m.samples_per_second
 
 
+@pytest.mark.integration  # eight searches writing their outputs: ~4 s, past the fast tier's share
 def test_the_matrix_picks_what_separate_tunes_pick_for_a_fraction_of_their_probes(tmp_path: Path) -> None:
     spec = synthetic_spec(tmp_path, "grid")
     surfaces: list[Surface] = []

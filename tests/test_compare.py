@@ -43,7 +43,15 @@ def test_a_configs_file_sets_knobs_and_training_values_over_the_spec(llama: Path
     a, b = read_configs(tmp_path / "c.yaml", spec)
     assert (a.name, a.params.lora_r, a.params.max_length, a.training) == ("a", 4, 64, {"learning_rate": 1e-4})
     assert b.params.lora_r == 16 and b.schedule(100).warmup_steps == 10 and b.schedule(100).lr_scheduler_type == "cosine"
-    assert b.trl_args() == ["--learning_rate", "0.0003", "--warmup_ratio", "0.1", "--lr_scheduler_type", "cosine"]
+    args = b.trl_args(100)  # the warmup as steps, as both trainers take it; TRL's own parser accepts them
+    assert args == ["--learning_rate", "0.0003", "--lr_scheduler_type", "cosine", "--warmup_steps", "10",
+                    "--weight_decay", "0", "--max_grad_norm", "1"]
+    pytest.importorskip("trl")
+    from trainfit.train.sft import parse
+
+    _, training, _, _ = parse(["--model_name_or_path", "m", "--dataset_name", "d", "--use_cpu", "true", "--bf16",
+                               "false", *args])
+    assert (training.learning_rate, training.warmup_steps, training.lr_scheduler_type) == (3e-4, 10, "cosine")
 
 
 def test_every_problem_of_a_configs_file_is_named_with_its_config_and_key(llama: Path, tmp_path: Path) -> None:
@@ -63,15 +71,14 @@ def test_every_problem_of_a_configs_file_is_named_with_its_config_and_key(llama:
         read_configs(tmp_path / "list.yaml", spec)
 
 
-@pytest.mark.parametrize("kind", ["linear", "cosine", "constant"])
+@pytest.mark.parametrize("kind", ["linear", "cosine", "constant", "constant_with_warmup"])
 def test_the_learning_rate_schedules_are_transformers_own(kind: str) -> None:
     import torch
     from transformers import get_scheduler
 
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    name = "constant_with_warmup" if kind == "constant" else kind
-    reference = get_scheduler(name, optimizer, num_warmup_steps=5, num_training_steps=40)
+    reference = get_scheduler(kind, optimizer, num_warmup_steps=5, num_training_steps=40)  # "constant": no warmup
     schedule = Schedule(learning_rate=1.0, lr_scheduler_type=kind, warmup_steps=5, total_steps=40)
     for step in range(40):
         assert schedule.factor(step) == pytest.approx(reference.lr_lambdas[0](step), abs=1e-12), step
@@ -172,8 +179,10 @@ def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
     configs = tmp_path / "c.yaml"
     configs.write_text("first: {learning_rate: 1.0e-3}\nsecond: {learning_rate: 1.0e-2, sleep_s: 0.2}\n")
     out = tmp_path / "cmp"
+    eval_data = tmp_path / "eval.jsonl"  # a factory model evaluates too, forward only, on its own collate
+    eval_data.write_text("".join((tmp_path / "frames.jsonl").read_text().splitlines(keepends=True)[:6]))
     argv = [sys.executable, "-m", "trainfit", "compare", str(factory_spec), "--configs", str(configs), "--steps", "20",
-            "--output", str(out)]
+            "--eval-data", str(eval_data), "--eval-every", "10", "--output", str(out)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
     while not ((out / "second" / "job.json").is_file()):  # the first is done and written, the second started
@@ -193,20 +202,24 @@ def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
     state = json.loads((out / "compare.json").read_text())
     assert state["runs"]["first"] == first["first"] and state["runs"]["second"]["steps"] == 20
     assert all(math.isfinite(p[2]) for p in state["runs"]["second"]["losses"])
+    assert [p[0] for p in state["runs"]["second"]["evals"]] == [10, 20] == [p[0] for p in first["first"]["evals"]]
     # another step count is another comparison: refused, naming it
-    again = subprocess.run([*argv[:-3], "30", "--output", str(out), "--resume"], capture_output=True, text=True,
-                           timeout=120)
+    again = subprocess.run([*argv[:8], "30", *argv[9:], "--resume"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "steps: 20 -> 30" in again.stderr and "Traceback" not in again.stderr
 
 
 def test_the_page_draws_each_curve_and_escapes_names(tmp_path: Path) -> None:
     from trainfit.compare import Comparison
 
-    state = Comparison(created_at="", spec="s.yaml", steps=40, seed=0, evaluation=None, target_loss=2.5, device="cpu",
-                       configs={"a<b": {}, "c": {}, "d": {}},
-                       runs={"a<b": a_run("a<b", curve(3.0, 2.0)), "c": a_run("c", curve(3.0, 2.8))})
+    state = Comparison(created_at="", spec="s.yaml", spec_sha256="", overrides=[], steps=40, seed=0, evaluation=None,
+                       target_loss=2.5, device="cpu",
+                       configs={"a<b": {}, "c": {}, "d": {}, "wild": {}},
+                       runs={"a<b": a_run("a<b", curve(3.0, 2.0)), "c": a_run("c", curve(3.0, 2.8)),
+                             "wild": a_run("wild", [*curve(3.0, 4.0, n=10), [11, 1.1, None]], status="diverged",
+                                           diverged_at=11)})
     html = page(state)
-    assert html.count("<polyline") == 4 and "<td>a&lt;b</td>" in html and "<td>a<b</td>" not in html
+    assert html.count("<polyline") == 6 and "<td>a&lt;b</td>" in html and "<td>a<b</td>" not in html
+    assert "nan" not in html.lower()  # a diverged run's last loss is not a number: left out of the scale
     assert "<script" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")  # self-contained
     table = {r[0]: r for r in rows(state)}
     assert table["d"][1] == "not run" and table["c"][6] == "not reached" and table["a<b"][6].startswith("step 20,")

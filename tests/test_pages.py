@@ -1,5 +1,5 @@
 """The pages a user opens, in a real headless browser (Chromium, skipped where it is absent):
-report.html and compare.html render their plots (a screenshot, its pixels read), and
+report.html, compare.html and ablation.html render their plots (a screenshot, its pixels read), and
 ``trainfit dashboard`` serves the study, which optuna-dashboard's page lists, beside the run's own
 pages (integration)."""
 
@@ -45,6 +45,17 @@ def pixels_near(image: object, color: str, tolerance: int = 40) -> int:
                if all(abs(a - b) <= tolerance for a, b in zip(px, target, strict=True)))
 
 
+def first_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The process's first line of stderr, or "" when none comes within ``timeout`` s (no hang)."""
+    import threading
+
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stderr.readline() if proc.stderr else ""), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return lines[0] if lines else ""
+
+
 @pytest.fixture(scope="module")
 def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pages")
@@ -60,7 +71,7 @@ def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @needs_browser
 @pytest.mark.integration
-def test_the_tune_report_and_a_comparison_draw_their_plots(tune_dir: Path, tmp_path: Path) -> None:
+def test_the_tune_report_a_comparison_and_an_ablation_draw_their_plots(tune_dir: Path, tmp_path: Path) -> None:
     image = screenshot(tune_dir / "report.html", tmp_path / "report.png")
     assert pixels_near(image, "#1f77b4") > 200  # the charts' first series: its points and lines are drawn
     assert len(set(image.getdata())) > 50  # type: ignore[attr-defined]  (not a blank page)
@@ -70,13 +81,25 @@ def test_the_tune_report_and_a_comparison_draw_their_plots(tune_dir: Path, tmp_p
     from trainfit.compare import Comparison
     from trainfit.compare.report import page
 
-    state = Comparison(created_at="", spec="s.yaml", steps=40, seed=0, evaluation=None, target_loss=None, device="cpu",
+    state = Comparison(created_at="", spec="s.yaml", spec_sha256="", overrides=[], steps=40, seed=0, evaluation=None,
+                       target_loss=None, device="cpu",
                        configs={"low": {}, "high": {}},
                        runs={"low": a_run("low", curve(3.0, 2.8)), "high": a_run("high", curve(3.0, 2.0), sps=6.0)})
     (tmp_path / "compare.html").write_text(page(state))
     image = screenshot(tmp_path / "compare.html", tmp_path / "compare.png")
     for color in ("#1f77b4", "#d62728"):  # each config's curve and bars, in its own color
         assert pixels_near(image, color) > 300, color
+
+    from trainfit.ablate import Ablation, Row
+    from trainfit.cli.ablate import page as ablation_page
+
+    rows = [Row(name="baseline", knobs={}, status="ok", samples_per_second=10.0, peak_gb=2.0),
+            Row(name="bf16", knobs={"precision": "bf16"}, status="ok", samples_per_second=15.0, peak_gb=1.5),
+            Row(name="flash", knobs={"attention": "flash_attention_2"}, status="unavailable", reason="needs CUDA")]
+    (tmp_path / "ablation.html").write_text(ablation_page(Ablation(created_at="", device="cpu", baseline={}, rows=rows),
+                                                          "s.yaml"))
+    image = screenshot(tmp_path / "ablation.html", tmp_path / "ablation.png", height=1200)
+    assert pixels_near(image, "#1f77b4") > 1000 and pixels_near(image, "#d62728") > 1000  # speed and memory bars
 
 
 @pytest.mark.integration
@@ -85,7 +108,7 @@ def test_the_dashboard_serves_the_study_and_the_runs_pages(tune_dir: Path, tmp_p
     proc = subprocess.Popen([sys.executable, "-m", "trainfit", "dashboard", str(tune_dir), "--port", "0"],
                             stderr=subprocess.PIPE, text=True)
     try:
-        line = proc.stderr.readline() if proc.stderr else ""
+        line = first_line(proc, timeout=60)
         found = re.search(r"(http://127\.0\.0\.1:\d+)/dashboard", line)
         assert found, line
         base = found.group(1)

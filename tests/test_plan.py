@@ -269,12 +269,15 @@ def test_an_eval_set_is_timed_forward_only_priced_into_the_eta_and_given_to_the_
 
     eval_data = tmp_path / "eval.jsonl"
     write_texts(eval_data, n=30)
+    import os
+
     assert main(["plan", str(tune_dir), "--max-hours", "10", "--epochs", "1", "--priority", "fast",
-                 "--eval-data", str(eval_data), "--eval-every", "7", "--eval-batch-size", "4"]) == 0
+                 "--eval-data", os.path.relpath(eval_data), "--eval-every", "7", "--eval-batch-size", "4"]) == 0
     printed = capsys.readouterr().out
     plan = Plan.from_json(json.loads((tune_dir / "plan.json").read_text()))
     ev = plan.evaluation
     assert ev is not None and ev.samples == 30 and ev.batches == 8 and ev.batch_size == 4 and ev.every == 7
+    assert ev.path == str(eval_data.resolve())  # given relative: written absolute, for a run started elsewhere
     assert ev.trial == plan.trial and ev.pass_s > 0 and ev.shapes and all(s["seconds"] > 0 for s in ev.shapes)
     assert {s["rows"] for s in ev.shapes} <= {4, 2}  # 30 samples in file order: seven batches of 4, one of 2
     assert plan.eta.evals == math.ceil(plan.eta.steps / 7) and plan.eta.eval_s == pytest.approx(plan.eta.evals * ev.pass_s)

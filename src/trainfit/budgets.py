@@ -2,7 +2,7 @@
 fastest under each.
 
 The search runs first under the largest budget, into the output folder. Each smaller budget then
-gets a search of its own (its own priors, its own stop rules) into ``OUTPUT/budget-NGB/``, where
+gets a search of its own (its own priors, its own stop rules) into ``OUTPUT/budget-<N>gb/``, where
 every config a larger budget's search measured is taken as measured, judged again against the
 smaller budget (its peak plus the headroom against the budget; an OOM stays an OOM). Only the
 configs no search measured yet are probed. A probe's peak does not depend on the budget it ran

@@ -199,6 +199,14 @@ TRL_COMMAND = re.compile(r"^(?:OMP_NUM_THREADS=(\d+) )?trl sft (.*)$", re.DOTALL
 """The ``trl sft`` command trainfit writes, on one line: its CPU threads and its arguments."""
 
 
+def with_eval_split(words: list[str], folder: Path, eval_args: list[str]) -> list[str]:
+    """``trl sft`` ``words`` that read ``folder``'s ``train`` and ``test`` splits instead of the
+    ``--config`` data file, and evaluate as ``eval_args`` say (TRL's dataset config concatenates
+    its files into one split, so an eval set needs the folder)."""
+    at = words.index("--config")
+    return [*words[:at], "--dataset_name", str(folder), *words[at + 2:], *eval_args]
+
+
 def is_trl_command(command: str) -> bool:
     """Whether ``command`` (one line) is the ``trl sft`` command trainfit writes (not a template)."""
     return TRL_COMMAND.match(command.strip()) is not None

@@ -77,7 +77,7 @@ def serve_forever(run_dir: Path, *, host: str = "127.0.0.1", port: int = 8080, s
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
     class Quiet(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     class Threaded(ThreadingMixIn, WSGIServer):

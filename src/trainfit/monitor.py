@@ -10,6 +10,7 @@ status in ``on_track.json`` beside the plan. The check itself (:class:`OnTrack`)
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -192,22 +193,31 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         return cls(plan, every_s=every_s, started_at=float(started) if started else None)
 
     def watch(self, trainer: Any) -> Any:
-        """Weigh each batch ``trainer`` collates by the plan's step cost (its padded length,
-        ``input_ids``' last dimension), so the pace is measured against the work the batches
-        held; returns ``trainer``. Batches collated in dataloader worker processes are not seen:
-        the pace is then the steps'. accelerate's data loader collates one batch ahead of the one
-        that trains: the latest seen is left out until the run ends. Batches collated while the
-        model is in eval mode are an evaluation's, not training work."""
-        collate = trainer.data_collator
+        """Weigh each batch ``trainer``'s training data loader collates by the plan's step cost
+        (its padded length, ``input_ids``' last dimension), so the pace is measured against the
+        work the batches held; returns ``trainer``. Only the training loader's batches count (an
+        evaluation's loader collates with the plain collator). Batches collated in dataloader
+        worker processes are not seen: the pace is then the steps'. accelerate's data loader
+        collates one batch ahead of the one that trains: the latest seen is left out until the
+        run ends."""
+        make_loader = trainer.get_train_dataloader
 
-        def seen(features: Any) -> Any:
+        def counted(features: Any, collate: Any) -> Any:
             batch = collate(features)
             ids = batch.get("input_ids") if hasattr(batch, "get") else None
-            if ids is not None and hasattr(ids, "shape") and getattr(trainer.model, "training", True):
+            if ids is not None and hasattr(ids, "shape"):
                 self.observe(int(ids.shape[-1]))
             return batch
 
-        trainer.data_collator = seen
+        def train_loader(*args: Any, **kwargs: Any) -> Any:
+            plain = trainer.data_collator  # the loader takes its collator when it is made
+            trainer.data_collator = functools.partial(counted, collate=plain)
+            try:
+                return make_loader(*args, **kwargs)
+            finally:
+                trainer.data_collator = plain
+
+        trainer.get_train_dataloader = train_loader
         return trainer
 
     def observe(self, padded_length: int) -> None:

@@ -90,7 +90,8 @@ class Schedule:
 
     learning_rate: float = 2e-5
     lr_scheduler_type: str = "linear"
-    """``linear``, ``cosine`` or ``constant`` (each after the warmup)."""
+    """``linear``, ``cosine``, ``constant`` (no warmup, as transformers' ``constant`` has none) or
+    ``constant_with_warmup``."""
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = MAX_GRAD_NORM
@@ -99,9 +100,11 @@ class Schedule:
     def factor(self, step: int) -> float:
         """The learning rate's multiplier at optimizer step ``step`` (0-based), as transformers'
         schedules of the same names compute it."""
+        if self.lr_scheduler_type == "constant":
+            return 1.0
         if step < self.warmup_steps:
             return step / max(1, self.warmup_steps)
-        if self.lr_scheduler_type == "constant":
+        if self.lr_scheduler_type == "constant_with_warmup":
             return 1.0
         progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
         if self.lr_scheduler_type == "cosine":
@@ -109,21 +112,21 @@ class Schedule:
         return max(0.0, 1.0 - progress)
 
 
-SCHEDULERS = ("linear", "cosine", "constant")
+SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 
 
 def _optimizer(params: Params, trainable: list[Any], schedule: Schedule | None = None) -> Any:
     import torch
 
     lr = schedule.learning_rate if schedule else 1e-5  # the learning rate does not change a step's cost
-    decay = schedule.weight_decay if schedule else 0.0
+    decay: dict[str, Any] = {"weight_decay": schedule.weight_decay} if schedule else {}  # else: their defaults
     if params.optimizer == "adamw":
-        return torch.optim.AdamW(trainable, lr=lr, weight_decay=decay, foreach=True)
+        return torch.optim.AdamW(trainable, lr=lr, foreach=True, **decay)
     if params.optimizer == "adamw_fused":
-        return torch.optim.AdamW(trainable, lr=lr, weight_decay=decay, fused=True)
+        return torch.optim.AdamW(trainable, lr=lr, fused=True, **decay)
     import bitsandbytes as bnb  # checked by check_support
 
-    return bnb.optim.AdamW8bit(trainable, lr=lr, weight_decay=decay)
+    return bnb.optim.AdamW8bit(trainable, lr=lr, **decay)
 
 
 class TrainStep:

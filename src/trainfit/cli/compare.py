@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from trainfit.cli.common import number
+from trainfit.cli.common import check_eval_flags, number
 
 EPILOG = """\
 examples:
@@ -61,11 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.cli.render import table
     from trainfit.compare import compare
     from trainfit.compare.report import HEADER, rows
-    from trainfit.errors import TrainfitError
 
-    if args.eval_data is None and (args.eval_every is not None or args.eval_batch_size is not None):
-        raise TrainfitError("--eval-every and --eval-batch-size say how to evaluate, and no eval set was given",
-                            "add --eval-data PATH")
+    check_eval_flags(args)
     out = Path(args.output) if args.output else \
         Path("trainfit-runs") / Path(args.spec).stem / datetime.now().strftime("compare-%Y%m%d-%H%M%S")
     print(f"trainfit compare: {args.spec} with {args.configs} -> {out}")

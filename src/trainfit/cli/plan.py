@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainfit.cli.common import number
+from trainfit.cli.common import check_eval_flags, number
 from trainfit.plan.choose import PRIORITIES
 
 if TYPE_CHECKING:
@@ -78,11 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.plan import make_plan
 
     folder = Path(args.run_dir)
-    if args.eval_data is None and (args.eval_every is not None or args.eval_batch_size is not None):
-        from trainfit.errors import TrainfitError
-
-        raise TrainfitError("--eval-every and --eval-batch-size say how to evaluate, and no eval set was given",
-                            "add --eval-data PATH (the training data's format and fields)")
+    check_eval_flags(args)
     calibration = None
     if args.calibrate:
         from trainfit.plan_calibrate import calibrate

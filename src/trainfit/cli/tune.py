@@ -65,7 +65,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--budgets", metavar="GIB,GIB,...",
                    help="a matrix: search under the largest budget, then each smaller one with every config "
                         "measured so far taken as measured (judged against it), probing only what is new; "
-                        "each budget's outputs in OUTPUT/budget-NGB, the matrix in OUTPUT/budgets.json")
+                        "each budget's outputs in OUTPUT/budget-<N>gb, the matrix in OUTPUT/budgets.json")
     p.add_argument("--quiet", action="store_true", help="only the final report")
     p.set_defaults(run=run)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,9 @@ class Comparison(Record):
     schema_version: int = SCHEMA_VERSION
     created_at: str
     spec: str
+    spec_sha256: str
+    """The spec file's contents, hashed: a resume with an edited spec is another comparison."""
+    overrides: list[str]
     steps: int
     seed: int
     evaluation: EvalSchedule | None
@@ -60,7 +64,8 @@ class Comparison(Record):
 
     def setup(self) -> dict[str, Any]:
         """What a resumed comparison must share with this one."""
-        return {"spec": self.spec, "steps": self.steps, "seed": self.seed,
+        return {"spec": self.spec, "spec contents (sha256)": self.spec_sha256, "--set": self.overrides,
+                "steps": self.steps, "seed": self.seed,
                 "evaluation": self.evaluation.to_json() if self.evaluation else None, "target_loss": self.target_loss}
 
 
@@ -76,9 +81,9 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     _check(spec, steps, eval_data)
     output = Path(output).resolve()
     evaluation = None if eval_data is None else EvalSchedule(
-        path=str(Path(eval_data).resolve()), every=eval_every or max(1, steps // 5),
+        path=str(Path(eval_data).resolve()), every=eval_every or math.ceil(steps / 5),
         batch_size=eval_batch_size or spec.params.batch_size)
-    state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say)
+    state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides))
     jobs = _Jobs(spec, spec_path, overrides, output, evaluation, steps)
     for i, config in enumerate(configs, 1):
         if config.name in state.runs:
@@ -110,11 +115,15 @@ def _check(spec: Spec, steps: int, eval_data: str | Path | None) -> None:
 
 
 def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, evaluation: EvalSchedule | None,
-           target_loss: float | None, resume: bool, say: Callable[[str], None]) -> Comparison:
+           target_loss: float | None, resume: bool, say: Callable[[str], None], overrides: list[str]) -> Comparison:
+    import hashlib
+
     from trainfit.probe.runner import resolve_device_name
 
+    source = Path(spec.source or "spec").resolve()
     now = Comparison(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                     spec=str(Path(spec.source or "spec").resolve()), steps=steps, seed=spec.probe.seed,
+                     spec=str(source), spec_sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
+                     overrides=overrides, steps=steps, seed=spec.probe.seed,
                      evaluation=evaluation, target_loss=target_loss, device=resolve_device_name(spec.probe.device),
                      configs={c.name: c.given for c in configs})
     path = output / "compare.json"
@@ -134,9 +143,11 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
     if changed:
         raise TrainfitError(f"{output} compared with other settings; what differs:\n  " + "\n  ".join(changed),
                             "resume with the same spec and flags, or compare into a new --output")
-    kept = {n: r for n, r in before.runs.items() if now.configs.get(n) == before.configs.get(n)}
+    kept = {n: r for n, r in before.runs.items()
+            if now.configs.get(n) == before.configs.get(n) and r.status in ("finished", "diverged")}
     for name in sorted(set(before.runs) - set(kept)):
-        say(f"trainfit: {name} changed in the configs file (or left it): training it again")
+        why = "did not finish" if now.configs.get(name) == before.configs.get(name) else "changed in the configs file"
+        say(f"trainfit: {name} {why}: training it again")
     if kept:
         say(f"trainfit: resuming: {', '.join(kept)} done, kept")
     return _with(now, runs=kept)
@@ -158,7 +169,7 @@ class _Jobs:
         self.stats = analyze_spec(spec, progress=False)
         self.cpu = resolve_device_name(spec.probe.device) == "cpu"
         self.threads = torch.get_num_threads() if self.cpu else None
-        self.data: list[str] = []
+        self.data_config = self.folder = Path()
         self.model_dir: Path | None = None
         if spec.model.factory is None:
             self._trl_data()
@@ -171,27 +182,26 @@ class _Jobs:
         from trainfit.plan.eval_pass import trl_dataset
         from trainfit.report import initial_model
 
+        config = trl_data_config(self.spec)
+        if config is None:
+            raise TrainfitError(f"trl sft has no loader for {self.spec.data.path if self.spec.data else 'the data'}",
+                                "give the data as JSONL, JSON, CSV, Parquet or text")
+        self.data_config = self.output / "trl_data.yaml"
+        self.data_config.write_text(yaml.safe_dump(config, sort_keys=False))
         if self.evaluation is not None:
-            folder = trl_dataset(self.output / "trl_dataset", self.spec, Path(self.evaluation.path))
-            self.data = ["--dataset_name", str(folder), *self.evaluation.trl_args()]
-        else:
-            config = trl_data_config(self.spec)
-            if config is None:
-                raise TrainfitError(f"trl sft has no loader for {self.spec.data.path if self.spec.data else 'the data'}",
-                                    "give the data as JSONL, JSON, CSV, Parquet or text")
-            (self.output / "trl_data.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-            self.data = ["--config", str(self.output / "trl_data.yaml")]
+            self.folder = trl_dataset(self.output / "trl_dataset", self.spec, Path(self.evaluation.path))
         self.model_dir = initial_model(self.output, self.spec)
 
     def argv(self, config: NamedConfig) -> list[str]:
         """The ``trl sft`` arguments of ``config``, as tune writes them, on this comparison's data."""
-        from trainfit.command import trl_command
+        from trainfit.command import trl_command, with_eval_split
 
         words = trl_command(self.spec, config.params, max_length=self.stats.truncation_length(config.params.max_length),
-                            data_config=Path("DATA"), cpu_threads=self.threads, model_dir=self.model_dir)
+                            data_config=self.data_config, cpu_threads=self.threads, model_dir=self.model_dir)
         words = words[words.index("sft") + 1:]
-        at = words.index("--config")
-        return [*words[:at], *self.data, *words[at + 2:]]
+        if self.evaluation is not None:
+            words = with_eval_split(words, self.folder, self.evaluation.trl_args())
+        return words
 
     def run(self, config: NamedConfig) -> ConfigRun:
         folder = self.output / config.name
@@ -206,9 +216,8 @@ class _Jobs:
         wall = round(time.perf_counter() - began, 3)
         result = folder / "result.json"
         if not result.is_file():
-            return ConfigRun(name=config.name, status="failed", steps=0, max_steps=self.steps, samples_per_step=0,
-                             train_s=0.0, eval_s=0.0, samples_per_second=None, peak_memory_gb=None,
-                             error="its process ended without a result (killed?)")
+            return _with(ConfigRun.failed(config.name, self.steps, "its process ended without a result (killed?)"),
+                         wall_s=wall)
         return _with(ConfigRun.from_json(json.loads(result.read_text())), wall_s=wall)
 
 

@@ -48,10 +48,10 @@ def run(job: dict[str, Any]) -> ConfigRun:
 
 
 def _factory(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder: Path) -> int:
-    from trainfit.plan.eval_pass import Evaluation
+    from trainfit.plan.eval_pass import EvalSchedule
     from trainfit.train.loop import run_loop
 
-    evaluation = Evaluation.from_json(job["evaluation"]) if job.get("evaluation") else None
+    evaluation = EvalSchedule.from_json(job["evaluation"]) if job.get("evaluation") else None
     steps = int(job["steps"])
     done, _ = run_loop(spec, config.params, samples=int(job["samples"]), epochs=float(steps), max_steps=steps,
                        output=folder, checkpoint=None, callbacks=[log], say=lambda line: None,
@@ -62,7 +62,7 @@ def _factory(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder:
 def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path) -> int:
     from trainfit.train.sft import build_trainer
 
-    argv = [*job["argv"], *config.trl_args(), "--max_steps", str(job["steps"]), "--logging_steps", "1",
+    argv = [*job["argv"], *config.trl_args(int(job["steps"])), "--max_steps", str(job["steps"]), "--logging_steps", "1",
             "--save_strategy", "no", "--report_to", "none", "--output_dir", str(folder / "trainer"),
             "--disable_tqdm", "true", "--log_level", "warning"]
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
         result = run(job)
     except TrainfitError as err:
         result = _failed(job, "failed", str(err))
-    except Exception as err:  # noqa: BLE001 (the comparison goes on with the other configs and reports this one)
+    except Exception as err:
         from trainfit.probe.worker import is_oom
 
         status = "out_of_memory" if is_oom(err) else "failed"
@@ -98,8 +98,7 @@ def main(argv: list[str]) -> int:
 
 
 def _failed(job: dict[str, Any], status: str, error: str) -> ConfigRun:
-    return ConfigRun(name=job["name"], status=status, steps=0, max_steps=int(job["steps"]), samples_per_step=0,
-                     train_s=0.0, eval_s=0.0, samples_per_second=None, peak_memory_gb=None, error=error[-2000:])
+    return ConfigRun.failed(job["name"], int(job["steps"]), error, status=status)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ from trainfit.step import SCHEDULERS, Schedule
 
 TRAINING_KEYS: dict[str, str] = {
     "learning_rate": "the peak learning rate (default 2e-5, TRL's)",
-    "lr_scheduler_type": f"the learning rate's schedule after warmup: {', '.join(SCHEDULERS)} (default linear)",
+    "lr_scheduler_type": f"the learning rate's schedule: {', '.join(SCHEDULERS)} (default linear; transformers' "
+                         "constant has no warmup, constant_with_warmup has)",
     "warmup_steps": "optimizer steps of linear warmup (default 0)",
-    "warmup_ratio": "warmup as a share of the run's steps, 0-1 (instead of warmup_steps)",
+    "warmup_ratio": "warmup as a share of the run's steps, 0-1 (instead of warmup_steps; given to TRL as steps)",
     "weight_decay": "AdamW's weight decay (default 0)",
     "max_grad_norm": "gradients clipped to this total norm (default 1.0)",
 }
@@ -52,9 +53,14 @@ class NamedConfig:
                         weight_decay=float(t.get("weight_decay", 0.0)),
                         max_grad_norm=float(t.get("max_grad_norm", 1.0)), total_steps=total_steps)
 
-    def trl_args(self) -> list[str]:
-        """The ``trl sft`` flags of its training values."""
-        return [word for key, value in self.training.items() for word in (f"--{key}", str(value))]
+    def trl_args(self, total_steps: int) -> list[str]:
+        """The ``trl sft`` flags of its training values, for a run of ``total_steps``: the warmup as
+        steps (:meth:`schedule`'s), which both trainers take."""
+        s = self.schedule(total_steps)
+        values = {"learning_rate": s.learning_rate, "lr_scheduler_type": s.lr_scheduler_type,
+                  "warmup_steps": s.warmup_steps, "weight_decay": s.weight_decay, "max_grad_norm": s.max_grad_norm}
+        return [word for key, value in values.items() for word in (f"--{key}", f"{value:g}" if isinstance(
+            value, float) else str(value))]
 
 
 def read_configs(path: str | Path, spec: Spec) -> list[NamedConfig]:

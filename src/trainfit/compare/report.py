@@ -5,6 +5,7 @@ bars, drawn as inline SVG: no script, no network), and ``next_configs.yaml`` fro
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,8 +88,13 @@ svg{{background:#fafafa;margin:.5em 0}}</style></head><body>
 """
 
 
-def _chart(title: str, lines: dict[str, list[tuple[float, float]]], dots: dict[str, list[tuple[float, float]]],
+def _chart(title: str, lines: dict[str, list[tuple[float, Any]]], dots: dict[str, list[tuple[float, Any]]],
            color: dict[str, str], x_name: str, w: int = 640, h: int = 300) -> str:
+    def finite(series: list[tuple[float, Any]]) -> list[tuple[float, float]]:  # a diverged run's nan is left out
+        return [(x, y) for x, y in series if y is not None and math.isfinite(y)]
+
+    lines = {n: finite(s) for n, s in lines.items()}
+    dots = {n: finite(s) for n, s in dots.items()}
     points = [p for series in (*lines.values(), *dots.values()) for p in series]
     if not points:
         return f"<h3>{html.escape(title)}</h3><p>nothing recorded</p>"

@@ -33,14 +33,20 @@ class ConfigRun(Record):
     samples_per_second: float | None
     peak_memory_gb: float | None
     """The process's peak: the GPU's allocated peak, or on a CPU its resident peak (model and data included)."""
-    losses: list[list[float]] = field(default_factory=list)
-    """``[step, seconds of training so far, loss]`` at every step."""
+    losses: list[list[Any]] = field(default_factory=list)
+    """``[step, seconds of training so far, loss]`` at every step; a loss that is not finite is null."""
     evals: list[list[float]] = field(default_factory=list)
     """``[step, seconds of training so far, eval loss]`` at every evaluation."""
     diverged_at: int | None = None
     error: str | None = None
     wall_s: float | None = None
     """The config's process, launch to exit: imports, the model's build, the data, the steps, the passes."""
+
+    @classmethod
+    def failed(cls, name: str, max_steps: int, error: str, status: str = "failed") -> ConfigRun:
+        """A config that did not train (``failed`` or ``out_of_memory``), with why."""
+        return cls(name=name, status=status, steps=0, max_steps=max_steps, samples_per_step=0, train_s=0.0,
+                   eval_s=0.0, samples_per_second=None, peak_memory_gb=None, error=error[-2000:])
 
 
 class CurveLog(trainer_callback_base()):  # type: ignore[misc]
@@ -51,7 +57,7 @@ class CurveLog(trainer_callback_base()):  # type: ignore[misc]
         self.name, self.say, self.every = name, say, every
         self.began: float | None = None
         self.eval_s = 0.0
-        self.losses: list[list[float]] = []
+        self.losses: list[list[Any]] = []
         self.evals: list[list[float]] = []
         self.diverged_at: int | None = None
 
@@ -73,11 +79,11 @@ class CurveLog(trainer_callback_base()):  # type: ignore[misc]
             return
         loss = float(logs["loss"])
         step = int(state.global_step)
-        self.losses.append([step, round(self.seconds(), 4), loss])
+        self.losses.append([step, round(self.seconds(), 4), loss if math.isfinite(loss) else None])
         if self.say is not None and self.every and (step % self.every == 0 or step == int(state.max_steps)):
             last_eval = f", eval loss {self.evals[-1][2]:.4g}" if self.evals else ""
             self.say(f"  {self.name}: step {step}/{state.max_steps}, loss {loss:.4g}{last_eval}")
-        if self.diverged_at is None and diverged([x[2] for x in self.losses]):
+        if self.diverged_at is None and diverged([math.nan if x[2] is None else x[2] for x in self.losses]):
             self.diverged_at = int(state.global_step)
             control.should_training_stop = True
 

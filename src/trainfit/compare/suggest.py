@@ -31,15 +31,15 @@ def final_loss(run: ConfigRun) -> float | None:
     """What a run ends at: its last eval loss, else the mean of its last tenth of train losses."""
     if run.evals:
         return run.evals[-1][2]
-    if not run.losses:
+    finite = [x[2] for x in run.losses if x[2] is not None]
+    if not finite:
         return None
-    tail = run.losses[-max(1, len(run.losses) // 10):]
-    return statistics.fmean(x[2] for x in tail)
+    return statistics.fmean(finite[-max(1, len(finite) // 10):])
 
 
 def still_falling(run: ConfigRun) -> bool:
     """Its train loss's last quarter is below its third quarter by :data:`STILL_FALLING` or more."""
-    losses = [x[2] for x in run.losses]
+    losses = [x[2] for x in run.losses if x[2] is not None]
     if len(losses) < 8:
         return False
     q = len(losses) // 4
@@ -78,17 +78,18 @@ def reached(run: ConfigRun, target: float) -> list[float] | None:
     """``[step, seconds, samples]`` where the run's loss first reached ``target`` (its eval loss when
     it has evaluations, else its train loss); None when it never did."""
     points = run.evals or run.losses
-    hit = next((p for p in points if p[2] <= target), None)
+    hit = next((p for p in points if p[2] is not None and p[2] <= target), None)
     return None if hit is None else [hit[0], hit[1], hit[0] * run.samples_per_step]
 
 
 def _diverged(name: str, given: dict[str, Any], run: ConfigRun) -> Suggestion:
     lr = float(given.get("learning_rate", 2e-5))
-    losses = [x[2] for x in run.losses]
-    start = f"{statistics.fmean(losses[:5]):.4g}" if losses else "?"
+    finite = [x[2] for x in run.losses if x[2] is not None]
+    start = f"{statistics.fmean(finite[:5]):.4g}" if finite else "?"
+    last = run.losses[-1][2] if run.losses else None
     return Suggestion(says=f"{name} diverged at step {run.diverged_at}: lower its learning rate or add warmup",
-                      evidence=f"its loss went from {start} at the start to {losses[-1] if losses else '?'} at step "
-                               f"{run.diverged_at}",
+                      evidence=f"its loss went from {start} at the start to "
+                               f"{'not a number' if last is None else f'{last:.4g}'} at step {run.diverged_at}",
                       configs={f"{name}_stable": {**given, "learning_rate": float(f"{lr / 3:.3g}"),
                                                   "warmup_ratio": 0.1}})
 
@@ -126,7 +127,7 @@ def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], orde
             if None in (loss_big, loss_small, speed_big, speed_small):
                 continue
             ratio = speed_big / speed_small  # type: ignore[operator]
-            if loss_big >= (1 - SAME_LOSS) * loss_small and ratio < SLOWER:  # type: ignore[operator]
+            if abs(loss_big - loss_small) <= SAME_LOSS * loss_small and ratio < SLOWER:  # type: ignore[operator]
                 out.append(Suggestion(says=f"r={r_big} ({big}) matched r={r_small} ({small}) at {ratio:.2f}x the "
                                            f"speed: keep {r_small}",
                                       evidence=f"final loss {loss_big:.4g} against {loss_small:.4g}; "
@@ -135,7 +136,7 @@ def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], orde
 
 
 def _quarters(run: ConfigRun) -> str:
-    losses = [x[2] for x in run.losses]
+    losses = [x[2] for x in run.losses if x[2] is not None]
     q = len(losses) // 4
     return (f"mean {statistics.fmean(losses[-2 * q:-q]):.4g} in the third quarter of its steps, "
             f"{statistics.fmean(losses[-q:]):.4g} in the last")

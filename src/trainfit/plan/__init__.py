@@ -139,10 +139,12 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
                         evaluation=evaluation, epochs=n / samples)
 
     rebuilt = _rebuilt(run)
-    if eval_data is not None:
-        evaluation = _evaluation(run, rebuilt, choose(priority, run.candidates, eta, window), Path(eval_data),
-                                 eval_every, eval_batch_size)
     chosen = choose(priority, run.candidates, eta, window)
+    if eval_data is not None:  # timed on the pick without it; again if the passes change the pick
+        evaluation = _evaluation(run, rebuilt, chosen, Path(eval_data), eval_every, eval_batch_size)
+        if (again := choose(priority, run.candidates, eta, window)) is not chosen:
+            chosen = again
+            evaluation = _evaluation(run, rebuilt, chosen, Path(eval_data), eval_every, eval_batch_size)
     run_eta = eta(chosen)
     save_steps = max(1, int(every // run_eta.step_time_s))
     fits = run_eta.fits(window)
@@ -175,6 +177,7 @@ def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: 
     if not path.exists():
         raise TrainfitError(f"--eval-data {path} does not exist", "give the eval set's file (the training data's "
                             "format and fields)")
+    path = path.resolve()  # plan.json is read from elsewhere (trainfit train's working folder)
     params, problems = parse_params(chosen.config, allow_custom=True)
     if problems:
         raise TrainfitError(f"the config of trial {chosen.trial} does not parse: {problems[0]}", "tune again")
@@ -261,9 +264,10 @@ def planned_command(command: str | None, epochs: float, save_steps: int, templat
     command = re.sub(r"--num_train_epochs \S+", f"--num_train_epochs {epochs:g}", command)
     command = f"{command} --save_strategy steps --save_steps {save_steps} --save_total_limit 3"
     if evaluation is not None:
+        from trainfit.command import with_eval_split
+
         passes, folder = evaluation
-        command = re.sub(r"--config ('[^']*'|\S+)", lambda _: f"--dataset_name {shlex.quote(str(folder))}", command)
-        command = f"{command} {shlex.join(passes.trl_args())}"
+        command = shlex.join(with_eval_split(shlex.split(command), folder, passes.trl_args()))
     return command
 
 

@@ -103,7 +103,16 @@ def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: in
     shapes = [(int(batches.rows[i]), int(batches.padded_length[i]),
                [int(min(n, max_length or n)) for n in lengths[batches.order[starts[i]:starts[i] + batches.rows[i]]]])
               for i in picks]
-    seconds = _time_forward(spec, params, shapes, threads, budget_s)
+    try:
+        seconds = _time_forward(spec, params, shapes, threads, budget_s)
+    except (RuntimeError, MemoryError) as err:
+        from trainfit.probe.worker import is_oom
+
+        if not is_oom(err):
+            raise
+        raise TrainfitError(f"the eval pass ran out of memory at {batch_size} samples a batch "
+                            f"(the longest padded to {max(length for _, length, _ in shapes)})",
+                            "plan with a smaller --eval-batch-size") from None
     medians = [statistics.median(s) for s in seconds]
     per_full_batch = [s * batch_size / rows for s, (rows, _, _) in zip(medians, shapes, strict=True)]
     cost = fit_step_cost([length for _, length, _ in shapes], per_full_batch)

@@ -81,6 +81,8 @@ def save(folder: Path, step_runner: Any, position: Position) -> None:
     torch.save(step_runner.optimizer.state_dict(), folder / "optimizer.pt")
     if step_runner.scaler is not None:
         torch.save(step_runner.scaler.state_dict(), folder / "scaler.pt")
+    if step_runner.scheduler is not None:
+        torch.save(step_runner.scheduler.state_dict(), folder / "scheduler.pt")
     rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     torch.save(rng, folder / "rng_state.pth")
@@ -97,6 +99,8 @@ def load(folder: Path, step_runner: Any, device: Any) -> Position:
         step_runner.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=device))
         if step_runner.scaler is not None:
             step_runner.scaler.load_state_dict(torch.load(folder / "scaler.pt"))
+        if step_runner.scheduler is not None:
+            step_runner.scheduler.load_state_dict(torch.load(folder / "scheduler.pt"))
         rng = torch.load(folder / "rng_state.pth", weights_only=False)
         raw = json.loads((folder / STATE).read_text())
     except Exception as err:
