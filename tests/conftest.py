@@ -47,6 +47,18 @@ def texts_file(tmp_path: Path) -> tuple[Path, list[int]]:
     return path, write_texts(path)
 
 
+def write_frames(path: Path, n: int, seed: int = 0) -> Path:
+    """A JSONL file of ``n`` rows of real numbers (``frames``: 2-9 rows of 8, ``n`` their count),
+    what ``factories.learnable`` trains on."""
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(n):
+            count = rng.randint(2, 9)
+            f.write(json.dumps({"id": i, "n": count, "frames": [[rng.uniform(-1, 1) for _ in range(8)]
+                                                                for _ in range(count)]}) + "\n")
+    return path
+
+
 def make_spec_file(tmp_path: Path, *, model: dict[str, Any], data: dict[str, Any] | None = None,
                    params: dict[str, Any] | None = None, budget: dict[str, Any] | None = None,
                    probe: dict[str, Any] | None = None, name: str = "spec.yaml") -> Path:

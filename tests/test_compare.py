@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_texts
+from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_frames, write_texts
 
 from trainfit.cli import main
 from trainfit.compare.configs import read_configs
@@ -159,15 +159,7 @@ def test_two_learning_rates_train_under_trl_and_rank_by_eval_loss_with_their_cur
 
 @pytest.fixture
 def factory_spec(tmp_path: Path) -> Path:
-    import random
-
-    rng = random.Random(0)
-    data = tmp_path / "frames.jsonl"
-    with data.open("w") as f:
-        for i in range(40):
-            n = rng.randint(2, 9)
-            f.write(json.dumps({"id": i, "n": n, "frames": [[rng.uniform(-1, 1) for _ in range(8)]
-                                                            for _ in range(n)]}) + "\n")
+    data = write_frames(tmp_path / "frames.jsonl", 40)
     return make_spec_file(tmp_path, model={"factory": f"{Path(__file__).parent / 'factories.py'}:learnable"},
                           data={"path": str(data), "length_field": "n"},
                           params={"batch_size": 2, "max_length": 16, "width_mul": 2, "sleep_s": 0.05})

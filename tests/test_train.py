@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_texts
+from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_frames, write_texts
 
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
@@ -311,16 +311,8 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
 @pytest.fixture(scope="module")
 def factory_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real tune of a custom factory model whose rows are real numbers in a JSONL file."""
-    import random
-
     root = tmp_path_factory.mktemp("factory")
-    rng = random.Random(0)
-    data = root / "frames.jsonl"
-    with data.open("w") as f:
-        for i in range(60):
-            n = rng.randint(2, 9)
-            f.write(json.dumps({"id": i, "n": n, "frames": [[rng.uniform(-1, 1) for _ in range(8)]
-                                                            for _ in range(n)]}) + "\n")
+    data = write_frames(root / "frames.jsonl", 60)
     spec = make_spec_file(root, model={"factory": f"{Path(__file__).parent / 'factories.py'}:learnable"},
                           data={"path": str(data), "length_field": "n"},
                           params={"batch_size": 2, "gradient_accumulation_steps": 2, "max_length": 16, "width_mul": 2,
