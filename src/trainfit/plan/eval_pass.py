@@ -6,6 +6,7 @@ summed over the pass."""
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -24,6 +25,23 @@ ROUNDS = (5, 15)
 """Each timed shape runs at least 5 and at most 15 times (after one untimed warm-up)."""
 
 
+@functools.cache
+def evaluates_after_last_step() -> bool:
+    """Does the installed transformers' trainer evaluate after the last step when that step is
+    no multiple of ``eval_steps``? (Newer releases do, older ones did not.) Asked of its own
+    ``DefaultFlowCallback``: the last of 15 steps with ``eval_steps`` 10."""
+    from types import SimpleNamespace
+
+    from transformers.trainer_callback import DefaultFlowCallback, TrainerControl, TrainerState
+    from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+    args: Any = SimpleNamespace(logging_first_step=False, logging_strategy=IntervalStrategy.NO,
+                                eval_strategy=IntervalStrategy.STEPS, eval_delay=0, save_strategy=SaveStrategy.NO)
+    state = TrainerState(global_step=15, max_steps=15, logging_steps=500, eval_steps=10, save_steps=500)
+    control = DefaultFlowCallback().on_step_end(args, state, TrainerControl())
+    return bool(control.should_evaluate)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EvalSchedule(Record):
     """What a run evaluates on and how often: what a training loop needs to evaluate."""
@@ -37,9 +55,18 @@ class EvalSchedule(Record):
 
     def passes(self, steps: int, epochs: float) -> int:
         """Passes in a run of ``steps`` optimizer steps over ``epochs`` epochs: at every
-        ``every``-th step and after the last (transformers' ``DefaultFlowCallback``), else one at
-        the end of each epoch, the last partial one too."""
-        return math.ceil(steps / self.every) if self.every else math.ceil(epochs)
+        ``every``-th step, and after the last where the installed transformers does so
+        (:func:`evaluates_after_last_step`), else one at the end of each epoch, the last partial
+        one too."""
+        if not self.every:
+            return math.ceil(epochs)
+        return math.ceil(steps / self.every) if evaluates_after_last_step() else steps // self.every
+
+    def due(self, step: int, max_steps: int) -> bool:
+        """Whether a pass follows optimizer step ``step`` of ``max_steps`` (the ``steps`` strategy)."""
+        if not self.every:
+            return False
+        return step % self.every == 0 or (step >= max_steps and evaluates_after_last_step())
 
     def trl_args(self) -> list[str]:
         """The ``trl sft`` flags that run these passes (the eval set comes as the dataset's test split)."""

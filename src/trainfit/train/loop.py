@@ -139,8 +139,8 @@ def evaluate(runner: Any, collate: Callable[[list[Any]], Any], evaluation: EvalS
 
 class _Hooks:
     """What the loop shows its callbacks, as the Hugging Face trainer does (``args``, ``state``,
-    ``control``, each event), and when it evaluates: the trainer's step strategy (every
-    ``every``-th step and after the last) or its epoch strategy."""
+    ``control``, each event), and when it evaluates: the trainer's step strategy
+    (:meth:`EvalSchedule.due`) or its epoch strategy."""
 
     def __init__(self, callbacks: Sequence[Any], output: Path, total: int, position: Position,
                  evaluation: EvalSchedule | None, log_every: int,
@@ -155,8 +155,7 @@ class _Hooks:
             getattr(cb, event)(self.args, self.state, self.control, **kwargs)
 
     def evaluates_after_step(self) -> bool:
-        every = self.evaluation.every if self.evaluation is not None else None
-        return bool(every) and (self.state.global_step % every == 0 or self.state.global_step >= self.state.max_steps)
+        return self.evaluation is not None and self.evaluation.due(self.state.global_step, self.state.max_steps)
 
     def evaluates_at_epoch_end(self) -> bool:
         return self.evaluation is not None and not self.evaluation.every
