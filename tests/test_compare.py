@@ -38,7 +38,7 @@ def llama(tmp_path: Path):
 
 def test_a_configs_file_sets_knobs_and_training_values_over_the_spec(llama: Path, tmp_path: Path) -> None:
     spec = load_spec(llama)
-    (tmp_path / "c.yaml").write_text("a: {learning_rate: 1.0e-4}\nb: {learning_rate: 3.0e-4, lora_r: 16, "
+    (tmp_path / "c.yaml").write_text("a: {learning_rate: 1e-4}\nb: {learning_rate: 3.0e-4, lora_r: 16, "
                                      "warmup_ratio: 0.1, lr_scheduler_type: cosine}\n")
     a, b = read_configs(tmp_path / "c.yaml", spec)
     assert (a.name, a.params.lora_r, a.params.max_length, a.training) == ("a", 4, 64, {"learning_rate": 1e-4})
@@ -198,6 +198,26 @@ def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
     # another step count is another comparison: refused, naming it
     again = subprocess.run([*argv[:8], "30", *argv[9:], "--resume"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "steps: 20 -> 30" in again.stderr and "Traceback" not in again.stderr
+
+
+@pytest.mark.integration
+def test_two_machines_sharing_a_storage_train_each_config_once_and_both_end_with_all(
+        factory_spec: Path, tmp_path: Path) -> None:
+    names = ["c0", "c1", "c2", "c3"]
+    configs = tmp_path / "c.yaml"
+    configs.write_text("".join(f"{n}: {{learning_rate: {10.0 ** -(i + 2)}}}\n" for i, n in enumerate(names)))
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    procs = [subprocess.Popen([sys.executable, "-m", "trainfit", "compare", str(factory_spec), "--configs", str(configs),
+                               "--steps", "8", "--storage", url, "--output", str(tmp_path / f"machine{i}")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    trained = sorted(n for i in range(2) for n in names if (tmp_path / f"machine{i}" / n / "result.json").is_file())
+    assert trained == names  # each config trained once, by one machine or the other
+    for i in range(2):  # and each machine's comparison holds every config, in the file's order
+        state = json.loads((tmp_path / f"machine{i}" / "compare.json").read_text())
+        assert list(state["runs"]) == names and all(r["steps"] == 8 for r in state["runs"].values())
+        assert state["suggestions"][0]["says"].endswith("is the best so far")
 
 
 def test_the_page_draws_each_curve_and_escapes_names(tmp_path: Path) -> None:

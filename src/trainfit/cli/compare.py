@@ -14,6 +14,7 @@ examples:
   trainfit compare my.yaml --configs round1.yaml --steps 200 --eval-data val.jsonl --eval-every 25
   trainfit compare my.yaml --configs round1.yaml --steps 200 --output runs/cmp --resume   # after an interruption
   trainfit compare my.yaml --configs runs/cmp/next_configs.yaml --steps 400 --output runs/cmp2   # the next round
+  trainfit compare my.yaml --configs round1.yaml --steps 200 --storage postgresql://host/db   # on every machine
 
 The configs file maps names to settings on top of the spec's params: any knob (batch_size,
 gradient_accumulation_steps, lora_r, lora_alpha, precision, ...; a factory model's own keys too)
@@ -52,6 +53,10 @@ def add_parser(sub: Any) -> None:
                    help="report the step, time and samples each config took to reach this loss")
     p.add_argument("--output", help="output folder (default: a new trainfit-runs/SPEC_NAME/compare-TIMESTAMP)")
     p.add_argument("--resume", action="store_true", help="keep the configs --output's compare.json finished")
+    p.add_argument("--storage", metavar="URL",
+                   help="a database shared by several machines running this same command: they split the configs "
+                        "(each trained once; a dead machine's config is trained again) and each one's compare.json "
+                        "ends with all of them, e.g. postgresql://user:pw@host/db")
     p.set_defaults(run=run)
 
 
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"trainfit compare: {args.spec} with {args.configs} -> {out}")
     state = compare(args.spec, args.configs, steps=args.steps, output=out, overrides=args.overrides,
                     eval_data=args.eval_data, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
-                    target_loss=args.target_loss, resume=args.resume)
+                    target_loss=args.target_loss, resume=args.resume, storage=args.storage)
     print()
     print(table([HEADER, *rows(state)]))
     print("\nsuggestions for the next round:")

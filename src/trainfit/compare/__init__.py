@@ -72,10 +72,13 @@ class Comparison(Record):
 def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, output: str | Path,
             overrides: Sequence[str] = (), eval_data: str | Path | None = None, eval_every: int | None = None,
             eval_batch_size: int | None = None, target_loss: float | None = None, resume: bool = False,
+            storage: str | None = None,
             say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> Comparison:
     """Train each config of ``configs_path`` for ``steps`` optimizer steps on ``spec_path``'s model
     and data (see the module) into ``output``; ``eval_data`` is evaluated every ``eval_every``
-    steps (default: 5 times in the run)."""
+    steps (default: 5 times in the run). ``storage``: a database URL shared with other machines
+    running the same comparison, which split the configs between them
+    (:mod:`trainfit.compare.shared`)."""
     spec = load_spec(spec_path, overrides)
     configs = read_configs(configs_path, spec)
     _check(spec, steps, eval_data)
@@ -85,6 +88,8 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
         batch_size=eval_batch_size or spec.params.batch_size)
     state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides))
     jobs = _Jobs(spec, spec_path, overrides, output, evaluation, steps)
+    if storage is not None:
+        state = _shared(state, storage, configs, jobs, output, say)
     for i, config in enumerate(configs, 1):
         if config.name in state.runs:
             continue
@@ -219,6 +224,42 @@ class _Jobs:
             return _with(ConfigRun.failed(config.name, self.steps, "its process ended without a result (killed?)"),
                          wall_s=wall)
         return _with(ConfigRun.from_json(json.loads(result.read_text())), wall_s=wall)
+
+
+def _shared(state: Comparison, url: str, configs: list[NamedConfig], jobs: _Jobs, output: Path,
+            say: Callable[[str], None]) -> Comparison:
+    """Train the configs this machine claims in the shared storage, then wait for the ones other
+    machines train (a dead machine's config is given back and claimed again); the comparison
+    ends with every machine's runs."""
+    import hashlib
+
+    from trainfit.compare.shared import SharedConfigs
+
+    key = json.dumps({**state.setup(), "configs": state.configs}, sort_keys=True, default=str)
+    shared = SharedConfigs(url, "trainfit-compare-" + hashlib.sha256(key.encode()).hexdigest()[:12],
+                           [c.name for c in configs])
+    by_name = {c.name: c for c in configs}
+    waiting_for: list[str] = []
+    while True:
+        claimed = shared.claim()
+        if claimed is not None:
+            trial, name = claimed
+            say(f"{name}: claimed in the shared storage; {state.steps} steps of {_settings(by_name[name])}")
+            with shared.training(trial):
+                run = jobs.run(by_name[name])
+            shared.finish(trial, run)
+            say(f"{name}: {run.status}" + (f" ({run.error})" if run.error else ""))
+        state = _with(state, runs={n: r for n, r in sorted(shared.runs().items(), key=lambda kv: list(by_name).index(
+            kv[0]))})
+        _write(output, state)
+        busy = shared.elsewhere()
+        if claimed is None and not busy:
+            return state
+        if claimed is None:
+            if busy != waiting_for:
+                say(f"waiting for {', '.join(busy)}: training on other machines")
+                waiting_for = busy
+            shared.wait()
 
 
 def _settings(config: NamedConfig) -> str:

@@ -8,6 +8,7 @@ of the spec's ``params``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import re
@@ -103,7 +104,7 @@ def _config(name: str, values: Any, spec: Spec, problems: list[Problem]) -> Name
         problems.append(Problem(name, f"expected a mapping of settings, got {type(values).__name__}"))
         return None
     factory = spec.model.factory is not None and not spec.uses_trl_sft
-    training = {k: v for k, v in values.items() if k in TRAINING_KEYS}
+    training = {k: _yaml_number(v) for k, v in values.items() if k in TRAINING_KEYS}
     for key, value in training.items():
         problem = _check_training(key, value)
         if problem:
@@ -116,6 +117,14 @@ def _config(name: str, values: Any, spec: Spec, problems: list[Problem]) -> Name
     params, found = parse_params({**spec.params.to_dict(), **knobs}, allow_custom=factory, prefix=name)
     problems.extend(found)
     return NamedConfig(name=name, params=params, training=training, given=dict(values))
+
+
+def _yaml_number(value: Any) -> Any:
+    """``1e-4`` as a number: YAML 1.1 (PyYAML) reads an exponent without a dot as a string."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return float(value)
+    return value
 
 
 def _check_training(key: str, value: Any) -> str | None:

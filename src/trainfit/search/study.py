@@ -197,7 +197,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _abandoned(trial: Any) -> bool:
+def abandoned(trial: Any) -> bool:
     """Is a RUNNING trial of a shared storage one that no live run will finish, as Optuna's
     heartbeat does not (yet) tell?
 
@@ -213,6 +213,30 @@ def _abandoned(trial: Any) -> bool:
         return start is None or time.time() - start.timestamp() > 3 * HEARTBEAT_S
     host, _, pid = str(owner).partition(":")
     return host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
+
+
+@contextlib.contextmanager
+def heartbeat(storage: Any, trial: Any) -> Iterator[None]:
+    """Record ``trial``'s heartbeat in ``storage`` (an :func:`open_storage`) at once and then every
+    ``HEARTBEAT_S`` seconds while the block runs, as ``Study.optimize`` does around its objective
+    (Optuna's heartbeat thread is private): other runs tell a live trial (however long its work)
+    from one whose machine died (stale after three missed beats)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # the storage is unreachable: the work goes on; next beat
+                storage.record_heartbeat(trial._trial_id)  # the storage API takes its id, not its number
+            if stop.wait(HEARTBEAT_S):
+                return
+
+    thread = threading.Thread(target=beat, name="trainfit-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _lock_folder(output: Path) -> IO[str]:
@@ -424,7 +448,7 @@ class TrialStore:
         """The RUNNING trials of a shared storage that live runs are probing, and how many abandoned
         ones this call closed as FAIL first: those Optuna's heartbeat finds stale (the storage's
         ``fail_stale_trials``, as ``Study.optimize`` does before each trial), and those
-        :func:`_abandoned` knows sooner or which the heartbeat cannot judge."""
+        :func:`abandoned` knows sooner or which the heartbeat cannot judge."""
         import optuna
         from optuna.trial import TrialState
 
@@ -435,7 +459,7 @@ class TrialStore:
         closed = len(self._stale) - closed
         live = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if not _abandoned(t):
+            if not abandoned(t):
                 live.append(t)
                 continue
             # another run may close it at the same moment (as fail_stale_trials allows for)
@@ -548,30 +572,13 @@ class TrialStore:
 
     @contextlib.contextmanager
     def beating(self, trial: Any) -> Iterator[None]:
-        """While a probe of ``trial`` runs, record its heartbeat in a shared storage at once and then
-        every ``HEARTBEAT_S`` seconds, as ``Study.optimize`` does around its objective (Optuna's
-        heartbeat thread is private): other runs tell a live trial (however long its probe) from
-        one whose machine died (stale after three missed beats). Nothing to do with the output
-        folder's journal."""
+        """While a probe of ``trial`` runs, its :func:`heartbeat` in a shared storage (nothing to
+        do with the output folder's journal)."""
         if not self.shared:
             yield
             return
-        stop = threading.Event()
-
-        def beat() -> None:
-            while True:
-                with contextlib.suppress(Exception):  # the storage is unreachable: the probe goes on; next beat
-                    self.storage.record_heartbeat(trial._trial_id)  # the storage API takes its id, not its number
-                if stop.wait(HEARTBEAT_S):
-                    return
-
-        thread = threading.Thread(target=beat, name="trainfit-heartbeat", daemon=True)
-        thread.start()
-        try:
+        with heartbeat(self.storage, trial):
             yield
-        finally:
-            stop.set()
-            thread.join()
 
     def ask(self, values: Mapping[str, Any] | None) -> Any:
         """A new trial: with ``values`` fixed, or else the next queued retry or the sampler's choice.
@@ -581,7 +588,7 @@ class TrialStore:
         the same one.
 
         In a shared storage the trial's first heartbeat is recorded before its ``owner``: a trial
-        with an owner has a heartbeat for Optuna to judge (see :func:`_abandoned`)."""
+        with an owner has a heartbeat for Optuna to judge (see :func:`abandoned`)."""
         import optuna
 
         sampler = self.study.sampler
