@@ -64,6 +64,10 @@ def test_the_matrix_picks_what_separate_tunes_pick_for_a_fraction_of_their_probe
     written = json.loads((tmp_path / "matrix" / "budgets.json").read_text())
     assert [r["budget_gb"] for r in written["rows"]] == BUDGETS
     assert (tmp_path / "matrix" / "budget-16gb" / "summary.json").is_file()
+    summary = json.loads((tmp_path / "matrix" / "summary.json").read_text())
+    assert [r["budget_gb"] for r in summary["budget_matrix"]] == BUDGETS  # the largest budget's summary holds it
+    page = (tmp_path / "matrix" / "report.html").read_text()
+    assert page.count("<h3>Budget matrix") == 1 and all(f"<td>{b:g} GiB</td>" in page for b in BUDGETS)
 
 
 @pytest.mark.integration

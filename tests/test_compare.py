@@ -201,6 +201,17 @@ def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
 
 
 @pytest.mark.integration
+def test_minutes_give_each_config_the_same_training_time(factory_spec: Path, tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("only: {learning_rate: 1.0e-3}\n")
+    out = tmp_path / "cmp"
+    assert main(["compare", str(factory_spec), "--configs", str(tmp_path / "c.yaml"), "--steps", "1000", "--minutes",
+                 "0.02", "--output", str(out)]) == 0
+    run = json.loads((out / "compare.json").read_text())["runs"]["only"]
+    assert run["status"] == "finished" and 1 <= run["steps"] < 1000 and run["max_steps"] == 1000
+    assert 1.2 <= run["train_s"]  # it trained its 1.2 s (0.05 s a step here), then stopped
+
+
+@pytest.mark.integration
 def test_two_machines_sharing_a_storage_train_each_config_once_and_both_end_with_all(
         factory_spec: Path, tmp_path: Path) -> None:
     names = ["c0", "c1", "c2", "c3"]
@@ -223,7 +234,8 @@ def test_two_machines_sharing_a_storage_train_each_config_once_and_both_end_with
 def test_the_page_draws_each_curve_and_escapes_names(tmp_path: Path) -> None:
     from trainfit.compare import Comparison
 
-    state = Comparison(created_at="", spec="s.yaml", spec_sha256="", overrides=[], steps=40, seed=0, evaluation=None,
+    state = Comparison(created_at="", spec="s.yaml", spec_sha256="", overrides=[], steps=40, minutes=None, seed=0,
+                       evaluation=None,
                        target_loss=2.5, device="cpu",
                        configs={"a<b": {}, "c": {}, "d": {}, "wild": {}},
                        runs={"a<b": a_run("a<b", curve(3.0, 2.0)), "c": a_run("c", curve(3.0, 2.8)),

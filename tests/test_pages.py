@@ -81,7 +81,8 @@ def test_the_tune_report_a_comparison_and_an_ablation_draw_their_plots(tune_dir:
     from trainfit.compare import Comparison
     from trainfit.compare.report import page
 
-    state = Comparison(created_at="", spec="s.yaml", spec_sha256="", overrides=[], steps=40, seed=0, evaluation=None,
+    state = Comparison(created_at="", spec="s.yaml", spec_sha256="", overrides=[], steps=40, minutes=None, seed=0,
+                       evaluation=None,
                        target_loss=None, device="cpu",
                        configs={"low": {}, "high": {}},
                        runs={"low": a_run("low", curve(3.0, 2.8)), "high": a_run("high", curve(3.0, 2.0), sps=6.0)})

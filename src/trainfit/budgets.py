@@ -114,7 +114,32 @@ def tune_budgets(spec: Spec, budgets: Sequence[float], *, output: str | Path,
         rows.append(_row(budget, folder, result, counts))
     matrix = BudgetMatrix(rows=rows)
     write_atomically(output / "budgets.json", json.dumps(matrix.to_json(), indent=2) + "\n")
+    _record(output, matrix)
     return matrix, results
+
+
+def _record(output: Path, matrix: BudgetMatrix) -> None:
+    """The matrix in the largest budget's ``summary.json`` and as a section of its ``report.html``,
+    with each row's command."""
+    import html
+
+    from trainfit.report_html import with_section
+    from trainfit.summary import read_summary
+
+    summary = dataclasses.replace(read_summary(output), budget_matrix=[r.to_json() for r in matrix.rows])
+    write_atomically(output / "summary.json", json.dumps(summary.to_json(), indent=2, default=list) + "\n")
+    report = output / "report.html"
+    if not report.is_file():
+        return
+    cells = [(f"{r.budget_gb:g} GiB", ", ".join(f"{k}={v}" for k, v in (r.searched or {}).items()) or "nothing fits",
+              f"{r.samples_per_second:.4g}" if r.samples_per_second else "",
+              f"{r.peak_gb:.2f}" if r.peak_gb is not None else "", f"{r.probed} ({r.reused})", r.command or "")
+             for r in matrix.rows]
+    head = ("budget", "config", "samples/s", "peak GiB", "probes (taken as measured)", "command")
+    table = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
+    section = (f"<h3>Budget matrix: the fastest measured config under each budget</h3><table><tr>"
+               + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{table}</table>")
+    write_atomically(report, with_section(report.read_text(), "budgets", section))
 
 
 def _sharing(real: Callable[[Params, int], Measurement], earlier: dict[str, Measurement], budget: float,

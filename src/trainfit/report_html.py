@@ -95,12 +95,20 @@ PLAN_SLOT = "<!-- plan --><!-- /plan -->"
 """Where ``trainfit plan`` puts its section (between the two comments, replacing an earlier one)."""
 
 
+def with_section(page: str, name: str, section: str) -> str:
+    """``page`` (a report written by :func:`tune_report_html`) with ``section`` in its ``name``
+    slot (``<!-- name -->...<!-- /name -->``), which is made before the trials when missing;
+    a second call replaces the first's section."""
+    opening, closing = f"<!-- {name} -->", f"<!-- /{name} -->"
+    start, end = page.find(opening), page.find(closing)
+    if start < 0 or end < start:
+        return page.replace("<h3>Trials</h3>", f"{opening}{section}{closing}\n<h3>Trials</h3>", 1)
+    return page[:start] + opening + section + page[end:]
+
+
 def with_plan(page: str, section: str) -> str:
-    """``page`` (a report written by :func:`tune_report_html`) with ``section`` in its plan slot."""
-    start, end = page.find("<!-- plan -->"), page.find("<!-- /plan -->")
-    if start < 0 or end < start:  # a report from before plan sections: the section goes before the trials
-        return page.replace("<h3>Trials</h3>", f"<!-- plan -->{section}<!-- /plan -->\n<h3>Trials</h3>", 1)
-    return page[:start] + f"<!-- plan -->{section}" + page[end:]
+    """``page`` with the plan's ``section`` in its plan slot."""
+    return with_section(page, "plan", section)
 
 
 def tune_report_html(summary: Summary, trials: Sequence[Trial], source: str) -> str:

@@ -234,6 +234,8 @@ class Summary(Record):
     versions: dict[str, Any]
     spec: dict[str, Any]
     all_failed: AllFailed | None = field(default=None, metadata={"omit_none": True})
+    budget_matrix: list[dict[str, Any]] | None = field(default=None, metadata={"omit_none": True})
+    """With ``tune --budgets``: the fastest config under each budget (``budgets.json``'s rows)."""
 
     @property
     def command_template(self) -> str | None:

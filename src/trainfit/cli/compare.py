@@ -42,6 +42,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("spec", help="YAML spec (see examples/tiny-llama.yaml)")
     p.add_argument("--configs", required=True, metavar="YAML", help="the named configs (see below)")
     p.add_argument("--steps", type=number(int, at_least=1), required=True, help="optimizer steps per config")
+    p.add_argument("--minutes", type=number(float, above=0), metavar="T",
+                   help="also stop each config after T minutes of training (the same time for each; --steps stays "
+                        "the learning-rate schedule's length)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec value for every config (as in tune); repeatable")
     p.add_argument("--eval-data", metavar="PATH", help="a held-out set (the training data's format and fields)")
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"trainfit compare: {args.spec} with {args.configs} -> {out}")
     state = compare(args.spec, args.configs, steps=args.steps, output=out, overrides=args.overrides,
                     eval_data=args.eval_data, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
-                    target_loss=args.target_loss, resume=args.resume, storage=args.storage)
+                    target_loss=args.target_loss, resume=args.resume, storage=args.storage, minutes=args.minutes)
     print()
     print(table([HEADER, *rows(state)]))
     print("\nsuggestions for the next round:")

@@ -47,6 +47,8 @@ class Comparison(Record):
     """The spec file's contents, hashed: a resume with an edited spec is another comparison."""
     overrides: list[str]
     steps: int
+    minutes: float | None
+    """A cap on each config's training time (its steps', evaluations left out); None: the steps decide."""
     seed: int
     evaluation: EvalSchedule | None
     target_loss: float | None
@@ -65,18 +67,19 @@ class Comparison(Record):
     def setup(self) -> dict[str, Any]:
         """What a resumed comparison must share with this one."""
         return {"spec": self.spec, "spec contents (sha256)": self.spec_sha256, "--set": self.overrides,
-                "steps": self.steps, "seed": self.seed,
+                "steps": self.steps, "minutes": self.minutes, "seed": self.seed,
                 "evaluation": self.evaluation.to_json() if self.evaluation else None, "target_loss": self.target_loss}
 
 
 def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, output: str | Path,
             overrides: Sequence[str] = (), eval_data: str | Path | None = None, eval_every: int | None = None,
             eval_batch_size: int | None = None, target_loss: float | None = None, resume: bool = False,
-            storage: str | None = None,
+            storage: str | None = None, minutes: float | None = None,
             say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> Comparison:
     """Train each config of ``configs_path`` for ``steps`` optimizer steps on ``spec_path``'s model
     and data (see the module) into ``output``; ``eval_data`` is evaluated every ``eval_every``
-    steps (default: 5 times in the run). ``storage``: a database URL shared with other machines
+    steps (default: 5 times in the run). ``minutes``: stop each config after this much training
+    time too (the same time for each; ``steps`` is still the schedule's length). ``storage``: a database URL shared with other machines
     running the same comparison, which split the configs between them
     (:mod:`trainfit.compare.shared`)."""
     spec = load_spec(spec_path, overrides)
@@ -86,8 +89,8 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     evaluation = None if eval_data is None else EvalSchedule(
         path=str(Path(eval_data).resolve()), every=eval_every or math.ceil(steps / 5),
         batch_size=eval_batch_size or spec.params.batch_size)
-    state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides))
-    jobs = _Jobs(spec, spec_path, overrides, output, evaluation, steps)
+    state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides), minutes)
+    jobs = _Jobs(spec, spec_path, overrides, output, evaluation, steps, minutes)
     if storage is not None:
         state = _shared(state, storage, configs, jobs, output, say)
     for i, config in enumerate(configs, 1):
@@ -120,7 +123,8 @@ def _check(spec: Spec, steps: int, eval_data: str | Path | None) -> None:
 
 
 def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, evaluation: EvalSchedule | None,
-           target_loss: float | None, resume: bool, say: Callable[[str], None], overrides: list[str]) -> Comparison:
+           target_loss: float | None, resume: bool, say: Callable[[str], None], overrides: list[str],
+           minutes: float | None = None) -> Comparison:
     import hashlib
 
     from trainfit.probe.runner import resolve_device_name
@@ -128,7 +132,7 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
     source = Path(spec.source or "spec").resolve()
     now = Comparison(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                      spec=str(source), spec_sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
-                     overrides=overrides, steps=steps, seed=spec.probe.seed,
+                     overrides=overrides, steps=steps, minutes=minutes, seed=spec.probe.seed,
                      evaluation=evaluation, target_loss=target_loss, device=resolve_device_name(spec.probe.device),
                      configs={c.name: c.given for c in configs})
     path = output / "compare.json"
@@ -162,7 +166,7 @@ class _Jobs:
     """What each config's child process is given, and the child run."""
 
     def __init__(self, spec: Spec, spec_path: str | Path, overrides: Sequence[str], output: Path,
-                 evaluation: EvalSchedule | None, steps: int) -> None:
+                 evaluation: EvalSchedule | None, steps: int, minutes: float | None = None) -> None:
         import torch
 
         from trainfit.data.analyze import analyze_spec
@@ -170,6 +174,7 @@ class _Jobs:
 
         self.spec, self.output, self.evaluation, self.steps = spec, output, evaluation, steps
         self.base = {"spec": str(Path(spec_path).resolve()), "overrides": list(overrides), "steps": steps,
+                     "minutes": minutes,
                      "evaluation": evaluation.to_json() if evaluation else None}
         self.stats = analyze_spec(spec, progress=False)
         self.cpu = resolve_device_name(spec.probe.device) == "cpu"

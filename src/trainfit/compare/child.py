@@ -31,7 +31,9 @@ def run(job: dict[str, Any]) -> ConfigRun:
     folder = Path(job["folder"])
     device = torch.device(resolve_device_name(spec.probe.device))
     steps = int(job["steps"])
-    log = CurveLog(config.name, lambda line: print(line, file=sys.stderr, flush=True), max(1, steps // 10))
+    minutes = job.get("minutes")
+    log = CurveLog(config.name, lambda line: print(line, file=sys.stderr, flush=True), max(1, steps // 10),
+                   max_seconds=None if minutes is None else 60.0 * float(minutes))
     with torch_threads(job.get("threads")):
         torch.manual_seed(spec.probe.seed)
         if spec.model.factory is not None:

@@ -51,10 +51,10 @@ class ConfigRun(Record):
 
 class CurveLog(trainer_callback_base()):  # type: ignore[misc]
     """Records every logged loss and evaluation against the steps' own time, and stops a run whose
-    loss is not finite or rises past its start."""
+    loss is not finite or rises past its start, or whose steps took ``max_seconds``."""
 
-    def __init__(self, name: str = "", say: Any = None, every: int = 0) -> None:
-        self.name, self.say, self.every = name, say, every
+    def __init__(self, name: str = "", say: Any = None, every: int = 0, max_seconds: float | None = None) -> None:
+        self.name, self.say, self.every, self.max_seconds = name, say, every, max_seconds
         self.began: float | None = None
         self.eval_s = 0.0
         self.losses: list[list[Any]] = []
@@ -83,6 +83,8 @@ class CurveLog(trainer_callback_base()):  # type: ignore[misc]
         if self.say is not None and self.every and (step % self.every == 0 or step == int(state.max_steps)):
             last_eval = f", eval loss {self.evals[-1][2]:.4g}" if self.evals else ""
             self.say(f"  {self.name}: step {step}/{state.max_steps}, loss {loss:.4g}{last_eval}")
+        if self.max_seconds is not None and self.seconds() >= self.max_seconds:
+            control.should_training_stop = True  # --minutes: the same training time for every config
         if self.diverged_at is None and diverged([math.nan if x[2] is None else x[2] for x in self.losses]):
             self.diverged_at = int(state.global_step)
             control.should_training_stop = True
