@@ -129,4 +129,17 @@ def test_the_dashboard_serves_the_study_and_the_runs_pages(tune_dir: Path, tmp_p
         proc.terminate()
         proc.wait(timeout=30)
     assert main(["dashboard", str(tmp_path)]) == 2
-    assert "holds no study.journal" in capsys.readouterr().err
+    assert "holds neither a study.journal nor a page" in capsys.readouterr().err
+    # a comparison's folder (no study): its pages alone, and / leads to them
+    (tmp_path / "compare.html").write_text("<!doctype html><title>c</title><p>curves</p>")
+    proc = subprocess.Popen([sys.executable, "-m", "trainfit", "dashboard", str(tmp_path), "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        found = re.search(r"(http://127\.0\.0\.1:\d+)/trainfit/", first_line(proc, timeout=60))
+        assert found
+        landing = urllib.request.urlopen(found.group(1) + "/", timeout=30)  # follows the redirect
+        assert landing.geturl().endswith("/trainfit/") and b"compare.html" in landing.read()
+        assert b"curves" in urllib.request.urlopen(found.group(1) + "/trainfit/compare.html", timeout=30).read()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -16,7 +16,8 @@ examples:
 
 The study (every trial, its values, the speed and the memory constraint) is shown by
 optuna-dashboard, reading the run's study.journal as it is, so a search can be watched while it
-runs. The run folder's own pages (report.html, compare.html, ablation.html) are at /trainfit/.
+runs. The run folder's own pages (report.html, compare.html, ablation.html) are at /trainfit/,
+rewritten as the run goes on: a comparison or an ablation folder (no study) is served its pages alone.
 Needs the extra: pip install 'trainfit[dashboard]'. Serves on 127.0.0.1 only unless --host says
 otherwise; Ctrl-C stops it.
 """
@@ -44,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
         raise TrainfitError(f"{folder} is not a folder", "give a `trainfit tune` output folder")
 
     def ready(url: str) -> None:
-        print(f"trainfit dashboard: the study at {url}/dashboard, the run's pages at {url}{PAGES}/ (Ctrl-C stops)",
-              file=sys.stderr, flush=True)
+        study = f"the study at {url}/dashboard, " if args.storage or (folder / "study.journal").is_file() else ""
+        print(f"trainfit dashboard: {study}the run's pages at {url}{PAGES}/ (Ctrl-C stops)", file=sys.stderr,
+              flush=True)
 
     serve_forever(folder, host=args.host, port=args.port, storage_url=args.storage, on_ready=ready)
     return 0
