@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from trainfit.summary import Record
 from trainfit.tune import tune
 
 SCHEMA_VERSION = 1
+HEADER = ("budget", "config", "samples/s", "peak GiB", "full run", "probes (taken as measured)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,16 @@ class BudgetMatrix(Record):
     @property
     def probes(self) -> int:
         return sum(r.probed for r in self.rows)
+
+    def cells(self) -> list[tuple[str, ...]]:
+        """The rows as text, under :data:`HEADER` (the terminal's table and the report's)."""
+        from trainfit.format import values_line
+
+        return [(f"{r.budget_gb:g} GiB", values_line(r.searched) if r.searched else "nothing fits",
+                 f"{r.samples_per_second:.4g}" if r.samples_per_second else "",
+                 f"{r.peak_gb:.2f}" if r.peak_gb is not None else "",
+                 f"{r.estimated_full_runtime_hours * 60:.1f} min" if r.estimated_full_runtime_hours else "",
+                 f"{r.probed} ({r.reused})") for r in self.rows]
 
 
 def parse_budgets(text: str) -> list[float]:
@@ -109,7 +120,7 @@ def tune_budgets(spec: Spec, budgets: Sequence[float], *, output: str | Path,
             if session is not None:
                 session.close()
         for t in result.trials:  # the next, smaller budget takes these as measured (a resumed run's too)
-            known.setdefault(_key_of(t.measurement), t.measurement)
+            known.setdefault(_key(t.measurement.config), t.measurement)
         results.append(result)
         rows.append(_row(budget, folder, result, counts))
     matrix = BudgetMatrix(rows=rows)
@@ -131,13 +142,10 @@ def _record(output: Path, matrix: BudgetMatrix) -> None:
     report = output / "report.html"
     if not report.is_file():
         return
-    cells = [(f"{r.budget_gb:g} GiB", ", ".join(f"{k}={v}" for k, v in (r.searched or {}).items()) or "nothing fits",
-              f"{r.samples_per_second:.4g}" if r.samples_per_second else "",
-              f"{r.peak_gb:.2f}" if r.peak_gb is not None else "", f"{r.probed} ({r.reused})", r.command or "")
-             for r in matrix.rows]
-    head = ("budget", "config", "samples/s", "peak GiB", "probes (taken as measured)", "command")
+    head = (*HEADER, "command")
+    cells = [(*row, r.command or "") for row, r in zip(matrix.cells(), matrix.rows, strict=True)]
     table = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
-    section = (f"<h3>Budget matrix: the fastest measured config under each budget</h3><table><tr>"
+    section = ("<h3>Budget matrix: the fastest measured config under each budget</h3><table><tr>"
                + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{table}</table>")
     write_atomically(report, with_section(report.read_text(), "budgets", section))
 
@@ -150,7 +158,7 @@ def _sharing(real: Callable[[Params, int], Measurement], earlier: dict[str, Meas
     taken: set[str] = set()
 
     def probe_fn(params: Params, number: int) -> Measurement:
-        key = _key(params)
+        key = _key(params.to_dict())
         if key in earlier and key not in taken:
             taken.add(key)
             counts["reused"] += 1
@@ -161,12 +169,9 @@ def _sharing(real: Callable[[Params, int], Measurement], earlier: dict[str, Meas
     return probe_fn
 
 
-def _key(params: Params) -> str:
-    return json.dumps(params.to_dict(), sort_keys=True, default=str)
-
-
-def _key_of(m: Measurement) -> str:
-    return json.dumps(dict(m.config), sort_keys=True, default=str)
+def _key(config: Mapping[str, Any]) -> str:
+    """A config's identity: every knob (``Params.to_dict``, as a measurement records it)."""
+    return json.dumps(dict(config), sort_keys=True, default=str)
 
 
 def _row(budget: float, folder: Path, result: TuneResult, counts: dict[str, int]) -> BudgetRow:

@@ -167,10 +167,9 @@ def run_budgets(args: argparse.Namespace, spec: Any, options: dict[str, Any]) ->
     """``--budgets``: one search per budget, sharing what is measured; the matrix at the end."""
     from pathlib import Path
 
-    from trainfit.budgets import parse_budgets, tune_budgets
+    from trainfit.budgets import HEADER, parse_budgets, tune_budgets
     from trainfit.cli.render import table
     from trainfit.errors import TrainfitError
-    from trainfit.format import values_line
 
     budgets = parse_budgets(args.budgets)
     if args.memory_gb is not None or args.storage:
@@ -182,14 +181,7 @@ def run_budgets(args: argparse.Namespace, spec: Any, options: dict[str, Any]) ->
 
     matrix, _ = tune_budgets(spec, budgets, output=args.output, announce=announce, **options)
     print("\nBUDGET MATRIX (the fastest measured config under each budget)")
-    rows = [("budget", "config", "samples/s", "peak GiB", "full run", "probes (taken as measured)")]
-    for r in matrix.rows:
-        rows.append((f"{r.budget_gb:g} GiB", values_line(r.searched) if r.searched else "nothing fits",
-                     f"{r.samples_per_second:.4g}" if r.samples_per_second else "",
-                     f"{r.peak_gb:.2f}" if r.peak_gb is not None else "",
-                     f"{r.estimated_full_runtime_hours * 60:.1f} min" if r.estimated_full_runtime_hours else "",
-                     f"{r.probed} ({r.reused})"))
-    print(table(rows))
+    print(table([HEADER, *matrix.cells()]))
     print(f"\n{matrix.probes} probes in all; each budget's summary.json and train_command.sh are in its folder; "
           f"the matrix in {Path(args.output) / 'budgets.json'}")
     return 0 if matrix.rows[0].trial is not None else 1

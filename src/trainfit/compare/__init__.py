@@ -27,7 +27,7 @@ from trainfit.compare.runs import ConfigRun
 from trainfit.compare.suggest import Suggestion, suggest
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
-from trainfit.plan.eval_pass import EvalSchedule
+from trainfit.plan.eval_pass import EvalSchedule, eval_set
 from trainfit.spec import Spec, load_spec
 from trainfit.summary import Record, check_schema
 
@@ -84,10 +84,10 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     (:mod:`trainfit.compare.shared`)."""
     spec = load_spec(spec_path, overrides)
     configs = read_configs(configs_path, spec)
-    _check(spec, steps, eval_data)
+    _check(spec, steps)
     output = Path(output).resolve()
     evaluation = None if eval_data is None else EvalSchedule(
-        path=str(Path(eval_data).resolve()), every=eval_every or math.ceil(steps / 5),
+        path=str(eval_set(eval_data)), every=eval_every or math.ceil(steps / 5),
         batch_size=eval_batch_size or spec.params.batch_size)
     state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides), minutes)
     jobs = _Jobs(spec, spec_path, overrides, output, evaluation, steps, minutes)
@@ -109,7 +109,7 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     return state
 
 
-def _check(spec: Spec, steps: int, eval_data: str | Path | None) -> None:
+def _check(spec: Spec, steps: int) -> None:
     if steps < 1:
         raise TrainfitError(f"--steps {steps}: each config trains at least 1 step", "e.g. --steps 200")
     if spec.data is None:
@@ -117,9 +117,6 @@ def _check(spec: Spec, steps: int, eval_data: str | Path | None) -> None:
     if spec.model.factory is None and not spec.uses_trl_sft:
         raise TrainfitError("compare trains a Hugging Face model with TRL's trainer; this spec trains with its "
                             "tune.command_template", "remove command_template from the spec for the comparison")
-    if eval_data is not None and not Path(eval_data).exists():
-        raise TrainfitError(f"--eval-data {eval_data} does not exist", "give the held-out set's file (the "
-                            "training data's format and fields)")
 
 
 def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, evaluation: EvalSchedule | None,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trainfit.errors import TrainfitError
 from trainfit.plan.choose import PRIORITIES, RULES, choose
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, write_speed
-from trainfit.plan.eval_pass import Evaluation, measure_eval_pass, trl_dataset
+from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
 from trainfit.plan.inputs import Candidate, TuneRun, load_run
 from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
 from trainfit.summary import Record, check_schema
@@ -174,10 +174,7 @@ def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: 
         raise TrainfitError(f"an eval pass is timed on the tune's model and data, and the spec of {run.folder} cannot "
                             "be rebuilt here (its model, tokenizer or data moved?)",
                             "plan where the tune ran, or plan without --eval-data")
-    if not path.exists():
-        raise TrainfitError(f"--eval-data {path} does not exist", "give the eval set's file (the training data's "
-                            "format and fields)")
-    path = path.resolve()  # plan.json is read from elsewhere (trainfit train's working folder)
+    path = eval_set(path)  # absolute: plan.json is read from elsewhere (trainfit train's working folder)
     params, problems = parse_params(chosen.config, allow_custom=True)
     if problems:
         raise TrainfitError(f"the config of trial {chosen.trial} does not parse: {problems[0]}", "tune again")

@@ -93,6 +93,16 @@ class Evaluation(EvalSchedule):
     """Each timed batch: ``rows``, ``padded_length``, ``seconds`` (the median of its runs)."""
 
 
+def eval_set(path: str | Path) -> Path:
+    """``--eval-data``, absolute (a plan or comparison is read from other folders), or a clear
+    error when it does not exist."""
+    path = Path(path)
+    if not path.exists():
+        raise TrainfitError(f"--eval-data {path} does not exist",
+                            "give the eval set's file (the training data's format and fields)")
+    return path.resolve()
+
+
 def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: int | None, batch_size: int,
                       max_length: int | None, trial: int, threads: int | None = None,
                       budget_s: float = 10.0) -> Evaluation:
