@@ -8,13 +8,67 @@ eval set evaluated on its schedule. It writes ``result.json`` (a :class:`ConfigR
 from __future__ import annotations
 
 import json
+import math
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from trainfit.compare.runs import ConfigRun, CurveLog, peak_memory_gb
+from trainfit.compare.runs import ConfigRun, diverged
 from trainfit.files import write_atomically
+from trainfit.monitor import trainer_callback_base
+
+
+class CurveLog(trainer_callback_base()):  # type: ignore[misc]
+    """Records every logged loss and evaluation against the steps' own time, and stops a run whose
+    loss is not finite or rises past its start, or whose steps took ``max_seconds``."""
+
+    def __init__(self, name: str = "", say: Any = None, every: int = 0, max_seconds: float | None = None) -> None:
+        self.name, self.say, self.every, self.max_seconds = name, say, every, max_seconds
+        self.began: float | None = None
+        self.eval_s = 0.0
+        self.losses: list[list[Any]] = []
+        self.evals: list[list[float]] = []
+        self.diverged_at: int | None = None
+
+    def seconds(self) -> float:
+        return 0.0 if self.began is None else time.perf_counter() - self.began - self.eval_s
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.began = time.perf_counter()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
+                    **kwargs: Any) -> None:
+        metrics = metrics or {}
+        self.eval_s += float(metrics.get("eval_runtime") or 0.0)
+        if "eval_loss" in metrics:
+            self.evals.append([int(state.global_step), round(self.seconds(), 4), float(metrics["eval_loss"])])
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not logs or "loss" not in logs:
+            return
+        loss = float(logs["loss"])
+        step = int(state.global_step)
+        self.losses.append([step, round(self.seconds(), 4), loss if math.isfinite(loss) else None])
+        if self.say is not None and self.every and (step % self.every == 0 or step == int(state.max_steps)):
+            last_eval = f", eval loss {self.evals[-1][2]:.4g}" if self.evals else ""
+            self.say(f"  {self.name}: step {step}/{state.max_steps}, loss {loss:.4g}{last_eval}")
+        if self.max_seconds is not None and self.seconds() >= self.max_seconds:
+            control.should_training_stop = True  # --minutes: the same training time for every config
+        if self.diverged_at is None and diverged([math.nan if x[2] is None else x[2] for x in self.losses]):
+            self.diverged_at = int(state.global_step)
+            control.should_training_stop = True
+
+
+def peak_memory_gb(device: Any) -> float:
+    import torch
+
+    from trainfit.devices import peak_rss_bytes
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return peak_rss_bytes() / 2**30
 
 
 def run(job: dict[str, Any]) -> ConfigRun:
