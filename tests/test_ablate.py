@@ -108,6 +108,7 @@ def llama_spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_ablate_measures_every_technique_or_says_why_not_and_resumes(llama_spec: Path, tmp_path: Path,
                                                                      capsys) -> None:
     from conftest import EXAMPLES
@@ -147,6 +148,7 @@ def test_ablate_measures_every_technique_or_says_why_not_and_resumes(llama_spec:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_gradient_checkpointing_lowers_the_steps_own_memory(tmp_path: Path) -> None:
     """A model whose activations dominate (4 layers, 256 wide, batch 4 x 512 tokens): the steps'
     own memory (their peak above what is held between steps) falls with checkpointing."""

@@ -185,6 +185,7 @@ def test_a_closed_terminal_stops_tune_with_the_resume_line(tmp_path: Path) -> No
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_full_disk_mid_tune_says_so_and_resumes_with_every_trial(tmp_path: Path, capsys: Any) -> None:
     """A write that the kernel refuses with ENOSPC (report.html's temporary file, named for this
     process, linked to /dev/full) after the first probe: one line naming the file and the cause,

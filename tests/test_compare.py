@@ -166,6 +166,7 @@ def factory_spec(tmp_path: Path) -> Path:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
         factory_spec: Path, tmp_path: Path) -> None:
     configs = tmp_path / "c.yaml"
@@ -212,6 +213,7 @@ def test_minutes_give_each_config_the_same_training_time(factory_spec: Path, tmp
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_two_machines_sharing_a_storage_train_each_config_once_and_both_end_with_all(
         factory_spec: Path, tmp_path: Path) -> None:
     names = ["c0", "c1", "c2", "c3"]

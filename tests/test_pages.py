@@ -71,6 +71,7 @@ def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @needs_browser
 @pytest.mark.integration
+@pytest.mark.slow
 def test_the_tune_report_a_comparison_and_an_ablation_draw_their_plots(tune_dir: Path, tmp_path: Path) -> None:
     image = screenshot(tune_dir / "report.html", tmp_path / "report.png")
     assert pixels_near(image, "#1f77b4") > 200  # the charts' first series: its points and lines are drawn

@@ -63,6 +63,7 @@ def test_full_finetune_llama_measures_real_tokens(llama_spec) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_lora_and_checkpointing_change_the_flops_count(llama_spec) -> None:
     base = probe(llama_spec({"padding": "max_length"}))
     lora = probe(llama_spec({"padding": "max_length", "lora_r": 4, "gradient_checkpointing": True}))
@@ -285,6 +286,7 @@ def test_without_trls_head_auto_falls_back_to_the_models_loss_and_says_so(tmp_pa
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_gpt2_bf16(tmp_path: Path, texts_file) -> None:
     path = make_spec_file(tmp_path, model={"config": TINY_GPT2},
                           data={"path": str(texts_file[0]), "text_field": "text"},
@@ -384,6 +386,7 @@ def test_a_hanging_child_is_killed(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_unsupported_knobs_are_clear_errors(llama_spec) -> None:
     m = probe(llama_spec({"attention": "flash_attention_2"}))
     assert m.status == "error" and "needs a CUDA GPU" in m.message
@@ -395,6 +398,7 @@ def test_unsupported_knobs_are_clear_errors(llama_spec) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_cli_probe_writes_json_and_exits_by_status(llama_spec, tmp_path: Path, capsys) -> None:
     out = tmp_path / "new" / "folder" / "out.json"  # created for it
     assert main(["probe", str(llama_spec()), "--set", "batch_size=3", "--json", str(out), "--quiet"]) == 0
@@ -448,6 +452,7 @@ def scaled_spec(tmp_path: Path, **budget: float) -> Path:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_session_reuses_the_model_for_larger_batches_of_the_same_config(tmp_path: Path) -> None:
     spec = load_spec(scaled_spec(tmp_path))
 

@@ -247,6 +247,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_parameters_of_an_uninterrupted
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_a_resume_past_a_rotten_one_ends_where_an_uninterrupted_run_does(
         tune_dir: Path, uninterrupted: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
@@ -324,6 +325,7 @@ def factory_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_factory_model_trains_on_its_rows_and_resumes_after_sigkill_to_the_same_weights(
         factory_tune: Path, tmp_path: Path, capsys) -> None:
     import torch
@@ -374,6 +376,7 @@ sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_command_template_runs_as_a_child_told_the_plan_output_and_resume(
         factory_tune: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     trainer = tmp_path / "fake_trainer.py"

@@ -53,6 +53,7 @@ def test_cli_tune_end_to_end_on_a_tiny_model_under_a_real_cap(tmp_path: Path, te
     assert "cannot create the output folder" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_tune_without_a_search_section_searches_the_default_space(tmp_path: Path, texts_file, capsys) -> None:
     """No search: section: batch sizes and checkpointing at the spec's own effective batch, so the
     answer trains what the spec describes, only faster."""
@@ -139,6 +140,7 @@ def test_cli_when_every_config_ooms_says_how_much_they_needed_at_least(tmp_path:
     assert f"and at least {beyond:.2f} GiB more than that peak when it failed" in out
 
 
+@pytest.mark.slow
 def test_after_a_sigterm_the_printed_command_resumes_the_same_shared_study(tmp_path: Path) -> None:
     """A real `trainfit tune` (real probes) on a shared storage, stopped by SIGTERM as a cluster
     preempts a job (handled as Ctrl-C is): the command it prints (overrides and --storage
