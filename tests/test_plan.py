@@ -78,6 +78,20 @@ def test_a_calibration_adds_the_trainers_cost_per_step_and_its_start_up() -> Non
     assert e.total_s == pytest.approx(125.0 + 12.0 + e.checkpoint_s)
     assert e.spread_rel == pytest.approx(0.05)  # the probe's 3% and the calibration's 4%, combined
     assert e.high_s - e.total_s == pytest.approx(125.0 * 0.05)
+    assert e.command_startup_s == 12.0 and e.command_total_s == pytest.approx(e.total_s)  # one start-up measured
+
+
+def test_trainfit_train_and_the_written_command_are_each_priced_at_their_own_start_up() -> None:
+    from trainfit.plan_calibrate import Calibration
+
+    cal = Calibration(steps=20, seconds_per_step=1.0, samples_per_second=8.0, probe_samples_per_second=10.0,
+                      ratio=0.8, spread_rel=0.04, startup_s=11.0, train_startup_s=6.5, command="trl sft ...",
+                      device="cpu")
+    e = estimate(candidate(0, 10.0, batch=8, spread=0.03), 1_000, write_bytes_per_s=FAST_DISK,
+                 checkpoint_every_s=1e9, calibration=cal)
+    assert e.startup_s == 6.5 and e.total_s == pytest.approx(125.0 + 6.5 + e.checkpoint_s)
+    assert e.command_startup_s == 11.0 and e.command_total_s == pytest.approx(125.0 + 11.0 + e.checkpoint_s)
+    assert Eta.from_json(json.loads(json.dumps(e.to_json()))) == e
 
 
 def test_a_calibration_whose_spread_is_unknown_leaves_the_interval_to_the_probe() -> None:
@@ -251,6 +265,7 @@ def test_a_run_that_does_not_fit_gets_options_that_each_fit(tune_dir: Path, caps
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_calibrated_plan_prints_valid_json_and_adds_the_trainers_cost(tune_dir: Path, capsys) -> None:
     assert main(["plan", str(tune_dir), "--max-hours", "10", "--epochs", "1", "--calibrate", "20", "--json"]) == 0
     captured = capsys.readouterr()
@@ -259,6 +274,11 @@ def test_a_calibrated_plan_prints_valid_json_and_adds_the_trainers_cost(tune_dir
     assert plan.calibration is not None and plan.calibration["steps"] == 20
     assert plan.eta.startup_s is not None and plan.eta.startup_s > 0 and plan.eta.trainer_overhead_s is not None
     assert plan.eta.total_s == pytest.approx(plan.eta.train_s + plan.eta.startup_s + plan.eta.checkpoint_s)
+    assert plan.eta.startup_s == plan.calibration["train_startup_s"]  # `trainfit train`'s, measured by its own run
+    assert plan.eta.command_startup_s == plan.calibration["startup_s"]
+    from trainfit.cli.plan import render
+
+    assert "the written command, with its own start-up: ETA" in render(plan)
 
 
 @pytest.mark.integration

@@ -3,8 +3,12 @@
 The probe prices the model's step; ``trl sft`` adds its own per-step work (its data loader and
 collator, the scheduler, its metrics over the logits, accelerate's bookkeeping): 0-15% on the test
 CPU, 1.4-1.9x on an H100 with short steps (docs/benchmarks.md). A calibration measures it by
-running the command ``tune`` wrote (``train_command.sh``) as a user runs it, twice, for a short
-and a long ``--max_steps``.
+running the trainer twice, for a short and a long step count: first the command ``tune`` wrote
+(``train_command.sh``, ``trl sft`` under ``accelerate launch``) as a user runs it, then ``trainfit
+train`` (the same arguments, TRL's trainer in its own process, trainfit's checkpoint and log
+callbacks added). Both start-ups are measured, each runner's own: ``trainfit train`` starts
+without ``accelerate launch``'s second Python process (6.5 s against 10-11 s on the test CPU,
+docs/benchmarks.md), which a plan for one priced at the other's start-up missed by 6%.
 
 The extra steps of the long run are timed two ways. (1) Within the long run: the parent stamps the
 arrival of each update of the trainer's progress bar, and the time from the short run's step count
@@ -94,15 +98,21 @@ class Calibration:
     runs after their first step are used; with fewer still, ``inf`` (unknown; written as null).
     It leaves out a drift of the machine beyond the timed steps."""
     startup_s: float
-    """What a run of the command costs beyond its optimizer steps at ``seconds_per_step``: launch
-    to exit less the steps (imports, model load, the dataset's tokenization, the first steps'
-    warm-up, the final save); the larger of the two runs' (the first prepares the data uncached)."""
+    """What a run of the written command costs beyond its optimizer steps at ``seconds_per_step``:
+    launch to exit less the steps (imports, ``accelerate launch``'s second process, model load, the
+    dataset's tokenization, the first steps' warm-up, the final save), from the first run (the data
+    tokenized uncached: a later run may find it cached)."""
     command: str
-    """The long run's command as it ran: the written ``trl sft`` command with the calibration's
-    arguments after it (``--max_steps`` and the rest; see :func:`calibration_args`)."""
+    """The written ``trl sft`` command with the long run's calibration arguments after it
+    (``--max_steps`` and the rest; see :func:`calibration_args`): the arguments the long run,
+    ``trainfit train``, trained with in its process."""
     device: str | None
     """The device the config was probed on, which the written command trains on (its
     ``--use_cpu`` and ``OMP_NUM_THREADS`` follow the probe's device): ``summary.json``'s ``device``."""
+    train_startup_s: float | None = None
+    """The same for ``trainfit train`` (launch to exit less its steps, its final checkpoint and model
+    save included), from the second run; None in a calibration recorded before it was measured
+    (a plan then prices ``trainfit train`` at ``startup_s``)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
@@ -114,7 +124,7 @@ class Calibration:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
         check_schema(raw, SCHEMA_VERSION, "a calibration", "calibrate again with this trainfit")
-        values = {f.name: raw[f.name] for f in fields(cls)}
+        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw or f.name != "train_startup_s"}
         if values["spread_rel"] is None:
             values["spread_rel"] = math.inf
         return cls(**values)
@@ -194,13 +204,15 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
     with the command ``tune`` wrote for it (``train_command.sh``, a ``trl sft`` command; for a
     ``config:`` model it trains the random-init model saved in ``run_dir/model``).
 
-    The command runs twice in a child process group, for ``short_steps(steps)`` and
-    ``short_steps(steps) + steps`` optimizer steps, with :func:`calibration_args` after it, in the
-    environment of this process (``trl`` found beside this Python first). ``work``: where each
-    run's full output is kept (``calibrate-N-steps.log``) and the trainer writes (each run's output
-    folder, with the model ``trl sft`` saves as it ends, is removed after the run); None: a new
-    temporary folder, removed after a calibration that succeeds. ``on_progress``: a line at each
-    run's start, its first step shown and its end, then the two timings of the steps.
+    Two runs, each in a child process group, in the environment of this process (``trl`` found
+    beside this Python first): the command for ``short_steps(steps)`` optimizer steps, with
+    :func:`calibration_args` after it, then ``trainfit train`` (on a copy of the folder's summary and
+    command, so a plan already there does not change what trains) for ``short_steps(steps) + steps``,
+    without reporting or periodic logging. ``work``: where each run's full output is kept
+    (``calibrate-N-steps.log``) and the trainer writes (each run's output folder, with the model
+    saved as it ends, is removed after the run); None: a new temporary folder, removed after a
+    calibration that succeeds. ``on_progress``: a line at each run's start, its first step shown
+    and its end, then the two timings of the steps.
 
     Raises :class:`TrainfitError` when ``steps`` < 1, ``run_dir`` holds no ``summary.json`` or
     ``train_command.sh``, the command is a ``tune.command_template`` or has a placeholder to fill,
@@ -218,8 +230,12 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / "train_command.sh"  # the command as read now: a tune still running may rewrite the original
     copy.write_text(script)
+    (folder / "run").mkdir(exist_ok=True)  # what `trainfit train` reads: this summary and command, no plan
+    shutil.copy(Path(run_dir) / "summary.json", folder / "run" / "summary.json")
+    shutil.copy(copy, folder / "run" / "train_command.sh")
     short = short_steps(steps)
-    runs = _run_twice(copy, short, steps, folder, env, say, scratch=scratch)
+    runs = _run_twice(copy, folder / "run", short, steps, folder, env, say, scratch=scratch)
+    shutil.rmtree(folder / "run", ignore_errors=True)
     seconds = _seconds_per_step(runs, short, steps, folder, say)
     probe = best.confirmed_median if best.confirmed_median is not None else best.samples_per_second
     assert probe is not None  # the best config is a fitting, timed one
@@ -228,7 +244,8 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
         steps=steps, seconds_per_step=seconds, samples_per_second=speed,
         probe_samples_per_second=float(probe), ratio=speed / float(probe),
         spread_rel=step_spread(runs[1].step_arrivals, runs[0].step_arrivals, short),
-        startup_s=max(0.0, *(run.wall_s - n * seconds for run, n in zip(runs, (short, short + steps), strict=True))),
+        startup_s=max(0.0, runs[0].wall_s - short * seconds),
+        train_startup_s=max(0.0, runs[1].wall_s - (short + steps) * seconds),
         command=as_one_line(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
         device=summary.device)
     if scratch:
@@ -236,15 +253,21 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
     return calibration
 
 
-def _run_twice(script: Path, short: int, steps: int, folder: Path, env: Mapping[str, str],
+def _run_twice(script: Path, run_copy: Path, short: int, steps: int, folder: Path, env: Mapping[str, str],
                say: Callable[[str], None], *, scratch: bool) -> list[_Run]:
-    """Run ``script`` for ``short`` and then ``short + steps`` optimizer steps (see :func:`calibrate`)."""
+    """Run ``script`` for ``short`` optimizer steps, then ``trainfit train`` on ``run_copy`` (a tune
+    folder holding its summary and command) for ``short + steps`` (see :func:`calibrate`)."""
     runs: list[_Run] = []
+    long = short + steps
+    trainfit_train = [sys.executable, "-m", "trainfit", "train", str(run_copy), "--output",
+                      str(folder / f"trainer-{long}-steps"), "--max-steps", str(long),
+                      "--", "--report_to", "none", "--logging_strategy", "no"]
     try:
-        for number, max_steps in enumerate((short, short + steps), start=1):
-            say(f"run {number} of 2: `trl sft` for {max_steps} steps "
-                f"(log: {folder / f'calibrate-{max_steps}-steps.log'})")
-            runs.append(_run_command(script, max_steps, folder, env, _prefixed(say, f"run {number} of 2: ")))
+        for number, (name, argv, max_steps) in enumerate(
+                (("`trl sft`", ["bash", str(script), *calibration_args(short, folder / f"trainer-{short}-steps")], short),
+                 ("`trainfit train`", trainfit_train, long)), start=1):
+            say(f"run {number} of 2: {name} for {max_steps} steps (log: {folder / f'calibrate-{max_steps}-steps.log'})")
+            runs.append(_run_command(name, argv, max_steps, folder, env, _prefixed(say, f"run {number} of 2: ")))
     except TrainfitError:
         raise  # the log it names stays
     except BaseException:  # Ctrl-C: the runs are killed, their partial logs of no use
@@ -332,23 +355,21 @@ def as_one_line(script: str, args: list[str]) -> str:
     return " ".join([body or "", *([shlex.join(args)] if args else [])])
 
 
-def _run_command(script: Path, max_steps: int, folder: Path, env: Mapping[str, str],
+def _run_command(name: str, argv: list[str], max_steps: int, folder: Path, env: Mapping[str, str],
                  say: Callable[[str], None]) -> _Run:
-    """Run ``script`` with :func:`calibration_args` for ``max_steps`` steps; its output goes to
-    ``folder/calibrate-{max_steps}-steps.log`` as it comes, each update of the trainer's progress bar
-    stamped on arrival."""
+    """Run ``argv`` (``name``: what it is, for the errors), a trainer for ``max_steps`` steps writing to
+    ``folder/trainer-{max_steps}-steps``; its output goes to ``folder/calibrate-{max_steps}-steps.log``
+    as it comes, each update of the trainer's progress bar stamped on arrival."""
     log_path = folder / f"calibrate-{max_steps}-steps.log"
-    out_dir = folder / f"trainer-{max_steps}-steps"
     started = time.perf_counter()
-    rc, text, arrivals = run_logged(["bash", str(script), *calibration_args(max_steps, out_dir)], log_path,
-                                    cwd=folder, env=env, bar_total=max_steps, say=say)
+    rc, text, arrivals = run_logged(argv, log_path, cwd=folder, env=env, bar_total=max_steps, say=say)
     wall = time.perf_counter() - started
-    shutil.rmtree(out_dir, ignore_errors=True)  # the model trl sft saves as it ends
+    shutil.rmtree(folder / f"trainer-{max_steps}-steps", ignore_errors=True)  # the model the run saved as it ended
     runtime = parse_train_runtime(text)
     if rc != 0 or runtime is None:
         tail = "\n".join("  | " + line for line in re.split(r"[\r\n]+", text.strip())[-LOG_TAIL_LINES:])
         why = f"exited with {rc}" if rc != 0 else "printed no train_runtime"
-        raise TrainfitError(f"the calibration's {max_steps}-step run of `trl sft` {why}; its last lines:\n{tail}",
+        raise TrainfitError(f"the calibration's {max_steps}-step run of {name} {why}; its last lines:\n{tail}",
                             f"the whole output is in {log_path}; fix what it says, or {FALLBACK_HINT}")
     say(f"done: train_runtime {runtime:g} s")
     return _Run(train_runtime_s=runtime, step_arrivals=arrivals, wall_s=wall)

@@ -131,11 +131,14 @@ def render(plan: Plan) -> str:
              f"measured, peak {plan.peak_gb:.2f} GiB)",
              "",
              f"ETA {dur(e.total_s)} ({dur(e.low_s)} - {dur(e.high_s)}): {verdict}"]
+    if e.command_total_s is not None:
+        lines.append(f"  (run by `trainfit train`; the written command, with its own start-up: ETA {dur(e.command_total_s)})")
     rows = [("training", f"{e.steps:,} steps x {fmt_num(e.step_time_s)} s = {dur(e.train_s)} (+-{e.spread_rel:.1%})"),
             ("trainer cost", "not calibrated (see below)" if e.trainer_overhead_s is None
              else f"{fmt_num(e.trainer_overhead_s)} s a step, measured, included above"),
             ("start-up", "not calibrated" if e.startup_s is None
-             else f"{dur(e.startup_s)} (launch to first step and last step to exit, measured)"),
+             else f"{dur(e.startup_s)} (launch to first step and last step to exit, measured)"
+             + (f"; the written command: {dur(e.command_startup_s)}" if e.command_startup_s is not None else "")),
             ("checkpoints", f"{e.checkpoints} save{'s' * (e.checkpoints != 1)}, every {dur(plan.checkpoint_every_s)}, "
                             f"{plan.checkpoint_bytes / 2**20:,.0f} MiB each = {dur(e.checkpoint_s)}"),
             ("evaluation", "none (--eval-data prices it)" if plan.evaluation is None else

@@ -312,9 +312,9 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
     else:
         lines.append(f"calibrated: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran at "
                      f"{calibration.ratio:.2f}x the probe's speed; their extra time per step is added to every step, "
-                     "and "
-                     f"the command's start-up and end ({calibration.startup_s:.0f} s, launch to exit less its steps) "
-                     "once")
+                     "and the run's start-up and end once (launch to exit less its steps: "
+                     + (f"{calibration.train_startup_s:.0f} s for `trainfit train`, " if calibration.train_startup_s
+                        is not None else "") + f"{calibration.startup_s:.0f} s for the written command)")
         if not math.isfinite(calibration.spread_rel):
             lines.append("the calibration's own spread could not be measured (too few steps shown): the interval "
                          "holds the probe's alone; calibrate over more steps for it")

@@ -37,7 +37,8 @@ class Eta(Record):
     trainer_overhead_s: float | None
     """The trainer's own time per step measured by calibration; None: not calibrated."""
     startup_s: float | None
-    """Launch to first step and last step to exit, measured by calibration; None: not calibrated."""
+    """Launch to first step and last step to exit of ``trainfit train`` (what ``total_s`` is for),
+    measured by calibration; None: not calibrated."""
     checkpoints: int
     checkpoint_s: float
     """All saves: their number times one save of this config's checkpoint (:func:`checkpoint_bytes`)
@@ -53,6 +54,17 @@ class Eta(Record):
     eval_s: float = 0.0
     """All passes: their number times one pass timed forward-only (``plan.eval_pass``), within its
     own spread in the interval."""
+    command_startup_s: float | None = None
+    """The same for the written command (``bash train_command.sh``: ``trl sft`` under ``accelerate
+    launch``), measured by calibration; None: not calibrated."""
+
+    @property
+    def command_total_s(self) -> float | None:
+        """The ETA of the written command run as a user runs it (None: not calibrated): ``total_s``
+        with the command's start-up in place of ``trainfit train``'s."""
+        if self.command_startup_s is None:
+            return None
+        return self.total_s - (self.startup_s or 0.0) + self.command_startup_s
 
     def fits(self, window_s: float) -> bool:
         return self.high_s <= window_s
@@ -94,7 +106,7 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     trainer's cost per step that it measured on top of the probe's expected step (for the
     calibrated config) is added to every step of this config too: it is the trainer's, not the
     model's; and the run's start-up and end (launch to exit less its steps) as calibration measured
-    them. ``evaluation``: the passes a run of ``epochs`` makes, at the price measured for one
+    them for ``trainfit train`` (the written command's beside it: ``Eta.command_total_s``). ``evaluation``: the passes a run of ``epochs`` makes, at the price measured for one
     (the trainer's time around a pass is not in it: the run's monitor subtracts the passes' own
     ``eval_runtime``)."""
     steps = math.ceil(samples / c.samples_per_step)
@@ -109,7 +121,10 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     train = steps * step
     saves = max(1, math.ceil(train / checkpoint_every_s))  # one every interval, the last at the end
     checkpoint = saves * checkpoint_bytes(c) / write_bytes_per_s
-    startup = calibration.startup_s if calibration is not None else None
+    startup = command_startup = None
+    if calibration is not None:
+        command_startup = calibration.startup_s
+        startup = calibration.train_startup_s if calibration.train_startup_s is not None else command_startup
     fixed = checkpoint + (startup or 0.0)
     evals = evaluation.passes(steps, epochs) if evaluation is not None else 0
     eval_s = evals * evaluation.pass_s if evaluation is not None else 0.0
@@ -118,4 +133,4 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
                startup_s=startup, checkpoints=saves, checkpoint_s=checkpoint, total_s=train + eval_s + fixed,
                low_s=train * max(0.0, 1 - spread) + eval_s * max(0.0, 1 - eval_spread) + fixed,
                high_s=train * (1 + spread) + eval_s * (1 + eval_spread) + fixed, spread_rel=spread, evals=evals,
-               eval_s=eval_s)
+               eval_s=eval_s, command_startup_s=command_startup)

@@ -21,10 +21,12 @@ def plan_section(plan: Plan) -> str:
                     for p in plan.priorities)
     options = "".join(f"<li>{html.escape(o.change)}: ETA {dur(o.eta.total_s)} (up to {dur(o.eta.high_s)}); "
                       f"{html.escape(o.cost)}</li>" for o in plan.options)
+    command = ("" if e.command_total_s is None else
+               f" (by <code>trainfit train</code>; the written command: {dur(e.command_total_s)})")
     rests = "".join(f"<li>{html.escape(line)}</li>" for line in plan.rests_on)
     return f"""<h3>Plan: {plan.epochs:g} epoch(s) in {plan.max_hours:g} h ({dur(plan.window_s)} after the margin)</h3>
 <p>Priority <b>{plan.priority}</b> ({html.escape(plan.rule)}): trial {plan.trial},
-{html.escape(values_line(plan.searched))}. <b>ETA {dur(e.total_s)}</b> ({dur(e.low_s)} - {dur(e.high_s)}): {verdict}.
+{html.escape(values_line(plan.searched))}. <b>ETA {dur(e.total_s)}</b> ({dur(e.low_s)} - {dur(e.high_s)}): {verdict}{command}.
 Training {e.steps:,} steps x {e.step_time_s:.3g} s; {e.checkpoints} checkpoint(s) every
 {dur(plan.checkpoint_every_s)}, {dur(e.checkpoint_s)} in all.</p>
 <ul style="font-size: 12px">{rests}</ul>
