@@ -245,7 +245,7 @@ def test_runs_sharing_a_storage_stop_at_max_trials_between_them(tmp_path: Path) 
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     spec = synthetic_spec(tmp_path, "grid")
     logs = [tmp_path / f"calls{i}.json" for i in range(2)]
-    with multiprocessing.get_context("fork").Pool(2) as machines:
+    with multiprocessing.get_context("spawn").Pool(2) as machines:  # not fork: see test_tune_study's _join
         totals = machines.starmap_async(_join, [(spec, url, tmp_path / f"m{i}", log) for i, log in enumerate(logs)]
                                         ).get(timeout=120)
     probed = [c for log in logs if log.exists() for c in json.loads(log.read_text())]  # a run may probe nothing

@@ -224,8 +224,10 @@ def test_runs_sharing_a_storage_split_the_work_without_probing_a_config_twice(tm
 
     url = f"sqlite:///{tmp_path / 'shared.db'}"  # a real database file, as several machines would share
     spec = synthetic_spec(tmp_path, strategy)
-    fork = multiprocessing.get_context("fork")
-    runs = [fork.Process(target=_join, args=(spec, url, tmp_path / f"m{i}", tmp_path / f"calls{i}.json",
+    # spawned, not forked: a fork of this process copies whatever lock another of its threads held at that
+    # moment (earlier tests leave threads), and a slow-tier run saw a child hang past the timeout that way
+    spawn = multiprocessing.get_context("spawn")
+    runs = [spawn.Process(target=_join, args=(spec, url, tmp_path / f"m{i}", tmp_path / f"calls{i}.json",
                                              tmp_path / f"best{i}.json", tmp_path / "rendezvous"))
             for i in range(2)]
     for r in runs:
