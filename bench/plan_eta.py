@@ -99,7 +99,10 @@ def evaluations(log: list[dict], planned: object) -> dict | None:
 
 
 def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dict:
+    from dataclasses import replace
+
     from trainfit.plan import make_plan
+    from trainfit.plan.inputs import best_step_cost
     from trainfit.plan_calibrate import calibrate
     from trainfit.spec import load_spec
     from trainfit.tune import tune
@@ -118,9 +121,13 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
         evaluate = {"eval_data": eval_file(work, args.eval_samples), "eval_every": -(-steps // args.eval_passes)}
     plain = make_plan(run_dir, max_hours=10, epochs=1, priority="fast", **evaluate)
     start = time.perf_counter()
-    cal = calibrate(run_dir, args.calibrate, on_progress=lambda line: print(f"  {line}", file=sys.stderr))
+    cal = calibrate(run_dir, args.calibrate, step_cost=best_step_cost(run_dir),
+                    on_progress=lambda line: print(f"  {line}", file=sys.stderr))
     calibrate_s = time.perf_counter() - start
     planned = make_plan(run_dir, max_hours=10, epochs=1, priority="fast", calibration=cal, **evaluate)
+    # The same calibration compared with the probe's epoch average, as before its batches were priced.
+    averaged = make_plan(run_dir, max_hours=10, epochs=1, priority="fast", calibration=replace(cal, model_step_s=None),
+                         **evaluate)
     assert planned.command is not None
     (work / f"{mode}-run").mkdir()
     actual = run_written(planned.command, work / f"{mode}-run")
@@ -139,6 +146,8 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
            "inside_interval": planned.eta.low_s <= actual <= planned.eta.high_s,
            "trainfit_train_s": train_wall, "error_trainfit_train": (planned.eta.total_s - train_wall) / train_wall,
            "trainfit_train_inside_interval": planned.eta.low_s <= train_wall <= planned.eta.high_s,
+           "eta_epoch_average": averaged.eta.to_json(),
+           "error_trainfit_train_epoch_average": (averaged.eta.total_s - train_wall) / train_wall,
            "trainfit_train_steps": result["step"], "monitor_at_tenth": tenth,
            "evaluation": evaluations(log, planned)}
     print(f"{mode}: trial {planned.trial} {planned.searched}: written command {actual:.1f} s launch to exit "

@@ -17,6 +17,7 @@ from conftest import EXAMPLES
 
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
+from trainfit.plan.inputs import best_step_cost
 from trainfit.plan_calibrate import (
     Calibration,
     bar_seconds_per_step,
@@ -24,6 +25,7 @@ from trainfit.plan_calibrate import (
     calibrate,
     calibration_args,
     parse_train_runtime,
+    priced_steps,
     run_logged,
     short_steps,
     step_spread,
@@ -183,6 +185,37 @@ def test_the_steps_after_the_short_runs_count_are_timed_by_the_progress_bar() ->
     assert step_spread({3: 1.0}, {}, 3) == math.inf
 
 
+def test_the_steps_timed_are_priced_on_the_very_batches_they_trained() -> None:
+    """Accumulation 2, a cost of 0.1 s + 1 ms a position per optimizer step at one length: step n
+    trained micro-batches 2n-2 and 2n-1. The bar showed steps 2, 3 and 5 after the short run's 2."""
+    lengths = [100, 100, 300, 100, 500, 500, 100, 100, 300, 300, 700]  # 5 steps and accelerate's look-ahead
+    cost = lambda length: 0.1 + 0.001 * length  # noqa: E731
+    # Step 3: (0.6 + 0.6) / 2 = 0.6 s; step 4: (0.2 + 0.2) / 2 = 0.2 s; step 5: (0.4 + 0.4) / 2 = 0.4 s.
+    arrivals = {1: 0.0, 2: 2.0, 3: 2.66, 5: 3.32}
+    model_step, spread = priced_steps(lengths, 2, arrivals, 2, cost)
+    assert model_step == pytest.approx((0.6 + 0.2 + 0.4) / 3)
+    # Each interval against its own batches' cost: 0.66 / 0.6 and 0.66 / 0.6 (steps 4 and 5), the same ratio.
+    assert spread == pytest.approx(0.0, abs=1e-9)
+    # The epoch average would have said the steps were all alike: the same 0.66 s over 1 and 2 steps differ.
+    assert step_spread(arrivals, {}, 2) > 0.5
+    assert priced_steps(lengths[:9], 2, arrivals, 2, cost) is None  # the last timed step's batches not all seen
+    assert priced_steps(lengths, 2, {1: 0.0, 2: 2.0}, 2, cost) is None  # one step shown: nothing timed
+
+
+def test_the_trainers_cost_is_against_the_same_batches_where_they_were_priced() -> None:
+    common = dict(steps=20, seconds_per_step=1.0, samples_per_second=8.0, probe_samples_per_second=10.0,
+                  spread_rel=0.04, startup_s=12.0, command="trl sft ...", device="cpu")
+    # The first batches were long: the trainer's 1.0 s a step is 0.8x the epoch's average speed, but
+    # the probe expected 0.95 s of those very batches: the trainer's own cost is 0.05 s, not 0.2.
+    assert Calibration(ratio=0.8, model_step_s=0.95, **common).trainer_overhead_s() == pytest.approx(0.05)
+    # Short first batches: faster than the epoch's average, yet slower than the probe expected of them.
+    assert Calibration(ratio=1.2, model_step_s=0.9, **common).trainer_overhead_s() == pytest.approx(0.1)
+    assert Calibration(ratio=1.2, model_step_s=1.1, **common).trainer_overhead_s() == pytest.approx(-0.1)
+    # Not priced: against the epoch's average, never below 0.
+    assert Calibration(ratio=0.8, **common).trainer_overhead_s() == pytest.approx(0.2)
+    assert Calibration(ratio=1.2, **common).trainer_overhead_s() == 0.0
+
+
 def test_a_calibration_reads_back_from_json_with_an_unknown_spread() -> None:
     c = Calibration(steps=4, seconds_per_step=0.5, samples_per_second=16.0, probe_samples_per_second=20.0, ratio=0.8,
                     spread_rel=math.inf, startup_s=3.0, command="trl sft --max_steps 6", device="cpu")
@@ -191,8 +224,9 @@ def test_a_calibration_reads_back_from_json_with_an_unknown_spread() -> None:
     assert Calibration.from_json(raw) == c
     with pytest.raises(TrainfitError, match="schema version 2"):
         Calibration.from_json({**raw, "schema_version": 2})
-    # recorded before `trainfit train`'s own start-up was measured: none, not a KeyError
-    assert Calibration.from_json({k: v for k, v in raw.items() if k != "train_startup_s"}).train_startup_s is None
+    # recorded before `trainfit train`'s own start-up or the batches' price were measured: none, not a KeyError
+    older = Calibration.from_json({k: v for k, v in raw.items() if k not in ("train_startup_s", "model_step_s")})
+    assert older.train_startup_s is None and older.model_step_s is None
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +242,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Calibrat
         mp.setenv("HF_HOME", str(root / "hf"))
         mp.setenv("PATH", os.pathsep.join(p for p in ("/usr/bin", "/bin") if os.path.isdir(p)))  # trl: found beside Python
         tune(load_spec(EXAMPLES / "tiny-llama.yaml", [*SMALL_TUNE, *QUICK_PROBE]), output=out)
-        calibration = calibrate(out, 20, work=work, on_progress=lines.append)
+        calibration = calibrate(out, 20, work=work, step_cost=best_step_cost(out), on_progress=lines.append)
     return out, calibration, lines, work
 
 
@@ -227,10 +261,17 @@ def test_a_calibration_times_real_trl_steps_of_the_written_command(calibrated) -
     # The written command, as run: tune's command for the best config with the calibration's arguments after it.
     assert c.command == f"{best['command']} {shlex.join(calibration_args(24, work / 'trainer-24-steps'))}"
     assert c.device == json.loads((out / "summary.json").read_text())["device"]
-    assert sorted(p.name for p in work.iterdir()) == ["calibrate-24-steps.log", "calibrate-4-steps.log",
-                                                      "train_command.sh"]  # the trainer's output folders: removed
+    assert sorted(p.name for p in work.iterdir()) == ["batches-24-steps.txt", "calibrate-24-steps.log",
+                                                      "calibrate-4-steps.log", "train_command.sh"]  # not the trainer's output folders
+    # The long run recorded every micro-batch it trained (24 steps of 8 at batch 4, and the look-ahead), each
+    # padded to its longest sample (the bundled data's lengths vary; max_length 256), and priced the timed ones.
+    recorded = [int(n) for n in (work / "batches-24-steps.txt").read_text().split()]
+    assert 24 * 8 <= len(recorded) <= 25 * 8 and len(set(recorded)) > 1 and max(recorded) <= 256
+    assert c.model_step_s is not None and 0 < c.model_step_s
+    assert c.trainer_overhead_s() == pytest.approx(c.seconds_per_step - c.model_step_s)
     assert (work / "train_command.sh").read_text() == (out / "train_command.sh").read_text()
-    assert lines[0].startswith("run 1 of 2: `trl sft` for 4 steps") and "run 2 of 2: done: " in lines[-3]
+    assert lines[0].startswith("run 1 of 2: `trl sft` for 4 steps") and "run 2 of 2: done: " in lines[-4]
     assert any(line.startswith("run 2 of 2: `trainfit train` for 24 steps") for line in lines)
-    assert "by the runs' train_runtime difference" in lines[-2] and "(the figure)" in lines[-1]
+    assert "by the runs' train_runtime difference" in lines[-3] and "(the figure)" in lines[-2]
+    assert lines[-1].startswith("the probe's cost of the very batches timed: ")
     assert Calibration.from_json(json.loads(json.dumps(c.to_json()))) == c

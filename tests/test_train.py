@@ -361,6 +361,8 @@ def test_a_factory_model_trains_on_its_rows_and_resumes_after_sigkill_to_the_sam
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert main(["train", str(factory_tune), "--output", str(tmp_path / "x"), "--", "--max_steps", "3"]) == 2
     assert "factory model" in capsys.readouterr().err
+    assert main(["train", str(factory_tune), "--output", str(tmp_path / "y"), "--record-batches", "b.txt"]) == 2
+    assert "--record-batches records the batches of a `trl sft` run; this run is a factory" in capsys.readouterr().err
 
 
 FAKE_TRAINER = """\

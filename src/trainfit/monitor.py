@@ -138,6 +138,32 @@ class OnTrack:
         return e.checkpoint_s * (1 - step / max_steps) if max_steps else 0.0
 
 
+def observe_train_batches(trainer: Any, observe: Callable[[int], None]) -> Any:
+    """Call ``observe`` with the padded length (``input_ids``' last dimension) of each batch
+    ``trainer``'s training data loader collates, in order; returns ``trainer``. Only the training
+    loader's batches are seen (an evaluation's loader collates with the plain collator), and not
+    those collated in dataloader worker processes."""
+    make_loader = trainer.get_train_dataloader
+
+    def counted(features: Any, collate: Any) -> Any:
+        batch = collate(features)
+        ids = batch.get("input_ids") if hasattr(batch, "get") else None
+        if ids is not None and hasattr(ids, "shape"):
+            observe(int(ids.shape[-1]))
+        return batch
+
+    def train_loader(*args: Any, **kwargs: Any) -> Any:
+        plain = trainer.data_collator  # the loader takes its collator when it is made
+        trainer.data_collator = functools.partial(counted, collate=plain)
+        try:
+            return make_loader(*args, **kwargs)
+        finally:
+            trainer.data_collator = plain
+
+    trainer.get_train_dataloader = train_loader
+    return trainer
+
+
 def load_plan(plan: Plan | str | Path) -> tuple[Plan, Path | None]:
     if isinstance(plan, Plan):
         return plan, None
@@ -194,31 +220,10 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
 
     def watch(self, trainer: Any) -> Any:
         """Weigh each batch ``trainer``'s training data loader collates by the plan's step cost
-        (its padded length, ``input_ids``' last dimension), so the pace is measured against the
-        work the batches held; returns ``trainer``. Only the training loader's batches count (an
-        evaluation's loader collates with the plain collator). Batches collated in dataloader
-        worker processes are not seen: the pace is then the steps'. accelerate's data loader
-        collates one batch ahead of the one that trains: the latest seen is left out until the
-        run ends."""
-        make_loader = trainer.get_train_dataloader
-
-        def counted(features: Any, collate: Any) -> Any:
-            batch = collate(features)
-            ids = batch.get("input_ids") if hasattr(batch, "get") else None
-            if ids is not None and hasattr(ids, "shape"):
-                self.observe(int(ids.shape[-1]))
-            return batch
-
-        def train_loader(*args: Any, **kwargs: Any) -> Any:
-            plain = trainer.data_collator  # the loader takes its collator when it is made
-            trainer.data_collator = functools.partial(counted, collate=plain)
-            try:
-                return make_loader(*args, **kwargs)
-            finally:
-                trainer.data_collator = plain
-
-        trainer.get_train_dataloader = train_loader
-        return trainer
+        (see :func:`observe_train_batches`), so the pace is measured against the work the batches
+        held; returns ``trainer``. accelerate's data loader collates one batch ahead of the one
+        that trains: the latest seen is left out until the run ends."""
+        return observe_train_batches(trainer, self.observe)
 
     def observe(self, padded_length: int) -> None:
         """A micro-batch padded to ``padded_length`` is about to train."""

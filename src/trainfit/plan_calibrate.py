@@ -46,6 +46,7 @@ from typing import Any
 
 from trainfit.command import is_trl_command, script_command
 from trainfit.errors import TrainfitError
+from trainfit.probe.estimate import StepCost
 from trainfit.summary import ConfigEntry, Summary, check_schema, read_summary
 
 SCHEMA_VERSION = 1
@@ -113,6 +114,21 @@ class Calibration:
     """The same for ``trainfit train`` (launch to exit less its steps, its final checkpoint and model
     save included), from the second run; None in a calibration recorded before it was measured
     (a plan then prices ``trainfit train`` at ``startup_s``)."""
+    model_step_s: float | None = None
+    """What the probe expected of the very steps timed, per step: its fitted step cost (the best
+    config's ``a + bL + cL^2``) summed over the micro-batches those steps trained, by their padded
+    lengths as the long run collated them (``trainfit train --record-batches``). None: not priced
+    (no step cost, or the batches not seen); a plan then compares the trainer's step with the
+    epoch's average step (``ratio``), which the first shuffled batches' lengths sway."""
+
+    def trainer_overhead_s(self) -> float:
+        """The trainer's own time per optimizer step beyond the model's step. Priced on the same
+        batches (:attr:`model_step_s`): the difference, signed (below 0 the machine ran the model
+        faster than when it was probed). Else: against the epoch's average step, at least 0 (a
+        faster trainer step then says more about short first batches than about the trainer)."""
+        if self.model_step_s is not None:
+            return self.seconds_per_step - self.model_step_s
+        return max(0.0, self.seconds_per_step * (1.0 - self.ratio))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
@@ -124,7 +140,8 @@ class Calibration:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
         check_schema(raw, SCHEMA_VERSION, "a calibration", "calibrate again with this trainfit")
-        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw or f.name != "train_startup_s"}
+        later = {"train_startup_s", "model_step_s"}  # absent from calibrations recorded before they were measured
+        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw or f.name not in later}
         if values["spread_rel"] is None:
             values["spread_rel"] = math.inf
         return cls(**values)
@@ -198,7 +215,29 @@ def step_spread(long: Mapping[int, float], short: Mapping[int, float], short_ste
     return relative_ci95(samples)
 
 
-def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
+def priced_steps(lengths: Sequence[int], accumulation: int, arrivals: Mapping[int, float], after: int,
+                 cost: Callable[[float], float]) -> tuple[float, float] | None:
+    """The probe's expected time of the optimizer steps the progress bar timed (those of
+    :func:`bar_seconds_per_step`: the first shown at or after ``after`` to the last shown), per step,
+    and the 95% relative half-width of the ratio of each bar interval's time to its expected time
+    (``inf`` with fewer than two intervals). ``lengths``: the padded length of every micro-batch the
+    run trained, in order (step ``n`` trained micro-batches ``(n-1)*accumulation`` to
+    ``n*accumulation - 1``); ``cost``: an optimizer step's seconds at micro-batches of a padded
+    length. None when fewer than two steps are shown or ``lengths`` stops short of the last."""
+    from trainfit.probe.timing import relative_ci95
+
+    shown = _shown(arrivals, after)
+    if len(shown) < 2 or len(lengths) < shown[-1][0] * accumulation:
+        return None
+    first = shown[0][0]
+    expected = [sum(cost(float(length)) for length in lengths[k * accumulation:(k + 1) * accumulation]) / accumulation
+                for k in range(first, shown[-1][0])]  # steps first+1 .. last
+    ratios = [(t1 - t0) / sum(expected[n0 - first:n1 - first])
+              for (n0, t0), (n1, t1) in itertools.pairwise(shown)]
+    return sum(expected) / len(expected), relative_ci95(ratios)
+
+
+def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost: StepCost | None = None,
               on_progress: Callable[[str], None] | None = None) -> Calibration:
     """Time ``steps`` real optimizer steps of the best config of the tune output folder ``run_dir``
     with the command ``tune`` wrote for it (``train_command.sh``, a ``trl sft`` command; for a
@@ -211,8 +250,11 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
     without reporting or periodic logging. ``work``: where each run's full output is kept
     (``calibrate-N-steps.log``) and the trainer writes (each run's output folder, with the model
     saved as it ends, is removed after the run); None: a new temporary folder, removed after a
-    calibration that succeeds. ``on_progress``: a line at each run's start, its first step shown
-    and its end, then the two timings of the steps.
+    calibration that succeeds. ``step_cost``: the best config's fitted step cost (its probe's), by
+    which the steps timed are priced on the very batches they trained (:func:`priced_steps`; the
+    long run records them in ``batches-N-steps.txt``); None: compared with the probe's epoch
+    average alone. ``on_progress``: a line at each run's start, its first step shown and its end,
+    then the timings of the steps.
 
     Raises :class:`TrainfitError` when ``steps`` < 1, ``run_dir`` holds no ``summary.json`` or
     ``train_command.sh``, the command is a ``tune.command_template`` or has a placeholder to fill,
@@ -240,10 +282,13 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
     probe = best.confirmed_median if best.confirmed_median is not None else best.samples_per_second
     assert probe is not None  # the best config is a fitting, timed one
     speed = best.effective_batch_size / seconds
+    priced = None if step_cost is None else _priced(folder / f"batches-{short + steps}-steps.txt", best,
+                                                    runs[1].step_arrivals, short, step_cost, say)
     calibration = Calibration(
         steps=steps, seconds_per_step=seconds, samples_per_second=speed,
         probe_samples_per_second=float(probe), ratio=speed / float(probe),
-        spread_rel=step_spread(runs[1].step_arrivals, runs[0].step_arrivals, short),
+        spread_rel=priced[1] if priced is not None and math.isfinite(priced[1]) else
+        step_spread(runs[1].step_arrivals, runs[0].step_arrivals, short), model_step_s=priced[0] if priced else None,
         startup_s=max(0.0, runs[0].wall_s - short * seconds),
         train_startup_s=max(0.0, runs[1].wall_s - (short + steps) * seconds),
         command=as_one_line(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
@@ -251,6 +296,20 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None,
     if scratch:
         shutil.rmtree(folder, ignore_errors=True)
     return calibration
+
+
+def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short: int, cost: StepCost,
+            say: Callable[[str], None]) -> tuple[float, float] | None:
+    """:func:`priced_steps` of the long run, from the micro-batch lengths it recorded in ``path``."""
+    lengths = [int(line) for line in path.read_text().split()] if path.is_file() else []
+    priced = priced_steps(lengths, int(best.config.get("gradient_accumulation_steps") or 1), arrivals, short,
+                          lambda length: float(cost(length)))
+    if priced is None:
+        say(f"the timed steps' batches were not all seen ({len(lengths)} recorded): compared with the probe's "
+            "epoch average instead")
+    else:
+        say(f"the probe's cost of the very batches timed: {priced[0]:.4g} s a step")
+    return priced
 
 
 def _run_twice(script: Path, run_copy: Path, short: int, steps: int, folder: Path, env: Mapping[str, str],
@@ -261,6 +320,7 @@ def _run_twice(script: Path, run_copy: Path, short: int, steps: int, folder: Pat
     long = short + steps
     trainfit_train = [sys.executable, "-m", "trainfit", "train", str(run_copy), "--output",
                       str(folder / f"trainer-{long}-steps"), "--max-steps", str(long),
+                      "--record-batches", str(folder / f"batches-{long}-steps.txt"),
                       "--", "--report_to", "none", "--logging_strategy", "no"]
     try:
         for number, (name, argv, max_steps) in enumerate(

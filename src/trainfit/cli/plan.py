@@ -83,11 +83,12 @@ def run(args: argparse.Namespace) -> int:
     check_eval_flags(args)
     calibration = None
     if args.calibrate:
+        from trainfit.plan.inputs import best_step_cost
         from trainfit.plan_calibrate import calibrate
 
         print(f"calibrating: {args.calibrate} real trainer steps of {folder / 'train_command.sh'} ...", file=sys.stderr,
               flush=True)  # stderr: --json keeps stdout for the plan
-        calibration = calibrate(folder, args.calibrate,
+        calibration = calibrate(folder, args.calibrate, step_cost=best_step_cost(folder),
                                 on_progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     plan = make_plan(folder, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority,
                      margin_minutes=args.margin_minutes, checkpoint_minutes=args.checkpoint_minutes,

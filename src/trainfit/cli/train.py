@@ -58,6 +58,9 @@ def add_parser(sub: Any) -> None:
                    help="stop with a checkpoint before HOURS after the first start (no value: the plan's window)")
     p.add_argument("--monitor-seconds", type=number(float, above=0), default=60.0,
                    help="seconds between on-track lines, with a plan (default: 60)")
+    p.add_argument("--record-batches", metavar="FILE",
+                   help="append each training micro-batch's padded length to FILE, one a line (a `trl sft` run; "
+                        "`plan --calibrate` prices the steps it times by them)")
     p.set_defaults(run=run, passed_on=[])  # after --: more `trl sft` arguments (see the examples)
 
 
@@ -67,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else Path(args.run_dir) / "train"
     result = train(args.run_dir, output, resume=args.resume, checkpoint_minutes=args.checkpoint_minutes,
                    keep=args.keep, deadline_hours=args.deadline or None, use_plan_deadline=args.deadline == 0.0,
-                   extra_args=args.passed_on, max_steps=args.max_steps, loop=args.loop, monitor_every_s=args.monitor_seconds)
+                   extra_args=args.passed_on, max_steps=args.max_steps, loop=args.loop, monitor_every_s=args.monitor_seconds,
+                   record_batches=args.record_batches)
     print(json.dumps(result.to_json(), indent=2))
     steps = f" (step {result.step:,} of {result.max_steps:,})" if result.step is not None else ""
     if result.status == "finished":

@@ -310,8 +310,11 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
                      "per-step work (measured: 0-15% on a CPU, 1.4-1.9x on an H100 with short steps, "
                      f"docs/benchmarks.md); {how}")
     else:
+        against = (f"{calibration.seconds_per_step:.3g} s a step where the probe's cost of the very batches they "
+                   f"trained is {calibration.model_step_s:.3g} s" if calibration.model_step_s is not None else
+                   f"{calibration.ratio:.2f}x the probe's speed over the epoch (their batches not priced one by one)")
         lines.append(f"calibrated: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran at "
-                     f"{calibration.ratio:.2f}x the probe's speed; their extra time per step is added to every step, "
+                     f"{against}; the difference, {calibration.trainer_overhead_s():+.3g} s, is added to every step, "
                      "and the run's start-up and end once (launch to exit less its steps: "
                      + (f"{calibration.train_startup_s:.0f} s for `trainfit train`, " if calibration.train_startup_s
                         is not None else "") + f"{calibration.startup_s:.0f} s for the written command)")

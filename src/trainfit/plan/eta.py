@@ -103,9 +103,9 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
 
     Without a calibration the time is the model's step alone, as the probe measured it over the
     epoch's own batches: a lower bound (a trainer adds its own per-step work). With one, the
-    trainer's cost per step that it measured on top of the probe's expected step (for the
-    calibrated config) is added to every step of this config too: it is the trainer's, not the
-    model's; and the run's start-up and end (launch to exit less its steps) as calibration measured
+    trainer's cost per step that it measured on top of what the probe expected (of the very
+    batches it timed, where it recorded them: ``Calibration.trainer_overhead_s``) is added to every
+    step of this config too: it is the trainer's, not the model's; and the run's start-up and end (launch to exit less its steps) as calibration measured
     them for ``trainfit train`` (the written command's beside it: ``Eta.command_total_s``). ``evaluation``: the passes a run of ``epochs`` makes, at the price measured for one
     (the trainer's time around a pass is not in it: the run's monitor subtracts the passes' own
     ``eval_runtime``)."""
@@ -113,11 +113,12 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     overhead = None
     spread = c.spread_rel
     if calibration is not None:
-        probe_step = calibration.seconds_per_step * calibration.ratio  # the probe's step for the same samples
-        overhead = max(0.0, calibration.seconds_per_step - probe_step)
+        overhead = calibration.trainer_overhead_s()
         if math.isfinite(calibration.spread_rel):  # else unmeasured (too few steps shown): the plan says so
             spread = math.hypot(spread, calibration.spread_rel)
-    step = c.step_time_s + (overhead or 0.0)
+    # A negative cost (the machine ran the model faster than when it was probed) is credited up to
+    # half the model's step, so a config far faster than the calibrated one keeps a positive step.
+    step = max(c.step_time_s + (overhead or 0.0), c.step_time_s / 2)
     train = steps * step
     saves = max(1, math.ceil(train / checkpoint_every_s))  # one every interval, the last at the end
     checkpoint = saves * checkpoint_bytes(c) / write_bytes_per_s

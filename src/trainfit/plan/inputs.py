@@ -72,6 +72,16 @@ class TuneRun:
     """The spec as the tune was given it (before validation), for what the plan rebuilds from it."""
 
 
+def best_step_cost(folder: Path) -> StepCost | None:
+    """The fitted step cost of the tune folder's best config (the one its command trains), by which a
+    calibration prices the steps it times; None where its probe timed no shapes."""
+    run = load_run(folder)
+    best = run.summary.best_config
+    assert best is not None  # load_run refuses a folder where nothing fit
+    found = next((c for c in run.candidates if c.searched == best.searched), None)
+    return found.step_cost() if found is not None else None
+
+
 def load_run(folder: Path) -> TuneRun:
     """Read a tune output folder: its ``summary.json`` and every probe its study journal kept."""
     if not folder.is_dir():

@@ -259,7 +259,7 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
 def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, checkpoint_minutes: float | None = None,
           keep: int = 2, deadline_hours: float | None = None, use_plan_deadline: bool = False,
           extra_args: Sequence[str] = (), max_steps: int | None = None, loop: bool = False,
-          monitor_every_s: float = 60.0,
+          monitor_every_s: float = 60.0, record_batches: str | Path | None = None,
           say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> TrainResult:
     """Train the tune folder ``run_dir``'s chosen config into ``output`` (see the module); a
     factory model trains in trainfit's loop (:mod:`trainfit.train.loop`).
@@ -270,6 +270,9 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     ``extra_args``: more ``trl sft`` arguments, after the written ones (a later flag wins).
     ``max_steps``: a cap on the optimizer steps. ``loop``: a factory model trains in trainfit's
     loop even when the spec has a ``tune.command_template`` (which otherwise runs: :mod:`trainfit.train.child`).
+    ``record_batches``: a file to append the padded length of each training micro-batch to, one a
+    line, in the order they train (``trl sft`` runs only; what ``plan --calibrate`` prices its timed
+    steps by).
     """
     began = time.monotonic()
     if keep < 1:
@@ -299,7 +302,7 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
         log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source,
                   trial=record.trial)
         step, total = _run(run_dir, output, record, plan, checkpoint, control, callbacks, resume=resume,
-                           every_s=every_s, say=say)
+                           every_s=every_s, record_batches=record_batches, say=say)
         result = TrainResult(
             status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
             max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
@@ -336,10 +339,13 @@ def _watchers(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, 
 
 
 def _run(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, checkpoint: Path | None, control: Any,
-         callbacks: list[Any], *, resume: bool, every_s: float,
+         callbacks: list[Any], *, resume: bool, every_s: float, record_batches: str | Path | None = None,
          say: Callable[[str], None]) -> tuple[int | None, int | None]:
     """Train by the record's kind; the step reached and the run's total steps (None for a
     command template, whose trainer is the user's)."""
+    if record_batches is not None and record.kind != "trl_sft":
+        raise TrainfitError(f"--record-batches records the batches of a `trl sft` run; this run is a {record.kind}",
+                            "leave --record-batches out")
     if record.kind == "command":
         control.stopped = _run_command(record, run_dir, output, plan, resume=resume, every_s=every_s,
                                        deadline=control.deadline, say=say)
@@ -348,7 +354,7 @@ def _run(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, check
         try:
             if record.kind == "factory":
                 return _run_factory(run_dir, record, output, checkpoint, callbacks, say)
-            return _run_trl_sft(record, output, checkpoint, callbacks, control)
+            return _run_trl_sft(record, output, checkpoint, callbacks, control, record_batches)
         except OSError as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
             from trainfit.errors import os_error
 
@@ -397,9 +403,9 @@ def _run_command(record: TrainRun, run_dir: Path, output: Path, plan: Plan | Non
 
 
 def _run_trl_sft(record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
-                 control: Any) -> tuple[int, int]:
+                 control: Any, record_batches: str | Path | None = None) -> tuple[int, int]:
     """Train with TRL's trainer in this process; returns (steps done, total steps)."""
-    from trainfit.monitor import OnTrackCallback
+    from trainfit.monitor import OnTrackCallback, observe_train_batches
     from trainfit.train.sft import build_trainer
 
     trainer = build_trainer(record.argv, callbacks)
@@ -407,6 +413,19 @@ def _run_trl_sft(record: TrainRun, output: Path, checkpoint: Path | None, callba
     for callback in callbacks:
         if isinstance(callback, OnTrackCallback):
             callback.watch(trainer)  # the pace against the work of the very batches trained
+    with contextlib.ExitStack() as stack:
+        if record_batches is not None:
+            lengths = stack.enter_context(Path(record_batches).open("a", buffering=1))  # a line each, as it trains
+
+            def write_length(length: int) -> None:
+                lengths.write(f"{length}\n")
+
+            observe_train_batches(trainer, write_length)
+        return _train_trl(trainer, output, checkpoint, control)
+
+
+def _train_trl(trainer: Any, output: Path, checkpoint: Path | None, control: Any) -> tuple[int, int]:
+    """``trainer.train`` from ``checkpoint``, the model saved unless a signal or the deadline stopped it."""
     try:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except OSError:
