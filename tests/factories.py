@@ -36,8 +36,10 @@ def scaled(params: trainfit.Params, device: torch.device) -> trainfit.CustomWork
 def learnable(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
     """`scaled` that also trains on real rows: each row's `frames` (n x 8 numbers), zero-padded to
     the batch's longest. `sleep_s` (a custom knob) lengthens each micro-batch, as a larger model's
-    would, so a test can interrupt a run mid-way."""
+    would, so a test can interrupt a run mid-way; `hold_mb` makes the model hold that much memory."""
     made = scaled(params, device)
+    if params.extra.get("hold_mb"):  # a custom knob: memory the model holds (its pages written, so resident)
+        made.model.register_buffer("held", torch.ones(int(params.extra["hold_mb"]) * 2**18, device=device))
     pause = float(params.extra.get("sleep_s", 0.0))
     loss = made.loss
 

@@ -89,12 +89,13 @@ def test_a_resume_of_another_config_is_refused_before_any_probe(llama_spec: Path
     assert "is not an ablation trainfit can read" in capsys.readouterr().err
 
 
-def test_a_factory_model_keeps_its_own_attention(tmp_path: Path) -> None:
+def test_a_factory_model_keeps_its_own_attention_and_names_its_lora_targets(tmp_path: Path) -> None:
     spec = load_spec(make_spec_file(tmp_path, model={"factory": f"{Path(__file__).parent / 'factories.py'}:scaled"},
                                     params={"width_mul": 1, "max_length": 16}))
     rows = {t.name: t for t in techniques(spec, None)}
     assert rows["SDPA attention"].not_applicable and "handles" in rows["SDPA attention"].not_applicable
-    assert not any("LoRA" in name for name in rows)  # no modules to adapt were named
+    # No modules to adapt were named: listed as unavailable, with what to set.
+    assert "params.lora_target_modules" in rows["LoRA r=16"].not_applicable
     assert set(BASELINE) >= {"precision", "attention", "gradient_checkpointing", "compile", "optimizer"}
 
 

@@ -202,6 +202,35 @@ def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
 
 
 @pytest.mark.integration
+def test_a_config_over_the_memory_budget_is_reported_as_not_fitting_and_the_others_still_run(
+        factory_spec: Path, tmp_path: Path, capsys) -> None:
+    """Under budget.memory_gb 3 (headroom 1.5): a config that fits, one whose peak passes 1.5 GiB (it
+    trains, and is over budget), and one that needs more than the 3 GiB cap (a real out of memory)."""
+    spec = tmp_path / "budget.yaml"
+    spec.write_text(factory_spec.read_text() + "budget: {memory_gb: 3, headroom_gb: 1.5}\n")
+    (tmp_path / "c.yaml").write_text("small: {sleep_s: 0}\nbig: {sleep_s: 0, hold_mb: 1600, batch_size: 2}\n"
+                                     "huge: {sleep_s: 0, hold_mb: 4000}\n")
+    out = tmp_path / "cmp"
+    assert main(["compare", str(spec), "--configs", str(tmp_path / "c.yaml"), "--steps", "3", "--output",
+                 str(out)]) == 1  # not every config fit
+    state = json.loads((out / "compare.json").read_text())
+    runs = state["runs"]
+    assert {n: r["status"] for n, r in runs.items()} == {"small": "finished", "big": "over_budget",
+                                                         "huge": "out_of_memory"}
+    assert runs["small"]["peak_memory_gb"] + 1.5 <= 3 < runs["big"]["peak_memory_gb"] + 1.5
+    assert runs["big"]["steps"] == 3 and "over budget.memory_gb 3 GiB" in runs["big"]["error"]
+    says = {s["says"]: s for s in state["suggestions"]}
+    assert says["small is the best so far"]["configs"] == {"small": {"sleep_s": 0}}  # the over-budget one is not ranked
+    halve = says["big does not fit the memory budget: halve its batch_size and double its gradient_accumulation_steps "
+                 "(the same effective batch)"]
+    assert halve["configs"] == {"big_fits": {"sleep_s": 0, "hold_mb": 1600, "batch_size": 1,
+                                             "gradient_accumulation_steps": 2}}
+    assert "huge does not fit the memory budget: turn on gradient_checkpointing" in says
+    table = capsys.readouterr().out
+    assert "over_budget" in table and "out_of_memory" in table
+
+
+@pytest.mark.integration
 def test_minutes_give_each_config_the_same_training_time(factory_spec: Path, tmp_path: Path) -> None:
     (tmp_path / "c.yaml").write_text("only: {learning_rate: 1.0e-3}\n")
     out = tmp_path / "cmp"

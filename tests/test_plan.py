@@ -262,6 +262,12 @@ def test_a_run_that_does_not_fit_gets_options_that_each_fit(tune_dir: Path, caps
     assert not plan.fits and plan.options
     assert all(o.eta.fits(plan.window_s) for o in plan.options)
     assert {"fewer_epochs", "subset"} <= {o.kind for o in plan.options}
+    # A window shorter than one step, or a margin that eats the window: errors that say what to change.
+    assert main(["plan", str(tune_dir), "--max-hours", "0.0000001", "--margin-minutes", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "shorter than one optimizer step of any measured config" in err and "more --max-hours" in err
+    assert main(["plan", str(tune_dir), "--max-hours", "1", "--margin-minutes", "60"]) == 2
+    assert "leaves no time in a 1 h window" in capsys.readouterr().err
 
 
 @pytest.mark.integration
@@ -327,6 +333,21 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["plan", str(tmp_path), "--max-hours", "0"])
     assert "--max-hours" in capsys.readouterr().err
+    nothing = tmp_path / "nothing_fit"  # a tune where every config ran out of memory (not probes: its figures)
+    from conftest import EXAMPLES
+
+    from trainfit.probe.measurement import Measurement
+    from trainfit.spec import load_spec
+    from trainfit.tune import tune
+
+    def oom(params: Params, number: int) -> Measurement:
+        return Measurement(status="oom", config=params.to_dict(), peak_memory_bytes=2**30, device="cpu")
+
+    tune(load_spec(EXAMPLES / "tiny-llama.yaml", ["search={batch_size: [4]}", "tune.max_trials=1"]), output=nothing,
+         probe_fn=oom)
+    assert main(["plan", str(nothing), "--max-hours", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "no config fit the budget" in err and "all_failed advice" in err and "Traceback" not in err
 
 
 def test_eta_reads_back_from_json() -> None:
@@ -386,6 +407,28 @@ def test_on_track_weighs_the_steps_so_far_by_the_work_their_batches_held() -> No
     # A resumed run: 40 earlier steps (at the plan's mean), then 10 in this process; 70 s so far in all.
     resumed = check.status(50, 100, 70.0, Pace(3.0, 10, work_s=3.0))
     assert resumed.projected_s == pytest.approx(70.0 + (50.0 - 40 * 0.5 - 3.0))
+
+
+def test_the_callbacks_pace_starts_after_the_first_steps_warm_up(monkeypatch) -> None:
+    """The first step took 2 s (warm-up), every later one the planned 0.5 s: at step 10 the pace is
+    0.5 s a step (9 steps in 4.5 s), not 0.65 (10 in 6.5), which would overshoot the end by 13.5 s."""
+    from types import SimpleNamespace
+
+    import trainfit.monitor
+    from trainfit.monitor import OnTrackCallback
+
+    now = [100.0]
+    monkeypatch.setattr(trainfit.monitor.time, "monotonic", lambda: now[0])
+    plan = a_plan(50.0, 0.05, 120.0)  # 100 steps of 0.5 s
+    callback = OnTrackCallback(plan, every_s=1e9)
+    state = SimpleNamespace(global_step=0, max_steps=100)
+    callback.on_train_begin(None, state, None)
+    for step, seconds in [(1, 2.0)] + [(n, 0.5) for n in range(2, 11)]:
+        now[0] += seconds
+        state.global_step = step
+        callback.on_step_end(None, state, None)
+    callback._report(state, ahead=False)
+    assert callback.latest.projected_s == pytest.approx(6.5 + 90 * 0.5 + (plan.eta.startup_s or 0.0))
 
 
 def test_on_track_takes_the_evaluation_passes_out_of_the_pace_and_adds_those_to_come() -> None:

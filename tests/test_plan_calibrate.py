@@ -210,7 +210,8 @@ def test_the_trainers_cost_is_against_the_same_batches_where_they_were_priced() 
     assert Calibration(ratio=0.8, model_step_s=0.95, **common).trainer_overhead_s() == pytest.approx(0.05)
     # Short first batches: faster than the epoch's average, yet slower than the probe expected of them.
     assert Calibration(ratio=1.2, model_step_s=0.9, **common).trainer_overhead_s() == pytest.approx(0.1)
-    assert Calibration(ratio=1.2, model_step_s=1.1, **common).trainer_overhead_s() == pytest.approx(-0.1)
+    # Faster than the probe expected of those batches: the machine's drift, not a trainer cost below 0.
+    assert Calibration(ratio=1.2, model_step_s=1.1, **common).trainer_overhead_s() == 0.0
     # Not priced: against the epoch's average, never below 0.
     assert Calibration(ratio=0.8, **common).trainer_overhead_s() == pytest.approx(0.2)
     assert Calibration(ratio=1.2, **common).trainer_overhead_s() == 0.0
@@ -268,7 +269,7 @@ def test_a_calibration_times_real_trl_steps_of_the_written_command(calibrated) -
     recorded = [int(n) for n in (work / "batches-24-steps.txt").read_text().split()]
     assert 24 * 8 <= len(recorded) <= 25 * 8 and len(set(recorded)) > 1 and max(recorded) <= 256
     assert c.model_step_s is not None and 0 < c.model_step_s
-    assert c.trainer_overhead_s() == pytest.approx(c.seconds_per_step - c.model_step_s)
+    assert c.trainer_overhead_s() == pytest.approx(max(0.0, c.seconds_per_step - c.model_step_s))
     assert (work / "train_command.sh").read_text() == (out / "train_command.sh").read_text()
     assert lines[0].startswith("run 1 of 2: `trl sft` for 4 steps") and "run 2 of 2: done: " in lines[-4]
     assert any(line.startswith("run 2 of 2: `trainfit train` for 24 steps") for line in lines)

@@ -200,3 +200,8 @@ def test_where_padding_outweighs_a_larger_batch_the_smaller_batch_ranks_first(tm
     by_padding = {(e["config"]["batch_size"], e["config"]["group_by_length"]): e["padding_share"]
                   for e in [summary["best_config"], *summary["runners_up"]]}
     assert by_padding[(1, False)] == 0.0 and by_padding[(8, False)] > 0.5 > 0.25 > by_padding[(8, True)]
+    # The tune's own ranking (summary.json, best first): batch 1 above batch 8 in random order, and the
+    # padded batch 8 never the pick.
+    order = [(e["config"]["batch_size"], e["config"]["group_by_length"])
+             for e in [summary["best_config"], *summary["runners_up"]]]
+    assert order.index((1, False)) < order.index((8, False)) and order[0] != (8, False), order

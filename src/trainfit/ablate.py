@@ -73,10 +73,20 @@ def techniques(spec: Spec, recommended_length: int | None) -> list[Technique]:
         rows.append(Technique(f"fixed padding at {recommended_length} (the data's)",
                               {"padding": "max_length", "max_length": recommended_length},
                               changes_learning=recommended_length < longest))
-    if not factory and spec.params.lora_r is None:
-        rows.append(Technique("LoRA r=16, all linear layers", {"lora_r": 16, "lora_target_modules": "all-linear"},
-                              changes_learning=True))
+    if spec.params.lora_r is None:
+        rows.append(_lora(spec))
     return rows
+
+
+def _lora(spec: Spec) -> Technique:
+    """LoRA r=16 on every linear layer of a Hugging Face model. A factory model's modules to adapt
+    are named only by its spec, with LoRA on (it is then part of every row, the baseline too)."""
+    if spec.model.factory is None:
+        return Technique("LoRA r=16, all linear layers", {"lora_r": 16, "lora_target_modules": "all-linear"},
+                         changes_learning=True)
+    return Technique("LoRA r=16", {"lora_r": 16}, changes_learning=True,
+                     not_applicable="a factory model's modules to adapt are named by its spec: set params.lora_r and "
+                                    "params.lora_target_modules there (LoRA is then in every row)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -71,6 +71,12 @@ class Pace:
     """Of ``seconds``, the evaluation passes' (their ``eval_runtime``): not the steps' pace."""
     evals: int = 0
 
+    def since(self, earlier: Pace) -> Pace:
+        """The pace of what was done after ``earlier`` (a pace of the same run, taken before)."""
+        work = None if self.work_s is None or earlier.work_s is None else self.work_s - earlier.work_s
+        return Pace(self.seconds - earlier.seconds, self.steps - earlier.steps, work,
+                    eval_s=self.eval_s - earlier.eval_s, evals=self.evals - earlier.evals)
+
 
 class OnTrack:
     """The check of a run against ``plan``: :meth:`status` at a step."""
@@ -204,6 +210,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         self.ahead_s = 0.0
         self.eval_s = 0.0
         self.evals = 0
+        self.warm: Pace | None = None
+        """What the process had done at its first step's end (see :meth:`on_step_end`)."""
 
     @classmethod
     def from_environment(cls, every_s: float = 60.0) -> OnTrackCallback | None:
@@ -238,6 +246,7 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         self.work_s = None
         self.ahead_s = 0.0
         self.eval_s, self.evals = 0.0, 0
+        self.warm = None
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
                     **kwargs: Any) -> None:
@@ -246,19 +255,34 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         self.evals += 1
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.start is not None and time.monotonic() - self.last >= self.every_s:
+        if self.start is None:
+            return
+        if self.warm is None and int(state.global_step) == self.first_step + 1:
+            # This process's first step carries the warm-up (allocations, lazy initialization) that the
+            # plan prices once in its start-up: the pace is measured from its end.
+            self.warm = self._done(state, ahead=True)
+        if time.monotonic() - self.last >= self.every_s:
             self._report(state, ahead=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.start is not None:
             self._report(state, ahead=False)
 
+    def _done(self, state: Any, ahead: bool) -> Pace:
+        """What this process did until now: since its start, the steps, their batches' expected
+        work (less the batch collated ahead, while training goes on) and the passes."""
+        assert self.start is not None
+        work = None if self.work_s is None else max(0.0, self.work_s - (self.ahead_s if ahead else 0.0))
+        return Pace(time.monotonic() - self.start, int(state.global_step) - self.first_step, work,
+                    eval_s=self.eval_s, evals=self.evals)
+
     def _report(self, state: Any, ahead: bool) -> None:
         assert self.start is not None
         self.last = time.monotonic()
         step = int(state.global_step)
-        work = None if self.work_s is None else max(0.0, self.work_s - (self.ahead_s if ahead else 0.0))
-        pace = Pace(self.last - self.start, step - self.first_step, work, eval_s=self.eval_s, evals=self.evals)
+        pace = self._done(state, ahead)
+        if self.warm is not None and pace.steps > self.warm.steps:  # the pace since the first step's end
+            pace = pace.since(self.warm)
         if self.started_at is not None:
             elapsed = time.time() - self.started_at
         else:  # this process's time, and a resumed run's earlier steps at the plan's step time

@@ -122,13 +122,14 @@ class Calibration:
     epoch's average step (``ratio``), which the first shuffled batches' lengths sway."""
 
     def trainer_overhead_s(self) -> float:
-        """The trainer's own time per optimizer step beyond the model's step. Priced on the same
-        batches (:attr:`model_step_s`): the difference, signed (below 0 the machine ran the model
-        faster than when it was probed). Else: against the epoch's average step, at least 0 (a
-        faster trainer step then says more about short first batches than about the trainer)."""
-        if self.model_step_s is not None:
-            return self.seconds_per_step - self.model_step_s
-        return max(0.0, self.seconds_per_step * (1.0 - self.ratio))
+        """The trainer's own time per optimizer step beyond the model's step, at least 0: against
+        the probe's cost of the very batches timed (:attr:`model_step_s`) where they were priced,
+        else against the epoch's average step. Below 0 it would say the trainer runs the model faster
+        than the model's step alone: the machine's drift between probe and calibration, or the first
+        batches' mix, neither of which holds for the run (``bench/plan_eta.py``: a calibration 2.5%
+        faster than its probe, then a run 6% slower than both)."""
+        model_step = self.model_step_s if self.model_step_s is not None else self.seconds_per_step * self.ratio
+        return max(0.0, self.seconds_per_step - model_step)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.compare.configs import NamedConfig, read_configs
-from trainfit.compare.runs import ConfigRun
+from trainfit.compare.runs import MEASURED, ConfigRun
 from trainfit.compare.suggest import Suggestion, suggest
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
@@ -150,7 +150,7 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
         raise TrainfitError(f"{output} compared with other settings; what differs:\n  " + "\n  ".join(changed),
                             "resume with the same spec and flags, or compare into a new --output")
     kept = {n: r for n, r in before.runs.items()
-            if now.configs.get(n) == before.configs.get(n) and r.status in ("finished", "diverged")}
+            if now.configs.get(n) == before.configs.get(n) and r.status in MEASURED}
     for name in sorted(set(before.runs) - set(kept)):
         why = "did not finish" if now.configs.get(name) == before.configs.get(name) else "changed in the configs file"
         say(f"trainfit: {name} {why}: training it again")

@@ -84,6 +84,7 @@ def run(job: dict[str, Any]) -> ConfigRun:
     config = read_one(job["name"], job["given"], spec)
     folder = Path(job["folder"])
     device = torch.device(resolve_device_name(spec.probe.device))
+    cap_to_budget(spec.budget.memory_gb, device)
     steps = int(job["steps"])
     minutes = job.get("minutes")
     log = CurveLog(config.name, lambda line: print(line, file=sys.stderr, flush=True), max(1, steps // 10),
@@ -93,14 +94,42 @@ def run(job: dict[str, Any]) -> ConfigRun:
         if spec.model.factory is not None:
             done = _factory(spec, config, job, log, folder)
         else:
-            done = _trl(config, job, log, folder)
+            done = _trl(config, job, log, folder, spec.probe.seed)
     train_s = log.seconds()
     samples = config.params.effective_batch_size
-    return ConfigRun(name=config.name, status="diverged" if log.diverged_at is not None else "finished", steps=done,
-                     max_steps=steps, samples_per_step=samples, train_s=round(train_s, 4),
-                     eval_s=round(log.eval_s, 4), samples_per_second=done * samples / train_s if train_s > 0 else None,
-                     peak_memory_gb=peak_memory_gb(device), losses=log.losses, evals=log.evals,
-                     diverged_at=log.diverged_at)
+    peak = peak_memory_gb(device)
+    over = over_budget(peak, spec.budget.memory_gb, spec.budget.headroom_gb)
+    status = "diverged" if log.diverged_at is not None else "over_budget" if over else "finished"
+    return ConfigRun(name=config.name, status=status, steps=done, max_steps=steps, samples_per_step=samples,
+                     train_s=round(train_s, 4), eval_s=round(log.eval_s, 4),
+                     samples_per_second=done * samples / train_s if train_s > 0 else None, peak_memory_gb=peak,
+                     losses=log.losses, evals=log.evals, diverged_at=log.diverged_at, error=over)
+
+
+def cap_to_budget(memory_gb: float | None, device: Any) -> None:
+    """The spec's ``budget.memory_gb`` as the probe applies it: the process's data capped there on a
+    CPU (``RLIMIT_DATA``), the GPU's memory fraction on CUDA; a config needing more fails for real
+    (``out_of_memory``)."""
+    if not memory_gb:
+        return
+    cap = int(memory_gb * 2**30)
+    if device.type == "cuda":
+        import torch
+
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    else:
+        from trainfit.probe.worker import cap_cpu_memory
+
+        cap_cpu_memory(cap, {})
+
+
+def over_budget(peak_gb: float, memory_gb: float | None, headroom_gb: float) -> str | None:
+    """Why a config that trained does not fit the budget (its peak and the headroom above
+    ``memory_gb``, as the probe judges a fit); None when it fits or there is no budget."""
+    if not memory_gb or peak_gb + headroom_gb <= memory_gb:
+        return None
+    return (f"peak {peak_gb:.2f} GiB + headroom {headroom_gb:g} GiB is over budget.memory_gb {memory_gb:g} GiB")
 
 
 def _factory(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder: Path) -> int:
@@ -115,10 +144,11 @@ def _factory(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder:
     return done
 
 
-def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path) -> int:
+def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path, seed: int) -> int:
     from trainfit.train.sft import build_trainer
 
-    argv = [*job["argv"], *config.trl_args(int(job["steps"])), "--max_steps", str(job["steps"]), "--logging_steps", "1",
+    argv = [*job["argv"], *config.trl_args(int(job["steps"])), "--seed", str(seed),  # the data order: one for all
+            "--max_steps", str(job["steps"]), "--logging_steps", "1",
             "--save_strategy", "no", "--report_to", "none", "--output_dir", str(folder / "trainer"),
             "--disable_tqdm", "true", "--log_level", "warning"]
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -143,11 +173,11 @@ def main(argv: list[str]) -> int:
     try:
         result = run(job)
     except TrainfitError as err:
-        result = _failed(job, "failed", str(err))
+        result = _failed(job, "out_of_memory" if isinstance(err, MemoryError) else "failed", str(err))
     except Exception as err:
         from trainfit.probe.worker import is_oom
 
-        status = "out_of_memory" if is_oom(err) else "failed"
+        status = "out_of_memory" if is_oom(err, capped_cpu=True) else "failed"  # the budget's cap: its messages too
         result = _failed(job, status, f"{type(err).__name__}: {err}")
     write_atomically(folder / "result.json", json.dumps(result.to_json(), indent=2) + "\n")
     return 0

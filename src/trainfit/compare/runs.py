@@ -10,6 +10,10 @@ from typing import Any
 
 from trainfit.summary import Record
 
+MEASURED = ("finished", "diverged", "over_budget", "out_of_memory")
+"""The statuses a resumed comparison keeps: what the config's training measured. A failure, or a
+config cut short by the comparison's own end, trains again."""
+
 DIVERGED_RISE = 1.1
 """A run diverged when the mean of its last 5 losses passes its first 5's mean by this factor."""
 
@@ -21,7 +25,8 @@ class ConfigRun(Record):
     name: str
     status: str
     """``finished``, ``diverged`` (stopped early: a non-finite loss, or one rising past its start),
-    ``out_of_memory`` or ``failed``."""
+    ``over_budget`` (it trained, but its peak and the spec's headroom pass ``budget.memory_gb``),
+    ``out_of_memory`` (under the budget's cap) or ``failed``."""
     steps: int
     max_steps: int
     samples_per_step: int
@@ -37,6 +42,7 @@ class ConfigRun(Record):
     """``[step, seconds of training so far, eval loss]`` at every evaluation."""
     diverged_at: int | None = None
     error: str | None = None
+    """Why it did not train, or does not fit the budget."""
     wall_s: float | None = None
     """The config's process, launch to exit: imports, the model's build, the data, the steps, the passes."""
 

@@ -57,6 +57,8 @@ def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target
     """The next round's suggestions (see the module) from the configs as written and their runs."""
     order = ranked(runs)
     out = [s for name, run in runs.items() if run.status == "diverged" for s in [_diverged(name, given[name], run)]]
+    out += [_does_not_fit(name, given[name], run) for name, run in runs.items()
+            if run.status in ("over_budget", "out_of_memory")]
     if order:
         best = order[0]
         out += _learning_rate_edge(best, given, runs, order)
@@ -92,6 +94,23 @@ def _diverged(name: str, given: dict[str, Any], run: ConfigRun) -> Suggestion:
                                f"{'not a number' if last is None else f'{last:.4g}'} at step {run.diverged_at}",
                       configs={f"{name}_stable": {**given, "learning_rate": float(f"{lr / 3:.3g}"),
                                                   "warmup_ratio": 0.1}})
+
+
+def _does_not_fit(name: str, given: dict[str, Any], run: ConfigRun) -> Suggestion:
+    """A config over the memory budget: the same effective batch in half the micro-batch where it
+    names one above 1, else gradient checkpointing, else a smaller config."""
+    batch = int(given.get("batch_size") or 0)
+    if batch > 1:
+        change = {"batch_size": batch // 2,
+                  "gradient_accumulation_steps": 2 * int(given.get("gradient_accumulation_steps") or 1)}
+        how = "halve its batch_size and double its gradient_accumulation_steps (the same effective batch)"
+    elif not given.get("gradient_checkpointing"):
+        change, how = {"gradient_checkpointing": True}, "turn on gradient_checkpointing"
+    else:
+        return Suggestion(says=f"{name} does not fit the memory budget: a shorter max_length or a smaller model",
+                          evidence=run.error or run.status)
+    return Suggestion(says=f"{name} does not fit the memory budget: {how}", evidence=run.error or run.status,
+                      configs={f"{name}_fits": {**given, **change}})
 
 
 def _learning_rate_edge(best: str, given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun],

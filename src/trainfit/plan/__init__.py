@@ -129,6 +129,7 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
     samples = summary.dataset_samples
     total = round(samples * epochs)
     window = max_hours * 3600 - margin_minutes * 60
+    _check_one_step(run.candidates, window, max_hours, margin_minutes)
     every = checkpoint_minutes * 60
     speed = write_speed(run_dir, max(checkpoint_bytes(c) for c in run.candidates))
 
@@ -212,6 +213,16 @@ def _check(max_hours: float, epochs: float | None, margin: float, checkpoint: fl
     if not checkpoint > 0:
         raise TrainfitError(f"--checkpoint-minutes must be positive, got {checkpoint:g}",
                             "e.g. --checkpoint-minutes 30")
+
+
+def _check_one_step(candidates: list[Candidate], window_s: float, max_hours: float, margin_minutes: float) -> None:
+    """A window shorter than one optimizer step of the fastest-stepping config measured fits no run,
+    not even a part of one: say so, rather than list options of which none can fit."""
+    shortest = min(c.step_time_s for c in candidates)
+    if window_s < shortest:
+        raise TrainfitError(f"--max-hours {max_hours:g} less the {margin_minutes:g} min margin leaves "
+                            f"{window_s:.3g} s, shorter than one optimizer step of any measured config (the shortest: "
+                            f"{shortest:.3g} s)", "give more --max-hours, or a shorter --margin-minutes")
 
 
 def _options(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, samples: int, epochs: float, total: int,
@@ -314,7 +325,7 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
                    f"trained is {calibration.model_step_s:.3g} s" if calibration.model_step_s is not None else
                    f"{calibration.ratio:.2f}x the probe's speed over the epoch (their batches not priced one by one)")
         lines.append(f"calibrated: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran at "
-                     f"{against}; the difference, {calibration.trainer_overhead_s():+.3g} s, is added to every step, "
+                     f"{against}; the difference (at least 0), {calibration.trainer_overhead_s():.3g} s, is added to every step, "
                      "and the run's start-up and end once (launch to exit less its steps: "
                      + (f"{calibration.train_startup_s:.0f} s for `trainfit train`, " if calibration.train_startup_s
                         is not None else "") + f"{calibration.startup_s:.0f} s for the written command)")

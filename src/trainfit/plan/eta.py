@@ -116,9 +116,7 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
         overhead = calibration.trainer_overhead_s()
         if math.isfinite(calibration.spread_rel):  # else unmeasured (too few steps shown): the plan says so
             spread = math.hypot(spread, calibration.spread_rel)
-    # A negative cost (the machine ran the model faster than when it was probed) is credited up to
-    # half the model's step, so a config far faster than the calibrated one keeps a positive step.
-    step = max(c.step_time_s + (overhead or 0.0), c.step_time_s / 2)
+    step = c.step_time_s + (overhead or 0.0)
     train = steps * step
     saves = max(1, math.ceil(train / checkpoint_every_s))  # one every interval, the last at the end
     checkpoint = saves * checkpoint_bytes(c) / write_bytes_per_s
