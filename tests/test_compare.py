@@ -230,6 +230,36 @@ def test_a_config_over_the_memory_budget_is_reported_as_not_fitting_and_the_othe
     assert "over_budget" in table and "out_of_memory" in table
 
 
+def test_a_holdout_splits_the_rows_by_the_seed_and_keeps_every_row_once(tmp_path: Path) -> None:
+    from trainfit.data.holdout import hold_out
+
+    data = write_frames(tmp_path / "frames.jsonl", 40)
+    train, held = hold_out(str(data), 6, seed=3, folder=tmp_path / "a")
+    ids = lambda path: [json.loads(line)["id"] for line in path.read_text().splitlines()]  # noqa: E731
+    assert len(ids(held)) == 6 and sorted(ids(train) + ids(held)) == list(range(40))
+    assert ids(train) == sorted(ids(train))  # file order kept
+    again, held_again = hold_out(str(data), 6, seed=3, folder=tmp_path / "b")
+    assert ids(held_again) == ids(held) and ids(again) == ids(train)  # a resume holds out the same rows
+    assert ids(hold_out(str(data), 6, seed=4, folder=tmp_path / "c")[1]) != ids(held)
+    with pytest.raises(TrainfitError, match="the data has 40 rows"):
+        hold_out(str(data), 40, seed=3, folder=tmp_path / "d")
+
+
+@pytest.mark.integration
+def test_without_an_eval_set_a_holdout_of_the_data_is_evaluated(factory_spec: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "c.yaml").write_text("a: {learning_rate: 1.0e-3, sleep_s: 0}\nb: {learning_rate: 1.0e-2, sleep_s: 0}\n")
+    out = tmp_path / "cmp"
+    assert main(["compare", str(factory_spec), "--configs", str(tmp_path / "c.yaml"), "--steps", "6", "--holdout", "8",
+                 "--eval-every", "3", "--output", str(out)]) == 0
+    state = json.loads((out / "compare.json").read_text())
+    assert state["holdout"] == 8 and state["evaluation"]["path"] == str(out / "holdout" / "heldout.jsonl")
+    assert len((out / "holdout" / "train.jsonl").read_text().splitlines()) == 32
+    assert all([p[0] for p in run["evals"]] == [3, 6] for run in state["runs"].values())
+    assert main(["compare", str(factory_spec), "--configs", str(tmp_path / "c.yaml"), "--steps", "6", "--holdout", "8",
+                 "--eval-data", str(out / "holdout" / "heldout.jsonl"), "--output", str(tmp_path / "x")]) == 2
+    assert "--holdout and --eval-data both give an eval set" in capsys.readouterr().err
+
+
 @pytest.mark.integration
 def test_minutes_give_each_config_the_same_training_time(factory_spec: Path, tmp_path: Path) -> None:
     (tmp_path / "c.yaml").write_text("only: {learning_rate: 1.0e-3}\n")

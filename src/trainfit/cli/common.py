@@ -118,9 +118,12 @@ def stats_from_args(args: argparse.Namespace, spec, progress: bool = True):
 
 
 def check_eval_flags(args: argparse.Namespace) -> None:
-    """``--eval-every`` and ``--eval-batch-size`` say how to evaluate: refused without ``--eval-data``."""
+    """``--eval-every`` and ``--eval-batch-size`` say how to evaluate: refused without an eval set
+    (``--eval-data``, or compare's ``--holdout``)."""
     from trainfit.errors import TrainfitError
 
-    if args.eval_data is None and (args.eval_every is not None or args.eval_batch_size is not None):
+    holdout = getattr(args, "holdout", None)
+    if args.eval_data is None and holdout is None and (args.eval_every is not None or args.eval_batch_size is not None):
         raise TrainfitError("--eval-every and --eval-batch-size say how to evaluate, and no eval set was given",
-                            "add --eval-data PATH (the training data's format and fields)")
+                            "add --eval-data PATH (the training data's format and fields)"
+                            + (" or --holdout N" if hasattr(args, "holdout") else ""))

@@ -12,6 +12,7 @@ EPILOG = """\
 examples:
   trainfit compare examples/tiny-llama.yaml --configs examples/compare-configs.yaml --steps 60
   trainfit compare my.yaml --configs round1.yaml --steps 200 --eval-data val.jsonl --eval-every 25
+  trainfit compare my.yaml --configs round1.yaml --steps 200 --holdout 200   # 200 rows of the data as the eval set
   trainfit compare my.yaml --configs round1.yaml --steps 200 --output runs/cmp --resume   # after an interruption
   trainfit compare my.yaml --configs runs/cmp/next_configs.yaml --steps 400 --output runs/cmp2   # the next round
   trainfit compare my.yaml --configs round1.yaml --steps 200 --storage postgresql://host/db   # on every machine
@@ -48,6 +49,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec value for every config (as in tune); repeatable")
     p.add_argument("--eval-data", metavar="PATH", help="a held-out set (the training data's format and fields)")
+    p.add_argument("--holdout", type=number(int, at_least=1), metavar="N",
+                   help="no eval set of your own: hold out N rows of the spec's data (drawn with its seed) as one; "
+                        "the configs train on the rest")
     p.add_argument("--eval-every", type=number(int, at_least=1), metavar="N",
                    help="evaluate every N steps and after the last (default: 5 times in the run)")
     p.add_argument("--eval-batch-size", type=number(int, at_least=1), metavar="B",
@@ -76,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"trainfit compare: {args.spec} with {args.configs} -> {out}")
     state = compare(args.spec, args.configs, steps=args.steps, output=out, overrides=args.overrides,
                     eval_data=args.eval_data, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
-                    target_loss=args.target_loss, resume=args.resume, storage=args.storage, minutes=args.minutes)
+                    target_loss=args.target_loss, resume=args.resume, storage=args.storage, minutes=args.minutes,
+                    holdout=args.holdout)
     print()
     print(table([HEADER, *rows(state)]))
     print("\nsuggestions for the next round:")

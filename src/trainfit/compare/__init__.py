@@ -52,6 +52,8 @@ class Comparison(Record):
     seed: int
     evaluation: EvalSchedule | None
     target_loss: float | None
+    holdout: int | None = None
+    """Rows of the spec's data held out as the eval set (``--holdout``); None: none held out."""
     device: str
     configs: dict[str, dict[str, Any]]
     """Each config as written, in the file's order."""
@@ -68,29 +70,35 @@ class Comparison(Record):
         """What a resumed comparison must share with this one."""
         return {"spec": self.spec, "spec contents (sha256)": self.spec_sha256, "--set": self.overrides,
                 "steps": self.steps, "minutes": self.minutes, "seed": self.seed,
-                "evaluation": self.evaluation.to_json() if self.evaluation else None, "target_loss": self.target_loss}
+                "evaluation": self.evaluation.to_json() if self.evaluation else None, "target_loss": self.target_loss,
+                "holdout": self.holdout}
 
 
 def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, output: str | Path,
             overrides: Sequence[str] = (), eval_data: str | Path | None = None, eval_every: int | None = None,
             eval_batch_size: int | None = None, target_loss: float | None = None, resume: bool = False,
-            storage: str | None = None, minutes: float | None = None,
+            storage: str | None = None, minutes: float | None = None, holdout: int | None = None,
             say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> Comparison:
     """Train each config of ``configs_path`` for ``steps`` optimizer steps on ``spec_path``'s model
     and data (see the module) into ``output``; ``eval_data`` is evaluated every ``eval_every``
     steps (default: 5 times in the run). ``minutes``: stop each config after this much training
     time too (the same time for each; ``steps`` is still the schedule's length). ``storage``: a database URL shared with other machines
     running the same comparison, which split the configs between them
-    (:mod:`trainfit.compare.shared`)."""
+    (:mod:`trainfit.compare.shared`). ``holdout``: hold out this many rows of the data (drawn with
+    the spec's seed) as the eval set, the configs training on the rest (:mod:`trainfit.data.holdout`)."""
     spec = load_spec(spec_path, overrides)
     configs = read_configs(configs_path, spec)
     _check(spec, steps)
     output = Path(output).resolve()
+    trained_on = list(overrides)
+    if holdout is not None:
+        spec, eval_data, trained_on = _held_out(spec, spec_path, trained_on, holdout, eval_data, output)
     evaluation = None if eval_data is None else EvalSchedule(
         path=str(eval_set(eval_data)), every=eval_every or math.ceil(steps / 5),
         batch_size=eval_batch_size or spec.params.batch_size)
-    state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides), minutes)
-    jobs = _Jobs(spec, spec_path, overrides, output, evaluation, steps, minutes)
+    state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides), minutes,
+                   holdout)
+    jobs = _Jobs(spec, spec_path, trained_on, output, evaluation, steps, minutes)
     if storage is not None:
         state = _shared(state, storage, configs, jobs, output, say)
     for i, config in enumerate(configs, 1):
@@ -109,6 +117,21 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     return state
 
 
+def _held_out(spec: Spec, spec_path: str | Path, overrides: list[str], n: int, eval_data: str | Path | None,
+              output: Path) -> tuple[Spec, Path, list[str]]:
+    """The spec on the training rows, the held-out rows' file, and the overrides that point every
+    config's process at the training rows."""
+    from trainfit.data.holdout import hold_out
+
+    if eval_data is not None:
+        raise TrainfitError("--holdout and --eval-data both give an eval set", "give one of them")
+    assert spec.data is not None  # _check
+    train, held = hold_out(spec.data.path, n, seed=spec.probe.seed, folder=output / "holdout", fmt=spec.data.format,
+                           on_bad_row=spec.data.on_bad_row)
+    trained_on = [*overrides, f"data.path={train}", "data.format=jsonl"]
+    return load_spec(spec_path, trained_on), held, trained_on
+
+
 def _check(spec: Spec, steps: int) -> None:
     if steps < 1:
         raise TrainfitError(f"--steps {steps}: each config trains at least 1 step", "e.g. --steps 200")
@@ -121,7 +144,7 @@ def _check(spec: Spec, steps: int) -> None:
 
 def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, evaluation: EvalSchedule | None,
            target_loss: float | None, resume: bool, say: Callable[[str], None], overrides: list[str],
-           minutes: float | None = None) -> Comparison:
+           minutes: float | None = None, holdout: int | None = None) -> Comparison:
     import hashlib
 
     from trainfit.probe.runner import resolve_device_name
@@ -131,7 +154,7 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
                      spec=str(source), spec_sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
                      overrides=overrides, steps=steps, minutes=minutes, seed=spec.probe.seed,
                      evaluation=evaluation, target_loss=target_loss, device=resolve_device_name(spec.probe.device),
-                     configs={c.name: c.given for c in configs})
+                     configs={c.name: c.given for c in configs}, holdout=holdout)
     path = output / "compare.json"
     if not path.exists():
         if resume:
