@@ -225,7 +225,10 @@ def test_a_config_over_the_memory_budget_is_reported_as_not_fitting_and_the_othe
                  "(the same effective batch)"]
     assert halve["configs"] == {"big_fits": {"sleep_s": 0, "hold_mb": 1600, "batch_size": 1,
                                              "gradient_accumulation_steps": 2}}
-    assert "huge does not fit the memory budget: turn on gradient_checkpointing" in says
+    # huge takes batch 2 from the spec: the same effective batch in micro-batches of 1.
+    assert says["huge does not fit the memory budget: halve its batch_size and double its "
+                "gradient_accumulation_steps (the same effective batch)"]["configs"] == {
+        "huge_fits": {"sleep_s": 0, "hold_mb": 4000, "batch_size": 1, "gradient_accumulation_steps": 2}}
     table = capsys.readouterr().out
     assert "over_budget" in table and "out_of_memory" in table
 
@@ -255,6 +258,13 @@ def test_without_an_eval_set_a_holdout_of_the_data_is_evaluated(factory_spec: Pa
     assert state["holdout"] == 8 and state["evaluation"]["path"] == str(out / "holdout" / "heldout.jsonl")
     assert len((out / "holdout" / "train.jsonl").read_text().splitlines()) == 32
     assert all([p[0] for p in run["evals"]] == [3, 6] for run in state["runs"].values())
+    held = (out / "holdout" / "heldout.jsonl").read_bytes()
+    capsys.readouterr()
+    # Another holdout is another comparison: refused, the folder's split left as it was, nothing left behind.
+    assert main(["compare", str(factory_spec), "--configs", str(tmp_path / "c.yaml"), "--steps", "6", "--holdout", "9",
+                 "--eval-every", "3", "--output", str(out), "--resume"]) == 2
+    assert "holdout: 8 -> 9" in capsys.readouterr().err
+    assert (out / "holdout" / "heldout.jsonl").read_bytes() == held and not list(tmp_path.glob(".cmp-holdout-*"))
     assert main(["compare", str(factory_spec), "--configs", str(tmp_path / "c.yaml"), "--steps", "6", "--holdout", "8",
                  "--eval-data", str(out / "holdout" / "heldout.jsonl"), "--output", str(tmp_path / "x")]) == 2
     assert "--holdout and --eval-data both give an eval set" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from trainfit.plan_calibrate import (
     calibration_args,
     parse_train_runtime,
     priced_steps,
+    recorded_steps,
     run_logged,
     short_steps,
     step_spread,
@@ -186,20 +187,23 @@ def test_the_steps_after_the_short_runs_count_are_timed_by_the_progress_bar() ->
 
 
 def test_the_steps_timed_are_priced_on_the_very_batches_they_trained() -> None:
-    """Accumulation 2, a cost of 0.1 s + 1 ms a position per optimizer step at one length: step n
-    trained micro-batches 2n-2 and 2n-1. The bar showed steps 2, 3 and 5 after the short run's 2."""
-    lengths = [100, 100, 300, 100, 500, 500, 100, 100, 300, 300, 700]  # 5 steps and accelerate's look-ahead
+    """Accumulation 2, a cost of 0.1 s + 1 ms a position per optimizer step at one length. The
+    first epoch has 5 micro-batches: its third step trains the one left over. The bar showed steps
+    2, 3 and 5 after the short run's 2."""
+    record = "epoch\n100\n100\n300\n100\n500\nepoch\n100\n100\n300\n300\n700\n"  # and the look-ahead
+    steps = recorded_steps(record, 2)
+    assert steps == [[100, 100], [300, 100], [500], [100, 100], [300, 300], [700]]
     cost = lambda length: 0.1 + 0.001 * length  # noqa: E731
-    # Step 3: (0.6 + 0.6) / 2 = 0.6 s; step 4: (0.2 + 0.2) / 2 = 0.2 s; step 5: (0.4 + 0.4) / 2 = 0.4 s.
-    arrivals = {1: 0.0, 2: 2.0, 3: 2.66, 5: 3.32}
-    model_step, spread = priced_steps(lengths, 2, arrivals, 2, cost)
-    assert model_step == pytest.approx((0.6 + 0.2 + 0.4) / 3)
-    # Each interval against its own batches' cost: 0.66 / 0.6 and 0.66 / 0.6 (steps 4 and 5), the same ratio.
-    assert spread == pytest.approx(0.0, abs=1e-9)
-    # The epoch average would have said the steps were all alike: the same 0.66 s over 1 and 2 steps differ.
-    assert step_spread(arrivals, {}, 2) > 0.5
-    assert priced_steps(lengths[:9], 2, arrivals, 2, cost) is None  # the last timed step's batches not all seen
-    assert priced_steps(lengths, 2, {1: 0.0, 2: 2.0}, 2, cost) is None  # one step shown: nothing timed
+    # Step 3: 0.6 / 2 = 0.3 s (one micro-batch of two); step 4: 0.2 s; step 5: 0.4 s.
+    arrivals = {1: 0.0, 2: 2.0, 3: 2.33, 5: 3.32}
+    model_step, spread = priced_steps(steps, 2, arrivals, 2, cost)
+    assert model_step == pytest.approx((0.3 + 0.2 + 0.4) / 3)
+    # Each interval against its own batches' cost: 0.33 / 0.3 and 0.99 / 0.6 (steps 4 and 5).
+    assert spread == pytest.approx(relative_ci95([0.33 / 0.3, 0.99 / 0.6]))
+    even = priced_steps(steps, 2, {2: 2.0, 3: 2.33, 5: 2.33 + 0.66}, 2, cost)
+    assert even is not None and even[1] == pytest.approx(0.0, abs=1e-9)  # every interval at its batches' cost
+    assert priced_steps(steps[:4], 2, arrivals, 2, cost) is None  # the last timed step's batches not seen
+    assert priced_steps(steps, 2, {1: 0.0, 2: 2.0}, 2, cost) is None  # one step shown: nothing timed
 
 
 def test_the_trainers_cost_is_against_the_same_batches_where_they_were_priced() -> None:
@@ -266,8 +270,10 @@ def test_a_calibration_times_real_trl_steps_of_the_written_command(calibrated) -
                                                       "calibrate-4-steps.log", "train_command.sh"]  # not the trainer's output folders
     # The long run recorded every micro-batch it trained (24 steps of 8 at batch 4, and the look-ahead), each
     # padded to its longest sample (the bundled data's lengths vary; max_length 256), and priced the timed ones.
-    recorded = [int(n) for n in (work / "batches-24-steps.txt").read_text().split()]
-    assert 24 * 8 <= len(recorded) <= 25 * 8 and len(set(recorded)) > 1 and max(recorded) <= 256
+    text = (work / "batches-24-steps.txt").read_text()
+    assert text.startswith("epoch\n")
+    recorded = [length for step in recorded_steps(text, 8)[:24] for length in step]
+    assert len(recorded) == 24 * 8 and len(set(recorded)) > 1 and max(recorded) <= 256
     assert c.model_step_s is not None and 0 < c.model_step_s
     assert c.trainer_overhead_s() == pytest.approx(max(0.0, c.seconds_per_step - c.model_step_s))
     assert (work / "train_command.sh").read_text() == (out / "train_command.sh").read_text()

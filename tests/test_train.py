@@ -363,6 +363,7 @@ def test_a_factory_model_trains_on_its_rows_and_resumes_after_sigkill_to_the_sam
     assert "factory model" in capsys.readouterr().err
     assert main(["train", str(factory_tune), "--output", str(tmp_path / "y"), "--record-batches", "b.txt"]) == 2
     assert "--record-batches records the batches of a `trl sft` run; this run is a factory" in capsys.readouterr().err
+    assert not (tmp_path / "y" / "train.json").exists()  # refused before any run was recorded: leaving it out works
 
 
 FAKE_TRAINER = """\

@@ -64,6 +64,9 @@ each float formatted ``.4g``, so a run past 9,999 s reads ``'1.235e+04'``."""
 _BAR = re.compile(r"^\s*\d+%\|[^|]*\|\s*(\d+)/(\d+) \[")
 """The trainer's own progress bar (tqdm, no description: the data-preparation bars have one)."""
 
+EPOCH_MARK = "epoch"
+"""The line ``trainfit train --record-batches`` writes where an epoch begins (``train.callbacks.BatchRecord``)."""
+
 _HEADER_TRIAL = re.compile(r"^# trainfit: fastest measured config \(trial (\d+)\)", re.MULTILINE)
 
 
@@ -216,22 +219,34 @@ def step_spread(long: Mapping[int, float], short: Mapping[int, float], short_ste
     return relative_ci95(samples)
 
 
-def priced_steps(lengths: Sequence[int], accumulation: int, arrivals: Mapping[int, float], after: int,
+def recorded_steps(text: str, accumulation: int) -> list[list[int]]:
+    """Each optimizer step's micro-batch lengths, in order, from a ``trainfit train
+    --record-batches`` file: within an epoch ``accumulation`` a step, its last step the rest (as
+    transformers' loop takes them). The batch accelerate collated ahead of the run's end makes a
+    step past the last, never one before it."""
+    steps: list[list[int]] = []
+    for epoch in re.split(rf"^{EPOCH_MARK}$", text, flags=re.MULTILINE):
+        lengths = [int(n) for n in epoch.split()]
+        steps += [lengths[i:i + accumulation] for i in range(0, len(lengths), accumulation)]
+    return steps
+
+
+def priced_steps(steps: Sequence[Sequence[int]], accumulation: int, arrivals: Mapping[int, float], after: int,
                  cost: Callable[[float], float]) -> tuple[float, float] | None:
     """The probe's expected time of the optimizer steps the progress bar timed (those of
     :func:`bar_seconds_per_step`: the first shown at or after ``after`` to the last shown), per step,
     and the 95% relative half-width of the ratio of each bar interval's time to its expected time
-    (``inf`` with fewer than two intervals). ``lengths``: the padded length of every micro-batch the
-    run trained, in order (step ``n`` trained micro-batches ``(n-1)*accumulation`` to
-    ``n*accumulation - 1``); ``cost``: an optimizer step's seconds at micro-batches of a padded
-    length. None when fewer than two steps are shown or ``lengths`` stops short of the last."""
+    (``inf`` with fewer than two intervals). ``steps``: the padded lengths of the micro-batches each
+    step trained (:func:`recorded_steps`; step ``n`` is ``steps[n - 1]``); ``cost``: an optimizer
+    step's seconds at ``accumulation`` micro-batches of a padded length. None when fewer than two
+    steps are shown or ``steps`` stops short of the last."""
     from trainfit.probe.timing import relative_ci95
 
     shown = _shown(arrivals, after)
-    if len(shown) < 2 or len(lengths) < shown[-1][0] * accumulation:
+    if len(shown) < 2 or len(steps) < shown[-1][0]:
         return None
     first = shown[0][0]
-    expected = [sum(cost(float(length)) for length in lengths[k * accumulation:(k + 1) * accumulation]) / accumulation
+    expected = [sum(cost(float(length)) for length in steps[k]) / accumulation
                 for k in range(first, shown[-1][0])]  # steps first+1 .. last
     ratios = [(t1 - t0) / sum(expected[n0 - first:n1 - first])
               for (n0, t0), (n1, t1) in itertools.pairwise(shown)]
@@ -277,6 +292,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
     shutil.copy(Path(run_dir) / "summary.json", folder / "run" / "summary.json")
     shutil.copy(copy, folder / "run" / "train_command.sh")
     short = short_steps(steps)
+    (folder / f"batches-{short + steps}-steps.txt").unlink(missing_ok=True)  # a reused work folder's: appended to
     runs = _run_twice(copy, folder / "run", short, steps, folder, env, say, scratch=scratch)
     shutil.rmtree(folder / "run", ignore_errors=True)
     seconds = _seconds_per_step(runs, short, steps, folder, say)
@@ -302,11 +318,11 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
 def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short: int, cost: StepCost,
             say: Callable[[str], None]) -> tuple[float, float] | None:
     """:func:`priced_steps` of the long run, from the micro-batch lengths it recorded in ``path``."""
-    lengths = [int(line) for line in path.read_text().split()] if path.is_file() else []
-    priced = priced_steps(lengths, int(best.config.get("gradient_accumulation_steps") or 1), arrivals, short,
-                          lambda length: float(cost(length)))
+    accumulation = int(best.config.get("gradient_accumulation_steps") or 1)
+    steps = recorded_steps(path.read_text(), accumulation) if path.is_file() else []
+    priced = priced_steps(steps, accumulation, arrivals, short, lambda length: float(cost(length)))
     if priced is None:
-        say(f"the timed steps' batches were not all seen ({len(lengths)} recorded): compared with the probe's "
+        say(f"the timed steps' batches were not all seen ({len(steps)} steps recorded): compared with the probe's "
             "epoch average instead")
     else:
         say(f"the probe's cost of the very batches timed: {priced[0]:.4g} s a step")

@@ -54,6 +54,9 @@ class Comparison(Record):
     target_loss: float | None
     holdout: int | None = None
     """Rows of the spec's data held out as the eval set (``--holdout``); None: none held out."""
+    holdout_sha256: str | None = None
+    """The held-out rows' file, hashed: a resume (or another machine of a ``--storage`` comparison)
+    with other rows is another comparison."""
     device: str
     configs: dict[str, dict[str, Any]]
     """Each config as written, in the file's order."""
@@ -68,10 +71,12 @@ class Comparison(Record):
 
     def setup(self) -> dict[str, Any]:
         """What a resumed comparison must share with this one."""
+        evaluation = self.evaluation.to_json() if self.evaluation else None
+        if evaluation is not None and self.holdout is not None:  # the rows' hash says it: the path is this output's
+            evaluation.pop("path")
         return {"spec": self.spec, "spec contents (sha256)": self.spec_sha256, "--set": self.overrides,
-                "steps": self.steps, "minutes": self.minutes, "seed": self.seed,
-                "evaluation": self.evaluation.to_json() if self.evaluation else None, "target_loss": self.target_loss,
-                "holdout": self.holdout}
+                "steps": self.steps, "minutes": self.minutes, "seed": self.seed, "evaluation": evaluation,
+                "target_loss": self.target_loss, "holdout": self.holdout, "held-out rows (sha256)": self.holdout_sha256}
 
 
 def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, output: str | Path,
@@ -90,14 +95,23 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     configs = read_configs(configs_path, spec)
     _check(spec, steps)
     output = Path(output).resolve()
+    split = None if holdout is None else _split(spec, holdout, eval_data, output)
+    eval_path = output / HOLDOUT / "heldout.jsonl" if split is not None else eval_data and eval_set(eval_data)
+    evaluation = None if not eval_path else EvalSchedule(
+        path=str(eval_path), every=eval_every or math.ceil(steps / 5), batch_size=eval_batch_size or spec.params.batch_size)
+    try:
+        state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides), minutes,
+                       holdout, split[1] if split else None)
+    except BaseException:
+        if split is not None:
+            shutil.rmtree(split[0], ignore_errors=True)
+        raise
     trained_on = list(overrides)
-    if holdout is not None:
-        spec, eval_data, trained_on = _held_out(spec, spec_path, trained_on, holdout, eval_data, output)
-    evaluation = None if eval_data is None else EvalSchedule(
-        path=str(eval_set(eval_data)), every=eval_every or math.ceil(steps / 5),
-        batch_size=eval_batch_size or spec.params.batch_size)
-    state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides), minutes,
-                   holdout)
+    if split is not None:  # accepted: the split replaces the folder's
+        shutil.rmtree(output / HOLDOUT, ignore_errors=True)
+        split[0].rename(output / HOLDOUT)
+        trained_on += [f"data.path={output / HOLDOUT / 'train.jsonl'}", "data.format=jsonl"]
+        spec = load_spec(spec_path, trained_on)
     jobs = _Jobs(spec, spec_path, trained_on, output, evaluation, steps, minutes)
     if storage is not None:
         state = _shared(state, storage, configs, jobs, output, say)
@@ -109,7 +123,7 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
         say(f"[{i}/{len(configs)}] {config.name}: {run.status}" + (f" ({run.error})" if run.error else ""))
         state = _with(state, runs={**state.runs, config.name: run})
         _write(output, state)
-    state = _with(state, suggestions=suggest(state.configs, state.runs, target_loss, steps))
+    state = _with(state, suggestions=suggest(state.configs, state.runs, target_loss, steps, spec.params.to_dict()))
     _write(output, state)
     from trainfit.compare.report import write_report
 
@@ -117,19 +131,31 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     return state
 
 
-def _held_out(spec: Spec, spec_path: str | Path, overrides: list[str], n: int, eval_data: str | Path | None,
-              output: Path) -> tuple[Spec, Path, list[str]]:
-    """The spec on the training rows, the held-out rows' file, and the overrides that point every
-    config's process at the training rows."""
+HOLDOUT = "holdout"
+"""The folder of a comparison's held-out split (``--holdout``): ``train.jsonl`` and ``heldout.jsonl``."""
+
+
+def _split(spec: Spec, n: int, eval_data: str | Path | None, output: Path) -> tuple[Path, str]:
+    """The held-out split of ``spec``'s data, made in a folder beside the output's (it replaces
+    the output's own once the comparison is accepted: a refused one leaves that as it was), and its
+    held-out rows' sha256."""
+    import hashlib
+    import tempfile
+
     from trainfit.data.holdout import hold_out
 
     if eval_data is not None:
         raise TrainfitError("--holdout and --eval-data both give an eval set", "give one of them")
     assert spec.data is not None  # _check
-    train, held = hold_out(spec.data.path, n, seed=spec.probe.seed, folder=output / "holdout", fmt=spec.data.format,
+    output.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".{output.name}-holdout-", dir=output.parent))
+    try:
+        _, held = hold_out(spec.data.path, n, seed=spec.probe.seed, folder=folder, fmt=spec.data.format,
                            on_bad_row=spec.data.on_bad_row)
-    trained_on = [*overrides, f"data.path={train}", "data.format=jsonl"]
-    return load_spec(spec_path, trained_on), held, trained_on
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder, hashlib.sha256(held.read_bytes()).hexdigest()
 
 
 def _check(spec: Spec, steps: int) -> None:
@@ -144,7 +170,7 @@ def _check(spec: Spec, steps: int) -> None:
 
 def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, evaluation: EvalSchedule | None,
            target_loss: float | None, resume: bool, say: Callable[[str], None], overrides: list[str],
-           minutes: float | None = None, holdout: int | None = None) -> Comparison:
+           minutes: float | None = None, holdout: int | None = None, holdout_sha256: str | None = None) -> Comparison:
     import hashlib
 
     from trainfit.probe.runner import resolve_device_name
@@ -154,7 +180,7 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
                      spec=str(source), spec_sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
                      overrides=overrides, steps=steps, minutes=minutes, seed=spec.probe.seed,
                      evaluation=evaluation, target_loss=target_loss, device=resolve_device_name(spec.probe.device),
-                     configs={c.name: c.given for c in configs}, holdout=holdout)
+                     configs={c.name: c.given for c in configs}, holdout=holdout, holdout_sha256=holdout_sha256)
     path = output / "compare.json"
     if not path.exists():
         if resume:

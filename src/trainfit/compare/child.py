@@ -177,10 +177,23 @@ def main(argv: list[str]) -> int:
     except Exception as err:
         from trainfit.probe.worker import is_oom
 
-        status = "out_of_memory" if is_oom(err, capped_cpu=True) else "failed"  # the budget's cap: its messages too
+        status = "out_of_memory" if is_oom(err, capped_cpu=_cpu_capped(job)) else "failed"
         result = _failed(job, status, f"{type(err).__name__}: {err}")
     write_atomically(folder / "result.json", json.dumps(result.to_json(), indent=2) + "\n")
     return 0
+
+
+def _cpu_capped(job: dict[str, Any]) -> bool:
+    """Whether the job's process ran under a CPU memory cap (:func:`cap_to_budget`), whose failed
+    allocations some libraries report in words of their own."""
+    from trainfit.probe.runner import resolve_device_name
+    from trainfit.spec import load_spec
+
+    try:
+        spec = load_spec(job["spec"], job.get("overrides", []))
+    except Exception:
+        return False
+    return bool(spec.budget.memory_gb) and resolve_device_name(spec.probe.device) == "cpu"
 
 
 def _failed(job: dict[str, Any], status: str, error: str) -> ConfigRun:

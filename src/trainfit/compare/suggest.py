@@ -53,11 +53,12 @@ def ranked(runs: dict[str, ConfigRun]) -> list[str]:
 
 
 def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target_loss: float | None = None,
-            steps: int | None = None) -> list[Suggestion]:
-    """The next round's suggestions (see the module) from the configs as written and their runs."""
+            steps: int | None = None, defaults: dict[str, Any] | None = None) -> list[Suggestion]:
+    """The next round's suggestions (see the module) from the configs as written and their runs;
+    ``defaults``: the spec's params, which a config inherits where it names no value."""
     order = ranked(runs)
     out = [s for name, run in runs.items() if run.status == "diverged" for s in [_diverged(name, given[name], run)]]
-    out += [_does_not_fit(name, given[name], run) for name, run in runs.items()
+    out += [_does_not_fit(name, given[name], run, defaults or {}) for name, run in runs.items()
             if run.status in ("over_budget", "out_of_memory")]
     if order:
         best = order[0]
@@ -96,20 +97,25 @@ def _diverged(name: str, given: dict[str, Any], run: ConfigRun) -> Suggestion:
                                                   "warmup_ratio": 0.1}})
 
 
-def _does_not_fit(name: str, given: dict[str, Any], run: ConfigRun) -> Suggestion:
-    """A config over the memory budget: the same effective batch in half the micro-batch where it
-    names one above 1, else gradient checkpointing, else a smaller config."""
-    batch = int(given.get("batch_size") or 0)
+def _does_not_fit(name: str, given: dict[str, Any], run: ConfigRun, defaults: dict[str, Any]) -> Suggestion:
+    """A config over the memory budget: the same effective batch in half the micro-batch where its
+    batch is above 1, else gradient checkpointing, else a smaller config; a budget below what a
+    process needs to start: a larger budget."""
+    evidence = run.error or run.status
+    if "just to start" in evidence:
+        return Suggestion(says=f"{name} could not start under the budget: raise budget.memory_gb", evidence=evidence)
+    value = {**defaults, **given}.get
+    batch = int(value("batch_size") or 1)
     if batch > 1:
-        change = {"batch_size": batch // 2,
-                  "gradient_accumulation_steps": 2 * int(given.get("gradient_accumulation_steps") or 1)}
+        change = {"batch_size": batch // 2, "gradient_accumulation_steps": 2 * int(value("gradient_accumulation_steps")
+                                                                                   or 1)}
         how = "halve its batch_size and double its gradient_accumulation_steps (the same effective batch)"
-    elif not given.get("gradient_checkpointing"):
+    elif not value("gradient_checkpointing"):
         change, how = {"gradient_checkpointing": True}, "turn on gradient_checkpointing"
     else:
         return Suggestion(says=f"{name} does not fit the memory budget: a shorter max_length or a smaller model",
-                          evidence=run.error or run.status)
-    return Suggestion(says=f"{name} does not fit the memory budget: {how}", evidence=run.error or run.status,
+                          evidence=evidence)
+    return Suggestion(says=f"{name} does not fit the memory budget: {how}", evidence=evidence,
                       configs={f"{name}_fits": {**given, **change}})
 
 

@@ -221,11 +221,16 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
 
 
 def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[str] = (), max_steps: int | None = None,
-            loop: bool = False, say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
+            loop: bool = False, record_batches: bool = False,
+            say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
     """Check the input and the output folder; returns what to train, the checkpoint to resume
-    from (None: from step 0) and the plan. Removes unfinished checkpoints (they cannot be resumed)."""
+    from (None: from step 0) and the plan. Removes unfinished checkpoints (they cannot be resumed).
+    ``record_batches``: the run will record its batches, which only a ``trl sft`` run can."""
     run_dir, output = Path(run_dir), Path(output).resolve()
     now, plan = to_train(run_dir, output, extra_args=extra_args, max_steps=max_steps, loop=loop)
+    if record_batches and now.kind != "trl_sft":
+        raise TrainfitError(f"--record-batches records the batches of a `trl sft` run; this run is a {now.kind}",
+                            "leave --record-batches out")
     record_path = output / "train.json"
     if resume:
         if not record_path.is_file():
@@ -285,8 +290,8 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     read_summary(run_dir)  # a clear error before any folder is made
     output.mkdir(parents=True, exist_ok=True)
     with _only_run(output):
-        record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args,
-                                           max_steps=max_steps, loop=loop, say=say)
+        record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
+                                           loop=loop, record_batches=record_batches is not None, say=say)
         if use_plan_deadline:
             if plan is None:
                 raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
@@ -343,9 +348,6 @@ def _run(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, check
          say: Callable[[str], None]) -> tuple[int | None, int | None]:
     """Train by the record's kind; the step reached and the run's total steps (None for a
     command template, whose trainer is the user's)."""
-    if record_batches is not None and record.kind != "trl_sft":
-        raise TrainfitError(f"--record-batches records the batches of a `trl sft` run; this run is a {record.kind}",
-                            "leave --record-batches out")
     if record.kind == "command":
         control.stopped = _run_command(record, run_dir, output, plan, resume=resume, every_s=every_s,
                                        deadline=control.deadline, say=say)
@@ -406,6 +408,7 @@ def _run_trl_sft(record: TrainRun, output: Path, checkpoint: Path | None, callba
                  control: Any, record_batches: str | Path | None = None) -> tuple[int, int]:
     """Train with TRL's trainer in this process; returns (steps done, total steps)."""
     from trainfit.monitor import OnTrackCallback, observe_train_batches
+    from trainfit.train.callbacks import BatchRecord
     from trainfit.train.sft import build_trainer
 
     trainer = build_trainer(record.argv, callbacks)
@@ -415,12 +418,9 @@ def _run_trl_sft(record: TrainRun, output: Path, checkpoint: Path | None, callba
             callback.watch(trainer)  # the pace against the work of the very batches trained
     with contextlib.ExitStack() as stack:
         if record_batches is not None:
-            lengths = stack.enter_context(Path(record_batches).open("a", buffering=1))  # a line each, as it trains
-
-            def write_length(length: int) -> None:
-                lengths.write(f"{length}\n")
-
-            observe_train_batches(trainer, write_length)
+            recorder = BatchRecord(stack.enter_context(Path(record_batches).open("a", buffering=1)))  # a line each
+            observe_train_batches(trainer, recorder.observe)
+            trainer.add_callback(recorder)
         return _train_trl(trainer, output, checkpoint, control)
 
 

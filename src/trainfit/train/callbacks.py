@@ -1,6 +1,7 @@
 """What ``trainfit train`` adds to a Hugging Face ``Trainer``, as ``TrainerCallback``s: a checkpoint
 on a time interval (complete-marked, rotated: :mod:`trainfit.train.checkpoints`), a clean stop with
-a checkpoint on SIGTERM or before a deadline, and a JSON-lines log of the run.
+a checkpoint on SIGTERM or before a deadline, a JSON-lines log of the run, and the record of its
+batches (``--record-batches``).
 
 Each decision is a small pure piece (:class:`Interval`, :func:`deadline_near`) the callbacks call
 at a step's end, so it is tested without a trainer.
@@ -15,10 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainfit.errors import Terminated
 from trainfit.monitor import trainer_callback_base
+from trainfit.plan_calibrate import EPOCH_MARK
 from trainfit.train.checkpoints import mark_complete, rotate
 
 
@@ -139,3 +141,20 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         self.say(f"trainfit: checkpoint at step {state.global_step:,} ({self.save_s:.1f} s): {folder}")
         self.log.write("checkpoint", step=int(state.global_step), path=str(folder), save_s=round(self.save_s, 3),
                        removed=[p.name for p in removed])
+
+
+class BatchRecord(trainer_callback_base()):  # type: ignore[misc]
+    """``--record-batches``: the padded length of each training micro-batch, one a line, as the
+    trainer collates it (:meth:`observe`, given to ``trainfit.monitor.observe_train_batches``),
+    and a line :data:`EPOCH_MARK` where an epoch begins: an epoch's last optimizer step trains the
+    micro-batches left over, fewer than the accumulation when they do not divide evenly. With
+    dataloader worker processes the batches are not seen, and nothing but the marks is written."""
+
+    def __init__(self, file: IO[str]) -> None:
+        self.file = file
+
+    def observe(self, padded_length: int) -> None:
+        self.file.write(f"{padded_length}\n")
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.file.write(f"{EPOCH_MARK}\n")
