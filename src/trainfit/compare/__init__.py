@@ -96,8 +96,11 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     _check(spec, steps)
     output = Path(output).resolve()
     split = None if holdout is None else _split(spec, holdout, eval_data, output)
-    eval_path = output / HOLDOUT / "heldout.jsonl" if split is not None else eval_data and eval_set(eval_data)
-    evaluation = None if not eval_path else EvalSchedule(
+    if split is not None:
+        eval_path: Path | None = output / HOLDOUT / "heldout.jsonl"  # where the split is moved once accepted
+    else:
+        eval_path = None if eval_data is None else eval_set(eval_data)
+    evaluation = None if eval_path is None else EvalSchedule(
         path=str(eval_path), every=eval_every or math.ceil(steps / 5), batch_size=eval_batch_size or spec.params.batch_size)
     try:
         state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides), minutes,

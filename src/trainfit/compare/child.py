@@ -107,27 +107,20 @@ def run(job: dict[str, Any]) -> ConfigRun:
 
 
 def cap_to_budget(memory_gb: float | None, device: Any) -> None:
-    """The spec's ``budget.memory_gb`` as the probe applies it: the process's data capped there on a
-    CPU (``RLIMIT_DATA``), the GPU's memory fraction on CUDA; a config needing more fails for real
-    (``out_of_memory``)."""
-    if not memory_gb:
-        return
-    cap = int(memory_gb * 2**30)
-    if device.type == "cuda":
-        import torch
+    """The spec's ``budget.memory_gb`` as a probe applies it (``probe.worker.cap_memory``): a config
+    needing more fails for real (``out_of_memory``)."""
+    from trainfit.probe.worker import cap_memory
 
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
-    else:
-        from trainfit.probe.worker import cap_cpu_memory
-
-        cap_cpu_memory(cap, {})
+    if memory_gb:
+        cap_memory(int(memory_gb * 2**30), device, {})
 
 
 def over_budget(peak_gb: float, memory_gb: float | None, headroom_gb: float) -> str | None:
     """Why a config that trained does not fit the budget (its peak and the headroom above
-    ``memory_gb``, as the probe judges a fit); None when it fits or there is no budget."""
-    if not memory_gb or peak_gb + headroom_gb <= memory_gb:
+    ``memory_gb``, as a probe judges a fit); None when it fits or there is no budget."""
+    from trainfit.probe.measurement import within_budget
+
+    if within_budget(peak_gb, memory_gb, headroom_gb):
         return None
     return (f"peak {peak_gb:.2f} GiB + headroom {headroom_gb:g} GiB is over budget.memory_gb {memory_gb:g} GiB")
 

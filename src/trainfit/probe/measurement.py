@@ -17,6 +17,11 @@ MEMORY_PARTS = ("model", "optimizer", "runtime", "step", "build", "allocator_cac
 """The keys of ``Measurement.memory_parts_bytes``, in report order."""
 
 
+def within_budget(peak_gb: float, memory_gb: float | None, headroom_gb: float) -> bool:
+    """A measured peak fits a budget when it and the headroom stay inside it (no budget: it fits)."""
+    return memory_gb is None or peak_gb + headroom_gb <= memory_gb
+
+
 @dataclass(frozen=True, kw_only=True)
 class Measurement:
     """What one configuration did on one device.
@@ -144,9 +149,9 @@ class Measurement:
         """Ran, and peak + headroom stays inside the budget (when one was set)."""
         if self.status != "ok":
             return False
-        if self.budget_memory_gb is None or self.peak_memory_gb is None:
+        if self.peak_memory_gb is None:
             return True
-        return self.peak_memory_gb + (self.budget_headroom_gb or 0.0) <= self.budget_memory_gb
+        return within_budget(self.peak_memory_gb, self.budget_memory_gb, self.budget_headroom_gb or 0.0)
 
     @property
     def headline(self) -> str:

@@ -140,6 +140,19 @@ def cap_cpu_memory(cap: int, out: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
 
 
+def cap_memory(cap: int, device: Any, out: dict[str, Any], *, cpu: bool = True) -> None:
+    """Cap what this process may use on ``device`` at ``cap`` bytes: a CUDA device's memory
+    fraction, or (``cpu``: once, in a fresh process) its data on a CPU (:func:`cap_cpu_memory`).
+    A need beyond it then fails for real, as out of memory."""
+    if device.type == "cuda":
+        import torch
+
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    elif cpu:
+        cap_cpu_memory(cap, out)
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -316,20 +329,17 @@ def open_device(req: ProbeRequest, out: dict[str, Any], capped_now: bool) -> Any
     from trainfit.devices import cpu_name
 
     cap = req.memory_cap_bytes
-    if capped_now and cap and req.device == "cpu":
-        cap_cpu_memory(cap, out)
     device = torch.device(req.device)
     cuda = device.type == "cuda"
     if cuda:
         # Memory counters, caches and bf16 support read the *current* device: on cuda:1 they
         # would read (and open a context on) cuda:0, and every config would seem to use nothing.
         torch.cuda.set_device(device)
+    if cap:
+        cap_memory(cap, device, out, cpu=capped_now)
     out["device"] = str(device)
     out["device_name"] = torch.cuda.get_device_name(device) if cuda else cpu_name()
     out["cpu_threads"] = torch.get_num_threads()
-    if cuda and cap:
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
     if req.budget_memory_gb is None:
         out["budget_memory_gb"] = own = device_memory_gb(device)
         out["notes"].append(f"no budget.memory_gb: this {'GPU' if cuda else 'machine'}'s {own:.1f} GiB is the budget "
