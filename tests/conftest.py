@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil  # the real one, imported before any test changes the working directory
 import pytest
 import yaml
 
@@ -83,3 +85,22 @@ def llama_spec(tmp_path: Path, texts_file: tuple[Path, list[int]]):
                               params={"batch_size": 2, "max_length": 128, **(params or {})}, **kw)
 
     return make
+
+
+def alive(pid: int) -> bool:
+    """Running (a killed process whose new parent has not reaped it yet is a zombie: gone)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def gone_within(pid: int, bound_s: float) -> bool:
+    """Whether ``pid`` is gone within ``bound_s`` seconds: a signal is delivered at once, but a
+    process it kills (one that is not our child) dies when the kernel next runs it."""
+    deadline = time.monotonic() + bound_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil  # the real one, imported before any test changes the working directory
 import pytest
-from conftest import TINY_LLAMA, make_spec_file
+from conftest import TINY_LLAMA, alive, gone_within, make_spec_file
 
 from trainfit.probe import Measurement, run_probe
 from trainfit.spec import load_spec
@@ -77,23 +77,6 @@ else:
     thread.start()
     thread.join()
 '''
-
-
-def alive(pid: int) -> bool:
-    """Running (a killed process whose new parent has not reaped it yet is a zombie: gone)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def gone_within(pid: int, bound_s: float) -> bool:
-    deadline = time.monotonic() + bound_s
-    while alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def read_pid(path: Path, bound_s: float = HANG_GUARD_S) -> int:
