@@ -66,7 +66,7 @@ def test_the_eta_is_the_steps_at_the_measured_step_plus_the_saves_with_an_interv
 
 
 def test_a_calibration_adds_the_trainers_cost_per_step_and_its_start_up() -> None:
-    from trainfit.plan_calibrate import Calibration
+    from trainfit.calibration import Calibration
 
     c = candidate(0, 10.0, batch=8, spread=0.03)  # 0.8 s a step in the probe
     # The trainer ran the calibrated config at 1.0 s a step where its probe said 0.8: 0.2 s its own.
@@ -82,7 +82,7 @@ def test_a_calibration_adds_the_trainers_cost_per_step_and_its_start_up() -> Non
 
 
 def test_trainfit_train_and_the_written_command_are_each_priced_at_their_own_start_up() -> None:
-    from trainfit.plan_calibrate import Calibration
+    from trainfit.calibration import Calibration
 
     cal = Calibration(steps=20, seconds_per_step=1.0, samples_per_second=8.0, probe_samples_per_second=10.0,
                       ratio=0.8, spread_rel=0.04, startup_s=11.0, train_startup_s=6.5, command="trl sft ...",
@@ -95,7 +95,7 @@ def test_trainfit_train_and_the_written_command_are_each_priced_at_their_own_sta
 
 
 def test_a_calibration_whose_spread_is_unknown_leaves_the_interval_to_the_probe() -> None:
-    from trainfit.plan_calibrate import Calibration
+    from trainfit.calibration import Calibration
 
     cal = Calibration(steps=2, seconds_per_step=1.0, samples_per_second=8.0, probe_samples_per_second=10.0,
                       ratio=0.8, spread_rel=math.inf, startup_s=5.0, command="trl sft ...", device="cpu")

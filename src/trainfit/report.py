@@ -22,7 +22,7 @@ from trainfit.files import write_atomically
 from trainfit.params import KNOBS, Params
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
 from trainfit.report_html import tune_report_html
-from trainfit.search.ranking import Repeats, pooled, ranked, within_noise
+from trainfit.search.ranking import Repeats, pooled, probe_samples_per_second, ranked, with_trainer_cost, within_noise
 from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
@@ -37,6 +37,7 @@ from trainfit.summary import (
     SmallestPeak,
     Summary,
     Tie,
+    TrainerCost,
     UnsupportedValue,
 )
 
@@ -66,34 +67,57 @@ def command_inputs(params: Params, m: Measurement, stats: LengthStats | None,
             "cpu_threads": launch_threads(m), "model_dir": model_dir}
 
 
+TRAINER_COST_FILE = "trainer_cost.json"
+"""Where ``tune --calibrate`` keeps the trainer cost it measured in the output folder
+(:class:`TrainerCost`): every later write of the outputs (a ``--resume`` too) ranks with it."""
+
+
+def read_trainer_cost(output: Path) -> TrainerCost | None:
+    """The output folder's :data:`TRAINER_COST_FILE`, None when it has none."""
+    path = output / TRAINER_COST_FILE
+    if not path.is_file():
+        return None
+    try:
+        return TrainerCost.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as err:
+        raise TrainfitError(f"cannot read {path}: {err}",
+                            f"delete it (the ranking then rests on the probes alone), or tune with --calibrate again"
+                            ) from None
+
+
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
            repeats: Repeats | None = None, data_config: Path | None = None,
-           model_dir: Path | None = None) -> ConfigEntry:
+           model_dir: Path | None = None, trainer_s: float = 0.0) -> ConfigEntry:
+    """``trainer_s``: the trainer's own cost per micro-batch (``tune --calibrate``) its speeds include."""
     m = t.measurement
     params = space.params(t.values)
     samples = run_samples(spec, stats)
-    runtime_h = samples / m.samples_per_second / 3600 if samples and m.samples_per_second else None
+    sps = None if m.samples_per_second is None else with_trainer_cost(m.samples_per_second, m, "samples_per_second",
+                                                                      trainer_s)
+    runtime_h = samples / sps / 3600 if samples and sps else None
     try:
         command = build_command(spec, params, **command_inputs(params, m, stats, data_config, model_dir))
     except TrainfitError:
         command = None
     return ConfigEntry(
         trial=t.number,
-        samples_per_second=m.samples_per_second,
-        tokens_per_second=m.tokens_per_second,
+        samples_per_second=sps,
+        tokens_per_second=None if m.tokens_per_second is None else with_trainer_cost(
+            m.tokens_per_second, m, "tokens_per_second", trainer_s),
         speed_basis=m.speed_basis,
         padding_share=m.padding_share,
         memory_peak_gb=m.peak_memory_gb,
         memory_parts_gb={k: v / 1024**3 for k, v in m.memory_parts_bytes.items()},
         mfu=m.mfu,
         stable=m.stable,
-        confirmed_median=(pooled(t, repeats, spec.tune.objective)
+        confirmed_median=(pooled(t, repeats, spec.tune.objective, trainer_s)
                           if repeats and config_key(t.values) in repeats else None),
         estimated_full_runtime_hours=runtime_h,
         searched=jsonable(t.values),
         effective_batch_size=params.effective_batch_size,
         config=params.to_dict(),
         command=command,
+        probe_samples_per_second=probe_samples_per_second(t, repeats or {}) if trainer_s else None,
     )
 
 
@@ -201,11 +225,18 @@ def oom_advice(trials: Sequence[Trial], stats: LengthStats | None, smallest: Sma
     return [text for _, text in advice]
 
 
-def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str) -> list[Confirmation]:
-    """Every measurement of each confirmed config, fastest median first."""
-    return [Confirmation(trial=t.number, searched=jsonable(t.values), median=pooled(t, repeats, objective),
-                         measurements=[t.objective, *(getattr(m, objective) if m.fits else None
-                                                      for m in repeats[config_key(t.values)])])
+def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str, trainer_s: float = 0.0
+                 ) -> list[Confirmation]:
+    """Every measurement of each confirmed config, fastest median first (the speeds the trainer's
+    cost per micro-batch ``trainer_s`` included)."""
+
+    def speed(value: float | None, m: Measurement) -> float | None:
+        return None if value is None else with_trainer_cost(value, m, objective, trainer_s)
+
+    return [Confirmation(trial=t.number, searched=jsonable(t.values), median=pooled(t, repeats, objective, trainer_s),
+                         measurements=[speed(t.objective, t.measurement),
+                                       *(speed(getattr(m, objective), m) if m.fits else None
+                                         for m in repeats[config_key(t.values)])])
             for t in order if config_key(t.values) in repeats]
 
 
@@ -243,16 +274,19 @@ def run_lengths(stats: LengthStats | None) -> Lengths | None:
 
 def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, stats: LengthStats | None,
                   strategy: str, stop_reason: str, elapsed_s: float, repeats: Repeats | None = None,
-                  data_config: Path | None = None, model_dir: Path | None = None) -> Summary:
+                  data_config: Path | None = None, model_dir: Path | None = None,
+                  trainer_cost: TrainerCost | None = None) -> Summary:
     """``data_config``: the TRL config file that loads the data; ``model_dir``: the saved random-init
-    model (see :func:`write_outputs`)."""
+    model (see :func:`write_outputs`); ``trainer_cost``: what each micro-batch adds to the speeds and
+    the ranking (``tune --calibrate``)."""
     repeats = repeats or {}
     objective = spec.tune.objective
-    order = ranked(trials, repeats, objective)
+    trainer_s = trainer_cost.per_micro_batch_s if trainer_cost else 0.0
+    order = ranked(trials, repeats, objective, trainer_s)
     statuses = [t.measurement.status for t in trials]
 
     def entry(t: Trial) -> ConfigEntry:
-        return _entry(t, spec, space, stats, repeats, data_config, model_dir)
+        return _entry(t, spec, space, stats, repeats, data_config, model_dir, trainer_s)
 
     return Summary(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -264,8 +298,8 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         failed_timeout=statuses.count("timeout"),
         best_config=entry(order[0]) if order else None,
         runners_up=[entry(t) for t in order[1:6]],
-        within_noise_of_best=[] if repeats else [Tie(**tie) for tie in within_noise(order)],
-        confirmation=confirmation(order, repeats, objective),
+        within_noise_of_best=[] if repeats else [Tie(**tie) for tie in within_noise(order, objective, trainer_s)],
+        confirmation=confirmation(order, repeats, objective, trainer_s),
         fastest_per_value=fastest_per_value(spec, space, order, entry),
         unsupported=unsupported_report(trials),
         notes=probe_notes(trials),
@@ -285,6 +319,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         versions=versions(),
         spec=spec.to_dict(),
         all_failed=all_failed(spec, trials, stats) if trials and not order else None,
+        trainer_cost=trainer_cost,
     )
 
 
@@ -320,7 +355,8 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
         data_config.write_text(yaml.safe_dump(trl_data, sort_keys=False))
     model_dir = initial_model(output, spec) if any(t.feasible for t in trials) else None
     summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
-                            elapsed_s=elapsed_s, repeats=repeats, data_config=data_config, model_dir=model_dir)
+                            elapsed_s=elapsed_s, repeats=repeats, data_config=data_config, model_dir=model_dir,
+                            trainer_cost=read_trainer_cost(output))
     write_atomically(output / "summary.json", json.dumps(summary.to_json(), indent=2, default=list) + "\n")
     write_trials_csv(output / "trials.csv", space, trials, repeats)
     write_atomically(output / "report.html", tune_report_html(summary, trials, spec.source or "spec"))
@@ -329,8 +365,11 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     if best is not None:
         trial = next(t for t in trials if t.number == best.trial)
         m = trial.measurement
+        trainer = (f" with the trainer's own cost (calibrated; the probe's: {best.probe_samples_per_second:.4g})"
+                   if best.probe_samples_per_second is not None else "")
         header = (f"# trainfit: fastest measured config (trial {best.trial}): "
-                  f"{m.samples_per_second:.4g} samples/s, peak {m.peak_memory_gb:.2f} GiB on {m.device_name}\n"
+                  f"{best.samples_per_second:.4g} samples/s{trainer}, peak {m.peak_memory_gb:.2f} GiB on "
+                  f"{m.device_name}\n"
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")
         params = space.params(trial.values)

@@ -95,6 +95,19 @@ class ConfigEntry(Record):
     """Every knob of the config (``Params.to_dict``)."""
     command: str | None
     """The training command of this config (None when it cannot be written)."""
+    probe_samples_per_second: float | None = field(default=None, metadata={"omit_none": True})
+    """With a trainer cost (:class:`TrainerCost`, ``tune --calibrate``): the probe's own speed, the
+    model's step alone (the confirmation median when confirmed); ``samples_per_second``,
+    ``tokens_per_second``, ``confirmed_median`` and ``estimated_full_runtime_hours`` then include the
+    trainer's cost. Absent without one: those are the probe's."""
+
+    @property
+    def probe_speed(self) -> float | None:
+        """The probe's expected samples/s of this config over the epoch's own batches, before any
+        trainer cost: what a calibration compares the trainer's steps with."""
+        if self.probe_samples_per_second is not None:
+            return self.probe_samples_per_second
+        return self.confirmed_median if self.confirmed_median is not None else self.samples_per_second
 
     def objective(self, name: str) -> float | None:
         """The value of objective ``name`` (``samples_per_second`` or ``tokens_per_second``)."""
@@ -201,6 +214,21 @@ class AllFailed(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TrainerCost(Record):
+    """The trainer's own time beyond the model's step, measured once by ``tune --calibrate N`` on
+    the config the probes ranked first and added to every config's steps (per micro-batch) before
+    the ranking, the speeds and the command: the speed of the run, not of the model's step alone."""
+
+    per_micro_batch_s: float
+    trial: int
+    """The config it was measured on."""
+    searched: dict[str, Any]
+    calibration: dict[str, Any]
+    """The whole measurement (``trainfit.calibration.Calibration``'s JSON), which ``trainfit plan``
+    reuses: its start-ups, its spread, the command it ran."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Summary(Record):
     """``summary.json``: the counts, the best config and its runners-up, the evidence behind the
     pick, and what the run was (spec, device, versions)."""
@@ -236,6 +264,8 @@ class Summary(Record):
     all_failed: AllFailed | None = field(default=None, metadata={"omit_none": True})
     budget_matrix: list[dict[str, Any]] | None = field(default=None, metadata={"omit_none": True})
     """With ``tune --budgets``: the fastest config under each budget (``budgets.json``'s rows)."""
+    trainer_cost: TrainerCost | None = field(default=None, metadata={"omit_none": True})
+    """With ``tune --calibrate``: what the ranking and the speeds add to each step."""
 
     @property
     def command_template(self) -> str | None:

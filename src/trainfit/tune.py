@@ -4,13 +4,21 @@ as one call: what ``trainfit tune`` runs and what a script imports."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from trainfit.errors import SpecError
-from trainfit.report import write_outputs
-from trainfit.search.tune import TuneResult, run_search
+from trainfit.calibration import FALLBACK_HINT, calibrate, check_can_calibrate
+from trainfit.errors import SpecError, TrainfitError
+from trainfit.files import write_atomically
+from trainfit.probe.estimate import shapes_step_cost
+from trainfit.report import TRAINER_COST_FILE, write_outputs
+from trainfit.search.strategies import jsonable
+from trainfit.search.tune import TuneResult, best_trial, run_search
 from trainfit.space import default_space
 from trainfit.spec import Spec
+from trainfit.summary import Summary, TrainerCost
 
 
 def with_default_search(spec: Spec) -> Spec:
@@ -27,12 +35,19 @@ def with_default_search(spec: Spec) -> Spec:
                                tune=dataclasses.replace(spec.tune, target_effective_batch=space.target_effective_batch))
 
 
-def tune(spec: Spec, **options: Any) -> TuneResult:
+def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Callable[[str], None] | None = None,
+         **options: Any) -> TuneResult:
     """Search ``spec.search`` (without one: batch sizes and gradient checkpointing, see
     :func:`with_default_search`) for the fastest configuration that fits ``spec.budget`` and write
     summary.json, trials.csv, report.html and train_command.sh to ``output``. ``options`` are
     those of :func:`trainfit.search.tune.run_search` (``output`` is required; ``resume``,
     ``storage``, ``strategy``, ``max_trials``, ``time_budget_s``, ``quick``, ``refine``, ``on_event``...).
+
+    ``calibrate_steps``: then time that many real steps of the written ``trl sft`` command (see
+    :func:`trainfit.calibration.calibrate`), add the trainer's own cost per micro-batch it measured to
+    every config's steps, rank again and write the outputs for the new pick (the cost is kept in
+    ``trainer_cost.json``, so a later ``--resume`` ranks with it too). ``on_calibration``: its
+    progress lines. A spec whose command a calibration cannot run is refused before the search.
 
     Example::
 
@@ -41,4 +56,28 @@ def tune(spec: Spec, **options: Any) -> TuneResult:
         result = trainfit.tune(spec, output="runs/a", quick=True)
         print(result.summary.best_config)
     """
-    return run_search(with_default_search(spec), outputs=write_outputs, **options)
+    spec = with_default_search(spec)
+    if calibrate_steps:
+        check_can_calibrate(spec)
+    last: dict[str, Any] = {}
+
+    def outputs(output: Path, *args: Any, **kwargs: Any) -> Summary:
+        last.update(args=(output, *args), kwargs=kwargs)  # the last write's trials and state, to write again
+        return write_outputs(output, *args, **kwargs)
+
+    result = run_search(spec, outputs=outputs, **options)
+    if not calibrate_steps or result.best is None:
+        return result
+    try:
+        calibration = calibrate(result.output, calibrate_steps, on_progress=on_calibration,
+                                step_cost=shapes_step_cost(result.best.measurement.shape_times))
+    except TrainfitError as err:  # the search's outputs stand, ranked by the probes alone
+        raise TrainfitError(f"the search ended and wrote its outputs (ranked by the probes alone), then its "
+                            f"calibration failed: {err.message}",
+                            (err.hint or "").replace(FALLBACK_HINT, "tune without --calibrate") + "; once fixed, the "
+                            "same command with --resume calibrates again without probing anything again") from None
+    cost = TrainerCost(per_micro_batch_s=calibration.step_overhead_s(1), trial=result.best.number,
+                       searched=jsonable(result.best.values), calibration=calibration.to_json())
+    write_atomically(result.output / TRAINER_COST_FILE, json.dumps(cost.to_json(), indent=2) + "\n")
+    summary = write_outputs(*last["args"], **last["kwargs"])
+    return dataclasses.replace(result, summary=summary, best=best_trial(result.trials, summary))

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     calibration = None
     if args.calibrate:
         from trainfit.plan.inputs import best_step_cost
-        from trainfit.plan_calibrate import calibrate
+        from trainfit.calibration import calibrate
 
         print(f"calibrating: {args.calibrate} real trainer steps of {folder / 'train_command.sh'} ...", file=sys.stderr,
               flush=True)  # stderr: --json keeps stdout for the plan

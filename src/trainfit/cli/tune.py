@@ -23,6 +23,7 @@ examples:
   trainfit tune spec.yaml --confirm 2                            # re-probe near-ties on a noisy machine
   trainfit tune spec.yaml --storage postgresql://host/db --join  # the same on every machine: one search
   trainfit tune spec.yaml --budgets 8,12,16,24                   # the fastest config for each GPU size
+  trainfit tune spec.yaml --calibrate 30                         # rank by the trainer's speed, not the model's
 
 The search space is the spec's `search:` section (same keys as `params:`; a list = choices,
 {low, high, log} = a range). Outputs in --output (default trainfit-runs/SPEC_NAME/TIMESTAMP):
@@ -66,6 +67,11 @@ def add_parser(sub: Any) -> None:
                    help="a matrix: search under the largest budget, then each smaller one with every config "
                         "measured so far taken as measured (judged against it), probing only what is new; "
                         "each budget's outputs in OUTPUT/budget-<N>gb, the matrix in OUTPUT/budgets.json")
+    p.add_argument("--calibrate", type=number(int, at_least=1), metavar="N",
+                   help="then run the written `trl sft` command for a few real steps and N more through `trainfit "
+                        "train`, timing the trainer's own cost beyond the model's step (its data loader, "
+                        "scheduler, metrics); add it to every config's steps, rank again and write the command "
+                        "for the new pick (trainer_cost.json; `trainfit plan` reuses it)")
     p.add_argument("--quiet", action="store_true", help="only the final report")
     p.set_defaults(run=run)
 
@@ -141,6 +147,12 @@ def run(args: argparse.Namespace) -> int:
         print("effective batch: differs between configs (no tune.target_effective_batch) and changes what is "
               "learned; the summary gives the fastest per effective batch (set tune.target_effective_batch to "
               "compare every config at one)")
+    if args.calibrate and args.budgets:
+        from trainfit.errors import TrainfitError
+
+        raise TrainfitError("--calibrate and --budgets together: a calibration times one folder's written command",
+                            "tune with --budgets, then `trainfit plan BUDGET_FOLDER --calibrate N` on the budget "
+                            "you train with")
     options = {"stats": stats, "resume": args.resume, "join": args.join, "storage": args.storage,
                "strategy": args.strategy, "max_trials": args.max_trials, "time_budget_s": args.time_budget,
                "quick": args.quick, "refine": args.refine,
@@ -148,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.budgets:
             return run_budgets(args, spec, options)
-        result = tune(spec, output=args.output, **options)
+        result = tune(spec, output=args.output, calibrate_steps=args.calibrate,
+                      on_calibration=None if args.quiet else _calibration_line, **options)
     except KeyboardInterrupt as err:
         from trainfit.cli import interrupted_status
 
@@ -161,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"trainfit tune: error: {os_error(err)}\n{resume_hint(args)}", file=sys.stderr)
         return 2
     return print_result(result, spec)
+
+
+def _calibration_line(line: str) -> None:
+    print(f"  calibration: {line}", flush=True)
 
 
 def run_budgets(args: argparse.Namespace, spec: Any, options: dict[str, Any]) -> int:

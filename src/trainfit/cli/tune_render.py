@@ -23,7 +23,7 @@ from trainfit.search.events import (
 )
 from trainfit.search.tune import TuneResult
 from trainfit.spec import Spec
-from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary
+from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary, TrainerCost
 
 
 class TuneView:
@@ -198,6 +198,8 @@ def print_best(result: TuneResult, s: Summary, best: ConfigEntry) -> None:
             ("peak memory", f"{best.memory_peak_gb:.2f} GiB"
              + (f" ({parts_line(best.memory_parts_gb, unit=1024**3)})" if best.memory_parts_gb else "")),
             ("effective batch", str(best.effective_batch_size))]
+    if s.trainer_cost is not None:
+        rows.insert(2, ("trainer cost", trainer_cost_line(s.trainer_cost, best)))
     if best.estimated_full_runtime_hours is not None:
         rows.append(("full run", f"~{format_duration(best.estimated_full_runtime_hours * 3600)} for "
                                  f"{s.epochs_for_estimate:g} epoch(s) of {s.dataset_samples:,} samples"))
@@ -219,6 +221,17 @@ def print_best(result: TuneResult, s: Summary, best: ConfigEntry) -> None:
         if len(by_value) > 1:
             print_fastest_per_value(knob, by_value.values(), objective_unit)
     print(f"\nwrote {result.output}/summary.json, trials.csv, report.html, train_command.sh")
+
+
+def trainer_cost_line(cost: TrainerCost, best: ConfigEntry) -> str:
+    """What ``tune --calibrate`` measured and what it changed."""
+    steps = cost.calibration.get("steps")
+    line = (f"{cost.per_micro_batch_s * 1000:.3g} ms a micro-batch beyond the model's step, measured by {steps} real "
+            f"`trl sft` steps of trial {cost.trial}, added to every config (the probe alone: "
+            f"{fmt_num(best.probe_samples_per_second)} samples/s)")
+    if cost.trial != best.trial:
+        line += f"; the probes alone ranked trial {cost.trial} first"
+    return line
 
 
 def print_fastest_per_value(knob: str, entries: Iterable[ConfigEntry], objective_unit: str) -> None:

@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainfit.calibration import Calibration
 from trainfit.errors import TrainfitError
 from trainfit.plan.choose import PRIORITIES, RULES, choose
-from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, write_speed
+from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_speed
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
 from trainfit.plan.inputs import Candidate, TuneRun, load_run
 from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
-from trainfit.summary import Record, check_schema
+from trainfit.summary import Record, Summary, check_schema
 
 if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats
-    from trainfit.plan_calibrate import Calibration
     from trainfit.spec import Spec
 
 EtaOf = Callable[..., Eta]
@@ -119,6 +119,7 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
     _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
     run = load_run(run_dir)
     summary = run.summary
+    calibration = calibration or _tunes_calibration(summary)
     if not run.candidates:
         raise TrainfitError(f"no config in {run_dir / 'study.journal'} fits the budget with an epoch speed measured",
                             "tune again into a new folder with this trainfit (an older one kept no epoch speed)")
@@ -164,6 +165,11 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
                 options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s,
                 evaluation=evaluation)
+
+
+def _tunes_calibration(summary: Summary) -> Calibration | None:
+    """The calibration ``tune --calibrate`` measured, which a plan without ``--calibrate`` uses."""
+    return None if summary.trainer_cost is None else Calibration.from_json(summary.trainer_cost.calibration)
 
 
 def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: Path, every: int | None,
@@ -232,7 +238,8 @@ def _options(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, samples: 
         spec = rebuilt.spec
         shorter = shorter_max_length(chosen, spec.params, rebuilt.stats.length_sample, spec.probe.seed, total, window,
                                      eta)
-    return ranked([faster_config(chosen, run.candidates[0], total, window, eta), *shorter,
+    fastest = max(run.candidates, key=lambda c: run_speed(c, eta(c)))
+    return ranked([faster_config(chosen, fastest, total, window, eta), *shorter,
                    fewer_epochs(chosen, samples, epochs, window, eta), subset(chosen, samples, epochs, window, eta)])
 
 
@@ -324,18 +331,21 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
         against = (f"{calibration.seconds_per_step:.3g} s a step where the probe's cost of the very batches they "
                    f"trained is {calibration.model_step_s:.3g} s" if calibration.model_step_s is not None else
                    f"{calibration.ratio:.2f}x the probe's speed over the epoch (their batches not priced one by one)")
-        lines.append(f"calibrated: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran at "
-                     f"{against}; the difference (at least 0), {calibration.trainer_overhead_s():.3g} s, is added to every step, "
-                     "and the run's start-up and end once (launch to exit less its steps: "
+        by = " (by `trainfit tune --calibrate`)" if s.trainer_cost is not None and calibration.to_json() == \
+            s.trainer_cost.calibration else ""
+        lines.append(f"calibrated{by}: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran "
+                     f"at {against}; the difference (at least 0), {calibration.trainer_overhead_s():.3g} s a step of "
+                     f"{calibration.micro_batches} micro-batch{'es' * (calibration.micro_batches != 1)}, is added to "
+                     "every micro-batch, and the run's start-up and end once (launch to exit less its steps: "
                      + (f"{calibration.train_startup_s:.0f} s for `trainfit train`, " if calibration.train_startup_s
                         is not None else "") + f"{calibration.startup_s:.0f} s for the written command)")
         if not math.isfinite(calibration.spread_rel):
             lines.append("the calibration's own spread could not be measured (too few steps shown): the interval "
                          "holds the probe's alone; calibrate over more steps for it")
-        if calibration.steps and chosen.trial != run.summary.best_config.trial:  # type: ignore[union-attr]
-            lines.append(f"the calibration ran trial {run.summary.best_config.trial} (tune's pick, the one written "  # type: ignore[union-attr]
-                         f"command); its per-step cost is applied to trial {chosen.trial} as measured, though a "
-                         "different batch/accumulation split may change it")
+        ran = calibration.trial if calibration.trial is not None else s.best_config.trial  # type: ignore[union-attr]
+        if calibration.steps and chosen.trial != ran:
+            lines.append(f"the calibration ran trial {ran}; its cost per micro-batch is applied to trial "
+                         f"{chosen.trial} as measured, though its other batch shapes may change it")
     lines.append("checkpoint saves: the optimizer state and trained weights the probe measured, at the write speed "
                  f"timed on the disk of {run.folder} (the trainer's --output_dir may be elsewhere)")
     if evaluation is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from trainfit.plan.eta import Eta
+from trainfit.plan.eta import Eta, run_speed
 from trainfit.plan.inputs import Candidate
 
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
@@ -23,16 +23,17 @@ RULES = {
 
 def choose(priority: str, candidates: Sequence[Candidate], eta: Callable[[Candidate], Eta],
            window_s: float) -> Candidate:
-    """The config ``priority`` picks from ``candidates`` (fastest first, all fitting the memory
-    budget); ``eta`` prices a config's run, ``window_s`` is the time it may take. ``priority`` is
+    """The config ``priority`` picks from ``candidates`` (all fitting the memory budget), each as fast
+    as ``eta`` prices its run's steps (:func:`run_speed`); ``window_s`` is the time it may take. ``priority`` is
     one of :data:`PRIORITIES` (``make_plan`` checks it)."""
-    fastest = candidates[0]
-    near = [c for c in candidates if c.samples_per_second >= (1 - WITHIN) * fastest.samples_per_second]
+    speed = {c.trial: run_speed(c, eta(c)) for c in candidates}  # with a calibration: the trainer's cost included
+    fastest = max(candidates, key=lambda c: speed[c.trial])
+    near = [c for c in candidates if speed[c.trial] >= (1 - WITHIN) * speed[fastest.trial]]
     if priority == "fast":
         return fastest
     if priority == "balanced":
-        return max(near, key=lambda c: (c.capacity, c.samples_per_second))
+        return max(near, key=lambda c: (c.capacity, speed[c.trial]))
     if priority == "memory_efficient":
-        return min(near, key=lambda c: (c.peak_gb, -c.samples_per_second))
+        return min(near, key=lambda c: (c.peak_gb, -speed[c.trial]))
     in_window = [c for c in candidates if eta(c).fits(window_s)] or [fastest]
-    return max(in_window, key=lambda c: (c.capacity, c.samples_per_second))
+    return max(in_window, key=lambda c: (c.capacity, speed[c.trial]))

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainfit.plan.inputs import Candidate
+from trainfit.search.ranking import micro_batches
 from trainfit.summary import Record
 
 if TYPE_CHECKING:
     from trainfit.plan.eval_pass import Evaluation
-    from trainfit.plan_calibrate import Calibration
+    from trainfit.calibration import Calibration
 
 SAVE_SAMPLE_BYTES = 256 * 2**20
 """At most this much is written to time a checkpoint save; a larger checkpoint is priced at the
@@ -96,6 +97,12 @@ def write_speed(folder: Path, size: int) -> float:
     return written / seconds
 
 
+def run_speed(c: Candidate, e: Eta) -> float:
+    """The samples/s of config ``c``'s run as ``e`` (its ETA) prices its steps: the model's step, and
+    with a calibration the trainer's own cost too. What the plan ranks configs by."""
+    return c.samples_per_step / e.step_time_s
+
+
 def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint_every_s: float,
              calibration: Calibration | None = None, evaluation: Evaluation | None = None,
              epochs: float = 1.0) -> Eta:
@@ -103,9 +110,9 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
 
     Without a calibration the time is the model's step alone, as the probe measured it over the
     epoch's own batches: a lower bound (a trainer adds its own per-step work). With one, the
-    trainer's cost per step that it measured on top of what the probe expected (of the very
-    batches it timed, where it recorded them: ``Calibration.trainer_overhead_s``) is added to every
-    step of this config too: it is the trainer's, not the model's; and the run's start-up and end (launch to exit less its steps) as calibration measured
+    trainer's cost that it measured on top of what the probe expected (of the very batches it
+    timed, where it recorded them), per micro-batch, is added to every micro-batch of this config
+    too (``Calibration.step_overhead_s``): it is the trainer's, not the model's; and the run's start-up and end (launch to exit less its steps) as calibration measured
     them for ``trainfit train`` (the written command's beside it: ``Eta.command_total_s``). ``evaluation``: the passes a run of ``epochs`` makes, at the price measured for one
     (the trainer's time around a pass is not in it: the run's monitor subtracts the passes' own
     ``eval_runtime``)."""
@@ -113,7 +120,7 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     overhead = None
     spread = c.spread_rel
     if calibration is not None:
-        overhead = calibration.trainer_overhead_s()
+        overhead = calibration.step_overhead_s(micro_batches(c.config))
         if math.isfinite(calibration.spread_rel):  # else unmeasured (too few steps shown): the plan says so
             spread = math.hypot(spread, calibration.spread_rel)
     step = c.step_time_s + (overhead or 0.0)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
-from trainfit.probe.estimate import StepCost, fit_step_cost
+from trainfit.probe.estimate import StepCost, shapes_step_cost
 from trainfit.probe.measurement import Measurement
 from trainfit.summary import Summary, read_summary
 
@@ -47,9 +47,7 @@ class Candidate:
 
     def step_cost(self) -> StepCost | None:
         """The step cost fitted through :attr:`shape_times` (None without timed shapes)."""
-        if not self.shape_times:
-            return None
-        return fit_step_cost([s["padded_length"] for s in self.shape_times], [s["seconds"] for s in self.shape_times])
+        return shapes_step_cost(self.shape_times)
 
     @property
     def max_length(self) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainfit.params import KNOBS, Params
-from trainfit.plan.eta import Eta
+from trainfit.plan.eta import Eta, run_speed
 from trainfit.plan.inputs import Candidate
 from trainfit.probe.estimate import epoch_speed, typical_mix
 from trainfit.summary import Record
@@ -68,15 +68,16 @@ def subset(c: Candidate, samples: int, epochs: float, window_s: float,
 def faster_config(c: Candidate, fastest: Candidate, total: int, window_s: float,
                   eta: Callable[[Candidate, int], Eta]) -> Option | None:
     """The fastest measured config, when it is not the chosen one and its run fits."""
-    if fastest.trial == c.trial or not eta(fastest, total).fits(window_s):
+    run = eta(fastest, total)
+    if fastest.trial == c.trial or not run.fits(window_s):
         return None
     changed = {k: v for k, v in fastest.searched.items() if c.searched.get(k) != v}
     learned = [k for k in changed if k not in KNOBS or KNOBS[k].changes_learning]  # custom keys: cannot tell
     return Option(kind="faster_config", change="use " + ", ".join(f"{k}={v}" for k, v in changed.items()),
                   cost=(f"changes what is learned ({', '.join(learned)})" if learned else "nothing learned changes")
                        + f"; peak {fastest.peak_gb:.2f} GiB against {c.peak_gb:.2f}; "
-                       f"{fastest.samples_per_second / c.samples_per_second:.2f}x the speed (trial {fastest.trial})",
-                  basis="its own probe", eta=eta(fastest, total), trial=fastest.trial)
+                       f"{run_speed(fastest, run) / run_speed(c, eta(c, total)):.2f}x the speed (trial {fastest.trial})",
+                  basis="its own probe", eta=run, trial=fastest.trial)
 
 
 def shorter_max_length(c: Candidate, params: Params, data_lengths: Sequence[int], seed: int, total: int,

@@ -113,6 +113,14 @@ def fit_step_cost(lengths: Sequence[float], seconds: Sequence[float]) -> StepCos
     return StepCost(float(a), float(b), float(c))
 
 
+def shapes_step_cost(shape_times: Sequence[Mapping[str, Any]]) -> StepCost | None:
+    """The step cost fitted through a probe's timed shapes (``Measurement.shape_times``: each a
+    ``padded_length`` and its ``seconds``); None where it timed none."""
+    if not shape_times:
+        return None
+    return fit_step_cost([s["padded_length"] for s in shape_times], [s["seconds"] for s in shape_times])
+
+
 def fit_error(cost: StepCost, lengths: Sequence[float], seconds: Sequence[float]) -> float:
     """The fit's largest miss at a timed shape, as a share of that shape's measured time."""
     return max(abs(float(cost(x)) - y) / y for x, y in zip(lengths, seconds, strict=True))

@@ -13,33 +13,70 @@ Repeats = Mapping[str, Sequence[Measurement]]
 """Confirmation measurements by config key (see ``tune.confirm_rounds``)."""
 
 
-def pooled(t: Trial, repeats: Repeats, objective: str) -> float:
-    """The trial's objective, or with confirmation repeats the median over all its measurements."""
-    again = [getattr(m, objective) for m in repeats.get(config_key(t.values), ()) if m.fits]
-    return statistics.median([t.measured_objective, *again]) if again else t.measured_objective
+def micro_batches(config: Mapping[str, Any]) -> int:
+    """A config's micro-batches per optimizer step."""
+    return int(config.get("gradient_accumulation_steps") or 1)
 
 
-def ranked(trials: Sequence[Trial], repeats: Repeats | None = None, objective: str = "samples_per_second"
-           ) -> list[Trial]:
-    """Feasible trials, fastest first (ties: less memory first); confirmed configs by their median."""
+def with_trainer_cost(speed: float, m: Measurement, objective: str, trainer_s: float) -> float:
+    """``speed`` (in ``objective``'s units: samples or tokens a second) of the config ``m``
+    measured, once each of its optimizer steps also pays the trainer's own ``trainer_s`` seconds
+    per micro-batch (``tune --calibrate``): a step's work over its time plus that cost."""
+    measured = getattr(m, objective)
+    if not trainer_s or not measured or not m.expected_step_time_s or speed <= 0:
+        return speed
+    work = measured * m.expected_step_time_s  # samples (or tokens) a step
+    return work / (work / speed + trainer_s * micro_batches(m.config))
+
+
+def pooled(t: Trial, repeats: Repeats, objective: str, trainer_s: float = 0.0) -> float:
+    """The trial's objective, or with confirmation repeats the median over all its measurements;
+    with the trainer's cost per micro-batch ``trainer_s`` added to its steps (see :func:`with_trainer_cost`)."""
+    return with_trainer_cost(_median(t, repeats, objective, t.measured_objective), t.measurement, objective, trainer_s)
+
+
+def probe_samples_per_second(t: Trial, repeats: Repeats) -> float:
+    """The probe's own samples/s of the trial's config (the model's step alone): the median over
+    its measurements when confirmed."""
+    return _median(t, repeats, "samples_per_second", t.measurement.samples_per_second or 0.0)
+
+
+def _median(t: Trial, repeats: Repeats, name: str, first: float) -> float:
+    """``first`` (the trial's own ``name``), or the median of it and its confirmation repeats'."""
+    again = [getattr(m, name) for m in repeats.get(config_key(t.values), ()) if m.fits]
+    return statistics.median([first, *again]) if again else first
+
+
+def ranked(trials: Sequence[Trial], repeats: Repeats | None = None, objective: str = "samples_per_second",
+           trainer_s: float = 0.0) -> list[Trial]:
+    """Feasible trials, fastest first (ties: less memory first); confirmed configs by their median;
+    each step with the trainer's cost per micro-batch ``trainer_s`` added (``tune --calibrate``)."""
     ok = [t for t in trials if t.feasible and t.objective is not None]
-    return sorted(ok, key=lambda t: (-pooled(t, repeats or {}, objective), t.measurement.peak_memory_bytes or 0))
+    return sorted(ok, key=lambda t: (-pooled(t, repeats or {}, objective, trainer_s),
+                                     t.measurement.peak_memory_bytes or 0))
 
 
-def within_noise(order: Sequence[Trial]) -> list[dict[str, Any]]:
+def within_noise(order: Sequence[Trial], objective: str = "samples_per_second", trainer_s: float = 0.0
+                 ) -> list[dict[str, Any]]:
     """Runners-up the probes cannot tell apart from the best: the runner-up's step is no longer
     than the two probes' 95% confidence half-widths of the step time together allow. Both are
     reported as fractions of the best's objective: ``gap`` how much slower the runner-up
-    measured, ``noise`` how much slower the intervals let it measure while being as fast."""
-    if not order or order[0].measured_objective <= 0:
+    measured, ``noise`` how much slower the intervals let it measure while being as fast. The
+    speeds are the trainer's where ``trainer_s`` (see :func:`ranked`) is given."""
+
+    def speed(t: Trial, name: str = objective) -> float:
+        value = t.measured_objective if name == objective else getattr(t.measurement, name) or 0.0
+        return with_trainer_cost(value, t.measurement, name, trainer_s)
+
+    if not order or speed(order[0]) <= 0:
         return []
     best = order[0]
     out = []
     for t in order[1:6]:
-        gap = 1 - t.measured_objective / best.measured_objective
+        gap = 1 - speed(t) / speed(best)
         step_ci = (best.measurement.step_time_ci95_rel or 0.0) + (t.measurement.step_time_ci95_rel or 0.0)
         noise = 1 - 1 / (1 + step_ci)
         if gap <= noise:
             out.append({"trial": t.number, "searched": jsonable(t.values),
-                        "samples_per_second": t.measurement.samples_per_second, "gap": gap, "noise": noise})
+                        "samples_per_second": speed(t, "samples_per_second"), "gap": gap, "noise": noise})
     return out

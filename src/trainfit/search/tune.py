@@ -410,9 +410,15 @@ def finish(loop: SearchLoop, write: Callable[[LoopState, str], Summary], output:
     if store.shared:  # what other runs measured meanwhile goes in the summary too
         state.history = store.history()
     summary = write(state, state.stop_reason)
-    order = ranked(state.history, store.repeats(), loop.spec.tune.objective)
-    return TuneResult(trials=state.history, best=order[0] if order else None, summary=summary, output=output,
+    return TuneResult(trials=state.history, best=best_trial(state.history, summary), summary=summary, output=output,
                       stop_reason=state.stop_reason, new_trials=state.new_trials)
+
+
+def best_trial(trials: Sequence[Trial], summary: Summary) -> Trial | None:
+    """The trial of ``summary``'s best config (ranked as the summary ranks: with a trainer cost
+    where it has one), None where nothing fit."""
+    best = summary.best_config
+    return None if best is None else next((t for t in trials if t.number == best.trial), None)
 
 
 def announce(store: TrialStore, history: list[Trial], emit: EventFn) -> None:

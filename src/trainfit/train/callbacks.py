@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from trainfit.errors import Terminated
 from trainfit.monitor import trainer_callback_base
-from trainfit.plan_calibrate import EPOCH_MARK
+from trainfit.calibration import EPOCH_MARK
 from trainfit.train.checkpoints import mark_complete, rotate
 
 

@@ -47,6 +47,7 @@ from typing import Any
 from trainfit.command import is_trl_command, script_command
 from trainfit.errors import TrainfitError
 from trainfit.probe.estimate import StepCost
+from trainfit.spec import Spec
 from trainfit.summary import ConfigEntry, Summary, check_schema, read_summary
 
 SCHEMA_VERSION = 1
@@ -123,6 +124,10 @@ class Calibration:
     lengths as the long run collated them (``trainfit train --record-batches``). None: not priced
     (no step cost, or the batches not seen); a plan then compares the trainer's step with the
     epoch's average step (``ratio``), which the first shuffled batches' lengths sway."""
+    trial: int | None = None
+    """The tune trial of the config the steps ran (None: recorded before it was kept)."""
+    micro_batches: int = 1
+    """That config's micro-batches per optimizer step (``gradient_accumulation_steps``)."""
 
     def trainer_overhead_s(self) -> float:
         """The trainer's own time per optimizer step beyond the model's step, at least 0: against
@@ -134,6 +139,15 @@ class Calibration:
         model_step = self.model_step_s if self.model_step_s is not None else self.seconds_per_step * self.ratio
         return max(0.0, self.seconds_per_step - model_step)
 
+    def step_overhead_s(self, micro_batches: int) -> float:
+        """The trainer's own time per optimizer step of a config of ``micro_batches`` micro-batches
+        a step: :meth:`trainer_overhead_s` per micro-batch of the config that ran, times
+        ``micro_batches``. Most of ``trl sft``'s own work recurs for each micro-batch (fetching and
+        collating it, ``model.train()``'s walk over the modules, counting its FLOPs, its loss metrics
+        over the logits: docs/benchmarks.md), so a config that accumulates more micro-batches pays
+        more of it per step."""
+        return self.trainer_overhead_s() / self.micro_batches * micro_batches
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
         for f in fields(self):
@@ -144,7 +158,7 @@ class Calibration:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
         check_schema(raw, SCHEMA_VERSION, "a calibration", "calibrate again with this trainfit")
-        later = {"train_startup_s", "model_step_s"}  # absent from calibrations recorded before they were measured
+        later = {"train_startup_s", "model_step_s", "trial", "micro_batches"}  # absent from calibrations recorded before they were measured
         values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw or f.name not in later}
         if values["spread_rel"] is None:
             values["spread_rel"] = math.inf
@@ -296,7 +310,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
     runs = _run_twice(copy, folder / "run", short, steps, folder, env, say, scratch=scratch)
     shutil.rmtree(folder / "run", ignore_errors=True)
     seconds = _seconds_per_step(runs, short, steps, folder, say)
-    probe = best.confirmed_median if best.confirmed_median is not None else best.samples_per_second
+    probe = best.probe_speed
     assert probe is not None  # the best config is a fitting, timed one
     speed = best.effective_batch_size / seconds
     priced = None if step_cost is None else _priced(folder / f"batches-{short + steps}-steps.txt", best,
@@ -309,7 +323,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
         startup_s=max(0.0, runs[0].wall_s - short * seconds),
         train_startup_s=max(0.0, runs[1].wall_s - (short + steps) * seconds),
         command=as_one_line(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
-        device=summary.device)
+        device=summary.device, trial=best.trial, micro_batches=int(best.config.get("gradient_accumulation_steps") or 1))
     if scratch:
         shutil.rmtree(folder, ignore_errors=True)
     return calibration
@@ -410,6 +424,19 @@ def written_command(run_dir: Path, fallback: str = FALLBACK_HINT, *, use: str = 
         raise TrainfitError(f"{script_path} still has a placeholder to fill: {placeholder.group(1)}",
                             "fill it in (the script's '# note:' lines say how), then try again")
     return script, best, summary
+
+
+def check_can_calibrate(spec: Spec) -> None:
+    """Refuse, before a search spends its time, a spec whose training command a calibration cannot
+    run (``tune --calibrate``): a ``tune.command_template``, a custom model, no ``trl`` command."""
+    if spec.tune.command_template:
+        raise TrainfitError("--calibrate times the `trl sft` command trainfit writes, and this spec trains with its "
+                            "tune.command_template", "drop --calibrate: the ranking then rests on the probes")
+    if not spec.uses_trl_sft:
+        raise TrainfitError("--calibrate times the `trl sft` command trainfit writes, and a custom model "
+                            "(model.factory) trains through `trainfit train`'s own loop on the probe's very step",
+                            "drop --calibrate: that loop adds no trainer of its own to the probe's step")
+    _trainer_env()
 
 
 def _trainer_env() -> dict[str, str]:

@@ -18,7 +18,7 @@ from conftest import EXAMPLES, gone_within
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.plan.inputs import best_step_cost
-from trainfit.plan_calibrate import (
+from trainfit.calibration import (
     Calibration,
     bar_seconds_per_step,
     bar_step,
@@ -122,7 +122,7 @@ def fake_trainer(tmp_path: Path, body: str) -> Path:
 
 
 def test_a_failed_run_says_its_last_lines_and_keeps_its_whole_log(tmp_path: Path) -> None:
-    from trainfit.plan_calibrate import _run_command
+    from trainfit.calibration import _run_command
 
     script = fake_trainer(tmp_path, 'for i in $(seq 1 100); do echo "line $i"; done\n'
                                     'echo "ValueError: no such model" >&2\nexit 3')

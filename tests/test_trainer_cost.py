@@ -1,0 +1,169 @@
+"""`tune --calibrate N`: the trainer's own cost per micro-batch, timed once on real steps, is added to
+every config's steps before the ranking, the speeds, the command and the plan (issue 19: the speed tune
+optimizes is the speed of the real run). The ranking arithmetic runs on fixed figures; the calibration
+itself, real `trl sft` steps, is tested in test_calibration.py and in the slow end-to-end test below."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES
+
+from trainfit.calibration import Calibration
+from trainfit.cli import main
+from trainfit.data.analyze import analyze_spec
+from trainfit.params import Params
+from trainfit.probe.measurement import Measurement
+from trainfit.report import TRAINER_COST_FILE
+from trainfit.search.ranking import with_trainer_cost
+from trainfit.spec import load_spec
+from trainfit.summary import Summary, TrainerCost
+from trainfit.tune import tune
+
+TWO_SPLITS = ["max_length=256", "search={batch_size: [1, 8]}", "tune.target_effective_batch=8", "tune.max_trials=2",
+              "tune.strategy=grid"]
+"""The bundled example at effective batch 8: batch 1 accumulating 8 micro-batches a step, or batch 8 in one."""
+
+SPEED = {1: 50.0, 8: 45.0}
+"""The probes' samples/s (the model's step alone): batch 1 is 11% faster (padding: its batches are shorter)."""
+
+TRAINER_S = 0.010
+"""The trainer's own cost per micro-batch: 8 of them a step at batch 1, 1 at batch 8."""
+
+
+def measured(params: Params, number: int) -> Measurement:
+    """Not a probe (these tests are about the ranking): a fitting config at the figures of :data:`SPEED`."""
+    sps = SPEED[params.batch_size]
+    return Measurement(status="ok", config=params.to_dict(), samples_per_second=sps, tokens_per_second=sps * 100,
+                       expected_step_time_s=params.effective_batch_size / sps, samples_per_step=8,
+                       peak_memory_bytes=2**30 * params.batch_size, steps_measured=5, stable=True, device="cpu",
+                       cpu_threads=2, step_time_ci95_rel=0.01)
+
+
+def calibration(per_step_s: float, micro_batches: int, trial: int) -> Calibration:
+    """What a calibration of ``micro_batches`` micro-batches a step measured: the trainer's ``per_step_s``
+    beyond the probe's cost of the very batches it timed (0.1 s)."""
+    return Calibration(steps=20, seconds_per_step=0.1 + per_step_s, samples_per_second=8 / (0.1 + per_step_s),
+                       probe_samples_per_second=80.0, ratio=0.1 / (0.1 + per_step_s), spread_rel=0.02, startup_s=9.0,
+                       train_startup_s=7.0, model_step_s=0.1, command="trl sft ...", device="cpu", trial=trial,
+                       micro_batches=micro_batches)
+
+
+def test_the_trainers_cost_is_added_per_micro_batch_to_each_step() -> None:
+    m = measured(Params(batch_size=1, gradient_accumulation_steps=8), 0)
+    # 8 samples a step in 0.16 s, plus 8 x 10 ms: 8 / 0.24 s.
+    assert with_trainer_cost(50.0, m, "samples_per_second", TRAINER_S) == pytest.approx(8 / 0.24)
+    assert with_trainer_cost(5000.0, m, "tokens_per_second", TRAINER_S) == pytest.approx(800 / 0.24)
+    assert with_trainer_cost(50.0, m, "samples_per_second", 0.0) == 50.0
+    # A confirmation median of 40 samples/s: its step is 0.2 s, plus the same 80 ms.
+    assert with_trainer_cost(40.0, m, "samples_per_second", TRAINER_S) == pytest.approx(8 / 0.28)
+    # Measured on a config of 4 micro-batches a step, 40 ms its own: 10 ms each, so 80 ms at 8 and 10 ms at 1.
+    c = calibration(0.040, micro_batches=4, trial=0)
+    assert c.step_overhead_s(1) == pytest.approx(0.010) and c.step_overhead_s(8) == pytest.approx(0.080)
+
+
+def test_a_trainer_cost_reranks_the_configs_and_writes_the_command_for_the_new_pick(tmp_path: Path) -> None:
+    """The probes put batch 1 first; at 10 ms a micro-batch its 8 micro-batches a step cost 80 ms against batch
+    8's 10 ms, and batch 8 is the faster run (8 / 0.1878 s = 42.6 samples/s against 8 / 0.24 s = 33.3)."""
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
+    out = tmp_path / "run"
+    first = tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False))
+    assert first.best is not None and first.best.values["batch_size"] == 1
+    trial_of = {t.values["batch_size"]: t.number for t in first.trials}
+    assert "(trial %d)" % trial_of[1] in (out / "train_command.sh").read_text()
+    assert first.summary.trainer_cost is None and first.summary.best_config.probe_samples_per_second is None
+
+    # What `tune --calibrate` leaves (the calibration ran the probes' pick, batch 1), then the outputs written again.
+    cost = TrainerCost(per_micro_batch_s=TRAINER_S, trial=trial_of[1], searched={"batch_size": 1},
+                       calibration=calibration(8 * TRAINER_S, 8, trial_of[1]).to_json())
+    (out / TRAINER_COST_FILE).write_text(json.dumps(cost.to_json()))
+    again = tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=True)
+    assert again.new_trials == 0  # nothing probed again: the same measurements, ranked with the trainer's cost
+    s = Summary.from_json(json.loads((out / "summary.json").read_text()))
+    assert again.best is not None and again.best.number == trial_of[8] == s.best_config.trial
+    assert s.best_config.samples_per_second == pytest.approx(8 / (8 / 45 + 0.010))
+    assert s.best_config.probe_samples_per_second == 45.0
+    assert s.best_config.estimated_full_runtime_hours == pytest.approx(
+        s.dataset_samples * spec.tune.epochs / s.best_config.samples_per_second / 3600)
+    runner_up = s.runners_up[0]
+    assert runner_up.trial == trial_of[1] and runner_up.samples_per_second == pytest.approx(8 / 0.24)
+    assert s.trainer_cost == cost
+    script = (out / "train_command.sh").read_text()
+    assert "(trial %d)" % trial_of[8] in script and "--per_device_train_batch_size 8" in script
+    assert "with the trainer's own cost (calibrated; the probe's: 45)" in script
+
+
+def test_a_plan_reuses_the_tunes_calibration_per_micro_batch(tmp_path: Path) -> None:
+    from trainfit.plan import make_plan
+
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
+    out = tmp_path / "run"
+    first = tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False))
+    trial_of = {t.values["batch_size"]: t.number for t in first.trials}
+    cost = TrainerCost(per_micro_batch_s=TRAINER_S, trial=trial_of[1], searched={"batch_size": 1},
+                       calibration=calibration(8 * TRAINER_S, 8, trial_of[1]).to_json())
+    (out / TRAINER_COST_FILE).write_text(json.dumps(cost.to_json()))
+    tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=True)
+    plan = make_plan(out, max_hours=10, epochs=1, priority="fast")
+    # Without --calibrate the plan takes the tune's: batch 8 pays 1 micro-batch's 10 ms a step, not batch 1's 80 ms.
+    assert plan.trial == trial_of[8] and plan.calibration == cost.calibration
+    assert plan.eta.trainer_overhead_s == pytest.approx(0.010)
+    assert plan.eta.step_time_s == pytest.approx(8 / 45 + 0.010)
+    assert plan.eta.startup_s == 7.0 and plan.eta.command_startup_s == 9.0
+    rests_on = " ".join(plan.rests_on)
+    assert "calibrated (by `trainfit tune --calibrate`)" in rests_on
+    assert f"the calibration ran trial {trial_of[1]}" in rests_on
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["tune.command_template=python train.py --bs {batch_size}"], "tune.command_template"),
+    (["model.factory=trainfit.workloads.mlp:build", "model.config=null", "tokenizer=null"], "a custom model"),
+])
+def test_tune_calibrate_refuses_a_command_it_cannot_time_before_the_search(
+        tmp_path: Path, capsys: Any, overrides: list[str], words: str) -> None:
+    args = ["tune", str(EXAMPLES / "tiny-llama.yaml"), "--output", str(tmp_path / "run"), "--calibrate", "10",
+            *(x for o in overrides for x in ("--set", o))]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert words in err and "drop --calibrate" in err
+    assert not (tmp_path / "run" / "study.journal").exists()  # refused before any probe
+
+
+def test_tune_calibrate_with_budgets_is_refused(tmp_path: Path, capsys: Any) -> None:
+    assert main(["tune", str(EXAMPLES / "tiny-llama.yaml"), "--output", str(tmp_path / "run"), "--calibrate", "10",
+                 "--budgets", "4,8"]) == 2
+    assert "--calibrate and --budgets together" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_tune_calibrate_times_real_trl_steps_and_ranks_with_them(tmp_path: Path, capsys: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real tune of two configs, then 2 + 12 real steps of its pick (nothing downloaded)."""
+    pytest.importorskip("trl")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in ("/usr/bin", "/bin") if os.path.isdir(p)))
+    out = tmp_path / "run"
+    args = ["tune", str(EXAMPLES / "tiny-llama.yaml"), "--output", str(out), "--calibrate", "12",
+            *(x for o in [*TWO_SPLITS, "probe.max_seconds=3", "probe.burn_in_steps=1", "probe.min_steps=2",
+                          "probe.max_steps=4"] for x in ("--set", o))]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "calibration: run 1 of 2: `trl sft` for 2 steps" in printed
+    assert "calibration: run 2 of 2: `trainfit train` for 14 steps" in printed
+    assert "trainer cost" in printed and "real `trl sft` steps of trial" in printed
+    s = Summary.from_json(json.loads((out / "summary.json").read_text()))
+    assert s.trainer_cost is not None and s.trainer_cost.per_micro_batch_s >= 0
+    c = Calibration.from_json(s.trainer_cost.calibration)
+    assert c.steps == 12 and c.trial == s.trainer_cost.trial and c.model_step_s is not None
+    assert s.trainer_cost.per_micro_batch_s == pytest.approx(c.step_overhead_s(1))
+    assert json.loads((out / TRAINER_COST_FILE).read_text()) == s.trainer_cost.to_json()
+    best = s.best_config
+    assert best is not None and best.probe_samples_per_second is not None
+    assert best.samples_per_second <= best.probe_samples_per_second  # the trainer's cost is never below 0
+    assert f"(trial {best.trial})" in (out / "train_command.sh").read_text()
