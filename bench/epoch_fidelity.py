@@ -1,18 +1,20 @@
-"""Is the probe's speed the speed of a real epoch on long-tailed data? (issue 19)
+"""Is the speed tune ranks by the speed of a real epoch on long-tailed data? (issue 19)
 
 A long-tailed corpus of real English text (docstrings of Python's standard library: median far
 below the mean, a tail past max_length), a Llama shape of ~18M parameters with LoRA r=16 in fp32
-on the CPU, and for each batch size and batching (random order padded to the longest, fixed
-padding to max_length, length-grouped): trainfit's probe (its expected speed over the epoch's own
-batches) against the very `trl sft` command `tune` writes, trained for one whole epoch over the
-same samples (``train_runtime``: TRL's training loop, tokenization and start-up excluded).
-Rounds interleave the probes and the runs, so a drift of the machine hits both alike.
+on the CPU, and for each batching (random order padded to the longest, fixed padding to
+max_length, length-grouped) a real ``trainfit tune`` of batch sizes 1/2/4/8 with ``--calibrate N``
+(the probes' expected speed over the epoch's own batches, then the trainer's own cost timed on the
+pick by real steps and added to every config) against the very `trl sft` command that tune writes
+for each config, trained for one whole epoch over the same samples (``train_runtime``: TRL's
+training loop, tokenization and start-up excluded). Rounds interleave the tunes and the runs, so a
+drift of the machine hits both alike.
 
     python bench/epoch_fidelity.py [--samples 600] [--batches 1,2,4,8] [--modes longest,max_length,grouped]
+    python bench/epoch_fidelity.py ... --calibrate 0          # the probes alone, as before tune --calibrate
     python bench/epoch_fidelity.py ... --results epoch.json   # kept as each run ends: run again to go on
     python bench/epoch_fidelity.py --cuda --model-1b ...      # on a GPU: bf16, the ~1.1B shape of gpu_sweep.py
 """
-
 from __future__ import annotations
 
 import argparse
@@ -28,8 +30,6 @@ import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Results, dump  # noqa: E402
@@ -74,12 +74,16 @@ def base_overrides(data: Path, max_length: int, *, probe_seconds: float, cuda: b
             *(["probe.device=cuda", "precision=bf16"] if cuda else [])]
 
 
-def trl_epoch(script: str, model: Path, work: Path) -> dict[str, float]:
-    """One epoch of the written command: TRL's ``train_runtime`` and samples/s."""
-    runnable = script.replace(PLACEHOLDER, str(model)).replace(
+def trl_epoch(command: str, spec: Any, work: Path) -> dict[str, float]:
+    """One epoch of a written ``trl sft`` command (one line): TRL's ``train_runtime`` and samples/s.
+    Its model is the one the tune saved, or where the tune saved none (too large), ``spec``'s saved
+    here."""
+    if PLACEHOLDER in command and not (work / "model").is_dir():
+        local_model(spec, work / "model")
+    runnable = command.replace(PLACEHOLDER, str(work / "model")).replace(
         "--output_dir trainfit-run", f"--output_dir {work / 'out'} --report_to none --save_strategy no "
                                      "--logging_steps 100000")
-    (work / "run.sh").write_text(runnable)
+    (work / "run.sh").write_text(runnable + "\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(work / "hf"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run(["bash", str(work / "run.sh")], capture_output=True, text=True, env=env, timeout=3600)
@@ -91,11 +95,29 @@ def trl_epoch(script: str, model: Path, work: Path) -> dict[str, float]:
     return {"train_runtime_s": float(runtime.group(1)), "samples_per_second": float(rate.group(1))}
 
 
+def tuned(spec: Any, stats: Any, folder: Path, calibrate: int) -> dict[str, Any]:
+    """A real ``tune`` of every batch size (grid), with ``--calibrate`` when ``calibrate`` > 0: per
+    batch size, the probe's speed, the tune's (the trainer's cost added) and the written command."""
+    import time
+
+    from trainfit.tune import tune
+
+    started = time.perf_counter()
+    result = tune(spec, output=folder, stats=stats, calibrate_steps=calibrate or None, strategy="grid",
+                  on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True))
+    s = result.summary
+    entries = [e for e in (s.best_config, *s.runners_up) if e is not None]
+    cost = s.trainer_cost
+    return {"wall_s": time.perf_counter() - started, "probe_time_s": s.probe_time_s,
+            "trainer_cost": None if cost is None else cost.to_json(),
+            "configs": {str(e.searched["batch_size"]): {
+                "tune_samples_per_second": e.samples_per_second,
+                "probe_samples_per_second": e.probe_speed, "padding_share": e.padding_share,
+                "command": e.command} for e in entries}}
+
+
 def main() -> None:
-    from trainfit.command import command_script, trl_data_config
     from trainfit.data.analyze import analyze_spec
-    from trainfit.probe import run_probe
-    from trainfit.report import command_inputs
     from trainfit.spec import load_spec
 
     ap = argparse.ArgumentParser()
@@ -104,6 +126,8 @@ def main() -> None:
     ap.add_argument("--modes", default="longest,max_length,grouped")
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--calibrate", type=int, default=30,
+                    help="tune --calibrate N: the trainer's cost timed on the pick (0: the probes alone)")
     ap.add_argument("--cuda", action="store_true", help="probe and train on the GPU, in bf16")
     ap.add_argument("--model-1b", action="store_true", help="the ~1.1B Llama shape of gpu_sweep.py")
     ap.add_argument("--results", type=Path, help="keep each run's results here as they come; a second call resumes")
@@ -117,60 +141,60 @@ def main() -> None:
         base += LLAMA_1B_OVERRIDES
     spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", base)
     stats = analyze_spec(spec, progress=False)
-    model = local_model(spec, work / "model")
-    data_config = work / "trl_data.yaml"
-    data_config.write_text(yaml.safe_dump(trl_data_config(spec)))
-    batches = [int(b) for b in args.batches.split(",")]
     modes = args.modes.split(",")
     for r in range(args.rounds):
         for mode in modes:
-            for b in batches:
-                key = f"{r + 1}/{mode}/{b}"
-                if results.get(key) is not None:
+            key = f"{r + 1}/{mode}"
+            run_spec = load_spec(ROOT / "examples" / "tiny-llama.yaml",
+                                 [*base, *MODES[mode], f"search={{batch_size: [{args.batches}]}}"])
+            tune_row = results.get(f"{key}/tune") or results.put(
+                f"{key}/tune", tuned(run_spec, stats, work / f"tune-{r + 1}-{mode}", args.calibrate))
+            for b, config in tune_row["configs"].items():
+                if results.get(f"{key}/{b}") is not None:
                     continue
-                run_spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", [*base, *MODES[mode], f"batch_size={b}"])
-                params = run_spec.params
-                m = run_probe(run_spec, params, stats=stats)
-                assert m.status == "ok", m.message
-                script = command_script(run_spec, params, "# epoch_fidelity",
-                                        **command_inputs(params, m, stats, data_config))
-                trl = trl_epoch(script, model, work)
-                row = {"probe_samples_per_second": m.samples_per_second,
-                       "probe_epoch_s": stats.samples / m.samples_per_second,
-                       "probe_wall_s": m.wall_time_s, "probe_timed_s": m.phases_s.get("timed"),
-                       "padding_share": m.padding_share, "fit_error_rel": m.fit_error_rel,
-                       "shape_times": m.shape_times, "trl": trl}
-                results.put(key, row)
-                print(f"round {r + 1} {mode} batch {b}: probe {m.samples_per_second:.2f} samples/s "
-                      f"(epoch ~{row['probe_epoch_s']:.0f} s, padding {m.padding_share:.0%}), trl "
+                trl = trl_epoch(config["command"], run_spec, work)
+                results.put(f"{key}/{b}", trl)
+                print(f"round {r + 1} {mode} batch {b}: probe {config['probe_samples_per_second']:.2f}, tune "
+                      f"{config['tune_samples_per_second']:.2f} samples/s (padding {config['padding_share']:.0%}), trl "
                       f"{trl['samples_per_second']:.2f} samples/s (epoch {trl['train_runtime_s']:.0f} s): "
-                      f"{m.samples_per_second / trl['samples_per_second']:.2f}x", file=sys.stderr, flush=True)
-    summarize(results, args, stats, modes, batches)
+                      f"{config['tune_samples_per_second'] / trl['samples_per_second']:.2f}x", file=sys.stderr,
+                      flush=True)
+    summarize(results, args, stats, modes, [int(b) for b in args.batches.split(",")])
 
 
 def summarize(results: Results, args: argparse.Namespace, stats: Any, modes: list[str], batches: list[int]) -> None:
     table: dict[str, dict[str, Any]] = {}
+    rounds = range(1, args.rounds + 1)
     for mode in modes:
         rows = {}
         for b in batches:
-            runs = [results.get(f"{r + 1}/{mode}/{b}") for r in range(args.rounds)]
-            probe = statistics.median(x["probe_samples_per_second"] for x in runs)
-            trl = statistics.median(x["trl"]["samples_per_second"] for x in runs)
-            rows[b] = {"probe_samples_per_second": probe, "trl_samples_per_second": trl, "probe_over_trl": probe / trl,
-                       "probe_epoch_s": statistics.median(x["probe_epoch_s"] for x in runs),
-                       "trl_epoch_s": statistics.median(x["trl"]["train_runtime_s"] for x in runs),
-                       "padding_share": runs[0]["padding_share"], "fit_error_rel": runs[0]["fit_error_rel"],
-                       "probe_wall_s": statistics.median(x["probe_wall_s"] for x in runs)}
-        order = {k: sorted(rows, key=lambda b: -rows[b][f"{k}_samples_per_second"]) for k in ("probe", "trl")}
-        table[mode] = {"batches": rows, "probe_ranking": order["probe"], "trl_ranking": order["trl"],
-                       "same_ranking": order["probe"] == order["trl"]}
+            tunes = [results.get(f"{r}/{mode}/tune")["configs"][str(b)] for r in rounds]
+            trls = [results.get(f"{r}/{mode}/{b}") for r in rounds]
+
+            def med(key: str, of: list[dict[str, Any]]) -> float:
+                return statistics.median(x[key] for x in of)
+
+            tune_sps, trl_sps = med("tune_samples_per_second", tunes), med("samples_per_second", trls)
+            rows[b] = {"probe_samples_per_second": med("probe_samples_per_second", tunes),
+                       "tune_samples_per_second": tune_sps, "trl_samples_per_second": trl_sps,
+                       "tune_over_trl": tune_sps / trl_sps,
+                       "probe_over_trl": med("probe_samples_per_second", tunes) / trl_sps,
+                       "tune_epoch_s": stats.samples / tune_sps, "trl_epoch_s": med("train_runtime_s", trls),
+                       "padding_share": tunes[0]["padding_share"]}
+        order = {k: sorted(rows, key=lambda b: -rows[b][f"{k}_samples_per_second"]) for k in ("probe", "tune", "trl")}
+        costs = [results.get(f"{r}/{mode}/tune") for r in rounds]
+        table[mode] = {"batches": rows, "probe_ranking": order["probe"], "tune_ranking": order["tune"],
+                       "trl_ranking": order["trl"], "same_ranking": order["tune"] == order["trl"],
+                       "trainer_cost_per_micro_batch_s": [c["trainer_cost"] and c["trainer_cost"]["per_micro_batch_s"]
+                                                          for c in costs],
+                       "tune_wall_s": [c["wall_s"] for c in costs]}
     import trl
 
     dump("epoch_fidelity", {"trl": trl.__version__, "samples": stats.samples, "lengths": {
         "median": stats.percentiles["p50"], "mean": stats.mean, "p99": stats.percentiles["p99"], "max": stats.max},
         "max_length": args.max_length, "model_shape": "llama-1.1b" if args.model_1b else SHAPE, "lora_r": 16,
         "precision": "bf16" if args.cuda else "fp32", "device": "cuda" if args.cuda else "cpu",
-        "rounds": args.rounds, "modes": table})
+        "rounds": args.rounds, "calibrate": args.calibrate, "modes": table})
 
 
 if __name__ == "__main__":
