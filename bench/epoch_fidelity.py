@@ -146,7 +146,8 @@ def main() -> None:
         for mode in modes:
             key = f"{r + 1}/{mode}"
             run_spec = load_spec(ROOT / "examples" / "tiny-llama.yaml",
-                                 [*base, *MODES[mode], f"search={{batch_size: [{args.batches}]}}"])
+                                 [*base, *MODES[mode], f"search={{batch_size: [{args.batches}]}}",
+                                  "tune.target_effective_batch=null"])  # no accumulation: the batch is the step
             tune_row = results.get(f"{key}/tune") or results.put(
                 f"{key}/tune", tuned(run_spec, stats, work / f"tune-{r + 1}-{mode}", args.calibrate))
             for b, config in tune_row["configs"].items():
