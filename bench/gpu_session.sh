@@ -11,7 +11,8 @@
 #   mkdir -p .gpu && cp FILES_AT/gpu-state.tar.gz .gpu/ && cat FILES_AT/progress.txt
 #
 # Steps, in order (each skipped once done), the issues' figures first: the GPU tests; the LoRA
-# sweep (issue 2); the epoch estimate against whole `trl sft` epochs (issue 19); the full
+# sweep (issue 2); the epoch estimate against whole `trl sft` epochs (issue 19); the plan's ETA and
+# the monitor against `trainfit train` and the written command on a ~0.93B model (issue 20); the full
 # fine-tuning sweep (issue 2); tune against the Hugging Face Trainer, then auto against the grid,
 # random search and TPE (issue 4); then LoRA with the model's own loss over the full
 # logits, the TRL fidelity run, and the ablation table on the ~1B Llama (issue 21). A step starts
@@ -40,17 +41,19 @@ export PYTHONPATH=$site$PWD/src PYTHONUNBUFFERED=1
 if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
     gpu=(--tiny --cpu); fidelity=(--steps 2,4); tests=(tests/test_gpu.py); workload=llama
     epoch=(--samples 40 --batches 1,2 --modes longest)
+    planeta=(--samples 40 --modes longest --calibrate 4)
     ablate=(--device cpu --only checkpointing,sdpa)
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
     epoch=(--cuda --model-1b --samples 600 --batches 1,2,4,8 --modes longest,grouped)
+    planeta=(--cuda --model-1b --samples 600 --modes longest,max_length --calibrate 30)
     ablate=(--device cuda $(python3 -c "import sys; sys.path.insert(0, 'bench')
 from gpu_sweep import LLAMA_1B_OVERRIDES; print(' '.join('--set ' + o for o in LLAMA_1B_OVERRIDES))"))
 fi
 
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(tests sweep_lora epoch_fidelity sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
+steps=(tests sweep_lora epoch_fidelity plan_eta sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
 
 save() {  # everything measured so far, in one file, and a line per step for the reader
     tar -czf "$out/gpu-state.tar.gz" -C /tmp/gpu-session gpu
@@ -91,6 +94,10 @@ step sweep_lora 120 python3 bench/gpu_sweep.py "${gpu[@]}" --modes lora_r16 --re
 # each run is kept as it ends, so a cut one goes on in the next call.
 step epoch_fidelity 150 bash -c "python3 bench/epoch_fidelity.py ${epoch[*]} \
     --results $state/epoch_fidelity_runs.json > $state/epoch_fidelity.json"
+# Issue 20: the plan's ETA (calibrated) against `trainfit train` and the written command of a ~0.93B model,
+# and the monitor's projection at 10% of the run; each mode is kept as it ends.
+step plan_eta 300 bash -c "python3 bench/plan_eta.py ${planeta[*]} \
+    --results $state/plan_eta_runs.json > $state/plan_eta.json"
 step sweep_full 120 python3 bench/gpu_sweep.py "${gpu[@]}" --modes full --results "$state/sweep.json"
 # The search stops itself before the deadline (--tune-budget-s) and goes on in the next call; the
 # three Hugging Face Trainer runs then need about two minutes.

@@ -107,7 +107,8 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
     from trainfit.spec import load_spec
     from trainfit.tune import tune
 
-    overrides = [*base_overrides(data, args.max_length, probe_seconds=20), *MODES[mode],
+    overrides = [*base_overrides(data, args.max_length, probe_seconds=20, cuda=args.cuda), *model_overrides(args),
+                 *MODES[mode],
                  "search.batch_size=[1, 2, 4]", "search.gradient_checkpointing=[false]", "search.lora_r=[16]",
                  "tune.target_effective_batch=null"]
     spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", overrides)
@@ -157,6 +158,17 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
     return row
 
 
+def model_overrides(args: argparse.Namespace) -> list[str]:
+    """``--model-1b``: gpu_sweep.py's 1.1B Llama shape cut to 18 layers (~0.93B), under the 1B
+    parameters up to which tune saves the random-init model its command trains (a larger one's
+    command has a placeholder no calibration can run)."""
+    if not args.model_1b:
+        return []
+    from gpu_sweep import LLAMA_1B_OVERRIDES
+
+    return [*LLAMA_1B_OVERRIDES, "model.config.num_hidden_layers=18"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=300)
@@ -165,6 +177,8 @@ def main() -> None:
     ap.add_argument("--modes", default="longest,max_length")
     ap.add_argument("--eval-samples", type=int, default=0, help="evaluate on this many other docstrings")
     ap.add_argument("--eval-passes", type=int, default=4, help="evaluation passes in the epoch")
+    ap.add_argument("--cuda", action="store_true", help="probe and train on the GPU, in bf16")
+    ap.add_argument("--model-1b", action="store_true", help="a ~0.93B Llama shape (see model_overrides)")
     ap.add_argument("--results", type=Path, help="keep each mode's results here as they come; a second call resumes")
     args = ap.parse_args()
     results = Results.of_setup(args)
@@ -177,7 +191,8 @@ def main() -> None:
 
     dump("plan_eta", {"trl": trl.__version__, "samples": args.samples, "max_length": args.max_length,
                       "eval_samples": args.eval_samples, "eval_passes": args.eval_passes,
-                      "model_shape": SHAPE, "calibrate_steps": args.calibrate,
+                      "model_shape": model_overrides(args) or SHAPE, "device": "cuda" if args.cuda else "cpu",
+                      "calibrate_steps": args.calibrate,
                       "modes": {m: results.get(m) for m in args.modes.split(",")}})
 
 

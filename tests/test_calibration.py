@@ -221,8 +221,10 @@ def test_a_calibration_reads_back_from_json_with_an_unknown_spread() -> None:
     with pytest.raises(TrainfitError, match="schema version 2"):
         Calibration.from_json({**raw, "schema_version": 2})
     # recorded before `trainfit train`'s own start-up or the batches' price were measured: none, not a KeyError
-    older = Calibration.from_json({k: v for k, v in raw.items() if k not in ("train_startup_s", "model_step_s")})
+    older = Calibration.from_json({k: v for k, v in raw.items()
+                                   if k not in ("train_startup_s", "model_step_s", "trial", "micro_batches")})
     assert older.train_startup_s is None and older.model_step_s is None
+    assert older.trial is None and older.micro_batches == 1
 
 
 @pytest.fixture(scope="module")

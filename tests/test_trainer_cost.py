@@ -16,6 +16,9 @@ from conftest import EXAMPLES
 from trainfit.calibration import Calibration
 from trainfit.cli import main
 from trainfit.data.analyze import analyze_spec
+from trainfit.errors import TrainfitError
+from trainfit.plan.eta import estimate
+from trainfit.plan.inputs import load_run
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.report import TRAINER_COST_FILE
@@ -75,7 +78,8 @@ def test_a_trainer_cost_reranks_the_configs_and_writes_the_command_for_the_new_p
     assert first.best is not None and first.best.values["batch_size"] == 1
     trial_of = {t.values["batch_size"]: t.number for t in first.trials}
     assert "(trial %d)" % trial_of[1] in (out / "train_command.sh").read_text()
-    assert first.summary.trainer_cost is None and first.summary.best_config.probe_samples_per_second is None
+    assert first.summary.trainer_cost is None
+    assert first.summary.best_config.probe_samples_per_second == first.summary.best_config.samples_per_second == 50.0
 
     # What `tune --calibrate` leaves (the calibration ran the probes' pick, batch 1), then the outputs written again.
     cost = TrainerCost(per_micro_batch_s=TRAINER_S, trial=trial_of[1], searched={"batch_size": 1},
@@ -95,6 +99,7 @@ def test_a_trainer_cost_reranks_the_configs_and_writes_the_command_for_the_new_p
     script = (out / "train_command.sh").read_text()
     assert "(trial %d)" % trial_of[8] in script and "--per_device_train_batch_size 8" in script
     assert "with the trainer's own cost (calibrated; the probe's: 45)" in script
+    assert "Its speed includes the trainer's own cost, 10 ms a micro-batch" in (out / "report.html").read_text()
 
 
 def test_a_plan_reuses_the_tunes_calibration_per_micro_batch(tmp_path: Path) -> None:
@@ -115,8 +120,48 @@ def test_a_plan_reuses_the_tunes_calibration_per_micro_batch(tmp_path: Path) -> 
     assert plan.eta.step_time_s == pytest.approx(8 / 45 + 0.010)
     assert plan.eta.startup_s == 7.0 and plan.eta.command_startup_s == 9.0
     rests_on = " ".join(plan.rests_on)
-    assert "calibrated (by `trainfit tune --calibrate`)" in rests_on
+    assert "calibrated (by `trainfit tune --calibrate`)" in rests_on and "0.01 s a micro-batch" in rests_on
     assert f"the calibration ran trial {trial_of[1]}" in rests_on
+    # Batch 1 pays its 8 micro-batches' 80 ms a step.
+    run = load_run(out)
+    batch_1 = next(c for c in run.candidates if c.trial == trial_of[1])
+    e = estimate(batch_1, 1000, write_bytes_per_s=1e12, checkpoint_every_s=1e9,
+                 calibration=Calibration.from_json(cost.calibration))
+    assert e.trainer_overhead_s == pytest.approx(0.080) and e.step_time_s == pytest.approx(0.16 + 0.080)
+    # The priorities rank by the run's speed: by the probes both are within 10% and batch 1 peaks lower, but with
+    # the trainer's cost batch 1 runs 22% slower, so memory_efficient keeps batch 8 too.
+    picks = {p.priority: p.trial for p in plan.priorities}
+    assert picks["memory_efficient"] == picks["fast"] == trial_of[8]
+
+
+def test_a_failed_calibration_leaves_the_outputs_ranked_by_the_probes(tmp_path: Path) -> None:
+    """An earlier calibration in the folder is not applied while a new one is asked for: the search's outputs rank
+    by the probes alone, so the calibration times the probes' pick; when it fails, the error says so."""
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
+    out = tmp_path / "run"
+    first = tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False))
+    trial_of = {t.values["batch_size"]: t.number for t in first.trials}
+    earlier = TrainerCost(per_micro_batch_s=TRAINER_S, trial=trial_of[1], searched={"batch_size": 1},
+                          calibration=calibration(8 * TRAINER_S, 8, trial_of[1]).to_json())
+    (out / TRAINER_COST_FILE).write_text(json.dumps(earlier.to_json()))
+    with pytest.raises(TrainfitError) as err:  # -1 steps: refused by the calibration, after the search
+        tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=True,
+             calibrate_steps=-1)
+    text = str(err.value)
+    assert "the search ended and wrote its outputs (ranked by the probes alone), then its calibration failed" in text
+    assert "at least 1 optimizer step" in text and "with --resume calibrates again" in text
+    s = Summary.from_json(json.loads((out / "summary.json").read_text()))
+    assert s.trainer_cost is None and s.best_config.trial == trial_of[1]
+    assert TrainerCost.from_json(json.loads((out / TRAINER_COST_FILE).read_text())) == earlier  # kept, not lost
+
+
+def test_a_trainer_cost_file_of_another_version_is_refused_with_the_way_on(tmp_path: Path) -> None:
+    from trainfit.report import read_trainer_cost
+
+    (tmp_path / TRAINER_COST_FILE).write_text(json.dumps({"schema_version": 2, "per_micro_batch_s": 0.01}))
+    with pytest.raises(TrainfitError, match="a trainer cost has schema version 2") as err:
+        read_trainer_cost(tmp_path)
+    assert "tune --calibrate N --resume" in str(err.value)
 
 
 @pytest.mark.parametrize("overrides, words", [
@@ -165,5 +210,8 @@ def test_tune_calibrate_times_real_trl_steps_and_ranks_with_them(tmp_path: Path,
     assert json.loads((out / TRAINER_COST_FILE).read_text()) == s.trainer_cost.to_json()
     best = s.best_config
     assert best is not None and best.probe_samples_per_second is not None
-    assert best.samples_per_second <= best.probe_samples_per_second  # the trainer's cost is never below 0
+    # Its steps (8 samples, 8 micro-batches at batch 1 or 1 at batch 8) with the measured cost of each micro-batch.
+    micro = best.config["gradient_accumulation_steps"]
+    assert best.samples_per_second == pytest.approx(
+        8 / (8 / best.probe_samples_per_second + micro * s.trainer_cost.per_micro_batch_s))
     assert f"(trial {best.trial})" in (out / "train_command.sh").read_text()

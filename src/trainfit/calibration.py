@@ -44,7 +44,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from trainfit.command import is_trl_command, script_command
+from trainfit.command import is_trl_command, script_command, trl_data_config
 from trainfit.errors import TrainfitError
 from trainfit.probe.estimate import StepCost
 from trainfit.spec import Spec
@@ -436,6 +436,10 @@ def check_can_calibrate(spec: Spec) -> None:
         raise TrainfitError("--calibrate times the `trl sft` command trainfit writes, and a custom model "
                             "(model.factory) trains through `trainfit train`'s own loop on the probe's very step",
                             "drop --calibrate: that loop adds no trainer of its own to the probe's step")
+    if trl_data_config(spec) is None:
+        raise TrainfitError("--calibrate runs the `trl sft` command on the spec's data, and this spec has no data "
+                            "file `trl sft` can load", "give the spec a data.path in a format `datasets` loads "
+                            "(JSONL, JSON, CSV, Parquet or text; not TSV or a save_to_disk folder), or drop --calibrate")
     _trainer_env()
 
 

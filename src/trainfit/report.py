@@ -69,7 +69,7 @@ def command_inputs(params: Params, m: Measurement, stats: LengthStats | None,
 
 TRAINER_COST_FILE = "trainer_cost.json"
 """Where ``tune --calibrate`` keeps the trainer cost it measured in the output folder
-(:class:`TrainerCost`): every later write of the outputs (a ``--resume`` too) ranks with it."""
+(:class:`TrainerCost`): a later ``--resume`` without ``--calibrate`` ranks with it too."""
 
 
 def read_trainer_cost(output: Path) -> TrainerCost | None:
@@ -117,7 +117,7 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
         effective_batch_size=params.effective_batch_size,
         config=params.to_dict(),
         command=command,
-        probe_samples_per_second=probe_samples_per_second(t, repeats or {}) if trainer_s else None,
+        probe_samples_per_second=probe_samples_per_second(t, repeats or {}),
     )
 
 
@@ -343,11 +343,12 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], re
 
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
                   stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
-                  repeats: Repeats | None = None) -> Summary:
+                  repeats: Repeats | None = None, trainer_cost: TrainerCost | None = None) -> Summary:
     """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run
     after every trial) and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the
     spec's data file, and for a ``config:`` model, once a config fits, model/: the random-init model
-    and its tokenizer, for the command to train."""
+    and its tokenizer, for the command to train. ``trainer_cost``: the trainer's own cost the
+    speeds and the ranking include (``tune --calibrate``; see :func:`read_trainer_cost`)."""
     data_config = None
     trl_data = trl_data_config(spec)
     if trl_data is not None:
@@ -356,7 +357,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     model_dir = initial_model(output, spec) if any(t.feasible for t in trials) else None
     summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
                             elapsed_s=elapsed_s, repeats=repeats, data_config=data_config, model_dir=model_dir,
-                            trainer_cost=read_trainer_cost(output))
+                            trainer_cost=trainer_cost)
     write_atomically(output / "summary.json", json.dumps(summary.to_json(), indent=2, default=list) + "\n")
     write_trials_csv(output / "trials.csv", space, trials, repeats)
     write_atomically(output / "report.html", tune_report_html(summary, trials, spec.source or "spec"))
@@ -366,7 +367,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
         trial = next(t for t in trials if t.number == best.trial)
         m = trial.measurement
         trainer = (f" with the trainer's own cost (calibrated; the probe's: {best.probe_samples_per_second:.4g})"
-                   if best.probe_samples_per_second is not None else "")
+                   if summary.trainer_cost is not None else "")
         header = (f"# trainfit: fastest measured config (trial {best.trial}): "
                   f"{best.samples_per_second:.4g} samples/s{trainer}, peak {m.peak_memory_gb:.2f} GiB on "
                   f"{m.device_name}\n"

@@ -111,6 +111,30 @@ def with_plan(page: str, section: str) -> str:
     return with_section(page, "plan", section)
 
 
+def _best_html(summary: Summary, objective: str) -> str:
+    """The best config's line and command, or that none fits."""
+    best = summary.best_config
+    if best is None:
+        return "<p><b>No configuration fits the budget.</b> See summary.json (all_failed) for advice.</p>"
+    return (f"<p><b>Best: trial {best.trial}</b>, {html.escape(_family(best.searched))} "
+            f"batch_size={best.config['batch_size']}: {fmt_num(best.objective(objective), 4)} "
+            f"{objective.replace('_', ' ')}, peak {fmt_num(best.memory_peak_gb)} GiB"
+            + (f", full run ~{format_duration(best.estimated_full_runtime_hours * 3600)}"
+               if best.estimated_full_runtime_hours is not None else "")
+            + "</p>" + _trainer_cost_note(summary)
+            + f"<pre style='white-space: pre-wrap'>{html.escape(best.command or '')}</pre>")
+
+
+def _trainer_cost_note(summary: Summary) -> str:
+    """With ``tune --calibrate``: what the best's speed includes, and what the charts do not."""
+    cost = summary.trainer_cost
+    if cost is None:
+        return ""
+    return (f"<p>Its speed includes the trainer's own cost, {fmt_num(cost.per_micro_batch_s * 1000, 3)} ms a "
+            f"micro-batch, timed by real <code>trl sft</code> steps of trial {cost.trial} (<code>--calibrate</code>); "
+            "the charts and the table below are the probes' own figures, the model's step alone.</p>")
+
+
 def tune_report_html(summary: Summary, trials: Sequence[Trial], source: str) -> str:
     """The page for ``summary`` and its ``trials``."""
     objective = summary.objective
@@ -138,16 +162,7 @@ def tune_report_html(summary: Summary, trials: Sequence[Trial], source: str) -> 
     memory = _chart(memory_title, trials, color,
                     lambda t: t.measurement.peak_memory_gb if t.measurement.status == "ok" else None,
                     lines=limits, oom_y=lambda t: t.measurement.needed_bytes / 1024**3 or None)
-    best = summary.best_config
-    if best is not None:
-        best_html = (f"<p><b>Best: trial {best.trial}</b>, {html.escape(_family(best.searched))} "
-                     f"batch_size={best.config['batch_size']}: {fmt_num(best.objective(objective), 4)} "
-                     f"{objective.replace('_', ' ')}, peak {fmt_num(best.memory_peak_gb)} GiB"
-                     + (f", full run ~{format_duration(best.estimated_full_runtime_hours * 3600)}"
-                        if best.estimated_full_runtime_hours is not None else "")
-                     + f"</p><pre style='white-space: pre-wrap'>{html.escape(best.command or '')}</pre>")
-    else:
-        best_html = "<p><b>No configuration fits the budget.</b> See summary.json (all_failed) for advice.</p>"
+    best_html = _best_html(summary, objective)
     names = list(dict.fromkeys(k for t in trials for k in t.values))
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ["trial", "status", *names, objective, "peak GiB", "fits"])
     rows = "".join(

@@ -96,18 +96,17 @@ class ConfigEntry(Record):
     command: str | None
     """The training command of this config (None when it cannot be written)."""
     probe_samples_per_second: float | None = field(default=None, metadata={"omit_none": True})
-    """With a trainer cost (:class:`TrainerCost`, ``tune --calibrate``): the probe's own speed, the
-    model's step alone (the confirmation median when confirmed); ``samples_per_second``,
-    ``tokens_per_second``, ``confirmed_median`` and ``estimated_full_runtime_hours`` then include the
-    trainer's cost. Absent without one: those are the probe's."""
+    """The probe's own samples/s, the model's step alone (the median of its measurements when
+    confirmed). With a trainer cost (:class:`TrainerCost`, ``tune --calibrate``),
+    ``samples_per_second``, ``tokens_per_second``, ``confirmed_median`` and
+    ``estimated_full_runtime_hours`` include the trainer's cost; without one they are the probe's.
+    Absent from a summary written before it was kept."""
 
     @property
     def probe_speed(self) -> float | None:
         """The probe's expected samples/s of this config over the epoch's own batches, before any
         trainer cost: what a calibration compares the trainer's steps with."""
-        if self.probe_samples_per_second is not None:
-            return self.probe_samples_per_second
-        return self.confirmed_median if self.confirmed_median is not None else self.samples_per_second
+        return self.probe_samples_per_second if self.probe_samples_per_second is not None else self.samples_per_second
 
     def objective(self, name: str) -> float | None:
         """The value of objective ``name`` (``samples_per_second`` or ``tokens_per_second``)."""
@@ -219,13 +218,19 @@ class TrainerCost(Record):
     the config the probes ranked first and added to every config's steps (per micro-batch) before
     the ranking, the speeds and the command: the speed of the run, not of the model's step alone."""
 
+    schema_version: int = 1
     per_micro_batch_s: float
     trial: int
-    """The config it was measured on."""
+    """The config it was measured on: the probes' pick when it was measured."""
     searched: dict[str, Any]
     calibration: dict[str, Any]
-    """The whole measurement (``trainfit.calibration.Calibration``'s JSON), which ``trainfit plan``
-    reuses: its start-ups, its spread, the command it ran."""
+    """The whole measurement (``trainfit.calibration.Calibration``'s JSON, versioned on its own), which
+    ``trainfit plan`` reuses: its start-ups, its spread, the command it ran."""
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> TrainerCost:
+        check_schema(raw, 1, "a trainer cost", "calibrate again with this trainfit (tune --calibrate N --resume)")
+        return super().from_json(raw)
 
 
 @dataclass(frozen=True, kw_only=True)

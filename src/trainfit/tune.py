@@ -13,7 +13,7 @@ from trainfit.calibration import FALLBACK_HINT, calibrate, check_can_calibrate
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.files import write_atomically
 from trainfit.probe.estimate import shapes_step_cost
-from trainfit.report import TRAINER_COST_FILE, write_outputs
+from trainfit.report import TRAINER_COST_FILE, read_trainer_cost, write_outputs
 from trainfit.search.strategies import jsonable
 from trainfit.search.tune import TuneResult, best_trial, run_search
 from trainfit.space import default_space
@@ -59,25 +59,35 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
     spec = with_default_search(spec)
     if calibrate_steps:
         check_can_calibrate(spec)
+    # Calibrating: the search's outputs rank by the probes alone, so that the calibration runs the probes' pick.
+    stored = None if calibrate_steps or "output" not in options else read_trainer_cost(Path(options["output"]))
     last: dict[str, Any] = {}
 
     def outputs(output: Path, *args: Any, **kwargs: Any) -> Summary:
         last.update(args=(output, *args), kwargs=kwargs)  # the last write's trials and state, to write again
-        return write_outputs(output, *args, **kwargs)
+        return write_outputs(output, *args, **kwargs, trainer_cost=stored)
 
     result = run_search(spec, outputs=outputs, **options)
     if not calibrate_steps or result.best is None:
         return result
+    cost = _trainer_cost(result, calibrate_steps, on_calibration)
+    write_atomically(result.output / TRAINER_COST_FILE, json.dumps(cost.to_json(), indent=2) + "\n")
+    summary = write_outputs(*last["args"], **last["kwargs"], trainer_cost=cost)
+    return dataclasses.replace(result, summary=summary, best=best_trial(result.trials, summary))
+
+
+def _trainer_cost(result: TuneResult, steps: int, on_progress: Callable[[str], None] | None) -> TrainerCost:
+    """The calibration of ``result``'s pick (see :func:`tune`), as the trainer's cost per micro-batch."""
+    assert result.best is not None
     try:
-        calibration = calibrate(result.output, calibrate_steps, on_progress=on_calibration,
+        calibration = calibrate(result.output, steps, on_progress=on_progress,
                                 step_cost=shapes_step_cost(result.best.measurement.shape_times))
     except TrainfitError as err:  # the search's outputs stand, ranked by the probes alone
         raise TrainfitError(f"the search ended and wrote its outputs (ranked by the probes alone), then its "
                             f"calibration failed: {err.message}",
-                            (err.hint or "").replace(FALLBACK_HINT, "tune without --calibrate") + "; once fixed, the "
-                            "same command with --resume calibrates again without probing anything again") from None
-    cost = TrainerCost(per_micro_batch_s=calibration.step_overhead_s(1), trial=result.best.number,
+                            "; ".join(part for part in ((err.hint or "").replace(FALLBACK_HINT, "tune without "
+                                                                                                 "--calibrate"),
+                                                        "once fixed, the same command with --resume calibrates "
+                                                        "again without probing anything again") if part)) from None
+    return TrainerCost(per_micro_batch_s=calibration.step_overhead_s(1), trial=result.best.number,
                        searched=jsonable(result.best.values), calibration=calibration.to_json())
-    write_atomically(result.output / TRAINER_COST_FILE, json.dumps(cost.to_json(), indent=2) + "\n")
-    summary = write_outputs(*last["args"], **last["kwargs"])
-    return dataclasses.replace(result, summary=summary, best=best_trial(result.trials, summary))

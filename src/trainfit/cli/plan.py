@@ -28,9 +28,10 @@ Priorities are rules over the configs tune measured, never fixed numbers:
   memory_efficient  the lowest peak memory within 10% of the fastest
 
 The ETA is the epoch's real work at the measured speed plus the checkpoint saves (timed on this
-disk); --calibrate N adds the trainer's own per-step cost and each runner's start-up, measured by
+disk); --calibrate N adds the trainer's own cost per micro-batch and each runner's start-up, measured by
 running train_command.sh for a few steps as written, then N more through `trainfit train` (the ETA
-is that runner's; the written command's is shown beside it); --eval-data adds the evaluation passes, one timed forward-only on the
+is that runner's; the written command's is shown beside it; a tune run with --calibrate measured
+it already, and the plan reuses that); --eval-data adds the evaluation passes, one timed forward-only on the
 chosen config (and the planned command evaluates on that set). Writes RUN_DIR/plan.json and RUN_DIR/plan.txt. Exit status: 0 when the
 run fits the window, 1 when it does not (the plan then lists what would, each with its ETA).
 """
@@ -131,7 +132,7 @@ def render(plan: Plan) -> str:
              "",
              f"priority {plan.priority}: {plan.rule}",
              f"config: trial {plan.trial}: {values_line(plan.searched)} ({fmt_num(plan.samples_per_second)} samples/s "
-             f"measured, peak {plan.peak_gb:.2f} GiB)",
+             f"by its probe, peak {plan.peak_gb:.2f} GiB)",
              "",
              f"ETA {dur(e.total_s)} ({dur(e.low_s)} - {dur(e.high_s)}): {verdict}"]
     if e.command_total_s is not None:

@@ -227,10 +227,8 @@ def trainer_cost_line(cost: TrainerCost, best: ConfigEntry) -> str:
     """What ``tune --calibrate`` measured and what it changed."""
     steps = cost.calibration.get("steps")
     line = (f"{cost.per_micro_batch_s * 1000:.3g} ms a micro-batch beyond the model's step, measured by {steps} real "
-            f"`trl sft` steps of trial {cost.trial}, added to every config (the probe alone: "
-            f"{fmt_num(best.probe_samples_per_second)} samples/s)")
-    if cost.trial != best.trial:
-        line += f"; the probes alone ranked trial {cost.trial} first"
+            f"`trl sft` steps of trial {cost.trial} (the probes' pick then), added to every config's micro-batches "
+            f"(the probe alone: {fmt_num(best.probe_samples_per_second)} samples/s)")
     return line
 
 

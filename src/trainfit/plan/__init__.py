@@ -335,8 +335,9 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
             s.trainer_cost.calibration else ""
         lines.append(f"calibrated{by}: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran "
                      f"at {against}; the difference (at least 0), {calibration.trainer_overhead_s():.3g} s a step of "
-                     f"{calibration.micro_batches} micro-batch{'es' * (calibration.micro_batches != 1)}, is added to "
-                     "every micro-batch, and the run's start-up and end once (launch to exit less its steps: "
+                     f"{calibration.micro_batches} micro-batch{'es' * (calibration.micro_batches != 1)}, so "
+                     f"{calibration.step_overhead_s(1):.3g} s a micro-batch, is added to every micro-batch, and the "
+                     "run's start-up and end once (launch to exit less its steps: "
                      + (f"{calibration.train_startup_s:.0f} s for `trainfit train`, " if calibration.train_startup_s
                         is not None else "") + f"{calibration.startup_s:.0f} s for the written command)")
         if not math.isfinite(calibration.spread_rel):
