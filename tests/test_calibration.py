@@ -24,6 +24,7 @@ from trainfit.calibration import (
     bar_step,
     calibrate,
     calibration_args,
+    own_step_time,
     parse_train_runtime,
     priced_steps,
     recorded_steps,
@@ -187,14 +188,35 @@ def test_the_steps_timed_are_priced_on_the_very_batches_they_trained() -> None:
     cost = lambda length: 0.1 + 0.001 * length  # noqa: E731
     # Step 3: 0.6 / 2 = 0.3 s (one micro-batch of two); step 4: 0.2 s; step 5: 0.4 s.
     arrivals = {1: 0.0, 2: 2.0, 3: 2.33, 5: 3.32}
-    model_step, spread = priced_steps(steps, 2, arrivals, 2, cost)
-    assert model_step == pytest.approx((0.3 + 0.2 + 0.4) / 3)
+    priced = priced_steps(steps, 2, arrivals, 2, cost)
+    assert priced is not None and priced.model_step_s == pytest.approx((0.3 + 0.2 + 0.4) / 3)
     # Each interval against its own batches' cost: 0.33 / 0.3 and 0.99 / 0.6 (steps 4 and 5).
-    assert spread == pytest.approx(relative_ci95([0.33 / 0.3, 0.99 / 0.6]))
+    assert priced.spread_rel == pytest.approx(relative_ci95([0.33 / 0.3, 0.99 / 0.6]))
+    assert priced.own_step_s is None  # two intervals: too few to tell the trainer's time from drift
     even = priced_steps(steps, 2, {2: 2.0, 3: 2.33, 5: 2.33 + 0.66}, 2, cost)
-    assert even is not None and even[1] == pytest.approx(0.0, abs=1e-9)  # every interval at its batches' cost
+    assert even is not None and even.spread_rel == pytest.approx(0.0, abs=1e-9)  # every interval at its cost
     assert priced_steps(steps[:4], 2, arrivals, 2, cost) is None  # the last timed step's batches not seen
     assert priced_steps(steps, 2, {1: 0.0, 2: 2.0}, 2, cost) is None  # one step shown: nothing timed
+
+
+def test_the_trainers_own_time_is_told_from_the_machines_drift() -> None:
+    """Steps whose expected cost varies (random-order batches of long-tailed data): a machine 10% slower
+    than when probed scales each step with its cost, the trainer adds the same 20 ms to each."""
+    expected = [0.05, 0.30, 0.12, 0.08, 0.25, 0.15, 0.06, 0.20]
+    drift_and_own = [(1.10 * e + 0.020, e, 1) for e in expected]
+    assert own_step_time(drift_and_own) == pytest.approx(0.020)
+    # Drift alone: the difference of the totals would say 10% of a step is the trainer's; the fit says none.
+    assert own_step_time([(1.10 * e, e, 1) for e in expected]) == pytest.approx(0.0, abs=1e-12)
+    # An interval of two steps (tqdm skipped an update) pays the trainer's time twice.
+    assert own_step_time([*drift_and_own, (1.10 * 0.4 + 0.040, 0.4, 2)]) == pytest.approx(0.020)
+    # Fixed padding: every step costs the same, drift and the trainer's time cannot be told apart.
+    assert own_step_time([(1.10 * 0.2 + 0.020, 0.2, 1)] * 8) is None
+    assert own_step_time(drift_and_own[:2]) is None  # too few intervals
+    common = dict(steps=8, seconds_per_step=0.18, samples_per_second=5.6, probe_samples_per_second=6.2, ratio=0.9,
+                  spread_rel=0.04, startup_s=12.0, command="trl sft ...", device="cpu", model_step_s=0.15)
+    assert Calibration(own_step_s=0.02, **common).trainer_overhead_s() == pytest.approx(0.02)  # not 0.03
+    assert Calibration(own_step_s=-0.01, **common).trainer_overhead_s() == 0.0
+    assert Calibration(**common).trainer_overhead_s() == pytest.approx(0.03)  # not separable: the difference
 
 
 def test_the_trainers_cost_is_against_the_same_batches_where_they_were_priced() -> None:
@@ -222,8 +244,9 @@ def test_a_calibration_reads_back_from_json_with_an_unknown_spread() -> None:
         Calibration.from_json({**raw, "schema_version": 2})
     # recorded before `trainfit train`'s own start-up or the batches' price were measured: none, not a KeyError
     older = Calibration.from_json({k: v for k, v in raw.items()
-                                   if k not in ("train_startup_s", "model_step_s", "trial", "micro_batches")})
-    assert older.train_startup_s is None and older.model_step_s is None
+                                   if k not in ("train_startup_s", "model_step_s", "own_step_s", "trial",
+                                                "micro_batches")})
+    assert older.train_startup_s is None and older.model_step_s is None and older.own_step_s is None
     assert older.trial is None and older.micro_batches == 1
 
 

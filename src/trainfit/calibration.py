@@ -124,18 +124,25 @@ class Calibration:
     lengths as the long run collated them (``trainfit train --record-batches``). None: not priced
     (no step cost, or the batches not seen); a plan then compares the trainer's step with the
     epoch's average step (``ratio``), which the first shuffled batches' lengths sway."""
+    own_step_s: float | None = None
+    """The trainer's own time per step, fitted over the timed steps apart from the machine's drift
+    (``calibration.own_step_time``); None where their costs vary too little to tell the two apart
+    (fixed padding), they were not priced, or it was recorded before this was measured."""
     trial: int | None = None
     """The tune trial of the config the steps ran (None: recorded before it was kept)."""
     micro_batches: int = 1
     """That config's micro-batches per optimizer step (``gradient_accumulation_steps``)."""
 
     def trainer_overhead_s(self) -> float:
-        """The trainer's own time per optimizer step beyond the model's step, at least 0: against
-        the probe's cost of the very batches timed (:attr:`model_step_s`) where they were priced,
-        else against the epoch's average step. Below 0 it would say the trainer runs the model faster
+        """The trainer's own time per optimizer step beyond the model's step, at least 0: fitted
+        apart from the machine's drift (:attr:`own_step_s`) where the timed steps' costs varied
+        enough; else the timed step less the probe's cost of the very batches timed
+        (:attr:`model_step_s`) where they were priced, else less the epoch's average step. Below 0 it would say the trainer runs the model faster
         than the model's step alone: the machine's drift between probe and calibration, or the first
         batches' mix, neither of which holds for the run (``bench/plan_eta.py``: a calibration 2.5%
         faster than its probe, then a run 6% slower than both)."""
+        if self.own_step_s is not None:
+            return max(0.0, self.own_step_s)
         model_step = self.model_step_s if self.model_step_s is not None else self.seconds_per_step * self.ratio
         return max(0.0, self.seconds_per_step - model_step)
 
@@ -158,7 +165,7 @@ class Calibration:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
         check_schema(raw, SCHEMA_VERSION, "a calibration", "calibrate again with this trainfit")
-        later = {"train_startup_s", "model_step_s", "trial", "micro_batches"}  # absent from calibrations recorded before they were measured
+        later = {"train_startup_s", "model_step_s", "own_step_s", "trial", "micro_batches"}  # absent from calibrations recorded before they were measured
         values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw or f.name not in later}
         if values["spread_rel"] is None:
             values["spread_rel"] = math.inf
@@ -245,12 +252,33 @@ def recorded_steps(text: str, accumulation: int) -> list[list[int]]:
     return steps
 
 
+SEPARABLE_CV = 0.15
+"""How much the expected time of a step must vary over the steps timed (coefficient of variation
+across the bar's intervals) for :func:`own_step_time` to tell the trainer's own time from the
+machine's drift: random-order and length-grouped batches of long-tailed data vary far more; fixed
+padding not at all."""
+
+
+@dataclass(frozen=True)
+class Priced:
+    """What the probe expected of the steps a calibration timed (see :func:`priced_steps`)."""
+
+    model_step_s: float
+    """The probe's expected time of those steps, per step."""
+    spread_rel: float
+    """The 95% relative half-width of each bar interval's time against its expected time."""
+    own_step_s: float | None = None
+    """The trainer's own time per step, told from the machine's drift (see :func:`own_step_time`);
+    None where the steps' expected times vary too little to tell them apart."""
+
+
 def priced_steps(steps: Sequence[Sequence[int]], accumulation: int, arrivals: Mapping[int, float], after: int,
-                 cost: Callable[[float], float]) -> tuple[float, float] | None:
+                 cost: Callable[[float], float]) -> Priced | None:
     """The probe's expected time of the optimizer steps the progress bar timed (those of
     :func:`bar_seconds_per_step`: the first shown at or after ``after`` to the last shown), per step,
-    and the 95% relative half-width of the ratio of each bar interval's time to its expected time
-    (``inf`` with fewer than two intervals). ``steps``: the padded lengths of the micro-batches each
+    the 95% relative half-width of the ratio of each bar interval's time to its expected time
+    (``inf`` with fewer than two intervals), and the trainer's own time per step fitted over the
+    intervals (:func:`own_step_time`). ``steps``: the padded lengths of the micro-batches each
     step trained (:func:`recorded_steps`; step ``n`` is ``steps[n - 1]``); ``cost``: an optimizer
     step's seconds at ``accumulation`` micro-batches of a padded length. None when fewer than two
     steps are shown or ``steps`` stops short of the last."""
@@ -262,9 +290,38 @@ def priced_steps(steps: Sequence[Sequence[int]], accumulation: int, arrivals: Ma
     first = shown[0][0]
     expected = [sum(cost(float(length)) for length in steps[k]) / accumulation
                 for k in range(first, shown[-1][0])]  # steps first+1 .. last
-    ratios = [(t1 - t0) / sum(expected[n0 - first:n1 - first])
-              for (n0, t0), (n1, t1) in itertools.pairwise(shown)]
-    return sum(expected) / len(expected), relative_ci95(ratios)
+    intervals = [(t1 - t0, sum(expected[n0 - first:n1 - first]), n1 - n0)
+                 for (n0, t0), (n1, t1) in itertools.pairwise(shown)]
+    return Priced(sum(expected) / len(expected), relative_ci95([t / e for t, e, _ in intervals]),
+                  own_step_time(intervals))
+
+
+def own_step_time(intervals: Sequence[tuple[float, float, int]]) -> float | None:
+    """The trainer's own seconds per step, from the bar's intervals (``(seconds, the probe's
+    expected seconds of their steps, steps)``), fitted by least squares as ``seconds = drift x
+    expected + own x steps``. A machine running slower (or faster) than when it was probed scales
+    each step's time with its cost (``drift``); the trainer's own work costs the same each step
+    (``own``). The difference of the totals alone reads drift as trainer cost: on the test VM the same
+    config's steps ran up to 9% over their probe's cost minutes later, which the trainer's work on
+    an 18M model (about 1 ms a step) does not explain (docs/benchmarks.md). None with fewer than
+    three intervals, or where the expected time of a step varies less than :data:`SEPARABLE_CV`
+    across them (fixed padding: every step costs the same, and drift and the trainer's time cannot
+    be told apart)."""
+    if len(intervals) < 3:
+        return None
+    per_step = [e / k for _, e, k in intervals]
+    mean = sum(per_step) / len(per_step)
+    spread = (sum((x - mean) ** 2 for x in per_step) / (len(per_step) - 1)) ** 0.5
+    if mean <= 0 or spread / mean < SEPARABLE_CV:
+        return None
+    # Normal equations of t = d e + o k.
+    see = sum(e * e for _, e, _ in intervals)
+    sek = sum(e * k for _, e, k in intervals)
+    skk = sum(k * k for _, _, k in intervals)
+    ste = sum(t * e for t, e, _ in intervals)
+    stk = sum(t * k for t, _, k in intervals)
+    det = see * skk - sek * sek
+    return None if det <= 0 else (see * stk - sek * ste) / det
 
 
 def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost: StepCost | None = None,
@@ -310,16 +367,16 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
     runs = _run_twice(copy, folder / "run", short, steps, folder, env, say, scratch=scratch)
     shutil.rmtree(folder / "run", ignore_errors=True)
     seconds = _seconds_per_step(runs, short, steps, folder, say)
-    probe = best.probe_speed
-    assert probe is not None  # the best config is a fitting, timed one
+    probe = float(best.probe_speed or 0.0)  # the best config is a fitting, timed one
     speed = best.effective_batch_size / seconds
     priced = None if step_cost is None else _priced(folder / f"batches-{short + steps}-steps.txt", best,
                                                     runs[1].step_arrivals, short, step_cost, say)
     calibration = Calibration(
         steps=steps, seconds_per_step=seconds, samples_per_second=speed,
-        probe_samples_per_second=float(probe), ratio=speed / float(probe),
-        spread_rel=priced[1] if priced is not None and math.isfinite(priced[1]) else
-        step_spread(runs[1].step_arrivals, runs[0].step_arrivals, short), model_step_s=priced[0] if priced else None,
+        probe_samples_per_second=probe, ratio=speed / probe,
+        spread_rel=priced.spread_rel if priced is not None and math.isfinite(priced.spread_rel) else
+        step_spread(runs[1].step_arrivals, runs[0].step_arrivals, short),
+        model_step_s=priced.model_step_s if priced else None, own_step_s=priced.own_step_s if priced else None,
         startup_s=max(0.0, runs[0].wall_s - short * seconds),
         train_startup_s=max(0.0, runs[1].wall_s - (short + steps) * seconds),
         command=as_one_line(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
@@ -330,7 +387,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
 
 
 def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short: int, cost: StepCost,
-            say: Callable[[str], None]) -> tuple[float, float] | None:
+            say: Callable[[str], None]) -> Priced | None:
     """:func:`priced_steps` of the long run, from the micro-batch lengths it recorded in ``path``."""
     accumulation = int(best.config.get("gradient_accumulation_steps") or 1)
     steps = recorded_steps(path.read_text(), accumulation) if path.is_file() else []
@@ -339,7 +396,10 @@ def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short:
         say(f"the timed steps' batches were not all seen ({len(steps)} steps recorded): compared with the probe's "
             "epoch average instead")
     else:
-        say(f"the probe's cost of the very batches timed: {priced[0]:.4g} s a step")
+        say(f"the probe's cost of the very batches timed: {priced.model_step_s:.4g} s a step"
+            + ("; the trainer's own time could not be told from the machine's drift (the steps cost too much alike)"
+               if priced.own_step_s is None else
+               f"; the trainer's own time, told from the machine's drift: {priced.own_step_s:.4g} s a step"))
     return priced
 
 

@@ -333,8 +333,10 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
                    f"{calibration.ratio:.2f}x the probe's speed over the epoch (their batches not priced one by one)")
         by = " (by `trainfit tune --calibrate`)" if s.trainer_cost is not None and calibration.to_json() == \
             s.trainer_cost.calibration else ""
+        how = ("the trainer's own time, fitted apart from the machine's drift over steps of varied cost (at "
+               "least 0)" if calibration.own_step_s is not None else "the difference (at least 0)")
         lines.append(f"calibrated{by}: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran "
-                     f"at {against}; the difference (at least 0), {calibration.trainer_overhead_s():.3g} s a step of "
+                     f"at {against}; {how}, {calibration.trainer_overhead_s():.3g} s a step of "
                      f"{calibration.micro_batches} micro-batch{'es' * (calibration.micro_batches != 1)}, so "
                      f"{calibration.step_overhead_s(1):.3g} s a micro-batch, is added to every micro-batch, and the "
                      "run's start-up and end once (launch to exit less its steps: "
