@@ -259,6 +259,12 @@ machine's drift: random-order and length-grouped batches of long-tailed data var
 padding not at all."""
 
 
+MIN_INTERVALS = 8
+"""The fewest progress-bar intervals :func:`own_step_time` fits two unknowns over: a 4-step
+calibration on a loaded machine (seen while this was built) fitted -0.55 s where its steps took
+0.94 s against a price of 0.24 s."""
+
+
 @dataclass(frozen=True)
 class Priced:
     """What the probe expected of the steps a calibration timed (see :func:`priced_steps`)."""
@@ -304,10 +310,10 @@ def own_step_time(intervals: Sequence[tuple[float, float, int]]) -> float | None
     (``own``). The difference of the totals alone reads drift as trainer cost: on the test VM the same
     config's steps ran up to 9% over their probe's cost minutes later, which the trainer's work on
     an 18M model (about 1 ms a step) does not explain (docs/benchmarks.md). None with fewer than
-    three intervals, or where the expected time of a step varies less than :data:`SEPARABLE_CV`
+    :data:`MIN_INTERVALS` intervals, or where the expected time of a step varies less than :data:`SEPARABLE_CV`
     across them (fixed padding: every step costs the same, and drift and the trainer's time cannot
     be told apart)."""
-    if len(intervals) < 3:
+    if len(intervals) < MIN_INTERVALS:
         return None
     per_step = [e / k for _, e, k in intervals]
     mean = sum(per_step) / len(per_step)
@@ -399,7 +405,8 @@ def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short:
         say(f"the probe's cost of the very batches timed: {priced.model_step_s:.4g} s a step"
             + ("; the trainer's own time could not be told from the machine's drift (the steps cost too much alike)"
                if priced.own_step_s is None else
-               f"; the trainer's own time, told from the machine's drift: {priced.own_step_s:.4g} s a step"))
+               f"; the trainer's own time, told from the machine's drift: {priced.own_step_s:.4g} s a step"
+               + (" (below 0: taken as none)" if priced.own_step_s < 0 else "")))
     return priced
 
 
