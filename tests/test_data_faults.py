@@ -97,8 +97,10 @@ def test_two_interrupted_concurrent_counts_leave_the_right_lengths(tmp_path: Pat
     signals.mkdir()
 
     def start(name: str, pauses: str) -> subprocess.Popen:
+        # Ctrl-C as a terminal delivers it: a run started in the background (`nohup ... &`) inherits SIGINT ignored.
         return subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(cache), str(signals), name, pauses],
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def reached(name: str, rows: int, *others: subprocess.Popen) -> None:
         deadline = time.monotonic() + 120  # a hang guard only
