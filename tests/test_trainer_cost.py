@@ -56,6 +56,26 @@ def calibration(per_step_s: float, micro_batches: int, trial: int) -> Calibratio
                        micro_batches=micro_batches)
 
 
+def probed(tmp_path: Path) -> tuple[Any, Path, Any, dict[int, int], TrainerCost]:
+    """A tune of :data:`TWO_SPLITS` at the figures of :func:`measured` (its spec, folder, result and the trial of each
+    batch size), and the trainer cost ``tune --calibrate`` leaves after timing its pick (batch 1), written in the
+    folder: each later write of the outputs without ``--calibrate`` ranks with it."""
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
+    out = tmp_path / "run"
+    first = again(spec, out, resume=False)
+    trial_of = {t.values["batch_size"]: t.number for t in first.trials}
+    cost = TrainerCost(per_micro_batch_s=TRAINER_S, trial=trial_of[1], searched={"batch_size": 1},
+                       calibration=calibration(8 * TRAINER_S, 8, trial_of[1]).to_json())
+    (out / TRAINER_COST_FILE).write_text(json.dumps(cost.to_json()))
+    return spec, out, first, trial_of, cost
+
+
+def again(spec: Any, out: Path, resume: bool = True, **options: Any) -> Any:
+    """The tune of ``spec`` into ``out`` at the figures of :func:`measured` (``resume``: its study, continued)."""
+    return tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=resume,
+                **options)
+
+
 def test_the_trainers_cost_is_added_per_micro_batch_to_each_step() -> None:
     m = measured(Params(batch_size=1, gradient_accumulation_steps=8), 0)
     # 8 samples a step in 0.16 s, plus 8 x 10 ms: 8 / 0.24 s.
@@ -72,23 +92,17 @@ def test_the_trainers_cost_is_added_per_micro_batch_to_each_step() -> None:
 def test_a_trainer_cost_reranks_the_configs_and_writes_the_command_for_the_new_pick(tmp_path: Path) -> None:
     """The probes put batch 1 first; at 10 ms a micro-batch its 8 micro-batches a step cost 80 ms against batch
     8's 10 ms, and batch 8 is the faster run (8 / 0.1878 s = 42.6 samples/s against 8 / 0.24 s = 33.3)."""
-    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
-    out = tmp_path / "run"
-    first = tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False))
+    spec, out, first, trial_of, cost = probed(tmp_path)
     assert first.best is not None and first.best.values["batch_size"] == 1
-    trial_of = {t.values["batch_size"]: t.number for t in first.trials}
     assert "(trial %d)" % trial_of[1] in (out / "train_command.sh").read_text()
     assert first.summary.trainer_cost is None
     assert first.summary.best_config.probe_samples_per_second == first.summary.best_config.samples_per_second == 50.0
 
-    # What `tune --calibrate` leaves (the calibration ran the probes' pick, batch 1), then the outputs written again.
-    cost = TrainerCost(per_micro_batch_s=TRAINER_S, trial=trial_of[1], searched={"batch_size": 1},
-                       calibration=calibration(8 * TRAINER_S, 8, trial_of[1]).to_json())
-    (out / TRAINER_COST_FILE).write_text(json.dumps(cost.to_json()))
-    again = tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=True)
-    assert again.new_trials == 0  # nothing probed again: the same measurements, ranked with the trainer's cost
+    # What `tune --calibrate` left (the calibration ran the probes' pick, batch 1), then the outputs written again.
+    rewritten = again(spec, out)
+    assert rewritten.new_trials == 0  # nothing probed again: the same measurements, ranked with the trainer's cost
     s = Summary.from_json(json.loads((out / "summary.json").read_text()))
-    assert again.best is not None and again.best.number == trial_of[8] == s.best_config.trial
+    assert rewritten.best is not None and rewritten.best.number == trial_of[8] == s.best_config.trial
     assert s.best_config.samples_per_second == pytest.approx(8 / (8 / 45 + 0.010))
     assert s.best_config.probe_samples_per_second == 45.0
     assert s.best_config.estimated_full_runtime_hours == pytest.approx(
@@ -105,14 +119,8 @@ def test_a_trainer_cost_reranks_the_configs_and_writes_the_command_for_the_new_p
 def test_a_plan_reuses_the_tunes_calibration_per_micro_batch(tmp_path: Path) -> None:
     from trainfit.plan import make_plan
 
-    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
-    out = tmp_path / "run"
-    first = tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False))
-    trial_of = {t.values["batch_size"]: t.number for t in first.trials}
-    cost = TrainerCost(per_micro_batch_s=TRAINER_S, trial=trial_of[1], searched={"batch_size": 1},
-                       calibration=calibration(8 * TRAINER_S, 8, trial_of[1]).to_json())
-    (out / TRAINER_COST_FILE).write_text(json.dumps(cost.to_json()))
-    tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=True)
+    spec, out, _, trial_of, cost = probed(tmp_path)
+    again(spec, out)
     plan = make_plan(out, max_hours=10, epochs=1, priority="fast")
     # Without --calibrate the plan takes the tune's: batch 8 pays 1 micro-batch's 10 ms a step, not batch 1's 80 ms.
     assert plan.trial == trial_of[8] and plan.calibration == cost.calibration
@@ -137,16 +145,9 @@ def test_a_plan_reuses_the_tunes_calibration_per_micro_batch(tmp_path: Path) -> 
 def test_a_failed_calibration_leaves_the_outputs_ranked_by_the_probes(tmp_path: Path) -> None:
     """An earlier calibration in the folder is not applied while a new one is asked for: the search's outputs rank
     by the probes alone, so the calibration times the probes' pick; when it fails, the error says so."""
-    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
-    out = tmp_path / "run"
-    first = tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False))
-    trial_of = {t.values["batch_size"]: t.number for t in first.trials}
-    earlier = TrainerCost(per_micro_batch_s=TRAINER_S, trial=trial_of[1], searched={"batch_size": 1},
-                          calibration=calibration(8 * TRAINER_S, 8, trial_of[1]).to_json())
-    (out / TRAINER_COST_FILE).write_text(json.dumps(earlier.to_json()))
+    spec, out, _, trial_of, earlier = probed(tmp_path)
     with pytest.raises(TrainfitError) as err:  # -1 steps: refused by the calibration, after the search
-        tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=True,
-             calibrate_steps=-1)
+        again(spec, out, calibrate_steps=-1)
     text = str(err.value)
     assert "the search ended and wrote its outputs (ranked by the probes alone), then its calibration failed" in text
     assert "at least 1 optimizer step" in text and "with --resume calibrates again" in text

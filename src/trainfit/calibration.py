@@ -47,6 +47,7 @@ from typing import Any
 from trainfit.command import is_trl_command, script_command, trl_data_config
 from trainfit.errors import TrainfitError
 from trainfit.probe.estimate import StepCost
+from trainfit.search.ranking import micro_batches
 from trainfit.spec import Spec
 from trainfit.summary import ConfigEntry, Summary, check_schema, read_summary
 
@@ -386,7 +387,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
         startup_s=max(0.0, runs[0].wall_s - short * seconds),
         train_startup_s=max(0.0, runs[1].wall_s - (short + steps) * seconds),
         command=as_one_line(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
-        device=summary.device, trial=best.trial, micro_batches=int(best.config.get("gradient_accumulation_steps") or 1))
+        device=summary.device, trial=best.trial, micro_batches=micro_batches(best.config))
     if scratch:
         shutil.rmtree(folder, ignore_errors=True)
     return calibration
@@ -395,7 +396,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
 def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short: int, cost: StepCost,
             say: Callable[[str], None]) -> Priced | None:
     """:func:`priced_steps` of the long run, from the micro-batch lengths it recorded in ``path``."""
-    accumulation = int(best.config.get("gradient_accumulation_steps") or 1)
+    accumulation = micro_batches(best.config)
     steps = recorded_steps(path.read_text(), accumulation) if path.is_file() else []
     priced = priced_steps(steps, accumulation, arrivals, short, lambda length: float(cost(length)))
     if priced is None:

@@ -23,6 +23,7 @@ from trainfit.files import write_atomically
 from trainfit.plan import Plan
 from trainfit.probe.estimate import StepCost
 from trainfit.progress import format_duration as dur
+from trainfit.search.ranking import micro_batches
 from trainfit.summary import Record
 
 
@@ -84,7 +85,7 @@ class OnTrack:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         coefficients = plan.step_cost
-        self.accumulation = int(plan.config.get("gradient_accumulation_steps") or 1)
+        self.accumulation = micro_batches(plan.config)
         self.cost = None if coefficients is None or plan.model_step_s is None else StepCost(*coefficients)
 
     def batch_cost(self, padded_length: int) -> float | None:
