@@ -308,12 +308,12 @@ def own_step_time(intervals: Sequence[tuple[float, float, int]]) -> float | None
     expected seconds of their steps, steps)``), fitted by least squares as ``seconds = drift x
     expected + own x steps``. A machine running slower (or faster) than when it was probed scales
     each step's time with its cost (``drift``); the trainer's own work costs the same each step
-    (``own``). The difference of the totals alone reads drift as trainer cost: on the test VM the same
-    config's steps ran up to 9% over their probe's cost minutes later, which the trainer's work on
-    an 18M model (about 1 ms a step) does not explain (docs/benchmarks.md). None with fewer than
-    :data:`MIN_INTERVALS` intervals, or where the expected time of a step varies less than :data:`SEPARABLE_CV`
-    across them (fixed padding: every step costs the same, and drift and the trainer's time cannot
-    be told apart)."""
+    (``own``). The difference of the totals alone reads drift as trainer cost: on the test VM the
+    same config's steps ran up to 9% over their probe's cost minutes later, which the trainer's
+    work on an 18M model (4.4-7.3 ms a step, fitted this way) does not explain
+    (docs/benchmarks.md). None with fewer than :data:`MIN_INTERVALS` intervals, or where the
+    expected time of a step varies less than :data:`SEPARABLE_CV` across them (fixed padding:
+    every step costs the same, and drift and the trainer's time cannot be told apart)."""
     if len(intervals) < MIN_INTERVALS:
         return None
     per_step = [e / k for _, e, k in intervals]
