@@ -10,9 +10,9 @@
 #   # here, after each call: the state for the next one, and what is done so far
 #   mkdir -p .gpu && cp FILES_AT/gpu-state.tar.gz .gpu/ && cat FILES_AT/progress.txt
 #
-# Steps, in order (each skipped once done), the issues' figures first: the GPU tests; the LoRA
-# sweep (issue 2); the epoch estimate against whole `trl sft` epochs (issue 19); the plan's ETA and
-# the monitor against `trainfit train` and the written command on a ~0.93B model (issue 20); the full
+# Steps, in order (each skipped once done), the open issues' figures first: the GPU tests; the plan's
+# ETA and the monitor against `trainfit train` and the written command on a ~0.93B model (issue 20);
+# the epoch estimate against whole `trl sft` epochs (issue 19); the LoRA sweep (issue 2); the full
 # fine-tuning sweep (issue 2); tune against the Hugging Face Trainer, then auto against the grid,
 # random search and TPE (issue 4); then LoRA with the model's own loss over the full
 # logits, the TRL fidelity run, and the ablation table on the ~1B Llama (issue 21). A step starts
@@ -53,7 +53,7 @@ fi
 
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(tests sweep_lora epoch_fidelity plan_eta sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
+steps=(tests plan_eta epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
 
 save() {  # everything measured so far, in one file, and a line per step for the reader
     tar -czf "$out/gpu-state.tar.gz" -C /tmp/gpu-session gpu
@@ -89,15 +89,15 @@ step() {
 }
 
 step tests 120 python3 -m pytest -q -p no:cacheprovider "${tests[@]}"
-step sweep_lora 120 python3 bench/gpu_sweep.py "${gpu[@]}" --modes lora_r16 --results "$state/sweep.json"
-# Issue 19: the probe's expected speed over an epoch's own batches against whole `trl sft` epochs;
-# each run is kept as it ends, so a cut one goes on in the next call.
-step epoch_fidelity 150 bash -c "python3 bench/epoch_fidelity.py ${epoch[*]} \
-    --results $state/epoch_fidelity_runs.json > $state/epoch_fidelity.json"
 # Issue 20: the plan's ETA (calibrated) against `trainfit train` and the written command of a ~0.93B model,
 # and the monitor's projection at 10% of the run; each mode is kept as it ends.
 step plan_eta 300 bash -c "python3 bench/plan_eta.py ${planeta[*]} \
     --results $state/plan_eta_runs.json > $state/plan_eta.json"
+# Issue 19: the probe's expected speed over an epoch's own batches against whole `trl sft` epochs;
+# each run is kept as it ends, so a cut one goes on in the next call.
+step epoch_fidelity 150 bash -c "python3 bench/epoch_fidelity.py ${epoch[*]} \
+    --results $state/epoch_fidelity_runs.json > $state/epoch_fidelity.json"
+step sweep_lora 120 python3 bench/gpu_sweep.py "${gpu[@]}" --modes lora_r16 --results "$state/sweep.json"
 step sweep_full 120 python3 bench/gpu_sweep.py "${gpu[@]}" --modes full --results "$state/sweep.json"
 # The search stops itself before the deadline (--tune-budget-s) and goes on in the next call; the
 # three Hugging Face Trainer runs then need about two minutes.
