@@ -11,8 +11,8 @@
 #   mkdir -p .gpu && cp FILES_AT/gpu-state.tar.gz .gpu/ && cat FILES_AT/progress.txt
 #
 # Steps, in order (each skipped once done), the open issues' figures first: the GPU tests; the plan's
-# ETA and the monitor against `trainfit train` and the written command on a ~0.93B model (issue 20);
-# the epoch estimate against whole `trl sft` epochs (issue 19); the LoRA sweep (issue 2); the full
+# ETA and the monitor against `trainfit train` and the written command on a ~0.93B model, and two
+# epochs' step times (issue 20); the epoch estimate against whole `trl sft` epochs (issue 19); the LoRA sweep (issue 2); the full
 # fine-tuning sweep (issue 2); tune against the Hugging Face Trainer, then auto against the grid,
 # random search and TPE (issue 4); then LoRA with the model's own loss over the full
 # logits, the TRL fidelity run, and the ablation table on the ~1B Llama (issue 21). A step starts
@@ -41,19 +41,20 @@ export PYTHONPATH=$site$PWD/src PYTHONUNBUFFERED=1
 if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
     gpu=(--tiny --cpu); fidelity=(--steps 2,4); tests=(tests/test_gpu.py); workload=llama
     epoch=(--samples 40 --batches 1,2 --modes longest)
-    planeta=(--samples 40 --modes longest --calibrate 4)
+    planeta=(--samples 40 --modes longest --calibrate 4); trajectory=(--samples 40)
     ablate=(--device cpu --only checkpointing,sdpa)
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
     epoch=(--cuda --model-1b --samples 600 --batches 1,2,4,8 --modes longest,grouped)
     planeta=(--cuda --model-1b --samples 600 --modes longest,max_length --calibrate 30)
+    trajectory=(--cuda --model-1b)
     ablate=(--device cuda $(python3 -c "import sys; sys.path.insert(0, 'bench')
 from gpu_sweep import LLAMA_1B_OVERRIDES; print(' '.join('--set ' + o for o in LLAMA_1B_OVERRIDES))"))
 fi
 
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(tests plan_eta epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
+steps=(tests plan_eta step_trajectory epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
 
 save() {  # everything measured so far, in one file, and a line per step for the reader
     tar -czf "$out/gpu-state.tar.gz" -C /tmp/gpu-session gpu
@@ -93,6 +94,16 @@ step tests 120 python3 -m pytest -q -p no:cacheprovider "${tests[@]}"
 # and the monitor's projection at 10% of the run; each mode is kept as it ends.
 step plan_eta 300 bash -c "python3 bench/plan_eta.py ${planeta[*]} \
     --results $state/plan_eta_runs.json > $state/plan_eta.json"
+# Issue 20: two epochs of the ~0.93B model padded to the longest, as run and with the CUDA caching
+# allocator's expandable segments: does the second epoch still run faster than the first
+# (2026-11-26: 0.161 against 0.226 s a step), and does the allocator explain it?
+# Each run is kept as it ends (a cut call redoes only the one it cut).
+step step_trajectory 300 bash -c "
+    [ -s $state/step_trajectory.json ] || { python3 bench/step_trajectory.py ${trajectory[*]} --epochs 2 \
+        > $state/trajectory.tmp && mv $state/trajectory.tmp $state/step_trajectory.json; } || exit \$?
+    [ -s $state/step_trajectory_expandable.json ] || { python3 bench/step_trajectory.py ${trajectory[*]} --epochs 2 \
+        --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True > $state/trajectory.tmp \
+        && mv $state/trajectory.tmp $state/step_trajectory_expandable.json; }"
 # Issue 19: the probe's expected speed over an epoch's own batches against whole `trl sft` epochs;
 # each run is kept as it ends, so a cut one goes on in the next call.
 step epoch_fidelity 150 bash -c "python3 bench/epoch_fidelity.py ${epoch[*]} \
