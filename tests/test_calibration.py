@@ -25,6 +25,7 @@ from trainfit.calibration import (
     calibrate,
     calibration_args,
     own_step_time,
+    pace_change,
     parse_train_runtime,
     priced_steps,
     recorded_steps,
@@ -219,6 +220,30 @@ def test_the_trainers_own_time_is_told_from_the_machines_drift() -> None:
     assert Calibration(**common).trainer_overhead_s() == pytest.approx(0.03)  # not separable: the difference
 
 
+def test_a_pace_that_changes_across_the_timed_steps_is_told_from_noise() -> None:
+    """A fresh process on a GPU still speeding up (docs/benchmarks.md: 0.28 s a step, then 0.22): the
+    later half of the timed steps ran faster for the same work. A steady pace over steps of varied
+    work, drift as small as a whole CPU run's, or a change within the noise say nothing."""
+    work = [0.05, 0.30, 0.12, 0.08, 0.25, 0.15, 0.06, 0.20, 0.10, 0.18]
+    assert pace_change([(1.2 * w, w) for w in work]) is None
+    settling = [(w * (1.6 if i < 5 else 1.2), w) for i, w in enumerate(work)]
+    assert pace_change(settling) == pytest.approx(1.2 / 1.6 - 1)
+    assert pace_change([(w * (1.0 if i < 5 else 1.15), w) for i, w in enumerate(work)]) == pytest.approx(0.15)
+    assert pace_change([(w * (1.0 if i < 5 else 1.05), w) for i, w in enumerate(work)]) is None  # under 10%
+    scattered = [0.6, 1.4, 0.7, 1.5, 0.8, 1.3, 0.7, 1.6, 0.9, 1.5]  # +25% between the halves, within their noise
+    assert pace_change([(w * f, w) for w, f in zip(work, scattered)]) is None
+    assert pace_change(settling[:6]) is None  # too few intervals
+    # Priced on the very batches: steps 3-12 of one 100-position micro-batch each (0.2 s expected), the
+    # first five timed at 0.32 s, the next five at 0.24 s.
+    cost = lambda length: 0.1 + 0.001 * length  # noqa: E731
+    arrivals, t = {2: 0.0}, 0.0
+    for n in range(3, 13):
+        t += 0.32 if n < 8 else 0.24
+        arrivals[n] = t
+    priced = priced_steps([[100]] * 12, 1, arrivals, 2, cost)
+    assert priced is not None and priced.pace_change_rel == pytest.approx(0.24 / 0.32 - 1)
+
+
 def test_the_trainers_cost_is_against_the_same_batches_where_they_were_priced() -> None:
     common = dict(steps=20, seconds_per_step=1.0, samples_per_second=8.0, probe_samples_per_second=10.0,
                   spread_rel=0.04, startup_s=12.0, command="trl sft ...", device="cpu")
@@ -245,9 +270,9 @@ def test_a_calibration_reads_back_from_json_with_an_unknown_spread() -> None:
     # recorded before `trainfit train`'s own start-up or the batches' price were measured: none, not a KeyError
     older = Calibration.from_json({k: v for k, v in raw.items()
                                    if k not in ("train_startup_s", "model_step_s", "own_step_s", "trial",
-                                                "micro_batches")})
+                                                "micro_batches", "pace_change_rel")})
     assert older.train_startup_s is None and older.model_step_s is None and older.own_step_s is None
-    assert older.trial is None and older.micro_batches == 1
+    assert older.trial is None and older.micro_batches == 1 and older.pace_change_rel is None
 
 
 @pytest.fixture(scope="module")

@@ -116,6 +116,23 @@ def test_a_trainer_cost_reranks_the_configs_and_writes_the_command_for_the_new_p
     assert "Its speed includes the trainer's own cost, 10 ms a micro-batch" in (out / "report.html").read_text()
 
 
+def test_a_plan_says_when_its_calibrations_steps_were_still_speeding_up(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from trainfit.plan import make_plan
+
+    spec, out, _, _, cost = probed(tmp_path)
+    again(spec, out)
+    tunes = Calibration.from_json(cost.calibration)
+    assert "later steps ran" not in " ".join(make_plan(out, max_hours=10, epochs=1).rests_on)  # its pace held
+    settling = " ".join(make_plan(out, max_hours=10, epochs=1, calibration=replace(tunes, pace_change_rel=-0.25)).rests_on)
+    assert "the calibration's later steps ran 25% faster than its earlier ones" in settling
+    assert "the ETA long; calibrate over more steps" in settling
+    assert "calibrated (by `trainfit tune --calibrate`)" not in settling  # not the tune's own any more
+    slowing = " ".join(make_plan(out, max_hours=10, epochs=1, calibration=replace(tunes, pace_change_rel=0.12)).rests_on)
+    assert "ran 12% slower" in slowing and "the ETA may be short" in slowing
+
+
 def test_a_plan_reuses_the_tunes_calibration_per_micro_batch(tmp_path: Path) -> None:
     from trainfit.plan import make_plan
 

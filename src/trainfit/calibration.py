@@ -133,6 +133,11 @@ class Calibration:
     """The tune trial of the config the steps ran (None: recorded before it was kept)."""
     micro_batches: int = 1
     """That config's micro-batches per optimizer step (``gradient_accumulation_steps``)."""
+    pace_change_rel: float | None = None
+    """How much slower (above 0) or faster (below 0) the later half of the timed steps ran than the
+    earlier half, for the work they did (:func:`pace_change`); None where the pace held as far as
+    the steps can tell. A fresh process on a GPU still speeding up (docs/plan.md) reads below 0, and
+    the run's steps are then faster than the figure; a machine slowing down reads above 0."""
 
     def trainer_overhead_s(self) -> float:
         """The trainer's own time per optimizer step beyond the model's step, at least 0: fitted
@@ -166,7 +171,8 @@ class Calibration:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
         check_schema(raw, SCHEMA_VERSION, "a calibration", "calibrate again with this trainfit")
-        later = {"train_startup_s", "model_step_s", "own_step_s", "trial", "micro_batches"}  # absent from calibrations recorded before they were measured
+        later = {"train_startup_s", "model_step_s", "own_step_s", "trial", "micro_batches",
+                 "pace_change_rel"}  # absent from calibrations recorded before they were measured
         values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw or f.name not in later}
         if values["spread_rel"] is None:
             values["spread_rel"] = math.inf
@@ -277,6 +283,8 @@ class Priced:
     own_step_s: float | None = None
     """The trainer's own time per step, told from the machine's drift (see :func:`own_step_time`);
     None where the steps' expected times vary too little to tell them apart."""
+    pace_change_rel: float | None = None
+    """The change of pace from the earlier half of the timed steps to the later (:func:`pace_change`)."""
 
 
 def priced_steps(steps: Sequence[Sequence[int]], accumulation: int, arrivals: Mapping[int, float], after: int,
@@ -300,7 +308,35 @@ def priced_steps(steps: Sequence[Sequence[int]], accumulation: int, arrivals: Ma
     intervals = [(t1 - t0, sum(expected[n0 - first:n1 - first]), n1 - n0)
                  for (n0, t0), (n1, t1) in itertools.pairwise(shown)]
     return Priced(sum(expected) / len(expected), relative_ci95([t / e for t, e, _ in intervals]),
-                  own_step_time(intervals))
+                  own_step_time(intervals), pace_change([(t, e) for t, e, _ in intervals]))
+
+
+PACE_CHANGE = 0.10
+"""The least change of pace between the earlier and the later half of the timed steps that
+:func:`pace_change` reports: on the test CPU the machine's drift moved a whole run's steps by 4-5%;
+on an H200 a fresh process's first 25 steps ran at 0.28 s and the next 125 at 0.22 (docs/benchmarks.md)."""
+
+
+def pace_change(intervals: Sequence[tuple[float, float]]) -> float | None:
+    """How much slower (above 0) or faster (below 0) the later half of the progress bar's intervals
+    ran than the earlier half, each half's seconds against the work it did (``intervals``, in order:
+    ``(seconds, work)``, the work the probe's expected seconds of their batches, or their step count
+    where unpriced). None with fewer than :data:`MIN_INTERVALS` intervals, or where the change is
+    under :data:`PACE_CHANGE` or within the noise of the halves (the 95% half-widths of their
+    intervals' seconds per unit of work, combined): the pace held as far as the steps can tell."""
+    from trainfit.probe.timing import relative_ci95
+
+    if len(intervals) < MIN_INTERVALS or any(work <= 0 for _, work in intervals):
+        return None
+    half = len(intervals) // 2
+    early, late = intervals[:half], intervals[half:]
+
+    def pace(part: Sequence[tuple[float, float]]) -> float:
+        return sum(t for t, _ in part) / sum(w for _, w in part)
+
+    change = pace(late) / pace(early) - 1
+    noise = math.hypot(relative_ci95([t / w for t, w in early]), relative_ci95([t / w for t, w in late]))
+    return change if abs(change) >= PACE_CHANGE and abs(change) > noise else None
 
 
 def own_step_time(intervals: Sequence[tuple[float, float, int]]) -> float | None:
@@ -364,11 +400,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
     scratch = work is None
     folder = Path(tempfile.mkdtemp(prefix="trainfit-calibrate-")) if work is None else Path(work)
     folder.mkdir(parents=True, exist_ok=True)
-    copy = folder / "train_command.sh"  # the command as read now: a tune still running may rewrite the original
-    copy.write_text(script)
-    (folder / "run").mkdir(exist_ok=True)  # what `trainfit train` reads: this summary and command, no plan
-    shutil.copy(Path(run_dir) / "summary.json", folder / "run" / "summary.json")
-    shutil.copy(copy, folder / "run" / "train_command.sh")
+    copy = _copied(Path(run_dir), script, folder)
     short = short_steps(steps)
     (folder / f"batches-{short + steps}-steps.txt").unlink(missing_ok=True)  # a reused work folder's: appended to
     runs = _run_twice(copy, folder / "run", short, steps, folder, env, say, scratch=scratch)
@@ -384,6 +416,8 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
         spread_rel=priced.spread_rel if priced is not None and math.isfinite(priced.spread_rel) else
         step_spread(runs[1].step_arrivals, runs[0].step_arrivals, short),
         model_step_s=priced.model_step_s if priced else None, own_step_s=priced.own_step_s if priced else None,
+        pace_change_rel=(priced.pace_change_rel if priced else
+                         _unpriced_pace_change(runs[1].step_arrivals, short, say)),
         startup_s=max(0.0, runs[0].wall_s - short * seconds),
         train_startup_s=max(0.0, runs[1].wall_s - (short + steps) * seconds),
         command=as_one_line(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
@@ -391,6 +425,18 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
     if scratch:
         shutil.rmtree(folder, ignore_errors=True)
     return calibration
+
+
+def _copied(run_dir: Path, script: str, folder: Path) -> Path:
+    """``folder/train_command.sh``: ``script`` as read now (a tune still running may rewrite the
+    original), and ``folder/run``, what `trainfit train` reads: ``run_dir``'s summary and this
+    command, no plan."""
+    copy = folder / "train_command.sh"
+    copy.write_text(script)
+    (folder / "run").mkdir(exist_ok=True)
+    shutil.copy(run_dir / "summary.json", folder / "run" / "summary.json")
+    shutil.copy(copy, folder / "run" / "train_command.sh")
+    return copy
 
 
 def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short: int, cost: StepCost,
@@ -408,7 +454,22 @@ def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short:
                if priced.own_step_s is None else
                f"; the trainer's own time, told from the machine's drift: {priced.own_step_s:.4g} s a step"
                + (" (below 0: taken as none)" if priced.own_step_s < 0 else "")))
+        _say_pace_change(priced.pace_change_rel, say)
     return priced
+
+
+def _unpriced_pace_change(arrivals: Mapping[int, float], short: int, say: Callable[[str], None]) -> float | None:
+    """:func:`pace_change` of the long run's bar intervals after ``short`` steps, by step count."""
+    change = pace_change([(t1 - t0, n1 - n0) for (n0, t0), (n1, t1) in itertools.pairwise(_shown(arrivals, short))])
+    _say_pace_change(change, say)
+    return change
+
+
+def _say_pace_change(change: float | None, say: Callable[[str], None]) -> None:
+    if change is not None:
+        say(f"the later half of the timed steps ran {abs(change):.0%} {'faster' if change < 0 else 'slower'} than "
+            "the earlier half for their work: " + ("still speeding up (calibrate over more steps to time past it)"
+                                                   if change < 0 else "slowing down"))
 
 
 def _run_twice(script: Path, run_copy: Path, short: int, steps: int, folder: Path, env: Mapping[str, str],

@@ -328,27 +328,7 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
                      "per-step work (measured: 0-15% on a CPU, 1.4-1.9x on an H100 with short steps, "
                      f"docs/benchmarks.md); {how}")
     else:
-        against = (f"{calibration.seconds_per_step:.3g} s a step where the probe's cost of the very batches they "
-                   f"trained is {calibration.model_step_s:.3g} s" if calibration.model_step_s is not None else
-                   f"{calibration.ratio:.2f}x the probe's speed over the epoch (their batches not priced one by one)")
-        by = " (by `trainfit tune --calibrate`)" if s.trainer_cost is not None and calibration.to_json() == \
-            s.trainer_cost.calibration else ""
-        how = ("the trainer's own time, fitted apart from the machine's drift over steps of varied cost (at "
-               "least 0)" if calibration.own_step_s is not None else "the difference (at least 0)")
-        lines.append(f"calibrated{by}: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran "
-                     f"at {against}; {how}, {calibration.trainer_overhead_s():.3g} s a step of "
-                     f"{calibration.micro_batches} micro-batch{'es' * (calibration.micro_batches != 1)}, so "
-                     f"{calibration.step_overhead_s(1):.3g} s a micro-batch, is added to every micro-batch, and the "
-                     "run's start-up and end once (launch to exit less its steps: "
-                     + (f"{calibration.train_startup_s:.0f} s for `trainfit train`, " if calibration.train_startup_s
-                        is not None else "") + f"{calibration.startup_s:.0f} s for the written command)")
-        if not math.isfinite(calibration.spread_rel):
-            lines.append("the calibration's own spread could not be measured (too few steps shown): the interval "
-                         "holds the probe's alone; calibrate over more steps for it")
-        ran = calibration.trial if calibration.trial is not None else s.best_config.trial  # type: ignore[union-attr]
-        if calibration.steps and chosen.trial != ran:
-            lines.append(f"the calibration ran trial {ran}; its cost per micro-batch is applied to trial "
-                         f"{chosen.trial} as measured, though its other batch shapes may change it")
+        lines += _calibration_lines(calibration, s, chosen)
     lines.append("checkpoint saves: the optimizer state and trained weights the probe measured, at the write speed "
                  f"timed on the disk of {run.folder} (the trainer's --output_dir may be elsewhere)")
     if evaluation is not None:
@@ -361,4 +341,39 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
             ([] if evaluation else ["evaluation passes (--eval-data prices them)"])
             + ([] if calibration else ["start-up (model load, tokenization) and the final save: --calibrate measures "
                                        "them"])))
+    return lines
+
+
+def _calibration_lines(calibration: Calibration, s: Summary, chosen: Candidate) -> list[str]:
+    """What a plan's trainer cost and start-ups rest on: the calibration that measured them."""
+    lines: list[str] = []
+    against = (f"{calibration.seconds_per_step:.3g} s a step where the probe's cost of the very batches they "
+               f"trained is {calibration.model_step_s:.3g} s" if calibration.model_step_s is not None else
+               f"{calibration.ratio:.2f}x the probe's speed over the epoch (their batches not priced one by one)")
+    by = (" (by `trainfit tune --calibrate`)" if s.trainer_cost is not None
+          and calibration == Calibration.from_json(s.trainer_cost.calibration) else "")
+    how = ("the trainer's own time, fitted apart from the machine's drift over steps of varied cost (at "
+           "least 0)" if calibration.own_step_s is not None else "the difference (at least 0)")
+    lines.append(f"calibrated{by}: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran "
+                 f"at {against}; {how}, {calibration.trainer_overhead_s():.3g} s a step of "
+                 f"{calibration.micro_batches} micro-batch{'es' * (calibration.micro_batches != 1)}, so "
+                 f"{calibration.step_overhead_s(1):.3g} s a micro-batch, is added to every micro-batch, and the "
+                 "run's start-up and end once (launch to exit less its steps: "
+                 + (f"{calibration.train_startup_s:.0f} s for `trainfit train`, " if calibration.train_startup_s
+                    is not None else "") + f"{calibration.startup_s:.0f} s for the written command)")
+    if not math.isfinite(calibration.spread_rel):
+        lines.append("the calibration's own spread could not be measured (too few steps shown): the interval "
+                     "holds the probe's alone; calibrate over more steps for it")
+    change = calibration.pace_change_rel
+    if change is not None:
+        lines.append(f"the calibration's later steps ran {abs(change):.0%} {'faster' if change < 0 else 'slower'} "
+                     "than its earlier ones for their work: " + (
+                         "still speeding up (as a fresh process on a GPU does), so the run's steps are likely "
+                         "faster and the ETA long; calibrate over more steps to time past it" if change < 0 else
+                         "the machine slowing down (or the trainer's work growing), so the ETA may be short; the "
+                         "monitor corrects it as the run goes"))
+    ran = calibration.trial if calibration.trial is not None else s.best_config.trial  # type: ignore[union-attr]
+    if calibration.steps and chosen.trial != ran:
+        lines.append(f"the calibration ran trial {ran}; its cost per micro-batch is applied to trial "
+                     f"{chosen.trial} as measured, though its other batch shapes may change it")
     return lines
