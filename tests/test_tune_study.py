@@ -91,6 +91,27 @@ def test_a_running_tune_holds_its_output_folder(tmp_path: Path) -> None:
     assert tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=3, resume=True).new_trials == 1
 
 
+def test_the_output_folder_stays_held_until_the_tunes_last_write(tmp_path: Path) -> None:
+    """``tune --calibrate`` writes the outputs again after the search (``run_search``'s ``then``): a run
+    started on the folder meanwhile is refused, and the folder is free once the tune returns."""
+    from trainfit.report import write_outputs
+    from trainfit.search.tune import TuneResult, run_search
+
+    spec = synthetic_spec(tmp_path, "grid")
+    out = tmp_path / "out"
+    refused: list[str] = []
+
+    def then(result: TuneResult) -> TuneResult:  # as the calibration runs
+        with pytest.raises(TrainfitError, match=r"in use by a running trainfit tune") as err:
+            tune(spec, output=out, probe_fn=Surface(), max_trials=3, resume=True)
+        refused.append(str(err.value))
+        return result
+
+    run_search(spec, outputs=write_outputs, output=out, probe_fn=Surface(), max_trials=2, then=then)
+    assert len(refused) == 1
+    assert tune(spec, output=out, probe_fn=Surface(), max_trials=3, resume=True).new_trials == 1
+
+
 def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.db'}"  # a real database file, as several machines would share
     spec_a = synthetic_spec(tmp_path / "a", "grid")

@@ -67,13 +67,15 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
         last.update(args=(output, *args), kwargs=kwargs)  # the last write's trials and state, to write again
         return write_outputs(output, *args, **kwargs, trainer_cost=stored)
 
-    result = run_search(spec, outputs=outputs, **options)
-    if not calibrate_steps or result.best is None:
-        return result
-    cost = _trainer_cost(result, calibrate_steps, on_calibration)
-    write_atomically(result.output / TRAINER_COST_FILE, json.dumps(cost.to_json(), indent=2) + "\n")
-    summary = write_outputs(*last["args"], **last["kwargs"], trainer_cost=cost)
-    return dataclasses.replace(result, summary=summary, best=best_trial(result.trials, summary))
+    def calibrated(result: TuneResult) -> TuneResult:  # run while the search still holds the output folder
+        if not calibrate_steps or result.best is None:
+            return result
+        cost = _trainer_cost(result, calibrate_steps, on_calibration)
+        write_atomically(result.output / TRAINER_COST_FILE, json.dumps(cost.to_json(), indent=2) + "\n")
+        summary = write_outputs(*last["args"], **last["kwargs"], trainer_cost=cost)
+        return dataclasses.replace(result, summary=summary, best=best_trial(result.trials, summary))
+
+    return run_search(spec, outputs=outputs, then=calibrated, **options)
 
 
 def _trainer_cost(result: TuneResult, steps: int, on_progress: Callable[[str], None] | None) -> TrainerCost:

@@ -364,6 +364,7 @@ def run_search(
     on_event: EventFn | None = None,
     device_type: str | None = None,
     sampler: Any = None,
+    then: Callable[[TuneResult], TuneResult] | None = None,
 ) -> TuneResult:
     """Search ``spec.search`` for the fastest configuration that fits ``spec.budget``, writing the
     run's outputs with ``outputs`` after every trial and at the end (``trainfit.tune`` passes the
@@ -373,7 +374,9 @@ def run_search(
     probe); tests of the search logic pass a deterministic one. ``sampler`` replaces the
     Optuna sampler the bayes strategy uses (GPSampler), e.g. to compare with TPE. ``resume``
     continues a study; ``join`` (with ``storage``) starts it or continues it, for several
-    machines started with one command.
+    machines started with one command. ``then``: what to do with the result before the output
+    folder is released (``trainfit.tune``'s calibration, which writes the outputs again), its
+    result the search's.
     """
     output = Path(output)
     space = spec.search or SearchSpace(base=spec.params, dims=())
@@ -401,7 +404,8 @@ def run_search(
         finally:
             if session is not None:
                 session.close()  # no worker outlives the search
-        return finish(loop, write, output)
+        result = finish(loop, write, output)
+        return then(result) if then is not None else result
 
 
 def finish(loop: SearchLoop, write: Callable[[LoopState, str], Summary], output: Path) -> TuneResult:
