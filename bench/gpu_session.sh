@@ -12,8 +12,8 @@
 #
 # Steps, in order (each skipped once done), the open issues' figures first: the GPU tests; the plan's
 # ETA and the monitor against `trainfit train` and the written command on a ~0.93B model, and two
-# epochs' step times (issue 20); the epoch estimate against whole `trl sft` epochs (issue 19); the LoRA sweep (issue 2); the full
-# fine-tuning sweep (issue 2); tune against the Hugging Face Trainer, then auto against the grid,
+# epochs' step times (issue 20); the epoch estimate against whole `trl sft` epochs (issue 19); the
+# LoRA sweep and the full fine-tuning sweep (issue 2); tune against the Hugging Face Trainer, then auto against the grid,
 # random search and TPE (issue 4); then LoRA with the model's own loss over the full
 # logits, the TRL fidelity run, and the ablation table on the ~1B Llama (issue 21). A step starts
 # only with enough time left for it (or for a useful part, where it resumes), and one cut short

@@ -2,14 +2,15 @@
 
 The plan's calibration times a few tens of trainer steps near the start of a run; the monitor
 projects the end from the first tenth. Both assume the steps keep one pace. On an H200 (2026-11-26)
-a ~0.93B Llama padded to the longest ran its second epoch ~27% faster per step than its first, on
+a ~0.93B Llama padded to the longest ran its second epoch 29% faster per step than its first, on
 the same samples: this script shows such a trajectory, one run at a time.
 
 The setup of bench/plan_eta.py (the long-tailed standard-library docstrings, LoRA r=16, padding to
 the longest), a tune of one config (batch 4), a plan of ``--epochs`` epochs without calibration,
 then `trainfit train` of it with an on-track check every 0.2 s. The result: the run's wall time,
-its seconds and real tokens per 10 steps (the trainer's own log), the seconds per step of each
-epoch, and the monitor's projection at 10% against the end. ``--env K=V`` (repeatable) goes into
+its seconds and real tokens per 10 steps (the trainer's own log), each on-track check (step,
+elapsed, projected end), the seconds per step of each epoch, and the monitor's projection at 10%
+against the end. ``--env K=V`` (repeatable) goes into
 the training process's environment, e.g. ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
 
     python bench/step_trajectory.py --cuda --model-1b --epochs 2          # on a GPU
@@ -77,13 +78,16 @@ def trajectory(args: argparse.Namespace, work: Path) -> dict:
     logs = [{"step": e["step"], "elapsed_s": e["elapsed_s"], "num_tokens": e["num_tokens"]}
             for e in log if e["event"] == "log" and "num_tokens" in e]
     end = next(e for e in log if e["event"] == "end")
-    tenth = next(e for e in log if e["event"] == "on_track" and e["step"] >= 0.1 * e["max_steps"])
+    tenth = next((e for e in log if e["event"] == "on_track" and e["step"] >= 0.1 * e["max_steps"]), None)
     return {"tune_s": tune_s, "train_wall_s": wall, "steps": end["step"], "elapsed_s": end["elapsed_s"],
             "planned_s": plan.eta.total_s, "probe_step_s": plan.eta.step_time_s,
-            "seconds_per_step_by_epoch": per_epoch(logs, plan.eta.steps // max(1, round(args.epochs))),
-            "monitor_at_tenth": {"step": tenth["step"], "projected_s": tenth["projected_s"],
-                                 "error": (tenth["projected_s"] - end["elapsed_s"]) / end["elapsed_s"]},
-            "logs": logs}
+            "seconds_per_step_by_epoch": per_epoch(logs, max(1, round(plan.eta.steps / args.epochs))),
+            "monitor_at_tenth": None if tenth is None else {
+                "step": tenth["step"], "projected_s": tenth["projected_s"],
+                "error": (tenth["projected_s"] - end["elapsed_s"]) / end["elapsed_s"]},
+            "logs": logs,
+            "on_track": [{"step": e["step"], "elapsed_s": e["elapsed_s"], "projected_s": e["projected_s"]}
+                         for e in log if e["event"] == "on_track"]}
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ import math
 import os
 import shlex
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,7 @@ def test_a_pace_that_changes_across_the_timed_steps_is_told_from_noise() -> None
     scattered = [0.6, 1.4, 0.7, 1.5, 0.8, 1.3, 0.7, 1.6, 0.9, 1.5]  # +25% between the halves, within their noise
     assert pace_change([(w * f, w) for w, f in zip(work, scattered)]) is None
     assert pace_change(settling[:6]) is None  # too few intervals
+    assert pace_change([(0.0, 1.0)] * 4 + [(1.0, 1.0)] * 4) is None  # bar updates stamped alike: no pace to compare
     # Priced on the very batches: steps 3-12 of one 100-position micro-batch each (0.2 s expected), the
     # first five timed at 0.32 s, the next five at 0.24 s.
     cost = lambda length: 0.1 + 0.001 * length  # noqa: E731
@@ -265,6 +267,8 @@ def test_a_calibration_reads_back_from_json_with_an_unknown_spread() -> None:
     raw = json.loads(json.dumps(c.to_json()))
     assert raw["spread_rel"] is None and raw["schema_version"] == 1
     assert Calibration.from_json(raw) == c
+    settling = replace(c, pace_change_rel=-0.25)
+    assert Calibration.from_json(json.loads(json.dumps(settling.to_json()))) == settling
     with pytest.raises(TrainfitError, match="schema version 2"):
         Calibration.from_json({**raw, "schema_version": 2})
     # recorded before `trainfit train`'s own start-up or the batches' price were measured: none, not a KeyError

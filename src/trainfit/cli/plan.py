@@ -56,7 +56,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--calibrate", type=number(int, at_least=1), metavar="N",
                    help="first run real trainer steps (train_command.sh, then N through `trainfit train`) to "
                         "measure the trainer's own cost and start-up; on a GPU with padding to the longest, 100 or "
-                        "more get past a fresh process's slower first steps (docs/plan.md)")
+                        "more should get past a fresh process's slower first steps (docs/plan.md)")
     p.add_argument("--eval-data", metavar="PATH",
                    help="an eval set (the training data's format and fields): its passes are timed and priced")
     p.add_argument("--eval-every", type=_every, default=None, metavar="N|epoch",
