@@ -21,6 +21,7 @@
 # docs/benchmarks.md for how they are recorded.
 #
 # GPU_SESSION_SECONDS (default 540) is this call's budget, under the device's 600-second limit.
+# GPU_SESSION_STEPS (e.g. "tests step_trajectory"): only these steps this call, in the order above.
 # GPU_SESSION_SMOKE=1 runs the same steps on a CPU with tiny models, to check this script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +47,7 @@ if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
     epoch=(--cuda --model-1b --samples 600 --batches 1,2,4,8 --modes longest,grouped)
-    planeta=(--cuda --model-1b --samples 600 --modes longest,max_length --calibrate 30)
+    planeta=(--cuda --model-1b --samples 600 --modes max_length,longest --calibrate 30)
     trajectory=(--cuda --model-1b)
     ablate=(--device cuda $(python3 -c "import sys; sys.path.insert(0, 'bench')
 from gpu_sweep import LLAMA_1B_OVERRIDES; print(' '.join('--set ' + o for o in LLAMA_1B_OVERRIDES))"))
@@ -71,6 +72,7 @@ step() {
     local name=$1 needs=$2
     shift 2
     case "$(cat "$state/$name.status" 2>/dev/null)" in done*|failed*) return 0 ;; esac
+    case " ${GPU_SESSION_STEPS:-$name} " in *" $name "*) ;; *) return 0 ;; esac  # not asked for this time
     if [ "$(left)" -lt "$needs" ] && [ "$(left)" -lt "$budget" ]; then  # in order: the rest waits too
         echo "== $name: needs ${needs} s, $(left) s left: in the next call"
         save
