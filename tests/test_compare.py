@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -199,6 +200,30 @@ def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
     # another step count is another comparison: refused, naming it
     again = subprocess.run([*argv[:8], "30", *argv[9:], "--resume"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "steps: 20 -> 30" in again.stderr and "Traceback" not in again.stderr
+
+
+@pytest.mark.integration
+def test_ctrl_c_mid_config_says_interrupted_once_without_a_traceback(factory_spec: Path, tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the comparison and the config training in its child process alike."""
+    configs = tmp_path / "c.yaml"
+    configs.write_text("slow: {learning_rate: 1.0e-3, sleep_s: 0.2}\n")
+    out = tmp_path / "cmp"
+    proc = subprocess.Popen([sys.executable, "-m", "trainfit", "compare", str(factory_spec), "--configs", str(configs),
+                             "--steps", "200", "--output", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal has it
+    assert proc.stdout is not None
+    before = []
+    for line in proc.stdout:  # until the config, training in its own process, reports a step
+        before.append(line)
+        if "slow: step" in line:
+            break
+    assert before and "slow: step" in before[-1], "".join(before)
+    os.killpg(proc.pid, signal.SIGINT)
+    printed = "".join(before) + proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, printed
+    assert "Traceback" not in printed and "KeyboardInterrupt" not in printed
+    assert printed.count("interrupted") == 1, printed
 
 
 @pytest.mark.integration

@@ -194,4 +194,7 @@ def _failed(job: dict[str, Any], status: str, error: str) -> ConfigRun:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the whole group: `trainfit compare` says so, once
+        sys.exit(130)
