@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -303,10 +304,19 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
 
     # A deadline already passing: the run stops at its first step, with a checkpoint, status 3.
     late = tmp_path / "late"
-    assert main(["train", str(plan_dir), "--output", str(late), "--deadline", "0.00001"]) == 3
+    (plan_dir / "actual.json").unlink()
+    assert main(["train", str(plan_dir), "--output", str(late), "--max-steps", "30", "--deadline", "0.00001"]) == 3
     stopped = json.loads((late / "train_result.json").read_text())
     assert stopped["stopped_by"] == "deadline" and stopped["step"] == 1
     assert latest_complete(late) == late / "checkpoint-1"
+    # The command it prints to continue carries what decides the run (--max-steps): it resumes, not refused.
+    [again] = [line.split("continue: ", 1)[1] for line in capsys.readouterr().out.splitlines() if "continue: " in line]
+    assert main(shlex.split(again)[1:]) == 3  # its --deadline kept too: one more step, then stopped again
+    resumed = json.loads((late / "train_result.json").read_text())
+    assert resumed["resumed_from"] == "checkpoint-1" and resumed["step"] == 2
+    # A 30-step run that finishes is not the plan's 50 steps: the plan's actual.json is not written for it.
+    assert main(["train", str(plan_dir), "--output", str(tmp_path / "short"), "--max-steps", "30"]) == 0
+    assert not (plan_dir / "actual.json").exists()
 
 
 @pytest.fixture(scope="module")

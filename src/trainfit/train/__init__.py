@@ -220,6 +220,17 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
     return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv), plan
 
 
+def resume_command(run_dir: str | Path, output: str | Path, *, max_steps: int | None = None, loop: bool = False,
+                   extra_args: Sequence[str] = (), options: Sequence[str] = ()) -> str:
+    """The command that continues a run in ``output``: the same tune folder and the arguments that
+    decide what trains (``--max-steps``, ``--loop``, the ``trl sft`` ones after ``--``: a resume with
+    others is refused), ``options`` (e.g. the run's ``--deadline``), and ``--resume``."""
+    parts = ["trainfit", "train", str(run_dir), "--output", str(output),
+             *(["--max-steps", str(max_steps)] if max_steps else []), *(["--loop"] if loop else []), *options,
+             "--resume", *(["--", *extra_args] if extra_args else [])]
+    return shlex.join(parts)
+
+
 def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[str] = (), max_steps: int | None = None,
             loop: bool = False, record_batches: bool = False,
             say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
@@ -245,8 +256,8 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
     else:
         if record_path.exists() or any(output.glob("checkpoint-*")):
             raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
-                                f"continue it: trainfit train {run_dir} --output {output} --resume; or pick a new "
-                                "--output")
+                                "continue it: " + resume_command(run_dir, output, max_steps=max_steps, loop=loop,
+                                                                 extra_args=extra_args) + "; or pick a new --output")
         output.mkdir(parents=True, exist_ok=True)
         record = now
         write_atomically(record_path, json.dumps(record.to_json(), indent=2) + "\n")
@@ -307,7 +318,8 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
         log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source,
                   trial=record.trial)
         step, total = _run(run_dir, output, record, plan, checkpoint, control, callbacks, resume=resume,
-                           every_s=every_s, record_batches=record_batches, say=say)
+                           every_s=every_s, record_batches=record_batches, say=say,
+                           again=resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args))
         result = TrainResult(
             status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
             max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
@@ -316,7 +328,7 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
             planned_high_s=plan.eta.high_s if plan else None, output=str(output))
         text = json.dumps(result.to_json(), indent=2) + "\n"
         write_atomically(output / "train_result.json", text)
-        if plan is not None and result.status == "finished":
+        if plan is not None and result.status == "finished" and total == plan.eta.steps:  # the planned run, whole
             write_atomically(run_dir / "actual.json", text)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
@@ -345,9 +357,9 @@ def _watchers(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, 
 
 def _run(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, checkpoint: Path | None, control: Any,
          callbacks: list[Any], *, resume: bool, every_s: float, record_batches: str | Path | None = None,
-         say: Callable[[str], None]) -> tuple[int | None, int | None]:
+         say: Callable[[str], None], again: str) -> tuple[int | None, int | None]:
     """Train by the record's kind; the step reached and the run's total steps (None for a
-    command template, whose trainer is the user's)."""
+    command template, whose trainer is the user's). ``again``: the command that resumes it."""
     if record.kind == "command":
         control.stopped = _run_command(record, run_dir, output, plan, resume=resume, every_s=every_s,
                                        deadline=control.deadline, say=say)
@@ -362,8 +374,8 @@ def _run(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, check
 
             last = latest_complete(output)
             raise TrainfitError(f"training stopped: {os_error(err)}",
-                                f"fix the cause, then resume: trainfit train {run_dir} --output {output} "
-                                f"--resume (from {last.name if last else 'step 0'})") from err
+                                f"fix the cause, then resume: {again} "
+                                f"(from {last.name if last else 'step 0'})") from err
 
 
 @contextlib.contextmanager
