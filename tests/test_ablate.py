@@ -171,3 +171,17 @@ def test_gradient_checkpointing_lowers_the_steps_own_memory(tmp_path: Path) -> N
     assert list(rows) == ["baseline", "gradient checkpointing", AGAIN]  # --only; nothing to put together
     checkpointed = rows["gradient checkpointing"]["step_memory_gb"]
     assert checkpointed < 0.8 * min(rows["baseline"]["step_memory_gb"], rows[AGAIN]["step_memory_gb"])
+
+
+def test_only_with_a_word_that_names_no_technique_is_refused_before_anything_is_measured(
+        tmp_path: Path, capsys) -> None:
+    from conftest import EXAMPLES
+
+    out = tmp_path / "abl"
+    args = ["ablate", str(EXAMPLES / "tiny-llama.yaml"), "--output", str(out), "--only"]
+    assert main([*args, "checkpoint,flsh"]) == 2  # a typo beside a good word: not silently dropped
+    err = capsys.readouterr().err
+    assert "--only flsh names no technique" in err and "gradient checkpointing" in err and "Traceback" not in err
+    assert not (out / "ablation.json").exists()
+    assert main([*args, " , "]) == 2
+    assert "it is empty" in capsys.readouterr().err

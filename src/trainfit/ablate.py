@@ -238,10 +238,11 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
     say = on_row or (lambda row: None)
     base_params = baseline_params(spec)
     everything = techniques(spec, stats.recommended_max_length if stats is not None else None)
-    chosen = [t for t in everything if not only or any(word.lower() in t.name.lower() for word in only)]
-    if only and not chosen:
-        raise TrainfitError(f"--only {','.join(only)} names no technique",
+    unmatched = [word for word in only if not any(word.lower() in t.name.lower() for t in everything)]
+    if unmatched:  # a typo among good words would silently measure less than asked
+        raise TrainfitError(f"--only {','.join(unmatched)} names no technique",
                             f"the techniques: {', '.join(t.name for t in everything)}")
+    chosen = [t for t in everything if not only or any(word.lower() in t.name.lower() for word in only)]
     if any(t.versus for t in chosen):  # what a compared row is compared with is measured too
         needed = {t.versus for t in chosen}
         chosen = [t for t in everything if t in chosen or t.name in needed]

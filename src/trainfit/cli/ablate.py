@@ -48,8 +48,13 @@ def run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from trainfit.ablate import ablate, baseline_params
+    from trainfit.errors import TrainfitError
     from trainfit.files import write_atomically
 
+    only = [w.strip() for w in (args.only or "").split(",") if w.strip()]
+    if args.only is not None and not only:
+        raise TrainfitError("--only names no technique (it is empty)",
+                            "give words of the techniques' names, e.g. --only checkpointing,precision; or leave it out")
     spec = spec_from_args(args)
     out = Path(args.output) if args.output else \
         Path("trainfit-runs") / Path(args.spec).stem / datetime.now().strftime("ablate-%Y%m%d-%H%M%S")
@@ -74,7 +79,6 @@ def run(args: argparse.Namespace) -> int:
                    "rows": [r.to_json() for r in kept(measured)]}
         write_atomically(path, json.dumps(partial, indent=2) + "\n")  # kept as it comes: --resume goes on
 
-    only = [w.strip() for w in (args.only or "").split(",") if w.strip()]
     result = ablate(spec, stats=stats, done=done, only=only, on_row=on_row)
     result = dataclasses.replace(result, rows=kept(result.rows))
     write_atomically(path, json.dumps(result.to_json(), indent=2) + "\n")
