@@ -141,6 +141,14 @@ def test_a_folder_given_as_the_spec_is_named_as_a_folder(tmp_path: Path, capsys:
     assert "is a folder, not a file" in capsys.readouterr().err
 
 
+def test_a_tokenizer_that_does_not_exist_is_named_as_the_tokenizer(tmp_path: Path, capsys: Any) -> None:
+    from conftest import EXAMPLES
+
+    assert main(["analyze", str(EXAMPLES / "data" / "chat.jsonl"), "--text-field", "text", "--tokenizer",
+                 str(tmp_path / "nope"), "--no-cache"]) == 2
+    assert f"the tokenizer {tmp_path / 'nope'} does not exist" in capsys.readouterr().err  # not a bare OS error
+
+
 def test_a_nan_memory_budget_on_the_command_line_is_a_usage_error(tmp_path: Path, capsys: Any) -> None:
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
     with pytest.raises(SystemExit) as exit_:

@@ -147,6 +147,9 @@ def _tokenizer_id(path: str | None) -> str:
     if path is None:
         return "fallback-regex-v1"
     p = Path(path)
+    if not p.exists():
+        raise TrainfitError(f"the tokenizer {path} does not exist",
+                            "give a tokenizer folder or a tokenizer.json file (--tokenizer; in a spec, tokenizer:)")
     files = [p] if p.is_file() else sorted(q for q in p.iterdir()
                                            if q.is_file() and q.suffix in (".json", ".model", ".txt"))
     h = hashlib.sha256()
