@@ -452,8 +452,8 @@ def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short:
             "epoch average instead")
     else:
         say(f"the probe's cost of the very batches timed: {priced.model_step_s:.4g} s a step"
-            + ("; the trainer's own time could not be told from the machine's drift (the steps cost too much alike)"
-               if priced.own_step_s is None else
+            + ("; the steps cost too much alike to fit the trainer's own time apart from the machine's drift, so "
+               "the trainer's cost is the timed step less that" if priced.own_step_s is None else
                f"; the trainer's own time, told from the machine's drift: {priced.own_step_s:.4g} s a step"
                + (" (below 0: taken as none)" if priced.own_step_s < 0 else "")))
         _say_pace_change(priced.pace_change_rel, say)
