@@ -55,6 +55,18 @@ def test_a_configs_file_sets_knobs_and_training_values_over_the_spec(llama: Path
     assert (training.learning_rate, training.warmup_steps, training.lr_scheduler_type) == (3e-4, 10, "cosine")
 
 
+def test_a_training_value_set_on_the_command_line_is_every_configs_unless_it_sets_its_own(
+        llama: Path, tmp_path: Path) -> None:
+    from trainfit.compare.configs import split_training
+
+    training, rest = split_training(["learning_rate=1e-3", "lora_r=8", "warmup_steps=5"])
+    assert training == {"learning_rate": 1e-3, "warmup_steps": 5} and rest == ["lora_r=8"]
+    (tmp_path / "c.yaml").write_text("a: {lora_r: 16}\nb: {learning_rate: 3.0e-4}\n")
+    a, b = read_configs(tmp_path / "c.yaml", load_spec(llama, rest), defaults=training)
+    assert a.training == {"learning_rate": 1e-3, "warmup_steps": 5} and a.params.lora_r == 16
+    assert b.training == {"learning_rate": 3e-4, "warmup_steps": 5} and b.params.lora_r == 8
+
+
 def test_every_problem_of_a_configs_file_is_named_with_its_config_and_key(llama: Path, tmp_path: Path) -> None:
     spec = load_spec(llama)
     (tmp_path / "bad.yaml").write_text("ok: {learning_rate: 1.0e-4}\ntypo: {learnig_rate: 1.0e-4}\n"
@@ -64,6 +76,7 @@ def test_every_problem_of_a_configs_file_is_named_with_its_config_and_key(llama:
         read_configs(tmp_path / "bad.yaml", spec)
     text = str(err.value)
     assert "typo.learnig_rate: unknown setting (did you mean 'learning_rate'?)" in text
+    assert "typo.learnig_rate: unknown knob" not in text  # said once
     assert "knob.lora_rr: unknown knob (did you mean 'lora_r'?)" in text
     assert "zero.learning_rate: must be > 0" in text and "sched.lr_scheduler_type: must be one of" in text
     assert "a b: a config name is letters" in text and "ok." not in text

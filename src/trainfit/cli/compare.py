@@ -47,7 +47,8 @@ def add_parser(sub: Any) -> None:
                    help="also stop each config after T minutes of training (the same time for each; --steps stays "
                         "the learning-rate schedule's length)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec value for every config (as in tune); repeatable")
+                   help="override a spec value for every config (as in tune), or a training value "
+                        "(learning_rate=1e-4: every config that does not set its own); repeatable")
     p.add_argument("--eval-data", metavar="PATH", help="a held-out set (the training data's format and fields)")
     p.add_argument("--holdout", type=number(int, at_least=1), metavar="N",
                    help="no eval set of your own: hold out N rows of the spec's data (drawn with its seed) as one; "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainfit.compare.configs import NamedConfig, read_configs
+from trainfit.compare.configs import NamedConfig, read_configs, split_training
 from trainfit.compare.runs import MEASURED, ConfigRun
 from trainfit.compare.suggest import Suggestion, suggest
 from trainfit.errors import TrainfitError
@@ -91,8 +91,9 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     running the same comparison, which split the configs between them
     (:mod:`trainfit.compare.shared`). ``holdout``: hold out this many rows of the data (drawn with
     the spec's seed) as the eval set, the configs training on the rest (:mod:`trainfit.data.holdout`)."""
-    spec = load_spec(spec_path, overrides)
-    configs = read_configs(configs_path, spec)
+    training, spec_overrides = split_training(overrides)
+    spec = load_spec(spec_path, spec_overrides)
+    configs = read_configs(configs_path, spec, defaults=training)
     _check(spec, steps)
     output = Path(output).resolve()
     split = None if holdout is None else _split(spec, holdout, eval_data, output)
@@ -109,7 +110,7 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
         if split is not None:
             shutil.rmtree(split[0], ignore_errors=True)
         raise
-    trained_on = list(overrides)
+    trained_on = list(spec_overrides)
     if split is not None:  # accepted: the split replaces the folder's
         shutil.rmtree(output / HOLDOUT, ignore_errors=True)
         split[0].rename(output / HOLDOUT)

@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,27 @@ class NamedConfig:
             value, float) else str(value))]
 
 
-def read_configs(path: str | Path, spec: Spec) -> list[NamedConfig]:
+def split_training(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """``--set`` overrides split into training values (:data:`TRAINING_KEYS`, by name: ``--set
+    learning_rate=1e-4``) and the rest, the spec's."""
+    from trainfit.spec import parse_override
+
+    training: dict[str, Any] = {}
+    rest = []
+    for text in overrides:
+        key = text.partition("=")[0].strip()
+        if key in TRAINING_KEYS:
+            training[key] = _yaml_number(parse_override(text)[1])
+        else:
+            rest.append(text)
+    return training, rest
+
+
+def read_configs(path: str | Path, spec: Spec, defaults: Mapping[str, Any] | None = None) -> list[NamedConfig]:
     """The configs of the YAML file ``path`` over ``spec``'s params; every problem of the file at
     once (a :class:`SpecError` naming each config and key), or a :class:`TrainfitError` for a file
-    that cannot be read."""
+    that cannot be read. ``defaults``: training values for every config that does not set its own
+    (``--set learning_rate=...``)."""
     from trainfit.spec import load_yaml
 
     path = Path(path)
@@ -79,10 +97,18 @@ def read_configs(path: str | Path, spec: Spec) -> list[NamedConfig]:
         raise TrainfitError(f"{path} must hold a mapping of config names to their settings",
                             "e.g. low_lr: {learning_rate: 1.0e-5}\\nhigh_lr: {learning_rate: 1.0e-4}")
     problems: list[Problem] = []
-    configs = [c for name, values in raw.items() if (c := _config(str(name), values, spec, problems)) is not None]
+    configs = [c for name, values in raw.items()
+               if (c := _config(str(name), _with_defaults(values, defaults), spec, problems)) is not None]
     if problems:
         raise SpecError(problems, source=str(path))
     return configs
+
+
+def _with_defaults(values: Any, defaults: Mapping[str, Any] | None) -> Any:
+    """A config as written with ``defaults`` under it (a config that is not a mapping stays, to be refused)."""
+    if not defaults or not (values is None or isinstance(values, dict)):
+        return values
+    return {**defaults, **(values or {})}
 
 
 def read_one(name: str, values: Any, spec: Spec) -> NamedConfig:
@@ -110,10 +136,11 @@ def _config(name: str, values: Any, spec: Spec, problems: list[Problem]) -> Name
         if problem:
             problems.append(Problem(f"{name}.{key}", problem))
     knobs = {k: v for k, v in values.items() if k not in TRAINING_KEYS}
-    for key in knobs:
+    for key in list(knobs):
         close = difflib.get_close_matches(key, list(TRAINING_KEYS), n=1, cutoff=0.8)
         if close:
             problems.append(Problem(f"{name}.{key}", "unknown setting", f"did you mean {close[0]!r}?"))
+            del knobs[key]  # a misspelt training value: said once, not again as an unknown knob
     params, found = parse_params({**spec.params.to_dict(), **knobs}, allow_custom=factory, prefix=name)
     problems.extend(found)
     return NamedConfig(name=name, params=params, training=training, given=dict(values))
