@@ -424,6 +424,19 @@ def test_a_command_template_runs_as_a_child_told_the_plan_output_and_resume(
     assert json.loads((tmp_path / "loop" / "train.json").read_text())["kind"] == "factory"
 
 
+@pytest.mark.integration
+def test_a_tune_folder_without_its_command_is_refused_leaving_no_output_behind(
+        tune_dir: Path, tmp_path: Path, capsys) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(tune_dir / "summary.json", bare)
+    out = tmp_path / "out"
+    assert main(["train", str(bare), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no train_command.sh" in err and "bash" not in err  # not told to run the file it lacks
+    assert not out.exists()  # the folder made for the run is gone with it
+
+
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert main(["train", str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err

@@ -537,7 +537,7 @@ def written_command(run_dir: Path, fallback: str = FALLBACK_HINT, *, use: str = 
     script_path = run_dir / "train_command.sh"
     if not script_path.is_file():
         raise TrainfitError(f"{run_dir} holds no train_command.sh (tune writes it once a config fits)",
-                            f"tune again into a new folder, or {fallback}")
+                            "tune again into a new folder" + ("" if "train_command.sh" in fallback else f", or {fallback}"))
     script = script_path.read_text()
     written_for = _HEADER_TRIAL.search(script)
     if written_for is not None and int(written_for.group(1)) != best.trial:

@@ -299,7 +299,6 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     from trainfit.summary import read_summary
 
     read_summary(run_dir)  # a clear error before any folder is made
-    output.mkdir(parents=True, exist_ok=True)
     with _only_run(output):
         record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
                                            loop=loop, record_batches=record_batches is not None, say=say)
@@ -381,20 +380,27 @@ def _run(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, check
 @contextlib.contextmanager
 def _only_run(output: Path) -> Iterator[None]:
     """Hold ``output/.lock`` while training: a second ``trainfit train`` on the same folder (a
-    ``--resume`` while the run is alive, say) is refused instead of deleting its checkpoints."""
+    ``--resume`` while the run is alive, say) is refused instead of deleting its checkpoints. A
+    folder this call made is removed again if the run wrote nothing into it (refused input)."""
     import fcntl
 
-    with (output / ".lock").open("a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise TrainfitError(f"another `trainfit train` is running in {output}",
-                                "wait for it to end, or stop it (Ctrl-C or SIGTERM saves a checkpoint) and resume"
-                                ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    made = not output.exists()
+    output.mkdir(parents=True, exist_ok=True)
+    try:
+        with (output / ".lock").open("a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise TrainfitError(f"another `trainfit train` is running in {output}",
+                                    "wait for it to end, or stop it (Ctrl-C or SIGTERM saves a checkpoint) and resume"
+                                    ) from None
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        if made and {p.name for p in output.iterdir()} <= {".lock"}:
+            shutil.rmtree(output, ignore_errors=True)
 
 
 @contextlib.contextmanager
