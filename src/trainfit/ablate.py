@@ -238,14 +238,7 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
     say = on_row or (lambda row: None)
     base_params = baseline_params(spec)
     everything = techniques(spec, stats.recommended_max_length if stats is not None else None)
-    unmatched = [word for word in only if not any(word.lower() in t.name.lower() for t in everything)]
-    if unmatched:  # a typo among good words would silently measure less than asked
-        raise TrainfitError(f"--only {','.join(unmatched)} names no technique",
-                            f"the techniques: {', '.join(t.name for t in everything)}")
-    chosen = [t for t in everything if not only or any(word.lower() in t.name.lower() for word in only)]
-    if any(t.versus for t in chosen):  # what a compared row is compared with is measured too
-        needed = {t.versus for t in chosen}
-        chosen = [t for t in everything if t in chosen or t.name in needed]
+    chosen = _chosen(everything, only)
     rows: list[Row] = []
     with ProbeSession() as session:
         def measure(name: str, knobs: Mapping[str, Any], **kw: Any) -> Row:
@@ -281,6 +274,19 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
                                     ref, drift))
     return Ablation(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     device=rows[0].device, baseline=base_params.to_dict(), rows=rows, drift=drift)
+
+
+def _chosen(everything: Sequence[Technique], only: Sequence[str]) -> list[Technique]:
+    """The techniques whose names hold one of the words ``only`` (all without any), with the rows
+    they are compared with; a word that names none is refused (a typo among good words would
+    silently measure less than asked)."""
+    unmatched = [word for word in only if not any(word.lower() in t.name.lower() for t in everything)]
+    if unmatched:
+        raise TrainfitError(f"--only {','.join(unmatched)} names no technique",
+                            f"the techniques: {', '.join(t.name for t in everything)}")
+    chosen = [t for t in everything if not only or any(word.lower() in t.name.lower() for word in only)]
+    needed = {t.versus for t in chosen if t.versus}  # what a compared row is compared with is measured too
+    return [t for t in everything if t in chosen or t.name in needed]
 
 
 def baseline_params(spec: Spec) -> Params:
