@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -328,6 +329,12 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert main(["plan", str(tmp_path), "--max-hours", "2"]) == 2
     err = capsys.readouterr().err
     assert "holds no summary.json" in err and "Traceback" not in err
+    for stamp in ("20261124-101500", "20261125-090000"):  # the parent of tune folders: the newest is named
+        (tmp_path / stamp).mkdir()
+        (tmp_path / stamp / "summary.json").write_text("{}")
+    os.utime(tmp_path / "20261124-101500" / "summary.json", (1, 1))
+    assert main(["plan", str(tmp_path), "--max-hours", "2"]) == 2
+    assert f"the newest tune folder in it is {tmp_path / '20261125-090000'}" in capsys.readouterr().err
     assert main(["plan", str(tmp_path / "missing"), "--max-hours", "2"]) == 2
     assert "is not a folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):

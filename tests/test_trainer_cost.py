@@ -133,6 +133,23 @@ def test_a_plan_says_when_its_calibrations_steps_were_still_speeding_up(tmp_path
     assert "ran 12% slower" in slowing and "the ETA may be short" in slowing
 
 
+def test_a_plan_on_a_probe_that_did_not_settle_says_so_with_the_way_on(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from trainfit.plan import make_plan
+
+    def unsettled(params: Params, number: int) -> Measurement:
+        return replace(measured(params, number), step_time_ci95_rel=1.5, stable=False)
+
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
+    out = tmp_path / "run"
+    tune(spec, output=out, probe_fn=unsettled, stats=analyze_spec(spec, progress=False))
+    rests_on = " ".join(make_plan(out, max_hours=10, epochs=1).rests_on)
+    assert "probe did not settle (+-150%)" in rests_on and "--resume --confirm 3" in rests_on
+    _, settled, *_ = probed(tmp_path / "settled")
+    assert "did not settle" not in " ".join(make_plan(settled, max_hours=10, epochs=1).rests_on)
+
+
 def test_a_plan_reuses_the_tunes_calibration_per_micro_batch(tmp_path: Path) -> None:
     from trainfit.plan import make_plan
 

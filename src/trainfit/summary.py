@@ -297,7 +297,9 @@ def read_summary(folder: Path) -> Summary:
 
     path = folder / "summary.json"
     if not path.is_file():
+        inside = sorted(folder.glob("*/summary.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
         raise TrainfitError(f"{folder} holds no summary.json: it is not a tune output folder",
+                            f"the newest tune folder in it is {inside[-1].parent}" if inside else
                             "give the folder `trainfit tune --output` wrote (its summary.json names the best config)")
     try:
         return Summary.from_json(json.loads(path.read_text()))

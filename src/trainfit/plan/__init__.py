@@ -315,11 +315,19 @@ def _choice(priority: str, c: Candidate, eta: EtaOf, window: float) -> Choice:
     return Choice(priority=priority, trial=c.trial, searched=c.searched, eta_s=e.total_s, fits=e.fits(window))
 
 
+UNSETTLED = 0.25
+"""A probe's spread past which a plan says its figure did not settle (a busy machine, or too few steps)."""
+
+
 def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
               evaluation: Evaluation | None = None) -> list[str]:
     s = run.summary
     lines = [f"speed: trial {chosen.trial}'s probe over the epoch's own batches ({s.device or 'this device'}), "
              f"measured to +-{chosen.spread_rel:.1%} (its step time's 95% interval and the epoch fit's largest miss)"]
+    if chosen.spread_rel > UNSETTLED:
+        lines.append(f"trial {chosen.trial}'s probe did not settle (+-{chosen.spread_rel:.0%}), so its ETA's interval is "
+                     "as wide: `trainfit tune SPEC --output RUN_DIR --resume --confirm 3` re-probes the leaders "
+                     "(or raise probe.max_seconds and tune again)")
     if calibration is None:
         calibratable = bool(s.best_config and s.best_config.command) and not s.command_template
         how = ("run with --calibrate 50 to measure it" if calibratable else
