@@ -65,6 +65,22 @@ def test_what_helped_goes_together_the_fastest_of_rival_values_first() -> None:
     assert all_together(rows) == {"gradient_checkpointing": True, "precision": "fp16"}
 
 
+def test_a_table_without_a_together_row_says_why() -> None:
+    from trainfit.ablate import Ablation
+    from trainfit.cli.ablate import render
+
+    base = Row(name="baseline", knobs={}, status="ok", samples_per_second=10, peak_gb=2.0)
+    again = Row(name=AGAIN, knobs={}, status="ok", samples_per_second=10, peak_gb=2.0)
+    ckpt = Row(name="gradient checkpointing", knobs={"gradient_checkpointing": True}, status="ok",
+               samples_per_second=9, speedup_low=0.85, memory_change=-0.3)
+    fused = Row(name="fused AdamW", knobs={"optimizer": "adamw_fused"}, status="ok", samples_per_second=10.1,
+                speedup_low=0.97, memory_change=0.0)
+    one = Ablation(created_at="", device="cpu", baseline={}, rows=[base, ckpt, fused, again], drift=0.0)
+    assert "no row of the techniques together: only gradient checkpointing helped beyond the noise" in render(one)
+    none = Ablation(created_at="", device="cpu", baseline={}, rows=[base, fused, again], drift=0.0)
+    assert "none helped beyond the noise" in render(none)
+
+
 def test_compile_goes_together_only_with_the_fixed_padding_it_needs_having_helped() -> None:
     fixed = Row(name="fixed padding at max_length", knobs={"padding": "max_length"}, status="ok",
                 samples_per_second=2, speedup_low=0.1, memory_change=0.0)

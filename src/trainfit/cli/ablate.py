@@ -154,8 +154,25 @@ def render(result: Ablation) -> str:
                      "interval includes it")
     if any(r.changes_learning for r in result.rows):
         lines.append("* changes what is learned (LoRA, a shorter max_length): not put together with the others")
+    why_alone = no_together_row(result)
+    if why_alone:
+        lines.append(why_alone)
     lines.append(f"claims: {result.claim_source}; measured here on your model, data and device")
     return "\n".join(lines)
+
+
+def no_together_row(result: Ablation) -> str | None:
+    """Why the table has no row of the techniques together, where it has none but has techniques."""
+    from trainfit.ablate import AGAIN, TOGETHER, helpful, reference
+
+    names = [r.name for r in result.rows]
+    if TOGETHER in names or "baseline" not in names or len(names) <= 2:
+        return None
+    rows = {r.name: r for r in result.rows}
+    _, _, memory_noise = reference(rows["baseline"], rows.get(AGAIN))
+    helped = [r.name for r in helpful([r for r in result.rows if r.name not in ("baseline", AGAIN)], memory_noise)]
+    return ("no row of the techniques together: " + (f"only {helped[0]} helped" if helped else "none helped")
+            + " beyond the noise here (faster, or less memory at the same speed), and it takes two")
 
 
 def page(result: Ablation, source: str) -> str:
