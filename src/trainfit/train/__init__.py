@@ -327,7 +327,8 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
             planned_high_s=plan.eta.high_s if plan else None, output=str(output))
         text = json.dumps(result.to_json(), indent=2) + "\n"
         write_atomically(output / "train_result.json", text)
-        if plan is not None and result.status == "finished" and total == plan.eta.steps:  # the planned run, whole
+        whole = record.max_steps is None and total in (None, plan.eta.steps if plan else None)  # None: your trainer's
+        if plan is not None and result.status == "finished" and whole:  # the planned run, not a part of it
             write_atomically(run_dir / "actual.json", text)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
