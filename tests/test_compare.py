@@ -138,6 +138,34 @@ def test_the_suggestions_follow_the_curves_and_say_why() -> None:
     assert not any("longer" in s for s in said)
 
 
+def test_a_best_config_within_the_noise_of_the_runner_up_is_said_to_be_so() -> None:
+    from trainfit.compare.suggest import loss_noise
+
+    given = {"a": {"learning_rate": 1e-4}, "b": {"learning_rate": 2e-4}}
+    wobble = [0.05, -0.05, 0.04, -0.04]  # a real loss's step-to-step scatter about its trend
+
+    def noisy(end: float) -> list[list[float]]:
+        return [[i, i * 0.1, 3.0 + (end - 3.0) * i / 40 + wobble[i % 4]] for i in range(1, 41)]
+
+    close = {"a": a_run("a", noisy(2.00)), "b": a_run("b", noisy(2.01))}
+    # The last tenth (steps 37-40) wobbles -0.05, 0.04, -0.04, 0.05 about the slope; less its own line's
+    # 0.022 a step, residuals of +-0.017 and +-0.051: sqrt(0.00578 / 2) / sqrt(4). The slope is not noise.
+    assert loss_noise(close["a"]) == pytest.approx(0.02688, abs=1e-4)
+    said = {s.says: s for s in suggest(given, close, steps=40)}
+    tie = said["a and b are within the noise of their losses: train longer (e.g. --steps 80) or evaluate on "
+               "held-out data (--eval-data, or --holdout N) to tell them apart"]
+    assert "2.038 and 2.047 differ by 0.00962, within twice their combined standard error (0.038" in tie.evidence
+    apart = {"a": a_run("a", noisy(2.0)), "b": a_run("b", noisy(2.5))}
+    assert not any("noise" in s.says for s in suggest(given, apart, steps=40))
+    # five steps: each final loss is one logged loss, whose scatter nobody measured
+    short = {"a": a_run("a", curve(3.0, 2.0, n=5)), "b": a_run("b", curve(3.0, 2.02, n=5))}
+    assert any(s.says.startswith("too few steps to tell a from b") for s in suggest(given, short, steps=5))
+    # an eval loss decides: no train-loss noise to weigh
+    evaluated = {"a": a_run("a", noisy(2.0), evals=[[40, 4.0, 2.0]]), "b": a_run("b", noisy(2.0), evals=[[40, 4.0, 2.1]])}
+    assert loss_noise(evaluated["a"]) is None and not any("noise" in s.says or "too few" in s.says
+                                                           for s in suggest(given, evaluated))
+
+
 def test_the_final_loss_and_the_target_come_from_the_eval_curve_when_there_is_one() -> None:
     run = a_run("a", curve(3.0, 2.0), evals=[[10, 1.0, 2.9], [20, 2.0, 2.6], [40, 4.0, 2.4]])
     assert final_loss(run) == 2.4 and reached(run, 2.6) == [20, 2.0, 80] and reached(run, 1.0) is None

@@ -17,6 +17,8 @@ SLOWER = 0.9
 """A config at less than 0.9x another's speed is slower."""
 STILL_FALLING = 0.01
 """A loss still falls when its last quarter's mean is 1% below its third quarter's."""
+MIN_TAIL = 4
+"""The fewest train losses in a final loss's last tenth whose scatter :func:`loss_noise` measures."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +37,49 @@ def final_loss(run: ConfigRun) -> float | None:
     if not finite:
         return None
     return statistics.fmean(finite[-max(1, len(finite) // 10):])
+
+
+def loss_noise(run: ConfigRun) -> float | None:
+    """The standard error of :func:`final_loss` where it is the mean of the last tenth of train
+    losses: their scatter about their own straight-line trend (a falling loss's slope is not
+    noise) over the root of their count. None where the final loss is an eval loss (one pass) or
+    the last tenth holds fewer than :data:`MIN_TAIL` losses (too few to tell a scatter)."""
+    if run.evals:
+        return None
+    finite = [x[2] for x in run.losses if x[2] is not None]
+    tail = finite[-max(1, len(finite) // 10):]
+    n = len(tail)
+    if n < MIN_TAIL:
+        return None
+    mean_x, mean_y = (n - 1) / 2, statistics.fmean(tail)
+    slope = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(tail)) / sum((i - mean_x) ** 2 for i in range(n))
+    residual = sum((y - mean_y - slope * (i - mean_x)) ** 2 for i, y in enumerate(tail))
+    return (residual / (n - 2)) ** 0.5 / n ** 0.5
+
+
+def _too_close(order: list[str], runs: dict[str, ConfigRun], steps: int | None) -> list[Suggestion]:
+    """The best and the runner-up by train loss, where their final losses do not tell them apart:
+    within twice their combined standard error (:func:`loss_noise`), or too few losses to know."""
+    if len(order) < 2 or runs[order[0]].evals or runs[order[1]].evals:
+        return []
+    best, second = order[0], order[1]
+    a, b = final_loss(runs[best]), final_loss(runs[second])
+    assert a is not None and b is not None  # ranked runs have a final loss
+    noise = [loss_noise(runs[best]), loss_noise(runs[second])]
+    more = f"train longer (e.g. --steps {2 * steps}) or" if steps else "train longer or"
+    how = f"{more} evaluate on held-out data (--eval-data, or --holdout N) to tell them apart"
+    if noise[0] is None or noise[1] is None:
+        tail = max(1, len([x for x in runs[best].losses if x[2] is not None]) // 10)
+        return [Suggestion(says=f"too few steps to tell {best} from {second}: {how}",
+                           evidence=f"each final train loss is the mean of its last {tail} logged loss(es), too few "
+                                    f"to measure their scatter (at least {MIN_TAIL})")]
+    combined = (noise[0] ** 2 + noise[1] ** 2) ** 0.5
+    if b - a > 2 * combined:
+        return []
+    return [Suggestion(says=f"{best} and {second} are within the noise of their losses: {how}",
+                       evidence=f"final train losses {a:.4g} and {b:.4g} differ by {b - a:.3g}, within twice their "
+                                f"combined standard error ({combined:.3g}, each from its last tenth's scatter about "
+                                "its trend)")]
 
 
 def still_falling(run: ConfigRun) -> bool:
@@ -69,6 +114,7 @@ def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target
                                   evidence=f"its loss was still falling at the end: {_quarters(runs[best])}"))
         out.insert(0, Suggestion(says=f"{best} is the best so far", evidence=_standing(order, runs),
                                  configs={best: dict(given[best])}))
+        out[1:1] = _too_close(order, runs, steps)
     if target_loss is not None and not any(reached(r, target_loss) for r in runs.values()):
         best_loss = min((x for r in runs.values() if (x := final_loss(r)) is not None), default=None)
         out.append(Suggestion(says=f"no config reached the target loss {target_loss:g}",
