@@ -317,6 +317,11 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
     # A 30-step run that finishes is not the plan's 50 steps: the plan's actual.json is not written for it.
     assert main(["train", str(plan_dir), "--output", str(tmp_path / "short"), "--max-steps", "30"]) == 0
     assert not (plan_dir / "actual.json").exists()
+    # A plan that does not fit its window is trained with a warning and the ways on.
+    assert main(["plan", str(plan_dir), "--max-hours", "0.0001", "--margin-minutes", "0", "--epochs", "1"]) == 1
+    capsys.readouterr()
+    assert main(["train", str(plan_dir), "--output", str(tmp_path / "over"), "--deadline", "0.00001"]) == 3
+    assert "plan.json does not fit its window" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

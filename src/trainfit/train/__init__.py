@@ -269,6 +269,12 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
     checkpoint = latest_complete(output) if resume else None
     if resume and checkpoint is None:
         say(f"trainfit: {output} holds no complete checkpoint: starting again from step 0")
+    if plan is not None and not plan.fits and record.max_steps is None:
+        from trainfit.progress import format_duration as dur
+
+        say(f"trainfit: warning: {run_dir / 'plan.json'} does not fit its window (ETA {dur(plan.eta.total_s)} "
+            f"against {dur(plan.window_s)}): --deadline stops the run with a checkpoint before the window ends, "
+            f"or plan again and take one of its options (trainfit plan {run_dir} ...)")
     return record, checkpoint, plan
 
 
