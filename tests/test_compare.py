@@ -85,6 +85,13 @@ def test_every_problem_of_a_configs_file_is_named_with_its_config_and_key(llama:
         read_configs(tmp_path / "list.yaml", spec)
 
 
+def test_a_resume_into_a_folder_that_does_not_exist_is_refused(llama: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "c.yaml").write_text("a: {learning_rate: 1.0e-4}\n")
+    assert main(["compare", str(llama), "--configs", str(tmp_path / "c.yaml"), "--steps", "5", "--output",
+                 str(tmp_path / "typo"), "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err and not (tmp_path / "typo").exists()
+
+
 @pytest.mark.parametrize("kind", ["linear", "cosine", "constant", "constant_with_warmup"])
 def test_the_learning_rate_schedules_are_transformers_own(kind: str) -> None:
     import torch

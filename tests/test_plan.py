@@ -250,6 +250,9 @@ def test_plan_of_a_real_tune_writes_a_plan_that_reads_back_and_fits(tune_dir: Pa
     page = (tune_dir / "report.html").read_text()
     assert page.count("<h3>Plan:") == 1 and "<h3>Plan: 1 epoch(s) in 5 h" in page and page.index("Plan:") < page.index(
         "<h3>Trials</h3>")
+    assert "the spec's tune.epochs" not in capsys.readouterr().out  # --epochs given
+    assert main(["plan", str(tune_dir), "--max-hours", "5"]) == 0  # the count from the spec: said where it came from
+    assert "(1: the spec's tune.epochs; --epochs N plans another count)" in capsys.readouterr().out.splitlines()[1]
 
 
 @pytest.mark.integration

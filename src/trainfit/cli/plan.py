@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
                      calibration=calibration, eval_data=args.eval_data, eval_every=args.eval_every,
                      eval_batch_size=args.eval_batch_size)
     text = render(plan)
+    if args.epochs is None:  # easy to miss in the first line: say where the count came from
+        text = text.replace("\n", f"\n  ({plan.epochs:g}: the spec's tune.epochs; --epochs N plans another count)\n", 1)
     write_atomically(folder / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")
     write_atomically(folder / "plan.txt", text + "\n")
     report = folder / "report.html"

@@ -186,6 +186,9 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
                      evaluation=evaluation, target_loss=target_loss, device=resolve_device_name(spec.probe.device),
                      configs={c.name: c.given for c in configs}, holdout=holdout, holdout_sha256=holdout_sha256)
     path = output / "compare.json"
+    if resume and not output.is_dir():  # a typo in --output, not a comparison cut short (that made its folder)
+        raise TrainfitError(f"nothing to resume: {output} does not exist",
+                            "drop --resume, or give the --output of the interrupted comparison")
     if not path.exists():
         if resume:
             say(f"trainfit: {output} holds no comparison yet: starting one")
