@@ -280,11 +280,14 @@ def _chosen(everything: Sequence[Technique], only: Sequence[str]) -> list[Techni
     """The techniques whose names hold one of the words ``only`` (all without any), with the rows
     they are compared with; a word that names none is refused (a typo among good words would
     silently measure less than asked)."""
-    unmatched = [word for word in only if not any(word.lower() in t.name.lower() for t in everything)]
+    def names(word: str, t: Technique) -> bool:
+        return word.lower() in t.name.lower()
+
+    unmatched = [word for word in only if not any(names(word, t) for t in everything)]
     if unmatched:
         raise TrainfitError(f"--only {','.join(unmatched)} names no technique",
                             f"the techniques: {', '.join(t.name for t in everything)}")
-    chosen = [t for t in everything if not only or any(word.lower() in t.name.lower() for word in only)]
+    chosen = [t for t in everything if not only or any(names(word, t) for word in only)]
     needed = {t.versus for t in chosen if t.versus}  # what a compared row is compared with is measured too
     return [t for t in everything if t in chosen or t.name in needed]
 

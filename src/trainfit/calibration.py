@@ -522,10 +522,11 @@ def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
 
 
 def written_command(run_dir: Path, fallback: str = FALLBACK_HINT, *, use: str = "a calibration",
-                    ) -> tuple[str, ConfigEntry, Summary]:
+                    without_it: str | None = None) -> tuple[str, ConfigEntry, Summary]:
     """The text of ``run_dir/train_command.sh``, the best config it trains and the summary, once
     checked to be a ``trl sft`` command ``use`` (what runs it, for the errors) can run; ``fallback``:
-    the errors' way out."""
+    the errors' way out; ``without_it``: the way out where there is no such file (default: tune
+    again, or ``fallback``), for a ``fallback`` that runs the file itself."""
     summary = read_summary(run_dir)
     best = summary.best_config
     if best is None or best.samples_per_second is None:
@@ -537,7 +538,7 @@ def written_command(run_dir: Path, fallback: str = FALLBACK_HINT, *, use: str = 
     script_path = run_dir / "train_command.sh"
     if not script_path.is_file():
         raise TrainfitError(f"{run_dir} holds no train_command.sh (tune writes it once a config fits)",
-                            "tune again into a new folder" + ("" if "train_command.sh" in fallback else f", or {fallback}"))
+                            without_it or f"tune again into a new folder, or {fallback}")
     script = script_path.read_text()
     written_for = _HEADER_TRIAL.search(script)
     if written_for is not None and int(written_for.group(1)) != best.trial:

@@ -96,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
                      margin_minutes=args.margin_minutes, checkpoint_minutes=args.checkpoint_minutes,
                      calibration=calibration, eval_data=args.eval_data, eval_every=args.eval_every,
                      eval_batch_size=args.eval_batch_size)
-    text = render(plan)
-    if args.epochs is None:  # easy to miss in the first line: say where the count came from
-        text = text.replace("\n", f"\n  ({plan.epochs:g}: the spec's tune.epochs; --epochs N plans another count)\n", 1)
+    text = render(plan, epochs_given=args.epochs is not None)
     write_atomically(folder / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")
     write_atomically(folder / "plan.txt", text + "\n")
     report = folder / "report.html"
@@ -119,9 +117,10 @@ def _schedule(every: int | None) -> str:
     return "at each epoch's end" if every is None else f"every {every:,} steps"
 
 
-def render(plan: Plan) -> str:
+def render(plan: Plan, *, epochs_given: bool = True) -> str:
     """The plan as a reader checks it: the window, the pick and why, the ETA and what it is made
-    of, what each priority would pick, and the options when it does not fit."""
+    of, what each priority would pick, and the options when it does not fit. ``epochs_given``:
+    False where the epoch count is the spec's, which the plan then says."""
     from trainfit.cli.render import table
     from trainfit.format import fmt_num, values_line
     from trainfit.progress import format_duration as dur
@@ -132,6 +131,8 @@ def render(plan: Plan) -> str:
                else f"DOES NOT FIT: {dur(-spare)} over at the interval's high end")
     lines = [f"PLAN: {plan.epochs:g} epoch{'s' * (plan.epochs != 1)} of {plan.dataset_samples:,} samples in "
              f"{plan.max_hours:g} h, less a {plan.margin_minutes:g} min safety margin: {dur(plan.window_s)} to use",
+             *([] if epochs_given else
+               [f"  ({plan.epochs:g}: the spec's tune.epochs; --epochs N plans another count)"]),
              "",
              f"priority {plan.priority}: {plan.rule}",
              f"config: trial {plan.trial}: {values_line(plan.searched)} ({fmt_num(plan.samples_per_second)} samples/s "

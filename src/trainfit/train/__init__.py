@@ -143,7 +143,8 @@ def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
             raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, which has no `trl sft` command "
                                 "trainfit wrote: `trainfit train` runs only that command, for now", fallback)
         return plan.command, "plan.json", plan.trial
-    script, best, _ = written_command(run_dir, fallback, use="`trainfit train`")
+    script, best, _ = written_command(run_dir, fallback, use="`trainfit train`",
+                                      without_it="tune again into a new folder")
     return as_one_line(script, []), "train_command.sh", best.trial
 
 
@@ -232,10 +233,11 @@ def resume_command(run_dir: str | Path, output: str | Path, *, max_steps: int | 
 
 
 def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[str] = (), max_steps: int | None = None,
-            loop: bool = False, record_batches: bool = False,
+            loop: bool = False, record_batches: bool = False, again: str,
             say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
     """Check the input and the output folder; returns what to train, the checkpoint to resume
     from (None: from step 0) and the plan. Removes unfinished checkpoints (they cannot be resumed).
+    ``again``: the command that resumes the run (:func:`resume_command`), for the errors.
     ``record_batches``: the run will record its batches, which only a ``trl sft`` run can."""
     run_dir, output = Path(run_dir), Path(output).resolve()
     now, plan = to_train(run_dir, output, extra_args=extra_args, max_steps=max_steps, loop=loop)
@@ -256,8 +258,7 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
     else:
         if record_path.exists() or any(output.glob("checkpoint-*")):
             raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
-                                "continue it: " + resume_command(run_dir, output, max_steps=max_steps, loop=loop,
-                                                                 extra_args=extra_args) + "; or pick a new --output")
+                                f"continue it: {again}; or pick a new --output")
         output.mkdir(parents=True, exist_ok=True)
         record = now
         write_atomically(record_path, json.dumps(record.to_json(), indent=2) + "\n")
@@ -305,9 +306,10 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     from trainfit.summary import read_summary
 
     read_summary(run_dir)  # a clear error before any folder is made
+    again = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args)
     with _only_run(output):
         record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
-                                           loop=loop, record_batches=record_batches is not None, say=say)
+                                           loop=loop, record_batches=record_batches is not None, say=say, again=again)
         if use_plan_deadline:
             if plan is None:
                 raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
@@ -323,21 +325,26 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
         log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source,
                   trial=record.trial)
         step, total = _run(run_dir, output, record, plan, checkpoint, control, callbacks, resume=resume,
-                           every_s=every_s, record_batches=record_batches, say=say,
-                           again=resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args))
+                           every_s=every_s, record_batches=record_batches, say=say, again=again)
         result = TrainResult(
             status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
             max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
             process_s=time.monotonic() - began, elapsed_s=time.time() - record.started_at,
             planned_s=plan.eta.total_s if plan else None, planned_low_s=plan.eta.low_s if plan else None,
             planned_high_s=plan.eta.high_s if plan else None, output=str(output))
-        text = json.dumps(result.to_json(), indent=2) + "\n"
-        write_atomically(output / "train_result.json", text)
-        whole = record.max_steps is None and total in (None, plan.eta.steps if plan else None)  # None: your trainer's
-        if plan is not None and result.status == "finished" and whole:  # the planned run, not a part of it
-            write_atomically(run_dir / "actual.json", text)
+        _write_result(result, run_dir, output, record, plan)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+def _write_result(result: TrainResult, run_dir: Path, output: Path, record: TrainRun, plan: Plan | None) -> None:
+    """``output/train_result.json``, and ``run_dir/actual.json`` where the run is the planned one,
+    finished, not a part of it (a command template's steps are its trainer's: ``max_steps`` None)."""
+    text = json.dumps(result.to_json(), indent=2) + "\n"
+    write_atomically(output / "train_result.json", text)
+    if plan is not None and result.status == "finished" and record.max_steps is None \
+            and result.max_steps in (None, plan.eta.steps):
+        write_atomically(run_dir / "actual.json", text)
 
 
 def _watchers(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, *, every_s: float, keep: int,
