@@ -10,9 +10,10 @@
 #   # here, after each call: the state for the next one, and what is done so far
 #   mkdir -p .gpu && cp FILES_AT/gpu-state.tar.gz .gpu/ && cat FILES_AT/progress.txt
 #
-# Steps, in order (each skipped once done), the open issues' figures first: the GPU tests; the plan's
-# ETA and the monitor against `trainfit train` and the written command on a ~0.93B model, and two
-# epochs' step times (issue 20); the epoch estimate against whole `trl sft` epochs (issue 19); the
+# Steps, in order (each skipped once done), the open issues' figures first: the GPU tests; two epochs'
+# step times of a ~0.93B model (padded to the longest, to a fixed length, and with expandable
+# segments), then the plan's ETA and the monitor against `trainfit train` and the written command
+# on it (issue 20; GPU_SESSION_PLAN_MODES picks the paddings, default max_length,longest); the epoch estimate against whole `trl sft` epochs (issue 19); the
 # LoRA sweep and the full fine-tuning sweep (issue 2); tune against the Hugging Face Trainer, then auto against the grid,
 # random search and TPE (issue 4); then LoRA with the model's own loss over the full
 # logits, the TRL fidelity run, and the ablation table on the ~1B Llama (issue 21). A step starts
@@ -47,7 +48,7 @@ if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
     epoch=(--cuda --model-1b --samples 600 --batches 1,2,4,8 --modes longest,grouped)
-    planeta=(--cuda --model-1b --samples 600 --modes max_length,longest --calibrate 30)
+    planeta=(--cuda --model-1b --samples 600 --modes ${GPU_SESSION_PLAN_MODES:-max_length,longest} --calibrate 30)
     trajectory=(--cuda --model-1b)
     ablate=(--device cuda $(python3 -c "import sys; sys.path.insert(0, 'bench')
 from gpu_sweep import LLAMA_1B_OVERRIDES; print(' '.join('--set ' + o for o in LLAMA_1B_OVERRIDES))"))
@@ -55,7 +56,7 @@ fi
 
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(tests plan_eta step_trajectory epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
+steps=(tests step_trajectory plan_eta epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
 
 save() {  # everything measured so far, in one file, and a line per step for the reader
     tar -czf "$out/gpu-state.tar.gz" -C /tmp/gpu-session gpu
@@ -92,20 +93,26 @@ step() {
 }
 
 step tests 120 python3 -m pytest -q -p no:cacheprovider "${tests[@]}"
+# Issue 20: two epochs of the ~0.93B model: padded to the longest as run, to one fixed length (no
+# new shapes after the first step), and to the longest with the CUDA caching allocator's expandable
+# segments. Does the second epoch still run faster than the first (2026-11-26: 0.161 against
+# 0.226 s a step), and do first-seen shapes or the allocator explain it?
+# Each run is kept as it ends (a cut call redoes only the one it cut).
+step step_trajectory 300 bash -c "
+    for variant in longest max_length expandable; do
+        [ -s $state/step_trajectory_\$variant.json ] && continue
+        case \$variant in
+            longest) extra='' ;;
+            max_length) extra='--padding max_length' ;;
+            expandable) extra='--env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True' ;;
+        esac
+        python3 bench/step_trajectory.py ${trajectory[*]} --epochs 2 \$extra > $state/trajectory.tmp \
+            && mv $state/trajectory.tmp $state/step_trajectory_\$variant.json || exit \$?
+    done"
 # Issue 20: the plan's ETA (calibrated) against `trainfit train` and the written command of a ~0.93B model,
 # and the monitor's projection at 10% of the run; each mode is kept as it ends.
 step plan_eta 300 bash -c "python3 bench/plan_eta.py ${planeta[*]} \
     --results $state/plan_eta_runs.json > $state/plan_eta.json"
-# Issue 20: two epochs of the ~0.93B model padded to the longest, as run and with the CUDA caching
-# allocator's expandable segments: does the second epoch still run faster than the first
-# (2026-11-26: 0.161 against 0.226 s a step), and does the allocator explain it?
-# Each run is kept as it ends (a cut call redoes only the one it cut).
-step step_trajectory 300 bash -c "
-    [ -s $state/step_trajectory.json ] || { python3 bench/step_trajectory.py ${trajectory[*]} --epochs 2 \
-        > $state/trajectory.tmp && mv $state/trajectory.tmp $state/step_trajectory.json; } || exit \$?
-    [ -s $state/step_trajectory_expandable.json ] || { python3 bench/step_trajectory.py ${trajectory[*]} --epochs 2 \
-        --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True > $state/trajectory.tmp \
-        && mv $state/trajectory.tmp $state/step_trajectory_expandable.json; }"
 # Issue 19: the probe's expected speed over an epoch's own batches against whole `trl sft` epochs;
 # each run is kept as it ends, so a cut one goes on in the next call.
 step epoch_fidelity 150 bash -c "python3 bench/epoch_fidelity.py ${epoch[*]} \

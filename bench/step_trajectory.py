@@ -6,7 +6,7 @@ a ~0.93B Llama padded to the longest ran its second epoch 29% faster per step th
 the same samples: this script shows such a trajectory, one run at a time.
 
 The setup of bench/plan_eta.py (the long-tailed standard-library docstrings, LoRA r=16, padding to
-the longest), a tune of one config (batch 4), a plan of ``--epochs`` epochs without calibration,
+the longest, or with ``--padding max_length`` to one fixed length), a tune of one config (batch 4), a plan of ``--epochs`` epochs without calibration,
 then `trainfit train` of it with an on-track check every 0.2 s. The result: the run's wall time,
 its seconds and real tokens per 10 steps (the trainer's own log), each on-track check (step,
 elapsed, projected end), the seconds per step of each epoch, and the monitor's projection at 10%
@@ -57,7 +57,7 @@ def trajectory(args: argparse.Namespace, work: Path) -> dict:
 
     data = corpus_file(work, args.samples)
     overrides = [*base_overrides(data, args.max_length, probe_seconds=15, cuda=args.cuda), *model_overrides(args),
-                 "padding=longest", f"search.batch_size=[{args.batch_size}]", "search.gradient_checkpointing=[false]",
+                 f"padding={args.padding}", f"search.batch_size=[{args.batch_size}]", "search.gradient_checkpointing=[false]",
                  "search.lora_r=[16]", "tune.target_effective_batch=null"]
     run_dir = work / "run"
     start = time.perf_counter()
@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--epochs", type=float, default=2)
+    ap.add_argument("--padding", choices=["longest", "max_length"], default="longest",
+                    help="max_length: one padded shape for every step (does the speed-up need new shapes?)")
     ap.add_argument("--cuda", action="store_true", help="probe and train on the GPU, in bf16")
     ap.add_argument("--model-1b", action="store_true", help="a ~0.93B Llama shape (bench/plan_eta.py)")
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
