@@ -66,13 +66,16 @@ def run_trainfit_train(run_dir: Path, out: Path, monitor_every_s: float) -> tupl
 
 
 def at_tenth(log: list[dict], result: dict) -> dict | None:
-    """The monitor's first projection at or past 10% of the steps, against the actual end."""
+    """The monitor's first projection at or past 10% of the steps, against the actual end; beside
+    it, where the plan was calibrated, the projection at the run's own pace alone (``own_pace``)."""
     first = next((e for e in log if e["event"] == "on_track" and e["step"] >= 0.1 * e["max_steps"]), None)
     if first is None:
         return None
+    end = result["elapsed_s"]
+    own = first.get("own_pace_projected_s")
     return {"step": first["step"], "max_steps": first["max_steps"], "projected_s": first["projected_s"],
-            "actual_elapsed_s": result["elapsed_s"],
-            "error": (first["projected_s"] - result["elapsed_s"]) / result["elapsed_s"]}
+            "actual_elapsed_s": end, "error": (first["projected_s"] - end) / end,
+            "own_pace_projected_s": own, "own_pace_error": None if own is None else (own - end) / end}
 
 
 def eval_file(work: Path, n: int) -> Path:

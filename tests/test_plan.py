@@ -419,6 +419,31 @@ def test_on_track_weighs_the_steps_so_far_by_the_work_their_batches_held() -> No
     assert resumed.projected_s == pytest.approx(70.0 + (50.0 - 40 * 0.5 - 3.0))
 
 
+def test_on_track_pools_the_runs_pace_with_the_calibrated_one_by_the_steps_behind_each() -> None:
+    """A calibration timed 20 real steps of the plan's config; 10 steps into the run, the run's own
+    steps ran 20% slower than planned. The pace of the steps to come weighs 20 steps at the plan's
+    pace and 10 at 1.2x: 1.0667x. At step 80 (80 steps seen) the run's own pace leads: 1.16x."""
+    import dataclasses
+
+    from trainfit.monitor import OnTrack, Pace
+
+    plan = dataclasses.replace(a_plan(50.0, 0.05, 120.0), step_cost=[0.1, 0.001, 0.0], model_step_s=0.5,
+                               calibration={"steps": 20, "trial": 0})
+    check = OnTrack(plan)
+    early = check.status(10, 100, 6.0, Pace(6.0, 10, work_s=5.0))
+    assert early.own_pace_projected_s == pytest.approx(6.0 + 1.2 * 45.0)
+    assert early.projected_s == pytest.approx(6.0 + (20 + 10 * 1.2) / 30 * 45.0)
+    late = check.status(80, 100, 48.0, Pace(48.0, 80, work_s=40.0))
+    assert late.projected_s == pytest.approx(48.0 + (20 + 80 * 1.2) / 100 * 10.0)
+    # Without the batches seen: the same pooling of the mean step against the plan's 0.5 s.
+    by_steps = check.status(10, 100, 6.0, Pace(6.0, 10))
+    assert by_steps.projected_s == pytest.approx(early.projected_s)
+    # A calibration of another trial: its cost was carried over, not timed on this config; not pooled.
+    other = OnTrack(dataclasses.replace(plan, calibration={"steps": 20, "trial": 3}))
+    alone = other.status(10, 100, 6.0, Pace(6.0, 10, work_s=5.0))
+    assert alone.projected_s == pytest.approx(early.own_pace_projected_s) and alone.own_pace_projected_s is None
+
+
 def test_the_callbacks_pace_starts_after_the_first_steps_warm_up(monkeypatch) -> None:
     """The first step took 2 s (warm-up), every later one the planned 0.5 s: at step 10 the pace is
     0.5 s a step (9 steps in 4.5 s), not 0.65 (10 in 6.5), which would overshoot the end by 13.5 s."""

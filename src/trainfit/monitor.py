@@ -3,9 +3,10 @@ Hugging Face ``Trainer`` runs:
 
     trainer = Trainer(..., callbacks=[trainfit.OnTrackCallback(plan="RUN_DIR/plan.json")])
 
-Every ``every_s`` seconds it projects the finish from the steps done so far (the measured pace,
-not the plan's), compares it with the plan's ETA and window, prints one line (stderr), and keeps the latest
-status in ``on_track.json`` beside the plan. The check itself (:class:`OnTrack`) needs no trainer.
+Every ``every_s`` seconds it projects the finish from the steps done so far (their measured pace,
+pooled with the plan's calibrated pace by the steps behind each), compares it with the plan's ETA
+and window, prints one line (stderr), and keeps the latest status in ``on_track.json`` beside the
+plan. The check itself (:class:`OnTrack`) needs no trainer.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class Status(Record):
     max_steps: int
     elapsed_s: float
     projected_s: float
-    """The whole run's time at the pace of the steps done so far."""
+    """The whole run's time at the pace of the steps done so far, pooled with the plan's where a
+    calibration measured it (see :meth:`OnTrack.pooled`)."""
     planned_s: float
     """The plan's ETA."""
     window_s: float
@@ -45,6 +47,9 @@ class Status(Record):
     steps_that_fit: int | None = None
     """When it will miss the window: the steps that end inside it at this pace."""
     epochs_that_fit: float | None = None
+    own_pace_projected_s: float | None = None
+    """The whole run's time at the pace of this run's steps alone (None: no calibrated pace was
+    pooled, so ``projected_s`` is that)."""
 
     @property
     def line(self) -> str:
@@ -87,6 +92,18 @@ class OnTrack:
         coefficients = plan.step_cost
         self.accumulation = micro_batches(plan.config)
         self.cost = None if coefficients is None or plan.model_step_s is None else StepCost(*coefficients)
+        calibration = plan.calibration or {}
+        same_config = calibration.get("trial") in (None, plan.trial)
+        self.calibrated_steps = int(calibration.get("steps") or 0) if same_config else 0
+        """Real trainer steps of the plan's config behind its pace: a calibration's (0: none, or
+        one of another config, whose cost per micro-batch the plan carried over)."""
+
+    def pooled(self, own: float, steps: int) -> float:
+        """The pace of the steps to come, relative to the plan's (1: as planned): ``own``, that of
+        ``steps`` steps of this run, pooled with the plan's calibrated pace (1) by the steps behind
+        each. Both are timings of the same trainer running this config; a run of few steps so far
+        (the first tenth of a short run) leans on the calibration, a long one on its own steps."""
+        return (self.calibrated_steps + steps * own) / (self.calibrated_steps + steps)
 
     def batch_cost(self, padded_length: int) -> float | None:
         """The plan's expected seconds of one micro-batch padded to ``padded_length`` (None: the
@@ -100,8 +117,10 @@ class OnTrack:
         still to come, and the start-up the plan measured unless ``elapsed_s`` counts it already
         (``startup_counted``: timed from the process start), against the plan."""
         pace = pace if pace is not None else Pace(elapsed_s, step)
-        projected = (elapsed_s + self._remaining_s(step, max_steps, pace) + self._checkpoints_left(step, max_steps)
-                     + self._evals_left(step, max_steps, pace) + (0.0 if startup_counted else self.plan.eta.startup_s or 0.0))
+        rest = (self._checkpoints_left(step, max_steps) + self._evals_left(step, max_steps, pace)
+                + (0.0 if startup_counted else self.plan.eta.startup_s or 0.0))
+        own = elapsed_s + self._remaining_s(step, max_steps, pace, pool=False) + rest
+        projected = elapsed_s + self._remaining_s(step, max_steps, pace, pool=True) + rest
         e = self.plan.eta
         state = ("on track" if projected <= e.high_s else "slower than planned" if projected <= self.plan.window_s
                  else "will miss the window")
@@ -111,22 +130,29 @@ class OnTrack:
             fit = step + max(0, int((self.plan.window_s - elapsed_s) / per_step)) if per_step > 0 else None
         return Status(step=step, max_steps=max_steps, elapsed_s=elapsed_s, projected_s=projected,
                       planned_s=e.total_s, window_s=self.plan.window_s, state=state, steps_that_fit=fit,
-                      epochs_that_fit=None if fit is None else self.plan.epochs * fit / max_steps)
+                      epochs_that_fit=None if fit is None else self.plan.epochs * fit / max_steps,
+                      own_pace_projected_s=own if self.calibrated_steps else None)
 
-    def _remaining_s(self, step: int, max_steps: int, pace: Pace) -> float:
+    def _remaining_s(self, step: int, max_steps: int, pace: Pace, pool: bool) -> float:
         """The steps to come: the plan's expected work of them (its expected step, less what the
         seen batches already did) at the pace the seen batches ran against their expected work;
-        without seen batches, the steps so far's mean time each."""
+        without seen batches, at the steps so far's mean time each against the plan's step.
+        ``pool``: that pace pooled with the plan's calibrated one (:meth:`pooled`)."""
         left = max(0, max_steps - step)
         model_step = self.plan.model_step_s
         seconds = max(0.0, pace.seconds - pace.eval_s)
-        if pace.work_s is None or model_step is None or pace.steps <= 0:
-            return seconds / pace.steps * left if pace.steps > 0 else 0.0
+        if pace.steps <= 0:
+            return 0.0
+        if pace.work_s is None or model_step is None:
+            planned_step = self.plan.eta.step_time_s
+            if not pool or planned_step <= 0:
+                return seconds / pace.steps * left
+            return self.pooled(seconds / pace.steps / planned_step, pace.steps) * planned_step * left
         overhead = self.plan.eta.trainer_overhead_s or 0.0
         ratio = seconds / (pace.work_s + pace.steps * overhead)
         done_before = step - pace.steps  # a resumed run's earlier steps: at the plan's mean
         work_left = max(0.0, max_steps * model_step - done_before * model_step - pace.work_s)
-        return ratio * (work_left + left * overhead)
+        return (self.pooled(ratio, pace.steps) if pool else ratio) * (work_left + left * overhead)
 
     def _evals_left(self, step: int, max_steps: int, pace: Pace) -> float:
         """The evaluation passes still to come in a run of ``max_steps``, each at the mean of the
