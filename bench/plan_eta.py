@@ -153,7 +153,9 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
            "eta_epoch_average": averaged.eta.to_json(),
            "error_trainfit_train_epoch_average": (averaged.eta.total_s - train_wall) / train_wall,
            "trainfit_train_steps": result["step"], "monitor_at_tenth": tenth,
-           "evaluation": evaluations(log, planned)}
+           "on_track": [{k: e.get(k) for k in ("step", "elapsed_s", "projected_s", "own_pace_projected_s")}
+                        for e in log if e["event"] == "on_track"],
+           "plan": planned.to_json(), "evaluation": evaluations(log, planned)}
     print(f"{mode}: trial {planned.trial} {planned.searched}: written command {actual:.1f} s launch to exit "
           f"(its ETA {planned.eta.command_total_s:.1f} s); trainfit train {train_wall:.1f} s (its ETA "
           f"{planned.eta.total_s:.1f} s, {planned.eta.low_s:.1f}-{planned.eta.high_s:.1f}); probe only "
