@@ -438,10 +438,16 @@ def test_on_track_pools_the_runs_pace_with_the_calibrated_one_by_the_steps_behin
     # Without the batches seen: the same pooling of the mean step against the plan's 0.5 s.
     by_steps = check.status(10, 100, 6.0, Pace(6.0, 10))
     assert by_steps.projected_s == pytest.approx(early.projected_s)
-    # A calibration of another trial: its cost was carried over, not timed on this config; not pooled.
-    other = OnTrack(dataclasses.replace(plan, calibration={"steps": 20, "trial": 3}))
-    alone = other.status(10, 100, 6.0, Pace(6.0, 10, work_s=5.0))
-    assert alone.projected_s == pytest.approx(early.own_pace_projected_s) and alone.own_pace_projected_s is None
+    # A resumed run: 40 earlier steps (at the plan's mean), then 10 in this process at 1.2x. Only
+    # this process's 10 steps weigh against the calibration's 20.
+    resumed = check.status(50, 100, 70.0, Pace(6.0, 10, work_s=5.0))
+    assert resumed.projected_s == pytest.approx(70.0 + (20 + 10 * 1.2) / 30 * (50.0 - 40 * 0.5 - 5.0))
+    # A calibration of another trial (its cost carried over, not timed on this config), one that
+    # named no trial, or none: nothing is pooled, and the projection is the run's own pace.
+    for calibration in ({"steps": 20, "trial": 3}, {"steps": 20}, None):
+        alone = OnTrack(dataclasses.replace(plan, calibration=calibration)).status(10, 100, 6.0,
+                                                                                   Pace(6.0, 10, work_s=5.0))
+        assert alone.projected_s == pytest.approx(early.own_pace_projected_s) and alone.own_pace_projected_s is None
 
 
 def test_the_callbacks_pace_starts_after_the_first_steps_warm_up(monkeypatch) -> None:

@@ -4,7 +4,7 @@ Hugging Face ``Trainer`` runs:
     trainer = Trainer(..., callbacks=[trainfit.OnTrackCallback(plan="RUN_DIR/plan.json")])
 
 Every ``every_s`` seconds it projects the finish from the steps done so far (their measured pace,
-pooled with the plan's calibrated pace by the steps behind each), compares it with the plan's ETA
+pooled with the plan's calibrated pace, each weighed by the real steps behind it), compares it with the plan's ETA
 and window, prints one line (stderr), and keeps the latest status in ``on_track.json`` beside the
 plan. The check itself (:class:`OnTrack`) needs no trainer.
 """
@@ -37,7 +37,7 @@ class Status(Record):
     elapsed_s: float
     projected_s: float
     """The whole run's time at the pace of the steps done so far, pooled with the plan's where a
-    calibration measured it (see :meth:`OnTrack.pooled`)."""
+    calibration of its config measured it (see :meth:`OnTrack.pooled`)."""
     planned_s: float
     """The plan's ETA."""
     window_s: float
@@ -93,16 +93,18 @@ class OnTrack:
         self.accumulation = micro_batches(plan.config)
         self.cost = None if coefficients is None or plan.model_step_s is None else StepCost(*coefficients)
         calibration = plan.calibration or {}
-        same_config = calibration.get("trial") in (None, plan.trial)
+        same_config = calibration.get("trial") == plan.trial
         self.calibrated_steps = int(calibration.get("steps") or 0) if same_config else 0
-        """Real trainer steps of the plan's config behind its pace: a calibration's (0: none, or
-        one of another config, whose cost per micro-batch the plan carried over)."""
+        """Real trainer steps of the plan's own config that its pace rests on: a calibration's (0:
+        none, one of another config whose cost per micro-batch the plan carried over, or one
+        recorded before calibrations named their trial)."""
 
     def pooled(self, own: float, steps: int) -> float:
         """The pace of the steps to come, relative to the plan's (1: as planned): ``own``, that of
-        ``steps`` steps of this run, pooled with the plan's calibrated pace (1) by the steps behind
-        each. Both are timings of the same trainer running this config; a run of few steps so far
-        (the first tenth of a short run) leans on the calibration, a long one on its own steps."""
+        ``steps`` steps of this run, pooled with the plan's pace, which counts as the calibrated
+        steps it rests on. The plan's pace is its estimate from those steps (their trainer cost
+        fitted apart from the machine's drift, at least 0), not their raw time. A run of few steps
+        so far (the first tenth of a short run) leans on the plan, a long one on its own steps."""
         return (self.calibrated_steps + steps * own) / (self.calibrated_steps + steps)
 
     def batch_cost(self, padded_length: int) -> float | None:
@@ -119,8 +121,9 @@ class OnTrack:
         pace = pace if pace is not None else Pace(elapsed_s, step)
         rest = (self._checkpoints_left(step, max_steps) + self._evals_left(step, max_steps, pace)
                 + (0.0 if startup_counted else self.plan.eta.startup_s or 0.0))
-        own = elapsed_s + self._remaining_s(step, max_steps, pace, pool=False) + rest
-        projected = elapsed_s + self._remaining_s(step, max_steps, pace, pool=True) + rest
+        own_left, pooled_left = self._remaining_s(step, max_steps, pace)
+        own = elapsed_s + own_left + rest
+        projected = own if pooled_left is None else elapsed_s + pooled_left + rest
         e = self.plan.eta
         state = ("on track" if projected <= e.high_s else "slower than planned" if projected <= self.plan.window_s
                  else "will miss the window")
@@ -131,28 +134,28 @@ class OnTrack:
         return Status(step=step, max_steps=max_steps, elapsed_s=elapsed_s, projected_s=projected,
                       planned_s=e.total_s, window_s=self.plan.window_s, state=state, steps_that_fit=fit,
                       epochs_that_fit=None if fit is None else self.plan.epochs * fit / max_steps,
-                      own_pace_projected_s=own if self.calibrated_steps else None)
+                      own_pace_projected_s=None if pooled_left is None else own)
 
-    def _remaining_s(self, step: int, max_steps: int, pace: Pace, pool: bool) -> float:
+    def _remaining_s(self, step: int, max_steps: int, pace: Pace) -> tuple[float, float | None]:
         """The steps to come: the plan's expected work of them (its expected step, less what the
         seen batches already did) at the pace the seen batches ran against their expected work;
-        without seen batches, at the steps so far's mean time each against the plan's step.
-        ``pool``: that pace pooled with the plan's calibrated one (:meth:`pooled`)."""
+        without seen batches, at the steps so far's mean time each against the plan's step. Then
+        the same at that pace pooled with the plan's (:meth:`pooled`; None: nothing to pool)."""
         left = max(0, max_steps - step)
         model_step = self.plan.model_step_s
         seconds = max(0.0, pace.seconds - pace.eval_s)
         if pace.steps <= 0:
-            return 0.0
+            return 0.0, None
         if pace.work_s is None or model_step is None:
-            planned_step = self.plan.eta.step_time_s
-            if not pool or planned_step <= 0:
-                return seconds / pace.steps * left
-            return self.pooled(seconds / pace.steps / planned_step, pace.steps) * planned_step * left
+            own_step, planned_step = seconds / pace.steps, self.plan.eta.step_time_s
+            if not self.calibrated_steps or planned_step <= 0:
+                return own_step * left, None
+            return own_step * left, self.pooled(own_step / planned_step, pace.steps) * planned_step * left
         overhead = self.plan.eta.trainer_overhead_s or 0.0
         ratio = seconds / (pace.work_s + pace.steps * overhead)
         done_before = step - pace.steps  # a resumed run's earlier steps: at the plan's mean
-        work_left = max(0.0, max_steps * model_step - done_before * model_step - pace.work_s)
-        return (self.pooled(ratio, pace.steps) if pool else ratio) * (work_left + left * overhead)
+        planned = max(0.0, max_steps * model_step - done_before * model_step - pace.work_s) + left * overhead
+        return ratio * planned, self.pooled(ratio, pace.steps) * planned if self.calibrated_steps else None
 
     def _evals_left(self, step: int, max_steps: int, pace: Pace) -> float:
         """The evaluation passes still to come in a run of ``max_steps``, each at the mean of the
