@@ -10,7 +10,8 @@
 #   # here, after each call: the state for the next one, and what is done so far
 #   mkdir -p .gpu && cp FILES_AT/gpu-state.tar.gz .gpu/ && cat FILES_AT/progress.txt
 #
-# Steps, in order (each skipped once done), the open issues' figures first: the GPU tests; two epochs'
+# Steps, in order (each skipped once done), the open issues' figures first: the GPU tests; what a
+# step pays for a padded length it has not met (bench/shape_warmup.py); two epochs'
 # step times of a ~0.93B model (padded to the longest, to a fixed length, and with expandable
 # segments), then the plan's ETA and the monitor against `trainfit train` and the written command
 # on it (issue 20; GPU_SESSION_PLAN_MODES picks the paddings, default max_length,longest); the epoch estimate against whole `trl sft` epochs (issue 19); the
@@ -43,20 +44,20 @@ export PYTHONPATH=$site$PWD/src PYTHONUNBUFFERED=1
 if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
     gpu=(--tiny --cpu); fidelity=(--steps 2,4); tests=(tests/test_gpu.py); workload=llama
     epoch=(--samples 40 --batches 1,2 --modes longest)
-    planeta=(--samples 40 --modes longest --calibrate 4); trajectory=(--samples 40)
+    planeta=(--samples 40 --modes longest --calibrate 4); trajectory=(--samples 40); warmup=(--stride 64)
     ablate=(--device cpu --only checkpointing,sdpa)
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
     epoch=(--cuda --model-1b --samples 600 --batches 1,2,4,8 --modes longest,grouped)
     planeta=(--cuda --model-1b --samples 600 --modes ${GPU_SESSION_PLAN_MODES:-max_length,longest} --calibrate 30)
-    trajectory=(--cuda --model-1b)
+    trajectory=(--cuda --model-1b); warmup=(--cuda --model-1b)
     ablate=(--device cuda $(python3 -c "import sys; sys.path.insert(0, 'bench')
 from gpu_sweep import LLAMA_1B_OVERRIDES; print(' '.join('--set ' + o for o in LLAMA_1B_OVERRIDES))"))
 fi
 
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(tests step_trajectory plan_eta epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
+steps=(tests shape_warmup step_trajectory plan_eta epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
 
 save() {  # everything measured so far, in one file, and a line per step for the reader
     tar -czf "$out/gpu-state.tar.gz" -C /tmp/gpu-session gpu
@@ -93,6 +94,10 @@ step() {
 }
 
 step tests 120 python3 -m pytest -q -p no:cacheprovider "${tests[@]}"
+# Issue 20: what a step pays the first time it meets a padded length, without a trainer (the probe's
+# model and step at 57 lengths, twice), in four fresh processes: shuffled, longest first (not the
+# allocator's growth), SDPA held to flash (not the attention backend's choice), cuDNN benchmark off.
+step shape_warmup 240 bash -c "python3 bench/shape_warmup.py ${warmup[*]} > $state/shape_warmup.json"
 # Issue 20: two epochs of the ~0.93B model: padded to the longest as run, to one fixed length (no
 # new shapes after the first step), and to the longest with the CUDA caching allocator's expandable
 # segments. Does the second epoch still run faster than the first (2026-11-26: 0.161 against
