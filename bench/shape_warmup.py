@@ -106,7 +106,8 @@ def main() -> None:
         if variant not in VARIANTS:
             raise SystemExit(f"unknown variant {variant!r}: pick from {', '.join(VARIANTS)}")
         argv = [f"--batch-size={args.batch_size}", f"--max-length={args.max_length}", f"--shortest={args.shortest}",
-                f"--stride={args.stride}", *(["--cuda"] if args.cuda else []), *(["--model-1b"] if args.model_1b else [])]
+                f"--stride={args.stride}", *(["--cuda"] if args.cuda else []),
+                *(["--model-1b"] if args.model_1b else [])]
         done = subprocess.run([sys.executable, __file__, *argv, f"--variant={variant}"],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -299,7 +299,7 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
     assert evaluated == [20, 40, 50] and plan["eta"]["evals"] == 3  # the plan priced the passes TRL's trainer ran
     assert "on track" in captured.err or "slower than planned" in captured.err
     actual = json.loads((plan_dir / "actual.json").read_text())
-    assert actual["status"] == "finished" and actual["planned_s"] == plan["eta"]["total_s"]
+    assert actual["status"] == "finished" and actual["planned_s"] == plan["eta"]["total_s"] and actual["resume"] is None
     assert actual["elapsed_s"] > 0 and json.loads((plan_dir / "on_track.json").read_text())["step"] == actual["step"]
 
     # A deadline already passing: the run stops at its first step, with a checkpoint, status 3.
@@ -311,6 +311,7 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
     assert latest_complete(late) == late / "checkpoint-1"
     # The command it prints to continue carries what decides the run (--max-steps): it resumes, not refused.
     [again] = [line.split("continue: ", 1)[1] for line in capsys.readouterr().out.splitlines() if "continue: " in line]
+    assert stopped["resume"] == again and "--deadline 1e-05" in again  # kept with the result, too
     assert main(shlex.split(again)[1:]) == 3  # its --deadline kept too: one more step, then stopped again
     resumed = json.loads((late / "train_result.json").read_text())
     assert resumed["resumed_from"] == "checkpoint-1" and resumed["step"] == 2

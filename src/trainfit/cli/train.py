@@ -65,7 +65,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.train import resume_command, train
+    from trainfit.train import train
 
     output = Path(args.output) if args.output else Path(args.run_dir) / "train"
     result = train(args.run_dir, output, resume=args.resume, checkpoint_minutes=args.checkpoint_minutes,
@@ -78,8 +78,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ntrained: {output}{steps}")
         return 0
     saved = ", with a checkpoint" if result.step is not None else " (your trainer was told; its checkpoints are its own)"
-    deadline = [] if args.deadline is None else ["--deadline"] + ([f"{args.deadline:g}"] if args.deadline else [])
-    again = resume_command(args.run_dir, output, max_steps=args.max_steps, loop=args.loop,
-                           extra_args=args.passed_on, options=deadline)
-    print(f"\nstopped by {result.stopped_by}{steps}{saved}; continue: {again}")
+    print(f"\nstopped by {result.stopped_by}{steps}{saved}; continue: {result.resume}")
     return STOP_STATUS.get(result.stopped_by or "", 1)

@@ -113,6 +113,8 @@ class TrainResult(Record):
     planned_low_s: float | None = None
     planned_high_s: float | None = None
     output: str
+    resume: str | None = None
+    """The command that continues a stopped run (None: it finished)."""
 
 
 def _read(path: Path, what: str, fix: str) -> dict[str, Any]:
@@ -306,7 +308,8 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     from trainfit.summary import read_summary
 
     read_summary(run_dir)  # a clear error before any folder is made
-    again = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args)
+    deadline = ["--deadline"] if use_plan_deadline else ["--deadline", f"{deadline_hours:g}"] if deadline_hours else []
+    again = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args, options=deadline)
     with _only_run(output):
         record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
                                            loop=loop, record_batches=record_batches is not None, say=say, again=again)
@@ -331,7 +334,8 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
             max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
             process_s=time.monotonic() - began, elapsed_s=time.time() - record.started_at,
             planned_s=plan.eta.total_s if plan else None, planned_low_s=plan.eta.low_s if plan else None,
-            planned_high_s=plan.eta.high_s if plan else None, output=str(output))
+            planned_high_s=plan.eta.high_s if plan else None, output=str(output),
+            resume=again if control.stopped else None)
         _write_result(result, run_dir, output, record, plan)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
