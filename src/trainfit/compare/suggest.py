@@ -29,14 +29,23 @@ class Suggestion(Record):
     """Configs for the next round (name -> settings), when the suggestion proposes some."""
 
 
+def train_losses(run: ConfigRun) -> list[float]:
+    """A run's logged train losses, in order (the steps that logged none left out)."""
+    return [x[2] for x in run.losses if x[2] is not None]
+
+
+def last_tenth(run: ConfigRun) -> list[float]:
+    """The last tenth of a run's train losses (at least the last one; none where it logged none)."""
+    losses = train_losses(run)
+    return losses[-max(1, len(losses) // 10):] if losses else []
+
+
 def final_loss(run: ConfigRun) -> float | None:
     """What a run ends at: its last eval loss, else the mean of its last tenth of train losses."""
     if run.evals:
         return run.evals[-1][2]
-    finite = [x[2] for x in run.losses if x[2] is not None]
-    if not finite:
-        return None
-    return statistics.fmean(finite[-max(1, len(finite) // 10):])
+    tail = last_tenth(run)
+    return statistics.fmean(tail) if tail else None
 
 
 def loss_noise(run: ConfigRun) -> float | None:
@@ -46,8 +55,7 @@ def loss_noise(run: ConfigRun) -> float | None:
     the last tenth holds fewer than :data:`MIN_TAIL` losses (too few to tell a scatter)."""
     if run.evals:
         return None
-    finite = [x[2] for x in run.losses if x[2] is not None]
-    tail = finite[-max(1, len(finite) // 10):]
+    tail = last_tenth(run)
     n = len(tail)
     if n < MIN_TAIL:
         return None
@@ -69,7 +77,7 @@ def _too_close(order: list[str], runs: dict[str, ConfigRun], steps: int | None) 
     more = f"train longer (e.g. --steps {2 * steps}) or" if steps else "train longer or"
     how = f"{more} evaluate on held-out data (--eval-data, or --holdout N) to tell them apart"
     if noise[0] is None or noise[1] is None:
-        tail = max(1, len([x for x in runs[best].losses if x[2] is not None]) // 10)
+        tail = len(last_tenth(runs[best]))
         return [Suggestion(says=f"too few steps to tell {best} from {second}: {how}",
                            evidence=f"each final train loss is the mean of its last {tail} logged loss(es), too few "
                                     f"to measure their scatter (at least {MIN_TAIL})")]
@@ -84,7 +92,7 @@ def _too_close(order: list[str], runs: dict[str, ConfigRun], steps: int | None) 
 
 def still_falling(run: ConfigRun) -> bool:
     """Its train loss's last quarter is below its third quarter by :data:`STILL_FALLING` or more."""
-    losses = [x[2] for x in run.losses if x[2] is not None]
+    losses = train_losses(run)
     if len(losses) < 8:
         return False
     q = len(losses) // 4
@@ -133,7 +141,7 @@ def reached(run: ConfigRun, target: float) -> list[float] | None:
 
 def _diverged(name: str, given: dict[str, Any], run: ConfigRun) -> Suggestion:
     lr = float(given.get("learning_rate", 2e-5))
-    finite = [x[2] for x in run.losses if x[2] is not None]
+    finite = train_losses(run)
     start = f"{statistics.fmean(finite[:5]):.4g}" if finite else "?"
     last = run.losses[-1][2] if run.losses else None
     return Suggestion(says=f"{name} diverged at step {run.diverged_at}: lower its learning rate or add warmup",
@@ -207,7 +215,7 @@ def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], orde
 
 
 def _quarters(run: ConfigRun) -> str:
-    losses = [x[2] for x in run.losses if x[2] is not None]
+    losses = train_losses(run)
     q = len(losses) // 4
     return (f"mean {statistics.fmean(losses[-2 * q:-q]):.4g} in the third quarter of its steps, "
             f"{statistics.fmean(losses[-q:]):.4g} in the last")
