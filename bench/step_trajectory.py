@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import dump  # noqa: E402
 from epoch_fidelity import base_overrides, corpus_file  # noqa: E402
-from plan_eta import model_overrides  # noqa: E402
+from plan_eta import at_tenth, model_overrides  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,13 +78,10 @@ def trajectory(args: argparse.Namespace, work: Path) -> dict:
     logs = [{"step": e["step"], "elapsed_s": e["elapsed_s"], "num_tokens": e["num_tokens"]}
             for e in log if e["event"] == "log" and "num_tokens" in e]
     end = next(e for e in log if e["event"] == "end")
-    tenth = next((e for e in log if e["event"] == "on_track" and e["step"] >= 0.1 * e["max_steps"]), None)
     return {"tune_s": tune_s, "train_wall_s": wall, "steps": end["step"], "elapsed_s": end["elapsed_s"],
             "planned_s": plan.eta.total_s, "probe_step_s": plan.eta.step_time_s,
             "seconds_per_step_by_epoch": per_epoch(logs, max(1, round(plan.eta.steps / args.epochs))),
-            "monitor_at_tenth": None if tenth is None else {
-                "step": tenth["step"], "projected_s": tenth["projected_s"],
-                "error": (tenth["projected_s"] - end["elapsed_s"]) / end["elapsed_s"]},
+            "monitor_at_tenth": at_tenth(log, end),
             "logs": logs,
             "on_track": [{"step": e["step"], "elapsed_s": e["elapsed_s"], "projected_s": e["projected_s"]}
                          for e in log if e["event"] == "on_track"]}
