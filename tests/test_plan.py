@@ -472,6 +472,28 @@ def test_the_callbacks_pace_starts_after_the_first_steps_warm_up(monkeypatch) ->
     assert callback.latest.projected_s == pytest.approx(6.5 + 90 * 0.5 + (plan.eta.startup_s or 0.0))
 
 
+def test_the_on_track_line_is_written_above_the_trainers_progress_bar_not_inside_it(capsys) -> None:
+    """The trainer draws its bar on stderr with carriage returns and no line end; the monitor's line
+    clears it and starts a line of its own, and the bar is drawn again below."""
+    import sys
+    from types import SimpleNamespace
+
+    from tqdm import tqdm
+
+    from trainfit.monitor import OnTrackCallback
+
+    callback = OnTrackCallback(a_plan(50.0, 0.05, 120.0), every_s=1e9)
+    state = SimpleNamespace(global_step=0, max_steps=100)
+    callback.on_train_begin(None, state, None)
+    bar = tqdm(total=100, file=sys.stderr)
+    state.global_step = 3
+    bar.update(3)
+    callback._report(state, ahead=True)
+    bar.close()
+    [line] = [part for part in capsys.readouterr().err.split("\n") if "trainfit: " in part]
+    assert line.split("\r")[-1].startswith("trainfit: on track: step 3/100")
+
+
 def test_on_track_takes_the_evaluation_passes_out_of_the_pace_and_adds_those_to_come() -> None:
     import dataclasses
 

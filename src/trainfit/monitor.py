@@ -319,7 +319,9 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
             elapsed = self.last - self.start + self.first_step * self.check.plan.eta.step_time_s
         self.latest = self.check.status(step, int(state.max_steps), elapsed, pace,
                                         startup_counted=self.started_at is not None)
-        print(f"trainfit: {self.latest.line}", file=sys.stderr, flush=True)
+        from tqdm import tqdm  # type: ignore[import-untyped]
+
+        tqdm.write(f"trainfit: {self.latest.line}", file=sys.stderr)  # above the trainer's bar, not inside it
         if self.on_status is not None:
             self.on_status(self.latest)
         if self.out is not None:
