@@ -137,6 +137,14 @@ def test_empty_and_missing_files(tmp_path: Path) -> None:
         count_lengths(tmp_path / "e.jsonl", WORDS, progress=False)
     with pytest.raises(TrainfitError, match="does not exist"):
         count_lengths(tmp_path / "nope.jsonl", WORDS, progress=False)
+    (tmp_path / "blank.jsonl").write_text('{"text": ""}\n{"text": ""}\n')  # rows there, every text empty
+    with pytest.raises(TrainfitError, match="every row of blank.jsonl is 0 positions long") as err:
+        count_lengths(tmp_path / "blank.jsonl", WORDS, progress=False)
+    assert "data.text_field" in (err.value.hint or "")
+    (tmp_path / "some.jsonl").write_text('{"text": ""}\n{"text": "a b"}\n{"text": ""}\n')
+    table = count_lengths(tmp_path / "some.jsonl", WORDS, progress=False)
+    assert table.lengths.tolist() == [0, 2, 0] and any(n.startswith("rows 0 positions long: 2 of them") for n in
+                                                       table.notes)
 
 
 def test_interrupted_count_resumes_and_finished_count_is_cached(tmp_path: Path) -> None:

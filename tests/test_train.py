@@ -248,6 +248,37 @@ def test_a_run_killed_with_sigkill_resumes_to_the_parameters_of_an_uninterrupted
 
 
 @pytest.mark.integration
+def test_a_finished_run_is_not_trained_again_and_a_resume_on_changed_data_is_refused(
+        tune_dir: Path, tmp_path: Path, capsys) -> None:
+    copy = tmp_path / "tune"
+    shutil.copytree(tune_dir, copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    data = tmp_path / "train.jsonl"  # the copy's own data, to change
+    shutil.copy(summary["spec"]["data"]["path"], data)
+    summary["spec"]["data"]["path"] = str(data)
+    (copy / "summary.json").write_text(json.dumps(summary))
+    out, args = tmp_path / "run", ["--max-steps", "2"]
+    assert main(["train", str(copy), "--output", str(out), *args]) == 0
+    capsys.readouterr()
+
+    def files() -> dict[str, int]:
+        return {str(f.relative_to(out)): f.stat().st_mtime_ns for f in out.rglob("*") if f.name != ".lock"}
+
+    before = files()
+    assert main(["train", str(copy), "--output", str(out), "--resume", *args]) == 0
+    assert "finished at step 2 of 2: nothing to resume" in capsys.readouterr().err
+    assert files() == before  # no step trained, no checkpoint saved, the model and the result untouched
+    original = data.read_text()
+    data.write_text(original + original.splitlines(keepends=True)[0])
+    assert main(["train", str(copy), "--output", str(out), "--resume", *args]) == 2
+    err = capsys.readouterr().err
+    assert f"the data at {data} changed since the run in {out} started (its size or content differ)" in err
+    assert "put the data back as it was and resume" in err and files() == before
+    data.write_text(original)
+    assert main(["train", str(copy), "--output", str(out), "--resume", *args]) == 0  # the same data again
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_a_resume_past_a_rotten_one_ends_where_an_uninterrupted_run_does(
         tune_dir: Path, uninterrupted: Path, tmp_path: Path, capsys) -> None:
@@ -268,10 +299,16 @@ def test_sigterm_saves_a_checkpoint_and_a_resume_past_a_rotten_one_ends_where_an
     # The newest checkpoint rots on disk after its save was marked: a clear error, then the one before it.
     newest = latest_complete(out)
     assert newest is not None and len(checkpoints(out)) == 2
-    (newest / "optimizer.pt").write_bytes(b"rotten")
-    rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", *RUN_ARGS))
-    assert rc == 2 and f"could not resume from {newest}" in text and f"rm -r {newest}" in text, text
-    assert "Traceback" not in text
+    sound = shutil.copytree(newest, tmp_path / "sound")
+    # Each file the Trainer loads: the optimizer's as it starts, the RNG states' at the resumed epoch's first batch.
+    for rotten in ("optimizer.pt", "rng_state.pth"):
+        shutil.rmtree(newest)
+        shutil.copytree(sound, newest)
+        assert (newest / rotten).is_file()
+        (newest / rotten).write_bytes((newest / rotten).read_bytes()[:50])
+        rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", *RUN_ARGS))
+        assert rc == 2 and f"could not resume from {newest}" in text and f"rm -r {newest}" in text, (rotten, text)
+        assert "Traceback" not in text
     shutil.rmtree(newest)
     rc, text = finished(trainfit(str(tune_dir), "--output", str(out), "--resume", *RUN_ARGS))
     assert rc == 0, text

@@ -69,6 +69,10 @@ class TrainRun(Record):
     """``factory``: the plan's eval set and schedule (a ``trl_sft`` run has them in its arguments)."""
     started_at: float
     """Epoch seconds of the first start: a deadline and the actual time count from it."""
+    data: str | None = None
+    """The identity of the spec's dataset content at the first start (its size and bytes sampled
+    through each file, :func:`trainfit.data.readers.fingerprint`): a resume on other data would not
+    see the same samples in the same order. None: no data, or a record written before it was kept."""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> TrainRun:
@@ -179,6 +183,28 @@ def differences(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
             if before.get(k) != now.get(k)]
 
 
+def _data_identity(spec: Mapping[str, Any]) -> str | None:
+    """The fingerprint of ``spec``'s data (see :attr:`TrainRun.data`); None without data, or where
+    it cannot be read (the run's own reading then says why)."""
+    from trainfit.data.readers import fingerprint
+
+    path = (spec.get("data") or {}).get("path")
+    try:
+        return fingerprint(path, times=False) if path else None
+    except (OSError, TrainfitError):
+        return None
+
+
+def _refuse_changed_data(run_dir: Path, output: Path, *, readable: bool) -> None:
+    from trainfit.summary import read_summary
+
+    path = (read_summary(run_dir).spec.get("data") or {}).get("path")
+    raise TrainfitError(f"the data at {path} changed since the run in {output} started ("
+                        + ("its size or content differ" if readable else "it cannot be read now")
+                        + "): a resume would not see the same samples in the same order, and would repeat or skip some",
+                        "put the data back as it was and resume, or train into a new --output")
+
+
 def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max_steps: int | None = None,
              loop: bool = False) -> tuple[TrainRun, Plan | None]:
     """What ``run_dir`` says to train (its plan's choice, else its fastest config), as a record
@@ -190,7 +216,8 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
         raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
     summary = read_summary(run_dir)
     plan = _plan(run_dir)
-    common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time())
+    common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time(),
+                               data=_data_identity(summary.spec))
     factory = bool((summary.spec.get("model") or {}).get("factory"))
     if loop and not factory:
         raise TrainfitError("--loop trains a factory model in trainfit's loop; this tune folder's model is a Hugging "
@@ -257,6 +284,8 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
             raise TrainfitError(f"{output} trains something else than this command would; what differs:\n  "
                                 + "\n  ".join(changed),
                                 "resume with the same tune folder, plan and arguments, or train into a new --output")
+        if record.data is not None and now.data != record.data:
+            _refuse_changed_data(run_dir, output, readable=now.data is not None)
     else:
         if record_path.exists() or any(output.glob("checkpoint-*")):
             raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
@@ -313,6 +342,11 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     with _only_run(output):
         record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
                                            loop=loop, record_batches=record_batches is not None, say=say, again=again)
+        done = _finished(output) if resume else None
+        if done is not None:
+            say(f"trainfit: the run in {output} finished at step {done.step} of {done.max_steps}: nothing to resume "
+                "(its model and train_result.json are left as they are; train into a new --output to train again)")
+            return done
         if use_plan_deadline:
             if plan is None:
                 raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
@@ -339,6 +373,16 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
         _write_result(result, run_dir, output, record, plan)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+def _finished(output: Path) -> TrainResult | None:
+    """The result of the run in ``output`` where it finished (None: it did not, or its result
+    cannot be read)."""
+    try:
+        result = TrainResult.from_json(_read(output / "train_result.json", "the run's result", ""))
+    except (TrainfitError, KeyError, TypeError, ValueError):
+        return None
+    return result if result.status == "finished" else None
 
 
 def _write_result(result: TrainResult, run_dir: Path, output: Path, record: TrainRun, plan: Plan | None) -> None:
@@ -467,9 +511,9 @@ def _train_trl(trainer: Any, output: Path, checkpoint: Path | None, control: Any
     except OSError:
         raise
     except Exception as err:
-        if checkpoint is None or control.first_step is not None:
+        if checkpoint is None or control.stepped:
             raise
-        raise unloadable(checkpoint, err) from err  # it failed while the Trainer loaded the checkpoint
+        raise unloadable(checkpoint, err) from err  # it failed before a step: while the Trainer loaded the checkpoint
     if control.stopped is None:
         trainer.save_model(str(output))
     return int(trainer.state.global_step), int(trainer.state.max_steps)

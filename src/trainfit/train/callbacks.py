@@ -71,6 +71,9 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         """One save's time: the last one this process made (before it, the caller's estimate)."""
         self.save_began = 0.0
         self.first_step: int | None = None
+        self.stepped = False
+        """A step ended in this process: what fails before it may be the checkpoint's loading (the
+        Trainer loads the RNG states after the training began, at the resumed epoch's first batch)."""
         self.segment_began = 0.0
 
     def listen(self) -> Callable[[], None]:
@@ -107,6 +110,7 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.monotonic()
+        self.stepped = True
         step = int(state.global_step)
         done = step - (self.first_step or 0)
         if done == 1:  # what a resume costs: its launch to here
