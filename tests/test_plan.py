@@ -340,6 +340,12 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert f"the newest tune folder in it is {tmp_path / '20261125-090000'}" in capsys.readouterr().err
     assert main(["plan", str(tmp_path / "missing"), "--max-hours", "2"]) == 2
     assert "is not a folder" in capsys.readouterr().err
+    for text, what in (("[]", "it holds a JSON list, not an object"), ("{bad", "Expecting property name")):
+        (tmp_path / "20261125-090000" / "summary.json").write_text(text)
+        assert main(["plan", str(tmp_path / "20261125-090000"), "--max-hours", "2"]) == 2
+        err = capsys.readouterr().err
+        assert what in err and "probing nothing again: trainfit tune YOUR_SPEC.yaml --output" in err
+        assert "--resume" in err and "Traceback" not in err
     with pytest.raises(SystemExit):
         main(["plan", str(tmp_path), "--max-hours", "0"])
     assert "--max-hours" in capsys.readouterr().err

@@ -89,6 +89,16 @@ def test_cli_default_output_is_a_new_folder_and_resume_takes_the_latest(tmp_path
     assert f"-> {Path('trainfit-runs') / 'one' / runs[0].name}" in out
     assert "resuming: 1 trials already measured" in out and "BEST CONFIGURATION" in out
     assert len(list((tmp_path / "trainfit-runs" / "one").iterdir())) == 1
+    # A damaged summary.json: the resume that reading it advises rebuilds it from the stored trials.
+    summary = runs[0] / "summary.json"
+    kept = json.loads(summary.read_text())
+    summary.write_text("[]")
+    assert main(["plan", str(runs[0]), "--max-hours", "1"]) == 2
+    assert "probing nothing again" in capsys.readouterr().err
+    assert main(["tune", str(path), "--output", str(runs[0]), "--resume", "--quiet"]) == 0
+    rebuilt = json.loads(summary.read_text())
+    assert rebuilt["total_tested"] == 1 and rebuilt["best_config"]["trial"] == kept["best_config"]["trial"]
+    assert rebuilt["best_config"]["samples_per_second"] == kept["best_config"]["samples_per_second"]  # not probed again
 
 
 def test_a_real_probe_of_an_unsupported_kernel_skips_it_for_the_rest(tmp_path: Path, texts_file, capsys) -> None:

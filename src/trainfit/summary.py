@@ -11,6 +11,7 @@ changes meaning or goes away; a new key keeps it. ``summary.json`` is a superset
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -285,7 +286,10 @@ class Summary(Record):
 
 
 def check_schema(raw: Mapping[str, Any], version: int, what: str, hint: str) -> None:
-    """Refuse ``raw`` (a versioned file's content) unless its ``schema_version`` is ``version``."""
+    """Refuse ``raw`` (a versioned file's content) unless it is a JSON object whose ``schema_version``
+    is ``version``."""
+    if not isinstance(raw, Mapping):
+        raise TrainfitError(f"{what} is not a JSON object (it holds a {type(raw).__name__})", hint)
     if raw.get("schema_version") != version:
         raise TrainfitError(f"{what} has schema version {raw.get('schema_version')!r}; this trainfit reads {version}",
                             hint)
@@ -302,6 +306,11 @@ def read_summary(folder: Path) -> Summary:
                             f"the newest tune folder in it is {inside[-1].parent}" if inside else
                             "give the folder `trainfit tune --output` wrote (its summary.json names the best config)")
     try:
-        return Summary.from_json(json.loads(path.read_text()))
+        raw = json.loads(path.read_text())
+        if not isinstance(raw, dict):
+            raise TypeError(f"it holds a JSON {type(raw).__name__}, not an object")
+        return Summary.from_json(raw)
     except (ValueError, KeyError, TypeError) as err:
-        raise TrainfitError(f"cannot read {path}: {err}", "tune again into a new folder") from None
+        raise TrainfitError(f"cannot read {path}: {err}",
+                            f"rebuild it from the trials stored beside it, probing nothing again: trainfit tune "
+                            f"YOUR_SPEC.yaml --output {shlex.quote(str(folder))} --resume") from None
