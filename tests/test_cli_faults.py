@@ -87,11 +87,9 @@ def test_the_resume_hint_repeats_every_flag_the_user_gave() -> None:
         else:
             argv += [flag, str(action.choices[0]) if action.choices else
                      {"--set": "run_name=bob's run", "--storage": "sqlite:///x.db"}.get(flag, "3")]
-    args = build_parser().parse_args(argv)
-    args.argv, args.output = argv, "runs/a b"
-    from trainfit.cli.tune import resume_command
+    from trainfit.cli.common import resume_command
 
-    words = shlex.split(resume_command(args))
+    words = shlex.split(resume_command(argv, "runs/a b"))
     assert words[0] == "trainfit"
     again = vars(build_parser().parse_args(words[1:]))
     assert again == {**vars(build_parser().parse_args(argv)), "resume": True}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -65,6 +66,11 @@ def test_a_training_value_set_on_the_command_line_is_every_configs_unless_it_set
     a, b = read_configs(tmp_path / "c.yaml", load_spec(llama, rest), defaults=training)
     assert a.training == {"learning_rate": 1e-3, "warmup_steps": 5} and a.params.lora_r == 16
     assert b.training == {"learning_rate": 3e-4, "warmup_steps": 5} and b.params.lora_r == 8
+    # A bad value given there is named as given, even where every config sets its own.
+    (tmp_path / "own.yaml").write_text("a: {learning_rate: 1.0e-4}\nb: {learning_rate: 3.0e-4}\n")
+    with pytest.raises(TrainfitError, match="the command line has 1 problem") as err:
+        read_configs(tmp_path / "own.yaml", load_spec(llama, rest), defaults={"learning_rate": "abc"})
+    assert "--set learning_rate: must be a number, got 'abc'" in str(err.value)
 
 
 def test_every_problem_of_a_configs_file_is_named_with_its_config_and_key(llama: Path, tmp_path: Path) -> None:
@@ -272,6 +278,11 @@ def test_ctrl_c_mid_config_says_interrupted_once_without_a_traceback(factory_spe
     assert proc.returncode == 130, printed
     assert "Traceback" not in printed and "KeyboardInterrupt" not in printed
     assert printed.count("interrupted") == 1, printed
+    # It says what it kept and the command that continues it: the one run, into its folder, with --resume.
+    assert f"interrupted: the configs that finished are kept in {out / 'compare.json'}; continue with" in printed
+    again = shlex.split(printed.strip().splitlines()[-1])
+    assert again[:2] == ["trainfit", "compare"] and again[-3:] == ["--output", str(out), "--resume"]
+    assert again[again.index("--configs") + 1] == str(configs) and again[again.index("--steps") + 1] == "200"
 
 
 @pytest.mark.integration

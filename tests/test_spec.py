@@ -10,7 +10,7 @@ from trainfit.cli import main
 from trainfit.command import build_command
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params, parse_params
-from trainfit.spec import load_spec, merge_overrides, parse_override
+from trainfit.spec import load_spec, load_yaml, merge_overrides, parse_override
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
@@ -71,6 +71,20 @@ def test_overrides_win_over_the_file_and_bare_keys_are_params(tmp_path: Path, ll
     assert [(d.name, list(d.grid_values())) for d in searched.dims] == [("batch_size", [1, 2])]
     with pytest.raises(TrainfitError):
         parse_override("batch_size")
+    # A mapping or list typed with a YAML mistake is named as such, not read as plain text.
+    with pytest.raises(TrainfitError, match="--set search is not valid YAML"):
+        parse_override("search={batch_size: [1, 2")
+
+
+def test_a_key_given_twice_in_one_mapping_is_refused_and_a_merge_key_may_be_given_again() -> None:
+    with pytest.raises(TrainfitError, match="found the key 'a' twice in one mapping") as err:
+        load_yaml("a: {learning_rate: 1.0e-4}\nb: {}\na: {learning_rate: 1.0e-3}\n", "c.yaml")
+    assert "line 3" in str(err.value)
+    with pytest.raises(TrainfitError, match="found the key 'lora_r' twice"):
+        load_yaml("params:\n  lora_r: 8\n  lora_r: 16\n", "s.yaml")
+    merged = load_yaml("a: &d {learning_rate: 1.0e-4, warmup_ratio: 0.1}\nb:\n  <<: *d\n  learning_rate: 2.0e-4\n",
+                       "c.yaml")
+    assert merged["b"] == {"learning_rate": 2.0e-4, "warmup_ratio": 0.1}
 
 
 def test_model_needs_exactly_one_source(tmp_path: Path) -> None:

@@ -223,11 +223,30 @@ class NotYaml(TrainfitError):
     """The text is not YAML at all (an override's value is then taken as plain text)."""
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that names a key twice: the later value would replace
+    the earlier one without a word (two configs of one name in a comparison, say)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be given again
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"found the key {key!r} twice in one mapping (the later would replace the "
+                        "earlier): give each its own name", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(text: str, where: str) -> Any:
-    """YAML text -> plain data, refusing what is not YAML and aliases that expand past
-    ``MAX_YAML_VALUES`` values (or into themselves)."""
+    """YAML text -> plain data, refusing what is not YAML, a mapping with a key twice, and aliases
+    that expand past ``MAX_YAML_VALUES`` values (or into themselves)."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:
         raise NotYaml(f"{where} is not valid YAML: {err}") from None
     sizes: dict[int, int] = {}  # expanded size of each container seen, by id: shared aliases count once each
@@ -266,6 +285,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         parsed = load_yaml(value, f"--set {key}") if value.strip() else None
     except NotYaml:
+        if value.strip()[:1] in ("{", "["):  # meant as a YAML mapping or list: say what is wrong with it
+            raise
         parsed = value  # the text itself
     return key, parsed
 

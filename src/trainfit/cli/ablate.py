@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainfit.cli.common import add_spec_arguments, spec_from_args, stats_from_args
+from trainfit.cli.common import add_spec_arguments, interrupted, spec_from_args, stats_from_args
 
 if TYPE_CHECKING:
     from trainfit.ablate import Ablation, Row
@@ -35,7 +35,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("ablate", help="measure what each speed/memory technique buys, alone and together",
                        description="Probe a baseline with every technique off, each technique alone, and all "
                                    "together, on the spec's model and data.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)  # the resume hint repeats the flags as typed: each in full
     add_spec_arguments(p)
     p.add_argument("--output", help="output folder (default: a new trainfit-runs/SPEC_NAME/ablate-TIMESTAMP)")
     p.add_argument("--only", metavar="WORDS", help="only the techniques whose names hold one of these comma-separated "
@@ -79,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
                    "rows": [r.to_json() for r in kept(measured)]}
         write_atomically(path, json.dumps(partial, indent=2) + "\n")  # kept as it comes: --resume goes on
 
-    result = ablate(spec, stats=stats, done=done, only=only, on_row=on_row)
+    try:
+        result = ablate(spec, stats=stats, done=done, only=only, on_row=on_row)
+    except KeyboardInterrupt as err:
+        return interrupted(err, args.argv, out, f"the rows measured are kept in {path}")
     result = dataclasses.replace(result, rows=kept(result.rows))
     write_atomically(path, json.dumps(result.to_json(), indent=2) + "\n")
     write_atomically(out / "ablation.html", page(result, str(spec.source)))

@@ -127,3 +127,32 @@ def check_eval_flags(args: argparse.Namespace) -> None:
         raise TrainfitError("--eval-every and --eval-batch-size say how to evaluate, and no eval set was given",
                             "add --eval-data PATH (the training data's format and fields)"
                             + (" or --holdout N" if hasattr(args, "holdout") else ""))
+
+
+def resume_command(argv: list[str], output: str | Path) -> str:
+    """``argv`` (what the user ran, its sub-command first) as the command that continues the run in
+    ``output``: every flag kept as given (a new one too), ``--output`` the run's folder, and ``--resume``.
+    The sub-command's parser must have ``allow_abbrev=False``, so each flag is here in full."""
+    import shlex
+
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--output":
+            skip = True  # its value follows
+        elif word != "--resume" and not word.startswith("--output="):
+            words.append(word)
+    return shlex.join(["trainfit", *words, "--output", str(output), "--resume"])
+
+
+def interrupted(err: KeyboardInterrupt, argv: list[str], output: str | Path, kept: str) -> int:
+    """Say what an interrupted run kept (``kept``) and the command that continues it; the shell's exit status."""
+    import contextlib
+    import sys
+
+    from trainfit.cli import interrupted_status
+
+    with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+        print(f"\ninterrupted: {kept}; continue with\n  {resume_command(argv, output)}", file=sys.stderr)
+    return interrupted_status(err)

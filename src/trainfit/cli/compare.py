@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from trainfit.cli.common import check_eval_flags, number
+from trainfit.cli.common import check_eval_flags, interrupted, number
 
 EPILOG = """\
 examples:
@@ -39,7 +39,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("compare", help="train named configs for K steps each and compare loss, speed and memory",
                        description="Train each named config of a configs file for the same number of steps on the "
                                    "spec's model and data; compare loss curves, speed and memory; suggest the next "
-                                   "round.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   "round.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)  # the resume hint repeats the flags as typed: each in full
     p.add_argument("spec", help="YAML spec (see examples/tiny-llama.yaml)")
     p.add_argument("--configs", required=True, metavar="YAML", help="the named configs (see below)")
     p.add_argument("--steps", type=number(int, at_least=1), required=True, help="optimizer steps per config")
@@ -79,10 +80,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else \
         Path("trainfit-runs") / Path(args.spec).stem / datetime.now().strftime("compare-%Y%m%d-%H%M%S")
     print(f"trainfit compare: {args.spec} with {args.configs} -> {out}")
-    state = compare(args.spec, args.configs, steps=args.steps, output=out, overrides=args.overrides,
-                    eval_data=args.eval_data, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
-                    target_loss=args.target_loss, resume=args.resume, storage=args.storage, minutes=args.minutes,
-                    holdout=args.holdout)
+    try:
+        state = compare(args.spec, args.configs, steps=args.steps, output=out, overrides=args.overrides,
+                        eval_data=args.eval_data, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
+                        target_loss=args.target_loss, resume=args.resume, storage=args.storage, minutes=args.minutes,
+                        holdout=args.holdout)
+    except KeyboardInterrupt as err:
+        return interrupted(err, args.argv, out, f"the configs that finished are kept in {out / 'compare.json'}")
     print()
     print(table([HEADER, *rows(state)]))
     print("\nsuggestions for the next round:")

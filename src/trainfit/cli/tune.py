@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from typing import Any
 
-from trainfit.cli.common import add_spec_arguments, knobs_help, number, spec_from_args, stats_from_args
+from trainfit.cli.common import (
+    add_spec_arguments,
+    interrupted,
+    knobs_help,
+    number,
+    resume_command,
+    spec_from_args,
+    stats_from_args,
+)
 from trainfit.spec import STRATEGIES
 
 EPILOG = """\
@@ -95,26 +102,12 @@ def output_folder(args: argparse.Namespace):
     return base / datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def resume_command(args: argparse.Namespace) -> str:
-    """What the user ran, with ``--output`` the run's folder and ``--resume``: the spec, its
-    overrides and the storage must match for the study to be found again, and every other flag
-    (a new one too) is kept as given."""
-    import shlex
-
-    words, skip = [], False
-    for word in args.argv:
-        if skip:
-            skip = False
-        elif word == "--output":
-            skip = True  # its value follows
-        elif word != "--resume" and not word.startswith("--output="):
-            words.append(word)
-    return shlex.join(["trainfit", *words, "--output", args.output, "--resume"])
+def saved_where(args: argparse.Namespace) -> str:
+    return f"every finished trial is saved in {args.storage or args.output}"
 
 
 def resume_hint(args: argparse.Namespace) -> str:
-    where = args.storage or args.output
-    return f"every finished trial is saved in {where}; continue with\n  {resume_command(args)}"
+    return f"{saved_where(args)}; continue with\n  {resume_command(args.argv, args.output)}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,11 +156,7 @@ def run(args: argparse.Namespace) -> int:
         result = tune(spec, output=args.output, calibrate_steps=args.calibrate,
                       on_calibration=None if args.quiet else _calibration_line, **options)
     except KeyboardInterrupt as err:
-        from trainfit.cli import interrupted_status
-
-        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
-            print(f"\ninterrupted: {resume_hint(args)}", file=sys.stderr)
-        return interrupted_status(err)
+        return interrupted(err, args.argv, args.output, saved_where(args))
     except OSError as err:  # a full disk mid-run: the study keeps every trial that ended
         from trainfit.errors import os_error
 

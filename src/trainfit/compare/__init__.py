@@ -275,7 +275,10 @@ class _Jobs:
                "argv": self.argv(config) if self.spec.model.factory is None else []}
         (folder / "job.json").write_text(json.dumps(job, indent=2) + "\n")
         began = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "trainfit.compare.child", str(folder / "job.json")], check=False)
+        # Its own session: a terminal's Ctrl-C reaches `trainfit compare` alone, which kills the child as it
+        # stops (subprocess.run does) and says how to resume, instead of the child's traceback mid-import.
+        subprocess.run([sys.executable, "-m", "trainfit.compare.child", str(folder / "job.json")], check=False,
+                       start_new_session=True)
         wall = round(time.perf_counter() - began, 3)
         result = folder / "result.json"
         if not result.is_file():

@@ -196,5 +196,5 @@ def _failed(job: dict[str, Any], status: str, error: str) -> ConfigRun:
 if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
-    except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the whole group: `trainfit compare` says so, once
+    except KeyboardInterrupt:  # a SIGINT sent to the child alone: `trainfit compare` records the config as failed
         sys.exit(130)

@@ -96,6 +96,10 @@ def read_configs(path: str | Path, spec: Spec, defaults: Mapping[str, Any] | Non
     if not isinstance(raw, dict) or not raw:
         raise TrainfitError(f"{path} must hold a mapping of config names to their settings",
                             "e.g. low_lr: {learning_rate: 1.0e-5}\\nhigh_lr: {learning_rate: 1.0e-4}")
+    given = [Problem(f"--set {k}", bad) for k, v in (defaults or {}).items()
+             if (bad := _check_training(k, _yaml_number(v)))]
+    if given:  # named as given, once: not as a problem of each config in the file
+        raise SpecError(given, source="the command line")
     problems: list[Problem] = []
     configs = [c for name, values in raw.items()
                if (c := _config(str(name), _with_defaults(values, defaults), spec, problems)) is not None]

@@ -342,10 +342,7 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     with _only_run(output):
         record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
                                            loop=loop, record_batches=record_batches is not None, say=say, again=again)
-        done = _finished(output) if resume else None
-        if done is not None:
-            say(f"trainfit: the run in {output} finished at step {done.step} of {done.max_steps}: nothing to resume "
-                "(its model and train_result.json are left as they are; train into a new --output to train again)")
+        if resume and (done := _finished(output, say)) is not None:
             return done
         if use_plan_deadline:
             if plan is None:
@@ -375,14 +372,18 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     return result
 
 
-def _finished(output: Path) -> TrainResult | None:
-    """The result of the run in ``output`` where it finished (None: it did not, or its result
-    cannot be read)."""
+def _finished(output: Path, say: Callable[[str], None]) -> TrainResult | None:
+    """The result of the run in ``output`` where it finished, said so (None: it did not, or its
+    result cannot be read): a resume then has nothing to train."""
     try:
         result = TrainResult.from_json(_read(output / "train_result.json", "the run's result", ""))
     except (TrainfitError, KeyError, TypeError, ValueError):
         return None
-    return result if result.status == "finished" else None
+    if result.status != "finished":
+        return None
+    say(f"trainfit: the run in {output} finished at step {result.step} of {result.max_steps}: nothing to resume "
+        "(its model and train_result.json are left as they are; train into a new --output to train again)")
+    return result
 
 
 def _write_result(result: TrainResult, run_dir: Path, output: Path, record: TrainRun, plan: Plan | None) -> None:
