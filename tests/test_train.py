@@ -248,7 +248,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_parameters_of_an_uninterrupted
 
 
 @pytest.mark.integration
-def test_a_finished_run_is_not_trained_again_and_a_resume_on_changed_data_is_refused(
+def test_a_copied_tune_folder_trains_its_own_files_a_finished_run_is_not_trained_again_and_changed_data_refused(
         tune_dir: Path, tmp_path: Path, capsys) -> None:
     copy = tmp_path / "tune"
     shutil.copytree(tune_dir, copy)
@@ -258,8 +258,20 @@ def test_a_finished_run_is_not_trained_again_and_a_resume_on_changed_data_is_ref
     summary["spec"]["data"]["path"] = str(data)
     (copy / "summary.json").write_text(json.dumps(summary))
     out, args = tmp_path / "run", ["--max-steps", "2"]
+    # Arguments `trl sft` refuses, or a batch record that cannot be written, are refused before a run is
+    # recorded: the corrected command starts afresh in the same --output.
+    assert main(["train", str(copy), "--output", str(out), *args, "--", "--bogus_flag", "1"]) == 2
+    assert "`trl sft` refused the arguments" in capsys.readouterr().err
+    assert main(["train", str(copy), "--output", str(out), *args, "--record-batches", str(tmp_path)]) == 2
+    assert "--record-batches cannot write there: Is a directory" in capsys.readouterr().err
+    assert not out.exists()
     assert main(["train", str(copy), "--output", str(out), *args]) == 0
     capsys.readouterr()
+    # The copy's command named the folder tune wrote it in: what trained is the copy's model and data config.
+    argv = json.loads((out / "train.json").read_text())["argv"]
+    assert f"{tune_dir}/trl_data.yaml" in (copy / "train_command.sh").read_text()
+    assert argv[argv.index("--config") + 1] == str(copy.resolve() / "trl_data.yaml")
+    assert argv[argv.index("--model_name_or_path") + 1] == str(copy.resolve() / "model")
 
     def files() -> dict[str, int]:
         return {str(f.relative_to(out)): f.stat().st_mtime_ns for f in out.rglob("*") if f.name != ".lock"}
@@ -276,6 +288,13 @@ def test_a_finished_run_is_not_trained_again_and_a_resume_on_changed_data_is_ref
     assert "put the data back as it was and resume" in err and files() == before
     data.write_text(original)
     assert main(["train", str(copy), "--output", str(out), "--resume", *args]) == 0  # the same data again
+    # A plan made after the run started changes what the folder trains: the refusal says so, and how to resume.
+    assert main(["plan", str(copy), "--max-hours", "1"]) == 0
+    capsys.readouterr()
+    assert main(["train", str(copy), "--output", str(out), "--resume", *args]) == 2
+    err = capsys.readouterr().err
+    assert f"{copy / 'plan.json'} was written after this run started (from train_command.sh)" in err
+    assert "move plan.json aside" in err
 
 
 @pytest.mark.integration

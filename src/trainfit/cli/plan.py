@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,8 @@ def add_parser(sub: Any) -> None:
                                    "not fit the window.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a `trainfit tune` output folder (holds summary.json)")
-    p.add_argument("--max-hours", type=number(float, above=0), required=True, help="the time window, in hours")
+    p.add_argument("--max-hours", type=number(float, above=0, at_most=24 * 366), required=True,
+                   help="the time window, in hours (at most a year)")
     p.add_argument("--epochs", type=number(float, above=0),
                    help="passes over the dataset (default: the spec's tune.epochs)")
     p.add_argument("--priority", choices=PRIORITIES, default="balanced",
@@ -168,7 +170,8 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
         from trainfit.command import is_trl_command
 
         if is_trl_command(plan.command):
-            lines += [f"or, checkpointed, resumable and watched against this plan: trainfit train {plan.run_dir}"]
+            lines += ["or, checkpointed, resumable and watched against this plan: "
+                      f"trainfit train {shlex.quote(plan.run_dir)}"]
     else:
         lines += ["", f"tune wrote no command for trial {plan.trial}: set its values ({values_line(plan.searched)}) in "
                       "the spec and tune or probe it for one"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -135,7 +136,8 @@ def _plan(run_dir: Path) -> Plan | None:
     path = run_dir / "plan.json"
     if not path.is_file():
         return None
-    return Plan.from_json(_read(path, "the plan", f"plan again: trainfit plan {run_dir} --max-hours H"))
+    return Plan.from_json(_read(path, "the plan",
+                                f"plan again: trainfit plan {shlex.quote(str(run_dir))} --max-hours H"))
 
 
 def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
@@ -152,6 +154,21 @@ def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
     script, best, _ = written_command(run_dir, fallback, use="`trainfit train`",
                                       without_it="tune again into a new folder")
     return as_one_line(script, []), "train_command.sh", best.trial
+
+
+def relocated(argv: Sequence[str], run_dir: Path) -> list[str]:
+    """``argv`` (a written ``trl sft`` command's) with the paths into the folder tune wrote it in
+    (its ``--config``'s folder: the ``trl_data.yaml`` tune writes there) read from ``run_dir``
+    instead, where that folder was moved or copied: the command trains what ``run_dir`` holds."""
+    from trainfit.train.sft import flags
+
+    config = flags(argv).get("config", "")
+    written_in = Path(config).parent
+    here = run_dir.resolve()
+    if Path(config).name != "trl_data.yaml" or written_in == here or not (here / "trl_data.yaml").is_file():
+        return list(argv)
+    prefix = f"{written_in}{os.sep}"
+    return [f"{here}{os.sep}{a[len(prefix):]}" if a.startswith(prefix) else a for a in argv]
 
 
 def template_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
@@ -193,6 +210,17 @@ def _data_identity(spec: Mapping[str, Any]) -> str | None:
         return fingerprint(path, times=False) if path else None
     except (OSError, TrainfitError):
         return None
+
+
+def _planned_since(run_dir: Path, record: TrainRun, now: TrainRun) -> str:
+    """Where a `trainfit plan` since the run's start changed what it trains: the words that say so."""
+    plan = run_dir / "plan.json"
+    if "plan.json" not in (record.source, now.source) or not plan.is_file() or \
+            plan.stat().st_mtime <= record.started_at:
+        return ""
+    return (f"\n{plan} was written after this run started ({'from ' + record.source}): to resume, put back "
+            + ("the plan it started with" if record.source == "plan.json" else "the folder without a plan (move "
+               "plan.json aside)") + "; to train the new plan, give it a new --output")
 
 
 def _refuse_changed_data(run_dir: Path, output: Path, *, readable: bool) -> None:
@@ -245,7 +273,7 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
     from trainfit.train.sft import split_command
 
     threads, argv = split_command(command)
-    argv = [*argv, *extra_args, *(["--max_steps", str(max_steps)] if max_steps else []),
+    argv = [*relocated(argv, run_dir), *extra_args, *(["--max_steps", str(max_steps)] if max_steps else []),
             "--output_dir", str(output), "--save_strategy", "no", "--disable_tqdm", "false"]
     return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv), plan
 
@@ -277,12 +305,13 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
     if resume:
         if not record_path.is_file():
             raise TrainfitError(f"there is nothing to resume in {output}: it holds no train.json",
-                                f"start the run without --resume: trainfit train {run_dir} --output {output}")
+                                "start the run without --resume: "
+                                + shlex.join(["trainfit", "train", str(run_dir), "--output", str(output)]))
         record = TrainRun.from_json(_read(record_path, "the run record", "train into a new --output"))
         changed = differences(record.what(), now.what())
         if changed:
             raise TrainfitError(f"{output} trains something else than this command would; what differs:\n  "
-                                + "\n  ".join(changed),
+                                + "\n  ".join(changed) + _planned_since(run_dir, record, now),
                                 "resume with the same tune folder, plan and arguments, or train into a new --output")
         if record.data is not None and now.data != record.data:
             _refuse_changed_data(run_dir, output, readable=now.data is not None)
@@ -290,6 +319,10 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
         if record_path.exists() or any(output.glob("checkpoint-*")):
             raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
                                 f"continue it: {again}; or pick a new --output")
+        if now.kind == "trl_sft":
+            from trainfit.train.sft import parse
+
+            parse(now.argv)  # refused before a record is written: the corrected command then starts afresh
         output.mkdir(parents=True, exist_ok=True)
         record = now
         write_atomically(record_path, json.dumps(record.to_json(), indent=2) + "\n")
@@ -306,7 +339,7 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
 
         say(f"trainfit: warning: {run_dir / 'plan.json'} does not fit its window (ETA {dur(plan.eta.total_s)} "
             f"against {dur(plan.window_s)}): --deadline stops the run with a checkpoint before the window ends, "
-            f"or plan again and take one of its options (trainfit plan {run_dir} ...)")
+            f"or plan again and take one of its options (trainfit plan {shlex.quote(str(run_dir))} ...)")
     return record, checkpoint, plan
 
 
@@ -329,14 +362,8 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     steps by).
     """
     began = time.monotonic()
-    if keep < 1:
-        raise TrainfitError(f"keep={keep}: at least the newest complete checkpoint is kept", "keep=1 or more")
     run_dir, output = Path(run_dir), Path(output).resolve()
-    if not run_dir.is_dir():
-        raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
-    from trainfit.summary import read_summary
-
-    read_summary(run_dir)  # a clear error before any folder is made
+    _check_inputs(run_dir, keep, record_batches)
     deadline = ["--deadline"] if use_plan_deadline else ["--deadline", f"{deadline_hours:g}"] if deadline_hours else []
     again = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args, options=deadline)
     with _only_run(output):
@@ -347,7 +374,8 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
         if use_plan_deadline:
             if plan is None:
                 raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
-                                    f"give the hours (--deadline 11.5), or plan first: trainfit plan {run_dir} "
+                                    "give the hours (--deadline 11.5), or plan first: trainfit plan "
+                                    f"{shlex.quote(str(run_dir))} "
                                     "--max-hours H")
             deadline_hours = plan.max_hours
         every_s = checkpoint_minutes * 60 if checkpoint_minutes is not None else (
@@ -370,6 +398,25 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
         _write_result(result, run_dir, output, record, plan)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+def _check_inputs(run_dir: Path, keep: int, record_batches: str | Path | None) -> None:
+    """A clear error before any folder is made or run recorded: ``keep`` below 1, ``run_dir`` not
+    a tune folder, a ``record_batches`` file that cannot be appended to."""
+    from trainfit.errors import os_error
+    from trainfit.summary import read_summary
+
+    if keep < 1:
+        raise TrainfitError(f"keep={keep}: at least the newest complete checkpoint is kept", "keep=1 or more")
+    if not run_dir.is_dir():
+        raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
+    read_summary(run_dir)
+    try:
+        if record_batches is not None:
+            Path(record_batches).open("a").close()
+    except OSError as err:
+        raise TrainfitError(f"--record-batches cannot write there: {os_error(err)}",
+                            "give the path of a file in a folder that exists") from None
 
 
 def _finished(output: Path, say: Callable[[str], None]) -> TrainResult | None:
