@@ -165,6 +165,35 @@ def test_ablate_measures_every_technique_or_says_why_not_and_resumes(llama_spec:
 
 
 @pytest.mark.integration
+def test_ctrl_c_keeps_the_rows_measured_and_prints_the_command_that_resumes(llama_spec: Path, tmp_path: Path) -> None:
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "abl"
+    proc = subprocess.Popen([sys.executable, "-m", "trainfit", "ablate", str(llama_spec), "--output", str(out),
+                             "--only", "checkpointing"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal has it
+    assert proc.stdout is not None
+    before = []
+    for line in proc.stdout:  # until the first row is measured
+        before.append(line)
+        if line.startswith("  baseline: "):
+            break
+    assert before and before[-1].startswith("  baseline: "), "".join(before)
+    os.killpg(proc.pid, signal.SIGINT)
+    printed = "".join(before) + proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130 and "Traceback" not in printed, printed
+    assert f"interrupted: the rows measured are kept in {out / 'ablation.json'}; continue with" in printed
+    again = shlex.split(printed.strip().splitlines()[-1])
+    assert again == ["trainfit", "ablate", str(llama_spec), "--only", "checkpointing", "--output", str(out), "--resume"]
+    assert [r["name"] for r in json.loads((out / "ablation.json").read_text())["rows"]][0] == "baseline"
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_gradient_checkpointing_lowers_the_steps_own_memory(tmp_path: Path) -> None:
     """A model whose activations dominate (8 layers, 256 wide, batch 4 x 512 tokens): the steps'

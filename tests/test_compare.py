@@ -257,8 +257,11 @@ def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
 
 
 @pytest.mark.integration
-def test_ctrl_c_mid_config_says_interrupted_once_without_a_traceback(factory_spec: Path, tmp_path: Path) -> None:
-    """A terminal's Ctrl-C reaches the comparison and the config training in its child process alike."""
+@pytest.mark.parametrize("until", ["[1/1] slow", "slow: step"])  # as the child starts (its imports), mid-training
+def test_ctrl_c_mid_config_says_interrupted_once_without_a_traceback(factory_spec: Path, tmp_path: Path,
+                                                                      until: str) -> None:
+    """A terminal's Ctrl-C reaches the comparison's process group; the config training in its child
+    process, in a session of its own, is stopped by the comparison."""
     configs = tmp_path / "c.yaml"
     configs.write_text("slow: {learning_rate: 1.0e-3, sleep_s: 0.2}\n")
     out = tmp_path / "cmp"
@@ -268,11 +271,11 @@ def test_ctrl_c_mid_config_says_interrupted_once_without_a_traceback(factory_spe
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal has it
     assert proc.stdout is not None
     before = []
-    for line in proc.stdout:  # until the config, training in its own process, reports a step
+    for line in proc.stdout:  # until the config's child starts, or reports a step
         before.append(line)
-        if "slow: step" in line:
+        if until in line:
             break
-    assert before and "slow: step" in before[-1], "".join(before)
+    assert before and until in before[-1], "".join(before)
     os.killpg(proc.pid, signal.SIGINT)
     printed = "".join(before) + proc.communicate(timeout=60)[0]
     assert proc.returncode == 130, printed

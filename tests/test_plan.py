@@ -3,6 +3,7 @@ options when a run does not fit, and the command on a real tune folder (integrat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -289,6 +290,8 @@ def test_a_calibrated_plan_prints_valid_json_and_adds_the_trainers_cost(tune_dir
     from trainfit.cli.plan import render
 
     assert "the written command, with its own start-up: ETA" in render(plan)
+    moved = render(dataclasses.replace(plan, run_dir="runs/tune a"))  # a folder with a space: quoted
+    assert "watched against this plan: trainfit train 'runs/tune a'" in moved
 
 
 @pytest.mark.integration

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_frames, write_texts
 
 from trainfit.cli import main
@@ -252,22 +253,22 @@ def test_a_copied_tune_folder_trains_its_own_files_a_finished_run_is_not_trained
         tune_dir: Path, tmp_path: Path, capsys) -> None:
     copy = tmp_path / "tune"
     shutil.copytree(tune_dir, copy)
-    summary = json.loads((copy / "summary.json").read_text())
-    data = tmp_path / "train.jsonl"  # the copy's own data, to change
-    shutil.copy(summary["spec"]["data"]["path"], data)
-    summary["spec"]["data"]["path"] = str(data)
-    (copy / "summary.json").write_text(json.dumps(summary))
+    data = tmp_path / "train.jsonl"  # the copy's own data (its data config names it), to change
+    trained = copy / "trl_data.yaml"
+    shutil.copy(yaml.safe_load(trained.read_text())["datasets"][0]["data_files"], data)
+    trained.write_text(trained.read_text().replace(str(tune_dir.parent / "train.jsonl"), str(data)))
     out, args = tmp_path / "run", ["--max-steps", "2"]
     # Arguments `trl sft` refuses, or a batch record that cannot be written, are refused before a run is
     # recorded: the corrected command starts afresh in the same --output.
     assert main(["train", str(copy), "--output", str(out), *args, "--", "--bogus_flag", "1"]) == 2
     assert "`trl sft` refused the arguments" in capsys.readouterr().err
     assert main(["train", str(copy), "--output", str(out), *args, "--record-batches", str(tmp_path)]) == 2
-    assert "--record-batches cannot write there: Is a directory" in capsys.readouterr().err
+    assert f"--record-batches cannot write there: {tmp_path} is a folder" in capsys.readouterr().err
     assert not out.exists()
-    assert main(["train", str(copy), "--output", str(out), *args]) == 0
+    # A deadline already passing stops the run after its first step, with a checkpoint.
+    assert main(["train", str(copy), "--output", str(out), *args, "--deadline", "0.00001"]) == 3
     capsys.readouterr()
-    # The copy's command named the folder tune wrote it in: what trained is the copy's model and data config.
+    # The copy's command named the folder tune wrote it in: what trains is the copy's model and data config.
     argv = json.loads((out / "train.json").read_text())["argv"]
     assert f"{tune_dir}/trl_data.yaml" in (copy / "train_command.sh").read_text()
     assert argv[argv.index("--config") + 1] == str(copy.resolve() / "trl_data.yaml")
@@ -276,18 +277,14 @@ def test_a_copied_tune_folder_trains_its_own_files_a_finished_run_is_not_trained
     def files() -> dict[str, int]:
         return {str(f.relative_to(out)): f.stat().st_mtime_ns for f in out.rglob("*") if f.name != ".lock"}
 
-    before = files()
-    assert main(["train", str(copy), "--output", str(out), "--resume", *args]) == 0
-    assert "finished at step 2 of 2: nothing to resume" in capsys.readouterr().err
-    assert files() == before  # no step trained, no checkpoint saved, the model and the result untouched
-    original = data.read_text()
+    # The data it trains on changed: the resume is refused, and nothing is touched.
+    before, original = files(), data.read_text()
     data.write_text(original + original.splitlines(keepends=True)[0])
     assert main(["train", str(copy), "--output", str(out), "--resume", *args]) == 2
     err = capsys.readouterr().err
-    assert f"the data at {data} changed since the run in {out} started (its size or content differ)" in err
+    assert f"the data the run in {out} trains on ({data}) changed since it started (its size or content differ)" in err
     assert "put the data back as it was and resume" in err and files() == before
     data.write_text(original)
-    assert main(["train", str(copy), "--output", str(out), "--resume", *args]) == 0  # the same data again
     # A plan made after the run started changes what the folder trains: the refusal says so, and how to resume.
     assert main(["plan", str(copy), "--max-hours", "1"]) == 0
     capsys.readouterr()
@@ -295,6 +292,15 @@ def test_a_copied_tune_folder_trains_its_own_files_a_finished_run_is_not_trained
     err = capsys.readouterr().err
     assert f"{copy / 'plan.json'} was written after this run started (from train_command.sh)" in err
     assert "move plan.json aside" in err
+    (copy / "plan.json").unlink()
+    assert main(["train", str(copy), "--output", str(out), "--resume", *args]) == 0  # the same data and command
+    assert json.loads((out / "train_result.json").read_text())["step"] == 2
+    capsys.readouterr()
+    # A resume of the finished run trains nothing and leaves every file as it was.
+    before = files()
+    assert main(["train", str(copy), "--output", str(out), "--resume", *args]) == 0
+    assert "finished at step 2 of 2: nothing to resume" in capsys.readouterr().err
+    assert files() == before
 
 
 @pytest.mark.integration

@@ -284,9 +284,10 @@ def parse_override(text: str) -> tuple[str, Any]:
         key = f"params.{key}"
     try:
         parsed = load_yaml(value, f"--set {key}") if value.strip() else None
-    except NotYaml:
+    except NotYaml as err:
         if value.strip()[:1] in ("{", "["):  # meant as a YAML mapping or list: say what is wrong with it
-            raise
+            raise TrainfitError(err.message, f"to give text that begins with {value.strip()[0]} (a glob, say), "
+                                f"quote it in YAML: --set \"{key}='{value.strip()}'\"") from None
         parsed = value  # the text itself
     return key, parsed
 

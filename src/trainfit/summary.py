@@ -313,4 +313,5 @@ def read_summary(folder: Path) -> Summary:
     except (ValueError, KeyError, TypeError) as err:
         raise TrainfitError(f"cannot read {path}: {err}",
                             f"rebuild it from the trials stored beside it, probing nothing again: trainfit tune "
-                            f"YOUR_SPEC.yaml --output {shlex.quote(str(folder))} --resume") from None
+                            f"YOUR_SPEC.yaml --output {shlex.quote(str(folder))} --resume (with the --storage URL "
+                            "too, if the tune used one)") from None

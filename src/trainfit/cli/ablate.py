@@ -75,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
 
     def on_row(row: Row) -> None:
         measured.append(row)
-        print(f"  {row_line(row)}", flush=True)
         partial = {"schema_version": 1, "created_at": "", "device": measured[0].device, "baseline": baseline,
                    "rows": [r.to_json() for r in kept(measured)]}
-        write_atomically(path, json.dumps(partial, indent=2) + "\n")  # kept as it comes: --resume goes on
+        write_atomically(path, json.dumps(partial, indent=2) + "\n")  # kept as it comes, before it is said
+        print(f"  {row_line(row)}", flush=True)
 
     try:
         result = ablate(spec, stats=stats, done=done, only=only, on_row=on_row)

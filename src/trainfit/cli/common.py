@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -133,8 +136,6 @@ def resume_command(argv: list[str], output: str | Path) -> str:
     """``argv`` (what the user ran, its sub-command first) as the command that continues the run in
     ``output``: every flag kept as given (a new one too), ``--output`` the run's folder, and ``--resume``.
     The sub-command's parser must have ``allow_abbrev=False``, so each flag is here in full."""
-    import shlex
-
     words, skip = [], False
     for word in argv:
         if skip:
@@ -148,10 +149,7 @@ def resume_command(argv: list[str], output: str | Path) -> str:
 
 def interrupted(err: KeyboardInterrupt, argv: list[str], output: str | Path, kept: str) -> int:
     """Say what an interrupted run kept (``kept``) and the command that continues it; the shell's exit status."""
-    import contextlib
-    import sys
-
-    from trainfit.cli import interrupted_status
+    from trainfit.cli import interrupted_status  # the package imports this module
 
     with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
         print(f"\ninterrupted: {kept}; continue with\n  {resume_command(argv, output)}", file=sys.stderr)

@@ -103,6 +103,7 @@ def output_folder(args: argparse.Namespace):
 
 
 def saved_where(args: argparse.Namespace) -> str:
+    """Where an interrupted or failed tune kept its trials, in words."""
     return f"every finished trial is saved in {args.storage or args.output}"
 
 

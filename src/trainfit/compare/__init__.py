@@ -124,9 +124,9 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
             continue
         say(f"[{i}/{len(configs)}] {config.name}: {steps} steps of {_settings(config)}")
         run = jobs.run(config)
-        say(f"[{i}/{len(configs)}] {config.name}: {run.status}" + (f" ({run.error})" if run.error else ""))
         state = _with(state, runs={**state.runs, config.name: run})
-        _write(output, state)
+        _write(output, state)  # kept before it is said: an interrupt after the line loses nothing
+        say(f"[{i}/{len(configs)}] {config.name}: {run.status}" + (f" ({run.error})" if run.error else ""))
     state = _with(state, suggestions=suggest(state.configs, state.runs, target_loss, steps, spec.params.to_dict()))
     _write(output, state)
     from trainfit.compare.report import write_report

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import shlex
 import shutil
 import sys
@@ -37,6 +36,7 @@ from trainfit.plan import Plan
 from trainfit.plan.eval_pass import Evaluation
 from trainfit.summary import Record, check_schema
 from trainfit.train.checkpoints import incomplete, latest_complete, unloadable
+from trainfit.train.data_check import identity, refuse_changed, trained_files
 
 SCHEMA_VERSION = 1
 
@@ -71,9 +71,9 @@ class TrainRun(Record):
     started_at: float
     """Epoch seconds of the first start: a deadline and the actual time count from it."""
     data: str | None = None
-    """The identity of the spec's dataset content at the first start (its size and bytes sampled
-    through each file, :func:`trainfit.data.readers.fingerprint`): a resume on other data would not
-    see the same samples in the same order. None: no data, or a record written before it was kept."""
+    """The fingerprint of the data the run trains on at its first start (:mod:`trainfit.train.data_check`):
+    a resume on other data would not see the same samples in the same order. None: no data, or a
+    record written before it was kept."""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> TrainRun:
@@ -145,7 +145,7 @@ def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
     from trainfit.command import is_trl_command
     from trainfit.calibration import as_one_line, written_command
 
-    fallback = f"run the command yourself: bash {run_dir / 'train_command.sh'} --output_dir DIR"
+    fallback = f"run the command yourself: bash {shlex.quote(str(run_dir / 'train_command.sh'))} --output_dir DIR"
     if plan is not None:
         if plan.command is None or not is_trl_command(plan.command):
             raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, which has no `trl sft` command "
@@ -154,21 +154,6 @@ def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
     script, best, _ = written_command(run_dir, fallback, use="`trainfit train`",
                                       without_it="tune again into a new folder")
     return as_one_line(script, []), "train_command.sh", best.trial
-
-
-def relocated(argv: Sequence[str], run_dir: Path) -> list[str]:
-    """``argv`` (a written ``trl sft`` command's) with the paths into the folder tune wrote it in
-    (its ``--config``'s folder: the ``trl_data.yaml`` tune writes there) read from ``run_dir``
-    instead, where that folder was moved or copied: the command trains what ``run_dir`` holds."""
-    from trainfit.train.sft import flags
-
-    config = flags(argv).get("config", "")
-    written_in = Path(config).parent
-    here = run_dir.resolve()
-    if Path(config).name != "trl_data.yaml" or written_in == here or not (here / "trl_data.yaml").is_file():
-        return list(argv)
-    prefix = f"{written_in}{os.sep}"
-    return [f"{here}{os.sep}{a[len(prefix):]}" if a.startswith(prefix) else a for a in argv]
 
 
 def template_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
@@ -200,37 +185,15 @@ def differences(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
             if before.get(k) != now.get(k)]
 
 
-def _data_identity(spec: Mapping[str, Any]) -> str | None:
-    """The fingerprint of ``spec``'s data (see :attr:`TrainRun.data`); None without data, or where
-    it cannot be read (the run's own reading then says why)."""
-    from trainfit.data.readers import fingerprint
-
-    path = (spec.get("data") or {}).get("path")
-    try:
-        return fingerprint(path, times=False) if path else None
-    except (OSError, TrainfitError):
-        return None
-
-
 def _planned_since(run_dir: Path, record: TrainRun, now: TrainRun) -> str:
     """Where a `trainfit plan` since the run's start changed what it trains: the words that say so."""
     plan = run_dir / "plan.json"
     if "plan.json" not in (record.source, now.source) or not plan.is_file() or \
             plan.stat().st_mtime <= record.started_at:
         return ""
-    return (f"\n{plan} was written after this run started ({'from ' + record.source}): to resume, put back "
+    return (f"\n{plan} was written after this run started (from {record.source}): to resume, put back "
             + ("the plan it started with" if record.source == "plan.json" else "the folder without a plan (move "
                "plan.json aside)") + "; to train the new plan, give it a new --output")
-
-
-def _refuse_changed_data(run_dir: Path, output: Path, *, readable: bool) -> None:
-    from trainfit.summary import read_summary
-
-    path = (read_summary(run_dir).spec.get("data") or {}).get("path")
-    raise TrainfitError(f"the data at {path} changed since the run in {output} started ("
-                        + ("its size or content differ" if readable else "it cannot be read now")
-                        + "): a resume would not see the same samples in the same order, and would repeat or skip some",
-                        "put the data back as it was and resume, or train into a new --output")
 
 
 def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max_steps: int | None = None,
@@ -244,8 +207,7 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
         raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
     summary = read_summary(run_dir)
     plan = _plan(run_dir)
-    common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time(),
-                               data=_data_identity(summary.spec))
+    common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time())
     factory = bool((summary.spec.get("model") or {}).get("factory"))
     if loop and not factory:
         raise TrainfitError("--loop trains a factory model in trainfit's loop; this tune folder's model is a Hugging "
@@ -256,7 +218,8 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
                                 "pass your trainer's own step limit after --")
         line, source, trial = template_command(run_dir, plan)
         return common(source=source, trial=trial, kind="command", threads=None,
-                      argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])]), plan
+                      argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])],
+                      data=identity(trained_files(summary.spec))), plan
     if factory:
         if extra_args:
             raise TrainfitError("arguments after -- go to `trl sft`, and this tune folder's model is a factory model, "
@@ -268,14 +231,16 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
         chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (
             best.trial, best.config, float(summary.epochs_for_estimate or 1))  # type: ignore[union-attr]
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
-                      config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None), plan
+                      config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None,
+                      data=identity(trained_files(summary.spec))), plan
     command, source, trial = training_command(run_dir, plan)
-    from trainfit.train.sft import split_command
+    from trainfit.train.sft import relocated, split_command
 
     threads, argv = split_command(command)
     argv = [*relocated(argv, run_dir), *extra_args, *(["--max_steps", str(max_steps)] if max_steps else []),
             "--output_dir", str(output), "--save_strategy", "no", "--disable_tqdm", "false"]
-    return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv), plan
+    return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv,
+                  data=identity(trained_files(summary.spec, argv))), plan
 
 
 def resume_command(run_dir: str | Path, output: str | Path, *, max_steps: int | None = None, loop: bool = False,
@@ -314,7 +279,10 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
                                 + "\n  ".join(changed) + _planned_since(run_dir, record, now),
                                 "resume with the same tune folder, plan and arguments, or train into a new --output")
         if record.data is not None and now.data != record.data:
-            _refuse_changed_data(run_dir, output, readable=now.data is not None)
+            from trainfit.summary import read_summary
+
+            files = trained_files(read_summary(run_dir).spec, now.argv if now.kind == "trl_sft" else None)
+            refuse_changed(files, output, readable=now.data is not None)
     else:
         if record_path.exists() or any(output.glob("checkpoint-*")):
             raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
@@ -367,10 +335,10 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     deadline = ["--deadline"] if use_plan_deadline else ["--deadline", f"{deadline_hours:g}"] if deadline_hours else []
     again = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args, options=deadline)
     with _only_run(output):
-        record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
-                                           loop=loop, record_batches=record_batches is not None, say=say, again=again)
         if resume and (done := _finished(output, say)) is not None:
             return done
+        record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
+                                           loop=loop, record_batches=record_batches is not None, say=say, again=again)
         if use_plan_deadline:
             if plan is None:
                 raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
@@ -403,7 +371,6 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
 def _check_inputs(run_dir: Path, keep: int, record_batches: str | Path | None) -> None:
     """A clear error before any folder is made or run recorded: ``keep`` below 1, ``run_dir`` not
     a tune folder, a ``record_batches`` file that cannot be appended to."""
-    from trainfit.errors import os_error
     from trainfit.summary import read_summary
 
     if keep < 1:
@@ -411,12 +378,11 @@ def _check_inputs(run_dir: Path, keep: int, record_batches: str | Path | None) -
     if not run_dir.is_dir():
         raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
     read_summary(run_dir)
-    try:
-        if record_batches is not None:
-            Path(record_batches).open("a").close()
-    except OSError as err:
-        raise TrainfitError(f"--record-batches cannot write there: {os_error(err)}",
-                            "give the path of a file in a folder that exists") from None
+    batches = Path(record_batches) if record_batches is not None else None
+    if batches is not None and (batches.is_dir() or not batches.parent.is_dir()):
+        raise TrainfitError(f"--record-batches cannot write there: {batches} "
+                            + ("is a folder" if batches.is_dir() else "is in a folder that does not exist"),
+                            "give the path of a file in a folder that exists")
 
 
 def _finished(output: Path, say: Callable[[str], None]) -> TrainResult | None:
@@ -426,7 +392,7 @@ def _finished(output: Path, say: Callable[[str], None]) -> TrainResult | None:
         result = TrainResult.from_json(_read(output / "train_result.json", "the run's result", ""))
     except (TrainfitError, KeyError, TypeError, ValueError):
         return None
-    if result.status != "finished":
+    if result.status != "finished" or result.step is None:  # your own command's exit: trainfit did not see it end
         return None
     say(f"trainfit: the run in {output} finished at step {result.step} of {result.max_steps}: nothing to resume "
         "(its model and train_result.json are left as they are; train into a new --output to train again)")
@@ -559,9 +525,9 @@ def _train_trl(trainer: Any, output: Path, checkpoint: Path | None, control: Any
     except OSError:
         raise
     except Exception as err:
-        if checkpoint is None or control.stepped:
+        if checkpoint is None or control.step_began:
             raise
-        raise unloadable(checkpoint, err) from err  # it failed before a step: while the Trainer loaded the checkpoint
+        raise unloadable(checkpoint, err) from err  # before the first step: while the Trainer loaded the checkpoint
     if control.stopped is None:
         trainer.save_model(str(output))
     return int(trainer.state.global_step), int(trainer.state.max_steps)

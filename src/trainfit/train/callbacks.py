@@ -71,9 +71,10 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         """One save's time: the last one this process made (before it, the caller's estimate)."""
         self.save_began = 0.0
         self.first_step: int | None = None
-        self.stepped = False
-        """A step ended in this process: what fails before it may be the checkpoint's loading (the
-        Trainer loads the RNG states after the training began, at the resumed epoch's first batch)."""
+        self.step_began = False
+        """A step began in this process: what fails before it may be the checkpoint's loading (the
+        Trainer loads the RNG states after the training began, just before the resumed epoch's
+        first step); what fails after it is the step's own (an out of memory, a bad batch)."""
         self.segment_began = 0.0
 
     def listen(self) -> Callable[[], None]:
@@ -108,9 +109,11 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         self.first_step = int(state.global_step)
         self.log.write("train_begin", step=self.first_step, max_steps=int(state.max_steps))
 
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.step_began = True
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.monotonic()
-        self.stepped = True
         step = int(state.global_step)
         done = step - (self.first_step or 0)
         if done == 1:  # what a resume costs: its launch to here

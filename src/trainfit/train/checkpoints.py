@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -96,5 +97,5 @@ def _fsync_dir(folder: Path) -> None:
 def unloadable(folder: Path, err: BaseException) -> TrainfitError:
     """The error for a complete checkpoint a resume could not load (a file damaged after its save)."""
     return TrainfitError(f"could not resume from {folder}: {type(err).__name__}: {err}",
-                         f"if that checkpoint is damaged, remove it (rm -r {folder}) and resume again: the one "
-                         "before it is used, or step 0 when there is none")
+                         f"if that checkpoint is damaged, remove it (rm -r {shlex.quote(str(folder))}) and resume "
+                         "again: the one before it is used, or step 0 when there is none")

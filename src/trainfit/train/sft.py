@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
@@ -42,6 +44,21 @@ def flags(argv: Sequence[str]) -> dict[str, str]:
         elif key is not None:
             out[key] = f"{out[key]} {token}".strip()
     return out
+
+
+def relocated(argv: Sequence[str], run_dir: Path) -> list[str]:
+    """``argv`` (a written ``trl sft`` command's) with the paths into the tune folder it was written
+    in (its ``--config``'s folder: tune writes ``trl_data.yaml`` there) read from ``run_dir``
+    instead, where that folder was moved (it is gone) or copied (it is still a tune folder): the
+    command trains what ``run_dir`` holds. A ``--config`` of your own elsewhere is left alone."""
+    config = Path(flags(argv).get("config", ""))
+    written_in, here = config.parent, run_dir.resolve()
+    moved_or_copied = not written_in.exists() or (written_in / "summary.json").is_file()
+    if config.name != "trl_data.yaml" or written_in == here or not moved_or_copied or \
+            not (here / "trl_data.yaml").is_file():
+        return list(argv)
+    prefix = f"{written_in}{os.sep}"
+    return [f"{here}{os.sep}{a[len(prefix):]}" if a.startswith(prefix) else a for a in argv]
 
 
 def parse(argv: Sequence[str]) -> tuple[Any, Any, Any, Any]:

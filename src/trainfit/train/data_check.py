@@ -1,0 +1,56 @@
+"""Whether a resumed run reads the data its first start read: ``train.json`` keeps the fingerprint
+of the files it trains on (:func:`identity`), and a resume on changed data is refused, as it
+would repeat or skip samples (:func:`refuse_changed`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trainfit.errors import TrainfitError
+
+
+def trained_files(spec: Mapping[str, Any], argv: Sequence[str] | None = None) -> list[str]:
+    """The data a run trains on: a ``trl sft`` run's (``argv``), the files its ``--config`` lists
+    (tune writes the very files it counted there, an eval set's too where planned); another run's,
+    the spec's ``data.path``. Empty where there is none, or the config cannot be read."""
+    if argv is None:
+        path = (spec.get("data") or {}).get("path")
+        return [str(path)] if path else []
+    import yaml
+
+    from trainfit.train.sft import flags
+
+    config = flags(argv).get("config")
+    try:
+        datasets = (yaml.safe_load(Path(config).read_text()) or {}).get("datasets") or [] if config else []
+    except (OSError, yaml.YAMLError, AttributeError):
+        return []
+    files: list[str] = []
+    for dataset in datasets:
+        listed = dataset.get("data_files") if isinstance(dataset, dict) else None
+        for entry in listed.values() if isinstance(listed, dict) else [listed]:
+            files += [entry] if isinstance(entry, str) else [f for f in entry or [] if isinstance(f, str)]
+    return files
+
+
+def identity(files: Sequence[str]) -> str | None:
+    """One fingerprint of ``files``' content (each file's size and bytes sampled through it, not
+    its modification time: a copy or a ``touch`` is the same data); None without files, or where
+    one cannot be read (the run's own reading then says why)."""
+    from trainfit.data.readers import fingerprint
+
+    try:
+        return "+".join(fingerprint(f, times=False) for f in files) if files else None
+    except (OSError, ValueError, TrainfitError):
+        return None
+
+
+def refuse_changed(files: Sequence[str], output: Path, *, readable: bool) -> NoReturn:
+    """The error for a resume of the run in ``output`` on data that changed since its first start."""
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    raise TrainfitError(f"the data the run in {output} trains on ({shown}) changed since it started ("
+                        + ("its size or content differ" if readable else "it cannot be read now")
+                        + "): a resume would not see the same samples in the same order, and would repeat or skip some",
+                        "put the data back as it was and resume, or train into a new --output")
