@@ -131,6 +131,18 @@ def test_bad_rows_stop_with_line_numbers_or_are_skipped(tmp_path: Path) -> None:
     assert stats.samples == 2 and stats.bad_rows == 3
 
 
+def test_a_byte_order_mark_is_named_with_how_to_remove_it(tmp_path: Path) -> None:
+    import subprocess
+
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "a b"}\n{"text": "c"}\n')
+    with pytest.raises(TrainfitError, match="line 1: starts with a UTF-8 byte-order mark") as err:
+        count_lengths(path, WORDS, progress=False)
+    command = str(err.value).split("(e.g. ", 1)[1].split(")", 1)[0].replace("FILE", str(path))
+    subprocess.run(command, shell=True, check=True)  # the fix it gives works
+    assert count_lengths(path, WORDS, progress=False).lengths.tolist() == [2, 1]
+
+
 def test_empty_and_missing_files(tmp_path: Path) -> None:
     (tmp_path / "e.jsonl").write_text("")
     with pytest.raises(TrainfitError, match="has no rows"):

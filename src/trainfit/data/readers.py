@@ -138,6 +138,11 @@ def _jsonl(path: Path, skip: int = 0) -> Iterator[tuple[int, Any]]:
             if index < skip:  # resuming: these rows are counted already, do not even parse them
                 index += 1
                 continue
+            if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):  # what some editors write first; json refuses it
+                yield index, BadRow(1, "starts with a UTF-8 byte-order mark (BOM), which JSON readers refuse: save "
+                                       "the file as UTF-8 without one (e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' FILE)")
+                index += 1
+                continue
             try:
                 row = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as err:
