@@ -100,6 +100,19 @@ def test_probe_and_command_truncate_at_the_models_positions(tmp_path: Path, text
     assert "--max_length 16 " in build_command(spec, shorter, max_length=command_length(shorter, stats))
 
 
+def test_a_batch_larger_than_the_dataset_is_noted_with_what_was_timed(tmp_path: Path, texts_file) -> None:
+    from trainfit.data.analyze import analyze_spec
+    from trainfit.probe.runner import build_request
+
+    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"batch_size": 2},
+                                    data={"path": str(texts_file[0]), "text_field": "text"}))
+    stats = analyze_spec(spec, progress=False)
+    assert not any("fewer than batch_size" in n for n in build_request(spec, spec.params, stats, "cpu").notes)
+    larger = spec.params.replace(batch_size=stats.samples + 1)  # a batch the whole dataset does not fill
+    assert any(n.startswith(f"the dataset holds {stats.samples:,} samples, fewer than batch_size={stats.samples + 1}")
+               for n in build_request(spec, larger, stats, "cpu").notes)
+
+
 def test_a_sharded_dataset_reaches_trl_as_the_same_files(tmp_path: Path) -> None:
     from trainfit.command import trl_data_config
 

@@ -64,6 +64,9 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
         if stats.approximate:
             notes.append("sample lengths are approximate (no tokenizer, so word pieces were counted): "
                          "set `tokenizer:` to the model's tokenizer for the lengths training will see")
+        if stats.samples < params.batch_size:
+            notes.append(f"the dataset holds {stats.samples:,} samples, fewer than batch_size={params.batch_size}: "
+                         f"each step trains all {stats.samples:,} of them, and the probe timed that smaller batch")
         if truncated:
             notes.append(f"{'' if exact else '~'}{truncated:,} of {stats.samples:,} samples "
                          f"({truncated / stats.samples:.2%}) are longer than max_length={max_length} "
