@@ -151,6 +151,18 @@ def test_the_suggestions_follow_the_curves_and_say_why() -> None:
     assert not any("longer" in s for s in said)
 
 
+def test_configs_of_the_same_shapes_at_speeds_far_apart_say_the_machine_changed() -> None:
+    given = {"a": {"learning_rate": 1e-4, "lora_r": 16}, "b": {"learning_rate": 1e-3, "lora_r": 16},
+             "wide": {"learning_rate": 1e-3, "lora_r": 64}}
+    busy = {"a": a_run("a", curve(3.0, 2.0), sps=2.3), "b": a_run("b", curve(3.0, 2.1), sps=108.0),
+            "wide": a_run("wide", curve(3.0, 2.1), sps=5.0)}  # another shape: its speed is its own
+    [said] = [s for s in suggest(given, busy) if "machine's speed changed" in s.says]
+    assert said.says.startswith("a and b train the same shapes yet ran at 0.02x each other's speed")
+    assert said.evidence == "2.3 against 108 samples/s; they differ only in learning_rate"
+    steady = {**busy, "a": a_run("a", curve(3.0, 2.0), sps=100.0)}  # within 0.8x: the machine held
+    assert not any("machine's speed changed" in s.says for s in suggest(given, steady))
+
+
 def test_a_best_config_within_the_noise_of_the_runner_up_is_said_to_be_so() -> None:
     from trainfit.compare.suggest import loss_noise
 

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainfit.compare.configs import TRAINING_KEYS
 from trainfit.compare.runs import ConfigRun
 from trainfit.summary import Record
 
@@ -17,6 +18,9 @@ SLOWER = 0.9
 """A config at less than 0.9x another's speed is slower."""
 STILL_FALLING = 0.01
 """A loss still falls when its last quarter's mean is 1% below its third quarter's."""
+SAME_WORK_APART = 0.8
+"""Two configs that train the same shapes (they differ only in training values, which cost no
+time) and ran with the slower under 0.8x the faster: the machine's speed changed between them."""
 MIN_TAIL = 4
 """The fewest train losses in a final loss's last tenth whose scatter :func:`loss_noise` measures."""
 
@@ -123,6 +127,7 @@ def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target
         out.insert(0, Suggestion(says=f"{best} is the best so far", evidence=_standing(order, runs),
                                  configs={best: dict(given[best])}))
         out[1:1] = _too_close(order, runs, steps)
+    out += _machine_changed(given, runs)
     if target_loss is not None and not any(reached(r, target_loss) for r in runs.values()):
         best_loss = min((x for r in runs.values() if (x := final_loss(r)) is not None), default=None)
         out.append(Suggestion(says=f"no config reached the target loss {target_loss:g}",
@@ -212,6 +217,34 @@ def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], orde
                                       evidence=f"final loss {loss_big:.4g} against {loss_small:.4g}; "
                                                f"{speed_big:.3g} against {speed_small:.3g} samples/s"))
     return out
+
+
+def _machine_changed(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun]) -> list[Suggestion]:
+    """Configs that train the same shapes but ran at speeds :data:`SAME_WORK_APART` apart: the
+    machine was busier for one of them, so the comparison's speeds (not its losses) say nothing."""
+    groups: dict[str, list[str]] = {}
+    for name, run in runs.items():
+        if run.samples_per_second:
+            shapes = {k: v for k, v in given[name].items() if k not in TRAINING_KEYS}
+            groups.setdefault(repr(sorted(shapes.items())), []).append(name)
+    out = []
+    for names in groups.values():
+        fast = max(names, key=lambda n: runs[n].samples_per_second or 0.0)
+        slow = min(names, key=lambda n: runs[n].samples_per_second or 0.0)
+        ratio = (runs[slow].samples_per_second or 0.0) / (runs[fast].samples_per_second or 1.0)
+        if ratio < SAME_WORK_APART:
+            out.append(Suggestion(
+                says=f"{slow} and {fast} train the same shapes yet ran at {ratio:.2f}x each other's speed: the "
+                     "machine's speed changed during the comparison, so its speeds (and the speed side of these "
+                     "suggestions) do not hold, its losses do; measure speed with `trainfit tune`, or compare "
+                     "again on a quiet machine",
+                evidence=f"{runs[slow].samples_per_second:.3g} against {runs[fast].samples_per_second:.3g} "
+                         f"samples/s; they differ only in {', '.join(_training_differences(given[slow], given[fast]))}"))
+    return out
+
+
+def _training_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)) or ["nothing (the same config)"]
 
 
 def _quarters(run: ConfigRun) -> str:
