@@ -28,13 +28,13 @@ Priorities are rules over the configs tune measured, never fixed numbers:
   quality           the highest capacity whose run fits the window
   memory_efficient  the lowest peak memory within 10% of the fastest
 
-The ETA is the epoch's real work at the measured speed plus the checkpoint saves (timed on this
-disk); --calibrate N adds the trainer's own cost per micro-batch and each runner's start-up, measured by
-running train_command.sh for a few steps as written, then N more through `trainfit train` (the ETA
-is that runner's; the written command's is shown beside it; a tune run with --calibrate measured
-it already, and the plan reuses that); --eval-data adds the evaluation passes, one timed forward-only on the
-chosen config (and the planned command evaluates on that set). Writes RUN_DIR/plan.json and RUN_DIR/plan.txt. Exit status: 0 when the
-run fits the window, 1 when it does not (the plan then lists what would, each with its ETA).
+The ETA is the epoch's real work at the measured speed plus the checkpoint saves (timed on this disk);
+--calibrate N adds the trainer's own cost per micro-batch and each runner's start-up, measured by running
+train_command.sh for N/5 steps as written, then `trainfit train` for N/5 + N, timing the last N (the ETA is
+that runner's; the written command's is shown beside it; a tune run with --calibrate measured it already, and
+the plan reuses that); --eval-data adds the evaluation passes, one timed forward-only on the chosen config
+(and the planned command evaluates on that set). Writes RUN_DIR/plan.json and RUN_DIR/plan.txt. Exit status: 0
+when the run fits the window, 1 when it does not (the plan then lists what would, each with its ETA).
 """
 
 
@@ -56,8 +56,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--checkpoint-minutes", type=number(float, above=0), default=30.0,
                    help="save a checkpoint this often (default: 30)")
     p.add_argument("--calibrate", type=number(int, at_least=1), metavar="N",
-                   help="first run real trainer steps (train_command.sh, then N through `trainfit train`) to "
-                        "measure the trainer's own cost and start-up; on a GPU with padding to the longest, 100 or "
+                   help="first run real trainer steps to measure the trainer's own cost and start-up: "
+                        "train_command.sh for N/5 steps (at least 2), then `trainfit train` for N/5 + N, timing the "
+                        "last N; on a GPU with padding to the longest, 100 or "
                         "more should get past a fresh process's slower first steps (docs/plan.md)")
     p.add_argument("--eval-data", metavar="PATH",
                    help="an eval set (the training data's format and fields): its passes are timed and priced")

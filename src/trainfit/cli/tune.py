@@ -75,8 +75,9 @@ def add_parser(sub: Any) -> None:
                         "measured so far taken as measured (judged against it), probing only what is new; "
                         "each budget's outputs in OUTPUT/budget-<N>gb, the matrix in OUTPUT/budgets.json")
     p.add_argument("--calibrate", type=number(int, at_least=1), metavar="N",
-                   help="then run the written `trl sft` command for a few real steps and N more through `trainfit "
-                        "train`, timing the trainer's own cost beyond the model's step (its data loader, "
+                   help="then run the written `trl sft` command for N/5 real steps (at least 2), and `trainfit "
+                        "train` for N/5 + N, timing its last N: the trainer's own cost beyond the model's step "
+                        "(its data loader, "
                         "scheduler, metrics); add it to every config's steps, rank again and write the command "
                         "for the new pick (trainer_cost.json; `trainfit plan` reuses it)")
     p.add_argument("--quiet", action="store_true", help="only the final report")

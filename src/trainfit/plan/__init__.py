@@ -347,7 +347,8 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
     if calibration is None or evaluation is None:
         lines.append("not included: " + ", ".join(
             ([] if evaluation else ["evaluation passes (--eval-data prices them)"])
-            + ([] if calibration else ["start-up (model load, tokenization) and the final save: --calibrate measures "
+            + ([] if calibration else ["start-up (model load, tokenization) and the trained model's save as the run "
+                                       "exits (the checkpoint saves above are priced): --calibrate measures "
                                        "them"])))
     return lines
 
