@@ -380,6 +380,32 @@ def test_minutes_give_each_config_the_same_training_time(factory_spec: Path, tmp
     assert 1.2 <= run["train_s"]  # it trained its 1.2 s (0.05 s a step here), then stopped
 
 
+def test_of_two_machines_that_popped_one_queued_config_at_once_only_the_last_to_stamp_it_trains_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite can let two machines pop the same waiting trial (a CI run saw both train one config,
+    then one crash telling it finished twice). Each stamps the trial with its name; the other
+    machine's stamp, written while this one settles, makes this one leave the config to it."""
+    from optuna.trial import TrialState
+
+    from trainfit.compare import shared
+    from trainfit.search.study import owner_id
+
+    configs = shared.SharedConfigs(f"sqlite:///{tmp_path / 'shared.db'}", "cmp", ["a", "b"])
+    other = "another-host:1"
+
+    def the_other_machine_stamps_the_first_one_too(seconds: float) -> None:
+        running = configs.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if len(running) == 1:
+            configs.storage.set_trial_user_attr(running[0]._trial_id, "owner", other)
+
+    monkeypatch.setattr(shared.time, "sleep", the_other_machine_stamps_the_first_one_too)
+    trial, name = configs.claim()
+    running = configs.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    owners = {t.params["config"]: t.user_attrs["owner"] for t in running}
+    assert owners == {"a": other, name: owner_id()} and name == "b"  # a: the other machine's; this one took b
+    assert configs.claim() is None  # nothing left to claim: a is not queued again while it trains elsewhere
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_two_machines_sharing_a_storage_train_each_config_once_and_both_end_with_all(

@@ -15,6 +15,10 @@ from trainfit.compare.runs import ConfigRun
 
 WAIT_S = 5.0
 """Seconds between two looks at the configs other machines are training."""
+SETTLE_S = 0.3
+"""Seconds between stamping a claimed trial with this machine's name and reading the name back.
+Two machines can pop one queued trial at the same moment (SQLite lets both read it as waiting);
+both stamp it, and the stamp read back after both wrote names the one that trains it."""
 
 
 class SharedConfigs:
@@ -57,7 +61,8 @@ class SharedConfigs:
     def claim(self) -> tuple[Any, str] | None:
         """A config no machine trains or has trained (its trial, its name), or None when none is
         left to claim. Two machines that queue one config at once each get a trial of it: the
-        lowest-numbered trial of a config is its claim, a later one is closed."""
+        lowest-numbered trial of a config is its claim, a later one is closed. Two that pop one
+        trial at once both stamp it: the stamp read back names its owner (:data:`SETTLE_S`)."""
         from optuna.trial import TrialState
 
         from trainfit.search.study import owner_id
@@ -67,7 +72,11 @@ class SharedConfigs:
             if not self._trials(TrialState.WAITING):
                 return None
             trial = self.study.ask(self.distributions)
-            trial.set_user_attr("owner", owner_id())
+            me = owner_id()
+            trial.set_user_attr("owner", me)
+            time.sleep(SETTLE_S)
+            if self.storage.get_trial(trial._trial_id).user_attrs.get("owner") != me:
+                continue  # another machine popped this very trial at the same moment, and stamped it last: theirs
             name = trial.params["config"]
             first = min(t.number for t in self._trials(TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE)
                         if t.params.get("config") == name)
