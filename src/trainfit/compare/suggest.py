@@ -222,24 +222,23 @@ def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], orde
 def _machine_changed(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun]) -> list[Suggestion]:
     """Configs that train the same shapes but ran at speeds :data:`SAME_WORK_APART` apart: the
     machine was busier for one of them, so the comparison's speeds (not its losses) say nothing."""
+    speeds = {name: run.samples_per_second for name, run in runs.items() if run.samples_per_second}
     groups: dict[str, list[str]] = {}
-    for name, run in runs.items():
-        if run.samples_per_second:
-            shapes = {k: v for k, v in given[name].items() if k not in TRAINING_KEYS}
-            groups.setdefault(repr(sorted(shapes.items())), []).append(name)
+    for name in speeds:
+        shapes = {k: v for k, v in given[name].items() if k not in TRAINING_KEYS}
+        groups.setdefault(repr(sorted(shapes.items())), []).append(name)
     out = []
     for names in groups.values():
-        fast = max(names, key=lambda n: runs[n].samples_per_second or 0.0)
-        slow = min(names, key=lambda n: runs[n].samples_per_second or 0.0)
-        ratio = (runs[slow].samples_per_second or 0.0) / (runs[fast].samples_per_second or 1.0)
+        fast, slow = max(names, key=speeds.__getitem__), min(names, key=speeds.__getitem__)
+        ratio = speeds[slow] / speeds[fast]
         if ratio < SAME_WORK_APART:
             out.append(Suggestion(
                 says=f"{slow} and {fast} train the same shapes yet ran at {ratio:.2f}x each other's speed: the "
                      "machine's speed changed during the comparison, so its speeds (and the speed side of these "
                      "suggestions) do not hold, its losses do; measure speed with `trainfit tune`, or compare "
                      "again on a quiet machine",
-                evidence=f"{runs[slow].samples_per_second:.3g} against {runs[fast].samples_per_second:.3g} "
-                         f"samples/s; they differ only in {', '.join(_training_differences(given[slow], given[fast]))}"))
+                evidence=f"{speeds[slow]:.3g} against {speeds[fast]:.3g} samples/s; they differ only in "
+                         f"{', '.join(_training_differences(given[slow], given[fast]))}"))
     return out
 
 

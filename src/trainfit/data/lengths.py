@@ -550,9 +550,6 @@ def _add_batch(count: _Count, batch: _Batch) -> None:
         count.last_checkpoint = time.perf_counter()
 
 
-ZERO_NOTE = "rows 0 positions long"
-
-
 def _finish_count(count: _Count, fp: str) -> LengthTable:
     """The finished count as a table, saved as the cache's final count; an error when no row could be read."""
     count.bar.close()
@@ -568,8 +565,8 @@ def _finish_count(count: _Count, fp: str) -> LengthTable:
         raise TrainfitError(f"every row of {path.name} is 0 positions long, as read: {count.recipe.describe()}",
                             "check that the field read holds each sample: the spec's data.text_field (or "
                             "messages_field, length_field), analyze's --text-field")
-    if empty and not any(n.startswith(ZERO_NOTE) for n in count.notes):
-        count.notes.append(f"{ZERO_NOTE}: {empty:,} of them, empty as read ({count.recipe.describe()})")
+    if empty:
+        count.notes.append(f"rows 0 positions long: {empty:,} of them, empty as read ({count.recipe.describe()})")
     if count.use_cache:
         count.ckpt.save_final(array, {"bad_rows": count.bad_rows, "bad_examples": bad_examples,
                                       "notes": [n for n in count.notes if not n.startswith("resumed")]})

@@ -18,6 +18,7 @@ Output folder: ``train.json`` (what is trained, written once), ``checkpoint-STEP
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import shlex
@@ -34,7 +35,7 @@ from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.plan import Plan
 from trainfit.plan.eval_pass import Evaluation
-from trainfit.summary import Record, check_schema
+from trainfit.summary import Record, Summary, check_schema
 from trainfit.train.checkpoints import incomplete, latest_complete, unloadable
 from trainfit.train.data_check import identity, refuse_changed, trained_files
 
@@ -79,6 +80,10 @@ class TrainRun(Record):
     def from_json(cls, raw: Mapping[str, Any]) -> TrainRun:
         check_schema(raw, SCHEMA_VERSION, "train.json", "train into a new --output with this trainfit")
         return super().from_json(raw)
+
+    def data_files(self, spec: Mapping[str, Any]) -> list[str]:
+        """The files this run trains on (:func:`trainfit.train.data_check.trained_files`), ``spec`` its tune's."""
+        return trained_files(spec, self.argv if self.kind == "trl_sft" else None)
 
     def what(self) -> dict[str, str]:
         """What decides the training, flat, for :func:`differences`."""
@@ -199,13 +204,21 @@ def _planned_since(run_dir: Path, record: TrainRun, now: TrainRun) -> str:
 def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max_steps: int | None = None,
              loop: bool = False) -> tuple[TrainRun, Plan | None]:
     """What ``run_dir`` says to train (its plan's choice, else its fastest config), as a record
-    started now, and the plan. A spec with a ``tune.command_template`` trains with that command,
-    unless ``loop`` (a factory model, in trainfit's loop)."""
+    started now with the fingerprint of the data it trains on, and the plan. A spec with a
+    ``tune.command_template`` trains with that command, unless ``loop`` (a factory model, in
+    trainfit's loop)."""
     from trainfit.summary import read_summary
 
     if not run_dir.is_dir():
         raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
     summary = read_summary(run_dir)
+    record, plan = _chosen(run_dir, output, summary, extra_args=extra_args, max_steps=max_steps, loop=loop)
+    return dataclasses.replace(record, data=identity(record.data_files(summary.spec))), plan
+
+
+def _chosen(run_dir: Path, output: Path, summary: Summary, *, extra_args: Sequence[str], max_steps: int | None,
+            loop: bool) -> tuple[TrainRun, Plan | None]:
+    """:func:`to_train`'s record, before its data's fingerprint."""
     plan = _plan(run_dir)
     common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time())
     factory = bool((summary.spec.get("model") or {}).get("factory"))
@@ -218,8 +231,7 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
                                 "pass your trainer's own step limit after --")
         line, source, trial = template_command(run_dir, plan)
         return common(source=source, trial=trial, kind="command", threads=None,
-                      argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])],
-                      data=identity(trained_files(summary.spec))), plan
+                      argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])]), plan
     if factory:
         if extra_args:
             raise TrainfitError("arguments after -- go to `trl sft`, and this tune folder's model is a factory model, "
@@ -231,16 +243,14 @@ def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max
         chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (
             best.trial, best.config, float(summary.epochs_for_estimate or 1))  # type: ignore[union-attr]
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
-                      config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None,
-                      data=identity(trained_files(summary.spec))), plan
+                      config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None), plan
     command, source, trial = training_command(run_dir, plan)
     from trainfit.train.sft import relocated, split_command
 
     threads, argv = split_command(command)
     argv = [*relocated(argv, run_dir), *extra_args, *(["--max_steps", str(max_steps)] if max_steps else []),
             "--output_dir", str(output), "--save_strategy", "no", "--disable_tqdm", "false"]
-    return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv,
-                  data=identity(trained_files(summary.spec, argv))), plan
+    return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv), plan
 
 
 def resume_command(run_dir: str | Path, output: str | Path, *, max_steps: int | None = None, loop: bool = False,
@@ -281,8 +291,7 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
         if record.data is not None and now.data != record.data:
             from trainfit.summary import read_summary
 
-            files = trained_files(read_summary(run_dir).spec, now.argv if now.kind == "trl_sft" else None)
-            refuse_changed(files, output, readable=now.data is not None)
+            refuse_changed(now.data_files(read_summary(run_dir).spec), output, readable=now.data is not None)
     else:
         if record_path.exists() or any(output.glob("checkpoint-*")):
             raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",

@@ -23,12 +23,15 @@ def trained_files(spec: Mapping[str, Any], argv: Sequence[str] | None = None) ->
     from trainfit.train.sft import flags
 
     config = flags(argv).get("config")
-    try:
-        datasets = (yaml.safe_load(Path(config).read_text()) or {}).get("datasets") or [] if config else []
-    except (OSError, yaml.YAMLError, AttributeError):
+    if not config:
         return []
+    try:
+        loaded = yaml.safe_load(Path(config).read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    datasets = loaded.get("datasets") if isinstance(loaded, dict) else None
     files: list[str] = []
-    for dataset in datasets:
+    for dataset in datasets if isinstance(datasets, list) else []:
         listed = dataset.get("data_files") if isinstance(dataset, dict) else None
         for entry in listed.values() if isinstance(listed, dict) else [listed]:
             files += [entry] if isinstance(entry, str) else [f for f in entry or [] if isinstance(f, str)]
