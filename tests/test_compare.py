@@ -380,30 +380,31 @@ def test_minutes_give_each_config_the_same_training_time(factory_spec: Path, tmp
     assert 1.2 <= run["train_s"]  # it trained its 1.2 s (0.05 s a step here), then stopped
 
 
-def test_of_two_machines_that_popped_one_queued_config_at_once_only_the_last_to_stamp_it_trains_it(
+def test_of_two_machines_that_ask_for_one_config_at_once_the_first_trial_trains_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SQLite can let two machines pop the same waiting trial (a CI run saw both train one config,
-    then one crash telling it finished twice). Each stamps the trial with its name; the other
-    machine's stamp, written while this one settles, makes this one leave the config to it."""
+    """Another machine's trial, made a moment before this one's and given its config while this
+    one settles, claims the config: this machine closes its own trial of it and takes the next.
+    A trial without its config yet (Optuna sets params just after it makes the trial) is read as
+    nobody's; a CI run once crashed on one (KeyError) while listing what others train."""
     from optuna.trial import TrialState
 
     from trainfit.compare import shared
-    from trainfit.search.study import owner_id
 
     configs = shared.SharedConfigs(f"sqlite:///{tmp_path / 'shared.db'}", "cmp", ["a", "b"])
-    other = "another-host:1"
+    other = configs.storage.create_new_trial(configs.study._study_id)  # the other machine, mid-ask: no config yet
+    assert configs.elsewhere() == []
+    given = configs.distributions["config"]
 
-    def the_other_machine_stamps_the_first_one_too(seconds: float) -> None:
-        running = configs.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if len(running) == 1:
-            configs.storage.set_trial_user_attr(running[0]._trial_id, "owner", other)
+    def the_other_machine_gets_its_config(seconds: float) -> None:
+        if not configs.storage.get_trial(other).params:
+            configs.storage.set_trial_param(other, "config", given.to_internal_repr("a"), given)
 
-    monkeypatch.setattr(shared.time, "sleep", the_other_machine_stamps_the_first_one_too)
+    monkeypatch.setattr(shared.time, "sleep", the_other_machine_gets_its_config)
     trial, name = configs.claim()
-    running = configs.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    owners = {t.params["config"]: t.user_attrs["owner"] for t in running}
-    assert owners == {"a": other, name: owner_id()} and name == "b"  # a: the other machine's; this one took b
-    assert configs.claim() is None  # nothing left to claim: a is not queued again while it trains elsewhere
+    assert name == "b" and configs.elsewhere() == ["a", "b"]
+    mine = [t for t in configs.study.get_trials(deepcopy=False) if t._trial_id != other]
+    assert [(t.params["config"], t.state) for t in mine] == [("a", TrialState.FAIL), ("b", TrialState.RUNNING)]
+    assert configs.claim() is None  # nothing left: a trains elsewhere, b here
 
 
 @pytest.mark.integration

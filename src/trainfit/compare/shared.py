@@ -1,13 +1,14 @@
 """A comparison split between machines (``compare --storage URL``), through the tune's own
-storage mechanism: each config is a trial of an Optuna study in the shared database, queued once,
-claimed by the machine whose ``ask`` pops it, kept alive by the tune's heartbeat while it trains,
-and given back (queued again) when its machine dies. Every machine reads the others' results
-from the study, so each one's ``compare.json`` ends with all of them."""
+storage mechanism: each config is trained under a trial of an Optuna study in the shared
+database, asked for by the machine that claims it, kept alive by the tune's heartbeat while it
+trains, and closed when its machine dies, which opens the config again. Every machine reads the
+others' results from the study, so each one's ``compare.json`` ends with all of them."""
 
 from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -16,9 +17,9 @@ from trainfit.compare.runs import ConfigRun
 WAIT_S = 5.0
 """Seconds between two looks at the configs other machines are training."""
 SETTLE_S = 0.3
-"""Seconds between stamping a claimed trial with this machine's name and reading the name back.
-Two machines can pop one queued trial at the same moment (SQLite lets both read it as waiting);
-both stamp it, and the stamp read back after both wrote names the one that trains it."""
+"""Seconds between asking for a trial of a config and reading which trial of it came first. Two
+machines can ask for one config at the same moment; a trial has no params for a moment after it is
+made (and a server may show a trial a moment after a later one), so each waits before it reads."""
 
 
 class SharedConfigs:
@@ -40,49 +41,45 @@ class SharedConfigs:
     def _trials(self, *states: Any) -> list[Any]:
         return self.study.get_trials(deepcopy=False, states=states)
 
-    def _requeue(self) -> None:
-        """Close the trials of dead machines (no heartbeat for three beats, or a dead process on
-        this host) and queue every config that no trial waits for, trains or has finished."""
+    def _taken(self) -> dict[str, int]:
+        """Each config trained or training: the id of its first trial (the claim), once dead
+        machines' trials are closed (no heartbeat for three beats, or a dead process on this
+        host). A trial asked for a moment ago may not have its config yet: it is left out."""
         import optuna
         from optuna.trial import TrialState
 
         from trainfit.search.study import abandoned
 
-        optuna.storages.fail_stale_trials(self.study)
+        with warnings.catch_warnings():  # "experimental" since optuna 2.9
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
         for t in self._trials(TrialState.RUNNING):
             if abandoned(t):
                 self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        live = {t.params.get("config") for t in self._trials(TrialState.WAITING, TrialState.RUNNING,
-                                                              TrialState.COMPLETE)}
-        for name in self.names:
-            if name not in live:
-                self.study.enqueue_trial({"config": name})
+        taken: dict[str, int] = {}
+        for t in sorted(self._trials(TrialState.RUNNING, TrialState.COMPLETE), key=lambda t: t._trial_id):
+            if "config" in t.params:
+                taken.setdefault(t.params["config"], t._trial_id)
+        return taken
 
     def claim(self) -> tuple[Any, str] | None:
         """A config no machine trains or has trained (its trial, its name), or None when none is
-        left to claim. Two machines that queue one config at once each get a trial of it: the
-        lowest-numbered trial of a config is its claim, a later one is closed. Two that pop one
-        trial at once both stamp it: the stamp read back names its owner (:data:`SETTLE_S`)."""
+        left to claim. Each machine asks for a trial of its own (no queue: over SQLite two
+        machines can pop one queued trial). Two that ask for one config at once each get a trial
+        of it: the first trial of a config is its claim, a later one is closed (:data:`SETTLE_S`)."""
         from optuna.trial import TrialState
 
-        from trainfit.search.study import owner_id
+        from trainfit.search.study import ask_trial
 
         while True:
-            self._requeue()
-            if not self._trials(TrialState.WAITING):
+            free = [n for n in self.names if n not in self._taken()]
+            if not free:
                 return None
-            trial = self.study.ask(self.distributions)
-            me = owner_id()
-            trial.set_user_attr("owner", me)
+            trial = ask_trial(self.study, self.distributions, {"config": free[0]}, heartbeat_in=self.storage)
             time.sleep(SETTLE_S)
-            if self.storage.get_trial(trial._trial_id).user_attrs.get("owner") != me:
-                continue  # another machine popped this very trial at the same moment, and stamped it last: theirs
-            name = trial.params["config"]
-            first = min(t.number for t in self._trials(TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE)
-                        if t.params.get("config") == name)
-            if first == trial.number:
-                return trial, name
-            self.study.tell(trial, state=TrialState.FAIL)  # another trial claims this config
+            if self._taken().get(free[0]) == trial._trial_id:
+                return trial, free[0]
+            self.study.tell(trial, state=TrialState.FAIL)  # another machine's trial claims this config
 
     @contextlib.contextmanager
     def training(self, trial: Any) -> Iterator[None]:
@@ -107,7 +104,7 @@ class SharedConfigs:
         """The configs other machines are training now."""
         from optuna.trial import TrialState
 
-        return sorted(t.params["config"] for t in self._trials(TrialState.RUNNING))
+        return sorted({t.params["config"] for t in self._trials(TrialState.RUNNING) if "config" in t.params})
 
     def wait(self) -> None:
         time.sleep(WAIT_S)

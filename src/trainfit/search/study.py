@@ -215,6 +215,39 @@ def abandoned(trial: Any) -> bool:
     return host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
 
 
+def ask_trial(study: Any, distributions: Mapping[str, Any], values: Mapping[str, Any] | None,
+              heartbeat_in: Any = None) -> Any:
+    """A new trial of ``study`` stamped with its ``owner``: with ``values`` fixed, or else the next
+    queued trial or the sampler's choice.
+
+    Fixed values go through ``PartialFixedSampler``, not the study's queue: a queued trial is
+    popped by whichever run of a shared storage asks first, and over SQLite two runs can pop the
+    same one. A new trial is each run's own (one insert), though it has no params for a moment.
+
+    In a shared storage (``heartbeat_in``) the trial's first heartbeat is recorded before its
+    ``owner``: a trial with an owner has a heartbeat for Optuna to judge (see :func:`abandoned`)."""
+    import optuna
+
+    sampler = study.sampler
+    if values is not None:
+        with warnings.catch_warnings():  # "experimental" since optuna 2.4
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.sampler = optuna.samplers.PartialFixedSampler(dict(values), sampler)
+    try:
+        with warnings.catch_warnings():
+            # A heartbeat storage warns on every ask that its heartbeat "is supposed to be used with
+            # Study.optimize": ask and tell alone neither record heartbeats nor close stale trials.
+            # The callers do both, as optimize does (heartbeat, abandoned).
+            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
+            trial = study.ask(dict(distributions))
+    finally:
+        study.sampler = sampler
+    if heartbeat_in is not None:
+        heartbeat_in.record_heartbeat(trial._trial_id)
+    trial.set_user_attr("owner", owner_id())
+    return trial
+
+
 @contextlib.contextmanager
 def heartbeat(storage: Any, trial: Any) -> Iterator[None]:
     """Record ``trial``'s heartbeat in ``storage`` (an :func:`open_storage`) at once and then every
@@ -581,34 +614,9 @@ class TrialStore:
             yield
 
     def ask(self, values: Mapping[str, Any] | None) -> Any:
-        """A new trial: with ``values`` fixed, or else the next queued retry or the sampler's choice.
-
-        Fixed values go through ``PartialFixedSampler``, not the study's queue: a queued trial is
-        popped by whichever run of a shared storage asks first, and over SQLite two runs can pop
-        the same one.
-
-        In a shared storage the trial's first heartbeat is recorded before its ``owner``: a trial
-        with an owner has a heartbeat for Optuna to judge (see :func:`abandoned`)."""
-        import optuna
-
-        sampler = self.study.sampler
-        if values is not None:
-            with warnings.catch_warnings():  # "experimental" since optuna 2.4
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                self.study.sampler = optuna.samplers.PartialFixedSampler(dict(values), sampler)
-        try:
-            with warnings.catch_warnings():
-                # A heartbeat storage warns on every ask that its heartbeat "is supposed to be used with
-                # Study.optimize": ask and tell alone neither record heartbeats nor close stale trials.
-                # This class does both, as optimize does (beating, _live_trials).
-                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
-                trial = self.study.ask(self.distributions)
-        finally:
-            self.study.sampler = sampler
-        if self.shared:
-            self.storage.record_heartbeat(trial._trial_id)
-        trial.set_user_attr("owner", owner_id())
-        return trial
+        """A new trial: with ``values`` fixed, or else the next queued retry or the sampler's choice
+        (see :func:`ask_trial`)."""
+        return ask_trial(self.study, self.distributions, values, heartbeat_in=self.storage if self.shared else None)
 
     def pending_queue(self) -> bool:
         from optuna.trial import TrialState
