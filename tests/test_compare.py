@@ -407,6 +407,23 @@ def test_of_two_machines_that_ask_for_one_config_at_once_the_first_trial_trains_
     assert configs.claim() is None  # nothing left: a trains elsewhere, b here
 
 
+def test_a_config_whose_trial_another_machine_closed_while_it_trained_keeps_its_run(tmp_path: Path) -> None:
+    """A machine paused past the heartbeat's grace period finds the trial it trained under closed
+    by the others (as abandoned): its run is recorded in a new trial of the config, not lost to
+    a crash on telling a closed trial."""
+    from optuna.trial import TrialState
+
+    from trainfit.compare import shared
+
+    configs = shared.SharedConfigs(f"sqlite:///{tmp_path / 'shared.db'}", "cmp", ["a"])
+    trial, name = configs.claim()
+    configs.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)  # another machine judged it abandoned
+    run = ConfigRun(name=name, status="finished", steps=2, max_steps=2, samples_per_step=1, train_s=1.0, eval_s=0.0,
+                    samples_per_second=2.0, peak_memory_gb=None)
+    configs.finish(trial, run, name)
+    assert configs.runs() == {"a": run}
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_two_machines_sharing_a_storage_train_each_config_once_and_both_end_with_all(

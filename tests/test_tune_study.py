@@ -271,3 +271,77 @@ def test_runs_sharing_a_storage_split_the_work_without_probing_a_config_twice(tm
         union = calls[0] + calls[1]
         chosen = next(c for c in union if all(c[k] == v for k, v in best[0].items()))
         assert Surface().throughput(Params(**chosen)) == Surface().best_feasible(union)  # the best of what was probed
+
+
+VALUES = {"batch_size": 32, "gradient_checkpointing": True, "lora_r": 16}
+
+
+def test_a_trial_another_run_closed_while_it_was_probed_keeps_its_measurement(tmp_path: Path) -> None:
+    """A run whose machine paused past the heartbeat's grace period finds its trial closed by the
+    others (as abandoned): its measurement goes in a new trial of the same values, not lost to a
+    crash ("Cannot tell a FAIL trial"); dropping such a trial is a no-op."""
+    from optuna.trial import TrialState
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    spec = synthetic_spec(tmp_path, "grid")
+    store = store_for(spec, tmp_path / "a", storage=url)
+    closed = store.ask(VALUES)
+    store.storage.set_trial_state_values(closed._trial_id, TrialState.FAIL)  # another run judged it abandoned
+    told = store.tell(closed, VALUES, Surface()(Params(**VALUES), closed.number), store.history())
+    assert told.number != closed.number and [t.values for t in store.history()] == [VALUES]
+    dropped = store.ask({**VALUES, "lora_r": 8})
+    store.storage.set_trial_state_values(dropped._trial_id, TrialState.FAIL)
+    store.drop(dropped)
+    assert store.storage.get_trial(dropped._trial_id).state == TrialState.FAIL
+
+
+def test_a_trial_closed_by_another_run_while_it_is_asked_for_is_asked_for_again(tmp_path: Path) -> None:
+    """Another run judges a trial with no owner yet by its start, on its own clock (a machine in
+    another time zone sees it hours old) and may close it while it is asked for: the asking run
+    gets a new trial instead of a crash."""
+    from optuna.trial import TrialState
+
+    from trainfit.search.study import ask_trial
+
+    store = store_for(synthetic_spec(tmp_path, "grid"), tmp_path / "a", storage=f"sqlite:///{tmp_path / 'shared.db'}")
+    ask = store.study.ask
+    first: list[Any] = []
+
+    def closed_by_another_run_once(*args: Any) -> Any:
+        trial = ask(*args)
+        if not first:
+            first.append(trial)
+            store.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        return trial
+
+    store.study.ask = closed_by_another_run_once
+    trial = ask_trial(store.study, store.distributions, VALUES, heartbeat_in=store.storage)
+    assert trial._trial_id != first[0]._trial_id and trial.params == VALUES and "owner" in trial.user_attrs
+    assert store.storage.get_trial(trial._trial_id).state == TrialState.RUNNING
+
+
+def test_a_config_asked_for_at_once_by_two_runs_waits_for_the_earlier_trials_values(tmp_path: Path) -> None:
+    """The earlier trial of two runs that proposed one config keeps it, however long its run takes
+    to store the values (a Bayesian fit can take seconds; this check used to give up after 1 s and
+    let both probe it). Until then that trial is a config of its own in flight."""
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    spec = synthetic_spec(tmp_path, "grid")
+    store = store_for(spec, tmp_path / "a", storage=url)
+    other = store.storage.create_new_trial(store.study._study_id)  # another run, still asking: no values yet
+    assert store.in_flight() == {store._key(store.storage.get_trial(other))} and len(store.in_flight()) == 1
+    trial = store.ask(VALUES)
+
+    def the_other_run_stores_its_values() -> None:
+        time.sleep(1.5)
+        for name, value in VALUES.items():
+            given = store.distributions[name]
+            store.storage.set_trial_param(other, name, given.to_internal_repr(value), given)
+
+    writer = threading.Thread(target=the_other_run_stores_its_values)
+    writer.start()
+    try:
+        assert store.claimed_elsewhere(trial)
+    finally:
+        writer.join()

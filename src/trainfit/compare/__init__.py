@@ -308,7 +308,7 @@ def _shared(state: Comparison, url: str, configs: list[NamedConfig], jobs: _Jobs
             say(f"{name}: claimed in the shared storage; {state.steps} steps of {_settings(by_name[name])}")
             with shared.training(trial):
                 run = jobs.run(by_name[name])
-            shared.finish(trial, run)
+            shared.finish(trial, run, name)
             say(f"{name}: {run.status}" + (f" ({run.error})" if run.error else ""))
         state = _with(state, runs={n: r for n, r in sorted(shared.runs().items(), key=lambda kv: list(by_name).index(
             kv[0]))})

@@ -54,8 +54,9 @@ class SharedConfigs:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)
         for t in self._trials(TrialState.RUNNING):
-            if abandoned(t):
-                self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            if abandoned(t):  # another machine may close it at the same moment
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                    self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         taken: dict[str, int] = {}
         for t in sorted(self._trials(TrialState.RUNNING, TrialState.COMPLETE), key=lambda t: t._trial_id):
             if "config" in t.params:
@@ -79,7 +80,7 @@ class SharedConfigs:
             time.sleep(SETTLE_S)
             if self._taken().get(free[0]) == trial._trial_id:
                 return trial, free[0]
-            self.study.tell(trial, state=TrialState.FAIL)  # another machine's trial claims this config
+            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)  # another machine's trial claims it
 
     @contextlib.contextmanager
     def training(self, trial: Any) -> Iterator[None]:
@@ -89,7 +90,14 @@ class SharedConfigs:
         with heartbeat(self.storage, trial):
             yield
 
-    def finish(self, trial: Any, run: ConfigRun) -> None:
+    def finish(self, trial: Any, run: ConfigRun, name: str) -> None:
+        """Record ``run``, the config ``name`` trained under ``trial``: in a new trial of it where
+        another machine closed ``trial`` while it trained (this one paused past the heartbeat's
+        grace period; see :func:`~trainfit.search.study.closed_elsewhere`)."""
+        from trainfit.search.study import ask_trial, closed_elsewhere
+
+        if closed_elsewhere(self.storage, trial):
+            trial = ask_trial(self.study, self.distributions, {"config": name}, heartbeat_in=self.storage)
         trial.set_user_attr("run", run.to_json())
         self.study.tell(trial, 0.0)  # the figures are the run's; the value orders nothing
 

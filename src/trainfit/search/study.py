@@ -225,7 +225,25 @@ def ask_trial(study: Any, distributions: Mapping[str, Any], values: Mapping[str,
     same one. A new trial is each run's own (one insert), though it has no params for a moment.
 
     In a shared storage (``heartbeat_in``) the trial's first heartbeat is recorded before its
-    ``owner``: a trial with an owner has a heartbeat for Optuna to judge (see :func:`abandoned`)."""
+    ``owner``: a trial with an owner has a heartbeat for Optuna to judge (see :func:`abandoned`).
+    Another run can close a trial while it is asked for (it judges the trial's start by its own
+    clock: a machine in another time zone sees it hours old): then a new one is asked for."""
+    import optuna
+
+    for attempt in range(5):
+        try:
+            trial = _ask(study, distributions, values)
+            if heartbeat_in is not None:
+                heartbeat_in.record_heartbeat(trial._trial_id)
+            trial.set_user_attr("owner", owner_id())
+            return trial
+        except optuna.exceptions.UpdateFinishedTrialError:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _ask(study: Any, distributions: Mapping[str, Any], values: Mapping[str, Any] | None) -> Any:
     import optuna
 
     sampler = study.sampler
@@ -239,13 +257,16 @@ def ask_trial(study: Any, distributions: Mapping[str, Any], values: Mapping[str,
             # Study.optimize": ask and tell alone neither record heartbeats nor close stale trials.
             # The callers do both, as optimize does (heartbeat, abandoned).
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
-            trial = study.ask(dict(distributions))
+            return study.ask(dict(distributions))
     finally:
         study.sampler = sampler
-    if heartbeat_in is not None:
-        heartbeat_in.record_heartbeat(trial._trial_id)
-    trial.set_user_attr("owner", owner_id())
-    return trial
+
+
+def closed_elsewhere(storage: Any, trial: Any) -> bool:
+    """Has another run closed ``trial`` (this run's, still in its hands)? A run that looked
+    abandoned, its machine paused past the heartbeat's grace period or its start misread on
+    another clock, is closed as FAIL by the runs that share its storage (see :func:`abandoned`)."""
+    return bool(storage.get_trial(trial._trial_id).state.is_finished())
 
 
 @contextlib.contextmanager
@@ -518,7 +539,7 @@ class TrialStore:
         if not self.shared:
             return False
         key = self._key(trial)
-        for _ in range(20):
+        while True:
             # running ones first: an earlier trial that ends between the two reads is still seen, as measured
             earlier = [t for t in self._others_running() if t.number < trial.number]
             measured = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -526,16 +547,19 @@ class TrialStore:
                 return True
             if all(set(self.space.names) <= set(t.params) for t in earlier):
                 return False
-            time.sleep(0.05)  # an earlier trial is being created: its values are not all stored yet
-        return False
+            # An earlier trial is being asked for (a Bayesian sampler's fit can take seconds): its
+            # values are not all stored yet. A run that died asking is closed after the grace period.
+            time.sleep(0.1)
 
     def drop(self, trial: Any, reason: str = "claimed by another run") -> None:
         """Give up ``trial`` unprobed (its config is another run's, or the trial budget is spent): a
         FAIL trial, which holds no measurement, is left out of the history and which samplers ignore."""
+        import optuna
         from optuna.trial import TrialState
 
-        trial.set_user_attr("dropped", reason)
-        self.study.tell(trial, state=TrialState.FAIL)
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # closed by another run: given up
+            trial.set_user_attr("dropped", reason)
+            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
     def over_budget(self, trial: Any, max_trials: int) -> bool:
         """Had ``max_trials`` trials claimed the trial budget before ``trial`` was asked for: the
@@ -577,7 +601,11 @@ class TrialStore:
         return [t for t in self._live_trials()[0] if t.user_attrs.get("owner") != mine]
 
     def _key(self, trial: Any) -> str:
-        return config_key({k: trial.params[k] for k in self.space.names if k in trial.params})
+        """The config key of ``trial``; one of its own for a trial whose values are not all stored
+        yet (being asked for), so that two such trials count as two configs in flight."""
+        if not set(self.space.names) <= set(trial.params):
+            return config_key({"(being asked for)": trial._trial_id})
+        return config_key({k: trial.params[k] for k in self.space.names})
 
     def history(self) -> list[Trial]:
         from optuna.trial import TrialState
@@ -627,7 +655,20 @@ class TrialStore:
              reused: bool = False, repeat: bool = False) -> Trial:
         """Record a finished trial. ``reused``: the sampler re-proposed a measured (or excluded)
         config; the sampler is told again, but the trial is not a new measurement. ``repeat``: a
-        confirmation measurement of a config already in the history (see :meth:`repeats`)."""
+        confirmation measurement of a config already in the history (see :meth:`repeats`).
+        A trial that another run closed while this one probed it (:func:`closed_elsewhere`) gives
+        its measurement to a new trial of the same values: nothing measured is lost."""
+        import optuna
+
+        try:
+            return self._tell(trial, values, m, history, reused, repeat)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            if not (self.shared and closed_elsewhere(self.storage, trial)):
+                raise
+        return self._tell(self.ask(values), values, m, history, reused, repeat)
+
+    def _tell(self, trial: Any, values: Mapping[str, Any], m: Measurement, history: Sequence[Trial],
+              reused: bool, repeat: bool) -> Trial:
         objective = getattr(m, self.objective) if m.status == "ok" else None
         if reused:
             trial.set_user_attr("reused", True)

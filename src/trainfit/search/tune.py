@@ -314,14 +314,19 @@ class SearchLoop:
     def settle(self) -> None:
         """The study's trials, for the confirmation and the summary. Beside other runs of a shared
         storage, first wait for the trials they probe within ``max_trials`` (the run that ended
-        first wrote a summary without them), but not past the time budget."""
+        first wrote a summary without them), but not past the time budget. Nothing in flight is
+        taken as the end once two looks a wait apart find it so and the same measured: another run
+        may have read the history a moment before this one ended, and be about to ask for a trial."""
         s = self.state
         if not self.store.shared:
             return
+        quiet: int | None = None  # the measured count at the last look that found nothing in flight
         while True:
             s.busy = self.store.last_trials(self.limits.max_trials)
-            if not s.busy or time_stop(self.limits, s.elapsed()) is not None:
+            measured = min(len(self.store.history()), self.limits.max_trials)
+            if (not s.busy and measured == quiet) or time_stop(self.limits, s.elapsed()) is not None:
                 break
+            quiet = None if s.busy else measured
             self.wait_for_others(searching=False)
         s.history = self.store.history()
 
