@@ -12,7 +12,7 @@ from conftest import TINY_LLAMA, make_spec_file
 from tune_helpers import BUDGET, HEADROOM, GiB, Surface, synthetic_spec
 
 from trainfit.cli import main
-from trainfit.command import build_command
+from trainfit.command import build_command, checkpointing_flag
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
@@ -66,7 +66,7 @@ def test_commands_come_from_the_probed_params(tmp_path: Path) -> None:
     assert cmd.startswith("trl sft ")
     # TRL's default is 3 epochs: the command trains the 1 the runtime estimate is for
     for flag in ("--per_device_train_batch_size 6", "--gradient_accumulation_steps 24", "--bf16 true --fp16 false",
-                 "--dtype bfloat16", "--gradient_checkpointing true", "--use_peft true --lora_r 24 --lora_alpha 48",
+                 "--dtype bfloat16", f"{checkpointing_flag()} true", "--use_peft true --lora_r 24 --lora_alpha 48",
                  "--optim adamw_torch", "--num_train_epochs 1 "):
         assert flag in cmd
     assert "--num_train_epochs 2 " in build_command(load_spec(spec_file, ["tune.epochs=2"]), params)

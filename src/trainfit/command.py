@@ -67,7 +67,7 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
     dtype = {"bf16": "bfloat16", "fp16": "float16"}[params.precision] if half and params.lora_r else "float32"
     args += ["--bf16", _flag(params.precision == "bf16"), "--fp16", _flag(params.precision == "fp16"),
              "--dtype", dtype, "--tf32", _flag(params.tf32 and not cpu),
-             _checkpointing_flag(), _flag(params.gradient_checkpointing),
+             checkpointing_flag(), _flag(params.gradient_checkpointing),
              "--attn_implementation", params.attention, "--optim", _OPTIM[params.optimizer]]
     if cpu:
         args += ["--use_cpu", "true"]
@@ -87,7 +87,7 @@ def _flag(on: bool) -> str:
 
 
 @functools.cache
-def _checkpointing_flag() -> str:
+def checkpointing_flag() -> str:
     """The installed trainer's name for activation checkpointing: ``--activation_checkpointing``
     where transformers has it (5.24 here; ``--gradient_checkpointing`` is its deprecated alias, and
     TRL's default for the alias makes a run warn unless the new name is given), else the older name."""
