@@ -404,6 +404,33 @@ def test_on_track_projects_the_finish_from_the_pace_so_far(elapsed_at_half: floa
         assert status.steps_that_fit is None
 
 
+def test_a_run_cut_short_by_max_steps_is_checked_against_the_plans_price_of_its_own_steps() -> None:
+    """`train --max-steps 10` of a 100-step plan: planned at 10 steps' price. (Checked against the
+    whole plan's ETA, a 10-step run 3x slower than priced was called on track.)"""
+    from trainfit.monitor import OnTrack
+
+    check = OnTrack(a_plan(100.0, 0.10, 120.0))  # 1 s a step
+    on_pace = check.status(5, 10, 5.0)
+    assert on_pace.state == "on track" and on_pace.planned_s == pytest.approx(10.0) and on_pace.plan_steps == 100
+    assert "(planned 10s for a run of 10 steps, the plan's 100," in on_pace.line
+    slow = check.status(5, 10, 15.0)  # 3 s a step: 30 s projected, past the interval, inside the 120 s window
+    assert slow.state == "slower than planned" and slow.projected_s == pytest.approx(30.0)
+    whole = check.status(50, 100, 50.0)
+    assert whole.plan_steps is None and whole.planned_s == 100.0 and "for a run of" not in whole.line
+
+
+@pytest.mark.parametrize("every", [None, 3])
+def test_an_eta_for_fewer_steps_is_the_estimate_of_that_shorter_run(every: int | None) -> None:
+    """Eta.for_steps prices a shorter run as estimate() does: its saves, its evaluation passes."""
+    c = candidate(0, 10.0, batch=8)
+    ev = evaluation(every=every)
+    kw = {"write_bytes_per_s": 1e6, "checkpoint_every_s": 2.0, "evaluation": ev}
+    whole = estimate(c, 800, epochs=2.0, **kw)  # 100 steps of 0.8 s: 40 saves
+    short = whole.for_steps(25, checkpoint_every_s=2.0, evaluation=ev, epochs=2.0)
+    assert short.to_json() == pytest.approx(estimate(c, 200, epochs=0.5, **kw).to_json())
+    assert (short.steps, short.checkpoints) == (25, 10) and short.evals == (ev.passes(25, 0.5) if every else 1)
+
+
 def test_on_track_weighs_the_steps_so_far_by_the_work_their_batches_held() -> None:
     """Random-order batches: the first tenth of the steps drew short samples. Their pace per step
     says the run ends early; weighed by the plan's step cost of those very batches, it does not."""

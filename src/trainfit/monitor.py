@@ -39,7 +39,7 @@ class Status(Record):
     """The whole run's time at the pace of the steps done so far, pooled with the plan's where a
     calibration of its config measured it (see :meth:`OnTrack.pooled`)."""
     planned_s: float
-    """The plan's ETA."""
+    """The plan's ETA, for a run of ``max_steps`` steps (see ``plan_steps``)."""
     window_s: float
     state: str
     """``on track`` (projected inside the plan's interval), ``slower than planned`` (past it, inside
@@ -50,11 +50,16 @@ class Status(Record):
     own_pace_projected_s: float | None = None
     """The whole run's time at the pace of this run's steps alone (None: no calibrated pace was
     pooled, so ``projected_s`` is that)."""
+    plan_steps: int | None = None
+    """The plan's own steps where this run's ``max_steps`` differs (``train --max-steps``): its
+    ETA is then priced for ``max_steps`` steps. None: the run is the plan's."""
 
     @property
     def line(self) -> str:
+        planned = dur(self.planned_s) + (f" for a run of {self.max_steps:,} steps, the plan's {self.plan_steps:,}"
+                                         if self.plan_steps is not None else "")
         line = (f"{self.state}: step {self.step:,}/{self.max_steps:,}, {dur(self.elapsed_s)} elapsed, projected "
-                f"{dur(self.projected_s)} (planned {dur(self.planned_s)}, window {dur(self.window_s)})")
+                f"{dur(self.projected_s)} (planned {planned}, window {dur(self.window_s)})")
         if self.steps_that_fit is not None:
             line += (f"; at this pace {self.steps_that_fit:,} steps fit ({self.epochs_that_fit:.2f} epochs): stop "
                      f"there (--max-steps {self.steps_that_fit}, or --deadline to stop with a checkpoint before the "
@@ -119,12 +124,12 @@ class OnTrack:
         still to come, and the start-up the plan measured unless ``elapsed_s`` counts it already
         (``startup_counted``: timed from the process start), against the plan."""
         pace = pace if pace is not None else Pace(elapsed_s, step)
-        rest = (self._checkpoints_left(step, max_steps) + self._evals_left(step, max_steps, pace)
-                + (0.0 if startup_counted else self.plan.eta.startup_s or 0.0))
+        e = self.plan.eta_for(max_steps) if max_steps else self.plan.eta
+        rest = (e.checkpoint_s * (1 - step / max_steps) if max_steps else 0.0)  # the saves to come (done: in the pace)
+        rest += self._evals_left(step, max_steps, pace) + (0.0 if startup_counted else e.startup_s or 0.0)
         own_left, pooled_left = self._remaining_s(step, max_steps, pace)
         own = elapsed_s + own_left + rest
         projected = own if pooled_left is None else elapsed_s + pooled_left + rest
-        e = self.plan.eta
         state = ("on track" if projected <= e.high_s else "slower than planned" if projected <= self.plan.window_s
                  else "will miss the window")
         fit = None
@@ -133,8 +138,9 @@ class OnTrack:
             fit = step + max(0, int((self.plan.window_s - elapsed_s) / per_step)) if per_step > 0 else None
         return Status(step=step, max_steps=max_steps, elapsed_s=elapsed_s, projected_s=projected,
                       planned_s=e.total_s, window_s=self.plan.window_s, state=state, steps_that_fit=fit,
-                      epochs_that_fit=None if fit is None else self.plan.epochs * fit / max_steps,
-                      own_pace_projected_s=None if pooled_left is None else own)
+                      epochs_that_fit=None if fit is None else self.plan.epochs * fit / (self.plan.eta.steps or max_steps),
+                      own_pace_projected_s=None if pooled_left is None else own,
+                      plan_steps=None if e is self.plan.eta else self.plan.eta.steps)
 
     def _remaining_s(self, step: int, max_steps: int, pace: Pace) -> tuple[float, float | None]:
         """The steps to come: the plan's expected work of them (its expected step, less what the
@@ -167,11 +173,6 @@ class OnTrack:
         done = step // ev.every if ev.every else int(epochs * step / max_steps)
         left = max(0, ev.passes(max_steps, epochs) - done)
         return left * (pace.eval_s / pace.evals if pace.evals else ev.pass_s)
-
-    def _checkpoints_left(self, step: int, max_steps: int) -> float:
-        """The saves the plan priced that are still to come (the done ones are in the pace)."""
-        e = self.plan.eta
-        return e.checkpoint_s * (1 - step / max_steps) if max_steps else 0.0
 
 
 def observe_train_batches(trainer: Any, observe: Callable[[int], None]) -> Any:

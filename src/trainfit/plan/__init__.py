@@ -104,6 +104,12 @@ class Plan(Record):
         check_schema(raw, SCHEMA_VERSION, "plan.json", "plan again with this trainfit")
         return super().from_json(raw)
 
+    def eta_for(self, steps: int) -> Eta:
+        """The ETA of this plan's run cut to (or stretched to) ``steps`` optimizer steps, as
+        ``train --max-steps`` runs it: what a run of that length is checked against."""
+        return self.eta.for_steps(steps, checkpoint_every_s=self.checkpoint_every_s, evaluation=self.evaluation,
+                                  epochs=self.epochs)
+
 
 def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, priority: str = "balanced",
               margin_minutes: float = 30.0, checkpoint_minutes: float = 30.0,

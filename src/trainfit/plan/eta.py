@@ -70,6 +70,19 @@ class Eta(Record):
     def fits(self, window_s: float) -> bool:
         return self.high_s <= window_s
 
+    def for_steps(self, steps: int, *, checkpoint_every_s: float, evaluation: Evaluation | None,
+                  epochs: float) -> Eta:
+        """This ETA (of a run of ``epochs``) for a run of ``steps`` optimizer steps instead of its
+        own, as ``train --max-steps`` makes: the same step time, spread, save and start-up; the
+        saves and evaluation passes of that run."""
+        if steps == self.steps or not self.steps:
+            return self
+        return _priced(round(self.samples * steps / self.steps), steps, self.step_time_s,
+                       overhead=self.trainer_overhead_s, spread=self.spread_rel,
+                       save_s=self.checkpoint_s / max(1, self.checkpoints), startup=self.startup_s,
+                       command_startup=self.command_startup_s, checkpoint_every_s=checkpoint_every_s,
+                       evaluation=evaluation, epochs=epochs * steps / self.steps)
+
 
 def checkpoint_bytes(c: Candidate) -> int:
     """What one checkpoint holds, from the memory the probe measured: the optimizer's state, and
@@ -117,20 +130,28 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     (the trainer's time around a pass is not in it: the run's monitor subtracts the passes' own
     ``eval_runtime``)."""
     steps = math.ceil(samples / c.samples_per_step)
-    overhead = None
+    overhead = startup = command_startup = None
     spread = c.spread_rel
     if calibration is not None:
         overhead = calibration.step_overhead_s(micro_batches(c.config))
         if math.isfinite(calibration.spread_rel):  # else unmeasured (too few steps shown): the plan says so
             spread = math.hypot(spread, calibration.spread_rel)
-    step = c.step_time_s + (overhead or 0.0)
-    train = steps * step
-    saves = max(1, math.ceil(train / checkpoint_every_s))  # one every interval, the last at the end
-    checkpoint = saves * checkpoint_bytes(c) / write_bytes_per_s
-    startup = command_startup = None
-    if calibration is not None:
         command_startup = calibration.startup_s
         startup = calibration.train_startup_s if calibration.train_startup_s is not None else command_startup
+    return _priced(samples, steps, c.step_time_s + (overhead or 0.0), overhead=overhead, spread=spread,
+                   save_s=checkpoint_bytes(c) / write_bytes_per_s, startup=startup, command_startup=command_startup,
+                   checkpoint_every_s=checkpoint_every_s, evaluation=evaluation, epochs=epochs)
+
+
+def _priced(samples: int, steps: int, step: float, *, overhead: float | None, spread: float, save_s: float,
+            startup: float | None, command_startup: float | None, checkpoint_every_s: float,
+            evaluation: Evaluation | None, epochs: float) -> Eta:
+    """The ETA of ``steps`` optimizer steps of ``step`` seconds (within ``spread``): a save of
+    ``save_s`` every ``checkpoint_every_s`` and one at the end, the evaluation passes of a run of
+    ``epochs``, and the start-up."""
+    train = steps * step
+    saves = max(1, math.ceil(train / checkpoint_every_s))  # one every interval, the last at the end
+    checkpoint = saves * save_s
     fixed = checkpoint + (startup or 0.0)
     evals = evaluation.passes(steps, epochs) if evaluation is not None else 0
     eval_s = evals * evaluation.pass_s if evaluation is not None else 0.0

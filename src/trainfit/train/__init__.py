@@ -119,7 +119,8 @@ class TrainResult(Record):
     elapsed_s: float
     """Since the first start (``train.json``'s ``started_at``), pauses between resumes included."""
     planned_s: float | None
-    """The plan's ETA (None: trained without a plan)."""
+    """The plan's ETA for a run of ``max_steps`` steps (the plan's own, or a ``--max-steps`` run's;
+    None: trained without a plan)."""
     planned_low_s: float | None = None
     planned_high_s: float | None = None
     output: str
@@ -365,12 +366,13 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
                   trial=record.trial)
         step, total = _run(run_dir, output, record, plan, checkpoint, control, callbacks, resume=resume,
                            every_s=every_s, record_batches=record_batches, say=say, again=again)
+        planned = (plan.eta_for(total) if total else plan.eta) if plan else None  # a --max-steps run: its own length
         result = TrainResult(
             status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
             max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
             process_s=time.monotonic() - began, elapsed_s=time.time() - record.started_at,
-            planned_s=plan.eta.total_s if plan else None, planned_low_s=plan.eta.low_s if plan else None,
-            planned_high_s=plan.eta.high_s if plan else None, output=str(output),
+            planned_s=planned.total_s if planned else None, planned_low_s=planned.low_s if planned else None,
+            planned_high_s=planned.high_s if planned else None, output=str(output),
             resume=again if control.stopped else None)
         _write_result(result, run_dir, output, record, plan)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
