@@ -185,10 +185,39 @@ def test_a_best_config_within_the_noise_of_the_runner_up_is_said_to_be_so() -> N
     # five steps: each final loss is one logged loss, whose scatter nobody measured
     short = {"a": a_run("a", curve(3.0, 2.0, n=5)), "b": a_run("b", curve(3.0, 2.02, n=5))}
     assert any(s.says.startswith("too few steps to tell a from b") for s in suggest(given, short, steps=5))
-    # an eval loss decides: no train-loss noise to weigh
-    evaluated = {"a": a_run("a", noisy(2.0), evals=[[40, 4.0, 2.0]]), "b": a_run("b", noisy(2.0), evals=[[40, 4.0, 2.1]])}
-    assert loss_noise(evaluated["a"]) is None and not any("noise" in s.says or "too few" in s.says
-                                                           for s in suggest(given, evaluated))
+
+
+
+def test_eval_losses_are_weighed_by_the_scatter_of_their_passes() -> None:
+    """An eval loss is one pass: its noise is the scatter of the last passes about their trend (a
+    reviewer saw a winner named on a 0.3% gap of a diffusion model's eval loss, which draws random
+    noise, and the faster runner-up dropped from the next round)."""
+    from trainfit.compare.suggest import loss_noise
+
+    given = {"a": {"learning_rate": 1e-4}, "b": {"learning_rate": 2e-4}}
+    train = curve(3.0, 2.0)
+
+    def passes(*losses: float) -> list[list[float]]:
+        return [[8 * (i + 1), 0.8 * (i + 1), x] for i, x in enumerate(losses)]
+
+    # one pass each: nothing to measure the scatter by
+    one = {"a": a_run("a", train, evals=passes(2.0)), "b": a_run("b", train, evals=passes(2.1))}
+    assert loss_noise(one["a"]) is None
+    [few] = [s for s in suggest(given, one, steps=40) if s.says.startswith("too few evaluations to tell a from b")]
+    assert "evaluate more often (--eval-every N) or train longer (e.g. --steps 80)" in few.says
+    assert few.evidence == ("final eval losses 2 and 2.1; each final eval loss is one pass; 1 passes are too few to "
+                            "measure their scatter (at least 4)") and set(few.configs) == {"a", "b"}
+    # five passes, wobbling about a falling line: a gap of 0.003 is within it, one of 0.42 is not
+    a = passes(2.6, 2.42, 2.38, 2.22, 2.18)
+    close = {"a": a_run("a", train, evals=a), "b": a_run("b", train, evals=[*a[:-1], [40, 4.0, 2.183]], sps=15.0)}
+    # The last four, 2.42 2.38 2.22 2.18, about their line of -0.088 a pass: residuals -0.012, 0.036, -0.036,
+    # 0.012, so sqrt(0.00288 / 2). One pass's noise: not divided by the root of the count.
+    assert loss_noise(close["a"]) == pytest.approx(0.037947, abs=1e-6)
+    [tie] = [s for s in suggest(given, close, steps=40) if "within the noise" in s.says]
+    assert tie.says.endswith("; at equal loss b is the better: it trained at 1.50x the speed")
+    assert "final eval losses 2.18 and 2.183 differ by 0.003" in tie.evidence and set(tie.configs) == {"a", "b"}
+    apart = {"a": a_run("a", train, evals=a), "b": a_run("b", train, evals=[*a[:-1], [40, 4.0, 2.6]])}
+    assert not any("noise" in s.says or "too few" in s.says for s in suggest(given, apart, steps=40))
 
 
 def test_the_final_loss_and_the_target_come_from_the_eval_curve_when_there_is_one() -> None:

@@ -4,6 +4,7 @@ suggestion with its evidence and, where it proposes a config, that config for th
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,45 +54,78 @@ def final_loss(run: ConfigRun) -> float | None:
 
 
 def loss_noise(run: ConfigRun) -> float | None:
-    """The standard error of :func:`final_loss` where it is the mean of the last tenth of train
-    losses: their scatter about their own straight-line trend (a falling loss's slope is not
-    noise) over the root of their count. None where the final loss is an eval loss (one pass) or
-    the last tenth holds fewer than :data:`MIN_TAIL` losses (too few to tell a scatter)."""
+    """The standard error of :func:`final_loss`. For the mean of the last tenth of train losses:
+    their scatter about their own straight-line trend (a falling loss's slope is not noise) over
+    the root of their count. For an eval loss (one pass): the scatter of the last passes (half of
+    them, at least :data:`MIN_TAIL`) about theirs, the pass-to-pass noise of a random eval loss
+    (a diffusion model's draws) and of the weights between passes. None where fewer than
+    :data:`MIN_TAIL` losses are there to tell a scatter."""
     if run.evals:
-        return None
+        passes = [e[2] for e in run.evals if e[2] is not None and math.isfinite(e[2])]
+        return _scatter(passes[-max(MIN_TAIL, len(passes) // 2):])
     tail = last_tenth(run)
-    n = len(tail)
+    scatter = _scatter(tail)
+    return None if scatter is None else scatter / len(tail) ** 0.5
+
+
+def _scatter(losses: list[float]) -> float | None:
+    """The standard deviation of ``losses`` about their straight-line trend (None: fewer than
+    :data:`MIN_TAIL`)."""
+    n = len(losses)
     if n < MIN_TAIL:
         return None
-    mean_x, mean_y = (n - 1) / 2, statistics.fmean(tail)
-    slope = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(tail)) / sum((i - mean_x) ** 2 for i in range(n))
-    residual = sum((y - mean_y - slope * (i - mean_x)) ** 2 for i, y in enumerate(tail))
-    return (residual / (n - 2)) ** 0.5 / n ** 0.5
+    mean_x, mean_y = (n - 1) / 2, statistics.fmean(losses)
+    slope = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(losses)) / sum((i - mean_x) ** 2 for i in range(n))
+    residual = sum((y - mean_y - slope * (i - mean_x)) ** 2 for i, y in enumerate(losses))
+    return float((residual / (n - 2)) ** 0.5)
 
 
-def _too_close(order: list[str], runs: dict[str, ConfigRun], steps: int | None) -> list[Suggestion]:
-    """The best and the runner-up by train loss, where their final losses do not tell them apart:
-    within twice their combined standard error (:func:`loss_noise`), or too few losses to know."""
-    if len(order) < 2 or runs[order[0]].evals or runs[order[1]].evals:
+def _too_close(order: list[str], runs: dict[str, ConfigRun], given: dict[str, dict[str, Any]],
+               steps: int | None) -> list[Suggestion]:
+    """The best and the runner-up, where their final losses do not tell them apart: within twice
+    their combined standard error (:func:`loss_noise`), or too few losses to know. Both go to the
+    next round, and where the runner-up trained faster, that is said: at equal loss it is the
+    better config."""
+    if len(order) < 2:
         return []
     best, second = order[0], order[1]
     a, b = final_loss(runs[best]), final_loss(runs[second])
     assert a is not None and b is not None  # ranked runs have a final loss
+    evals = bool(runs[best].evals)
     noise = [loss_noise(runs[best]), loss_noise(runs[second])]
-    more = f"train longer (e.g. --steps {2 * steps}) or" if steps else "train longer or"
-    how = f"{more} evaluate on held-out data (--eval-data, or --holdout N) to tell them apart"
+    longer = f"train longer (e.g. --steps {2 * steps})" if steps else "train longer"
+    how = (f"evaluate more often (--eval-every N) or {longer} to tell them apart" if evals else
+           f"{longer} or evaluate on held-out data (--eval-data, or --holdout N) to tell them apart")
+    both = {best: dict(given[best]), second: dict(given[second])}
+    faster = _faster(runs[best], runs[second], second)
     if noise[0] is None or noise[1] is None:
-        tail = len(last_tenth(runs[best]))
-        return [Suggestion(says=f"too few steps to tell {best} from {second}: {how}",
-                           evidence=f"each final train loss is the mean of its last {tail} logged loss(es), too few "
-                                    f"to measure their scatter (at least {MIN_TAIL})")]
+        evidence = (f"each final eval loss is one pass; {len(runs[best].evals)} passes are too few to measure their "
+                    f"scatter (at least {MIN_TAIL})" if evals else
+                    f"each final train loss is the mean of its last {len(last_tenth(runs[best]))} logged loss(es), "
+                    f"too few to measure their scatter (at least {MIN_TAIL})")
+        return [Suggestion(says=f"too few {'evaluations' if evals else 'steps'} to tell {best} from {second}: {how}"
+                                + faster, evidence=f"final {'eval' if evals else 'train'} losses {a:.4g} and {b:.4g}; "
+                                                   + evidence, configs=both)]
     combined = (noise[0] ** 2 + noise[1] ** 2) ** 0.5
     if b - a > 2 * combined:
         return []
-    return [Suggestion(says=f"{best} and {second} are within the noise of their losses: {how}",
-                       evidence=f"final train losses {a:.4g} and {b:.4g} differ by {b - a:.3g}, within twice their "
-                                f"combined standard error ({combined:.3g}, each from its last tenth's scatter about "
-                                "its trend)")]
+    source = ("each from the scatter of its last passes about their trend" if evals else
+              "each from its last tenth's scatter about its trend")
+    return [Suggestion(says=f"{best} and {second} are within the noise of their losses: {how}" + faster,
+                       evidence=f"final {'eval' if evals else 'train'} losses {a:.4g} and {b:.4g} differ by {b - a:.3g}, "
+                                f"within twice their combined standard error ({combined:.3g}, {source})",
+                       configs=both)]
+
+
+def _faster(best: ConfigRun, second: ConfigRun, name: str) -> str:
+    """``; at equal loss NAME is the better: it trained at 1.5x the speed`` where the runner-up
+    was faster than :data:`SLOWER` allows (else nothing)."""
+    if not best.samples_per_second or not second.samples_per_second:
+        return ""
+    if best.samples_per_second >= SLOWER * second.samples_per_second:
+        return ""
+    return (f"; at equal loss {name} is the better: it trained at {second.samples_per_second / best.samples_per_second:.2f}x"
+            " the speed")
 
 
 def still_falling(run: ConfigRun) -> bool:
@@ -126,7 +160,7 @@ def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target
                                   evidence=f"its loss was still falling at the end: {_quarters(runs[best])}"))
         out.insert(0, Suggestion(says=f"{best} is the best so far", evidence=_standing(order, runs),
                                  configs={best: dict(given[best])}))
-        out[1:1] = _too_close(order, runs, steps)
+        out[1:1] = _too_close(order, runs, given, steps)
     out += _machine_changed(given, runs)
     if target_loss is not None and not any(reached(r, target_loss) for r in runs.values()):
         best_loss = min((x for r in runs.values() if (x := final_loss(r)) is not None), default=None)
