@@ -375,6 +375,16 @@ def test_eta_reads_back_from_json() -> None:
     assert Eta.from_json(e.to_json()) == e
 
 
+def test_an_interval_whose_spread_reaches_the_whole_training_time_is_bounded_only_from_above() -> None:
+    """+-104% clipped at zero gave "ETA 14s (0s - 29s)" (a reviewer's noisy tune): a low end of
+    nothing. The interval then says so."""
+    e = estimate(candidate(0, 10.0, spread=0.05), 1_000, write_bytes_per_s=FAST_DISK, checkpoint_every_s=1e6)
+    assert e.interval == "1m35s - 1m45s"  # 125 steps of 0.8 s, +-5%
+    noisy = estimate(candidate(0, 10.0, spread=1.04), 1_000, write_bytes_per_s=FAST_DISK, checkpoint_every_s=1e6)
+    assert noisy.low_s == pytest.approx(noisy.checkpoint_s)  # the training part's low end: clipped at 0
+    assert noisy.interval.startswith("up to 3m24s; the measured spread, +-104%, bounds it only from above")
+
+
 def a_plan(total_s: float, spread: float, window_s: float, checkpoint_s: float = 0.0) -> Plan:
     eta = Eta(samples=1_000, steps=100, train_s=total_s - checkpoint_s, step_time_s=(total_s - checkpoint_s) / 100,
               trainer_overhead_s=None, startup_s=None, checkpoints=1, checkpoint_s=checkpoint_s, total_s=total_s,

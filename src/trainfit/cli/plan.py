@@ -141,7 +141,7 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
              f"config: trial {plan.trial}: {values_line(plan.searched)} ({fmt_num(plan.samples_per_second)} samples/s "
              f"by its probe, peak {plan.peak_gb:.2f} GiB)",
              "",
-             f"ETA {dur(e.total_s)} ({dur(e.low_s)} - {dur(e.high_s)}): {verdict}"]
+             f"ETA {dur(e.total_s)} ({e.interval}): {verdict}"]
     if e.command_total_s is not None:
         lines.append(f"  (run by `trainfit train`; the written command, with its own start-up: ETA {dur(e.command_total_s)})")
     rows = [("training", f"{e.steps:,} steps x {fmt_num(e.step_time_s)} s = {dur(e.train_s)} (+-{e.spread_rel:.1%})"),

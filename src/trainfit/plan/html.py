@@ -26,7 +26,7 @@ def plan_section(plan: Plan) -> str:
     rests = "".join(f"<li>{html.escape(line)}</li>" for line in plan.rests_on)
     return f"""<h3>Plan: {plan.epochs:g} epoch(s) in {plan.max_hours:g} h ({dur(plan.window_s)} after the margin)</h3>
 <p>Priority <b>{plan.priority}</b> ({html.escape(plan.rule)}): trial {plan.trial},
-{html.escape(values_line(plan.searched))}. <b>ETA {dur(e.total_s)}</b> ({dur(e.low_s)} - {dur(e.high_s)}): {verdict}{command}.
+{html.escape(values_line(plan.searched))}. <b>ETA {dur(e.total_s)}</b> ({html.escape(e.interval)}): {verdict}{command}.
 Training {e.steps:,} steps x {e.step_time_s:.3g} s; {e.checkpoints} checkpoint(s) every
 {dur(plan.checkpoint_every_s)}, {dur(e.checkpoint_s)} in all.</p>
 <ul style="font-size: 12px">{rests}</ul>
