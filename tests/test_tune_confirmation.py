@@ -112,10 +112,27 @@ def test_confirmation_leaves_a_config_another_run_is_probing_to_that_run(tmp_pat
     assert joined.new_trials == 0 and not [e for e in events if isinstance(e, Waiting)]
 
 
+def test_the_report_page_gives_the_best_its_interval_and_lists_the_ties(tmp_path: Path) -> None:
+    """report.html says what the console says of the noise: the best's interval and the configs
+    as fast within it (a reviewer read only the page and saw a confident winner)."""
+    import re
+
+    spec = synthetic_spec(tmp_path, "grid", max_trials=64)
+    result = tune(spec, output=tmp_path / "out", probe_fn=Noisy())
+    best = next(t for t in result.trials if t.number == result.summary.best_config.trial)
+    [tie] = result.summary.within_noise_of_best
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert f"(step time +-{best.measurement.step_time_ci95_rel:.1%})" in page  # under 10%: to a tenth
+    assert "As fast within measurement noise (1)" in page
+    assert re.search(rf"<li>trial {tie.trial}: [0-9.]+ samples/s, {tie.gap:.1%} slower \(noise allows {tie.noise:.1%}\): "
+                     r"batch_size=24 gradient_checkpointing=True lora_r=8</li>", page), page
+
+
 def test_unstable_probes_are_flagged_as_they_end_and_at_the_end(capsys: Any) -> None:
     """A busy machine shows as it happens: the trial's line carries its spread, and when most
     probes ended unstable the run says so and what to do."""
-    from trainfit.cli.tune_render import TuneView, noise_warning
+    from trainfit.cli.tune_render import TuneView
+    from trainfit.search.ranking import noise_warning
     from trainfit.search.strategies import Trial
 
     def trial(n: int, stable: bool, ci: float) -> Trial:

@@ -14,8 +14,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trainfit.format import fmt_need, fmt_num
+from trainfit.format import fmt_need, fmt_num, values_line
 from trainfit.progress import format_duration
+from trainfit.search.ranking import noise_warning
 from trainfit.search.strategies import Trial
 from trainfit.summary import Summary
 
@@ -111,17 +112,29 @@ def with_plan(page: str, section: str) -> str:
     return with_section(page, "plan", section)
 
 
-def _best_html(summary: Summary, objective: str) -> str:
-    """The best config's line and command, or that none fits."""
+def _best_html(summary: Summary, objective: str, trials: Sequence[Trial]) -> str:
+    """The best config's line (with its probe's interval), its command, how noisy the probes were,
+    and the configs as fast within that noise: what the console says, or that none fits."""
     best = summary.best_config
     if best is None:
         return "<p><b>No configuration fits the budget.</b> See summary.json (all_failed) for advice.</p>"
+    probe = next((t.measurement for t in trials if t.number == best.trial), None)
+    ci = probe.step_time_ci95_rel if probe is not None else None
+    interval = "" if ci is None else (f" (step time +-{ci:.0%}" if ci >= 0.1 else f" (step time +-{ci:.1%}") + (
+        ")" if best.stable else ", its probe did not settle)")
+    noisy = noise_warning(trials)
+    ties = "".join(f"<li>trial {e.trial}: {fmt_num(e.samples_per_second)} samples/s, {e.gap:.1%} slower (noise allows "
+                   f"{e.noise:.1%}): {html.escape(values_line(e.searched))}</li>" for e in summary.within_noise_of_best)
     return (f"<p><b>Best: trial {best.trial}</b>, {html.escape(_family(best.searched))} "
             f"batch_size={best.config['batch_size']}: {fmt_num(best.objective(objective), 4)} "
-            f"{objective.replace('_', ' ')}, peak {fmt_num(best.memory_peak_gb)} GiB"
+            f"{objective.replace('_', ' ')}{interval}, peak {fmt_num(best.memory_peak_gb)} GiB"
             + (f", full run ~{format_duration(best.estimated_full_runtime_hours * 3600)}"
                if best.estimated_full_runtime_hours is not None else "")
             + "</p>" + _trainer_cost_note(summary)
+            + (f"<p><b>{html.escape(noisy)}</b></p>" if noisy else "")
+            + (f"<p>As fast within measurement noise ({len(summary.within_noise_of_best)}): the gap to the best is no "
+               f"larger than the two probes' 95% CIs; <code>--confirm N</code> re-probes them.</p><ul>{ties}</ul>"
+               if ties else "")
             + f"<pre style='white-space: pre-wrap'>{html.escape(best.command or '')}</pre>")
 
 
@@ -162,7 +175,7 @@ def tune_report_html(summary: Summary, trials: Sequence[Trial], source: str) -> 
     memory = _chart(memory_title, trials, color,
                     lambda t: t.measurement.peak_memory_gb if t.measurement.status == "ok" else None,
                     lines=limits, oom_y=lambda t: t.measurement.needed_bytes / 1024**3 or None)
-    best_html = _best_html(summary, objective)
+    best_html = _best_html(summary, objective, trials)
     names = list(dict.fromkeys(k for t in trials for k in t.values))
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ["trial", "status", *names, objective, "peak GiB", "fits"])
     rows = "".join(

@@ -21,6 +21,7 @@ from trainfit.search.events import (
     TuneEvent,
     Waiting,
 )
+from trainfit.search.ranking import noise_warning
 from trainfit.search.tune import TuneResult
 from trainfit.spec import Spec
 from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary, TrainerCost
@@ -93,27 +94,6 @@ class TuneView:
         probe_text = f"probe {format_duration(m.wall_time_s)}{', model reused' if m.model_reused else ''}"
         print(f"{counter(event)} {values_line(event.values)} -> {result} | {probe_text} | {best_text} | "
               f"elapsed {format_duration(event.elapsed_s)}{left}", flush=True)
-
-
-NOISY_SPREAD = 0.10
-"""A median 95% CI (of the step time) of the unstable probes above this is worth a warning; below
-it, the ranking's own 'as fast within measurement noise' list says what the noise blurs."""
-
-
-def noise_warning(trials: Sequence[Any]) -> str | None:
-    """A line when most probes stopped at their cap, far from stable (a busy or throttled machine)."""
-    import statistics
-
-    ok = [t.measurement for t in trials if t.measurement.status == "ok"]
-    unstable = [m for m in ok if not m.stable]
-    if not ok or len(unstable) <= len(ok) / 2:
-        return None
-    spread = statistics.median(m.step_time_ci95_rel or 0.0 for m in unstable)
-    if spread <= NOISY_SPREAD:
-        return None
-    return (f"noisy: {len(unstable)} of {len(ok)} probes reached probe.max_seconds or max_steps before their "
-            f"estimate was stable (median ±{spread:.0%}, above probe.target_rel_ci): the machine is busy or its "
-            "speed varies; raise probe.max_seconds, or use --confirm N to re-probe the leaders interleaved")
 
 
 def counter(event: TrialStart | TrialEnd) -> str:

@@ -80,3 +80,23 @@ def within_noise(order: Sequence[Trial], objective: str = "samples_per_second", 
             out.append({"trial": t.number, "searched": jsonable(t.values),
                         "samples_per_second": speed(t, "samples_per_second"), "gap": gap, "noise": noise})
     return out
+
+
+NOISY_SPREAD = 0.10
+"""A median 95% CI (of the step time) of the unstable probes above this is worth a warning; below
+it, the ranking's own 'as fast within measurement noise' list says what the noise blurs."""
+
+
+def noise_warning(trials: Sequence[Trial]) -> str | None:
+    """A line when most probes stopped at their cap, far from stable (a busy or throttled machine):
+    the console's and the report page's."""
+    ok = [t.measurement for t in trials if t.measurement.status == "ok"]
+    unstable = [m for m in ok if not m.stable]
+    if not ok or len(unstable) <= len(ok) / 2:
+        return None
+    spread = statistics.median(m.step_time_ci95_rel or 0.0 for m in unstable)
+    if spread <= NOISY_SPREAD:
+        return None
+    return (f"noisy: {len(unstable)} of {len(ok)} probes reached probe.max_seconds or max_steps before their "
+            f"estimate was stable (median ±{spread:.0%}, above probe.target_rel_ci): the machine is busy or its "
+            "speed varies; raise probe.max_seconds, or use --confirm N to re-probe the leaders interleaved")
