@@ -81,6 +81,33 @@ def test_a_table_without_a_together_row_says_why() -> None:
     assert "none helped beyond the noise" in render(none)
 
 
+def test_a_together_row_slower_than_its_fastest_technique_alone_says_they_interact() -> None:
+    """A reviewer's CPU ablation: bf16 x1.32 alone, checkpointing x0.69 (in for its memory), both
+    together x0.07, with no word. The table now says which joined for memory, and that together
+    ran slower than bf16 alone beyond both intervals."""
+    from trainfit.ablate import TOGETHER, Ablation
+    from trainfit.cli.ablate import page, render
+
+    def row(name: str, knobs: dict, speedup: float, low: float, high: float, memory: float) -> Row:
+        return Row(name=name, knobs=knobs, status="ok", samples_per_second=10 * speedup, speedup=speedup,
+                   speedup_low=low, speedup_high=high, memory_change=memory, peak_gb=2.0 * (1 + memory))
+
+    base = Row(name="baseline", knobs={}, status="ok", samples_per_second=10, peak_gb=2.0)
+    again = Row(name=AGAIN, knobs={}, status="ok", samples_per_second=10, peak_gb=2.0)
+    ckpt = row("gradient checkpointing", {"gradient_checkpointing": True}, 0.69, 0.6, 0.78, -0.3)
+    bf16 = row("bf16 mixed precision", {"precision": "bf16"}, 1.32, 1.2, 1.44, -0.2)
+    both = row(TOGETHER, {"gradient_checkpointing": True, "precision": "bf16"}, 0.07, 0.03, 0.12, -0.4)
+    result = Ablation(created_at="", device="cpu", baseline={}, rows=[base, ckpt, bf16, again, both], drift=0.0)
+    said = render(result)
+    assert "together: gradient checkpointing (x0.69) joined for the memory it saved, not for speed" in said
+    assert ("together ran at x0.07, slower than bf16 mixed precision alone (x1.32) beyond both intervals: these "
+            "techniques interact on this device; for speed, take bf16 mixed precision alone") in said
+    assert "these techniques interact on this device" in page(result, "spec.yaml")
+    adds_up = Ablation(created_at="", device="cpu", baseline={}, drift=0.0,
+                       rows=[base, ckpt, bf16, again, row(TOGETHER, both.knobs, 1.25, 1.1, 1.4, -0.4)])
+    assert "interact" not in render(adds_up)  # within bf16's interval: nothing to say
+
+
 def test_compile_goes_together_only_with_the_fixed_padding_it_needs_having_helped() -> None:
     fixed = Row(name="fixed padding at max_length", knobs={"padding": "max_length"}, status="ok",
                 samples_per_second=2, speedup_low=0.1, memory_change=0.0)
@@ -186,7 +213,9 @@ def test_ctrl_c_keeps_the_rows_measured_and_prints_the_command_that_resumes(llam
     assert before and before[-1].startswith("  baseline: "), "".join(before)
     os.killpg(proc.pid, signal.SIGINT)
     printed = "".join(before) + proc.communicate(timeout=60)[0]
-    assert proc.returncode == 130 and "Traceback" not in printed, printed
+    # 130; or, rarely under load, the process ends by the signal itself (-2) after saying all this: a shell shows
+    # 130 for both. (Seen once in 8 on a loaded 2-core VM; strace runs did not catch where it comes from.)
+    assert proc.returncode in (130, -signal.SIGINT) and "Traceback" not in printed, printed
     assert f"interrupted: the rows measured are kept in {out / 'ablation.json'}; continue with" in printed
     again = shlex.split(printed.strip().splitlines()[-1])
     assert again == ["trainfit", "ablate", str(llama_spec), "--only", "checkpointing", "--output", str(out), "--resume"]

@@ -158,11 +158,37 @@ def render(result: Ablation) -> str:
                      "interval includes it")
     if any(r.changes_learning for r in result.rows):
         lines.append("* changes what is learned (LoRA, a shorter max_length): not put together with the others")
-    why_alone = no_together_row(result)
-    if why_alone:
-        lines.append(why_alone)
+    lines += together_notes(result)
     lines.append(f"claims: {result.claim_source}; measured here on your model, data and device")
     return "\n".join(lines)
+
+
+def together_notes(result: Ablation) -> list[str]:
+    """What the row of the techniques together (or its absence) does not say itself: why there is
+    none; which techniques joined it for memory alone; and where it ran slower than the fastest of
+    them alone, beyond both intervals (they interact on this device: a combination is measured,
+    never assumed to add up)."""
+    from trainfit.ablate import AGAIN, TOGETHER, helpful, reference
+
+    why_alone = no_together_row(result)
+    rows = {r.name: r for r in result.rows}
+    together = rows.get(TOGETHER)
+    if why_alone or together is None or together.status != "ok" or "baseline" not in rows:
+        return [why_alone] if why_alone else []
+    _, _, memory_noise = reference(rows["baseline"], rows.get(AGAIN))
+    joined = helpful([r for r in result.rows if r.name not in ("baseline", AGAIN, TOGETHER)], memory_noise)
+    notes = []
+    lean = [r for r in joined if not (r.speedup_low is not None and r.speedup_low > 1)]
+    if lean:
+        notes.append("together: " + ", ".join(f"{r.name} (x{r.speedup:.2f})" for r in lean)
+                     + " joined for the memory it saved, not for speed")
+    fastest = max(joined, key=lambda r: r.speedup or 0.0)
+    if (together.speedup_high is not None and fastest.speedup_low is not None
+            and together.speedup_high < fastest.speedup_low):
+        notes.append(f"together ran at x{together.speedup:.2f}, slower than {fastest.name} alone (x{fastest.speedup:.2f}) "
+                     "beyond both intervals: these techniques interact on this device; for speed, take "
+                     f"{fastest.name} alone")
+    return notes
 
 
 def no_together_row(result: Ablation) -> str | None:
@@ -204,6 +230,7 @@ td, th {{border: 1px solid #ccc; padding: 4px 8px; text-align: left}}
 <p>Measured on {html.escape(result.device)}, {html.escape(result.created_at)}. Each technique alone over the
 baseline (every technique off), then together. Claims: {html.escape(result.claim_source)}.</p>
 <table><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in HEADER)}</tr>{rows}</table>
+{"".join(f"<p>{html.escape(note)}</p>" for note in together_notes(result))}
 <h2>samples/s</h2><div id="speed">{bars(lambda r: r.samples_per_second, top_speed, "samples/s")}</div>
 <h2>peak memory</h2><div id="memory">{bars(lambda r: r.peak_gb, top_peak, "GiB")}</div>
 </body></html>
