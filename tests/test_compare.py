@@ -319,7 +319,7 @@ def test_ctrl_c_mid_config_says_interrupted_once_without_a_traceback(factory_spe
     assert before and until in before[-1], "".join(before)
     os.killpg(proc.pid, signal.SIGINT)
     printed = "".join(before) + proc.communicate(timeout=60)[0]
-    assert proc.returncode == 130, printed
+    assert proc.returncode in (130, -signal.SIGINT), printed  # as a shell sees it, 130 both (see test_ablate's)
     assert "Traceback" not in printed and "KeyboardInterrupt" not in printed
     assert printed.count("interrupted") == 1, printed
     # It says what it kept and the command that continues it: the one run, into its folder, with --resume.

@@ -245,8 +245,15 @@ def test_tune_calibrate_times_real_trl_steps_and_ranks_with_them(tmp_path: Path,
     assert json.loads((out / TRAINER_COST_FILE).read_text()) == s.trainer_cost.to_json()
     best = s.best_config
     assert best is not None and best.probe_samples_per_second is not None
-    # Its steps (8 samples, 8 micro-batches at batch 1 or 1 at batch 8) with the measured cost of each micro-batch.
+    # Its steps (8 micro-batches at batch 1, or 1 at batch 8) with the measured cost of each micro-batch. A
+    # step's samples are the probe's expected speed times its expected step: 8, less at batch 8 the epoch's last
+    # partial batch spread over its steps (a loaded CI machine picked batch 8: 7.99 samples, not 8).
+    from trainfit.plan.inputs import load_run
+
+    [probed] = [c.measurement for c in load_run(out).candidates if c.trial == best.trial]
+    work = probed.samples_per_second * probed.expected_step_time_s
+    assert work == pytest.approx(8, rel=0.01)
     micro = best.config["gradient_accumulation_steps"]
     assert best.samples_per_second == pytest.approx(
-        8 / (8 / best.probe_samples_per_second + micro * s.trainer_cost.per_micro_batch_s))
+        work / (work / best.probe_samples_per_second + micro * s.trainer_cost.per_micro_batch_s))
     assert f"(trial {best.trial})" in (out / "train_command.sh").read_text()
