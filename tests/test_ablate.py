@@ -259,3 +259,15 @@ def test_only_with_a_word_that_names_no_technique_is_refused_before_anything_is_
     assert not (out / "ablation.json").exists()
     assert main([*args, " , "]) == 2
     assert "it is empty" in capsys.readouterr().err
+
+
+def test_every_word_the_help_offers_for_only_picks_a_technique() -> None:
+    """`ablate --help` lists words for --only (a reviewer found none there): each picks at least one
+    technique of the bundled example (a Hugging Face model without LoRA)."""
+    from conftest import EXAMPLES
+
+    from trainfit.ablate import _chosen
+    from trainfit.cli.ablate import ONLY_WORDS
+
+    everything = techniques(load_spec(EXAMPLES / "tiny-llama.yaml", ["lora_r=null"]), 64)
+    assert all(_chosen(everything, [word]) for word in ONLY_WORDS)

@@ -491,3 +491,21 @@ def test_the_page_draws_each_curve_and_escapes_names(tmp_path: Path) -> None:
     table = {r[0]: r for r in rows(state)}
     assert table["d"][1] == "not run" and table["c"][6] == "not reached" and table["a<b"][6].startswith("step 20,")
     assert Comparison.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+
+def test_a_progress_line_names_the_step_of_an_eval_loss_from_an_earlier_pass() -> None:
+    """A reviewer read 'step 9/30, loss 0.9162, eval loss 0.9398' as the eval of step 9; its pass was at step 6."""
+    from types import SimpleNamespace
+
+    from trainfit.compare.child import CurveLog
+
+    said: list[str] = []
+    log = CurveLog("a", say=said.append, every=3)
+    control = SimpleNamespace(should_training_stop=False)
+    for step, loss in [(3, 1.0), (6, 0.95), (9, 0.9)]:
+        state = SimpleNamespace(global_step=step, max_steps=30)
+        log.on_log(None, state, control, logs={"loss": loss})
+        if step == 6:
+            log.on_evaluate(None, state, control, metrics={"eval_loss": 0.94, "eval_runtime": 0.1})
+    assert said == ["  a: step 3/30, loss 1", "  a: step 6/30, loss 0.95",
+                    "  a: step 9/30, loss 0.9, eval loss 0.94 (at step 6)"]

@@ -31,6 +31,11 @@ Writes OUTPUT/ablation.json (after each row: --resume reuses the rows measured) 
 """
 
 
+ONLY_WORDS = ("checkpointing", "SDPA", "flash", "precision", "bf16", "fp16", "TF32", "AdamW", "fused", "8-bit",
+              "padding", "compile", "LoRA")
+"""Words of the techniques' names that ``--only`` takes (a test checks each picks one)."""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("ablate", help="measure what each speed/memory technique buys, alone and together",
                        description="Probe a baseline with every technique off, each technique alone, and all "
@@ -40,7 +45,8 @@ def add_parser(sub: Any) -> None:
     add_spec_arguments(p)
     p.add_argument("--output", help="output folder (default: a new trainfit-runs/SPEC_NAME/ablate-TIMESTAMP)")
     p.add_argument("--only", metavar="WORDS", help="only the techniques whose names hold one of these comma-separated "
-                                                   "words, e.g. --only checkpointing,precision")
+                                                   "words, e.g. --only checkpointing,precision. Words that pick "
+                                                   "techniques: " + ", ".join(ONLY_WORDS))
     p.add_argument("--resume", action="store_true", help="reuse the rows --output's ablation.json already holds")
     p.set_defaults(run=run)
 

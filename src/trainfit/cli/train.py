@@ -33,14 +33,17 @@ differ from the first start's, and names them. SIGTERM or Ctrl-C: a checkpoint, 
 Writes to the output folder: train.json, checkpoint-STEP/, train_log.jsonl (one JSON object per
 log, checkpoint and stop), the trained model, train_result.json; and RUN_DIR/actual.json (the
 actual time against the plan's ETA) when a planned run finishes.
-Exit status: 0 finished, 3 stopped by the deadline, 130/143 stopped by Ctrl-C/SIGTERM.
+Exit status: 0 finished, 2 bad input (a clear error, nothing lost), 3 stopped by the deadline,
+130/143/129 stopped by Ctrl-C/SIGTERM/SIGHUP.
 """
 
-STOP_STATUS = {"deadline": 3, "SIGINT": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM}
+STOP_STATUS = {"deadline": 3, **{s.name: 128 + s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}}
+"""The exit status of a run stopped by ``TrainResult.stopped_by`` (a SIGHUP's was 1 before it was listed)."""
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("train", help="train the measured config, checkpointed and resumable",
+                       usage="trainfit train RUN_DIR [options] [-- TRL_ARGS ...]",
                        description="Train the config a tune folder measured (or its plan chose), with checkpoints, "
                                    "resume and the on-track check against the plan.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -52,7 +52,8 @@ class CurveLog(trainer_callback_base()):  # type: ignore[misc]
         step = int(state.global_step)
         self.losses.append([step, round(self.seconds(), 4), loss if math.isfinite(loss) else None])
         if self.say is not None and self.every and (step % self.every == 0 or step == int(state.max_steps)):
-            last_eval = f", eval loss {self.evals[-1][2]:.4g}" if self.evals else ""
+            last_eval = (f", eval loss {self.evals[-1][2]:.4g}" + (f" (at step {self.evals[-1][0]})" if self.evals[-1][0] != step
+                                                                  else "")) if self.evals else ""
             self.say(f"  {self.name}: step {step}/{state.max_steps}, loss {loss:.4g}{last_eval}")
         if self.max_seconds is not None and self.seconds() >= self.max_seconds:
             control.should_training_stop = True  # --minutes: the same training time for every config

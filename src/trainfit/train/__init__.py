@@ -229,7 +229,8 @@ def _chosen(run_dir: Path, output: Path, summary: Summary, *, extra_args: Sequen
     if summary.command_template and not loop:
         if max_steps:
             raise TrainfitError("--max-steps caps trainfit's own loops; this run is your command_template",
-                                "pass your trainer's own step limit after --")
+                                "pass your trainer's own step limit after --"
+                                + (", or add --loop to train the factory model in trainfit's loop" if factory else ""))
         line, source, trial = template_command(run_dir, plan)
         return common(source=source, trial=trial, kind="command", threads=None,
                       argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])]), plan
