@@ -420,6 +420,7 @@ def test_a_factory_model_trains_on_its_rows_and_resumes_after_sigkill_to_the_sam
     rc, text = finished(trainfit(str(planned), "--output", str(whole), *args))
     assert rc == 0, text
     assert json.loads((whole / "train.json").read_text())["kind"] == "factory"
+    assert ", loss " in text.split("training", 1)[-1]  # the console's progress shows the last logged loss too
     log = [json.loads(line) for line in (whole / "train_log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log if e["event"] == "log" and "loss" in e] == [10, 20, 30, 40]
     assert all(math.isfinite(e["loss"]) for e in log if e["event"] == "log" and "loss" in e)

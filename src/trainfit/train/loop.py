@@ -210,7 +210,7 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     state, control, call = hooks.state, hooks.control, hooks.call
     call("on_train_begin")
     bar = Progress("training", total, unit="steps", done=position.step)
-    epoch, consumed, losses = position.epoch, position.consumed, []
+    epoch, consumed, losses, shown = position.epoch, position.consumed, [], ""
     try:
         while state.global_step < total:
             rows = epoch_rows(data.path, seed=spec.probe.seed, epoch=epoch, fmt=data.format, skip=consumed,
@@ -220,9 +220,11 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
                 consumed += sum(len(m) for m in micro)
                 state.global_step += 1
                 state.epoch = epoch + consumed / samples
-                bar.update(state.global_step, note=f"epoch {state.epoch:.2f}")
-                losses = hooks.after_step(losses, functools.partial(
+                logged, losses = losses, hooks.after_step(losses, functools.partial(
                     save, output / f"checkpoint-{state.global_step}", runner, Position(state.global_step, epoch, consumed)))
+                if logged and not losses:  # a loss line was logged: the console shows it too
+                    shown = f", loss {sum(logged) / len(logged):.4g}"
+                bar.update(state.global_step, note=f"epoch {state.epoch:.2f}{shown}")
                 if control.should_training_stop or state.global_step >= total:
                     break
             else:  # the epoch's rows are all read
@@ -237,7 +239,7 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
         if hooks.evaluates_at_epoch_end() and state.global_step >= total and consumed:
             hooks.evaluate()  # the last epoch's end (a partial one), as the trainer's epoch strategy does
     finally:
-        bar.close(note=f"epoch {state.epoch:.2f}")
+        bar.close(note=f"epoch {state.epoch:.2f}{shown}")
     call("on_train_end")
     if not control.should_training_stop:
         torch.save(plain(workload.model).state_dict(), output / "model.pt")
