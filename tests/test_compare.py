@@ -188,11 +188,15 @@ def test_a_best_config_within_the_noise_of_the_runner_up_is_said_to_be_so() -> N
 
 
 
-def test_eval_losses_are_weighed_by_the_scatter_of_their_passes() -> None:
-    """An eval loss is one pass: its noise is the scatter of the last passes about their trend (a
-    reviewer saw a winner named on a 0.3% gap of a diffusion model's eval loss, which draws random
-    noise, and the faster runner-up dropped from the next round)."""
-    from trainfit.compare.suggest import loss_noise
+def test_eval_losses_are_weighed_by_the_scatter_of_their_difference_pass_by_pass() -> None:
+    """An eval loss is one pass: the gap between two is weighed by how their difference scatters
+    from pass to pass (a reviewer saw a winner named on a 0.3% gap of a diffusion model's random
+    eval loss, and the faster runner-up dropped from the next round). Paired, so a bend both curves
+    share is not noise (a review found two smooth curves 4% apart called a tie when each curve's
+    own scatter about a line was the measure)."""
+    import math
+
+    from trainfit.compare.suggest import eval_gap_noise
 
     given = {"a": {"learning_rate": 1e-4}, "b": {"learning_rate": 2e-4}}
     train = curve(3.0, 2.0)
@@ -200,23 +204,28 @@ def test_eval_losses_are_weighed_by_the_scatter_of_their_passes() -> None:
     def passes(*losses: float) -> list[list[float]]:
         return [[8 * (i + 1), 0.8 * (i + 1), x] for i, x in enumerate(losses)]
 
-    # one pass each: nothing to measure the scatter by
-    one = {"a": a_run("a", train, evals=passes(2.0)), "b": a_run("b", train, evals=passes(2.1))}
-    assert loss_noise(one["a"]) is None
+    # one pass each: a gap within 2% is too close to call; past 2%, a shared eval set tells them apart
+    one = {"a": a_run("a", train, evals=passes(2.0)), "b": a_run("b", train, evals=passes(2.01))}
+    assert eval_gap_noise(one["a"], one["b"]) == (None, 1)
     [few] = [s for s in suggest(given, one, steps=40) if s.says.startswith("too few evaluations to tell a from b")]
     assert "evaluate more often (--eval-every N) or train longer (e.g. --steps 80)" in few.says
-    assert few.evidence == ("final eval losses 2 and 2.1; each final eval loss is one pass; 1 passes are too few to "
-                            "measure their scatter (at least 4)") and set(few.configs) == {"a", "b"}
-    # five passes, wobbling about a falling line: a gap of 0.003 is within it, one of 0.42 is not
+    assert few.evidence == ("final eval losses 2 and 2.01; each final eval loss is one pass; 1 common pass(es) are too "
+                            "few to measure how their difference scatters (at least 4)") and set(few.configs) == {"a", "b"}
+    clear = {"a": a_run("a", train, evals=passes(2.0)), "b": a_run("b", train, evals=passes(2.1))}
+    assert not any("noise" in s.says or "too few" in s.says for s in suggest(given, clear, steps=40))
+    # random eval losses: the difference wobbles +-0.02-0.03 from pass to pass; a final gap of 0.003 is within it
     a = passes(2.6, 2.42, 2.38, 2.22, 2.18)
-    close = {"a": a_run("a", train, evals=a), "b": a_run("b", train, evals=[*a[:-1], [40, 4.0, 2.183]], sps=15.0)}
-    # The last four, 2.42 2.38 2.22 2.18, about their line of -0.088 a pass: residuals -0.012, 0.036, -0.036,
-    # 0.012, so sqrt(0.00288 / 2). One pass's noise: not divided by the root of the count.
-    assert loss_noise(close["a"]) == pytest.approx(0.037947, abs=1e-6)
+    b = passes(2.62, 2.40, 2.41, 2.20, 2.183)  # differences 0.02, -0.02, 0.03, -0.02, 0.003
+    close = {"a": a_run("a", train, evals=a), "b": a_run("b", train, evals=b, sps=15.0)}
+    noise, count = eval_gap_noise(close["a"], close["b"])
+    assert count == 4 and noise == pytest.approx(0.02897, abs=1e-4)  # -0.02, 0.03, -0.02, 0.003 about their line
     [tie] = [s for s in suggest(given, close, steps=40) if "within the noise" in s.says]
     assert tie.says.endswith("; at equal loss b is the better: it trained at 1.50x the speed")
-    assert "final eval losses 2.18 and 2.183 differ by 0.003" in tie.evidence and set(tie.configs) == {"a", "b"}
-    apart = {"a": a_run("a", train, evals=a), "b": a_run("b", train, evals=[*a[:-1], [40, 4.0, 2.6]])}
+    assert tie.evidence.startswith("final eval losses 2.18 and 2.183 differ by 0.003, within twice the scatter of the "
+                                   "two curves' difference (0.029, over their last 4 passes") and set(tie.configs) == {"a", "b"}
+    # deterministic eval losses: two smooth curves 4% apart differ smoothly: no noise, a clear winner
+    smooth = [1.5 + 1.5 * math.exp(-2 * t / 4) for t in range(5)]
+    apart = {"a": a_run("a", train, evals=passes(*smooth)), "b": a_run("b", train, evals=passes(*[1.04 * x for x in smooth]))}
     assert not any("noise" in s.says or "too few" in s.says for s in suggest(given, apart, steps=40))
 
 

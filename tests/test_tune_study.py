@@ -345,3 +345,26 @@ def test_a_config_asked_for_at_once_by_two_runs_waits_for_the_earlier_trials_val
         assert store.claimed_elsewhere(trial)
     finally:
         writer.join()
+
+
+def test_a_wait_for_an_earlier_trials_values_keeps_this_trial_alive_and_ends(tmp_path: Path, monkeypatch: Any) -> None:
+    """An earlier trial that never gets its values (its run died asking, and its start, read on
+    another clock, does not look old): the wait beats for this trial and ends after the grace
+    period, leaving the config to the earlier trial (proposed again if it never probes it)."""
+    import sqlite3
+
+    from trainfit.search import study
+
+    store = store_for(synthetic_spec(tmp_path, "grid"), tmp_path / "a", storage=f"sqlite:///{tmp_path / 'shared.db'}")
+    monkeypatch.setattr(study, "HEARTBEAT_S", 0.2)  # the wait's grace: three beats
+    asking = store.storage.create_new_trial(store.study._study_id)  # no values, ever
+    with contextlib.closing(sqlite3.connect(tmp_path / "shared.db")) as con, con:  # its machine's clock, an hour ahead
+        con.execute("UPDATE trials SET datetime_start = datetime(datetime_start, '+1 hour') WHERE trial_id = ?", (asking,))
+    trial = store.ask(VALUES)
+    beats: list[int] = []
+    record = store.storage.record_heartbeat
+    monkeypatch.setattr(store.storage, "record_heartbeat", lambda trial_id: (beats.append(trial_id), record(trial_id)))
+    began = time.monotonic()
+    assert store.claimed_elsewhere(trial)
+    assert time.monotonic() - began >= 0.6
+    assert len(beats) >= 3 and set(beats) == {trial._trial_id}  # it beat while it waited

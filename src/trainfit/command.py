@@ -189,6 +189,9 @@ def command_script(spec: Spec, params: Params, header: str, *, max_length: int |
         if cpu_threads:
             notes.append(f"OMP_NUM_THREADS={cpu_threads}: the CPU threads the probe used; `accelerate launch` "
                          "(which `trl sft` starts) would give the run one")
+        if checkpointing_flag() == "--activation_checkpointing":
+            notes.append("--activation_checkpointing: the installed transformers' name for it; an older one (before "
+                         "the rename) takes --gradient_checkpointing")
         if cpu_threads is not None:
             notes.append("--use_cpu true: the config was measured on a CPU, so it trains on one (transformers "
                          "refuses bf16 without a GPU unless told); on a GPU machine drop it and OMP_NUM_THREADS, "

@@ -182,7 +182,11 @@ def together_notes(result: Ablation) -> list[str]:
     if why_alone or together is None or together.status != "ok" or "baseline" not in rows:
         return [why_alone] if why_alone else []
     _, _, memory_noise = reference(rows["baseline"], rows.get(AGAIN))
-    joined = helpful([r for r in result.rows if r.name not in ("baseline", AGAIN, TOGETHER)], memory_noise)
+    # rows compared with another (compile, against fixed padding) carry that row's ratio, not the baseline's
+    joined = [r for r in helpful([r for r in result.rows if r.name not in ("baseline", AGAIN, TOGETHER)], memory_noise)
+              if r.versus is None]
+    if not joined:
+        return []
     notes = []
     lean = [r for r in joined if not (r.speedup_low is not None and r.speedup_low > 1)]
     if lean:

@@ -73,7 +73,8 @@ class SharedConfigs:
         from trainfit.search.study import ask_trial
 
         while True:
-            free = [n for n in self.names if n not in self._taken()]
+            taken = self._taken()
+            free = [n for n in self.names if n not in taken]
             if not free:
                 return None
             trial = ask_trial(self.study, self.distributions, {"config": free[0]}, heartbeat_in=self.storage)

@@ -54,18 +54,27 @@ def final_loss(run: ConfigRun) -> float | None:
 
 
 def loss_noise(run: ConfigRun) -> float | None:
-    """The standard error of :func:`final_loss`. For the mean of the last tenth of train losses:
-    their scatter about their own straight-line trend (a falling loss's slope is not noise) over
-    the root of their count. For an eval loss (one pass): the scatter of the last passes (half of
-    them, at least :data:`MIN_TAIL`) about theirs, the pass-to-pass noise of a random eval loss
-    (a diffusion model's draws) and of the weights between passes. None where fewer than
-    :data:`MIN_TAIL` losses are there to tell a scatter."""
+    """The standard error of :func:`final_loss` where it is the mean of the last tenth of train
+    losses: their scatter about their own straight-line trend (a falling loss's slope is not
+    noise) over the root of their count. None where the final loss is an eval loss (see
+    :func:`eval_gap_noise`) or the last tenth holds fewer than :data:`MIN_TAIL` losses."""
     if run.evals:
-        passes = [e[2] for e in run.evals if e[2] is not None and math.isfinite(e[2])]
-        return _scatter(passes[-max(MIN_TAIL, len(passes) // 2):])
+        return None
     tail = last_tenth(run)
     scatter = _scatter(tail)
     return None if scatter is None else scatter / len(tail) ** 0.5
+
+
+def eval_gap_noise(a: ConfigRun, b: ConfigRun) -> tuple[float | None, int]:
+    """The noise of the gap between two runs' final eval losses, and the passes it rests on: the
+    scatter, about its own trend, of the two curves' difference over their last common passes
+    (half of them, at least :data:`MIN_TAIL`; None with fewer). Paired, so the shape both curves
+    share (their bend) is not noise; what is left is what differs from pass to pass: a random eval
+    loss's draws (a diffusion model's), the weights' wobble between passes."""
+    mine = {int(e[0]): e[2] for e in a.evals if e[2] is not None and math.isfinite(e[2])}
+    gaps = [e[2] - mine[int(e[0])] for e in b.evals if int(e[0]) in mine and e[2] is not None and math.isfinite(e[2])]
+    tail = gaps[-max(MIN_TAIL, len(gaps) // 2):]
+    return _scatter(tail), len(tail)
 
 
 def _scatter(losses: list[float]) -> float | None:
@@ -80,40 +89,52 @@ def _scatter(losses: list[float]) -> float | None:
     return float((residual / (n - 2)) ** 0.5)
 
 
+def _gap_noise(best: ConfigRun, second: ConfigRun) -> tuple[float | None, str]:
+    """The noise the gap between two final losses is weighed against, and what it is (a template
+    for the figure: ``{noise}``), or, where None, why it is not known."""
+    if best.evals:
+        noise, passes = eval_gap_noise(best, second)
+        if noise is None:
+            return None, (f"each final eval loss is one pass; {passes} common pass(es) are too few to measure how their "
+                          f"difference scatters (at least {MIN_TAIL})")
+        return noise, f"the scatter of the two curves' difference ({{noise}}, over their last {passes} passes about its trend)"
+    mine, theirs = loss_noise(best), loss_noise(second)
+    if mine is None or theirs is None:
+        return None, (f"each final train loss is the mean of its last {len(last_tenth(best))} logged loss(es), too few "
+                      f"to measure their scatter (at least {MIN_TAIL})")
+    return ((mine ** 2 + theirs ** 2) ** 0.5,
+            "their combined standard error ({noise}, each from its last tenth's scatter about its trend)")
+
+
 def _too_close(order: list[str], runs: dict[str, ConfigRun], given: dict[str, dict[str, Any]],
                steps: int | None) -> list[Suggestion]:
     """The best and the runner-up, where their final losses do not tell them apart: within twice
-    their combined standard error (:func:`loss_noise`), or too few losses to know. Both go to the
-    next round, and where the runner-up trained faster, that is said: at equal loss it is the
-    better config."""
+    the noise of their gap (:func:`_gap_noise`), or too few losses to know it and (for eval
+    losses) within :data:`SAME_LOSS`. Both go to the next round, and where the runner-up trained
+    faster, that is said: at equal loss it is the better config."""
     if len(order) < 2:
         return []
     best, second = order[0], order[1]
     a, b = final_loss(runs[best]), final_loss(runs[second])
     assert a is not None and b is not None  # ranked runs have a final loss
     evals = bool(runs[best].evals)
-    noise = [loss_noise(runs[best]), loss_noise(runs[second])]
+    noise, basis = _gap_noise(runs[best], runs[second])
     longer = f"train longer (e.g. --steps {2 * steps})" if steps else "train longer"
     how = (f"evaluate more often (--eval-every N) or {longer} to tell them apart" if evals else
            f"{longer} or evaluate on held-out data (--eval-data, or --holdout N) to tell them apart")
     both = {best: dict(given[best]), second: dict(given[second])}
-    faster = _faster(runs[best], runs[second], second)
-    if noise[0] is None or noise[1] is None:
-        evidence = (f"each final eval loss is one pass; {len(runs[best].evals)} passes are too few to measure their "
-                    f"scatter (at least {MIN_TAIL})" if evals else
-                    f"each final train loss is the mean of its last {len(last_tenth(runs[best]))} logged loss(es), "
-                    f"too few to measure their scatter (at least {MIN_TAIL})")
+    losses = f"final {'eval' if evals else 'train'} losses {a:.4g} and {b:.4g}"
+    if noise is None:
+        if evals and b - a > SAME_LOSS * abs(a):
+            return []  # an eval loss on a shared set, apart by more than 2%: no scatter needed to tell
         return [Suggestion(says=f"too few {'evaluations' if evals else 'steps'} to tell {best} from {second}: {how}"
-                                + faster, evidence=f"final {'eval' if evals else 'train'} losses {a:.4g} and {b:.4g}; "
-                                                   + evidence, configs=both)]
-    combined = (noise[0] ** 2 + noise[1] ** 2) ** 0.5
-    if b - a > 2 * combined:
+                                + _faster(runs[best], runs[second], second),
+                           evidence=f"{losses}; {basis}", configs=both)]
+    if b - a > 2 * noise:
         return []
-    source = ("each from the scatter of its last passes about their trend" if evals else
-              "each from its last tenth's scatter about its trend")
-    return [Suggestion(says=f"{best} and {second} are within the noise of their losses: {how}" + faster,
-                       evidence=f"final {'eval' if evals else 'train'} losses {a:.4g} and {b:.4g} differ by {b - a:.3g}, "
-                                f"within twice their combined standard error ({combined:.3g}, {source})",
+    return [Suggestion(says=f"{best} and {second} are within the noise of their losses: {how}"
+                            + _faster(runs[best], runs[second], second),
+                       evidence=f"{losses} differ by {b - a:.3g}, within twice " + basis.format(noise=f"{noise:.3g}"),
                        configs=both)]
 
 

@@ -106,7 +106,11 @@ class Plan(Record):
 
     def eta_for(self, steps: int) -> Eta:
         """The ETA of this plan's run cut to (or stretched to) ``steps`` optimizer steps, as
-        ``train --max-steps`` runs it: what a run of that length is checked against."""
+        ``train --max-steps`` runs it: what a run of that length is checked against. The plan's own
+        ETA where ``steps`` is its run counted as a trainer counts it (a partial last step in each
+        epoch: up to one step an epoch more than the plan's whole-run count)."""
+        if 0 <= steps - self.eta.steps <= math.ceil(self.epochs):
+            return self.eta
         return self.eta.for_steps(steps, checkpoint_every_s=self.checkpoint_every_s, evaluation=self.evaluation,
                                   epochs=self.epochs)
 

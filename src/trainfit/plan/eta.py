@@ -73,13 +73,14 @@ class Eta(Record):
     @property
     def interval(self) -> str:
         """The interval in words: ``low - high``, or ``up to high (...)`` where the training part's
-        spread reaches 100%, so its low end (clipped at no training time) bounds nothing."""
+        spread reaches 100%, so its low end (clipped at no training time) bounds nothing, and a
+        spread that wide makes its high end rough too."""
         from trainfit.progress import format_duration as dur
 
         if self.spread_rel < 1:
             return f"{dur(self.low_s)} - {dur(self.high_s)}"
-        return (f"up to {dur(self.high_s)}; the measured spread, +-{self.spread_rel:.0%}, bounds it only from above: "
-                "measure on a quieter machine")
+        return (f"up to {dur(self.high_s)}; the measured spread, +-{self.spread_rel:.0%}, gives it no low end, and "
+                "the high end is as rough: measure on a quieter machine")
 
     def for_steps(self, steps: int, *, checkpoint_every_s: float, evaluation: Evaluation | None,
                   epochs: float) -> Eta:

@@ -539,6 +539,7 @@ class TrialStore:
         if not self.shared:
             return False
         key = self._key(trial)
+        give_up = time.monotonic() + 3 * HEARTBEAT_S
         while True:
             # running ones first: an earlier trial that ends between the two reads is still seen, as measured
             earlier = [t for t in self._others_running() if t.number < trial.number]
@@ -548,7 +549,13 @@ class TrialStore:
             if all(set(self.space.names) <= set(t.params) for t in earlier):
                 return False
             # An earlier trial is being asked for (a Bayesian sampler's fit can take seconds): its
-            # values are not all stored yet. A run that died asking is closed after the grace period.
+            # values are not all stored yet. This trial beats meanwhile, for the others to see it
+            # alive. A run that died asking is closed after the grace period; past that (a start
+            # misread on another clock) this config is left to the earlier trial: it is proposed
+            # again if that trial never probes it.
+            if closed_elsewhere(self.storage, trial) or time.monotonic() > give_up:
+                return True
+            self.storage.record_heartbeat(trial._trial_id)
             time.sleep(0.1)
 
     def drop(self, trial: Any, reason: str = "claimed by another run") -> None:
