@@ -445,6 +445,31 @@ def test_of_two_machines_that_ask_for_one_config_at_once_the_first_trial_trains_
     assert configs.claim() is None  # nothing left: a trains elsewhere, b here
 
 
+def test_a_machine_that_stalls_before_giving_its_earlier_trial_its_config_still_keeps_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded CI machine stalled past the settle between making its trial and giving it its config,
+    and both machines trained that config. The later trial now waits for every earlier one's config."""
+    from optuna.trial import TrialState
+
+    from trainfit.compare import shared
+
+    configs = shared.SharedConfigs(f"sqlite:///{tmp_path / 'shared.db'}", "cmp", ["a", "b"])
+    other = configs.storage.create_new_trial(configs.study._study_id)  # the other machine, mid-ask
+    given = configs.distributions["config"]
+    sleeps: list[float] = []
+
+    def the_other_machine_gets_its_config_late(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 4:  # the settle, then two looks of the wait
+            configs.storage.set_trial_param(other, "config", given.to_internal_repr("a"), given)
+
+    monkeypatch.setattr(shared.time, "sleep", the_other_machine_gets_its_config_late)
+    trial, name = configs.claim()
+    assert name == "b" and len(sleeps) >= 4
+    mine = [t for t in configs.study.get_trials(deepcopy=False) if t._trial_id != other]
+    assert [(t.params["config"], t.state) for t in mine] == [("a", TrialState.FAIL), ("b", TrialState.RUNNING)]
+
+
 def test_a_config_whose_trial_another_machine_closed_while_it_trained_keeps_its_run(tmp_path: Path) -> None:
     """A machine paused past the heartbeat's grace period finds the trial it trained under closed
     by the others (as abandoned): its run is recorded in a new trial of the config, not lost to

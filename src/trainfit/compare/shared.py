@@ -17,9 +17,9 @@ from trainfit.compare.runs import ConfigRun
 WAIT_S = 5.0
 """Seconds between two looks at the configs other machines are training."""
 SETTLE_S = 0.3
-"""Seconds between asking for a trial of a config and reading which trial of it came first. Two
-machines can ask for one config at the same moment; a trial has no params for a moment after it is
-made (and a server may show a trial a moment after a later one), so each waits before it reads."""
+"""Seconds between asking for a trial of a config and reading which trial of it came first: a
+database server may show a trial a moment after a later one. (A trial shown without its config yet
+is waited for: see ``SharedConfigs._first``.)"""
 
 
 class SharedConfigs:
@@ -79,9 +79,30 @@ class SharedConfigs:
                 return None
             trial = ask_trial(self.study, self.distributions, {"config": free[0]}, heartbeat_in=self.storage)
             time.sleep(SETTLE_S)
-            if self._taken().get(free[0]) == trial._trial_id:
+            if self._first(trial, free[0]):
                 return trial, free[0]
             self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)  # another machine's trial claims it
+
+    def _first(self, trial: Any, name: str) -> bool:
+        """Is ``trial`` the first of config ``name``? Asked once every earlier live trial has its
+        config: one still being asked for (a loaded machine can stall between making its trial and
+        giving it its config) may be of this config. This trial beats meanwhile; an earlier one whose
+        machine died asking is closed after the grace period, and past that this config is left."""
+        from optuna.trial import TrialState
+
+        from trainfit.search.study import HEARTBEAT_S
+
+        give_up = time.monotonic() + 3 * HEARTBEAT_S
+        while True:
+            taken = self._taken()
+            asking = [t for t in self._trials(TrialState.RUNNING)
+                      if t._trial_id < trial._trial_id and "config" not in t.params]
+            if not asking:
+                return taken.get(name) == trial._trial_id
+            if time.monotonic() > give_up:
+                return False
+            self.storage.record_heartbeat(trial._trial_id)
+            time.sleep(0.1)
 
     @contextlib.contextmanager
     def training(self, trial: Any) -> Iterator[None]:
