@@ -139,3 +139,17 @@ def test_every_trainfit_command_in_the_docs_parses() -> None:
         except SystemExit:
             pytest.fail(f"{page.relative_to(ROOT)}: `{command}` does not parse (see `trainfit --help`)")
         assert args.command is not None, command
+
+
+def test_every_test_a_page_names_as_a_guard_exists() -> None:
+    """docs/reliability.md (and any page) names tests as ``tests/FILE.py::NAME``: a renamed or
+    dropped test must not leave a row claiming a guard that is gone."""
+    named, missing = 0, []
+    for page in PAGES:
+        for file, name in re.findall(r"tests/(\w+\.py)::(\w+)", page.read_text()):
+            named += 1
+            source = ROOT / "tests" / file
+            if not source.exists() or not re.search(rf"^(async )?def {name}\(", source.read_text(), re.M):
+                missing.append(f"{page.relative_to(ROOT)}: tests/{file}::{name}")
+    assert named >= 50, f"only {named} named tests found: is the pattern still right?"
+    assert not missing, "pages name tests that do not exist:\n" + "\n".join(sorted(set(missing)))

@@ -31,3 +31,46 @@ def write_atomically(target: Path, content: Content) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class FolderBusy(Exception):
+    """Another live process holds the folder's lock; ``holder`` says which, as it wrote itself."""
+
+    def __init__(self, folder: Path, holder: str) -> None:
+        super().__init__(f"{folder} is held by {holder}")
+        self.folder = folder
+        self.holder = holder
+
+
+def lock_folder(folder: Path) -> IO[str]:
+    """Hold ``folder/.lock`` for this process until the returned file is closed, or raise
+    :class:`FolderBusy`. The lock is an ``flock``: the kernel drops it when the process dies, even
+    by ``kill -9``, so a crashed run never leaves a folder locked. The file says who holds it."""
+    import fcntl
+    import socket
+
+    f = (folder / ".lock").open("a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise FolderBusy(folder, holder) from None
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+    return f
+
+
+def folder_holder(folder: Path) -> str | None:
+    """Who holds ``folder/.lock`` now (as :func:`lock_folder` wrote it), or None when no live
+    process does. Takes nothing: a free lock is released again at once."""
+    try:
+        held = lock_folder(folder)
+    except FolderBusy as busy:
+        return busy.holder
+    except OSError:
+        return None  # no folder, or one we cannot write: nobody holds it through us
+    held.close()
+    return None

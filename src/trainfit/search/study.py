@@ -9,7 +9,6 @@ again. Every trial carries the same constraint key, as GPSampler requires.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainfit.errors import TrainfitError
-from trainfit.files import write_atomically
+from trainfit.files import FolderBusy, lock_folder, write_atomically
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.strategies import Trial, config_key, jsonable
@@ -295,19 +294,11 @@ def heartbeat(storage: Any, trial: Any) -> Iterator[None]:
 
 def _lock_folder(output: Path) -> IO[str]:
     """Hold ``output/.lock`` for this run, or say which run holds it."""
-    f = (output / ".lock").open("a+")
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise TrainfitError(f"{output} is in use by a running trainfit tune ({holder})",
+        return lock_folder(output)
+    except FolderBusy as busy:
+        raise TrainfitError(f"{output} is in use by a running trainfit tune ({busy.holder})",
                             "wait for it to finish (or stop it), or use --output NEW_FOLDER") from None
-    f.truncate(0)
-    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    f.flush()
-    return f
 
 
 def masked(url: str) -> str:
