@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from trainfit.files import write_atomically
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.tune import TuneResult, default_probe
-from trainfit.spec import Spec
+from trainfit.spec import MAX_MEMORY_GB, Spec
 from trainfit.summary import Record
 from trainfit.tune import tune
 
@@ -78,8 +79,11 @@ def parse_budgets(text: str) -> list[float]:
         values = [float(word) for word in text.split(",") if word.strip()]
     except ValueError:
         raise TrainfitError(f"--budgets {text}: not a comma-separated list of GiB", "e.g. --budgets 8,12,16,24") from None
-    if len(values) < 2 or any(not v > 0 for v in values):
+    if len(values) < 2 or any(not (v > 0 and math.isfinite(v)) for v in values):
         raise TrainfitError(f"--budgets {text}: give two or more positive budgets in GiB", "e.g. --budgets 8,12,16,24")
+    if max(values) > MAX_MEMORY_GB:  # as budget.memory_gb: far larger ones overflow when made bytes
+        raise TrainfitError(f"--budgets {text}: each budget must be <= {MAX_MEMORY_GB:,} GiB (a pebibyte)",
+                            "e.g. --budgets 8,12,16,24")
     return sorted(set(values), reverse=True)
 
 

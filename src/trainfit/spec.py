@@ -24,6 +24,12 @@ from trainfit.params import LORA_OPTIONS, Params, parse_params
 from trainfit.space import SearchSpace, did_you_mean, parse_space
 
 GiB = 1024**3
+MAX_MEMORY_GB = 2**20
+"""The largest ``budget.memory_gb`` and ``headroom_gb``: a pebibyte, past any device's memory. Far
+larger ones (``1.0e308``) overflow when made bytes."""
+MAX_SEED = 2**32 - 1
+"""The largest seed: numpy's legacy seeding, which Optuna's samplers use, takes 0 to 2**32 - 1
+(``torch.manual_seed`` takes negative ones and up to 2**64 - 1); a seed must suit all of them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +104,7 @@ class ProbeSettings:
     timeout_s: float = 900.0
     """The whole child process is killed after this long (status ``timeout``)."""
     seed: int = 0
-    """Seed for typical-batch sampling and model init."""
+    """Seed for typical-batch sampling and model init (0 to 2**32 - 1)."""
     reuse_model: bool = True
     """Probes that differ only in batch shape (batch size, accumulation, max_length, padding) run
     one after another in the same worker on the model it already built; a fresh worker follows
@@ -132,6 +138,7 @@ class TuneSettings:
     """Epochs of the full run: the runtime estimate is for them, the ``trl sft`` command trains
     them (``--num_train_epochs``), a ``command_template`` gets them as ``{epochs}``."""
     seed: int = 0
+    """Seed of the ``random`` strategy's order and of Optuna's sampler (0 to 2**32 - 1)."""
     patience: int = 12
     """random/bayes stop after this many probes without a better feasible config; bayes also
     after its sampler proposes this many measured (or excluded) configs in a row."""
@@ -242,9 +249,17 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.1 (PyYAML) reads a number in scientific notation as text unless it has a dot and a signed
+# exponent (``1.0e+9``): ``memory_gb: 1e9`` was "expected a number, got '1e9'" and a model config's
+# ``rms_norm_eps: 1e-6`` a string. Read them as YAML 1.2 (and Python, and JSON) do: as numbers.
+_UniqueKeys.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
 def load_yaml(text: str, where: str) -> Any:
     """YAML text -> plain data, refusing what is not YAML, a mapping with a key twice, and aliases
-    that expand past ``MAX_YAML_VALUES`` values (or into themselves)."""
+    that expand past ``MAX_YAML_VALUES`` values (or into themselves); ``1e9`` is a number."""
     try:
         data = yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:
@@ -505,10 +520,12 @@ def _check_one_of(section: Any, key: str, name: str, choices: Sequence[str], pro
         problems.append(Problem(f"{key}.{name}", f"{value!r} is not one of {', '.join(choices)}"))
 
 
+SEED_RANGE = f"between 0 and {MAX_SEED:,}"
 _BOUNDS: dict[str, Callable[[float], bool]] = {
     "> 0": lambda v: v > 0,
     ">= 0": lambda v: v >= 0,
     ">= 1": lambda v: v >= 1,
+    SEED_RANGE: lambda v: 0 <= v <= MAX_SEED,
 }
 
 
@@ -570,10 +587,12 @@ def _data_section(typed: dict[str, Any] | None, base_dir: Path, problems: list[P
     if typed is None:
         return None
     data = DataSpec(**{**typed, "path": _resolve(base_dir, typed["path"])})
-    from trainfit.data.readers import data_files
+    from trainfit.data.readers import NotRegularFile, data_files
 
     try:
         data_files(data.path)  # a file, a folder of shards, a glob pattern or a save_to_disk folder
+    except NotRegularFile as err:
+        problems.append(Problem("data.path", err.message, err.hint))
     except TrainfitError as err:
         problems.append(Problem("data.path", err.message,
                                 "check the path; a relative path starts at the spec's folder"))
@@ -611,6 +630,9 @@ def _budget_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Bu
     budget = Budget(**typed)
     _check_bounds(budget, "budget", ("memory_gb",), "> 0", problems)
     _check_bounds(budget, "budget", ("headroom_gb",), ">= 0", problems)
+    for name in ("memory_gb", "headroom_gb"):
+        if (value := getattr(budget, name)) is not None and value > MAX_MEMORY_GB:
+            problems.append(Problem(f"budget.{name}", f"must be <= {MAX_MEMORY_GB:,} GiB (a pebibyte), got {value:g}"))
     mem, head = budget.memory_gb, budget.headroom_gb
     if mem is not None and mem > 0 and head >= mem:
         problems.append(Problem("budget.headroom_gb", f"headroom {head} GiB leaves nothing of memory_gb {mem}",
@@ -626,6 +648,7 @@ def _probe_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Pro
     _check_bounds(probe, "probe", ("memory_steps", "min_steps", "max_steps"), ">= 1", problems)
     _check_bounds(probe, "probe", ("burn_in_steps",), ">= 0", problems)
     _check_bounds(probe, "probe", ("max_seconds", "timeout_s", "target_rel_ci"), "> 0", problems)
+    _check_bounds(probe, "probe", ("seed",), SEED_RANGE, problems)
     dev = probe.device
     if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
         problems.append(Problem("probe.device", f"{dev!r} is not auto, cpu, cuda or cuda:N"))
@@ -643,6 +666,7 @@ def _tune_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Tune
     _check_bounds(tune, "tune", ("max_trials", "target_effective_batch", "patience"), ">= 1", problems)
     _check_bounds(tune, "tune", ("epochs", "time_budget_s"), "> 0", problems)
     _check_bounds(tune, "tune", ("confirm_rounds",), ">= 0", problems)
+    _check_bounds(tune, "tune", ("seed",), SEED_RANGE, problems)
     if not 0 <= tune.confirm_margin < 1:
         problems.append(Problem("tune.confirm_margin", "must be between 0 and 1 (a relative gap, e.g. 0.05)"))
     return tune
@@ -685,8 +709,13 @@ def _tokenizer(value: Any, model: ModelSpec | None, base_dir: Path, problems: li
         problems.append(Problem("tokenizer", "expected a path"))
         return None
     tokenizer = _resolve(base_dir, value)
+    from trainfit.data.readers import special_kind
+
     if not Path(tokenizer).exists():
         problems.append(Problem("tokenizer", f"{tokenizer} does not exist",
+                                "give a local tokenizer folder or tokenizer.json"))
+    elif kind := special_kind(tokenizer):
+        problems.append(Problem("tokenizer", f"{tokenizer} is {kind}, not a file or folder",
                                 "give a local tokenizer folder or tokenizer.json"))
     return tokenizer
 
@@ -730,6 +759,9 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
     if path.is_dir():
         raise TrainfitError(f"spec {path} is a folder, not a file",
                             "pass the path of a YAML spec file, e.g. examples/tiny-llama.yaml")
+    from trainfit.data.readers import refuse_special
+
+    refuse_special(path, "spec ")  # /dev/zero would be read without end; a pipe has no folder for relative paths
     if not path.is_file():
         raise TrainfitError(f"spec file {path} not found",
                             "pass the path of a YAML spec, e.g. examples/tiny-llama.yaml")

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainfit.data.readers import COMPRESSED, BadRow, data_files, detect_format, fingerprint, iter_rows
+from trainfit.data.readers import (COMPRESSED, BadRow, data_files, detect_format, fingerprint, iter_rows,
+                                   refuse_special)
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.progress import Progress
@@ -113,9 +114,16 @@ class _Tokenizer:
         return [len(_WORDS.findall(t)) for t in texts]
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The messages as the chat template renders them; a ValueError (a bad row) where the
+        template refuses them (its ``raise_exception``: roles that do not alternate, say)."""
         if self.hf is not None and not self.chat_note:
-            # tokenize=False returns the text; transformers annotates the union of every mode's result.
-            return self.hf.apply_chat_template(messages, tokenize=False)  # type: ignore[return-value]
+            from jinja2 import TemplateError
+
+            try:
+                # tokenize=False returns the text; transformers annotates the union of every mode's result.
+                return self.hf.apply_chat_template(messages, tokenize=False)  # type: ignore[return-value]
+            except TemplateError as err:
+                raise ValueError(f"the chat template refused the messages: {err}") from None
         return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
 
 
@@ -150,6 +158,7 @@ def _tokenizer_id(path: str | None) -> str:
     if not p.exists():
         raise TrainfitError(f"the tokenizer {path} does not exist",
                             "give a tokenizer folder or a tokenizer.json file (--tokenizer; in a spec, tokenizer:)")
+    refuse_special(p, "the tokenizer ")
     files = [p] if p.is_file() else sorted(q for q in p.iterdir()
                                            if q.is_file() and q.suffix in (".json", ".model", ".txt"))
     h = hashlib.sha256()
@@ -513,14 +522,36 @@ def _row_text(row: dict[str, Any], recipe: LengthRecipe, tokenizer: _Tokenizer |
         messages = _row_value(row, recipe.messages_field)
         if messages is None:
             raise _null([recipe.messages_field])
-        if not isinstance(messages, list):
-            raise TypeError(f"{recipe.messages_field!r} is not a list of messages")
+        _check_messages(recipe.messages_field, messages)
         return tokenizer.render_chat(messages)  # type: ignore[union-attr]
     parts = [_row_value(row, f) for f in recipe.text_fields]
     if all(p is None for p in parts):  # one null part of several joins as empty
         raise _null(recipe.text_fields)
-    return parts[0] if len(parts) == 1 and isinstance(parts[0], str) else \
-        "\n".join("" if p is None else str(p) for p in parts)
+    for name, part in zip(recipe.text_fields, parts, strict=True):
+        if part is not None and not isinstance(part, str):  # 42 would count as the text "42"
+            raise TypeError(f"{name!r} holds {_shown(part)}, not text")
+    return "\n".join(p or "" for p in parts)
+
+
+def _shown(value: Any) -> str:
+    """``int 42``, ``list ['x', 'y']``: a value's type and a short view of it, for a bad row's reason."""
+    import reprlib
+
+    return f"{type(value).__name__} {reprlib.repr(value)}"
+
+
+def _check_messages(name: str, messages: Any) -> None:
+    """A messages field must be a list of messages, each an object whose ``content`` is text, a
+    list of parts (text and images) or null (a tool call's turn): anything else is a bad row, where
+    a string among them crashed the count and a number was rendered as its digits."""
+    if not isinstance(messages, list):
+        raise TypeError(f"{name!r} is not a list of messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise TypeError(f"{name!r} item {i} is {_shown(message)}, not a message ({{role, content}})")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise TypeError(f"{name!r} item {i} has content {_shown(content)}, not text, a list of parts or null")
 
 
 def _bad_row(count: _Count, batch: _Batch, index: int, row: BadRow | None, reason: str | None = None) -> None:

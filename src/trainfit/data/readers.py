@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,38 @@ class BadRow:
     reason: str
 
 
+class NotRegularFile(TrainfitError):
+    """A device, pipe or socket given where a file is read. trainfit reads a dataset several times
+    (fingerprint, count, probe, training) and bounds each read by the file's size: ``/dev/zero`` has
+    no size and never ends (the fingerprint grew to 24 GB), and a pipe (``<(cat train.jsonl)``)
+    is empty once read."""
+
+
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path: str | Path) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a folder (symbolic links
+    followed): ``a pipe (FIFO)``, ``a character device``...; None otherwise."""
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:  # missing, or not ours to look at: the caller's own check says so
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((name for is_kind, name in _SPECIAL_KINDS if is_kind(mode)), "not a regular file")
+
+
+def refuse_special(path: Path, what: str = "") -> None:
+    """Raise :class:`NotRegularFile` when ``path`` is a device, pipe or socket (``what``: how to
+    name it, e.g. "the tokenizer "); the fix is a file of its content."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise NotRegularFile(f"{what}{path} is {kind}, not a regular file",
+                             "save its content as a file first and give that file (trainfit reads it more than once)")
+
+
 def _is_hf_folder(path: Path) -> bool:
     return path.is_dir() and ((path / "state.json").exists() or (path / "dataset_info.json").exists())
 
@@ -78,6 +111,7 @@ def data_files(path: str | Path) -> list[Path]:
     path = Path(path)
     if not path.exists():
         raise TrainfitError(f"{path} does not exist", "check the dataset path")
+    refuse_special(path)
     if not path.is_dir() or _is_hf_folder(path):
         return [path]
     if (path / "dataset_dict.json").exists():  # DatasetDict.save_to_disk: one folder per split
@@ -330,7 +364,8 @@ def _file_rows(path: Path, kind: str, columns: list[str] | None, skip: int) -> I
 def fingerprint(path: str | Path, *, times: bool = True) -> str:
     """Identity of a dataset's content: size and the bytes at both ends, plus the modification
     time (``times``: what the length cache keys on, cheap and strict), or instead of the time 16
-    blocks spread through each file (a study's data check: a copy or a ``touch`` is the same data)."""
+    blocks spread through each file (a study's data check: a copy or a ``touch`` is the same data).
+    Every read is bounded (a file that grows meanwhile is read no further than its blocks)."""
     import hashlib
 
     files: list[Path] = []
@@ -343,12 +378,12 @@ def fingerprint(path: str | Path, *, times: bool = True) -> str:
         h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns if times else ''}".encode())
         with p.open("rb") as fh:
             if st.st_size <= 2 * block:
-                h.update(fh.read())
+                h.update(fh.read(2 * block))
                 continue
             h.update(fh.read(block))
             for offset in [] if times else [st.st_size * i // 17 for i in range(1, 17)]:
                 fh.seek(offset)
                 h.update(fh.read(4096))
             fh.seek(-block, 2)
-            h.update(fh.read())
+            h.update(fh.read(block))
     return h.hexdigest()[:16]
