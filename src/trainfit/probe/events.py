@@ -1,11 +1,15 @@
-"""The worker's progress lines: ``@@trainfit {json}`` on its stderr, among whatever else the
-libraries print there. The worker writes them with :func:`emit`; the parent reads each back as a
-typed event with :func:`parse_event` and keeps every other line as the probe's log."""
+"""The worker's progress lines: ``@@trainfit {json}`` on a pipe of their own, the event channel.
+
+The worker writes them with :func:`emit` to the channel's descriptor (:func:`open_channel`); the
+parent reads each back as a typed event with :func:`parse_event`. Not on stdout or stderr: the
+model's code prints there (``print``, logging, a C library writing to fd 1 or 2), and a line it
+printed must never end a probe or steer the display, however it looks. The parent keeps all of
+that output as the probe's log."""
 
 from __future__ import annotations
 
 import json
-import sys
+import os
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -38,9 +42,24 @@ ProbeEvent = Union[Phase, Step, Result]
 _KINDS: dict[str, type[ProbeEvent]] = {"phase": Phase, "step": Step, "result": Result}
 
 
+_channel: int | None = None
+"""The write end of the event channel in this process (the worker); None until opened."""
+
+
+def open_channel(fd: int) -> None:
+    """Send this process's events to ``fd``, the channel's write end the runner handed over.
+
+    Not inherited by a program the workload starts (it is closed on ``exec``): only this process
+    writes events, and a helper left running does not hold the channel open."""
+    global _channel
+    os.set_inheritable(fd, False)
+    _channel = fd
+
+
 def emit(event: str, **fields: Any) -> None:
-    sys.stderr.write(PREFIX + json.dumps({"event": event, **fields}) + "\n")
-    sys.stderr.flush()
+    """Send one event; a line well under ``PIPE_BUF``, so it arrives whole."""
+    assert _channel is not None, "open_channel() first: events go to their own pipe"
+    os.write(_channel, (PREFIX + json.dumps({"event": event, **fields}) + "\n").encode())
 
 
 def parse_event(line: str) -> ProbeEvent | None:

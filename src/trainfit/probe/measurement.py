@@ -40,6 +40,9 @@ class Measurement:
     """``{knob: value}`` when the probe failed because this device or installation cannot run
     that value (e.g. ``{"attention": "flash_attention_2"}`` without flash-attn): every config
     with it fails alike, so a search skips them."""
+    diverged: bool = False
+    """The loss was NaN or infinite at a step (status ``error``, the message says where): the
+    config diverges, and the speed of steps computing on NaNs was not kept."""
     samples_per_second: float | None = None
     """Samples per second expected over an epoch of the data's own batches (``speed_basis``): the
     step cost fitted on the timed shapes, summed over the epoch's micro-batches (probe/estimate.py)."""

@@ -101,7 +101,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def worker_command(spawned_at: float, parent_pid: int, on_main_thread: bool) -> list[str]:
+def worker_command(spawned_at: float, parent_pid: int, on_main_thread: bool, events_fd: int) -> list[str]:
     """The worker's command line (see :func:`trainfit.probe.worker.main` for its arguments).
 
     Not ``python -m``, which puts the working directory first on ``sys.path``: a ``psutil.py``
@@ -109,9 +109,11 @@ def worker_command(spawned_at: float, parent_pid: int, on_main_thread: bool) -> 
     before anything is imported (a factory named ``module:function`` adds it back to import its
     module, see :func:`~trainfit.workloads.factory.load_factory`). ``on_main_thread``: whether the
     thread starting the worker lives as long as its process (Linux kills a process whose parent
-    *thread* ends, when asked to kill it with its parent).
+    *thread* ends, when asked to kill it with its parent). ``events_fd``: the write end of the
+    event channel, passed to the worker under the same number.
     """
-    return [sys.executable, "-c", _WORKER_MAIN, repr(spawned_at), str(parent_pid), str(int(on_main_thread))]
+    return [sys.executable, "-c", _WORKER_MAIN, repr(spawned_at), str(parent_pid), str(int(on_main_thread)),
+            str(events_fd)]
 
 
 def _descendants(pid: int) -> list[Any]:
@@ -124,16 +126,16 @@ def _descendants(pid: int) -> list[Any]:
         return []
 
 
-def _pipe_writers(fd: int) -> list[Any]:
-    """The processes that can still write into the pipe whose read end is ``fd`` (psutil processes).
+def _pipe_writers(*fds: int) -> list[Any]:
+    """The processes that can still write into the pipes whose read ends are ``fds`` (psutil processes).
 
-    The worker's stdout pipe stays open while any process holds its write end, whatever session
-    or group it is in, even after the worker is gone. Found on Linux through ``/proc/PID/fd``
-    (write mode only: a fork of this process holds the read end, and is no stray); none elsewhere.
+    The worker's pipes stay open while any process holds a write end, whatever session or group
+    it is in, even after the worker is gone. Found on Linux through ``/proc/PID/fd`` (write mode
+    only: a fork of this process holds the read end, and is no stray); none elsewhere.
     """
     import psutil
 
-    pipe = f"pipe:[{os.fstat(fd).st_ino}]"
+    pipes = {f"pipe:[{os.fstat(fd).st_ino}]" for fd in fds}
     writers = []
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
@@ -141,9 +143,8 @@ def _pipe_writers(fd: int) -> list[Any]:
         return []
     for pid in pids:
         try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-            for n in fds:
-                if os.readlink(f"/proc/{pid}/fd/{n}") == pipe and _opened_for_writing(pid, n):
+            for n in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{n}") in pipes and _opened_for_writing(pid, n):
                     writers.append(psutil.Process(pid))
                     break
         except (OSError, psutil.Error):  # gone meanwhile, or not ours to read
@@ -181,8 +182,46 @@ class _Job:
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
 
 
+class _Lines:
+    """One of the worker's pipes, read in lines: what came after its last whole line, and where
+    each whole line goes."""
+
+    def __init__(self, fd: int, take: Callable[[str], None]) -> None:
+        self.fd, self.take, self.pending = fd, take, b""
+
+    def read(self) -> bool:
+        """Take what the pipe holds (call when it is readable: this reads once); False at its end."""
+        chunk = os.read(self.fd, 1 << 16)
+        if not chunk:
+            self.flush()
+            return False
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        for raw in lines:
+            self.take(raw.decode("utf-8", "replace"))
+        return True
+
+    def catch_up(self) -> None:
+        """Take all the pipe holds now (at most :data:`DRAIN_S` of it: a helper may write for ever)."""
+        deadline = time.monotonic() + DRAIN_S
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.fd, selectors.EVENT_READ)
+            while time.monotonic() < deadline and selector.select(0) and self.read():
+                pass
+
+    def flush(self) -> None:
+        """Take an unfinished last line."""
+        if self.pending:
+            self.take(self.pending.decode("utf-8", "replace"))
+            self.pending = b""
+
+
 class ProbeSession:
     """Runs probes in a worker process (``trainfit.probe.worker``) in its own process group.
+
+    The worker writes its events (:mod:`trainfit.probe.events`) to a pipe of their own, the event
+    channel, apart from its stdout and stderr, where the model's code prints: nothing the model
+    prints is read as an event. The process started is the worker's supervisor
+    (:mod:`trainfit.probe.supervisor`), which ends what the worker leaves behind.
 
     The worker stays alive after a successful probe; the next probe with the same
     :func:`model_key` and batches no smaller (:func:`~trainfit.params.batches_grow`) runs on the
@@ -195,6 +234,8 @@ class ProbeSession:
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
+        self._events_fd = -1
+        """The read end of the worker's event channel (-1 without a worker)."""
         self._reader: threading.Thread | None = None
         self._key: str | None = None
         self._params: dict[str, Any] = {}
@@ -227,10 +268,12 @@ class ProbeSession:
             except ProcessLookupError:
                 pass
         proc.wait()
-        _kill(strays + _pipe_writers(proc.stdout.fileno()))
+        _kill(strays + _pipe_writers(proc.stdout.fileno(), self._events_fd))
         self._stop_reading()
         proc.stdin.close()
         proc.stdout.close()
+        os.close(self._events_fd)
+        self._events_fd = -1
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         # pyarrow's default allocator (imported with trl's trainer, for its fused LM head) reserves
@@ -241,41 +284,52 @@ class ProbeSession:
         # No empty entry: Python reads one as the working directory.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         on_main_thread = threading.current_thread() is threading.main_thread()
-        proc = subprocess.Popen(
-            worker_command(time.time(), os.getpid(), on_main_thread),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=env,
-            start_new_session=True,  # its own process group: a timeout kills compile workers too
-        )
+        events_fd, events_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                worker_command(time.time(), os.getpid(), on_main_thread, events_w),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=env,
+                start_new_session=True,  # its own process group: a timeout kills compile workers too
+                pass_fds=(events_w,),
+            )
+        except BaseException:
+            os.close(events_fd)
+            raise
+        finally:
+            os.close(events_w)  # the worker's alone: the channel ends when the worker does
         assert proc.stdout is not None
+        self._events_fd = events_fd
         self._stop = threading.Event()
-        self._reader = threading.Thread(target=self._pump, args=(proc.stdout.fileno(), self._stop), daemon=True)
+        self._reader = threading.Thread(target=self._pump, args=(proc.stdout.fileno(), events_fd, self._stop),
+                                        daemon=True)
         self._reader.start()
         return proc
 
-    def _pump(self, fd: int, stop: threading.Event) -> None:
-        """Read the worker's output lines until EOF, or, once ``stop`` is set, until the pipe has
-        nothing more to give (at most :data:`DRAIN_S` more): a process the worker left behind may
-        hold the pipe open, and even keep writing, forever. It reads only what is there, so
-        stopping never waits on a read (nor does closing the pipe wait on this thread)."""
-        pending = b""
+    def _pump(self, out_fd: int, events_fd: int, stop: threading.Event) -> None:
+        """Read the worker's output and its events until both pipes end, or, once ``stop`` is set,
+        until neither has anything more to give (at most :data:`DRAIN_S` more): a process the
+        worker left behind may hold a pipe open, and even keep writing, forever. It reads only what
+        is there, so stopping never waits on a read (nor does closing a pipe wait on this thread).
+
+        The output is read first, and caught up with before a result ends the job: what the worker
+        printed before its result is in the pipe already, and belongs to this job's log."""
+        output = _Lines(out_fd, self._take_log)
+        events = _Lines(events_fd, lambda line: self._take_event(line, output))
         drain_until: float | None = None
         with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while drain_until is None or time.monotonic() < drain_until:
+            selector.register(out_fd, selectors.EVENT_READ, output)
+            selector.register(events_fd, selectors.EVENT_READ, events)
+            while selector.get_map() and (drain_until is None or time.monotonic() < drain_until):
                 if drain_until is None and stop.is_set():
                     drain_until = time.monotonic() + DRAIN_S
-                if not selector.select(0.1):
-                    if drain_until is not None:
-                        break
-                    continue
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
+                ready = selector.select(0.1)
+                if not ready and drain_until is not None:
                     break
-                *lines, pending = (pending + chunk).split(b"\n")
-                for raw in lines:
-                    self._take(raw.decode("utf-8", "replace"))
-        if pending:
-            self._take(pending.decode("utf-8", "replace"))
+                for key, _ in sorted(ready, key=lambda found: found[0].data is events):
+                    if not key.data.read():
+                        selector.unregister(key.fd)
+        output.flush()
+        events.flush()
 
     def _stop_reading(self) -> None:
         """Take what the worker wrote before it ended, then stop the reader (bounded: see :meth:`_pump`)."""
@@ -283,20 +337,28 @@ class ProbeSession:
             self._stop.set()
             self._reader.join()
 
-    def _take(self, line: str) -> None:
-        """One line of the worker's output: an event for the job's callback, or a line of its log."""
+    def _take_event(self, line: str, output: _Lines) -> None:
+        """One line of the event channel: an event for the job's callback; a result ends the job,
+        once the output written before it is in the job's log."""
         job = self._job
         if job is None:
             return
         event = parse_event(line)
-        if event is not None:
-            if isinstance(event, Result):
-                job.done.set()
-            elif job.on_event is not None:
-                try:
-                    job.on_event(event)
-                except Exception:  # noqa: BLE001 - a display problem never stops a probe
-                    pass
+        if event is None:  # not an event this runner knows: kept, as output is
+            self._take_log(line)
+        elif isinstance(event, Result):
+            output.catch_up()
+            job.done.set()
+        elif job.on_event is not None:
+            try:
+                job.on_event(event)
+            except Exception:  # noqa: BLE001 - a display problem never stops a probe
+                pass
+
+    def _take_log(self, line: str) -> None:
+        """One line of the worker's output (whatever it looks like): a line of the job's log."""
+        job = self._job
+        if job is None:
             return
         job.tail.append(line)
         try:

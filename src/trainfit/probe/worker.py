@@ -1,10 +1,15 @@
 """The probe's child process: build a configuration, measure it, write a Measurement.
 
 Started by the runner (:func:`trainfit.probe.runner.worker_command`) with ``SPAWNED_AT PARENT_PID
-PDEATHSIG`` (see :func:`main`); each line on stdin is a job,
+PDEATHSIG EVENTS_FD`` (see :func:`main`); each line on stdin is a job,
 ``{"request": REQUEST.json, "result": RESULT.json}``. Whatever happens here (an OOM, a segfault
 in a kernel, a hang) stays here: the parent reads RESULT.json or, when there is none, classifies
-the exit. Progress goes to stderr as event lines (:mod:`trainfit.probe.events`); ``result`` ends a job.
+the exit. Progress goes to the event channel, a pipe of its own (:mod:`trainfit.probe.events`);
+``result`` ends a job. The process the runner started stays behind as the worker's supervisor
+(:mod:`trainfit.probe.supervisor`), which ends whatever the worker leaves running.
+
+Imports at the top are light (no numpy, no torch): :func:`main` forks before any library has
+started a thread.
 
 A request with a ``model_key`` may be followed by another with the same key (the same config but
 for the batch shape): it runs on the model this process already built, after the previous probe's
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import re
 import resource
@@ -35,17 +41,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
-from trainfit.probe.events import emit
-from trainfit.probe.request import ProbeRequest
+from trainfit.probe.events import emit, open_channel
+from trainfit.probe.supervisor import PARENT_POLL_S, PR_SET_PDEATHSIG, supervise
 
-PARENT_POLL_S = 0.5
-"""How often the watchdog checks that the runner that started this process is alive."""
-PR_SET_PDEATHSIG = 1
-"""Linux's prctl option: the signal this process gets when its parent thread ends."""
+if TYPE_CHECKING:
+    from trainfit.probe.request import ProbeRequest
 
 
 def is_oom(err: BaseException, capped_cpu: bool = False) -> bool:
@@ -122,6 +126,22 @@ def device_memory_gb(device: Any) -> float:
 
 class BudgetBelowStart(TrainfitError, MemoryError):
     """A CPU budget below what this process holds once started: every probe under it is an OOM."""
+
+
+class LossNotFinite(TrainfitError):
+    """A step's loss was NaN or infinite: the config diverges, so the speed of its steps is not a
+    speed of training, and a search must not rank it (``Measurement.diverged``)."""
+
+
+def check_loss(loss: float, phase: str, step: int) -> None:
+    """Raise :class:`LossNotFinite` unless ``loss``, of the ``step``-th step of ``phase``, is a
+    finite number. Every probe step is checked: a NaN spreads to the weights, and every later
+    step computes on NaNs, at a speed that says nothing about training."""
+    if not math.isfinite(loss):
+        raise LossNotFinite(f"the loss is not finite ({loss}) at step {step} of the {phase} phase: this config "
+                            "diverges, so its speed was not kept",
+                            "check the model's loss with this config: fp16 overflows where bf16 does not, and "
+                            "a loss that divides by a count of zero tokens is NaN")
 
 
 def cap_cpu_memory(cap: int, out: dict[str, Any]) -> None:
@@ -309,8 +329,8 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     emit("phase", phase="burn_in")
     t = time.perf_counter()
     # At least one whole cycle, so every batch shape of the pool has been seen before timing.
-    for _ in range(max(req.probe.burn_in_steps, batches.cycle)):
-        built.step.run(batches.next_step()[1])
+    for n in range(max(req.probe.burn_in_steps, batches.cycle)):
+        check_loss(built.step.run(batches.next_step()[1]), "burn_in", n + 1)
     synchronize(device)
     phases["burn_in"] = time.perf_counter() - t
 
@@ -392,12 +412,13 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
     out["full_logits_bytes"] = built.workload.logits_bytes(worst_batch)
     micro = memory_micro_batches(req.params.gradient_accumulation_steps)
     seconds = 0.0
-    for _ in range(req.probe.memory_steps):
+    for n in range(req.probe.memory_steps):
         synchronize(device)
         t = time.perf_counter()
-        built.step.run([worst_batch] * micro)
+        loss = built.step.run([worst_batch] * micro)
         synchronize(device)
         seconds = time.perf_counter() - t
+        check_loss(loss, "memory", n + 1)
     return worst_batch.padded_len, seconds
 
 
@@ -453,9 +474,10 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
         timed.shapes.append(shape)
         synchronize(device)
         t0 = time.perf_counter()
-        built.step.run(micro)
+        loss = built.step.run(micro)
         synchronize(device)
         timed.times.append(time.perf_counter() - t0)
+        check_loss(loss, "timed", len(timed.times))
         for b in micro:
             f = built.workload.flops(b.seq_lens, req.params.gradient_checkpointing)
             if f is None:
@@ -554,6 +576,7 @@ def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dic
         status = "oom" if is_oom(err, capped_cpu=capped_cpu) else "error"
         if isinstance(err, Unsupported) and err.knob is not None:
             out["unsupported"] = {err.knob: err.value}
+        out["diverged"] = isinstance(err, LossNotFinite)
         if isinstance(err, TrainfitError):
             message = str(err)
         elif status == "oom":
@@ -578,6 +601,7 @@ def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dic
 def serve(spawned_at: float, jobs: Any) -> int:
     """Run the jobs on ``jobs`` (lines of JSON) until it closes or a probe fails."""
     from trainfit.devices import reset_peak_rss
+    from trainfit.probe.request import ProbeRequest
 
     cache = ModelCache()
     first = True
@@ -601,8 +625,9 @@ def serve(spawned_at: float, jobs: Any) -> int:
 
 
 def die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
-    """End this process when the runner that started it dies, even in a phase that prints nothing
-    (it would notice only at its next write), so a killed tuner leaves no worker holding memory.
+    """End this process when ``parent_pid``, the process that started it, dies (the probe worker's
+    supervisor, which dies with the runner; a comparison's runner), even in a phase that prints
+    nothing (it would notice only at its next write), so a killed tuner leaves no worker holding memory.
 
     Two ways, as each misses a case. Linux's ``PR_SET_PDEATHSIG`` kills it at once, even while a
     C call holds the GIL, but fires when the parent *thread* ends, so the runner asks for it
@@ -627,9 +652,15 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``SPAWNED_AT PARENT_PID PDEATHSIG``: when the runner started this process (time.time()), the
-    runner's pid, and 1 when the runner's thread that started it lives as long as the runner."""
-    die_with_parent(int(argv[1]), argv[2] == "1")
+    """``SPAWNED_AT PARENT_PID PDEATHSIG EVENTS_FD``: when the runner started this process
+    (time.time()), the runner's pid, 1 when the runner's thread that started it lives as long as
+    the runner, and the write end of the event channel (:func:`~trainfit.probe.events.open_channel`).
+
+    Forks first (:func:`~trainfit.probe.supervisor.supervise`): what goes on here is the worker,
+    which dies with its supervisor; the supervisor dies with the runner."""
+    parent, pdeathsig = supervise(int(argv[1]), argv[2] == "1")
+    die_with_parent(parent, pdeathsig)
+    open_channel(int(argv[3]))
     return serve(float(argv[0]), sys.stdin)
 
 
