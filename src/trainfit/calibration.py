@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -49,7 +50,8 @@ from trainfit.errors import TrainfitError
 from trainfit.probe.estimate import StepCost
 from trainfit.search.ranking import micro_batches
 from trainfit.spec import Spec
-from trainfit.summary import ConfigEntry, Summary, check_schema, read_summary
+from trainfit.summary import (ConfigEntry, Malformed, Summary, check_bounds, check_finite, check_schema, read_summary,
+                              typed)
 
 SCHEMA_VERSION = 1
 """The version of :meth:`Calibration.to_json`'s format."""
@@ -170,13 +172,36 @@ class Calibration:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
+        """Read back :meth:`to_json`'s JSON; :class:`~trainfit.summary.Malformed` names the key of a value
+        missing, of the wrong type, not finite or out of :data:`BOUNDS` (a file edited by hand or damaged:
+        a negative start-up would shorten every ETA it enters)."""
         check_schema(raw, SCHEMA_VERSION, "a calibration", "calibrate again with this trainfit")
+        check_finite(raw)  # to_json writes an unknown figure as null
         later = {"train_startup_s", "model_step_s", "own_step_s", "trial", "micro_batches",
                  "pace_change_rel"}  # absent from calibrations recorded before they were measured
-        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw or f.name not in later}
+        missing = next((f.name for f in fields(cls) if f.name not in raw and f.name not in later), None)
+        if missing is not None:
+            raise Malformed(missing, "missing")
+        hints = typing.get_type_hints(cls)
+        values = {f.name: typed(hints[f.name], raw[f.name], f.name, nullable=f.name == "spread_rel")
+                  for f in fields(cls) if f.name in raw}
+        for name, value in values.items():
+            check_bounds(name, value, BOUNDS.get(name, {}))
         if values["spread_rel"] is None:
             values["spread_rel"] = math.inf
         return cls(**values)
+
+
+BOUNDS: dict[str, dict[str, float]] = {
+    **{name: {"at_least": 0.0} for name in ("steps", "spread_rel", "startup_s", "train_startup_s", "model_step_s",
+                                            "trial")},
+    **{name: {"above": 0.0} for name in ("seconds_per_step", "samples_per_second", "probe_samples_per_second",
+                                         "ratio")},
+    "micro_batches": {"at_least": 1},
+    "pace_change_rel": {"above": -1.0},
+}
+"""What a :class:`Calibration` read back may hold: no figure a calibration measures is below these (its
+own step time ``own_step_s`` may be, read as none; a pace below -100% would be steps taking no time)."""
 
 
 @dataclass(frozen=True)

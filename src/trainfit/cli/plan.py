@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainfit.cli.common import check_eval_flags, number
+from trainfit.plan import MAX_EPOCHS
 from trainfit.plan.choose import PRIORITIES
 
 if TYPE_CHECKING:
@@ -47,8 +48,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a `trainfit tune` output folder (holds summary.json)")
     p.add_argument("--max-hours", type=number(float, above=0, at_most=24 * 366), required=True,
                    help="the time window, in hours (at most a year)")
-    p.add_argument("--epochs", type=number(float, above=0),
-                   help="passes over the dataset (default: the spec's tune.epochs)")
+    p.add_argument("--epochs", type=number(float, above=0, at_most=MAX_EPOCHS),
+                   help=f"passes over the dataset, at most {MAX_EPOCHS:,} (default: the spec's tune.epochs)")
     p.add_argument("--priority", choices=PRIORITIES, default="balanced",
                    help="how to choose among the measured configs (default: balanced; see below)")
     p.add_argument("--margin-minutes", type=number(float, at_least=0), default=30.0,

@@ -35,7 +35,11 @@ EtaOf = Callable[..., Eta]
 
 SCHEMA_VERSION = 1
 
-__all__ = ["PRIORITIES", "Plan", "make_plan"]
+MAX_EPOCHS = 1_000_000
+"""The most epochs a plan takes: past any run (a window is a year at most), and a bound that keeps
+every figure a plan computes from them finite (a count of samples beyond 1e308 is no number)."""
+
+__all__ = ["MAX_EPOCHS", "PRIORITIES", "Plan", "make_plan"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,14 +133,14 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
     _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
     run = load_run(run_dir)
     summary = run.summary
-    calibration = calibration or _tunes_calibration(summary)
+    calibration = calibration or _tunes_calibration(run_dir, summary)
     if not run.candidates:
         raise TrainfitError(f"no config in {run_dir / 'study.journal'} fits the budget with an epoch speed measured",
                             "tune again into a new folder with this trainfit (an older one kept no epoch speed)")
     if not summary.dataset_samples:
         raise TrainfitError(f"the tune in {run_dir} had no dataset: there is no epoch to plan",
                             "give the spec a data.path and tune again")
-    epochs = float(epochs if epochs is not None else summary.epochs_for_estimate)
+    epochs = _epochs(epochs, summary)
     samples = summary.dataset_samples
     total = round(samples * epochs)
     window = max_hours * 3600 - margin_minutes * 60
@@ -177,9 +181,29 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
                 evaluation=evaluation)
 
 
-def _tunes_calibration(summary: Summary) -> Calibration | None:
-    """The calibration ``tune --calibrate`` measured, which a plan without ``--calibrate`` uses."""
-    return None if summary.trainer_cost is None else Calibration.from_json(summary.trainer_cost.calibration)
+def _epochs(given: float | None, summary: Summary) -> float:
+    """The plan's epochs: ``given``, else the spec's ``tune.epochs``; refused past :data:`MAX_EPOCHS`."""
+    epochs = float(given if given is not None else summary.epochs_for_estimate)
+    if not epochs <= MAX_EPOCHS:
+        raise TrainfitError(f"{epochs:g} epochs is past any run: a plan takes at most {MAX_EPOCHS:,} epochs",
+                            "give --epochs N with fewer (the plan then says how many fit the window)")
+    return epochs
+
+
+def _tunes_calibration(run_dir: Path, summary: Summary) -> Calibration | None:
+    """The calibration ``tune --calibrate`` measured, which a plan without ``--calibrate`` uses; one
+    damaged in ``summary.json`` is refused, naming the key and the ways on."""
+    from trainfit.report import TRAINER_COST_FILE
+
+    if summary.trainer_cost is None:
+        return None
+    try:
+        return Calibration.from_json(summary.trainer_cost.calibration)
+    except (ValueError, TypeError) as err:
+        raise TrainfitError(f"the calibration in {run_dir / 'summary.json'} (trainer_cost.calibration) is damaged: "
+                            f"{err}", f"measure it again with `trainfit plan --calibrate N`, or rebuild summary.json "
+                            f"from {run_dir / TRAINER_COST_FILE} with `trainfit tune YOUR_SPEC.yaml --output "
+                            f"{shlex.quote(str(run_dir))} --resume`") from None
 
 
 def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: Path, every: int | None,
@@ -363,14 +387,22 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
     return lines
 
 
+def _is_the_tunes(calibration: Calibration, s: Summary) -> bool:
+    """Whether ``calibration`` is the one ``tune --calibrate`` measured (a damaged one is not: the plan
+    measured its own)."""
+    try:
+        return s.trainer_cost is not None and calibration == Calibration.from_json(s.trainer_cost.calibration)
+    except (ValueError, TypeError):
+        return False
+
+
 def _calibration_lines(calibration: Calibration, s: Summary, chosen: Candidate) -> list[str]:
     """What a plan's trainer cost and start-ups rest on: the calibration that measured them."""
     lines: list[str] = []
     against = (f"{calibration.seconds_per_step:.3g} s a step where the probe's cost of the very batches they "
                f"trained is {calibration.model_step_s:.3g} s" if calibration.model_step_s is not None else
                f"{calibration.ratio:.2f}x the probe's speed over the epoch (their batches not priced one by one)")
-    by = (" (by `trainfit tune --calibrate`)" if s.trainer_cost is not None
-          and calibration == Calibration.from_json(s.trainer_cost.calibration) else "")
+    by = " (by `trainfit tune --calibrate`)" if _is_the_tunes(calibration, s) else ""
     how = ("the trainer's own time, fitted apart from the machine's drift over steps of varied cost (at "
            "least 0)" if calibration.own_step_s is not None else "the difference (at least 0)")
     lines.append(f"calibrated{by}: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 from trainfit.errors import TrainfitError
 from trainfit.probe.estimate import StepCost, shapes_step_cost
 from trainfit.probe.measurement import Measurement
-from trainfit.summary import Summary, read_summary
+from trainfit.summary import Summary, check_bounds, check_finite, read_summary, typed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,19 +85,35 @@ def load_run(folder: Path) -> TuneRun:
     """Read a tune output folder: its ``summary.json`` and every probe its study journal kept."""
     if not folder.is_dir():
         raise TrainfitError(f"{folder} is not a folder", "give the tune output folder (the one holding summary.json)")
+    _check_not_running(folder)
     summary = read_summary(folder)
     if summary.best_config is None:
         raise TrainfitError(f"no config fit the budget in {folder}: there is nothing to plan",
                             "see its summary.json's all_failed advice, then tune again")
     studies = _studies(folder)
     by_key: dict[str, list[tuple[int, Measurement]]] = {}
-    for number, values, m in _measured(studies):
+    for number, values, m in _measured(studies, folder / "study.journal"):
         if m.fits and m.samples_per_second and m.expected_step_time_s:
             by_key.setdefault(json.dumps(values, sort_keys=True, default=str), []).append((number, m))
     candidates = [_candidate(runs, list(summary.best_config.searched)) for runs in by_key.values()]
     candidates.sort(key=lambda c: -c.samples_per_second)
     doc = next((s.user_attrs["spec"] for s in studies if "spec" in s.user_attrs), None)
     return TuneRun(folder=folder, summary=summary, candidates=candidates, spec_doc=doc)
+
+
+def _check_not_running(folder: Path) -> None:
+    """Refuse a folder whose tune still runs before it wrote its first ``summary.json`` (it writes
+    one as its first config is measured): a tune holds its output folder's ``.lock`` while it runs.
+    A folder without a ``.lock`` is asked nothing (asking would leave one in it)."""
+    from trainfit.files import folder_holder
+
+    if (folder / "summary.json").is_file() or not (folder / ".lock").is_file():
+        return
+    holder = folder_holder(folder)
+    if holder is not None:
+        raise TrainfitError(f"a tune is still running in {folder} ({holder}), and it has no summary.json yet",
+                            "wait for it to write its summary.json (after its first measured config; `trainfit "
+                            "plan` then plans from what it measured so far), or plan from another tune folder")
 
 
 def _studies(folder: Path) -> list[Any]:
@@ -115,7 +132,7 @@ def _studies(folder: Path) -> list[Any]:
             for s in optuna.get_all_study_summaries(storage)]
 
 
-def _measured(studies: list[Any]) -> Iterator[tuple[int, dict[str, Any], Measurement]]:
+def _measured(studies: list[Any], journal: Path) -> Iterator[tuple[int, dict[str, Any], Measurement]]:
     """Every probe of the studies (confirmation repeats too): trial number, searched values,
     measurement."""
     from optuna.trial import TrialState
@@ -124,7 +141,34 @@ def _measured(studies: list[Any]) -> Iterator[tuple[int, dict[str, Any], Measure
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             data = t.user_attrs.get("measurement")
             if data is not None and not t.user_attrs.get("reused"):
-                yield t.number, dict(t.user_attrs.get("values", t.params)), Measurement.from_dict(data)
+                try:
+                    values = t.user_attrs.get("values", t.params)
+                    typed(dict[str, Any], values, "values")
+                    yield t.number, dict(values), _measurement(data)
+                except (ValueError, TypeError) as err:
+                    raise TrainfitError(f"trial {t.number} in {journal} is damaged: {err}",
+                                        "restore the file from a copy, or tune again into a new --output (a plan "
+                                        "reads every measured config from it)") from None
+
+
+PLAN_READS = ("status", "config", "samples_per_second", "expected_step_time_s", "samples_per_step",
+              "step_time_ci95_rel", "fit_error_rel", "peak_memory_bytes", "memory_parts_bytes", "shape_times",
+              "cpu_threads")
+"""The figures of a measurement a plan reads, each checked against its type before it enters a sum."""
+
+
+def _measurement(data: Any) -> Measurement:
+    """A measurement as the journal keeps it, the figures a plan reads checked (:class:`Malformed`
+    names one of the wrong type, or a speed or step time that is negative or no number)."""
+    typed(dict[str, Any], data, "measurement")
+    hints = typing.get_type_hints(Measurement)
+    for name in PLAN_READS:
+        if name in data:
+            typed(hints[name], data[name], f"measurement.{name}")
+    for name in ("samples_per_second", "expected_step_time_s"):
+        check_finite({f"measurement.{name}": data.get(name)})
+        check_bounds(f"measurement.{name}", data.get(name), {"at_least": 0.0})
+    return Measurement.from_dict(data)
 
 
 def _candidate(runs: list[tuple[int, Measurement]], searched: list[str]) -> Candidate:

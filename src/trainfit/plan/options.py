@@ -41,12 +41,25 @@ class Option(Record):
 def fewer_epochs(c: Candidate, samples: int, epochs: float, window_s: float,
                  eta: Callable[[Candidate, int], Eta]) -> Option | None:
     """The most whole epochs whose run fits, when at least one does."""
-    most = max((e for e in range(1, math.ceil(epochs)) if eta(c, samples * e).fits(window_s)), default=None)
+    most = most_that_fit(lambda e: eta(c, samples * e).fits(window_s), 1, math.ceil(epochs) - 1)
     if most is None:
         return None
     return Option(kind="fewer_epochs", change=f"train {most} epoch{'s' * (most > 1)} instead of {epochs:g}",
                   cost=f"{1 - most / epochs:.0%} fewer passes over the data", basis="the chosen config's probe",
                   eta=eta(c, samples * most), trial=c.trial, flags=f"--num_train_epochs {most}")
+
+
+def most_that_fit(fits: Callable[[int], bool], low: int, high: int) -> int | None:
+    """The largest whole ``n`` from ``low`` to ``high`` for which ``fits(n)``, where it holds up to some
+    ``n`` and not past it (a run's ETA grows with its length); None when ``fits(low)`` does not hold.
+    A bisection: a few dozen prices however many epochs are asked (one price each took 18 s for a
+    million)."""
+    if high < low or not fits(low):
+        return None
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
 
 
 def subset(c: Candidate, samples: int, epochs: float, window_s: float,
