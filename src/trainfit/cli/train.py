@@ -28,7 +28,8 @@ counts once its last file is on disk, so a crash mid-save leaves the previous on
 newest --keep are kept. --resume continues from the last complete one: optimizer, scheduler, RNG
 and the data position restored, no sample repeated or skipped; it refuses when the arguments
 differ from the first start's, and names them. SIGTERM or Ctrl-C: a checkpoint, then exit
-(143 / 130); resume later. With a plan, an on-track line every --monitor-seconds.
+(143 / 130); resume later (a second Ctrl-C stops at once, without the save: the resume starts from
+the last complete checkpoint). With a plan, an on-track line every --monitor-seconds.
 
 Writes to the output folder: train.json, checkpoint-STEP/, train_log.jsonl (one JSON object per
 log, checkpoint and stop), the trained model, train_result.json; and RUN_DIR/actual.json (the
@@ -53,7 +54,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--checkpoint-minutes", type=number(float, above=0),
                    help="save a checkpoint this often (default: the plan's, else 30)")
     p.add_argument("--max-steps", type=number(int, at_least=1), metavar="N",
-                   help="stop after N optimizer steps (default: the plan's epochs, else the command's)")
+                   help="stop after N optimizer steps, over as many epochs as they take (default: the plan's "
+                        "epochs, else the command's)")
     p.add_argument("--loop", action="store_true",
                    help="a factory model: train in trainfit's loop even when the spec has a tune.command_template")
     p.add_argument("--keep", type=number(int, at_least=1), default=2, help="complete checkpoints kept (default: 2)")
@@ -80,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
     if result.status == "finished":
         print(f"\ntrained: {output}{steps}")
         return 0
+    if result.at_once:  # a second Ctrl-C: no save; the resume starts from the last complete checkpoint
+        kept = f"the last checkpoint is at step {result.step:,}" if result.step else "no checkpoint was saved"
+        print(f"\nstopped by {result.stopped_by} at once, without a save: {kept}, the steps after it are lost; "
+              f"continue: {result.resume}")
+        return STOP_STATUS.get(result.stopped_by or "", 1)
     saved = ", with a checkpoint" if result.step is not None else " (your trainer was told; its checkpoints are its own)"
     print(f"\nstopped by {result.stopped_by}{steps}{saved}; continue: {result.resume}")
     return STOP_STATUS.get(result.stopped_by or "", 1)

@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.devices import torch_threads
-from trainfit.errors import TrainfitError
-from trainfit.files import write_atomically
+from trainfit.errors import Terminated, TrainfitError
+from trainfit.files import FolderBusy, lock_folder, write_atomically
 from trainfit.plan import Plan
 from trainfit.plan.eval_pass import Evaluation
 from trainfit.summary import Record, Summary, check_schema
-from trainfit.train.checkpoints import incomplete, latest_complete, unloadable
+from trainfit.train.checkpoints import incomplete, latest_complete, step_of, unloadable
 from trainfit.train.data_check import identity, refuse_changed, trained_files
+from trainfit.train.records import Damaged, load_record
 
 SCHEMA_VERSION = 1
 
@@ -80,6 +81,16 @@ class TrainRun(Record):
     def from_json(cls, raw: Mapping[str, Any]) -> TrainRun:
         check_schema(raw, SCHEMA_VERSION, "train.json", "train into a new --output with this trainfit")
         return super().from_json(raw)
+
+    def into(self, output: Path) -> TrainRun:
+        """This record training into ``output``: a ``trl_sft`` run's ``--output_dir`` (the last, the
+        one that wins) set to it. The folder resumed may have been moved or copied since the record
+        was written, and a run writes and rotates checkpoints only in the folder it is given: the
+        recorded path would recreate the old folder, or rotate away the original's checkpoints."""
+        if self.kind != "trl_sft" or "--output_dir" not in self.argv:
+            return self
+        at = len(self.argv) - 1 - self.argv[::-1].index("--output_dir")
+        return dataclasses.replace(self, argv=[*self.argv[:at + 1], str(output), *self.argv[at + 2:]])
 
     def data_files(self, spec: Mapping[str, Any]) -> list[str]:
         """The files this run trains on (:func:`trainfit.train.data_check.trained_files`), ``spec`` its tune's."""
@@ -126,24 +137,16 @@ class TrainResult(Record):
     output: str
     resume: str | None = None
     """The command that continues a stopped run (None: it finished)."""
-
-
-def _read(path: Path, what: str, fix: str) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise TrainfitError(f"cannot read {what} {path}: {err}", fix) from None
-    if not isinstance(raw, dict):
-        raise TrainfitError(f"{what} {path} is not a JSON object", fix)
-    return raw
+    at_once: bool = False
+    """Stopped without a save (a second Ctrl-C, or a signal before the first step): ``step`` is the
+    last complete checkpoint's (0: none), where ``resume`` continues; the steps after it are lost."""
 
 
 def _plan(run_dir: Path) -> Plan | None:
     path = run_dir / "plan.json"
     if not path.is_file():
         return None
-    return Plan.from_json(_read(path, "the plan",
-                                f"plan again: trainfit plan {shlex.quote(str(run_dir))} --max-hours H"))
+    return load_record(Plan, path, "the plan", f"plan again: trainfit plan {shlex.quote(str(run_dir))} --max-hours H")
 
 
 def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
@@ -280,11 +283,7 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
                             "leave --record-batches out")
     record_path = output / "train.json"
     if resume:
-        if not record_path.is_file():
-            raise TrainfitError(f"there is nothing to resume in {output}: it holds no train.json",
-                                "start the run without --resume: "
-                                + shlex.join(["trainfit", "train", str(run_dir), "--output", str(output)]))
-        record = TrainRun.from_json(_read(record_path, "the run record", "train into a new --output"))
+        record = _recorded(run_dir, output, now, say)
         changed = differences(record.what(), now.what())
         if changed:
             raise TrainfitError(f"{output} trains something else than this command would; what differs:\n  "
@@ -320,6 +319,25 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
             f"against {dur(plan.window_s)}): --deadline stops the run with a checkpoint before the window ends, "
             f"or plan again and take one of its options (trainfit plan {shlex.quote(str(run_dir))} ...)")
     return record, checkpoint, plan
+
+
+def _recorded(run_dir: Path, output: Path, now: TrainRun, say: Callable[[str], None]) -> TrainRun:
+    """The record of the run ``output`` holds, training into ``output``; where its ``train.json``
+    is damaged or gone but a complete checkpoint is there, rebuilt (:mod:`trainfit.train.rebuild`)
+    as ``now``, what the resume command trains."""
+    from trainfit.train.rebuild import rebuilt
+
+    record_path = output / "train.json"
+    if not record_path.is_file():
+        if latest_complete(output) is None:
+            raise TrainfitError(f"there is nothing to resume in {output}: it holds no train.json",
+                                "start the run without --resume: "
+                                + shlex.join(["trainfit", "train", str(run_dir), "--output", str(output)]))
+        return rebuilt(output, now, f"{record_path} is missing", say)
+    try:
+        return load_record(TrainRun, record_path, "the run record", "train into a new --output").into(output)
+    except Damaged as err:
+        return rebuilt(output, now, err.message, say)
 
 
 def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, checkpoint_minutes: float | None = None,
@@ -365,8 +383,11 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
             + (f", resuming from {checkpoint.name}" if checkpoint else ""))
         log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source,
                   trial=record.trial)
-        step, total = _run(run_dir, output, record, plan, checkpoint, control, callbacks, resume=resume,
-                           every_s=every_s, record_batches=record_batches, say=say, again=again)
+        try:
+            step, total = _run(run_dir, output, record, plan, checkpoint, control, callbacks, resume=resume,
+                               every_s=every_s, record_batches=record_batches, say=say, again=again)
+        except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal before the first step
+            step, total = _stopped_at_once(err, record, output, control, say)
         planned = (plan.eta_for(total) if total else plan.eta) if plan else None  # a --max-steps run: its own length
         result = TrainResult(
             status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
@@ -374,10 +395,26 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
             process_s=time.monotonic() - began, elapsed_s=time.time() - record.started_at,
             planned_s=planned.total_s if planned else None, planned_low_s=planned.low_s if planned else None,
             planned_high_s=planned.high_s if planned else None, output=str(output),
-            resume=again if control.stopped else None)
+            resume=again if control.stopped else None, at_once=control.at_once)
         _write_result(result, run_dir, output, record, plan)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+def _stopped_at_once(err: KeyboardInterrupt, record: TrainRun, output: Path, control: Any,
+                     say: Callable[[str], None]) -> tuple[int, int | None]:
+    """A run stopped at once, without the save (a second Ctrl-C, or a signal before the first
+    step), recorded on ``control`` as stopped so that the result says how to resume: returns the
+    step of the last complete checkpoint in ``output`` (0: none) and the run's total steps. A save
+    the stop cut short is removed (it has no mark: no resume would use it), said so."""
+    if record.kind == "command":  # its checkpoints are your trainer's own: trainfit cannot tell what is kept
+        raise err
+    control.stopped, control.at_once = str(err) if isinstance(err, Terminated) else "SIGINT", True
+    for folder in incomplete(output):
+        say(f"trainfit: removing {folder.name}: the stop cut its save short")
+        shutil.rmtree(folder, ignore_errors=True)
+    last = latest_complete(output)
+    return (step_of(last) or 0) if last is not None else 0, control.max_steps or record.max_steps
 
 
 def _check_inputs(run_dir: Path, keep: int, record_batches: str | Path | None) -> None:
@@ -401,7 +438,7 @@ def _finished(output: Path, say: Callable[[str], None]) -> TrainResult | None:
     """The result of the run in ``output`` where it finished, said so (None: it did not, or its
     result cannot be read): a resume then has nothing to train."""
     try:
-        result = TrainResult.from_json(_read(output / "train_result.json", "the run's result", ""))
+        result = load_record(TrainResult, output / "train_result.json", "the run's result", "")
     except (TrainfitError, KeyError, TypeError, ValueError):
         return None
     if result.status != "finished" or result.step is None:  # your own command's exit: trainfit did not see it end
@@ -470,22 +507,17 @@ def _only_run(output: Path) -> Iterator[None]:
     """Hold ``output/.lock`` while training: a second ``trainfit train`` on the same folder (a
     ``--resume`` while the run is alive, say) is refused instead of deleting its checkpoints. A
     folder this call made is removed again if the run wrote nothing into it (refused input)."""
-    import fcntl
-
     made = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
     try:
-        with (output / ".lock").open("a+") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                raise TrainfitError(f"another `trainfit train` is running in {output}",
-                                    "wait for it to end, or stop it (Ctrl-C or SIGTERM saves a checkpoint) and resume"
-                                    ) from None
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        try:
+            lock = lock_folder(output)
+        except FolderBusy:
+            raise TrainfitError(f"another `trainfit train` is running in {output}",
+                                "wait for it to end, or stop it (Ctrl-C or SIGTERM saves a checkpoint) and resume"
+                                ) from None
+        with lock:  # closing the file releases the lock
+            yield
     finally:
         if made and {p.name for p in output.iterdir()} <= {".lock"}:
             shutil.rmtree(output, ignore_errors=True)

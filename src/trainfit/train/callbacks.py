@@ -10,6 +10,7 @@ at a step's end, so it is tested without a trainer.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import threading
 import time
@@ -41,6 +42,17 @@ def deadline_near(now: float, deadline: float, step_s: float, save_s: float) -> 
     return now + step_s + save_s >= deadline
 
 
+def past_epochs(args: Any, state: Any) -> int | None:
+    """The epochs a run's ``max_steps`` take where they are more than its ``num_train_epochs`` (the
+    trainer's names; ``state.num_train_epochs``: the epochs its steps reach, the last maybe partial),
+    else None. ``max_steps`` decides, in trainfit's loop as in the Hugging Face trainer: the run is
+    not cut at the epochs' end, and says so."""
+    asked, reached = getattr(args, "num_train_epochs", None), getattr(state, "num_train_epochs", None)
+    if getattr(args, "max_steps", -1) <= 0 or asked is None or reached is None or reached > 10**9:  # an iterable
+        return None
+    return int(reached) if reached > math.ceil(asked) else None
+
+
 class RunLog:
     """A JSON-lines file, one object per event (``{"event": ..., "time": epoch seconds, ...}``),
     each line flushed as written so a crash loses none before it."""
@@ -66,11 +78,15 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         self.started_at, self.deadline = started_at, deadline
         self.interval = Interval(every_s, time.monotonic())
         self.stopped: str | None = None
+        self.at_once = False
+        """Stopped without a save (a second Ctrl-C): set by the caller, which caught it."""
         self.signal: str | None = None
         self.save_s = save_s
         """One save's time: the last one this process made (before it, the caller's estimate)."""
         self.save_began = 0.0
         self.first_step: int | None = None
+        self.max_steps: int | None = None
+        """The run's total steps, as the trainer counted them at its start (None: it has not started)."""
         self.step_began = False
         """A step began in this process: what fails before it may be the checkpoint's loading (the
         Trainer loads the RNG states after the training began, just before the resumed epoch's
@@ -106,8 +122,13 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.interval.last = self.segment_began = time.monotonic()
-        self.first_step = int(state.global_step)
-        self.log.write("train_begin", step=self.first_step, max_steps=int(state.max_steps))
+        self.first_step, self.max_steps = int(state.global_step), int(state.max_steps)
+        self.log.write("train_begin", step=self.first_step, max_steps=self.max_steps)
+        epochs = past_epochs(args, state)
+        if epochs is not None:
+            self.say(f"trainfit: {int(state.max_steps):,} steps (max_steps) are more than the "
+                     f"{args.num_train_epochs:g} epoch(s) asked for: training goes on over {epochs} epochs, the last "
+                     "maybe in part, each in a new order (fewer steps: a smaller --max-steps)")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.step_began = True

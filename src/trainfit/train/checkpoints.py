@@ -82,6 +82,7 @@ def rotate(run: Path, keep: int) -> list[Path]:
     doomed = done[:-keep] if keep > 0 else []
     doomed += [p for p in found if not complete[p] and (step_of(p) or 0) < newest]
     for path in doomed:
+        (path / MARK).unlink(missing_ok=True)  # first: a removal cut short (a second Ctrl-C) leaves no "complete" wreck
         shutil.rmtree(path, ignore_errors=True)
     return doomed
 

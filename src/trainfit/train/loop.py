@@ -47,10 +47,11 @@ class Position:
 
 def plan_steps(samples: int, per_step: int, epochs: float, max_steps: int | None) -> tuple[int, int]:
     """(steps per epoch, total steps): a step per ``per_step`` samples, the last of an epoch
-    partial; ``epochs`` may be fractional; ``max_steps`` caps the total."""
+    partial; ``epochs`` may be fractional. ``max_steps``, when given, is the total, over as many
+    epochs as it takes, fewer or more than ``epochs``: as the Hugging Face trainer's ``max_steps``
+    overrides its ``num_train_epochs``, so a factory run and a ``trl sft`` run stop alike."""
     per_epoch = max(1, math.ceil(samples / per_step))
-    total = max(1, math.ceil(per_epoch * epochs))
-    return per_epoch, min(total, max_steps) if max_steps else total
+    return per_epoch, max_steps if max_steps else max(1, math.ceil(per_epoch * epochs))
 
 
 def steps_of(rows: Iterator[dict[str, Any]], batch_size: int, accumulation: int) -> Iterator[list[list[dict[str, Any]]]]:
@@ -103,14 +104,15 @@ def load(folder: Path, step_runner: Any, device: Any) -> Position:
             step_runner.scheduler.load_state_dict(torch.load(folder / "scheduler.pt"))
         rng = torch.load(folder / "rng_state.pth", weights_only=False)
         raw = json.loads((folder / STATE).read_text())
-    except Exception as err:
+        position = Position(step=int(raw["step"]), epoch=int(raw["epoch"]), consumed=int(raw["consumed"]))
+    except Exception as err:  # a damaged file, or a loop_state.json of valid JSON but the wrong shape
         raise unloadable(folder, err) from err
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     if rng.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return Position(step=int(raw["step"]), epoch=int(raw["epoch"]), consumed=int(raw["consumed"]))
+    return position
 
 
 def plain(model: Any) -> Any:
@@ -142,12 +144,15 @@ class _Hooks:
     ``control``, each event), and when it evaluates: the trainer's step strategy
     (:meth:`EvalSchedule.due`) or its epoch strategy."""
 
-    def __init__(self, callbacks: Sequence[Any], output: Path, total: int, position: Position,
-                 evaluation: EvalSchedule | None, log_every: int,
+    def __init__(self, callbacks: Sequence[Any], output: Path, steps: tuple[int, int], epochs: float,
+                 max_steps: int | None, position: Position, evaluation: EvalSchedule | None, log_every: int,
                  run_eval: Callable[[EvalSchedule], dict[str, float]]) -> None:
         self.callbacks, self.evaluation, self.run_eval, self.log_every = callbacks, evaluation, run_eval, log_every
-        self.args = SimpleNamespace(output_dir=str(output))
-        self.state = SimpleNamespace(global_step=position.step, max_steps=total, epoch=position.epoch)
+        per_epoch, total = steps
+        # The trainer's names: what the run was asked for (``args``), and the epochs its steps take (``state``).
+        self.args = SimpleNamespace(output_dir=str(output), num_train_epochs=epochs, max_steps=max_steps or -1)
+        self.state = SimpleNamespace(global_step=position.step, max_steps=total, epoch=position.epoch,
+                                     num_train_epochs=math.ceil(total / per_epoch))
         self.control = SimpleNamespace(should_save=False, should_training_stop=False)
 
     def call(self, event: str, **kwargs: Any) -> None:
@@ -189,11 +194,12 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
              evaluation: EvalSchedule | None = None, schedule: Schedule | None = None,
              log_every: int = LOG_EVERY) -> tuple[int, int]:
     """Train ``spec``'s factory model with ``params`` for ``epochs`` over its ``samples`` rows (or
-    ``max_steps``), from ``checkpoint`` when given; ``callbacks`` are called as a Hugging Face
-    trainer calls them. ``evaluation``: its eval set evaluated on its schedule, as the trainer's
-    step or epoch strategy does (also after the last step). ``schedule``: the learning rate and the
-    rest of :class:`trainfit.step.Schedule` (None: the probe's). ``log_every``: steps between loss
-    lines. Returns (steps done, total steps); the model's weights end in ``output/model.pt``."""
+    ``max_steps``, over as many epochs as they take), from ``checkpoint`` when given; ``callbacks``
+    are called as a Hugging Face trainer calls them. ``evaluation``: its eval set evaluated on its
+    schedule, as the trainer's step or epoch strategy does (also after the last step). ``schedule``:
+    the learning rate and the rest of :class:`trainfit.step.Schedule` (None: the probe's).
+    ``log_every``: steps between loss lines. Returns (steps done, total steps); the model's weights
+    end in ``output/model.pt``."""
     import torch
 
     from trainfit.data.order import epoch_rows
@@ -201,11 +207,11 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
 
     data = spec.data
     assert data is not None
-    _, total = plan_steps(samples, params.effective_batch_size, epochs, max_steps)
+    per_epoch, total = plan_steps(samples, params.effective_batch_size, epochs, max_steps)
     workload, runner, collate, device = _factory_runner(
         spec, params, samples, dataclasses.replace(schedule, total_steps=total) if schedule else None)
     position = load(checkpoint, runner, device) if checkpoint is not None else Position()
-    hooks = _Hooks(callbacks, output, total, position, evaluation, log_every,
+    hooks = _Hooks(callbacks, output, (per_epoch, total), epochs, max_steps, position, evaluation, log_every,
                    lambda e: evaluate(runner, collate, e, fmt=data.format, on_bad_row=data.on_bad_row))
     state, control, call = hooks.state, hooks.control, hooks.call
     call("on_train_begin")
