@@ -5,6 +5,7 @@ report.html, the command script, advice when nothing fits.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budge
 from trainfit.report_html import tune_report_html
 from trainfit.search.ranking import Repeats, pooled, probe_samples_per_second, ranked, with_trainer_cost, within_noise
 from trainfit.search.strategies import Trial, config_key, jsonable
+from trainfit.search.tune import common_failure
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 from trainfit.summary import (
@@ -256,13 +258,17 @@ def fastest_per_value(spec: Spec, space: SearchSpace, order: Sequence[Trial],
 
 
 def all_failed(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -> AllFailed:
-    """Why nothing fits: every measured peak, the config closest to fitting, and advice."""
+    """Why nothing fits: every measured peak, the config closest to fitting, and advice: knobs that
+    lower memory, or, where no probe measured memory (each failed with an error or timed out), the
+    failure to fix first (:func:`common_failure`: no memory knob helps)."""
     smallest = smallest_peak(spec, trials)
+    failure = common_failure(trials)
     return AllFailed(
         measured_peaks_gb=[MeasuredPeak(searched=t.values, peak_gb=t.measurement.peak_memory_gb,
                                         status=t.measurement.status,
                                         oom_needs_more_than_gb=t.measurement.oom_needed_gb) for t in trials],
-        smallest_peak=smallest, advice=oom_advice(trials, stats, smallest))
+        smallest_peak=smallest,
+        advice=[failure.advice()] if failure is not None else oom_advice(trials, stats, smallest))
 
 
 def run_lengths(stats: LengthStats | None) -> Lengths | None:
@@ -324,21 +330,23 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
 
 
 def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], repeats: Repeats | None = None) -> None:
-    """One row per probe: each trial's, then its confirmation repeats (``measurement`` 2, 3, ...)."""
+    """One row per probe: each trial's, then its confirmation repeats (``measurement`` 2, 3, ...).
+    Written whole or not at all, as every output (a full disk's error names the file)."""
     columns = ["trial", "measurement", "status", *space.names, "samples_per_second", "tokens_per_second",
                "memory_peak_gb", *(f"memory_{p}_gb" for p in MEMORY_PARTS), "oom_needs_more_than_gb", "fits",
                "stable", "mfu", "probe_wall_s", "message"]
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(columns)
-        for t in sorted(trials, key=lambda t: t.number):
-            for i, m in enumerate([t.measurement, *(repeats or {}).get(config_key(t.values), ())], start=1):
-                w.writerow([t.number, i, m.status, *(t.values.get(n) for n in space.names), m.samples_per_second,
-                            m.tokens_per_second, m.peak_memory_gb,
-                            *(m.memory_parts_bytes[p] / 1024**3 if p in m.memory_parts_bytes else None
-                              for p in MEMORY_PARTS),
-                            m.oom_needed_gb, m.fits, m.stable, m.mfu, m.wall_time_s,
-                            m.headline[:200]])
+    text = io.StringIO(newline="")
+    w = csv.writer(text)
+    w.writerow(columns)
+    for t in sorted(trials, key=lambda t: t.number):
+        for i, m in enumerate([t.measurement, *(repeats or {}).get(config_key(t.values), ())], start=1):
+            w.writerow([t.number, i, m.status, *(t.values.get(n) for n in space.names), m.samples_per_second,
+                        m.tokens_per_second, m.peak_memory_gb,
+                        *(m.memory_parts_bytes[p] / 1024**3 if p in m.memory_parts_bytes else None
+                          for p in MEMORY_PARTS),
+                        m.oom_needed_gb, m.fits, m.stable, m.mfu, m.wall_time_s,
+                        m.headline[:200]])
+    write_atomically(path, text.getvalue())
 
 
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
@@ -353,7 +361,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     trl_data = trl_data_config(spec)
     if trl_data is not None:
         data_config = output.resolve() / "trl_data.yaml"
-        data_config.write_text(yaml.safe_dump(trl_data, sort_keys=False))
+        write_atomically(data_config, yaml.safe_dump(trl_data, sort_keys=False))
     model_dir = initial_model(output, spec) if any(t.feasible for t in trials) else None
     summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
                             elapsed_s=elapsed_s, repeats=repeats, data_config=data_config, model_dir=model_dir,
@@ -374,8 +382,8 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")
         params = space.params(trial.values)
-        script.write_text(command_script(spec, params, header,
-                                         **command_inputs(params, m, stats, data_config, model_dir)))
+        write_atomically(script, command_script(spec, params, header,
+                                                **command_inputs(params, m, stats, data_config, model_dir)))
         script.chmod(0o755)
     return summary
 

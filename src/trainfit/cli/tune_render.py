@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from trainfit.cli.render import table
@@ -17,12 +18,13 @@ from trainfit.search.events import (
     Resumed,
     SharedStudy,
     TrialEnd,
+    TrialsLost,
     TrialStart,
     TuneEvent,
     Waiting,
 )
 from trainfit.search.ranking import noise_warning
-from trainfit.search.tune import TuneResult
+from trainfit.search.tune import CommonFailure, TuneResult, common_failure, probe_folder
 from trainfit.spec import Spec
 from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary, TrainerCost
 
@@ -50,6 +52,11 @@ class TuneView:
             print(f"note: {event.journal} was damaged from line {event.line} of {event.lines} "
                   f"({event.reason}): dropped that tail, which held no complete entry; the file as it was is "
                   f"{event.backup}", file=sys.stderr)
+        elif isinstance(event, TrialsLost):
+            lost = "; ".join(f"trial {number} ({why})" for number, why in event.trials.items())
+            print(f"warning: {event.storage} lacks the records of {len(event.trials)} trial(s) an earlier run "
+                  f"measured: {lost}; their configs count as never measured, and are probed again",
+                  file=sys.stderr)
         elif isinstance(event, Resumed):
             print(f"resuming: {event.trials} trials already measured"
                   + (f", {event.retried} interrupted trial(s) retried" if event.retried else ""))
@@ -120,6 +127,9 @@ def print_result(result: TuneResult, spec: Spec) -> int:
     if s.best_config is None and s.total_tested == 0:
         print(f"\nNo configuration was probed ({result.stop_reason}).")
         return 1
+    if s.best_config is None and (failure := common_failure(result.trials)) is not None:
+        print_every_probe_failed(failure, result.output)
+        return 1
     if s.best_config is None:
         print_nothing_fits(spec, s.all_failed)
         return 1
@@ -142,6 +152,14 @@ def print_nothing_fits(spec: Spec, failed: AllFailed | None) -> None:
         print("\nTo lower peak memory (knobs to add to the search space; the largest part first):")
         for line in failed.advice:
             print(f"  - {line}")
+
+
+def print_every_probe_failed(failure: CommonFailure, output: Path) -> None:
+    """No probe measured memory: the failure to fix first and where its whole message is, no memory knob."""
+    folder = probe_folder(output, failure.trial)
+    print(f"\nNo configuration fits: every probe {failure.what} (none ran out of memory), so no memory knob helps.")
+    print(f"Fix this first ({failure.probes} of {failure.total} probes): {failure.line}")
+    print(f"  the whole message of trial {failure.trial}: {folder / 'result.json'}; its output: {folder / 'probe.log'}")
 
 
 def print_closest(smallest: SmallestPeak) -> None:

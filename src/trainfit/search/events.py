@@ -42,6 +42,18 @@ class JournalRepaired:
 
 
 @dataclass(frozen=True)
+class TrialsLost:
+    """Trials an earlier run measured that the study no longer holds readably (see
+    ``TrialStore.lost``): a record of the wrong type, or a trial trials.csv shows and the journal
+    lacks. Their configs count as never measured, so the search probes them again."""
+
+    storage: str
+    """The output folder's journal, or the --storage URL (its password hidden)."""
+    trials: Mapping[int, str]
+    """Trial number -> what is wrong with it, in words."""
+
+
+@dataclass(frozen=True)
 class Waiting:
     """Other runs of a shared storage probe ``busy`` configs; ``searching``: their results decide
     what to probe next (else the summary waits for them)."""
@@ -103,5 +115,5 @@ class ConfirmEnd:
     measurement: Measurement
 
 
-TuneEvent = Union[SharedStudy, Resumed, JournalRepaired, Waiting, TrialStart, ProbeProgress, TrialEnd, ConfirmStart,
-                  ConfirmEnd]
+TuneEvent = Union[SharedStudy, Resumed, JournalRepaired, TrialsLost, Waiting, TrialStart, ProbeProgress, TrialEnd,
+                  ConfirmStart, ConfirmEnd]

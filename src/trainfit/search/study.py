@@ -9,6 +9,8 @@ again. Every trial carries the same constraint key, as GPSampler requires.
 from __future__ import annotations
 
 import contextlib
+import csv
+import functools
 import hashlib
 import json
 import os
@@ -16,6 +18,7 @@ import shutil
 import socket
 import threading
 import time
+import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from trainfit.probe.measurement import Measurement
 from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
+from trainfit.summary import Malformed, typed
 
 CONSTRAINT = "memory"
 HEARTBEAT_S = 30
@@ -174,11 +178,82 @@ def journal_storage(journal: Path) -> Any:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
+    class NamedJournalFile(JournalFileBackend):
+        """Optuna's journal file, whose refused appends name it: the OSError of a full disk
+        (raised by the write, not the open) names no file, and the user is told which one."""
+
+        def append_logs(self, logs: list[dict[str, Any]]) -> None:
+            try:
+                super().append_logs(logs)
+            except OSError as err:
+                raise OSError(err.errno, err.strerror, err.filename or str(journal)) from err
+
     try:
-        return JournalStorage(JournalFileBackend(str(journal)))
+        return JournalStorage(NamedJournalFile(str(journal)))
     except Exception as err:  # noqa: BLE001 - any replay failure: the file is left as it is
         raise TrainfitError(f"{journal} cannot be replayed ({type(err).__name__}: {err}); the file is left as it is",
                             "use --output NEW_FOLDER to start afresh") from None
+
+
+@functools.cache
+def _measurement_hints() -> dict[str, Any]:
+    return typing.get_type_hints(Measurement)
+
+
+def _json_object(value: Any, key: str) -> dict[str, Any]:
+    """``value`` (at ``key``), refused (:class:`Malformed`) unless a JSON object; its own values
+    are any JSON, null included."""
+    if value is None:
+        raise Malformed(key, "null where a JSON object belongs")
+    return dict(typed(dict[str, Any], value, key))
+
+
+def _check_measurement(data: Any) -> None:
+    """Refuse (:class:`Malformed`, ``ValueError``) a stored measurement that would not read back
+    as one: not an object, a field of the wrong type, a required one missing, another schema."""
+    data = _json_object(data, "measurement")
+    hints = _measurement_hints()
+    for name, value in data.items():
+        if name not in hints:
+            continue
+        if value is None and type(None) not in typing.get_args(hints[name]):  # a null within it may be a value
+            raise Malformed(f"measurement.{name}", "null where a value belongs")
+        typed(hints[name], value, f"measurement.{name}")
+    try:
+        Measurement.from_dict(data)
+    except TypeError as err:  # a required field missing
+        raise Malformed("measurement", str(err).partition("() ")[2] or str(err)) from None
+
+
+def record_problem(trial: Any, names: Sequence[str]) -> str | None:
+    """Why a measured trial's record (what :meth:`TrialStore.tell` stores: its measurement, values
+    and objective) cannot be read back, or None. A journal edited by hand or by a tool can hold valid
+    JSON of any type there, which would fail far from here (a traceback in the ranking)."""
+    attrs = trial.user_attrs
+    try:
+        _check_measurement(attrs.get("measurement"))
+        values = _json_object(attrs.get("values", trial.params), "values")
+        if missing := sorted(set(names) - set(values)):
+            raise Malformed("values", f"no {', '.join(missing)}")
+        for name in names:
+            if isinstance(values[name], (dict, list)):
+                raise Malformed(f"values.{name}", f"a JSON {'object' if isinstance(values[name], dict) else 'list'}"
+                                                  " where a searched value belongs")
+        typed(float | None, attrs.get("objective"), "objective")
+    except ValueError as err:  # Malformed, or Measurement.from_dict's schema and status checks
+        return str(err)
+    return None
+
+
+def recorded_trials(table: Path) -> list[int]:
+    """The trial numbers in a tune's trials.csv (written after every trial, from the study), or
+    none where it is missing or unreadable: it only cross-checks the journal."""
+    try:
+        with table.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+    return sorted({int(r["trial"]) for r in rows if r.get("measurement") == "1" and str(r.get("trial")).isdigit()})
 
 
 def owner_id() -> str:
@@ -351,10 +426,14 @@ def _other_studies(summaries: Sequence[Any], name: str, doc: dict[str, Any]) -> 
 
 
 def _refuse_to_open(name: str, *, output: Path, storage: str | None, existing: list[str],
-                    others: list[dict[str, Any]], resume: bool, join: bool) -> None:
+                    others: list[dict[str, Any]], resume: bool, join: bool, emptied: bool = False) -> None:
     """Raise when this run may not start or continue study ``name`` there: it exists and neither
     ``--resume`` nor ``--join`` was given, there is nothing to resume, or the output folder holds
-    another spec's study or an earlier run's results without their study."""
+    another spec's study or an earlier run's results without their study.
+
+    ``emptied``: the output folder's journal is there but empty (0 bytes): its study lost every
+    trial. ``--resume`` begins it again there (the run names the trials it lost, see
+    :meth:`TrialStore.lost`); without, the refusal says so, not "nothing to resume"."""
     where = masked(storage) if storage else str(output)
     if join and storage is None:
         raise TrainfitError("--join is for runs sharing a --storage", "add --storage URL, or use --resume")
@@ -362,7 +441,7 @@ def _refuse_to_open(name: str, *, output: Path, storage: str | None, existing: l
     if name in existing and not (resume or join):
         raise TrainfitError(f"{where} already holds this tuning study",
                             "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
-    if resume and name not in existing:
+    if resume and name not in existing and not emptied:
         if existing and storage is None:
             changed = sorted({k for o in others for k in o["differs"]})
             what = (f"changed: {', '.join(changed)}" if changed else
@@ -376,6 +455,11 @@ def _refuse_to_open(name: str, *, output: Path, storage: str | None, existing: l
                             "use --output NEW_FOLDER")
     results = [f for f in ("summary.json", "trials.csv") if (output / f).exists()]
     if results and name not in existing and not (resume or join):  # a --storage run's, or a lost journal
+        if emptied:
+            raise TrainfitError(f"{output / 'study.journal'} is empty: the study of the results in {output} "
+                                f"({', '.join(results)}) lost every trial it held",
+                                "pass --resume to begin it again there (the trials trials.csv shows are probed "
+                                "again), or use --output NEW_FOLDER to start afresh")
         raise TrainfitError(f"{output} holds the results of an earlier run ({', '.join(results)}) but not its "
                             "study, so this run would overwrite them",
                             "use --output NEW_FOLDER (if that run used --storage URL, continue it with the same "
@@ -429,19 +513,27 @@ class TrialStore:
 
         self.shared = storage is not None
         journal = output / "study.journal"
+        self.journal = None if self.shared else journal
+        """The output folder's journal, the study's storage without --storage."""
         self.repaired = mend_journal(journal, resume) if not self.shared and journal.exists() else None
         """The damaged tail dropped from the journal (line, reason, backup), for the run to report."""
+        self.emptied = emptied = not self.shared and journal.exists() and journal.stat().st_size == 0
+        """The journal was there but empty (0 bytes): its study, if it had one, lost every trial."""
+        self.unreadable: dict[int, str] = {}
+        """Measured trials whose record cannot be read back, by number, with why (:func:`record_problem`)."""
         self._stale: list[int] = []
         """Trials this run closed because Optuna's heartbeat found them stale (their numbers)."""
         self.storage = (open_storage(storage, lambda study, trial: self._stale.append(trial.number)) if storage
                         else journal_storage(journal))
+        self.where = masked(storage) if storage else str(journal)  # a URL open_storage has checked
+        """The study's storage, in words: the journal, or the --storage URL with its password hidden."""
         self.name = study_name(spec)
         summaries = optuna.get_all_study_summaries(self.storage) if storage or journal.exists() else []
         existing = [s.study_name for s in summaries]
         doc = {k: v for k, v in spec.to_dict().items() if k != "source"}
         others = _other_studies(summaries, self.name, doc)
         _refuse_to_open(self.name, output=output, storage=storage, existing=existing, others=others,
-                        resume=resume, join=join)
+                        resume=resume, join=join, emptied=emptied)
         began_on = next((s.user_attrs.get("data_fingerprint") for s in summaries if s.study_name == self.name), None)
         data = _same_data(spec, began_on, self.shared)
         self._start_study(spec, doc, others, new=self.name not in existing, data=data, began_on=began_on,
@@ -605,29 +697,52 @@ class TrialStore:
             return config_key({"(being asked for)": trial._trial_id})
         return config_key({k: trial.params[k] for k in self.space.names})
 
-    def history(self) -> list[Trial]:
+    def _measured(self) -> list[Any]:
+        """The COMPLETE trials holding a measurement whose record reads back. A measured trial's
+        that does not (:func:`record_problem`) is left out, its config counted as never measured
+        (probed again), and kept in ``unreadable`` for the run to report."""
         from optuna.trial import TrialState
 
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            data = t.user_attrs.get("measurement")
-            if data is None or t.user_attrs.get("reused") or t.user_attrs.get("repeat"):
+            if t.user_attrs.get("measurement") is None:
                 continue
-            m = Measurement.from_dict(data)
-            out.append(Trial(number=t.number, values=dict(t.user_attrs.get("values", t.params)), measurement=m,
-                             objective=t.user_attrs.get("objective")))
+            problem = record_problem(t, self.space.names)
+            if problem is None:
+                out.append(t)
+            elif not t.user_attrs.get("reused"):  # a reused trial repeats a measured answer: nothing is lost
+                self.unreadable.setdefault(t.number, problem)
         return out
+
+    def history(self) -> list[Trial]:
+        return [Trial(number=t.number, values=dict(t.user_attrs.get("values", t.params)),
+                      measurement=Measurement.from_dict(t.user_attrs["measurement"]),
+                      objective=t.user_attrs.get("objective"))
+                for t in self._measured() if not (t.user_attrs.get("reused") or t.user_attrs.get("repeat"))]
 
     def repeats(self) -> dict[str, list[Measurement]]:
         """Confirmation measurements (``tell(..., repeat=True)``) by config key, in order."""
-        from optuna.trial import TrialState
-
         out: dict[str, list[Measurement]] = {}
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get("repeat") and t.user_attrs.get("measurement") is not None:
-                out.setdefault(config_key(t.user_attrs["values"]), []).append(
+        for t in self._measured():
+            if t.user_attrs.get("repeat"):
+                out.setdefault(config_key(t.user_attrs.get("values", t.params)), []).append(
                     Measurement.from_dict(t.user_attrs["measurement"]))
         return out
+
+    def lost(self, history: Sequence[Trial]) -> dict[int, str]:
+        """Trials an earlier run measured that the study no longer holds readably, by number, with
+        what is wrong, in order: a record of the wrong type (:func:`record_problem`), and, with the
+        output folder's journal, a trial its trials.csv shows that the journal lacks (``history``:
+        the study's trials): a line of it lost, or the whole file emptied. Their configs count as
+        never measured, so the search probes them again."""
+        lost = dict(self.unreadable)
+        if self.journal is not None:
+            have = {t.number for t in history}
+            for number in recorded_trials(self.journal.parent / "trials.csv"):
+                if number not in have:
+                    lost.setdefault(number, "in trials.csv, not in the journal: "
+                                    + ("the journal was emptied" if self.emptied else "a line of it was lost"))
+        return dict(sorted(lost.items()))
 
     @contextlib.contextmanager
     def beating(self, trial: Any) -> Iterator[None]:

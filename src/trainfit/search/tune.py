@@ -24,6 +24,7 @@ from trainfit.search.events import (
     Resumed,
     SharedStudy,
     TrialEnd,
+    TrialsLost,
     TrialStart,
     TuneEvent,
     Waiting,
@@ -331,6 +332,51 @@ class SearchLoop:
         s.history = self.store.history()
 
 
+def probe_folder(output: Path, number: int) -> Path:
+    """Where the probe of trial ``number`` keeps its files: request.json, probe.log (its output) and
+    result.json (its measurement, with the whole error message of a failed probe)."""
+    return output / "probes" / f"trial-{number:04d}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommonFailure:
+    """Why nothing fits when no probe got as far as measuring memory (each failed with an error or
+    timed out, none ran out of memory): the failure most of them share. No memory knob helps."""
+
+    what: str
+    """What every probe did, in words: "failed with an error", "timed out", or both."""
+    line: str
+    """The line of its message that says what went wrong (``Measurement.headline``)."""
+    probes: int
+    """How many probes it ended."""
+    total: int
+    """How many probes there were."""
+    trial: int
+    """The first trial it ended: its probe's folder (:func:`probe_folder`) holds the whole message."""
+
+    def advice(self, output: Path = Path()) -> str:
+        """What to do, naming where the first such probe's files are (under ``output``)."""
+        folder = probe_folder(output, self.trial)
+        return (f"every probe {self.what} (none ran out of memory), so no memory knob helps: fix this first: "
+                f"{self.probes} of {self.total} probes: {self.line}; the whole message of trial {self.trial}: "
+                f"{folder / 'result.json'}, its output: {folder / 'probe.log'}")
+
+
+def common_failure(trials: Sequence[Trial]) -> CommonFailure | None:
+    """The :class:`CommonFailure` of ``trials``, None where one measured memory (ran, or ran out of it).
+    The most common line wins; of equals, the earliest trial's."""
+    if not trials or any(t.measurement.status in ("ok", "oom") for t in trials):
+        return None
+    by_line: dict[str, list[Trial]] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        by_line.setdefault(t.measurement.headline or t.measurement.status, []).append(t)
+    line, hit = max(by_line.items(), key=lambda item: len(item[1]))  # max keeps the first of equals
+    statuses = {t.measurement.status for t in trials}
+    what = ("failed with an error" if statuses == {"error"} else "timed out" if statuses == {"timeout"}
+            else "failed with an error or timed out")
+    return CommonFailure(what=what, line=line, probes=len(hit), total=len(trials), trial=hit[0].number)
+
+
 def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: EventFn,
                   device_type: str | None) -> tuple[ProbeFn, Any, str, LengthStats | None]:
     """A real, isolated probe of each config (keeping a built model for the next probe of its
@@ -345,8 +391,12 @@ def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: Eve
     session = ProbeSession()
 
     def probe_fn(params: Params, number: int) -> Measurement:
-        return run_probe(spec, params, stats=stats, workdir=output / "probes" / f"trial-{number:04d}",
-                         on_event=lambda e: emit(ProbeProgress(e)), session=session)
+        workdir = probe_folder(output, number)
+        try:
+            return run_probe(spec, params, stats=stats, workdir=workdir, on_event=lambda e: emit(ProbeProgress(e)),
+                             session=session)
+        except OSError as err:  # a full disk's names no file: the probe's folder, where it writes its files
+            raise OSError(err.errno, err.strerror, err.filename or str(workdir)) from err
 
     return probe_fn, session, device_type or resolve_device_name(spec.probe.device), stats
 
@@ -431,9 +481,12 @@ def best_trial(trials: Sequence[Trial], summary: Summary) -> Trial | None:
 
 
 def announce(store: TrialStore, history: list[Trial], emit: EventFn) -> None:
-    """What the run found on opening its study: a repaired journal, a shared study, earlier trials."""
+    """What the run found on opening its study: a repaired journal, trials it lost, a shared study,
+    earlier trials."""
     if store.repaired is not None:
         emit(JournalRepaired(**store.repaired))
+    if lost := store.lost(history):
+        emit(TrialsLost(storage=store.where, trials=lost))
     if store.shared:  # the name is the spec's digest: machines of one search all print the same
         emit(SharedStudy(name=store.name, trials=len(history), others=store.others))
     if history or store.retried:
