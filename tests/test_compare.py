@@ -283,7 +283,7 @@ def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
             "--eval-data", str(eval_data), "--eval-every", "10", "--output", str(out)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
-    while not ((out / "second" / "job.json").is_file()):  # the first is done and written, the second started
+    while not ((out / "configs" / "second" / "job.json").is_file()):  # the first is done and written, the second started
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
@@ -291,7 +291,7 @@ def test_a_comparison_killed_mid_way_resumes_keeping_the_configs_it_finished(
     first = json.loads((out / "compare.json").read_text())["runs"]
     assert list(first) == ["first"] and first["first"]["status"] == "finished"
     time.sleep(0.5)  # its child died with it
-    assert not (out / "second" / "result.json").exists()
+    assert not (out / "configs" / "second" / "result.json").exists()
 
     assert main(["compare", str(factory_spec), "--configs", str(configs), "--steps", "20", "--output", str(out)]) == 2
     done = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=240)
@@ -500,7 +500,7 @@ def test_two_machines_sharing_a_storage_train_each_config_once_and_both_end_with
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    trained = sorted(n for i in range(2) for n in names if (tmp_path / f"machine{i}" / n / "result.json").is_file())
+    trained = sorted(n for i in range(2) for n in names if (tmp_path / f"machine{i}" / "configs" / n / "result.json").is_file())
     assert trained == names  # each config trained once, by one machine or the other
     for i in range(2):  # and each machine's comparison holds every config, in the file's order
         state = json.loads((tmp_path / f"machine{i}" / "compare.json").read_text())

@@ -30,8 +30,10 @@ Each config trains in its own process on the trainer `trainfit train` uses (TRL'
 trainfit's loop for a factory model), with the same seed and data order, its loss logged every
 step and the eval set evaluated on its schedule. A config whose loss is not finite or rises past
 its start is stopped as diverged; one that runs out of memory is reported, and the others still run.
-Writes OUTPUT/compare.json (after each config: --resume keeps the finished ones), compare.html (loss
-curves against steps and time, speed and memory bars), next_configs.yaml (from the suggestions).
+Writes OUTPUT/compare.json (after each config: --resume keeps the finished ones, and rebuilds a
+damaged compare.json from the configs' results), compare.html (loss curves against steps and time,
+speed and memory bars), next_configs.yaml (from the suggestions); each config trains in
+OUTPUT/configs/NAME. OUTPUT is locked while a comparison runs: a second one into it is refused.
 """
 
 

@@ -2,31 +2,37 @@
 the same seed and data order, and compare their loss curves, speed and memory; then suggest the
 next round.
 
-Each config trains in its own process (:mod:`trainfit.compare.child`) on the trainers
-``trainfit train`` uses. ``compare.json`` is rewritten after each config, so an interrupted
-comparison resumes (``--resume``) with the configs not yet done. The suggestions
-(:mod:`trainfit.compare.suggest`) come with their evidence and a ``next_configs.yaml``.
+Each config trains in its own process (:mod:`trainfit.compare.child`), in its own folder
+(``OUTPUT/configs/NAME``: a config's name never reaches the comparison's own files), on the
+trainers ``trainfit train`` uses; that process dies with the comparison. ``compare.json`` is
+rewritten after each config, so an interrupted comparison resumes (``--resume``) with the configs
+not yet done; a damaged one is rebuilt from the configs' folders. The output folder is locked while
+a comparison runs (:func:`~trainfit.files.lock_folder`): a second one into it is refused. The
+suggestions (:mod:`trainfit.compare.suggest`) come with their evidence and a ``next_configs.yaml``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainfit.compare.configs import NamedConfig, read_configs, split_training
 from trainfit.compare.runs import MEASURED, ConfigRun
 from trainfit.compare.suggest import Suggestion, suggest
 from trainfit.errors import TrainfitError
-from trainfit.files import write_atomically
+from trainfit.files import FolderBusy, lock_folder, write_atomically
 from trainfit.plan.eval_pass import EvalSchedule, eval_set
 from trainfit.spec import Spec, load_spec
 from trainfit.summary import Record, check_schema
@@ -96,47 +102,81 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     configs = read_configs(configs_path, spec, defaults=training)
     _check(spec, steps)
     output = Path(output).resolve()
-    split = None if holdout is None else _split(spec, holdout, eval_data, output)
-    if split is not None:
-        eval_path: Path | None = output / HOLDOUT / "heldout.jsonl"  # where the split is moved once accepted
-    else:
-        eval_path = None if eval_data is None else eval_set(eval_data)
-    evaluation = None if eval_path is None else EvalSchedule(
-        path=str(eval_path), every=eval_every or math.ceil(steps / 5), batch_size=eval_batch_size or spec.params.batch_size)
-    try:
-        state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides), minutes,
-                       holdout, split[1] if split else None)
-    except BaseException:
+    with _only_comparison(output, resume) as lock:
+        split = None if holdout is None else _split(spec, holdout, eval_data, output)
         if split is not None:
-            shutil.rmtree(split[0], ignore_errors=True)
-        raise
-    trained_on = list(spec_overrides)
-    if split is not None:  # accepted: the split replaces the folder's
-        shutil.rmtree(output / HOLDOUT, ignore_errors=True)
-        split[0].rename(output / HOLDOUT)
-        trained_on += [f"data.path={output / HOLDOUT / 'train.jsonl'}", "data.format=jsonl"]
-        spec = load_spec(spec_path, trained_on)
-    jobs = _Jobs(spec, spec_path, trained_on, output, evaluation, steps, minutes)
-    if storage is not None:
-        state = _shared(state, storage, configs, jobs, output, say)
-    for i, config in enumerate(configs, 1):
-        if config.name in state.runs:
-            continue
-        say(f"[{i}/{len(configs)}] {config.name}: {steps} steps of {_settings(config)}")
-        run = jobs.run(config)
-        state = _with(state, runs={**state.runs, config.name: run})
-        _write(output, state)  # kept before it is said: an interrupt after the line loses nothing
-        say(f"[{i}/{len(configs)}] {config.name}: {run.status}" + (f" ({run.error})" if run.error else ""))
-    state = _with(state, suggestions=suggest(state.configs, state.runs, target_loss, steps, spec.params.to_dict()))
-    _write(output, state)
-    from trainfit.compare.report import write_report
+            eval_path: Path | None = output / HOLDOUT / "heldout.jsonl"  # where the split is moved once accepted
+        else:
+            eval_path = None if eval_data is None else eval_set(eval_data)
+        evaluation = None if eval_path is None else EvalSchedule(
+            path=str(eval_path), every=eval_every or math.ceil(steps / 5), batch_size=eval_batch_size or spec.params.batch_size)
+        try:
+            state = _start(spec, configs, steps, output, evaluation, target_loss, resume, say, list(overrides), minutes,
+                           holdout, split[1] if split else None)
+        except BaseException:
+            if split is not None:
+                shutil.rmtree(split[0], ignore_errors=True)
+            raise
+        trained_on = list(spec_overrides)
+        if split is not None:  # accepted: the split replaces the folder's
+            shutil.rmtree(output / HOLDOUT, ignore_errors=True)
+            split[0].rename(output / HOLDOUT)
+            trained_on += [f"data.path={output / HOLDOUT / 'train.jsonl'}", "data.format=jsonl"]
+            spec = load_spec(spec_path, trained_on)
+        jobs = _Jobs(spec, spec_path, trained_on, output, evaluation, steps, minutes, comparison=state.setup(),
+                     lock=lock)
+        if storage is not None:
+            state = _shared(state, storage, configs, jobs, output, say)
+        for i, config in enumerate(configs, 1):
+            if config.name in state.runs:
+                continue
+            say(f"[{i}/{len(configs)}] {config.name}: {steps} steps of {_settings(config)}")
+            run = jobs.run(config)
+            state = _with(state, runs={**state.runs, config.name: run})
+            _write(output, state)  # kept before it is said: an interrupt after the line loses nothing
+            say(f"[{i}/{len(configs)}] {config.name}: {run.status}" + (f" ({run.error})" if run.error else ""))
+        state = _with(state, suggestions=suggest(state.configs, state.runs, target_loss, steps, spec.params.to_dict()))
+        _write(output, state)
+        from trainfit.compare.report import write_report
 
-    write_report(output, state)
-    return state
+        write_report(output, state)
+        return state
+
+
+@contextlib.contextmanager
+def _only_comparison(output: Path, resume: bool) -> Iterator[IO[str]]:
+    """Hold ``output``'s lock (:func:`~trainfit.files.lock_folder`) for the whole comparison, and
+    hand it to each config's process (the folder stays held while one lives): a second comparison
+    into it (a ``--resume`` while this one runs, say) is refused before it touches anything, where
+    it would rewrite ``compare.json`` and start this one's configs over, deleting their folders. A
+    folder this call made is removed again if the comparison wrote nothing into it (refused input)."""
+    if resume and not output.is_dir():  # a typo in --output, not a comparison cut short (that made its folder)
+        raise TrainfitError(f"nothing to resume: {output} does not exist",
+                            "drop --resume, or give the --output of the interrupted comparison")
+    made = not output.exists()
+    output.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = lock_folder(output)
+    except FolderBusy as busy:
+        raise TrainfitError(f"{output} is in use by a running trainfit ({busy.holder})",
+                            "wait for it to end (or stop it and --resume it), or give a new --output") from None
+    with lock:  # closing the file releases the lock
+        try:
+            yield lock
+        finally:
+            if made and {p.name for p in output.iterdir()} <= {".lock"}:
+                shutil.rmtree(output, ignore_errors=True)
 
 
 HOLDOUT = "holdout"
 """The folder of a comparison's held-out split (``--holdout``): ``train.jsonl`` and ``heldout.jsonl``."""
+CONFIGS = "configs"
+"""The folder of the configs' folders, ``OUTPUT/configs/NAME`` (``job.json``, ``result.json``, what
+its trainer writes): a folder of their own, as a config may be named like any of the comparison's
+files (``model``, ``holdout``, ``compare.json``). An older comparison's configs, in ``OUTPUT/NAME``,
+resume from its ``compare.json``; what trains again trains here."""
+DAMAGED = "compare.json.damaged"
+"""A damaged ``compare.json``, kept as it was once a resume rebuilt it."""
 
 
 def _split(spec: Spec, n: int, eval_data: str | Path | None, output: Path) -> tuple[Path, str]:
@@ -186,9 +226,6 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
                      evaluation=evaluation, target_loss=target_loss, device=resolve_device_name(spec.probe.device),
                      configs={c.name: c.given for c in configs}, holdout=holdout, holdout_sha256=holdout_sha256)
     path = output / "compare.json"
-    if resume and not output.is_dir():  # a typo in --output, not a comparison cut short (that made its folder)
-        raise TrainfitError(f"nothing to resume: {output} does not exist",
-                            "drop --resume, or give the --output of the interrupted comparison")
     if not path.exists():
         if resume:
             say(f"trainfit: {output} holds no comparison yet: starting one")
@@ -198,9 +235,9 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
         raise TrainfitError(f"{output} already holds a comparison (compare.json)",
                             "finish it with --resume, or give a new --output")
     try:
-        before = Comparison.from_json(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as err:
-        raise TrainfitError(f"{path} cannot be read ({err})", "compare into a new --output") from None
+        before = _recorded(path)
+    except ValueError as damage:
+        return _rebuilt(now, output, f"{path} cannot be read ({damage})", say)
     changed = [f"{k}: {before.setup()[k]} -> {v}" for k, v in now.setup().items() if before.setup()[k] != v]
     if changed:
         raise TrainfitError(f"{output} compared with other settings; what differs:\n  " + "\n  ".join(changed),
@@ -215,20 +252,83 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
     return _with(now, runs=kept)
 
 
+def _recorded(path: Path) -> Comparison:
+    """``compare.json`` as written; a :class:`ValueError` saying why where it is damaged (cut off,
+    edited, not a comparison's). One of another schema version is no damage (a newer trainfit's):
+    its :class:`TrainfitError` says so."""
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as err:  # UnicodeDecodeError is one
+        raise ValueError(f"not JSON: {err}") from None
+    if isinstance(raw, dict) and isinstance(raw.get("schema_version"), int):
+        check_schema(raw, SCHEMA_VERSION, "compare.json", "compare again into a new --output")
+    try:
+        return Comparison.from_json(raw)
+    except (TrainfitError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(getattr(err, "message", None) or f"{type(err).__name__}: {err}") from None
+
+
+def _rebuilt(now: Comparison, output: Path, damage: str, say: Callable[[str], None]) -> Comparison:
+    """A resumed comparison whose ``compare.json`` is damaged (``damage`` says how), rebuilt from
+    its configs' folders: a config's measured run is kept where its ``job.json`` says it trained
+    for this very comparison (the setup a resume checks, and the config as written now); the others
+    train again. The damaged file is kept as :data:`DAMAGED`."""
+    setup = json.loads(json.dumps(now.setup(), default=str))  # as job.json holds it
+    runs: dict[str, ConfigRun] = {}
+    for name, given in now.configs.items():
+        folder = output / CONFIGS / name
+        try:
+            job = json.loads((folder / "job.json").read_text())
+            run = ConfigRun.from_json(json.loads((folder / "result.json").read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # not trained, cut short, or damaged too: it trains again
+        if job.get("comparison") != setup or job.get("given") != json.loads(json.dumps(given, default=str)):
+            say(f"trainfit: {name}: its run is of another comparison: training it again")
+        elif run.name == name and run.status in MEASURED:
+            runs[name] = run
+    (output / "compare.json").replace(output / DAMAGED)
+    say(f"trainfit: {damage}; rebuilt from the configs' results: {', '.join(runs) or 'none kept'} "
+        f"(the damaged file is kept as {output / DAMAGED})")
+    return _with(now, runs=runs)
+
+
+CHILD_MAIN = """import sys
+if sys.path[:1] == ['']:
+    del sys.path[0]
+from trainfit.probe.worker import die_with_parent
+die_with_parent(int(sys.argv[2]), sys.argv[3] == '1')
+from trainfit.compare.child import entry
+sys.exit(entry(sys.argv[1:2]))
+"""
+"""The config process's first lines: it is bound to die with the comparison before any heavy
+import (transformers' trainer takes seconds, and the comparison may die meanwhile)."""
+
+
+def child_command(job: Path, parent_pid: int, on_main_thread: bool) -> list[str]:
+    """The config process's command line: its ``job.json``, the comparison's pid, and whether the
+    thread starting it lives as long as the comparison (see
+    :func:`~trainfit.probe.worker.die_with_parent`: it dies with the comparison, as a probe worker
+    does with its runner). ``-c``, not ``-m``, as the probe worker's
+    (:func:`~trainfit.probe.runner.worker_command`): no file of the working directory shadows a library."""
+    return [sys.executable, "-c", CHILD_MAIN, str(job), str(parent_pid), str(int(on_main_thread))]
+
+
 class _Jobs:
     """What each config's child process is given, and the child run."""
 
     def __init__(self, spec: Spec, spec_path: str | Path, overrides: Sequence[str], output: Path,
-                 evaluation: EvalSchedule | None, steps: int, minutes: float | None = None) -> None:
+                 evaluation: EvalSchedule | None, steps: int, minutes: float | None = None, *,
+                 comparison: dict[str, Any], lock: IO[str]) -> None:
         import torch
 
         from trainfit.data.analyze import analyze_spec
         from trainfit.probe.runner import resolve_device_name
 
-        self.spec, self.output, self.evaluation, self.steps = spec, output, evaluation, steps
+        self.spec, self.output, self.evaluation, self.steps, self.lock = spec, output, evaluation, steps, lock
         self.base = {"spec": str(Path(spec_path).resolve()), "overrides": list(overrides), "steps": steps,
                      "minutes": minutes,
-                     "evaluation": evaluation.to_json() if evaluation else None}
+                     "evaluation": evaluation.to_json() if evaluation else None,
+                     "comparison": comparison}  # which comparison the run is of: a rebuild takes only its own
         self.stats = analyze_spec(spec, progress=False)
         self.cpu = resolve_device_name(spec.probe.device) == "cpu"
         self.threads = torch.get_num_threads() if self.cpu else None
@@ -267,7 +367,7 @@ class _Jobs:
         return words
 
     def run(self, config: NamedConfig) -> ConfigRun:
-        folder = self.output / config.name
+        folder = self.output / CONFIGS / config.name
         shutil.rmtree(folder, ignore_errors=True)  # a config cut short earlier starts over
         folder.mkdir(parents=True)
         job = {**self.base, "name": config.name, "given": config.given, "folder": str(folder),
@@ -277,8 +377,11 @@ class _Jobs:
         began = time.perf_counter()
         # Its own session: a terminal's Ctrl-C reaches `trainfit compare` alone, which kills the child as it
         # stops (subprocess.run does) and says how to resume, instead of the child's traceback mid-import.
-        subprocess.run([sys.executable, "-m", "trainfit.compare.child", str(folder / "job.json")], check=False,
-                       start_new_session=True)
+        # It holds the folder's lock too, so that a comparison killed outright leaves it held until the
+        # child, dying with it, is gone.
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        subprocess.run(child_command(folder / "job.json", os.getpid(), on_main_thread), check=False,
+                       start_new_session=True, pass_fds=(self.lock.fileno(),))
         wall = round(time.perf_counter() - began, 3)
         result = folder / "result.json"
         if not result.is_file():

@@ -1,8 +1,9 @@
-"""One config of a comparison, trained in its own process (``python -m trainfit.compare.child
-JOB.json``): K real optimizer steps on the same trainers ``trainfit train`` uses (TRL's
-``SFTTrainer`` for a Hugging Face model, trainfit's loop on the probe's ``TrainStep`` for a factory
-model), with the same seed and data order for every config, its loss logged every step and the
-eval set evaluated on its schedule. It writes ``result.json`` (a :class:`ConfigRun`) into its folder.
+"""One config of a comparison, trained in its own process (started by
+:func:`trainfit.compare.child_command`, which binds it to die with the comparison): K real
+optimizer steps on the same trainers ``trainfit train`` uses (TRL's ``SFTTrainer`` for a Hugging
+Face model, trainfit's loop on the probe's ``TrainStep`` for a factory model), with the same seed
+and data order for every config, its loss logged every step and the eval set evaluated on its
+schedule. It writes ``result.json`` (a :class:`ConfigRun`) into its folder.
 """
 
 from __future__ import annotations
@@ -155,12 +156,10 @@ def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path, seed: in
 
 
 def main(argv: list[str]) -> int:
-    import os
-
+    """``JOB.json``: train it, write its ``result.json``. Started by the comparison
+    (:func:`trainfit.compare.child_command`), which bound this process to die with it first."""
     from trainfit.errors import TrainfitError
-    from trainfit.probe.worker import die_with_parent
 
-    die_with_parent(os.getppid(), pdeathsig=True)  # a comparison killed leaves no config training
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notes, per config
     job = json.loads(Path(argv[0]).read_text())
     folder = Path(job["folder"])
@@ -194,8 +193,14 @@ def _failed(job: dict[str, Any], status: str, error: str) -> ConfigRun:
     return ConfigRun.failed(job["name"], int(job["steps"]), error, status=status)
 
 
-if __name__ == "__main__":
+def entry(argv: list[str]) -> int:
+    """The process's exit status: :func:`main`'s, or 130 for a SIGINT sent to this process alone
+    (``trainfit compare`` records the config as failed), without a traceback."""
     try:
-        sys.exit(main(sys.argv[1:]))
-    except KeyboardInterrupt:  # a SIGINT sent to the child alone: `trainfit compare` records the config as failed
-        sys.exit(130)
+        return main(argv)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(entry(sys.argv[1:]))

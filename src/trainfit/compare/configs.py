@@ -34,6 +34,11 @@ TRAINING_KEYS: dict[str, str] = {
 """The training values a config may set besides knobs, and what each means."""
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+"""A config's name: it names the config's folder (``OUTPUT/configs/NAME``), so one plain folder
+name: no ``/``, not hidden, not ``.`` or ``..``."""
+NAME_MAX = 100
+"""The longest config name, in characters: a folder name has 255 bytes at most, and a report's
+table wants less."""
 
 
 @dataclass(frozen=True)
@@ -100,12 +105,25 @@ def read_configs(path: str | Path, spec: Spec, defaults: Mapping[str, Any] | Non
              if (bad := _check_training(k, _yaml_number(v)))]
     if given:  # named as given, once: not as a problem of each config in the file
         raise SpecError(given, source="the command line")
-    problems: list[Problem] = []
+    problems: list[Problem] = _same_folder([str(name) for name in raw])
     configs = [c for name, values in raw.items()
                if (c := _config(str(name), _with_defaults(values, defaults), spec, problems)) is not None]
     if problems:
         raise SpecError(problems, source=str(path))
     return configs
+
+
+def _same_folder(names: list[str]) -> list[Problem]:
+    """Names only their case tells apart: on a file system that ignores case (macOS's, Windows')
+    their configs would train into one folder, each deleting the other's run."""
+    first: dict[str, str] = {}
+    problems = []
+    for name in names:
+        if name.lower() in first:
+            problems.append(Problem(name, f"names the same folder as {first[name.lower()]} where case is ignored",
+                                    "give it another name"))
+        first.setdefault(name.lower(), name)
+    return problems
 
 
 def _with_defaults(values: Any, defaults: Mapping[str, Any] | None) -> Any:
@@ -127,6 +145,9 @@ def read_one(name: str, values: Any, spec: Spec) -> NamedConfig:
 def _config(name: str, values: Any, spec: Spec, problems: list[Problem]) -> NamedConfig | None:
     if not NAME.match(name):
         problems.append(Problem(name, "a config name is letters, digits, '_', '.' and '-' (it names a folder)"))
+        return None
+    if len(name) > NAME_MAX:
+        problems.append(Problem(name, f"a config name has at most {NAME_MAX} characters (it names a folder)"))
         return None
     if values is None:
         values = {}
