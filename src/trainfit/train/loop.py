@@ -234,9 +234,7 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
                 if control.should_training_stop or state.global_step >= total:
                     break
             else:  # the epoch's rows are all read
-                if consumed == 0:
-                    raise TrainfitError(f"{data.path} gave no rows to train on in epoch {epoch + 1}",
-                                        "check data.path (and data.on_bad_row: every row skipped?)")
+                _refuse_empty(consumed, data.path, epoch)
                 if hooks.evaluates_at_epoch_end():
                     hooks.evaluate()
                 epoch, consumed = epoch + 1, 0
@@ -250,6 +248,13 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     if not control.should_training_stop:
         torch.save(plain(workload.model).state_dict(), output / "model.pt")
     return int(state.global_step), total
+
+
+def _refuse_empty(consumed: int, path: Any, epoch: int) -> None:
+    """An epoch that gave no rows (every row skipped as bad, or the file emptied since) would loop forever."""
+    if consumed == 0:
+        raise TrainfitError(f"{path} gave no rows to train on in epoch {epoch + 1}",
+                            "check data.path (and data.on_bad_row: every row skipped?)")
 
 
 def _factory_runner(spec: Spec, params: Params, samples: int,
