@@ -257,10 +257,11 @@ def fastest_per_value(spec: Spec, space: SearchSpace, order: Sequence[Trial],
     return per_value
 
 
-def all_failed(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -> AllFailed:
+def all_failed(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None, output: Path) -> AllFailed:
     """Why nothing fits: every measured peak, the config closest to fitting, and advice: knobs that
     lower memory, or, where no probe measured memory (each failed with an error or timed out), the
-    failure to fix first (:func:`common_failure`: no memory knob helps)."""
+    failure to fix first (:func:`common_failure`: no memory knob helps), naming its probe's files in
+    ``output``, the run folder."""
     smallest = smallest_peak(spec, trials)
     failure = common_failure(trials)
     return AllFailed(
@@ -268,7 +269,7 @@ def all_failed(spec: Spec, trials: Sequence[Trial], stats: LengthStats | None) -
                                         status=t.measurement.status,
                                         oom_needs_more_than_gb=t.measurement.oom_needed_gb) for t in trials],
         smallest_peak=smallest,
-        advice=[failure.advice()] if failure is not None else oom_advice(trials, stats, smallest))
+        advice=[failure.advice(output)] if failure is not None else oom_advice(trials, stats, smallest))
 
 
 def run_lengths(stats: LengthStats | None) -> Lengths | None:
@@ -278,13 +279,14 @@ def run_lengths(stats: LengthStats | None) -> Lengths | None:
         p99=stats.percentiles["p99"], max=stats.max, model_positions=stats.max_positions)
 
 
-def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, stats: LengthStats | None,
-                  strategy: str, stop_reason: str, elapsed_s: float, repeats: Repeats | None = None,
-                  data_config: Path | None = None, model_dir: Path | None = None,
+def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, output: Path,
+                  stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
+                  repeats: Repeats | None = None, data_config: Path | None = None, model_dir: Path | None = None,
                   trainer_cost: TrainerCost | None = None) -> Summary:
-    """``data_config``: the TRL config file that loads the data; ``model_dir``: the saved random-init
-    model (see :func:`write_outputs`); ``trainer_cost``: what each micro-batch adds to the speeds and
-    the ranking (``tune --calibrate``)."""
+    """``output``: the run folder, absolute (the summary is read from anywhere), where the advice
+    finds the probes' files; ``data_config``: the TRL config file that loads the data; ``model_dir``:
+    the saved random-init model (see :func:`write_outputs`); ``trainer_cost``: what each micro-batch
+    adds to the speeds and the ranking (``tune --calibrate``)."""
     repeats = repeats or {}
     objective = spec.tune.objective
     trainer_s = trainer_cost.per_micro_batch_s if trainer_cost else 0.0
@@ -324,7 +326,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, st
         device=trials[0].measurement.device_name if trials else None,
         versions=versions(),
         spec=spec.to_dict(),
-        all_failed=all_failed(spec, trials, stats) if trials and not order else None,
+        all_failed=all_failed(spec, trials, stats, output) if trials and not order else None,
         trainer_cost=trainer_cost,
     )
 
@@ -363,9 +365,9 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
         data_config = output.resolve() / "trl_data.yaml"
         write_atomically(data_config, yaml.safe_dump(trl_data, sort_keys=False))
     model_dir = initial_model(output, spec) if any(t.feasible for t in trials) else None
-    summary = build_summary(spec, space, trials, stats=stats, strategy=strategy, stop_reason=stop_reason,
-                            elapsed_s=elapsed_s, repeats=repeats, data_config=data_config, model_dir=model_dir,
-                            trainer_cost=trainer_cost)
+    summary = build_summary(spec, space, trials, output=output.resolve(), stats=stats, strategy=strategy,
+                            stop_reason=stop_reason, elapsed_s=elapsed_s, repeats=repeats, data_config=data_config,
+                            model_dir=model_dir, trainer_cost=trainer_cost)
     write_atomically(output / "summary.json", json.dumps(summary.to_json(), indent=2, default=list) + "\n")
     write_trials_csv(output / "trials.csv", space, trials, repeats)
     write_atomically(output / "report.html", tune_report_html(summary, trials, spec.source or "spec"))

@@ -12,14 +12,13 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from trainfit.format import fmt_need, fmt_num, values_line
 from trainfit.progress import format_duration
 from trainfit.search.ranking import noise_warning
 from trainfit.search.strategies import Trial
-from trainfit.search.tune import common_failure, probe_folder
+from trainfit.search.tune import common_failure
 from trainfit.summary import Summary
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
@@ -119,10 +118,8 @@ def _best_html(summary: Summary, objective: str, trials: Sequence[Trial]) -> str
     and the configs as fast within that noise: what the console says, or that none fits."""
     best = summary.best_config
     if best is None and (failure := common_failure(trials)) is not None:
-        return (f"<p><b>Every probe {failure.what}</b> (none ran out of memory), so no memory knob helps: "
-                f"{failure.probes} of {failure.total} probes: <code>{html.escape(failure.line)}</code>. The whole "
-                f"message of trial {failure.trial}: <code>{probe_folder(Path(), failure.trial) / 'result.json'}"
-                "</code>, its output: <code>probe.log</code> beside it.</p>")
+        advice = failure.advice()  # what the console and summary.json say; its paths from the page's own folder
+        return f"<p><b>No configuration fits.</b> {html.escape(advice[:1].upper() + advice[1:])}</p>"
     if best is None:
         return "<p><b>No configuration fits the budget.</b> See summary.json (all_failed) for advice.</p>"
     probe = next((t.measurement for t in trials if t.number == best.trial), None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -100,18 +101,32 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # what the user ran: the resume hint repeats it
     try:
         with terminate_as_interrupt():
-            return int(args.run(args))
+            status = int(args.run(args))
+        sys.stdout.flush()  # here, not at exit: a reader gone by then is caught below, not "Exception ignored"
+        return status
     except TrainfitError as err:
         print(f"trainfit {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # before OSError, its base: output piped into `head` and closed early
+        return output_closed()
     except OSError as err:  # a path too long, a full disk, a read-only folder: the file and the cause
         print(f"trainfit {args.command}: error: {os_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
         print(f"\ntrainfit {args.command}: interrupted", file=sys.stderr)
         return interrupted_status(err)
-    except BrokenPipeError:  # output piped into `head` and closed early: not an error of ours
-        import os
 
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+
+OUTPUT_CLOSED_STATUS = 128 + signal.SIGPIPE
+"""141, the status a shell reports for a command a closed pipe stopped (``yes | head``)."""
+
+
+def output_closed() -> int:
+    """Whoever read our output has stopped reading (``trainfit ... | head``): not an error of ours, so
+    nothing is printed. What is still buffered for stdout goes to /dev/null, as Python's docs advise
+    (``signal`` module, "Note on SIGPIPE"): flushed at exit into the closed pipe it would print an
+    "Exception ignored ... BrokenPipeError" and exit 120."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return OUTPUT_CLOSED_STATUS

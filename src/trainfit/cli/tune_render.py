@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from trainfit.cli.render import table
@@ -24,7 +23,7 @@ from trainfit.search.events import (
     Waiting,
 )
 from trainfit.search.ranking import noise_warning
-from trainfit.search.tune import CommonFailure, TuneResult, common_failure, probe_folder
+from trainfit.search.tune import TuneResult, common_failure
 from trainfit.spec import Spec
 from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary, TrainerCost
 
@@ -128,7 +127,7 @@ def print_result(result: TuneResult, spec: Spec) -> int:
         print(f"\nNo configuration was probed ({result.stop_reason}).")
         return 1
     if s.best_config is None and (failure := common_failure(result.trials)) is not None:
-        print_every_probe_failed(failure, result.output)
+        print(f"\nNo configuration fits: {failure.advice(result.output)}")  # no memory knob: what summary.json says
         return 1
     if s.best_config is None:
         print_nothing_fits(spec, s.all_failed)
@@ -152,14 +151,6 @@ def print_nothing_fits(spec: Spec, failed: AllFailed | None) -> None:
         print("\nTo lower peak memory (knobs to add to the search space; the largest part first):")
         for line in failed.advice:
             print(f"  - {line}")
-
-
-def print_every_probe_failed(failure: CommonFailure, output: Path) -> None:
-    """No probe measured memory: the failure to fix first and where its whole message is, no memory knob."""
-    folder = probe_folder(output, failure.trial)
-    print(f"\nNo configuration fits: every probe {failure.what} (none ran out of memory), so no memory knob helps.")
-    print(f"Fix this first ({failure.probes} of {failure.total} probes): {failure.line}")
-    print(f"  the whole message of trial {failure.trial}: {folder / 'result.json'}; its output: {folder / 'probe.log'}")
 
 
 def print_closest(smallest: SmallestPeak) -> None:
