@@ -147,14 +147,22 @@ def test_a_damaged_compare_json_is_rebuilt_from_the_configs_results_on_resume(
     whole = json.loads((out / "compare.json").read_text())
     damaged = (out / "compare.json").read_bytes()[:200]  # a write cut off
     (out / "compare.json").write_bytes(damaged)
-    job = out / "configs" / "c" / "job.json"  # c's run is another comparison's (another spec, say): not taken
-    job.write_text(json.dumps({**json.loads(job.read_text()), "comparison": {"spec": "other.yaml"}}))
+    job = out / "configs" / "c" / "job.json"  # c trained as the configs file had it before an edit: not taken
+    job.write_text(json.dumps({**json.loads(job.read_text()), "given": {"learning_rate": 0.5}}))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     capsys.readouterr()
+
+    # Another setting than the folder's: refused as with an intact compare.json, touching nothing.
+    assert main([*compare_argv(factory_spec, configs, 4, out), "--resume"]) == 2
+    said = capsys.readouterr().err
+    assert f"{out} compared with other settings; what differs:\n  steps: 3 -> 4\n" in said, said
+    assert "training it again" not in said and "Traceback" not in said, said
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # not moved aside, nothing deleted
 
     assert main([*argv, "--resume"]) == 0
     said = capsys.readouterr().err
     assert "cannot be read" in said and "rebuilt from the configs' results: a, b" in said, said
-    assert "c: its run is of another comparison: training it again" in said, said
+    assert "c changed in the configs file: training it again" in said, said
     assert "a: 3 steps" not in said and "[3/3] c: 3 steps" in said  # a and b kept, c trained again
     state = json.loads((out / "compare.json").read_text())
     assert {n: state["runs"][n]["losses"] for n in "ab"} == {n: whole["runs"][n]["losses"] for n in "ab"}

@@ -1,6 +1,7 @@
 """``trainfit train`` under the faults a user meets (issue #35): a run folder moved or copied and
 resumed, state files of valid JSON but the wrong types, a damaged ``train.json``, ``--max-steps``
-past one epoch, a second Ctrl-C. Real tiny models, real files, the real CLI."""
+past one epoch, a second Ctrl-C, a Ctrl-C while the run starts up, a second run into a running one's
+folder. Real tiny models, real files, the real CLI."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ import pytest
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_frames, write_texts
 
 from trainfit.cli import main
+from trainfit.files import lock_folder
 from trainfit.train.checkpoints import MARK, checkpoints, is_complete, latest_complete
 
 
@@ -213,3 +216,67 @@ def test_a_second_ctrl_c_stops_at_once_prints_the_resume_command_and_leaves_no_t
     finished = json.loads((out / "train_result.json").read_text())
     assert finished["resumed_from"] == kept.name and finished["step"] == 12
     capsys.readouterr()
+
+
+@pytest.mark.integration
+def test_a_second_train_into_a_running_ones_folder_is_refused_naming_its_holder(
+        factory_tune: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    held = lock_folder(out)  # a live run's hold on its folder, as `trainfit train` takes it
+    try:
+        assert main(["train", str(factory_tune), "--output", str(out), "--resume"]) == 2
+    finally:
+        held.close()
+    err = capsys.readouterr().err
+    assert f"another `trainfit train` is running in {out} (pid {os.getpid()} on {socket.gethostname()})" in err, err
+    assert [p.name for p in out.iterdir()] == [".lock"]  # nothing of the run's touched
+
+
+HELD_FACTORY = """import importlib.util, os, time
+spec = importlib.util.spec_from_file_location("held_factories", {factories!r})
+factories = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(factories)
+
+
+def learnable(params, device):
+    if os.environ.get("HOLD_MODEL_BUILD"):  # the run's start-up, held until the test's Ctrl-C
+        print("building the model", flush=True)
+        time.sleep(120)
+    return factories.learnable(params, device)
+"""
+
+
+@pytest.mark.integration
+def test_a_ctrl_c_while_the_run_starts_up_stops_at_once_and_says_nothing_was_lost(tmp_path: Path) -> None:
+    """Before the first step a Ctrl-C stops at once (there is nothing to save): the line said
+    "no checkpoint was saved, the steps after it are lost" of a run that had trained nothing."""
+    factory = tmp_path / "held.py"
+    factory.write_text(HELD_FACTORY.format(factories=str(Path(__file__).parent / "factories.py")))
+    data = write_frames(tmp_path / "frames.jsonl", 12)
+    spec = make_spec_file(tmp_path, model={"factory": f"{factory}:learnable"},
+                          data={"path": str(data), "length_field": "n"},
+                          params={"batch_size": 2, "gradient_accumulation_steps": 2, "max_length": 16, "width_mul": 2})
+    spec.write_text(spec.read_text() + "search:\n  batch_size: [2]\n")
+    tuned, out = tmp_path / "tune", tmp_path / "run"
+    assert main(["tune", str(spec), "--output", str(tuned), "--strategy", "grid"]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "trainfit", "train", str(tuned), "--output", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "HOLD_MODEL_BUILD": "1"})
+    try:
+        assert proc.stdout is not None
+        said = []
+        for line in proc.stdout:
+            said.append(line)
+            if "building the model" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(said) + rest
+    assert proc.returncode == 130 and "Traceback" not in text, text
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["at_once"] and result["step"] == 0 and result["before_first_step"], result
+    assert f"stopped by SIGINT at once, before its first step: nothing was lost; continue: {result['resume']}" in text
+    assert "lost" not in text.replace("nothing was lost", ""), text

@@ -1,23 +1,46 @@
-"""Writing a file whole or not at all: what every output, cache and repaired journal needs."""
+"""Writing a file whole or not at all, holding a run folder, naming the file a disk refused: what
+every output, cache, repaired journal and run folder needs."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Union
 
+from trainfit.errors import TrainfitError
+
 Content = Union[str, bytes, Callable[[IO[bytes]], object]]
+
+_DISK = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
+"""The errors of a write the disk refused: the ones :func:`naming` pins on a file."""
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """A disk error of a write that names no file (ENOSPC is raised by write/flush) re-raised
+    naming ``path``. Any other error is left as it is: a process or pipe the block starts (EMFILE,
+    ENOMEM) is no fault of ``path``'s, and pinning it there sends the user to the wrong place."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None or err.errno not in _DISK:
+            raise
+        raise OSError(err.errno, err.strerror, str(path)) from err
 
 
 def write_atomically(target: Path, content: Content) -> None:
     """Write ``target`` (text, bytes, or a function that writes into the open file) so that a
     reader, or a crash, never sees half of it. Each process fills a temporary file of its own
     beside the target, flushes it to disk and renames it over the target, so two processes
-    writing one file leave one whole version. An error names the file (a full disk's does not)."""
+    writing one file leave one whole version. A disk's refusal names the temporary file (a full
+    disk's names none)."""
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
-        with tmp.open("wb") as f:
+        with naming(tmp), tmp.open("wb") as f:
             if callable(content):
                 content(f)
             else:
@@ -25,12 +48,17 @@ def write_atomically(target: Path, content: Content) -> None:
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(target)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise OSError(err.errno, err.strerror, err.filename or str(tmp)) from err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def set_aside(path: Path) -> Path:
+    """Move the damaged file ``path`` to ``NAME.damaged`` beside it (an older one is replaced), so
+    that the file rebuilt in its place does not lose what it held; returns where it went."""
+    aside = path.with_name(f"{path.name}.damaged")
+    path.replace(aside)
+    return aside
 
 
 class FolderBusy(Exception):
@@ -45,22 +73,35 @@ class FolderBusy(Exception):
 def lock_folder(folder: Path) -> IO[str]:
     """Hold ``folder/.lock`` for this process until the returned file is closed, or raise
     :class:`FolderBusy`. The lock is an ``flock``: the kernel drops it when the process dies, even
-    by ``kill -9``, so a crashed run never leaves a folder locked. The file says who holds it."""
-    import fcntl
+    by ``kill -9``, so a crashed run never leaves a folder locked. The file says who holds it. A
+    file system that keeps no locks is a :class:`~trainfit.errors.TrainfitError`: there, two runs
+    into one folder could not be kept apart."""
     import socket
 
     f = (folder / ".lock").open("a+")
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
+        _flock(f, folder)
+        f.truncate(0)
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+    except BaseException:  # busy, no locks, or a full disk: the file is not kept open
         f.close()
-        raise FolderBusy(folder, holder) from None
-    f.truncate(0)
-    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    f.flush()
+        raise
     return f
+
+
+def _flock(f: IO[str], folder: Path) -> None:
+    import fcntl
+
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # held: EWOULDBLOCK, the one answer that means another process
+        f.seek(0)
+        raise FolderBusy(folder, f.read().strip() or "another process") from None
+    except OSError as err:  # ENOLCK, EOPNOTSUPP: a file system without locks (an NFS without its lock service)
+        raise TrainfitError(f"{folder / '.lock'} cannot be locked ({err.strerror}): its file system keeps no "
+                            f"locks, so a second run into {folder} could not be refused",
+                            "use an --output on a file system with locks (a local disk)") from None
 
 
 def folder_holder(folder: Path) -> str | None:
@@ -70,7 +111,32 @@ def folder_holder(folder: Path) -> str | None:
         held = lock_folder(folder)
     except FolderBusy as busy:
         return busy.holder
-    except OSError:
-        return None  # no folder, or one we cannot write: nobody holds it through us
+    except (OSError, TrainfitError):
+        return None  # no folder, one we cannot write, or no locks there: nobody holds it through us
     held.close()
     return None
+
+
+@contextlib.contextmanager
+def held_folder(folder: Path, refusal: Callable[[str], Exception]) -> Iterator[IO[str]]:
+    """Make ``folder`` and hold its lock (:func:`lock_folder`) for the block, the lock's file
+    given to it; where a live process holds it, ``refusal(holder)`` is raised before anything is
+    touched: a second run into a running one's folder (a ``--resume`` while it lives, say) would
+    delete its work. A folder this call made is removed again if nothing but the lock was written
+    into it (refused input leaves no empty folder behind)."""
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = lock_folder(folder)
+    except FolderBusy as busy:
+        raise refusal(busy.holder) from None  # its folder, as it is
+    except TrainfitError:
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    with lock:  # closing the file releases the lock
+        try:
+            yield lock
+        finally:
+            if made and {p.name for p in folder.iterdir()} <= {".lock"}:
+                shutil.rmtree(folder, ignore_errors=True)

@@ -6,9 +6,12 @@ import argparse
 import json
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainfit.cli.common import number
+
+if TYPE_CHECKING:
+    from trainfit.train import TrainResult
 
 EPILOG = """\
 examples:
@@ -78,15 +81,29 @@ def run(args: argparse.Namespace) -> int:
                    extra_args=args.passed_on, max_steps=args.max_steps, loop=args.loop, monitor_every_s=args.monitor_seconds,
                    record_batches=args.record_batches)
     print(json.dumps(result.to_json(), indent=2))
-    steps = f" (step {result.step:,} of {result.max_steps:,})" if result.step is not None else ""
     if result.status == "finished":
-        print(f"\ntrained: {output}{steps}")
+        print(f"\ntrained: {output}{_steps(result)}")
         return 0
-    if result.at_once:  # a second Ctrl-C: no save; the resume starts from the last complete checkpoint
-        kept = f"the last checkpoint is at step {result.step:,}" if result.step else "no checkpoint was saved"
-        print(f"\nstopped by {result.stopped_by} at once, without a save: {kept}, the steps after it are lost; "
-              f"continue: {result.resume}")
+    if result.at_once:  # no save; the resume starts from the last complete checkpoint
+        print(f"\nstopped by {result.stopped_by} at once, {_lost(result)}; continue: {result.resume}")
         return STOP_STATUS.get(result.stopped_by or "", 1)
     saved = ", with a checkpoint" if result.step is not None else " (your trainer was told; its checkpoints are its own)"
-    print(f"\nstopped by {result.stopped_by}{steps}{saved}; continue: {result.resume}")
+    print(f"\nstopped by {result.stopped_by}{_steps(result)}{saved}; continue: {result.resume}")
     return STOP_STATUS.get(result.stopped_by or "", 1)
+
+
+def _steps(result: TrainResult) -> str:
+    """Where the run got to, of how many steps (none said for your own command's run: its steps are its own)."""
+    if result.step is None:
+        return ""
+    return f" (step {result.step:,}" + (f" of {result.max_steps:,})" if result.max_steps is not None else ")")
+
+
+def _lost(result: TrainResult) -> str:
+    """What a stop at once (no save) lost: nothing before the first step (the run was starting up;
+    its total steps are not known then), else the steps since the last complete checkpoint."""
+    if result.before_first_step:
+        return "before its first step: nothing was lost"
+    if result.step:
+        return f"without a save: the last checkpoint is at step {result.step:,}, the steps after it are lost"
+    return "without a save: no checkpoint was saved, the steps trained are lost"

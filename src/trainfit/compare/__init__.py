@@ -6,8 +6,8 @@ Each config trains in its own process (:mod:`trainfit.compare.child`), in its ow
 (``OUTPUT/configs/NAME``: a config's name never reaches the comparison's own files), on the
 trainers ``trainfit train`` uses; that process dies with the comparison. ``compare.json`` is
 rewritten after each config, so an interrupted comparison resumes (``--resume``) with the configs
-not yet done; a damaged one is rebuilt from the configs' folders. The output folder is locked while
-a comparison runs (:func:`~trainfit.files.lock_folder`): a second one into it is refused. The
+not yet done; a damaged one is rebuilt from the configs' folders. The output folder is held while
+a comparison runs (:func:`~trainfit.files.held_folder`): a second one into it is refused. The
 suggestions (:mod:`trainfit.compare.suggest`) come with their evidence and a ``next_configs.yaml``.
 """
 
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -32,7 +32,7 @@ from trainfit.compare.configs import NamedConfig, read_configs, split_training
 from trainfit.compare.runs import MEASURED, ConfigRun
 from trainfit.compare.suggest import Suggestion, suggest
 from trainfit.errors import TrainfitError
-from trainfit.files import FolderBusy, lock_folder, write_atomically
+from trainfit.files import held_folder, set_aside, write_atomically
 from trainfit.plan.eval_pass import EvalSchedule, eval_set
 from trainfit.spec import Spec, load_spec
 from trainfit.summary import Record, check_schema
@@ -143,29 +143,17 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
         return state
 
 
-@contextlib.contextmanager
-def _only_comparison(output: Path, resume: bool) -> Iterator[IO[str]]:
-    """Hold ``output``'s lock (:func:`~trainfit.files.lock_folder`) for the whole comparison, and
-    hand it to each config's process (the folder stays held while one lives): a second comparison
+def _only_comparison(output: Path, resume: bool) -> contextlib.AbstractContextManager[IO[str]]:
+    """Hold ``output`` (:func:`~trainfit.files.held_folder`) for the whole comparison, its lock
+    handed to each config's process (the folder stays held while one lives): a second comparison
     into it (a ``--resume`` while this one runs, say) is refused before it touches anything, where
-    it would rewrite ``compare.json`` and start this one's configs over, deleting their folders. A
-    folder this call made is removed again if the comparison wrote nothing into it (refused input)."""
+    it would rewrite ``compare.json`` and start this one's configs over, deleting their folders."""
     if resume and not output.is_dir():  # a typo in --output, not a comparison cut short (that made its folder)
         raise TrainfitError(f"nothing to resume: {output} does not exist",
                             "drop --resume, or give the --output of the interrupted comparison")
-    made = not output.exists()
-    output.mkdir(parents=True, exist_ok=True)
-    try:
-        lock = lock_folder(output)
-    except FolderBusy as busy:
-        raise TrainfitError(f"{output} is in use by a running trainfit ({busy.holder})",
-                            "wait for it to end (or stop it and --resume it), or give a new --output") from None
-    with lock:  # closing the file releases the lock
-        try:
-            yield lock
-        finally:
-            if made and {p.name for p in output.iterdir()} <= {".lock"}:
-                shutil.rmtree(output, ignore_errors=True)
+    return held_folder(output, lambda holder: TrainfitError(
+        f"{output} is in use by a running trainfit ({holder})",
+        "wait for it to end (or stop it and --resume it), or give a new --output"))
 
 
 HOLDOUT = "holdout"
@@ -175,8 +163,6 @@ CONFIGS = "configs"
 its trainer writes): a folder of their own, as a config may be named like any of the comparison's
 files (``model``, ``holdout``, ``compare.json``). An older comparison's configs, in ``OUTPUT/NAME``,
 resume from its ``compare.json``; what trains again trains here."""
-DAMAGED = "compare.json.damaged"
-"""A damaged ``compare.json``, kept as it was once a resume rebuilt it."""
 
 
 def _split(spec: Spec, n: int, eval_data: str | Path | None, output: Path) -> tuple[Path, str]:
@@ -238,10 +224,7 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
         before = _recorded(path)
     except ValueError as damage:
         return _rebuilt(now, output, f"{path} cannot be read ({damage})", say)
-    changed = [f"{k}: {before.setup()[k]} -> {v}" for k, v in now.setup().items() if before.setup()[k] != v]
-    if changed:
-        raise TrainfitError(f"{output} compared with other settings; what differs:\n  " + "\n  ".join(changed),
-                            "resume with the same spec and flags, or compare into a new --output")
+    _refuse_other_settings(output, before.setup(), now.setup())
     kept = {n: r for n, r in before.runs.items()
             if now.configs.get(n) == before.configs.get(n) and r.status in MEASURED}
     for name in sorted(set(before.runs) - set(kept)):
@@ -268,28 +251,67 @@ def _recorded(path: Path) -> Comparison:
         raise ValueError(getattr(err, "message", None) or f"{type(err).__name__}: {err}") from None
 
 
+def _refuse_other_settings(output: Path, before: dict[str, Any], now: dict[str, Any]) -> None:
+    """Refuse a resume whose setup (:meth:`Comparison.setup`) is not the one ``output`` was
+    compared with, naming what differs: its runs would not compare with the new ones."""
+    changed = [f"{k}: {before.get(k)} -> {v}" for k, v in now.items() if before.get(k) != v]
+    if changed:
+        raise TrainfitError(f"{output} compared with other settings; what differs:\n  " + "\n  ".join(changed),
+                            "resume with the same spec and flags, or compare into a new --output")
+
+
 def _rebuilt(now: Comparison, output: Path, damage: str, say: Callable[[str], None]) -> Comparison:
     """A resumed comparison whose ``compare.json`` is damaged (``damage`` says how), rebuilt from
-    its configs' folders: a config's measured run is kept where its ``job.json`` says it trained
-    for this very comparison (the setup a resume checks, and the config as written now); the others
-    train again. The damaged file is kept as :data:`DAMAGED`."""
-    setup = json.loads(json.dumps(now.setup(), default=str))  # as job.json holds it
+    its configs' folders. Only this folder's own comparison can have written them, so a setup their
+    ``job.json`` records other than the resume's is a changed setting, refused as an intact file's
+    is (before anything is moved or deleted). A config's measured run is kept where its ``job.json``
+    says it trained the config as the configs file has it now; one edited since, or not done, trains
+    again. The damaged file is set aside (:func:`~trainfit.files.set_aside`)."""
+    setup = _as_json(now.setup())
+    jobs = _jobs(output)
+    for job in jobs.values():
+        _refuse_other_settings(output, job["comparison"], setup)
     runs: dict[str, ConfigRun] = {}
     for name, given in now.configs.items():
-        folder = output / CONFIGS / name
-        try:
-            job = json.loads((folder / "job.json").read_text())
-            run = ConfigRun.from_json(json.loads((folder / "result.json").read_text()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        run = _measured(output / CONFIGS / name, name)
+        if name not in jobs or run is None:
             continue  # not trained, cut short, or damaged too: it trains again
-        if job.get("comparison") != setup or job.get("given") != json.loads(json.dumps(given, default=str)):
-            say(f"trainfit: {name}: its run is of another comparison: training it again")
-        elif run.name == name and run.status in MEASURED:
+        if jobs[name].get("given") != _as_json(given):
+            say(f"trainfit: {name} changed in the configs file: training it again")
+        else:
             runs[name] = run
-    (output / "compare.json").replace(output / DAMAGED)
+    aside = set_aside(output / "compare.json")
     say(f"trainfit: {damage}; rebuilt from the configs' results: {', '.join(runs) or 'none kept'} "
-        f"(the damaged file is kept as {output / DAMAGED})")
+        f"(the damaged file is kept as {aside})")
     return _with(now, runs=runs)
+
+
+def _jobs(output: Path) -> dict[str, dict[str, Any]]:
+    """The ``job.json`` of each config's folder, by name, where it can be read and records its
+    comparison's setup (one that cannot: its config trains again)."""
+    jobs = {}
+    for path in sorted((output / CONFIGS).glob("*/job.json")):
+        try:
+            job = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(job, dict) and isinstance(job.get("comparison"), dict):
+            jobs[path.parent.name] = job
+    return jobs
+
+
+def _measured(folder: Path, name: str) -> ConfigRun | None:
+    """The measured run ``folder/result.json`` holds of config ``name`` (None: none, or damaged)."""
+    try:
+        run = ConfigRun.from_json(json.loads((folder / "result.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return run if run.name == name and run.status in MEASURED else None
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as a ``job.json`` holds it once read back."""
+    return json.loads(json.dumps(value, default=str))
 
 
 CHILD_MAIN = """import sys

@@ -357,9 +357,9 @@ class CommonFailure:
     def advice(self, output: Path = Path()) -> str:
         """What to do, naming where the first such probe's files are (under ``output``)."""
         folder = probe_folder(output, self.trial)
-        return (f"every probe {self.what} (none ran out of memory), so no memory knob helps: fix this first: "
-                f"{self.probes} of {self.total} probes: {self.line}; the whole message of trial {self.trial}: "
-                f"{folder / 'result.json'}, its output: {folder / 'probe.log'}")
+        return (f"every probe {self.what} (none ran out of memory), so no memory knob helps. Fix this first "
+                f"({self.probes} of {self.total} probes): {self.line}; the whole message of trial {self.trial}: "
+                f"{folder / 'result.json'}; its output: {folder / 'probe.log'}")
 
 
 def common_failure(trials: Sequence[Trial]) -> CommonFailure | None:
@@ -382,6 +382,7 @@ def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: Eve
     """A real, isolated probe of each config (keeping a built model for the next probe of its
     family), the session to close after the search, the device type the search's priors use, and
     the data's lengths (analyzed here unless given: once, for every probe and the runtime estimate)."""
+    from trainfit.files import naming
     from trainfit.probe.runner import ProbeSession, resolve_device_name, run_probe
 
     if stats is None and spec.data is not None:
@@ -392,11 +393,9 @@ def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: Eve
 
     def probe_fn(params: Params, number: int) -> Measurement:
         workdir = probe_folder(output, number)
-        try:
+        with naming(workdir):  # a full disk's error names no file: the probe's folder, where it writes its files
             return run_probe(spec, params, stats=stats, workdir=workdir, on_event=lambda e: emit(ProbeProgress(e)),
                              session=session)
-        except OSError as err:  # a full disk's names no file: the probe's folder, where it writes its files
-            raise OSError(err.errno, err.strerror, err.filename or str(workdir)) from err
 
     return probe_fn, session, device_type or resolve_device_name(spec.probe.device), stats
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from trainfit.devices import torch_threads
 from trainfit.errors import Terminated, TrainfitError
-from trainfit.files import FolderBusy, lock_folder, write_atomically
+from trainfit.files import held_folder, write_atomically
 from trainfit.plan import Plan
 from trainfit.plan.eval_pass import Evaluation
 from trainfit.summary import Record, Summary, check_schema
@@ -140,6 +140,9 @@ class TrainResult(Record):
     at_once: bool = False
     """Stopped without a save (a second Ctrl-C, or a signal before the first step): ``step`` is the
     last complete checkpoint's (0: none), where ``resume`` continues; the steps after it are lost."""
+    before_first_step: bool = False
+    """Stopped at once while the run started up (loading, before the trainer's first step): this
+    process trained nothing, so nothing was lost."""
 
 
 def _plan(run_dir: Path) -> Plan | None:
@@ -363,7 +366,7 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     _check_inputs(run_dir, keep, record_batches)
     deadline = ["--deadline"] if use_plan_deadline else ["--deadline", f"{deadline_hours:g}"] if deadline_hours else []
     again = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args, options=deadline)
-    with _only_run(output):
+    with held_folder(output, functools.partial(_running, output)):
         if resume and (done := _finished(output, say)) is not None:
             return done
         record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
@@ -395,7 +398,8 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
             process_s=time.monotonic() - began, elapsed_s=time.time() - record.started_at,
             planned_s=planned.total_s if planned else None, planned_low_s=planned.low_s if planned else None,
             planned_high_s=planned.high_s if planned else None, output=str(output),
-            resume=again if control.stopped else None, at_once=control.at_once)
+            resume=again if control.stopped else None, at_once=control.at_once,
+            before_first_step=control.at_once and control.first_step is None)
         _write_result(result, run_dir, output, record, plan)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
@@ -502,25 +506,11 @@ def _run(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, check
                                 f"(from {last.name if last else 'step 0'})") from err
 
 
-@contextlib.contextmanager
-def _only_run(output: Path) -> Iterator[None]:
-    """Hold ``output/.lock`` while training: a second ``trainfit train`` on the same folder (a
-    ``--resume`` while the run is alive, say) is refused instead of deleting its checkpoints. A
-    folder this call made is removed again if the run wrote nothing into it (refused input)."""
-    made = not output.exists()
-    output.mkdir(parents=True, exist_ok=True)
-    try:
-        try:
-            lock = lock_folder(output)
-        except FolderBusy:
-            raise TrainfitError(f"another `trainfit train` is running in {output}",
-                                "wait for it to end, or stop it (Ctrl-C or SIGTERM saves a checkpoint) and resume"
-                                ) from None
-        with lock:  # closing the file releases the lock
-            yield
-    finally:
-        if made and {p.name for p in output.iterdir()} <= {".lock"}:
-            shutil.rmtree(output, ignore_errors=True)
+def _running(output: Path, holder: str) -> TrainfitError:
+    """The refusal of a second ``trainfit train`` on ``output`` while its run (``holder``) lives:
+    it would delete the run's checkpoints (:func:`~trainfit.files.held_folder`)."""
+    return TrainfitError(f"another `trainfit train` is running in {output} ({holder})",
+                         "wait for it to end, or stop it (Ctrl-C or SIGTERM saves a checkpoint) and resume")
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainfit.errors import TrainfitError
-from trainfit.files import write_atomically
+from trainfit.files import set_aside, write_atomically
 from trainfit.train.checkpoints import checkpoints, latest_complete
 
 if TYPE_CHECKING:
@@ -30,8 +30,8 @@ LOG = "train_log.jsonl"
 def rebuilt(output: Path, now: TrainRun, why: str, say: Callable[[str], None]) -> TrainRun:
     """``output/train.json`` rebuilt as ``now`` (what the resume command trains) started when the
     log says the run first started; ``why``: what is wrong with the old one (said). A damaged file
-    is kept as ``train.json.damaged``. Refused when no complete checkpoint is there to resume, or
-    when the log's starts trained another trial or source than ``now``."""
+    is kept as ``train.json.damaged`` (:func:`~trainfit.files.set_aside`). Refused when no complete
+    checkpoint is there to resume, or when the log's starts trained another trial or source than ``now``."""
     record_path = output / "train.json"
     if latest_complete(output) is None:
         raise TrainfitError(f"{why}, and {output} holds no complete checkpoint to resume",
@@ -45,13 +45,11 @@ def rebuilt(output: Path, now: TrainRun, why: str, say: Callable[[str], None]) -
                             "or train into a new --output")
     started_at, since = _first_start(output, starts)
     record = dataclasses.replace(now, started_at=started_at)
-    damaged = record_path.exists()
-    if damaged:
-        record_path.replace(record_path.with_name("train.json.damaged"))
+    aside = set_aside(record_path) if record_path.exists() else None
     write_atomically(record_path, json.dumps(record.to_json(), indent=2) + "\n")
     say(f"trainfit: {why}; rebuilt {record_path} from this command and {since}: the resume goes on from the "
         "checkpoints, but cannot check that the arguments and the data are those of the first start"
-        + (" (the damaged file is kept as train.json.damaged)" if damaged else ""))
+        + (f" (the damaged file is kept as {aside.name})" if aside else ""))
     return record
 
 
