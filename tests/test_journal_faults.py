@@ -68,6 +68,7 @@ def resumed(spec: Any, tmp_path: Path, capsys: Any, max_trials: int = 3) -> tupl
      "measurement.peak_memory_bytes: the str 'lots' where an integer belongs"),
     ("values", [1, 2], "values: the list [1, 2] where a JSON object belongs"),
     ("objective", "fast", "objective: the str 'fast' where a number belongs"),
+    ("objective", float("nan"), "objective: NaN is not a finite number"),
 ])
 def test_a_journal_record_of_the_wrong_type_is_left_out_with_a_warning_naming_it(
         tmp_path: Path, capsys: Any, attr: str, value: Any, reason: str) -> None:
@@ -83,6 +84,46 @@ def test_a_journal_record_of_the_wrong_type_is_left_out_with_a_warning_naming_it
     assert lost.storage == str(journal) and list(lost.trials) == [1] and reason in lost.trials[1]
     assert f"warning: {journal}" in err and f"trial 1 ({reason}" in err
     assert len(surface.calls) == 1 and result.summary.total_tested == 3  # that config, probed again
+
+
+@pytest.mark.parametrize("key, value, reason", [
+    ("samples_per_second", -50.0, "measurement.samples_per_second: -50 is below 0"),
+    ("tokens_per_second", float("nan"), "measurement.tokens_per_second: NaN is not a finite number"),
+    ("expected_step_time_s", float("inf"), "measurement.expected_step_time_s: Infinity is not a finite number"),
+])
+def test_a_measured_figure_below_0_or_no_number_is_left_out_as_plan_leaves_it_out(
+        tmp_path: Path, capsys: Any, key: str, value: Any, reason: str) -> None:
+    """A stored speed of -50 or NaN passed tune's check (only its type was checked), so tune ranked
+    the trial while plan refused it. Both read a measurement by one check now: tune leaves it out,
+    names it, and probes its config again."""
+    spec, journal = tuned(tmp_path)
+    logs = entries(journal)
+    logs[attr_line(logs, 1, "measurement")]["user_attr"]["measurement"][key] = value
+    write_entries(journal, logs)
+    result, surface, events, err = resumed(spec, tmp_path, capsys)
+    [lost] = [e for e in events if isinstance(e, TrialsLost)]
+    assert dict(lost.trials) == {1: reason} and f"trial 1 ({reason})" in err
+    assert len(surface.calls) == 1 and result.summary.total_tested == 3
+    assert 1 not in {t.number for t in result.trials}  # not ranked
+
+
+@pytest.mark.parametrize("damage", ["a record of the wrong type", "a lost line"])
+def test_a_lost_trial_is_named_once_not_on_every_later_resume(tmp_path: Path, capsys: Any, damage: str) -> None:
+    """A damaged record stays in the journal (a finished trial cannot change), so every later resume
+    named it again, "and are probed again", though its config was measured again by the first. A
+    lost trial is named until its config is measured again, and not after."""
+    spec, journal = tuned(tmp_path)
+    logs = entries(journal)
+    if damage == "a lost line":
+        del logs[attr_line(logs, 1, "measurement")]
+    else:
+        logs[attr_line(logs, 1, "measurement")]["user_attr"]["measurement"]["samples_per_second"] = "fast"
+    write_entries(journal, logs)
+    _, surface, events, _ = resumed(spec, tmp_path, capsys)
+    assert [list(e.trials) for e in events if isinstance(e, TrialsLost)] == [[1]] and len(surface.calls) == 1
+    result, surface, events, err = resumed(spec, tmp_path, capsys)
+    assert not [e for e in events if isinstance(e, TrialsLost)] and "lacks the records" not in err
+    assert not surface.calls and result.summary.total_tested == 3
 
 
 # -- item 2: an emptied journal ------------------------------------------------------------------

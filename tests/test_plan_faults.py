@@ -1,8 +1,9 @@
 """Faults a user meets with what `trainfit plan` reads (issue #35): a damaged trainer cost or summary
 (numbers JSON cannot hold, values of the wrong type), an epoch count past any run, a folder whose
 tune is still running. Each is one line naming the file and the fix, never a traceback, and nothing
-measured is lost. The tune folders are made from fixed figures (these tests are about the files a tune
-leaves, never about a measurement)."""
+measured is lost; a damaged trial in the journal is left out and named, as tune leaves it out. The
+tune folders are made from fixed figures (these tests are about the files a tune leaves, never about
+a measurement)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from trainfit.plan.inputs import Candidate
 from trainfit.plan.options import fewer_epochs
 from trainfit.probe.measurement import Measurement
 from trainfit.report import TRAINER_COST_FILE
+from trainfit.search.events import TrialsLost
 from trainfit.spec import load_spec
 from trainfit.summary import Summary, TrainerCost
 from trainfit.tune import tune
@@ -174,29 +176,56 @@ def test_a_damaged_calibration_in_the_summary_is_refused_naming_it_and_the_fix(r
     assert "Traceback" not in err and "trainfit plan --calibrate N" in err and TRAINER_COST_FILE in err
 
 
-@pytest.mark.parametrize(("key", "value", "words"), [
-    ("samples_per_second", "fast", "measurement.samples_per_second: the str 'fast' where a number belongs"),
-    ("expected_step_time_s", math.nan, "measurement.expected_step_time_s: NaN is not a finite number"),
-    ("samples_per_second", -50.0, "measurement.samples_per_second: -50 is below 0"),
-    ("shape_times", {}, "measurement.shape_times: the dict {} where a JSON list belongs"),
-])
-def test_a_damaged_measurement_in_the_journal_is_refused_naming_the_trial_and_the_fix(run_dir: Path, capsys: Any,
-                                                                                     key: str, value: Any,
-                                                                                     words: str) -> None:
-    """The study journal, where a plan reads every measured config: valid JSON, a figure of the wrong type."""
-    journal = run_dir / "study.journal"
+def damage_measurement(journal: Path, trial_id: int, key: str, value: Any) -> None:
+    """Set ``key`` of trial ``trial_id``'s stored measurement to ``value`` (valid JSON, NaN as Python writes it)."""
     lines = []
     for line in journal.read_text().splitlines():  # optuna's operations, one a line: set_trial_user_attr is 8
         op = json.loads(line)
-        if op.get("op_code") == 8 and op["trial_id"] == 0 and "measurement" in op["user_attr"]:
+        if op.get("op_code") == 8 and op["trial_id"] == trial_id and "measurement" in op["user_attr"]:
             op["user_attr"]["measurement"][key] = value
             line = json.dumps(op)
         lines.append(line)
     journal.write_text("\n".join(lines) + "\n")
-    assert main(["plan", str(run_dir), "--max-hours", "2"]) == 2
-    err = capsys.readouterr().err
-    assert f"trial 0 in {journal} is damaged: {words}" in err and "Traceback" not in err
-    assert "restore the file from a copy, or tune again into a new --output" in err
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("samples_per_second", "fast", "measurement.samples_per_second: the str 'fast' where a number belongs"),
+    ("expected_step_time_s", math.nan, "measurement.expected_step_time_s: NaN is not a finite number"),
+    ("samples_per_second", -50.0, "measurement.samples_per_second: -50 is below 0"),
+    ("peak_memory_bytes", -1, "measurement.peak_memory_bytes: -1 is below 0"),
+    ("shape_times", {}, "measurement.shape_times: the dict {} where a JSON list belongs"),
+])
+def test_a_damaged_measurement_is_left_out_as_tune_leaves_it_out_and_plans_once_resumed(
+        run_dir: Path, capsys: Any, key: str, value: Any, words: str) -> None:
+    """Plan refused the whole folder for one damaged trial ("restore the file, or tune again") while
+    tune left the trial out and probed its config again; the record stays in the journal (a finished
+    trial cannot change), so after `tune --resume` did that, plan still exited 2, every time. Now
+    both read it by one check: tune names the trial and probes it again, plan leaves it out and
+    names it, and plans from the config measured again."""
+    journal = run_dir / "study.journal"
+    damage_measurement(journal, 0, key, value)
+    events: list[Any] = []
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_CONFIGS)
+    result = tune(spec, output=run_dir, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=True,
+                  on_event=events.append)
+    [lost] = [e for e in events if isinstance(e, TrialsLost)]
+    assert dict(lost.trials) == {0: words} and result.new_trials == 1  # tune: left out, its config probed again
+    assert main(["plan", str(run_dir), "--max-hours", "2", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    [left_out] = [line for line in plan["rests_on"] if line.startswith("left out:")]
+    assert left_out.startswith(f"left out: trial 0 ({words}): damaged record(s) in {journal}")
+    assert plan["trial"] == 2 and plan["searched"]["batch_size"] == 1  # trial 0's config, measured again
+
+
+def test_a_plan_whose_only_fitting_configs_are_damaged_says_so_and_how_to_measure_them_again(run_dir: Path) -> None:
+    """Every fitting trial damaged: the refusal names them and `tune --resume`, not an older trainfit."""
+    journal = run_dir / "study.journal"
+    for trial in (0, 1):
+        damage_measurement(journal, trial, "samples_per_second", math.nan)
+    with pytest.raises(TrainfitError, match="with a record that reads back: trial 0 .measurement.samples_per_second: "
+                                            "NaN is not a finite number.; trial 1") as info:
+        make_plan(run_dir, max_hours=2)
+    assert f"--output {run_dir} --resume` probes their configs again" in str(info.value)
 
 
 # 3. An epoch count past any run: a plan's price of fewer epochs is a bisection, not a walk over every count.

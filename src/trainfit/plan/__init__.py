@@ -134,9 +134,7 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
     run = load_run(run_dir)
     summary = run.summary
     calibration = calibration or _tunes_calibration(run_dir, summary)
-    if not run.candidates:
-        raise TrainfitError(f"no config in {run_dir / 'study.journal'} fits the budget with an epoch speed measured",
-                            "tune again into a new folder with this trainfit (an older one kept no epoch speed)")
+    _check_candidates(run)
     if not summary.dataset_samples:
         raise TrainfitError(f"the tune in {run_dir} had no dataset: there is no epoch to plan",
                             "give the spec a data.path and tune again")
@@ -179,6 +177,26 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
                 options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s,
                 evaluation=evaluation)
+
+
+def _check_candidates(run: TuneRun) -> None:
+    """Refuse a tune folder with no config to plan: none measured an epoch speed that fits, or every
+    one that did has a damaged record (``tune --resume`` measures those configs again)."""
+    if run.candidates:
+        return
+    journal = run.folder / "study.journal"
+    if run.left_out:
+        raise TrainfitError(f"no config in {journal} fits the budget with a record that reads back: "
+                            f"{_left_out(run.left_out)}",
+                            f"`trainfit tune SPEC --output {run.folder} --resume` probes their configs again; "
+                            "then plan again")
+    raise TrainfitError(f"no config in {journal} fits the budget with an epoch speed measured",
+                        "tune again into a new folder with this trainfit (an older one kept no epoch speed)")
+
+
+def _left_out(trials: Mapping[int, str]) -> str:
+    """The trials a plan left out for their damaged records, as its output names them."""
+    return "; ".join(f"trial {number} ({why})" for number, why in trials.items())
 
 
 def _epochs(given: float | None, summary: Summary) -> float:
@@ -378,6 +396,10 @@ def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
                      f"{evaluation.batch_size}, one pass timed forward-only on trial {evaluation.trial} at "
                      f"{evaluation.pass_s:.3g} s (+-{evaluation.spread_rel:.1%}), applied to every config; the "
                      "trainer's own work around a pass (collation, its metrics) is not in it")
+    if run.left_out:
+        lines.append(f"left out: {_left_out(run.left_out)}: damaged record(s) in {run.folder / 'study.journal'}, "
+                     "which tune leaves out too (`tune --resume` into this folder probes such a config again "
+                     "where no other trial measured it)")
     if calibration is None or evaluation is None:
         lines.append("not included: " + ", ".join(
             ([] if evaluation else ["evaluation passes (--eval-data prices them)"])

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import statistics
-import typing
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
 from trainfit.probe.estimate import StepCost, shapes_step_cost
 from trainfit.probe.measurement import Measurement
-from trainfit.summary import Summary, check_bounds, check_finite, read_summary, typed
+from trainfit.search.strategies import config_key
+from trainfit.summary import Summary, read_summary
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +68,9 @@ class TuneRun:
     """Every fitting config, fastest first."""
     spec_doc: dict[str, Any] | None
     """The spec as the tune was given it (before validation), for what the plan rebuilds from it."""
+    left_out: dict[int, str] = field(default_factory=dict)
+    """Measured trials whose record in the journal does not read back, by number, with why: left out
+    of the plan, as tune leaves them out of its search (it probes their configs again)."""
 
 
 def best_step_cost(folder: Path) -> StepCost | None:
@@ -91,14 +93,17 @@ def load_run(folder: Path) -> TuneRun:
         raise TrainfitError(f"no config fit the budget in {folder}: there is nothing to plan",
                             "see its summary.json's all_failed advice, then tune again")
     studies = _studies(folder)
+    searched = list(summary.best_config.searched)
+    left_out: dict[int, str] = {}
     by_key: dict[str, list[tuple[int, Measurement]]] = {}
-    for number, values, m in _measured(studies, folder / "study.journal"):
+    for number, values, m in _measured(studies, searched, left_out):
         if m.fits and m.samples_per_second and m.expected_step_time_s:
-            by_key.setdefault(json.dumps(values, sort_keys=True, default=str), []).append((number, m))
-    candidates = [_candidate(runs, list(summary.best_config.searched)) for runs in by_key.values()]
+            by_key.setdefault(config_key(values), []).append((number, m))
+    candidates = [_candidate(runs, searched) for runs in by_key.values()]
     candidates.sort(key=lambda c: -c.samples_per_second)
     doc = next((s.user_attrs["spec"] for s in studies if "spec" in s.user_attrs), None)
-    return TuneRun(folder=folder, summary=summary, candidates=candidates, spec_doc=doc)
+    return TuneRun(folder=folder, summary=summary, candidates=candidates, spec_doc=doc,
+                   left_out=dict(sorted(left_out.items())))
 
 
 def _check_not_running(folder: Path) -> None:
@@ -132,43 +137,26 @@ def _studies(folder: Path) -> list[Any]:
             for s in optuna.get_all_study_summaries(storage)]
 
 
-def _measured(studies: list[Any], journal: Path) -> Iterator[tuple[int, dict[str, Any], Measurement]]:
+def _measured(studies: list[Any], names: list[str],
+              left_out: dict[int, str]) -> Iterator[tuple[int, dict[str, Any], Measurement]]:
     """Every probe of the studies (confirmation repeats too): trial number, searched values,
-    measurement."""
+    measurement. A trial whose record does not read back is left out as tune leaves it out (by the
+    same check, :func:`~trainfit.search.study.record_problem`) and put in ``left_out`` with why,
+    never refused: it stays in the journal (a finished trial cannot change) after ``tune --resume``
+    measured its config again."""
     from optuna.trial import TrialState
+
+    from trainfit.search.study import record_problem
 
     for study in studies:
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            data = t.user_attrs.get("measurement")
-            if data is not None and not t.user_attrs.get("reused"):
-                try:
-                    values = t.user_attrs.get("values", t.params)
-                    typed(dict[str, Any], values, "values")
-                    yield t.number, dict(values), _measurement(data)
-                except (ValueError, TypeError) as err:
-                    raise TrainfitError(f"trial {t.number} in {journal} is damaged: {err}",
-                                        "restore the file from a copy, or tune again into a new --output (a plan "
-                                        "reads every measured config from it)") from None
-
-
-PLAN_READS = ("status", "config", "samples_per_second", "expected_step_time_s", "samples_per_step",
-              "step_time_ci95_rel", "fit_error_rel", "peak_memory_bytes", "memory_parts_bytes", "shape_times",
-              "cpu_threads")
-"""The figures of a measurement a plan reads, each checked against its type before it enters a sum."""
-
-
-def _measurement(data: Any) -> Measurement:
-    """A measurement as the journal keeps it, the figures a plan reads checked (:class:`Malformed`
-    names one of the wrong type, or a speed or step time that is negative or no number)."""
-    typed(dict[str, Any], data, "measurement")
-    hints = typing.get_type_hints(Measurement)
-    for name in PLAN_READS:
-        if name in data:
-            typed(hints[name], data[name], f"measurement.{name}")
-    for name in ("samples_per_second", "expected_step_time_s"):
-        check_finite({f"measurement.{name}": data.get(name)})
-        check_bounds(f"measurement.{name}", data.get(name), {"at_least": 0.0})
-    return Measurement.from_dict(data)
+            if t.user_attrs.get("measurement") is None or t.user_attrs.get("reused"):
+                continue
+            problem = record_problem(t, names)
+            if problem is not None:
+                left_out[t.number] = problem
+                continue
+            yield t.number, t.user_attrs.get("values", t.params), Measurement.from_dict(t.user_attrs["measurement"])
 
 
 def _candidate(runs: list[tuple[int, Measurement]], searched: list[str]) -> Candidate:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trainfit.summary import Malformed, check_bounds, check_finite, typed
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout")
@@ -15,6 +19,9 @@ EXIT_CODES = {"ok": 0, "oom": 3, "error": 4, "timeout": 5}
 """``trainfit probe`` exit status per measurement status (2 is reserved for bad usage)."""
 MEMORY_PARTS = ("model", "optimizer", "runtime", "step", "build", "allocator_cache")
 """The keys of ``Measurement.memory_parts_bytes``, in report order."""
+RANKED_FIGURES = ("samples_per_second", "tokens_per_second", "expected_step_time_s", "peak_memory_bytes")
+"""The figures a search ranks by (its objective, a trainer cost's step time) and a plan prices a run
+and a fit with: read back negative or as no number, one ranks first or spreads through every sum."""
 
 
 def within_budget(peak_gb: float, memory_gb: float | None, headroom_gb: float) -> bool:
@@ -189,3 +196,33 @@ def recorded_budget_gb(measurements: Iterable[Measurement]) -> float | None:
     """The memory budget the probes ran against: the spec's ``budget.memory_gb``, or the device's
     own memory, which a probe records when the spec sets none (None: no probe got that far)."""
     return next((m.budget_memory_gb for m in measurements if m.budget_memory_gb), None)
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(Measurement)
+
+
+def read_measurement(data: Any, key: str = "measurement") -> Measurement:
+    """A measurement as a record stored it (a study journal's trial, at ``key``), read back, or
+    :class:`Malformed` naming the field: not an object, a field of the wrong type or null where a
+    value belongs, a required one missing, another schema, or a :data:`RANKED_FIGURES` figure
+    negative or no number. A journal edited by hand or by a tool can hold valid JSON of any type;
+    tune and plan read it here alike, so they leave out the same trials."""
+    data = typed(dict[str, Any | None], data, key, nullable=False)  # a field's null: checked below
+    hints = _hints()
+    for name, value in data.items():
+        if name not in hints:
+            continue
+        if value is None and type(None) not in typing.get_args(hints[name]):  # a null within it may be a value
+            raise Malformed(f"{key}.{name}", "null where a value belongs")
+        typed(hints[name], value, f"{key}.{name}")
+    for name in RANKED_FIGURES:
+        check_finite({f"{key}.{name}": data.get(name)})
+        check_bounds(f"{key}.{name}", data.get(name), {"at_least": 0})
+    try:
+        return Measurement.from_dict(data)
+    except TypeError as err:  # a required field missing
+        raise Malformed(key, str(err).partition("() ")[2] or str(err)) from None
+    except ValueError as err:  # another schema, an unknown status
+        raise Malformed(key, str(err)) from None

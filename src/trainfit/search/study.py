@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import functools
 import hashlib
 import json
 import os
@@ -18,7 +17,6 @@ import shutil
 import socket
 import threading
 import time
-import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,13 +24,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainfit.errors import TrainfitError
-from trainfit.files import FolderBusy, lock_folder, write_atomically
+from trainfit.files import FolderBusy, lock_folder, naming, write_atomically
 from trainfit.params import Params
-from trainfit.probe.measurement import Measurement
+from trainfit.probe.measurement import Measurement, read_measurement
 from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
-from trainfit.summary import Malformed, typed
+from trainfit.summary import Malformed, check_bounds, check_finite, typed
 
 CONSTRAINT = "memory"
 HEARTBEAT_S = 30
@@ -183,10 +181,8 @@ def journal_storage(journal: Path) -> Any:
         (raised by the write, not the open) names no file, and the user is told which one."""
 
         def append_logs(self, logs: list[dict[str, Any]]) -> None:
-            try:
+            with naming(journal):
                 super().append_logs(logs)
-            except OSError as err:
-                raise OSError(err.errno, err.strerror, err.filename or str(journal)) from err
 
     try:
         return JournalStorage(NamedJournalFile(str(journal)))
@@ -195,54 +191,37 @@ def journal_storage(journal: Path) -> Any:
                             "use --output NEW_FOLDER to start afresh") from None
 
 
-@functools.cache
-def _measurement_hints() -> dict[str, Any]:
-    return typing.get_type_hints(Measurement)
-
-
-def _json_object(value: Any, key: str) -> dict[str, Any]:
-    """``value`` (at ``key``), refused (:class:`Malformed`) unless a JSON object; its own values
-    are any JSON, null included."""
-    if value is None:
-        raise Malformed(key, "null where a JSON object belongs")
-    return dict(typed(dict[str, Any], value, key))
-
-
-def _check_measurement(data: Any) -> None:
-    """Refuse (:class:`Malformed`, ``ValueError``) a stored measurement that would not read back
-    as one: not an object, a field of the wrong type, a required one missing, another schema."""
-    data = _json_object(data, "measurement")
-    hints = _measurement_hints()
-    for name, value in data.items():
-        if name not in hints:
-            continue
-        if value is None and type(None) not in typing.get_args(hints[name]):  # a null within it may be a value
-            raise Malformed(f"measurement.{name}", "null where a value belongs")
-        typed(hints[name], value, f"measurement.{name}")
-    try:
-        Measurement.from_dict(data)
-    except TypeError as err:  # a required field missing
-        raise Malformed("measurement", str(err).partition("() ")[2] or str(err)) from None
-
-
 def record_problem(trial: Any, names: Sequence[str]) -> str | None:
     """Why a measured trial's record (what :meth:`TrialStore.tell` stores: its measurement, values
     and objective) cannot be read back, or None. A journal edited by hand or by a tool can hold valid
-    JSON of any type there, which would fail far from here (a traceback in the ranking)."""
+    JSON of any type there, which would fail far from here (a traceback in the ranking), or a speed
+    of NaN or below 0, which would rank first. Tune and plan both leave out a trial this flags."""
     attrs = trial.user_attrs
     try:
-        _check_measurement(attrs.get("measurement"))
-        values = _json_object(attrs.get("values", trial.params), "values")
+        read_measurement(attrs.get("measurement"))
+        values = typed(dict[str, Any | None], attrs.get("values", trial.params), "values", nullable=False)
         if missing := sorted(set(names) - set(values)):
             raise Malformed("values", f"no {', '.join(missing)}")
         for name in names:
             if isinstance(values[name], (dict, list)):
                 raise Malformed(f"values.{name}", f"a JSON {'object' if isinstance(values[name], dict) else 'list'}"
                                                   " where a searched value belongs")
-        typed(float | None, attrs.get("objective"), "objective")
-    except ValueError as err:  # Malformed, or Measurement.from_dict's schema and status checks
+        objective = typed(float | None, attrs.get("objective"), "objective")
+        check_finite({"objective": objective})
+        check_bounds("objective", objective, {"at_least": 0})
+    except Malformed as err:
         return str(err)
     return None
+
+
+def recorded_key(trial: Any, names: Sequence[str]) -> str | None:
+    """The config key of a trial whose record may be damaged (see :func:`record_problem`): of its
+    stored values where they hold every searched name, as the history keys them, else of Optuna's
+    own params; None where neither does."""
+    values = trial.user_attrs.get("values", trial.params)
+    if not (isinstance(values, dict) and set(names) <= set(values)):
+        values = {k: trial.params[k] for k in names if k in trial.params}
+    return config_key(values) if set(names) <= set(values) else None
 
 
 def recorded_trials(table: Path) -> list[int]:
@@ -521,6 +500,9 @@ class TrialStore:
         """The journal was there but empty (0 bytes): its study, if it had one, lost every trial."""
         self.unreadable: dict[int, str] = {}
         """Measured trials whose record cannot be read back, by number, with why (:func:`record_problem`)."""
+        self._unreadable_keys: dict[int, str] = {}
+        """Their config keys, where readable (:func:`recorded_key`): a config measured again since is
+        no longer lost (see :meth:`lost`)."""
         self._stale: list[int] = []
         """Trials this run closed because Optuna's heartbeat found them stale (their numbers)."""
         self.storage = (open_storage(storage, lambda study, trial: self._stale.append(trial.number)) if storage
@@ -712,6 +694,8 @@ class TrialStore:
                 out.append(t)
             elif not t.user_attrs.get("reused"):  # a reused trial repeats a measured answer: nothing is lost
                 self.unreadable.setdefault(t.number, problem)
+                if (key := recorded_key(t, self.space.names)) is not None:
+                    self._unreadable_keys[t.number] = key
         return out
 
     def history(self) -> list[Trial]:
@@ -734,8 +718,12 @@ class TrialStore:
         what is wrong, in order: a record of the wrong type (:func:`record_problem`), and, with the
         output folder's journal, a trial its trials.csv shows that the journal lacks (``history``:
         the study's trials): a line of it lost, or the whole file emptied. Their configs count as
-        never measured, so the search probes them again."""
-        lost = dict(self.unreadable)
+        never measured, so the search probes them again. A damaged record stays in the journal (a
+        finished trial cannot change): once its config is measured again (in ``history``), it is
+        no longer lost, and a later resume does not name it again. trials.csv is written from the
+        history, so a trial it lacks the journal lacked is named once."""
+        measured = {config_key(t.values) for t in history}
+        lost = {n: why for n, why in self.unreadable.items() if self._unreadable_keys.get(n) not in measured}
         if self.journal is not None:
             have = {t.number for t in history}
             for number in recorded_trials(self.journal.parent / "trials.csv"):
