@@ -24,7 +24,7 @@ from trainfit.params import KNOBS, Params
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
 from trainfit.report_html import tune_report_html
 from trainfit.search.ranking import Repeats, pooled, probe_samples_per_second, ranked, with_trainer_cost, within_noise
-from trainfit.search.strategies import Trial, config_key, jsonable
+from trainfit.search.strategies import AutoStrategy, Trial, config_key, jsonable
 from trainfit.search.tune import common_failure
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
@@ -36,6 +36,7 @@ from trainfit.summary import (
     Lengths,
     MeasuredPeak,
     ProbeNote,
+    PrunedFamily,
     SmallestPeak,
     Summary,
     Tie,
@@ -279,6 +280,14 @@ def run_lengths(stats: LengthStats | None) -> Lengths | None:
         p99=stats.percentiles["p99"], max=stats.max, model_positions=stats.max_positions)
 
 
+def pruned_report(spec: Spec, space: SearchSpace, trials: Sequence[Trial], strategy: str) -> list[PrunedFamily]:
+    """What the ``auto`` strategy left unprobed over ``trials``, and why (:meth:`AutoStrategy.pruned`)."""
+    if strategy != "auto" or not trials:
+        return []
+    auto = AutoStrategy(space, spec.budget.memory_gb, spec.budget.headroom_gb, trials[0].measurement.device or "cpu")
+    return [PrunedFamily(config=p.family, up_to_batch=p.below_batch, reason=p.reason) for p in auto.pruned(trials)]
+
+
 def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, output: Path,
                   stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
                   repeats: Repeats | None = None, data_config: Path | None = None, model_dir: Path | None = None,
@@ -310,6 +319,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, ou
         confirmation=confirmation(order, repeats, objective, trainer_s),
         fastest_per_value=fastest_per_value(spec, space, order, entry),
         unsupported=unsupported_report(trials),
+        pruned=pruned_report(spec, space, trials, strategy),
         notes=probe_notes(trials),
         objective=objective,
         strategy=strategy,

@@ -265,6 +265,17 @@ class UnsupportedValue(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrunedFamily(Record):
+    """Configs the ``auto`` search left unprobed because they could not win, and why."""
+
+    config: dict[str, Any]
+    """The searched knobs' values but the batch size."""
+    up_to_batch: int | None
+    """Its batch sizes up to this one were skipped (None: every batch size)."""
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProbeNote(Record):
     """A note the probes made (a truncation, a loss, a dtype), with the trials that made it."""
 
@@ -371,6 +382,9 @@ class Summary(Record):
     fastest_per_value: dict[str, dict[str, ConfigEntry]]
     """Per searched knob that changes what is learned: the fastest config of each of its values."""
     unsupported: list[UnsupportedValue]
+    pruned: list[PrunedFamily] = field(default_factory=list)
+    """What the ``auto`` search did not probe because it could not win (a memory-only knob at a
+    batch that fits without it), and why."""
     notes: list[ProbeNote]
     objective: str
     strategy: str

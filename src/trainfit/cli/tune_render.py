@@ -123,6 +123,9 @@ def print_result(result: TuneResult, spec: Spec) -> int:
     for u in s.unsupported:
         reason = "; ".join(line.strip() for line in (u.message or "").splitlines() if line.strip())
         print(f"skipped every config with {u.knob}={u.value}: cannot run on this machine ({reason})")
+    for p in s.pruned:
+        where = "every batch" if p.up_to_batch is None else f"batches up to {p.up_to_batch}"
+        print(f"not probed: {values_line(p.config)} at {where}: {p.reason}")
     if s.best_config is None and s.total_tested == 0:
         print(f"\nNo configuration was probed ({result.stop_reason}).")
         return 1

@@ -149,6 +149,22 @@ NO_PRIOR: dict[str, str] = {
 """The knobs without a device prior, and why (a test checks every knob is in one or the other)."""
 
 
+MEMORY_ONLY: dict[str, Any] = {"gradient_checkpointing": True}
+"""Knob values that only trade speed for memory (nothing learned changes): worth a probe only at a
+batch the same config without them cannot fit (see :meth:`AutoStrategy.pruned`)."""
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """A family, or its smaller batches, that ``auto`` does not probe, and why."""
+
+    family: dict[str, Any]
+    """The knob values of the family (every searched knob but ``batch_size``)."""
+    below_batch: int | None
+    """Its batches up to this one are skipped (None: the whole family)."""
+    reason: str
+
+
 class AutoStrategy:
     """Uses the structure of the problem instead of treating it as a black box.
 
@@ -200,13 +216,13 @@ class AutoStrategy:
                 out[int(t.values.get("batch_size", self.space.base.batch_size))] = t
         return out
 
-    def _limit_bytes(self, measured: Iterable[Trial]) -> float | None:
+    def _limit_bytes(self, measured: Iterable[Trial], margin: float | None = None) -> float | None:
         """The predicted peak a config may reach: the spec's budget, else the device's memory the
-        probes recorded as theirs, less headroom and the margin."""
+        probes recorded as theirs, less headroom and the margin (default: the strategy's)."""
         budget = self.budget_gb or recorded_budget_gb(t.measurement for t in measured)
         if not budget:
             return None
-        return (budget - self.headroom_gb) * (1 - self.margin) * 1024**3
+        return (budget - self.headroom_gb) * (1 - (self.margin if margin is None else margin)) * 1024**3
 
     @staticmethod
     def _slope(fits: dict[int, Trial]) -> float | None:
@@ -216,10 +232,11 @@ class AutoStrategy:
         (b0, t0), (b1, t1) = sorted(fits.items())[-2:]
         return ((t1.measurement.peak_memory_bytes or 0) - (t0.measurement.peak_memory_bytes or 0)) / (b1 - b0)
 
-    def _predicted_max_batch(self, fits: dict[int, Trial], sibling_slope: float | None = None) -> float:
+    def _predicted_max_batch(self, fits: dict[int, Trial], sibling_slope: float | None = None,
+                             margin: float | None = None) -> float:
         """Largest batch whose predicted peak stays under the budget (inf when unknown). With one
         point, the slope of sibling families (the other knobs changed) stands in for the line."""
-        limit = self._limit_bytes(fits.values())
+        limit = self._limit_bytes(fits.values(), margin)
         slope = self._slope(fits) if len(fits) >= 2 else sibling_slope
         if limit is None or not fits or slope is None or slope <= 0:
             return float("inf")
@@ -279,18 +296,19 @@ class AutoStrategy:
         return batch / (a + c * batch) > rival_best * 1.02
 
     def _next_batch(self, family: Mapping[str, Any], mine: dict[int, Trial],
-                    rival_best: float | None = None, sibling_slope: float | None = None) -> int | None:
-        allowed = [b for b in self.batches if self.space.allowed({**family, "batch_size": b})]
+                    rival_best: float | None = None, sibling_slope: float | None = None,
+                    above: int = 0) -> int | None:
+        """The family's next batch size, or None when it is done. ``above``: its batches up to this
+        one are not worth a probe (a memory-only knob where the family without it fits them)."""
+        allowed = [b for b in self.batches if b > above and self.space.allowed({**family, "batch_size": b})]
         if any(t.measurement.status in ("error", "timeout") for t in mine.values()):
             return None  # broken for a reason other than memory: do not spend more probes here
         bad = [b for b, t in mine.items() if not t.feasible]
         upper = min(bad) if bad else float("inf")
         fits = {b: t for b, t in mine.items() if t.feasible}
         open_ = [b for b in allowed if b < upper and b not in mine]
-        if not open_:
-            return None
         if not fits:
-            return min(open_)
+            return min(open_) if open_ else None
         best_b = max(fits, key=lambda b: fits[b].objective or 0.0)
         largest = max(fits)
         if best_b < largest:
@@ -311,13 +329,43 @@ class AutoStrategy:
         predicted = self._predicted_max_batch(fits, sibling_slope)
         candidates = [b for b in open_ if b > largest and b <= predicted]
         if not candidates:
-            return None
+            # The grid's next step does not fit (measured, or predicted): the largest batch that
+            # fits lies between, at an integer the grid does not hold.
+            b = self._integer_step(family, mine, fits, upper, sibling_slope)
+            if b is None or (len(fits) >= 2 and not self._can_win(fits, b, rival_best)):
+                return None
+            return b
         if len(fits) >= 2 and not self._can_win(fits, max(candidates), rival_best):
             return None
         # One step up at a time: a worker reuses its model for growing batches, so the climb costs
         # a measurement per step, not a model build; each step refines the memory line, and the
         # climb stops where throughput saturates or falls (a peak between two probes is not missed).
         return min(candidates)
+
+    def _integer_step(self, family: Mapping[str, Any], mine: dict[int, Trial], fits: dict[int, Trial],
+                      upper: float, sibling_slope: float | None) -> int | None:
+        """Past the grid, toward the largest batch that fits: between the largest fitting batch and
+        the smallest that does not (measured, or else the grid's next step, which the line predicts
+        will not fit), probe the memory line's prediction without the safety margin, then bisect on
+        each OOM, until the two are adjacent (Lightning's binsearch; DeepSpeed probes around its
+        predicted maximum). Integers only where the effective batch can be kept
+        (:func:`_integers_between`); None when none is left between."""
+        largest = max(fits)
+        next_grid = min((b for b in self.batches if b > largest), default=None)
+        if upper == float("inf") and next_grid is None:
+            return None  # the grid's largest batch fits: nothing above it is asked for
+        top = int(upper) if upper != float("inf") else next_grid
+        assert top is not None
+        between = [b for b in _integers_between(self.space, largest, top) if b not in mine
+                   and self.space.allowed({**family, "batch_size": b})]
+        if upper == float("inf") and top not in mine and self.space.allowed({**family, "batch_size": top}):
+            between.append(top)  # predicted not to fit within the margin: it may fit without it
+        if not between:
+            return None
+        guess = self._predicted_max_batch(fits, sibling_slope, margin=0.0)
+        if largest < guess < top:
+            return max((b for b in between if b <= guess), default=min(between))
+        return between[(len(between) - 1) // 2]  # the line says nothing useful here: bisect
 
     def _rival_best(self, family: Mapping[str, Any], history: Sequence[Trial]) -> float | None:
         """Best feasible objective of the *other* families with the same learning-relevant knobs."""
@@ -335,14 +383,95 @@ class AutoStrategy:
                 continue  # another run is probing this family: its next step waits for that result
             if not can_run(family, unsupported):
                 continue  # a knob value of it cannot run on this machine, whatever the batch
+            lean = self._lean(family)
+            if lean is not None and config_key(lean) in climbing:
+                continue  # where the family without the memory-only knob stops is not known yet
+            above = self._lean_limit(family, history)
+            if above is None:
+                continue
             mine = self._family_trials(family, history)
             if self._dominated(family, mine, history):
                 continue
             b = self._next_batch(family, mine, self._rival_best(family, history),
-                                 self._sibling_slope(family, history))
+                                 self._sibling_slope(family, history), above=above)
             if b is not None:
                 return {**family, "batch_size": b} if "batch_size" in self.space.names else dict(family)
         return None
+
+    def _lean(self, family: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The same family without its memory-only knob values (:data:`MEMORY_ONLY`), if it is
+        searched too; None for a family that has none."""
+        lean = {k: (not v if isinstance(v, bool) else v) if MEMORY_ONLY.get(k) == v else v for k, v in family.items()}
+        return lean if lean != dict(family) and lean in self.families else None
+
+    def _lean_limit(self, family: Mapping[str, Any], history: Sequence[Trial]) -> int | None:
+        """The batch up to which ``family`` is not worth a probe: 0 for a family without a memory-
+        only knob value; else the largest batch its lean family fits (those fit without the knob,
+        which only costs speed there); None when the lean family is not stopped by memory at all
+        (it fits every batch worth probing, so the knob cannot help), or is not measured yet."""
+        lean = self._lean(family)
+        if lean is None or "batch_size" not in self.space.names:
+            return 0
+        trials = self._family_trials(lean, history)
+        if any(t.measurement.status in ("error", "timeout") for t in trials.values()):
+            return 0  # the lean family is broken for another reason: the knob's family stands alone
+        if not trials:
+            return 0 if not can_run(lean, unsupported_values(history)) else None
+        if not self._memory_bound(lean, history):
+            return None
+        return max((b for b, t in trials.items() if t.feasible), default=0)
+
+    def pruned(self, history: Sequence[Trial]) -> list[Pruned]:
+        """What ``auto`` leaves unprobed for a memory-only knob value, and why (for the summary)."""
+        out = []
+        for family in self.families:
+            lean = self._lean(family)
+            if lean is None or "batch_size" not in self.space.names or not self._family_trials(lean, history):
+                continue
+            knobs = ", ".join(k for k, v in family.items() if MEMORY_ONLY.get(k) == v)
+            above = self._lean_limit(family, history)
+            if above is None:
+                out.append(Pruned(family=dict(family), below_batch=None, reason=(
+                    f"without {knobs} every batch worth probing fits ({_batches(lean, self, history)}): "
+                    f"{knobs} only trades speed for memory, so it cannot be faster")))
+            elif above and any(b <= above for b in self.batches):
+                out.append(Pruned(family=dict(family), below_batch=above, reason=(
+                    f"batches up to {above} fit without {knobs}, which only trades speed for memory there")))
+        return out
+
+
+def _batches(family: Mapping[str, Any], strategy: AutoStrategy, history: Sequence[Trial]) -> str:
+    fits = sorted(b for b, t in strategy._family_trials(family, history).items() if t.feasible)
+    return "batch " + ", ".join(map(str, fits)) if fits else "nothing measured"
+
+
+MAX_SPAN = 4096
+"""Past this many integers between two batch sizes the bisection visits a subset (64 points)."""
+
+
+def _integers_between(space: SearchSpace, low: int, high: int) -> list[int]:
+    """The batch sizes ``auto`` may probe strictly between ``low`` and ``high``, past the grid:
+    integers within the searched span (its choices' lowest to highest, or its range), and where
+    ``tune.target_effective_batch`` derives the accumulation only its divisors, so every config
+    keeps what is learned exactly (the accumulation is derived by rounding)."""
+    dim = space.dim("batch_size")
+    if dim is None:
+        return []
+    if dim.choices:
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in dim.choices):
+            return []
+        lo, hi = min(dim.choices), max(dim.choices)
+    else:
+        lo, hi = int(dim.low or 1), int(dim.high or 1)
+    first, last = max(low + 1, lo), min(high - 1, hi)
+    if first > last:
+        return []
+    target = space.target_effective_batch
+    if target is not None:
+        return [b for b in range(first, min(last, target) + 1) if target % b == 0]
+    if last - first < MAX_SPAN:
+        return list(range(first, last + 1))
+    return sorted({first + (last - first) * k // 64 for k in range(65)})
 
 
 def make_strategy(name: str, space: SearchSpace, *, seed: int, budget_gb: float | None, headroom_gb: float,

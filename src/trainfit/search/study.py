@@ -268,6 +268,23 @@ def abandoned(trial: Any) -> bool:
     return host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
 
 
+def trial_values(trial: Any, names: Sequence[str]) -> dict[str, Any] | None:
+    """A trial's searched values: those stored with it (``values``, set when it is asked for with
+    them and when it is told), else its params; None while they are not all stored (being asked for)."""
+    stored = trial.user_attrs.get("values")
+    values = dict(stored) if isinstance(stored, dict) else {k: trial.params[k] for k in names if k in trial.params}
+    return {k: values[k] for k in names} if set(names) <= set(values) else None
+
+
+def holds(distribution: Any, value: Any) -> bool:
+    """Can an Optuna ``distribution`` hold ``value`` as a param (a choice of it, or in its range)?"""
+    import optuna
+
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return any(c == value and type(c) is type(value) for c in distribution.choices)
+    return bool(distribution.low <= value <= distribution.high)
+
+
 def ask_trial(study: Any, distributions: Mapping[str, Any], values: Mapping[str, Any] | None,
               heartbeat_in: Any = None) -> Any:
     """A new trial of ``study`` stamped with its ``owner``: with ``values`` fixed, or else the next
@@ -560,7 +577,8 @@ class TrialStore:
         stale = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         for t in stale:
             self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-            self.study.enqueue_trial(t.params, skip_if_exists=False)
+            stored = t.user_attrs.get("values")  # an integer batch past the grid is not among its params
+            self.study.enqueue_trial(t.params, user_attrs={"values": stored} if stored else None, skip_if_exists=False)
         return len(stale)
 
     def _live_trials(self) -> tuple[list[Any], int]:
@@ -611,7 +629,7 @@ class TrialStore:
             measured = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if any(self._key(t) == key for t in (*earlier, *measured)):
                 return True
-            if all(set(self.space.names) <= set(t.params) for t in earlier):
+            if all(trial_values(t, self.space.names) is not None for t in earlier):
                 return False
             # An earlier trial is being asked for (a Bayesian sampler's fit can take seconds): its
             # values are not all stored yet. This trial beats meanwhile, for the others to see it
@@ -675,9 +693,10 @@ class TrialStore:
     def _key(self, trial: Any) -> str:
         """The config key of ``trial``; one of its own for a trial whose values are not all stored
         yet (being asked for), so that two such trials count as two configs in flight."""
-        if not set(self.space.names) <= set(trial.params):
+        values = trial_values(trial, self.space.names)
+        if values is None:
             return config_key({"(being asked for)": trial._trial_id})
-        return config_key({k: trial.params[k] for k in self.space.names})
+        return config_key(values)
 
     def _measured(self) -> list[Any]:
         """The COMPLETE trials holding a measurement whose record reads back. A measured trial's
@@ -744,8 +763,25 @@ class TrialStore:
 
     def ask(self, values: Mapping[str, Any] | None) -> Any:
         """A new trial: with ``values`` fixed, or else the next queued retry or the sampler's choice
-        (see :func:`ask_trial`)."""
-        return ask_trial(self.study, self.distributions, values, heartbeat_in=self.storage if self.shared else None)
+        (see :func:`ask_trial`). Values are stored with the trial (:func:`trial_values`): a value
+        its knob's distribution cannot hold (``auto``'s integer batch past the grid) is not one
+        of its params, so the sampler never draws one in its place."""
+        if values is None:
+            values = self._queued_values()
+        distributions = self.distributions if values is None else {
+            k: d for k, d in self.distributions.items() if k not in values or holds(d, values[k])}
+        trial = ask_trial(self.study, distributions, values, heartbeat_in=self.storage if self.shared else None)
+        if values is not None:
+            trial.set_user_attr("values", jsonable(values))
+        return trial
+
+    def _queued_values(self) -> dict[str, Any] | None:
+        """The values stored with the retry that the next ask takes from the queue, if any."""
+        from optuna.trial import TrialState
+
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        stored = waiting[0].user_attrs.get("values") if waiting else None
+        return dict(stored) if isinstance(stored, dict) else None
 
     def pending_queue(self) -> bool:
         from optuna.trial import TrialState

@@ -31,7 +31,7 @@ from trainfit.search.events import (
 )
 from trainfit.search.ranking import Repeats, ranked, within_noise
 from trainfit.search.strategies import Trial, can_run, config_key, make_strategy, unsupported_values
-from trainfit.search.study import TrialStore
+from trainfit.search.study import TrialStore, trial_values
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 from trainfit.summary import Summary
@@ -265,7 +265,8 @@ class SearchLoop:
     def measure(self, trial: Any) -> bool:
         """Probe ``trial``'s config, or tell the store what is known of it; False: stop (converged)."""
         s, store = self.state, self.store
-        values = {k: trial.params[k] for k in self.space.names}
+        values = trial_values(trial, self.space.names)
+        assert values is not None, "a trial this run asked for has all its values"
         cached = store.find(values, s.history)
         if cached is None and store.claimed_elsewhere(trial):  # another run measured or took it meanwhile
             store.drop(trial)

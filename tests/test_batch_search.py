@@ -1,0 +1,137 @@
+"""The ``auto`` search past the grid: the largest batch that fits, at any integer (not only the
+grid's powers of two), and no probe of a memory-only knob where the config fits without it.
+Searched over the synthetic surface of ``tune_helpers`` (search logic only, never a measurement):
+memory = 10 GiB + 1.8 GiB a sample (0.9 with checkpointing), under 40 GiB less 2 of headroom."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY_LLAMA, make_spec_file
+from tune_helpers import BUDGET, HEADROOM, Surface
+
+from trainfit.params import Params
+from trainfit.search.strategies import _integers_between
+from trainfit.spec import Spec, load_spec
+from trainfit.tune import tune
+
+
+def spec_searching(tmp_path: Path, search: str, tune_keys: str = "", memory_gb: float = BUDGET) -> Spec:
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
+                          budget={"memory_gb": memory_gb, "headroom_gb": HEADROOM})
+    path.write_text(path.read_text() + f"search:\n{search}tune:\n  strategy: auto\n{tune_keys}")
+    return load_spec(path)
+
+
+def largest_fitting(surface: Surface, **knobs: Any) -> int:
+    """A brute-force scan: the largest batch whose peak plus headroom stays within the budget."""
+    return max(b for b in range(1, 257) if surface.memory_gb(Params(batch_size=b, **knobs)) + HEADROOM <= BUDGET)
+
+
+def probed(surface: Surface, **knobs: Any) -> list[int]:
+    return sorted(c["batch_size"] for c in surface.calls if all(c[k] == v for k, v in knobs.items()))
+
+
+def test_the_search_reaches_the_largest_batch_that_fits_at_an_integer_off_the_grid(tmp_path: Path) -> None:
+    surface = Surface()
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32, 64]\n")
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    truth = largest_fitting(surface)
+    assert truth == 15  # the surface's boundary lies between two powers of two
+    best = result.summary.to_json()["best_config"]
+    assert best["config"]["batch_size"] == truth  # throughput grows with the batch on this surface
+    fits = [b for b in probed(surface) if surface.memory_gb(Params(batch_size=b)) + HEADROOM <= BUDGET]
+    assert max(fits) == truth
+    assert len(surface.calls) <= 8  # the climb (1, 2, 4, 8), then the line's guess and its check
+    # The off-grid trial is stored with its value, and a resumed run knows it: nothing is probed again.
+    again = tune(spec, output=tmp_path / "out", probe_fn=surface, resume=True)
+    assert again.new_trials == 0
+    assert again.summary.to_json()["best_config"]["config"]["batch_size"] == truth
+
+
+def test_an_oom_between_two_grid_steps_is_bisected_to_adjacent_batches(tmp_path: Path) -> None:
+    """The line's guess is off (memory rises faster past batch 8): each OOM halves the gap, and
+    the search ends with the largest fit and the smallest failure one apart."""
+
+    class Steeper(Surface):
+        def memory_gb(self, p: Params) -> float:
+            return super().memory_gb(p) + max(0, p.batch_size - 8) * 1.5
+
+    surface = Steeper()
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32, 64]\n")
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    truth = largest_fitting(surface)
+    assert result.summary.to_json()["best_config"]["config"]["batch_size"] == truth
+    failed = [b for b in probed(surface) if surface.memory_gb(Params(batch_size=b)) + HEADROOM > BUDGET]
+    assert min(failed) == truth + 1
+
+
+def test_with_a_target_effective_batch_only_its_divisors_are_probed_past_the_grid(tmp_path: Path) -> None:
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 48]\n", "  target_effective_batch: 48\n")
+    assert spec.search is not None
+    assert _integers_between(spec.search, 8, 48) == [12, 16, 24]  # each keeps 48 exactly (x4, x3, x2)
+    surface = Surface()
+    tune(spec, output=tmp_path / "out", probe_fn=surface)
+    assert all(48 % b == 0 for b in probed(surface))
+    assert 12 in probed(surface)  # 16 does not fit: 12 is the largest divisor that does
+
+
+def test_checkpointing_is_probed_only_at_batches_the_config_without_it_cannot_fit(tmp_path: Path) -> None:
+    surface = Surface()
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32]\n  gradient_checkpointing: [false, true]\n")
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    lean_max = largest_fitting(surface, gradient_checkpointing=False)
+    with_ckpt = probed(surface, gradient_checkpointing=True)
+    assert with_ckpt and min(with_ckpt) > lean_max
+    pruned = result.summary.to_json()["pruned"]
+    assert pruned == [{"config": {"gradient_checkpointing": True}, "up_to_batch": lean_max,
+                       "reason": f"batches up to {lean_max} fit without gradient_checkpointing, "
+                                 "which only trades speed for memory there"}]
+
+
+def test_checkpointing_is_not_probed_at_all_where_every_batch_fits_without_it(tmp_path: Path, capsys: Any) -> None:
+    from trainfit.cli.tune_render import print_result
+
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4]\n  gradient_checkpointing: [false, true]\n")
+    surface = Surface()
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    assert probed(surface, gradient_checkpointing=True) == []
+    assert probed(surface, gradient_checkpointing=False) == [1, 2, 4]
+    [pruned] = result.summary.to_json()["pruned"]
+    assert pruned["up_to_batch"] is None and "every batch worth probing fits (batch 1, 2, 4)" in pruned["reason"]
+    assert print_result(result, spec) == 0  # the CLI's renderer of a finished search
+    assert "not probed: gradient_checkpointing=True at every batch: without gradient_checkpointing" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("low, high, expected", [(8, 16, list(range(9, 16))), (64, 64, []), (1, 3, [2])])
+def test_the_integers_between_two_batches_are_those_of_the_searched_span(
+        tmp_path: Path, low: int, high: int, expected: list[int]) -> None:
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32, 64]\n")
+    assert spec.search is not None
+    assert _integers_between(spec.search, low, high) == expected
+
+
+@pytest.mark.slow
+def test_under_a_real_memory_cap_the_search_lands_within_one_of_a_brute_force_scan(tmp_path: Path) -> None:
+    """Real probes of a factory model under a real CPU cap (RLIMIT): a grid over every batch from
+    6 to 13 is the brute-force scan of the boundary; ``auto`` over powers of two must land within
+    1 of its largest fitting batch. The model holds ~30 MB a sample over ~0.35 GiB, and sleeps
+    0.5 s a step (as a GPU step's fixed costs), so a larger batch is faster and the climb goes on
+    to the memory limit."""
+    factory = f"{Path(__file__).parent / 'factories.py'}:learnable"
+
+    def spec(search: str, strategy: str) -> Spec:
+        path = make_spec_file(tmp_path / strategy, model={"factory": factory},
+                              params={"max_length": 1024, "width_mul": 160, "sleep_s": 0.5},
+                              budget={"memory_gb": 0.75, "headroom_gb": 0.1}, probe={"max_seconds": 1})
+        path.write_text(path.read_text() + f"search:\n{search}tune:\n  strategy: {strategy}\n")
+        return load_spec(path)
+
+    scan = tune(spec(f"  batch_size: {list(range(6, 14))}\n", "grid"), output=tmp_path / "grid" / "out")
+    fitting = [t.values["batch_size"] for t in scan.trials if t.feasible]
+    assert fitting and 6 <= max(fitting) < 13, "the cap must stop the scan inside it"
+    auto = tune(spec("  batch_size: [1, 2, 4, 8, 16, 32]\n", "auto"), output=tmp_path / "auto" / "out")
+    picked = max(t.values["batch_size"] for t in auto.trials if t.feasible)
+    assert abs(picked - max(fitting)) <= 1, [(t.values["batch_size"], t.measurement.status) for t in auto.trials]
