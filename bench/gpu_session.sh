@@ -10,7 +10,7 @@
 #   # here, after each call: the state for the next one, and what is done so far
 #   mkdir -p .gpu && cp FILES_AT/gpu-state.tar.gz .gpu/ && cat FILES_AT/progress.txt
 #
-# Steps, in order (each skipped once done), the open issues' figures first: the GPU tests; what a
+# Steps, in order (each skipped once done), the open issues' figures first: the GPU tests; the epoch race of issue 30 (bench/epoch_race.py); what a
 # step pays for a padded length it has not met (bench/shape_warmup.py); two epochs'
 # step times of a ~0.93B model (padded to the longest, to a fixed length, and with expandable
 # segments), then the plan's ETA and the monitor against `trainfit train` and the written command
@@ -43,11 +43,13 @@ fi
 export PYTHONPATH=$site$PWD/src PYTHONUNBUFFERED=1
 if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
     gpu=(--tiny --cpu); fidelity=(--steps 2,4); tests=(tests/test_gpu.py); workload=llama
+    race=(--tiny --cpu --samples 200 --budget-gb 4)
     epoch=(--samples 40 --batches 1,2 --modes longest)
     planeta=(--samples 40 --modes longest --calibrate 4); trajectory=(--samples 40); warmup=(--stride 64)
     ablate=(--device cpu --only checkpointing,sdpa)
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
+    race=()
     epoch=(--cuda --model-1b --samples 600 --batches 1,2,4,8 --modes longest,grouped)
     planeta=(--cuda --model-1b --samples 600 --modes ${GPU_SESSION_PLAN_MODES:-max_length,longest} --calibrate 30)
     trajectory=(--cuda --model-1b); warmup=(--cuda --model-1b)
@@ -57,7 +59,7 @@ fi
 
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(tests shape_warmup step_trajectory plan_eta epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
+steps=(tests epoch_race shape_warmup step_trajectory plan_eta epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
 
 save() {  # everything measured so far, in one file, and a line per step for the reader
     tar -czf "$out/gpu-state.tar.gz" -C /tmp/gpu-session gpu
@@ -94,6 +96,10 @@ step() {
 }
 
 step tests 120 python3 -m pytest -q -p no:cacheprovider "${tests[@]}"
+# Issue 30: trainfit's pick against Hugging Face's auto_find_batch_size, one whole epoch each in the
+# same Trainer under a 24 GiB cap, on a ~0.5B Qwen2 shape with LoRA; results.json keeps each part
+# as it ends (the tune, then each epoch), so a cut call goes on where it stopped.
+step epoch_race 420 bash -c "python3 bench/epoch_race.py ${race[*]} --work $state/race > $state/epoch_race.json"
 # Issue 20: what a step pays the first time it meets a padded length, without a trainer (the probe's
 # model and step at 57 lengths, twice), in four fresh processes: shuffled, longest first (not the
 # allocator's growth), SDPA held to flash (not the attention backend's choice), cuDNN benchmark off.
