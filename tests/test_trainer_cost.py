@@ -257,3 +257,26 @@ def test_tune_calibrate_times_real_trl_steps_and_ranks_with_them(tmp_path: Path,
     assert best.samples_per_second == pytest.approx(
         work / (work / best.probe_samples_per_second + micro * s.trainer_cost.per_micro_batch_s))
     assert f"(trial {best.trial})" in (out / "train_command.sh").read_text()
+
+
+def test_on_a_gpu_tune_times_the_trainer_by_default_and_says_why_not_where_it_cannot(tmp_path: Path) -> None:
+    """The trainer's own cost is as large as the step on a GPU: the written command is timed by
+    default there (``--calibrate 0`` turns it off), never by default on a CPU."""
+    import dataclasses
+
+    from conftest import TINY_LLAMA, make_spec_file, write_texts
+
+    from trainfit.tune import GPU_CALIBRATION_STEPS, calibration_steps
+
+    data = tmp_path / "train.jsonl"
+    write_texts(data, n=20)
+    trl = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, data={"path": str(data)},
+                                   params={"max_length": 64}))
+    steps, note = calibration_steps(trl, "cuda:0", None)
+    assert steps == GPU_CALIBRATION_STEPS and note is not None and "--calibrate 0" in note
+    assert calibration_steps(trl, "cpu", None) == (None, None)
+    assert calibration_steps(trl, "cuda:0", 0) == (None, None)
+    assert calibration_steps(trl, "cpu", 12) == (12, None)
+    templated = dataclasses.replace(trl, tune=dataclasses.replace(trl.tune, command_template="python train.py"))
+    steps, note = calibration_steps(templated, "cuda:0", None)
+    assert steps is None and note is not None and "command_template" in note

@@ -35,6 +35,29 @@ def with_default_search(spec: Spec) -> Spec:
                                tune=dataclasses.replace(spec.tune, target_effective_batch=space.target_effective_batch))
 
 
+GPU_CALIBRATION_STEPS = 30
+"""Real steps ``tune`` times by default on a GPU, where the trainer's own work around each step is
+as large as the step (1.4-2x the probe's step in the H100 and H200 runs of docs/benchmarks.md)
+and moves the best batch up; on a CPU it is small beside the step, and a calibration is asked for."""
+
+
+def calibration_steps(spec: Spec, device: str, asked: int | None) -> tuple[int | None, str | None]:
+    """How many real steps of the written command ``tune`` times after the search, and a note on why
+    (None: none). ``asked``: ``--calibrate N`` (0: none); without it, on a CUDA ``device``,
+    :data:`GPU_CALIBRATION_STEPS` where a calibration can run (the written ``trl sft`` command; a
+    note says why not where it cannot)."""
+    if asked is not None:
+        return asked or None, None
+    if not device.startswith("cuda"):
+        return None, None
+    try:
+        check_can_calibrate(spec)
+    except TrainfitError as err:
+        return None, f"not calibrated on this GPU (the ranking rests on the probes alone): {err.message}"
+    return GPU_CALIBRATION_STEPS, (f"on a GPU the trainer's own cost is timed by default: {GPU_CALIBRATION_STEPS} "
+                                   "real steps after the search (--calibrate 0: none)")
+
+
 def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Callable[[str], None] | None = None,
          **options: Any) -> TuneResult:
     """Search ``spec.search`` (without one: batch sizes and gradient checkpointing, see

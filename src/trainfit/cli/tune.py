@@ -74,12 +74,13 @@ def add_parser(sub: Any) -> None:
                    help="a matrix: search under the largest budget, then each smaller one with every config "
                         "measured so far taken as measured (judged against it), probing only what is new; "
                         "each budget's outputs in OUTPUT/budget-<N>gb, the matrix in OUTPUT/budgets.json")
-    p.add_argument("--calibrate", type=number(int, at_least=1), metavar="N",
+    p.add_argument("--calibrate", type=number(int, at_least=0), metavar="N",
                    help="then run the written `trl sft` command for N/5 real steps (at least 2), and `trainfit "
                         "train` for N/5 + N, timing its last N: the trainer's own cost beyond the model's step "
                         "(its data loader, "
                         "scheduler, metrics); add it to every config's steps, rank again and write the command "
-                        "for the new pick (trainer_cost.json; `trainfit plan` reuses it)")
+                        "for the new pick (trainer_cost.json; `trainfit plan` reuses it). Default: 30 on a GPU "
+                        "(where that cost is as large as the step), none on a CPU; 0: none")
     p.add_argument("--quiet", action="store_true", help="only the final report")
     p.set_defaults(run=run)
 
@@ -142,6 +143,13 @@ def run(args: argparse.Namespace) -> int:
         print("effective batch: differs between configs (no tune.target_effective_batch) and changes what is "
               "learned; the summary gives the fastest per effective batch (set tune.target_effective_batch to "
               "compare every config at one)")
+    from trainfit.probe.runner import resolve_device_name
+    from trainfit.tune import calibration_steps
+
+    if not args.budgets:
+        args.calibrate, why = calibration_steps(spec, resolve_device_name(spec.probe.device), args.calibrate)
+        if why is not None:
+            print(f"note: {why}")
     if args.calibrate and args.budgets:
         from trainfit.errors import TrainfitError
 
