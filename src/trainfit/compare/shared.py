@@ -90,19 +90,15 @@ class SharedConfigs:
         machine died asking is closed after the grace period, and past that this config is left."""
         from optuna.trial import TrialState
 
-        from trainfit.search.study import HEARTBEAT_S
+        from trainfit.search.study import wait_beside
 
-        give_up = time.monotonic() + 3 * HEARTBEAT_S
-        while True:
+        def look() -> bool | None:
             taken = self._taken()
             asking = [t for t in self._trials(TrialState.RUNNING)
                       if t._trial_id < trial._trial_id and "config" not in t.params]
-            if not asking:
-                return taken.get(name) == trial._trial_id
-            if time.monotonic() > give_up:
-                return False
-            self.storage.record_heartbeat(trial._trial_id)
-            time.sleep(0.1)
+            return None if asking else taken.get(name) == trial._trial_id
+
+        return wait_beside(self.storage, trial, look, gone=False)
 
     @contextlib.contextmanager
     def training(self, trial: Any) -> Iterator[None]:

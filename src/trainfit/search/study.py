@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from trainfit.errors import TrainfitError
 from trainfit.files import FolderBusy, lock_folder, naming, write_atomically
@@ -332,6 +332,25 @@ def _ask(study: Any, distributions: Mapping[str, Any], values: Mapping[str, Any]
         study.sampler = sampler
 
 
+R = TypeVar("R")
+
+
+def wait_beside(storage: Any, trial: Any, look: Callable[[], R | None], *, gone: R) -> R:
+    """``look()`` again every 0.1 s until it answers (not None), beating for ``trial`` meanwhile so
+    that the runs sharing ``storage`` see it alive: how a run waits for the earlier trials of others
+    still being asked for (their values or config not stored yet). ``gone``: the answer once another
+    run has closed ``trial``, or after the grace period (three heartbeats), by which an earlier trial
+    whose run died while it was asked for is closed, and past which (a start misread on another
+    clock) the wait would not end."""
+    give_up = time.monotonic() + 3 * HEARTBEAT_S
+    while (answer := look()) is None:
+        if closed_elsewhere(storage, trial) or time.monotonic() > give_up:
+            return gone
+        storage.record_heartbeat(trial._trial_id)
+        time.sleep(0.1)
+    return answer
+
+
 def closed_elsewhere(storage: Any, trial: Any) -> bool:
     """Has another run closed ``trial`` (this run's, still in its hands)? A run that looked
     abandoned, its machine paused past the heartbeat's grace period or its start misread on
@@ -622,24 +641,19 @@ class TrialStore:
         if not self.shared:
             return False
         key = self._key(trial)
-        give_up = time.monotonic() + 3 * HEARTBEAT_S
-        while True:
+
+        def look() -> bool | None:
             # running ones first: an earlier trial that ends between the two reads is still seen, as measured
             earlier = [t for t in self._others_running() if t.number < trial.number]
             measured = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if any(self._key(t) == key for t in (*earlier, *measured)):
                 return True
-            if all(trial_values(t, self.space.names) is not None for t in earlier):
-                return False
-            # An earlier trial is being asked for (a Bayesian sampler's fit can take seconds): its
-            # values are not all stored yet. This trial beats meanwhile, for the others to see it
-            # alive. A run that died asking is closed after the grace period; past that (a start
-            # misread on another clock) this config is left to the earlier trial: it is proposed
-            # again if that trial never probes it.
-            if closed_elsewhere(self.storage, trial) or time.monotonic() > give_up:
-                return True
-            self.storage.record_heartbeat(trial._trial_id)
-            time.sleep(0.1)
+            # An earlier trial still being asked for (a Bayesian sampler's fit can take seconds) has
+            # not stored its values: it may be of this config. Past the wait it is left to that trial:
+            # proposed again if that trial never probes it.
+            return False if all(trial_values(t, self.space.names) is not None for t in earlier) else None
+
+        return wait_beside(self.storage, trial, look, gone=True)
 
     def drop(self, trial: Any, reason: str = "claimed by another run") -> None:
         """Give up ``trial`` unprobed (its config is another run's, or the trial budget is spent): a
