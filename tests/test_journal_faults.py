@@ -40,9 +40,9 @@ def write_entries(journal: Path, logs: list[dict[str, Any]]) -> None:
 
 
 def attr_line(logs: list[dict[str, Any]], trial_id: int, attr: str) -> int:
-    """The index of the entry that set trial ``trial_id``'s user attr ``attr``."""
-    [index] = [i for i, e in enumerate(logs) if e.get("trial_id") == trial_id and attr in e.get("user_attr", {})]
-    return index
+    """The index of the last entry that set trial ``trial_id``'s user attr ``attr`` (``values`` is set
+    when the trial is asked for and again when it is told: the last is what it holds)."""
+    return [i for i, e in enumerate(logs) if e.get("trial_id") == trial_id and attr in e.get("user_attr", {})][-1]
 
 
 def resumed(spec: Any, tmp_path: Path, capsys: Any, max_trials: int = 3) -> tuple[Any, Surface, list[TuneEvent], str]:
