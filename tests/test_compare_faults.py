@@ -61,6 +61,7 @@ def compare_argv(spec: Path, configs: Path, steps: int, out: Path, *more: str) -
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_second_comparison_into_a_running_ones_folder_is_refused_naming_it_and_touching_nothing(
         factory_spec: Path, tmp_path: Path, no_strays: None) -> None:
     configs = tmp_path / "c.yaml"
@@ -137,6 +138,7 @@ def test_config_names_that_are_not_one_plain_folder_or_that_collide_are_refused(
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_damaged_compare_json_is_rebuilt_from_the_configs_results_on_resume(
         factory_spec: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     configs = tmp_path / "c.yaml"
