@@ -100,9 +100,31 @@ def test_checkpointing_is_not_probed_at_all_where_every_batch_fits_without_it(tm
     assert probed(surface, gradient_checkpointing=True) == []
     assert probed(surface, gradient_checkpointing=False) == [1, 2, 4]
     [pruned] = result.summary.to_json()["pruned"]
-    assert pruned["up_to_batch"] is None and "every batch worth probing fits (batch 1, 2, 4)" in pruned["reason"]
+    assert pruned["up_to_batch"] is None and "the climb ended below the memory limit (batch 1, 2, 4 fit)" in pruned["reason"]
     assert print_result(result, spec) == 0  # the CLI's renderer of a finished search
     assert "not probed: gradient_checkpointing=True at every batch: without gradient_checkpointing" in capsys.readouterr().out
+
+
+def test_checkpointing_is_not_probed_where_a_larger_batch_stopped_being_faster_before_memory_ran_out(
+        tmp_path: Path) -> None:
+    """As on a CPU: past batch 2 a larger batch is slower, far below the memory limit, so the
+    climb without checkpointing ends there and checkpointing (slower still) cannot win at any
+    batch. A knob whose value is null (full fine-tuning's ``lora_r``) is no memory-only knob."""
+
+    class Peaked(Surface):
+        def throughput(self, p: Params) -> float:
+            return super().throughput(p) / (1 + 0.4 * max(0, p.batch_size - 2))
+
+    surface = Peaked()
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32]\n  gradient_checkpointing: [false, true]\n"
+                                    "  lora_r: [null, 8]\n")
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    assert probed(surface, gradient_checkpointing=True) == []
+    pruned = result.summary.to_json()["pruned"]
+    assert [p["config"] for p in pruned] == [{"gradient_checkpointing": True, "lora_r": None},
+                                             {"gradient_checkpointing": True, "lora_r": 8}]
+    assert all(p["up_to_batch"] is None and p["reason"].startswith("without gradient_checkpointing the climb ended")
+               for p in pruned)
 
 
 @pytest.mark.parametrize("low, high, expected", [(8, 16, list(range(9, 16))), (64, 64, []), (1, 3, [2])])

@@ -401,14 +401,15 @@ class AutoStrategy:
     def _lean(self, family: Mapping[str, Any]) -> dict[str, Any] | None:
         """The same family without its memory-only knob values (:data:`MEMORY_ONLY`), if it is
         searched too; None for a family that has none."""
-        lean = {k: (not v if isinstance(v, bool) else v) if MEMORY_ONLY.get(k) == v else v for k, v in family.items()}
+        lean = {k: (not v if isinstance(v, bool) else v) if _memory_only(k, v) else v for k, v in family.items()}
         return lean if lean != dict(family) and lean in self.families else None
 
     def _lean_limit(self, family: Mapping[str, Any], history: Sequence[Trial]) -> int | None:
         """The batch up to which ``family`` is not worth a probe: 0 for a family without a memory-
         only knob value; else the largest batch its lean family fits (those fit without the knob,
-        which only costs speed there); None when the lean family is not stopped by memory at all
-        (it fits every batch worth probing, so the knob cannot help), or is not measured yet."""
+        which only costs speed there); None when the lean family's climb did not end at its memory
+        limit (it fits every batch worth probing, or a larger batch stopped being faster before
+        memory ran out: the knob cannot help), or is not measured yet."""
         lean = self._lean(family)
         if lean is None or "batch_size" not in self.space.names:
             return 0
@@ -417,9 +418,20 @@ class AutoStrategy:
             return 0  # the lean family is broken for another reason: the knob's family stands alone
         if not trials:
             return 0 if not can_run(lean, unsupported_values(history)) else None
-        if not self._memory_bound(lean, history):
+        if not self._stopped_by_memory(lean, trials, history):
             return None
         return max((b for b, t in trials.items() if t.feasible), default=0)
+
+    def _stopped_by_memory(self, family: Mapping[str, Any], trials: dict[int, Trial], history: Sequence[Trial]) -> bool:
+        """Did ``family``'s climb end at its memory limit: a batch that does not fit (measured), or
+        the grid's next step above its largest fitting batch predicted not to fit?"""
+        if any(not t.feasible for t in trials.values()):
+            return True
+        largest = max(trials)
+        next_grid = min((b for b in self.batches if b > largest), default=None)
+        if next_grid is None:
+            return False  # it fits the largest batch asked for
+        return self._predicted_max_batch(trials, self._sibling_slope(family, history)) < next_grid
 
     def pruned(self, history: Sequence[Trial]) -> list[Pruned]:
         """What ``auto`` leaves unprobed for a memory-only knob value, and why (for the summary)."""
@@ -428,16 +440,21 @@ class AutoStrategy:
             lean = self._lean(family)
             if lean is None or "batch_size" not in self.space.names or not self._family_trials(lean, history):
                 continue
-            knobs = ", ".join(k for k, v in family.items() if MEMORY_ONLY.get(k) == v)
+            knobs = ", ".join(k for k, v in family.items() if _memory_only(k, v))
             above = self._lean_limit(family, history)
             if above is None:
                 out.append(Pruned(family=dict(family), below_batch=None, reason=(
-                    f"without {knobs} every batch worth probing fits ({_batches(lean, self, history)}): "
-                    f"{knobs} only trades speed for memory, so it cannot be faster")))
+                    f"without {knobs} the climb ended below the memory limit ({_batches(lean, self, history)} "
+                    f"fit): {knobs} only trades speed for memory, so it cannot be faster")))
             elif above and any(b <= above for b in self.batches):
                 out.append(Pruned(family=dict(family), below_batch=above, reason=(
                     f"batches up to {above} fit without {knobs}, which only trades speed for memory there")))
         return out
+
+
+def _memory_only(knob: str, value: Any) -> bool:
+    """Is ``value`` of ``knob`` one that only trades speed for memory (:data:`MEMORY_ONLY`)?"""
+    return knob in MEMORY_ONLY and MEMORY_ONLY[knob] == value and type(MEMORY_ONLY[knob]) is type(value)
 
 
 def _batches(family: Mapping[str, Any], strategy: AutoStrategy, history: Sequence[Trial]) -> str:
