@@ -127,6 +127,40 @@ def test_checkpointing_is_not_probed_where_a_larger_batch_stopped_being_faster_b
                for p in pruned)
 
 
+def test_checkpointing_is_probed_where_memory_held_back_a_family_its_rivals_beat_at_small_batches(
+        tmp_path: Path) -> None:
+    """A reviewer's case: a kernel with a large fixed cost a step but a small one a sample (``eager``
+    here) loses at batch 1 and its memory stops it early without checkpointing; with checkpointing
+    it reaches batch 31 and is the fastest of all. Its lean family was stopped by a rival, not by
+    a larger batch getting slower: checkpointing must be probed, up to the batch it reaches."""
+
+    class TwoKernels(Surface):
+        def memory_gb(self, p: Params) -> float:
+            if p.attention != "eager":
+                return super().memory_gb(p)
+            return 10.0 + p.batch_size * (0.9 if p.gradient_checkpointing else 5.5)
+
+        def throughput(self, p: Params) -> float:
+            if p.attention != "eager":
+                return super().throughput(p)
+            return p.batch_size / (3.0 + 0.01 * (1.3 if p.gradient_checkpointing else 1.0) * (p.batch_size + 1.5))
+
+    surface = TwoKernels()
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32]\n  gradient_checkpointing: [false, true]\n"
+                                    "  attention: [sdpa, eager]\n")
+    best = tune(spec, output=tmp_path / "out", probe_fn=surface).summary.to_json()["best_config"]["config"]
+    truth = largest_fitting(surface, attention="eager", gradient_checkpointing=True)
+    assert (best["attention"], best["gradient_checkpointing"], best["batch_size"]) == ("eager", True, truth)
+
+
+def test_a_range_with_a_step_is_searched_past_its_grid_on_its_step_only(tmp_path: Path) -> None:
+    surface = Surface()
+    spec = spec_searching(tmp_path, "  batch_size: {low: 4, high: 64, step: 4}\n")
+    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    assert all(b % 4 == 0 for b in probed(surface))
+    assert result.summary.to_json()["best_config"]["config"]["batch_size"] == 12  # 15 fits; 12 is its step's
+
+
 @pytest.mark.parametrize("low, high, expected", [(8, 16, list(range(9, 16))), (64, 64, []), (1, 3, [2])])
 def test_the_integers_between_two_batches_are_those_of_the_searched_span(
         tmp_path: Path, low: int, high: int, expected: list[int]) -> None:

@@ -280,3 +280,28 @@ def test_on_a_gpu_tune_times_the_trainer_by_default_and_says_why_not_where_it_ca
     templated = dataclasses.replace(trl, tune=dataclasses.replace(trl.tune, command_template="python train.py"))
     steps, note = calibration_steps(templated, "cuda:0", None)
     assert steps is None and note is not None and "command_template" in note
+
+
+def test_a_calibration_nobody_asked_for_that_fails_leaves_the_search_ranked_by_the_probes(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """On a GPU ``tune`` calibrates by default: a failure there (trl refusing the data, say) must
+    not turn a search that succeeded into an error; asked for with ``--calibrate N``, it does."""
+    import trainfit.tune as tune_module
+    from conftest import TINY_LLAMA, make_spec_file, write_texts
+    from tune_helpers import Surface
+
+    def fails(*args: Any, **kwargs: Any) -> Any:
+        raise TrainfitError("trl refused the data", "fix the data")
+
+    monkeypatch.setattr(tune_module, "_trainer_cost", fails)  # the calibration itself: not what is tested here
+    data = tmp_path / "train.jsonl"
+    write_texts(data, n=20)
+    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, data={"path": str(data)},
+                                    params={"max_length": 64}, budget={"memory_gb": 40.0, "headroom_gb": 2.0}))
+    lines: list[str] = []
+    result = tune(spec, output=tmp_path / "quiet", probe_fn=Surface(), max_trials=3, calibrate_steps=30,
+                  calibration_optional=True, on_calibration=lines.append)
+    assert result.best is not None and not (tmp_path / "quiet" / TRAINER_COST_FILE).exists()
+    assert lines == ["note: not calibrated, the ranking rests on the probes alone: trl refused the data"]
+    with pytest.raises(TrainfitError, match="trl refused the data"):
+        tune(spec, output=tmp_path / "asked", probe_fn=Surface(), max_trials=3, calibrate_steps=30)

@@ -47,7 +47,7 @@ def calibration_steps(spec: Spec, device: str, asked: int | None) -> tuple[int |
     :data:`GPU_CALIBRATION_STEPS` where a calibration can run (the written ``trl sft`` command; a
     note says why not where it cannot)."""
     if asked is not None:
-        return asked or None, None
+        return asked or None, None  # asked for: a failure is an error
     if not device.startswith("cuda"):
         return None, None
     try:
@@ -59,7 +59,7 @@ def calibration_steps(spec: Spec, device: str, asked: int | None) -> tuple[int |
 
 
 def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Callable[[str], None] | None = None,
-         **options: Any) -> TuneResult:
+         calibration_optional: bool = False, **options: Any) -> TuneResult:
     """Search ``spec.search`` (without one: batch sizes and gradient checkpointing, see
     :func:`with_default_search`) for the fastest configuration that fits ``spec.budget`` and write
     summary.json, trials.csv, report.html and train_command.sh to ``output``. ``options`` are
@@ -71,6 +71,9 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
     every config's steps, rank again and write the outputs for the new pick (the cost is kept in
     ``trainer_cost.json``, so a later ``--resume`` ranks with it too). ``on_calibration``: its
     progress lines. A spec whose command a calibration cannot run is refused before the search.
+    ``calibration_optional``: a calibration nobody asked for (:func:`calibration_steps`' default on
+    a GPU) that fails leaves the search's result, ranked by the probes, and says why in
+    ``on_calibration``, instead of failing a search that succeeded.
 
     Example::
 
@@ -93,7 +96,14 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
     def calibrated(result: TuneResult) -> TuneResult:  # run while the search still holds the output folder
         if not calibrate_steps or result.best is None:
             return result
-        cost = _trainer_cost(result, calibrate_steps, on_calibration)
+        try:
+            cost = _trainer_cost(result, calibrate_steps, on_calibration)
+        except TrainfitError as err:
+            if not calibration_optional:
+                raise
+            if on_calibration is not None:
+                on_calibration(f"note: not calibrated, the ranking rests on the probes alone: {err.message}")
+            return result
         write_atomically(result.output / TRAINER_COST_FILE, json.dumps(cost.to_json(), indent=2) + "\n")
         summary = write_outputs(*last["args"], **last["kwargs"], trainer_cost=cost)
         return dataclasses.replace(result, summary=summary, best=best_trial(result.trials, summary))

@@ -143,13 +143,7 @@ def run(args: argparse.Namespace) -> int:
         print("effective batch: differs between configs (no tune.target_effective_batch) and changes what is "
               "learned; the summary gives the fastest per effective batch (set tune.target_effective_batch to "
               "compare every config at one)")
-    from trainfit.probe.runner import resolve_device_name
-    from trainfit.tune import calibration_steps
-
-    if not args.budgets:
-        args.calibrate, why = calibration_steps(spec, resolve_device_name(spec.probe.device), args.calibrate)
-        if why is not None:
-            print(f"note: {why}")
+    by_default = _calibration(args, spec)
     if args.calibrate and args.budgets:
         from trainfit.errors import TrainfitError
 
@@ -163,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.budgets:
             return run_budgets(args, spec, options)
-        result = tune(spec, output=args.output, calibrate_steps=args.calibrate,
-                      on_calibration=None if args.quiet else _calibration_line, **options)
+        result = tune(spec, output=args.output, calibrate_steps=args.calibrate, calibration_optional=by_default,
+                      on_calibration=_calibration_note if args.quiet else _calibration_line, **options)
     except KeyboardInterrupt as err:
         return interrupted(err, args.argv, args.output, saved_where(args))
     except OSError as err:  # a full disk mid-run: the study keeps every trial that ended
@@ -175,8 +169,29 @@ def run(args: argparse.Namespace) -> int:
     return print_result(result, spec)
 
 
+def _calibration(args: argparse.Namespace, spec: Any) -> bool:
+    """Set ``args.calibrate`` to the steps to calibrate with (on a GPU 30 where none was asked for,
+    see :func:`trainfit.tune.calibration_steps`), saying why where it is not what was asked; True
+    where it is that default (its failure is then a note, not an error)."""
+    from trainfit.probe.runner import resolve_device_name
+    from trainfit.tune import calibration_steps
+
+    by_default = args.calibrate is None
+    if not args.budgets:
+        args.calibrate, why = calibration_steps(spec, resolve_device_name(spec.probe.device), args.calibrate)
+        if why is not None:
+            print(f"note: {why}")
+    return by_default
+
+
 def _calibration_line(line: str) -> None:
     print(f"  calibration: {line}", flush=True)
+
+
+def _calibration_note(line: str) -> None:
+    """With --quiet: only a calibration's note (a default one that failed), not its progress."""
+    if line.startswith("note:"):
+        print(line, flush=True)
 
 
 def run_budgets(args: argparse.Namespace, spec: Any, options: dict[str, Any]) -> int:

@@ -318,14 +318,8 @@ class AutoStrategy:
                 return None
             between = [b for b in open_ if best_b < b < largest]
             return between[len(between) // 2] if between else None
-        if len(fits) >= 2:
-            below = max(b for b in fits if b < largest)
-            gain = fits[largest].measured_objective / max(fits[below].measured_objective, 1e-12) - 1
-            # Saturated only if even the upper end of the measured gain is small: a gain hidden
-            # by measurement noise is worth one more (reused, so cheap) step.
-            noise = sum(fits[b].measurement.step_time_ci95_rel or 0.0 for b in (below, largest))
-            if gain + noise < self.saturation:
-                return None  # saturated: a larger batch is not faster
+        if self._saturated(fits):
+            return None  # a larger batch is not faster
         predicted = self._predicted_max_batch(fits, sibling_slope)
         candidates = [b for b in open_ if b > largest and b <= predicted]
         if not candidates:
@@ -335,7 +329,12 @@ class AutoStrategy:
             if b is None or (len(fits) >= 2 and not self._can_win(fits, b, rival_best)):
                 return None
             return b
-        if len(fits) >= 2 and not self._can_win(fits, max(candidates), rival_best):
+        # Judge the climb by the largest batch it can reach: past the grid's last fitting step the
+        # integer search goes on up to the memory line's prediction.
+        reach = max(candidates)
+        if predicted != float("inf"):
+            reach = max([reach, *_integers_between(self.space, reach, int(min(predicted, upper - 1)) + 1)])
+        if len(fits) >= 2 and not self._can_win(fits, reach, rival_best):
             return None
         # One step up at a time: a worker reuses its model for growing batches, so the climb costs
         # a measurement per step, not a model build; each step refines the memory line, and the
@@ -427,11 +426,26 @@ class AutoStrategy:
         the grid's next step above its largest fitting batch predicted not to fit?"""
         if any(not t.feasible for t in trials.values()):
             return True
-        largest = max(trials)
-        next_grid = min((b for b in self.batches if b > largest), default=None)
-        if next_grid is None:
-            return False  # it fits the largest batch asked for
-        return self._predicted_max_batch(trials, self._sibling_slope(family, history)) < next_grid
+        fits = {b: t for b, t in trials.items() if t.objective is not None}
+        if fits and self._saturated(fits):
+            return False  # its own climb stopped gaining: a larger batch (what the knob buys) cannot help
+        # Stopped by a rival (dominated, or unable to win within its memory): memory is what holds it
+        # back wherever it cannot reach the grid's largest batch.
+        return self._memory_bound(family, history)
+
+    def _saturated(self, fits: dict[int, Trial]) -> bool:
+        """Did a larger batch of these fitting trials stop being faster (fell, or gained less than
+        ``saturation`` even at the upper end of the measured gain: a gain hidden by measurement
+        noise is worth one more, reused so cheap, step)?"""
+        largest = max(fits)
+        if max(fits, key=lambda b: fits[b].objective or 0.0) < largest:
+            return True
+        if len(fits) < 2:
+            return False
+        below = max(b for b in fits if b < largest)
+        gain = fits[largest].measured_objective / max(fits[below].measured_objective, 1e-12) - 1
+        noise = sum(fits[b].measurement.step_time_ci95_rel or 0.0 for b in (below, largest))
+        return gain + noise < self.saturation
 
     def pruned(self, history: Sequence[Trial]) -> list[Pruned]:
         """What ``auto`` leaves unprobed for a memory-only knob value, and why (for the summary)."""
@@ -474,21 +488,24 @@ def _integers_between(space: SearchSpace, low: int, high: int) -> list[int]:
     dim = space.dim("batch_size")
     if dim is None:
         return []
+    step = 1
     if dim.choices:
         if not all(isinstance(c, int) and not isinstance(c, bool) for c in dim.choices):
             return []
         lo, hi = min(dim.choices), max(dim.choices)
     else:
-        lo, hi = int(dim.low or 1), int(dim.high or 1)
+        lo, hi, step = int(dim.low or 1), int(dim.high or 1), int(dim.step or 1)  # a range keeps its step
     first, last = max(low + 1, lo), min(high - 1, hi)
+    first = lo + -(-(first - lo) // step) * step  # the first point of the range's step at or above it
     if first > last:
         return []
     target = space.target_effective_batch
     if target is not None:
-        return [b for b in range(first, min(last, target) + 1) if target % b == 0]
-    if last - first < MAX_SPAN:
-        return list(range(first, last + 1))
-    return sorted({first + (last - first) * k // 64 for k in range(65)})
+        return [b for b in range(first, min(last, target) + 1, step) if target % b == 0]
+    points = range(first, last + 1, step)
+    if len(points) <= MAX_SPAN:
+        return list(points)
+    return sorted({points[(len(points) - 1) * k // 64] for k in range(65)})
 
 
 def make_strategy(name: str, space: SearchSpace, *, seed: int, budget_gb: float | None, headroom_gb: float,

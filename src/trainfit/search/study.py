@@ -282,7 +282,9 @@ def holds(distribution: Any, value: Any) -> bool:
 
     if isinstance(distribution, optuna.distributions.CategoricalDistribution):
         return any(c == value and type(c) is type(value) for c in distribution.choices)
-    return bool(distribution.low <= value <= distribution.high)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return bool(distribution._contains(distribution.to_internal_repr(value)))  # its range and its step
 
 
 def ask_trial(study: Any, distributions: Mapping[str, Any], values: Mapping[str, Any] | None,
