@@ -87,6 +87,24 @@ def llama_spec(tmp_path: Path, texts_file: tuple[Path, list[int]]):
     return make
 
 
+def tune_one_lora_config(root: Path, samples: int) -> Path:
+    """A real tune of one LoRA config of a tiny Llama (its model saved, with the bundled tokenizer,
+    so the written `trl sft` command trains it) on ``samples`` texts at 2 x 2 samples a step; its
+    output folder."""
+    from trainfit.cli import main
+
+    data = root / "train.jsonl"
+    write_texts(data, n=samples)
+    spec = make_spec_file(root, model={"config": {**TINY_LLAMA, "vocab_size": 2000}},
+                          data={"path": str(data), "text_field": "text"},
+                          params={"max_length": 64, "batch_size": 2, "gradient_accumulation_steps": 2})
+    spec.write_text(spec.read_text() + f"tokenizer: {EXAMPLES / 'data' / 'tokenizer.json'}\n"
+                    "search:\n  lora_r: [4]\n")
+    out = root / "tune"
+    assert main(["tune", str(spec), "--output", str(out), "--strategy", "grid"]) == 0
+    return out
+
+
 def alive(pid: int) -> bool:
     """Running (a killed process whose new parent has not reaped it yet is a zombie: gone)."""
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_frames, write_texts
+from conftest import make_spec_file, tune_one_lora_config, write_frames, write_texts
 
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
@@ -155,17 +155,7 @@ def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real tune of one LoRA config of a tiny Llama (its model saved, with the bundled tokenizer,
     so the written `trl sft` command trains it)."""
     pytest.importorskip("trl")
-    root = tmp_path_factory.mktemp("train")
-    data = root / "train.jsonl"
-    write_texts(data)
-    spec = make_spec_file(root, model={"config": {**TINY_LLAMA, "vocab_size": 2000}},
-                          data={"path": str(data), "text_field": "text"},
-                          params={"max_length": 64, "batch_size": 2, "gradient_accumulation_steps": 2})
-    spec.write_text(spec.read_text() + f"tokenizer: {EXAMPLES / 'data' / 'tokenizer.json'}\n"
-                    "search:\n  lora_r: [4]\n")
-    out = root / "tune"
-    assert main(["tune", str(spec), "--output", str(out), "--strategy", "grid"]) == 0
-    return out
+    return tune_one_lora_config(tmp_path_factory.mktemp("train"), samples=200)
 
 
 def trainfit(*args: str) -> subprocess.Popen[str]:

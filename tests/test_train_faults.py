@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, write_frames, write_texts
+from conftest import make_spec_file, tune_one_lora_config, write_frames
 
 from trainfit.cli import main
 from trainfit.files import lock_folder
@@ -29,17 +29,7 @@ def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real tune of one LoRA config of a tiny Llama whose written `trl sft` command trains it:
     12 texts, 3 steps an epoch at 2 x 2 samples a step."""
     pytest.importorskip("trl")
-    root = tmp_path_factory.mktemp("trl")
-    data = root / "train.jsonl"
-    write_texts(data, n=12)
-    spec = make_spec_file(root, model={"config": {**TINY_LLAMA, "vocab_size": 2000}},
-                          data={"path": str(data), "text_field": "text"},
-                          params={"max_length": 64, "batch_size": 2, "gradient_accumulation_steps": 2})
-    spec.write_text(spec.read_text() + f"tokenizer: {EXAMPLES / 'data' / 'tokenizer.json'}\n"
-                    "search:\n  lora_r: [4]\n")
-    out = root / "tune"
-    assert main(["tune", str(spec), "--output", str(out), "--strategy", "grid"]) == 0
-    return out
+    return tune_one_lora_config(tmp_path_factory.mktemp("trl"), samples=12)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil  # the real one, imported before any test changes the working directory
 import pytest
 from conftest import alive, gone_within, make_spec_file
+from test_probe_faults import PARENT
 
 from trainfit.probe import Measurement, run_probe
 from trainfit.probe.events import Phase, ProbeEvent
@@ -105,21 +106,6 @@ def inf_loss(params, device):
     return _tiny(device, float("inf"))
 '''
 
-CALLER = '''"""A caller of run_probe, to be SIGKILLed mid-probe: on the main thread or on another one."""
-import sys
-import threading
-
-from trainfit.probe import run_probe
-from trainfit.spec import load_spec
-
-spec = load_spec(sys.argv[1])
-if sys.argv[2] == "main":
-    run_probe(spec)
-else:
-    thread = threading.Thread(target=run_probe, args=(spec,))
-    thread.start()
-    thread.join()
-'''
 
 
 def test_the_worker_forks_its_supervisor_before_any_library_starts_a_thread() -> None:
@@ -201,7 +187,7 @@ def test_a_helper_in_its_own_session_goes_with_a_killed_caller(factories: Path, 
     """SIGKILL of the caller (`kill -9` of tune) while the worker sleeps in its factory: the worker
     died, and the helper it had started in its own session lived on."""
     script = factories / "caller.py"
-    script.write_text(CALLER)
+    script.write_text(PARENT)  # test_probe_faults' caller of run_probe, killed mid-probe
     caller = subprocess.Popen([sys.executable, str(script), str(spec_of(factories, "helper_then_silent")), thread])
     try:
         worker = read_pid(factories / "worker.pid")
