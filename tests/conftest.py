@@ -105,6 +105,14 @@ def tune_one_lora_config(root: Path, samples: int) -> Path:
     return out
 
 
+def kill_left_running(folder: Path) -> None:
+    """Kill every process a test's factories recorded in ``folder/*.pid`` that still runs."""
+    for pid_file in folder.glob("*.pid"):
+        pid = int(pid_file.read_text())
+        if alive(pid):
+            psutil.Process(pid).kill()
+
+
 def alive(pid: int) -> bool:
     """Running (a killed process whose new parent has not reaped it yet is a zombie: gone)."""
     try:

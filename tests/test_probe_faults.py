@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil  # the real one, imported before any test changes the working directory
 import pytest
-from conftest import TINY_LLAMA, alive, gone_within, make_spec_file
+from conftest import TINY_LLAMA, alive, gone_within, kill_left_running, make_spec_file
 
 from trainfit.probe import Measurement, run_probe
 from trainfit.spec import load_spec
@@ -94,10 +94,7 @@ def faults(tmp_path: Path):
     folder.mkdir()
     (folder / "faults.py").write_text(FAULTS)
     yield folder
-    for pid_file in folder.glob("*.pid"):
-        pid = int(pid_file.read_text())
-        if alive(pid):
-            psutil.Process(pid).kill()
+    kill_left_running(folder)
 
 
 def fault_spec(folder: Path, factory: str, **probe: float) -> Path:

@@ -14,9 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-import psutil  # the real one, imported before any test changes the working directory
 import pytest
-from conftest import alive, gone_within, make_spec_file
+from conftest import gone_within, kill_left_running, make_spec_file
 from test_probe_faults import PARENT
 
 from trainfit.probe import Measurement, run_probe
@@ -125,10 +124,7 @@ def factories(tmp_path: Path):
     folder.mkdir()
     (folder / "misbehaving.py").write_text(FACTORIES)
     yield folder
-    for pid_file in folder.glob("*.pid"):
-        pid = int(pid_file.read_text())
-        if alive(pid):
-            psutil.Process(pid).kill()
+    kill_left_running(folder)
 
 
 def spec_of(folder: Path, factory: str) -> Path:
