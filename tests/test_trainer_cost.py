@@ -305,3 +305,25 @@ def test_a_calibration_nobody_asked_for_that_fails_leaves_the_search_ranked_by_t
     assert lines == ["note: not calibrated, the ranking rests on the probes alone: trl refused the data"]
     with pytest.raises(TrainfitError, match="trl refused the data"):
         tune(spec, output=tmp_path / "asked", probe_fn=Surface(), max_trials=3, calibrate_steps=30)
+
+
+def test_gpu_speeds_without_the_trainers_cost_say_the_eta_is_a_lower_bound(tmp_path: Path) -> None:
+    """On an H100 a Hugging Face Trainer epoch took 2.1x the probes' estimate (docs/benchmarks.md): a
+    summary whose GPU speeds leave the trainer out says so; a CPU's, or one with the trainer's cost, does not."""
+    from trainfit.report import UNCALIBRATED_GPU_NOTE
+
+    def on_gpu(params: Params, number: int) -> Measurement:
+        return Measurement.from_dict({**measured(params, number).to_dict(), "device": "cuda:0"})
+
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
+    gpu = tune(spec, output=tmp_path / "gpu", probe_fn=on_gpu, stats=analyze_spec(spec, progress=False))
+    [note] = [n for n in gpu.summary.notes if n.note == UNCALIBRATED_GPU_NOTE]
+    assert sorted(note.trials) == sorted(t.number for t in gpu.trials)
+    _, _, cpu, _, _ = probed(tmp_path)
+    assert all(n.note != UNCALIBRATED_GPU_NOTE for n in cpu.summary.notes)
+    cost = TrainerCost(per_micro_batch_s=TRAINER_S, trial=gpu.trials[0].number, searched={"batch_size": 1},
+                       calibration=calibration(8 * TRAINER_S, 8, gpu.trials[0].number).to_json())
+    (tmp_path / "gpu" / TRAINER_COST_FILE).write_text(json.dumps(cost.to_json()))
+    calibrated = tune(spec, output=tmp_path / "gpu", probe_fn=on_gpu, stats=analyze_spec(spec, progress=False),
+                      resume=True)
+    assert all(n.note != UNCALIBRATED_GPU_NOTE for n in calibrated.summary.notes)

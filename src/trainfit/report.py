@@ -144,6 +144,23 @@ def probe_notes(trials: Sequence[Trial]) -> list[ProbeNote]:
     return [ProbeNote(note=note, trials=numbers) for note, numbers in out.items()]
 
 
+UNCALIBRATED_GPU_NOTE = (
+    "the ETA and the ranking time the model's step alone: the training command's trainer adds its own "
+    "per-step work, which on a GPU can be as large as the step (a Hugging Face Trainer epoch on an H100 took "
+    "2.1x this estimate, docs/benchmarks.md). Read the ETA as a lower bound; a `trl sft` command is calibrated "
+    "by default on a GPU (tune --calibrate N), a tune.command_template cannot be yet")
+
+
+def uncalibrated_notes(spec: Spec, trials: Sequence[Trial], trainer_cost: TrainerCost | None) -> list[ProbeNote]:
+    """A note where the speeds on a GPU leave out a trainer the probes do not run: a ``trl sft`` command
+    or a ``tune.command_template`` without a calibration (``trainfit train``'s own loop, which a custom
+    model trains in, runs the probe's very step)."""
+    if trainer_cost is not None or not (spec.tune.command_template or spec.uses_trl_sft):
+        return []
+    on_gpu = [t.number for t in trials if t.measurement.status == "ok" and t.measurement.device.startswith("cuda")]
+    return [ProbeNote(note=UNCALIBRATED_GPU_NOTE, trials=on_gpu)] if on_gpu else []
+
+
 EFFECTIVE_BATCH = "effective_batch_size"
 
 
@@ -320,7 +337,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, ou
         fastest_per_value=fastest_per_value(spec, space, order, entry),
         unsupported=unsupported_report(trials),
         pruned=pruned_report(spec, space, trials, strategy),
-        notes=probe_notes(trials),
+        notes=probe_notes(trials) + uncalibrated_notes(spec, trials, trainer_cost),
         objective=objective,
         strategy=strategy,
         stop_reason=stop_reason,
