@@ -327,3 +327,51 @@ def test_gpu_speeds_without_the_trainers_cost_say_the_eta_is_a_lower_bound(tmp_p
     calibrated = tune(spec, output=tmp_path / "gpu", probe_fn=on_gpu, stats=analyze_spec(spec, progress=False),
                       resume=True)
     assert all(n.note != UNCALIBRATED_GPU_NOTE for n in calibrated.summary.notes)
+
+
+def test_a_resume_keeps_the_default_calibration_of_a_pick_that_did_not_change(tmp_path: Path, monkeypatch: Any) -> None:
+    """A calibration costs a trainer's start-up and its steps: the default one on a GPU runs again on a
+    ``--resume`` only where the probes' pick changed (asked for with ``--calibrate N``, it always runs)."""
+    import trainfit.tune as tune_module
+
+    timed: list[int] = []
+
+    def fake_calibration(result: Any, steps: int, say: Any) -> TrainerCost:  # the calibration itself: test_calibration.py
+        assert result.best is not None
+        timed.append(result.best.number)
+        return TrainerCost(per_micro_batch_s=TRAINER_S, trial=result.best.number, searched=dict(result.best.values),
+                           calibration=calibration(TRAINER_S, 1, result.best.number).to_json())
+
+    monkeypatch.setattr(tune_module, "_trainer_cost", fake_calibration)
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
+    out = tmp_path / "run"
+    lines: list[str] = []
+    again(spec, out, resume=False, calibrate_steps=30, calibration_optional=True, on_calibration=lines.append)
+    assert len(timed) == 1 and (out / TRAINER_COST_FILE).is_file()
+    resumed = again(spec, out, calibrate_steps=30, calibration_optional=True, on_calibration=lines.append)
+    assert len(timed) == 1 and resumed.summary.trainer_cost is not None
+    assert lines[-1].startswith(f"kept: the trainer's cost timed on trial {timed[0]}, still the pick")
+    again(spec, out, calibrate_steps=30, on_calibration=lines.append)  # --calibrate 30: asked for, timed again
+    assert len(timed) == 2
+    (out / TRAINER_COST_FILE).write_text("{")  # damaged: timed again rather than refused
+    again(spec, out, calibrate_steps=30, calibration_optional=True, on_calibration=lines.append)
+    assert len(timed) == 3
+
+
+def test_tune_budgets_on_a_gpu_says_it_is_not_calibrated(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    import argparse
+
+    import trainfit.probe.runner as runner
+    from conftest import TINY_LLAMA, make_spec_file, write_texts
+
+    from trainfit.cli.tune import _calibration
+
+    data = tmp_path / "train.jsonl"
+    write_texts(data, n=20)
+    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, data={"path": str(data)},
+                                    params={"max_length": 64}))
+    monkeypatch.setattr(runner, "resolve_device_name", lambda device: "cuda:0")  # what a GPU machine resolves
+    assert _calibration(argparse.Namespace(budgets="8,16", calibrate=None), spec) is True
+    assert "not calibrated (--budgets" in capsys.readouterr().out
+    _calibration(argparse.Namespace(budgets="8,16", calibrate=0), spec)  # --calibrate 0: nothing to say
+    assert capsys.readouterr().out == ""

@@ -97,7 +97,8 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
         if not calibrate_steps or result.best is None:
             return result
         try:
-            cost = _trainer_cost(result, calibrate_steps, on_calibration)
+            cost = _reused(result, on_calibration) if calibration_optional else None
+            cost = cost or _trainer_cost(result, calibrate_steps, on_calibration)
         except TrainfitError as err:
             if not calibration_optional:
                 raise
@@ -109,6 +110,22 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
         return dataclasses.replace(result, summary=summary, best=best_trial(result.trials, summary))
 
     return run_search(spec, outputs=outputs, then=calibrated, **options)
+
+
+def _reused(result: TuneResult, say: Callable[[str], None] | None) -> TrainerCost | None:
+    """The trainer cost a calibration nobody asked for can keep: the folder's, where it timed the very
+    config the probes pick again (a ``--resume`` that probed nothing better); None: calibrate."""
+    assert result.best is not None
+    try:
+        stored = read_trainer_cost(result.output)
+    except TrainfitError:  # damaged: timed again, and written anew
+        return None
+    if stored is None or stored.trial != result.best.number:
+        return None
+    if say is not None:
+        say(f"kept: the trainer's cost timed on trial {stored.trial}, still the pick ({TRAINER_COST_FILE}; "
+            "--calibrate N times it again)")
+    return stored
 
 
 def _trainer_cost(result: TuneResult, steps: int, on_progress: Callable[[str], None] | None) -> TrainerCost:

@@ -177,10 +177,14 @@ def _calibration(args: argparse.Namespace, spec: Any) -> bool:
     from trainfit.tune import calibration_steps
 
     by_default = args.calibrate is None
+    device = resolve_device_name(spec.probe.device)
     if not args.budgets:
-        args.calibrate, why = calibration_steps(spec, resolve_device_name(spec.probe.device), args.calibrate)
+        args.calibrate, why = calibration_steps(spec, device, args.calibrate)
         if why is not None:
             print(f"note: {why}")
+    elif by_default and calibration_steps(spec, device, None)[0]:
+        print("note: not calibrated (--budgets: a calibration times one folder's written command); the ranking rests "
+              "on the probes alone: `trainfit plan BUDGET_FOLDER --calibrate 30` times the budget you train with")
     return by_default
 
 
