@@ -5,6 +5,8 @@ memory = 10 GiB + 1.8 GiB a sample (0.9 with checkpointing), under 40 GiB less 2
 
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,9 @@ def test_an_oom_between_two_grid_steps_is_bisected_to_adjacent_batches(tmp_path:
     assert result.summary.to_json()["best_config"]["config"]["batch_size"] == truth
     failed = [b for b in probed(surface) if surface.memory_gb(Params(batch_size=b)) + HEADROOM > BUDGET]
     assert min(failed) == truth + 1
+    # the OOMs off the grid stand in as the grid's batch above them, the fits as the one below
+    off_grid = assert_stand_ins(opened_study(spec, tmp_path / "out" / "study.journal"), ["batch_size"])
+    assert set(off_grid) & set(failed) and set(off_grid) - set(failed)
 
 
 def test_with_a_target_effective_batch_only_its_divisors_are_probed_past_the_grid(tmp_path: Path) -> None:
@@ -191,3 +196,93 @@ def test_under_a_real_memory_cap_the_search_lands_within_one_of_a_brute_force_sc
     auto = tune(spec("  batch_size: [1, 2, 4, 8, 16, 32]\n", "auto"), output=tmp_path / "auto" / "out")
     picked = max(t.values["batch_size"] for t in auto.trials if t.feasible)
     assert abs(picked - max(fitting)) <= 1, [(t.values["batch_size"], t.measurement.status) for t in auto.trials]
+
+
+def opened_study(spec: Spec, journal: Path) -> Any:
+    """The study of a tune's output folder, loaded from its journal as another process loads it."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from trainfit.search.study import study_name
+
+    return optuna.load_study(study_name=study_name(spec), storage=JournalStorage(JournalFileBackend(str(journal))))
+
+
+def assert_stand_ins(study: Any, names: list[str]) -> list[int]:
+    """Every measured trial of ``study`` holds a param of the grid's batch_size distribution (the
+    intersection search space keeps it): its real value on the grid, else a stand-in on the side of
+    the grid its outcome holds for. The real batch stays in the trial's values; the off-grid ones."""
+    import optuna
+
+    from trainfit.search.study import trial_values
+
+    grid = optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16, 32, 64])
+    assert optuna.search_space.IntersectionSearchSpace().calculate(study).get("batch_size") == grid
+    off_grid = []
+    for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
+        real = trial_values(t, names)
+        assert real is not None
+        if real["batch_size"] in grid.choices:
+            assert t.params == real  # a grid trial is as it was
+            continue
+        off_grid.append(real["batch_size"])
+        below = max(c for c in grid.choices if c < real["batch_size"])
+        above = min(c for c in grid.choices if c > real["batch_size"])
+        assert t.params == {**real, "batch_size": below if t.constraints["memory"] <= 0 else above}
+    return off_grid
+
+
+def test_a_bayes_resume_of_an_auto_study_models_the_batch_size_of_its_off_grid_trials(tmp_path: Path) -> None:
+    """Off-grid batches (15 between the grid's 8 and 16) are no choice of the grid's categorical
+    distribution. Stored without a batch_size param, they dropped batch_size from Optuna's
+    intersection search space for every trial: GPSampler then drew it at random. Each is told with a
+    stand-in grid choice (the largest below for a config that fits, the smallest above for one that
+    does not) and keeps its real batch in its values, which trainfit's records read."""
+    import optuna
+
+    surface = Surface()
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32, 64]\n"
+                                    "  gradient_checkpointing: [false, true]\n")
+    out = tmp_path / "out"
+    first = tune(spec, output=out, probe_fn=surface)
+    off_grid = sorted({b for b in probed(surface) if b not in (1, 2, 4, 8, 16, 32, 64)})
+    assert off_grid and 15 in off_grid  # the climb without checkpointing ends at 15, between 8 and 16
+    study = opened_study(spec, out / "study.journal")
+    assert_stand_ins(study, ["batch_size", "gradient_checkpointing"])
+    assert "batch_size" in optuna.samplers.GPSampler().infer_relative_search_space(study, study.trials[0])
+    # trainfit's own records keep the real batch: the history, trials.csv and the summary
+    assert sorted({t.values["batch_size"] for t in first.trials}) == sorted(set(probed(surface)))
+    with (out / "trials.csv").open() as f:
+        assert sorted({int(r["batch_size"]) for r in csv.DictReader(f)}) == sorted(set(probed(surface)))
+    assert first.summary.to_json()["best_config"]["config"]["batch_size"] == 15
+
+    # The resume with bayes: the GP models batch_size (its relative params hold it), and asks work.
+    measured = len(first.trials)
+    again = tune(spec, output=out, probe_fn=surface, resume=True, strategy="bayes", max_trials=measured + 2)
+    assert len(again.trials) > measured
+    study = opened_study(spec, out / "study.journal")
+    asked = [t for t in study.trials if t.number >= len(first.trials) and "gp:relative_params:0" in t.system_attrs]
+    assert asked and all("batch_size" in json.loads(t.system_attrs["gp:relative_params:0"]) for t in asked)
+    # and a resume with auto still re-uses every off-grid trial: nothing is probed again
+    calls = len(surface.calls)
+    assert tune(spec, output=out, probe_fn=surface, resume=True, max_trials=len(again.trials)).new_trials == 0
+    assert len(surface.calls) == calls
+
+
+def test_an_off_grid_value_stands_in_as_the_grid_choice_on_the_side_its_outcome_holds_for() -> None:
+    """A fit stands in as the largest choice below (memory grows with the batch: it fits there too),
+    a failure as the smallest above; the nearest on the other side where that side has none, and
+    nothing where no choice is a number or the distribution is no categorical one."""
+    import optuna
+
+    from trainfit.search.study import stand_in
+
+    grid = optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16, 32, 64])
+    assert stand_in(grid, 15, fits=True) == 8
+    assert stand_in(grid, 15, fits=False) == 16
+    assert stand_in(grid, 23, fits=False) == 32
+    assert stand_in(grid, 100, fits=False) == 64 and stand_in(grid, 0, fits=True) == 1
+    assert stand_in(optuna.distributions.CategoricalDistribution(["a", "b"]), 3, fits=True) is None
+    assert stand_in(grid, "15", fits=True) is None
+    assert stand_in(optuna.distributions.IntDistribution(1, 64), 15, fits=True) is None  # it holds 15 itself

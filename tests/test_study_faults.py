@@ -253,3 +253,34 @@ def test_runs_sharing_a_storage_stop_at_max_trials_between_them(tmp_path: Path) 
     measured = [t for t in study.trials if t.state.name == "COMPLETE" and not t.user_attrs.get("reused")]
     assert len(probed) == len(measured) == 5
     assert max(totals) == 5  # the run that ended last saw every trial
+
+
+# -- a measured trial's memory constraint of the wrong type, read by the bayes sampler ------------
+
+@pytest.mark.parametrize("constraint", ["x", None, [1.0], "no constraint"])
+def test_a_memory_constraint_the_sampler_cannot_read_refuses_bayes_and_leaves_auto_resuming(
+        tmp_path: Path, constraint: Any) -> None:
+    """A journal edited by hand: a measured trial's ``constraints:memory`` of another type than a
+    number, or none. Optuna's GPSampler read it inside ``ask`` and raised a bare TypeError or
+    ValueError (a traceback, and a trial left running). A finished trial cannot change and the
+    sampler reads every one, so a bayes resume is refused naming the trial and the way on; the
+    strategies that fix every value (auto here) do not ask the sampler and resume."""
+    spec, journal = tuned(tmp_path, trials=6)
+    logs = [json.loads(line) for line in journal.read_text().splitlines()]
+    line = next(i for i, e in enumerate(logs)
+                if e.get("trial_id") == 2 and "constraints:memory" in e.get("system_attr", {}))
+    if constraint == "no constraint":
+        del logs[line]
+    else:
+        logs[line]["system_attr"]["constraints:memory"] = constraint
+    journal.write_text("".join(json.dumps(e) + "\n" for e in logs))
+    surface = Surface()
+    with pytest.raises(TrainfitError) as refused:
+        tune(spec, output=tmp_path / "out", probe_fn=surface, max_trials=9, resume=True, strategy="bayes")
+    assert "trial 2 of" in refused.value.message and "--strategy auto" in (refused.value.hint or "")
+    store = store_for(spec, tmp_path / "out", resume=True)
+    trials = store.study.trials
+    store.close()
+    assert len(trials) == 6 and surface.calls == []  # no trial asked for (none left running), nothing probed
+    again = tune(spec, output=tmp_path / "out", probe_fn=surface, max_trials=9, resume=True, strategy="auto")
+    assert len(again.trials) > 6 and 2 in {t.number for t in again.trials}  # its record reads: it stays measured

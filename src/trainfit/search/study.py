@@ -3,7 +3,9 @@ resumed after Ctrl-C or a crash (a trial cut off mid-probe is retried).
 
 OOM and over-budget configs are COMPLETE trials with a violated ``memory`` constraint
 (``trial.set_constraint``), never FAIL trials, which Optuna's samplers ignore and so propose
-again. Every trial carries the same constraint key, as GPSampler requires.
+again. Every trial carries the same constraint key, as GPSampler requires, and a param of every
+searched knob in the knob's one distribution, as Optuna's samplers require to model it (a value
+off the grid is told with a stand-in choice, the real one kept in the trial's ``values``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import csv
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -285,6 +288,52 @@ def holds(distribution: Any, value: Any) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return bool(distribution._contains(distribution.to_internal_repr(value)))  # its range and its step
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def constraint_problem(trial: Any) -> str | None:
+    """Why a sampler cannot read a measured trial's constraints, or None: :meth:`TrialStore.tell`
+    gives every trial one, ``memory``, a number (GPSampler requires one same set on every trial).
+    A journal edited by hand can hold another type there, or none, and GPSampler then raises a bare
+    TypeError or ValueError from inside ``ask``. Read from the system attrs Optuna keeps them in
+    (``constraints:KEY``): a wrong-typed one of its older form (``constraints``) breaks even
+    ``trial.constraints``."""
+    stored = {k: v for k, v in trial.system_attrs.items() if k == "constraints" or k.startswith("constraints:")}
+    key = f"constraints:{CONSTRAINT}"
+    if set(stored) != {key}:
+        return f"the constraints {sorted(stored)}, not [{key!r}]"
+    value = stored[key]
+    if not _number(value) or math.isnan(value):
+        return f"a {CONSTRAINT} constraint of {value!r}, not a number"
+    return None
+
+
+def stand_in(distribution: Any, value: Any, fits: bool) -> Any | None:
+    """The choice of a categorical ``distribution`` that a trial holds as its param in place of
+    ``value``, a number it cannot hold (``auto``'s integer batch between two of the grid's), or
+    None where no choice is a number. Optuna's samplers model a knob only where every measured trial
+    holds it in one same distribution (its intersection search space): a trial without it would
+    drop the knob from the model for every trial. The real value stays in the trial's ``values``
+    (:func:`trial_values`), which every record of trainfit reads.
+
+    A categorical knob has no place between two choices, so the stand-in is one on the side of the
+    grid the trial's outcome holds for, memory growing with the batch: the largest choice below
+    ``value`` for a config that ``fits``, the smallest above for one that does not (the nearest on
+    the other side where that side has none). The sampler's model then learns no grid point to fit
+    that does not, or to fail that fits; the choice below a fitting batch was measured on the way up,
+    so the sampler proposing it again costs no probe."""
+    import optuna
+
+    if not isinstance(distribution, optuna.distributions.CategoricalDistribution) or not _number(value):
+        return None
+    numbers: list[Any] = [c for c in distribution.choices if _number(c)]  # ints or floats: comparable
+    below, above = [c for c in numbers if c < value], [c for c in numbers if c > value]
+    if fits:
+        return max(below) if below else min(above, default=None)
+    return min(above) if above else max(below, default=None)
 
 
 def ask_trial(study: Any, distributions: Mapping[str, Any], values: Mapping[str, Any] | None,
@@ -781,15 +830,33 @@ class TrialStore:
         """A new trial: with ``values`` fixed, or else the next queued retry or the sampler's choice
         (see :func:`ask_trial`). Values are stored with the trial (:func:`trial_values`): a value
         its knob's distribution cannot hold (``auto``'s integer batch past the grid) is not one
-        of its params, so the sampler never draws one in its place."""
+        of its params while it is probed, so the sampler never draws one in its place; it is told
+        with a :func:`stand_in` there. With the sampler's choice, a study whose measured trials it
+        cannot read is refused first (:meth:`_check_constraints`)."""
         if values is None:
             values = self._queued_values()
+        if values is None and not self.pending_queue():
+            self._check_constraints()  # the sampler chooses: it reads every measured trial's constraint
         distributions = self.distributions if values is None else {
             k: d for k, d in self.distributions.items() if k not in values or holds(d, values[k])}
         trial = ask_trial(self.study, distributions, values, heartbeat_in=self.storage if self.shared else None)
         if values is not None:
             trial.set_user_attr("values", jsonable(values))
         return trial
+
+    def _check_constraints(self) -> None:
+        """Refuse, before the sampler is asked, a study holding a measured trial whose constraint it
+        cannot read (:func:`constraint_problem`): a finished trial cannot change, and the sampler
+        reads every one, so it cannot be left out as a damaged record is (:func:`record_problem`).
+        The strategies that fix every value ask the sampler nothing."""
+        from optuna.trial import TrialState
+
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if (problem := constraint_problem(t)) is not None:
+                raise TrainfitError(f"trial {t.number} of {self.where} holds {problem}, which Optuna's sampler (the "
+                                    "bayes strategy) cannot read; the study is left as it is",
+                                    "resume with --strategy auto, grid or random (they do not ask the sampler), "
+                                    "or use --output NEW_FOLDER to start afresh")
 
     def _queued_values(self) -> dict[str, Any] | None:
         """The values stored with the retry that the next ask takes from the queue, if any."""
@@ -827,12 +894,26 @@ class TrialStore:
             trial.set_user_attr("reused", True)
         if repeat:
             trial.set_user_attr("repeat", True)
-        trial.set_constraint(CONSTRAINT, constraint_value(m))
+        constraint = constraint_value(m)
+        trial.set_constraint(CONSTRAINT, constraint)
         trial.set_user_attr("measurement", m.to_dict())
         trial.set_user_attr("values", jsonable(values))
         trial.set_user_attr("objective", objective)
+        self._stand_ins(trial, values, fits=constraint <= 0)
         self.study.tell(trial, objective if objective is not None and m.fits else self._impute(values, history))
         return Trial(number=trial.number, values=dict(values), measurement=m, objective=objective)
+
+    def _stand_ins(self, trial: Any, values: Mapping[str, Any], fits: bool) -> None:
+        """Give ``trial``, before it is told, a :func:`stand_in` param for each of its ``values`` that
+        its knob's distribution cannot hold (asked for without it, see :meth:`ask`), so that the
+        sampler's search space keeps the knob (a finished trial's params cannot change)."""
+        for name, distribution in self.distributions.items():
+            if name not in values or name in trial.params or holds(distribution, values[name]):
+                continue
+            choice = stand_in(distribution, values[name], fits)
+            if choice is not None:  # Optuna's storage API: a Trial has no setter of a param it was not asked for
+                trial.storage.set_trial_param(trial._trial_id, name, distribution.to_internal_repr(choice),
+                                              distribution)
 
     def _impute(self, values: Mapping[str, Any], history: Sequence[Trial]) -> float:
         """For an infeasible trial: the best feasible objective of the same family at a smaller
