@@ -62,10 +62,13 @@ def run_tune(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
            # The pick trains in the Hugging Face Trainer, whose loss is the model's own over the full logits.
            "params": {"max_length": args.seq, "attention": "sdpa", "precision": args.precision, "loss": "model",
                       "lora_r": 16, "lora_alpha": 32, "lora_target_modules": ATTENTION},
-           "tune": {"command_template": "hf-trainer --per_device_train_batch_size {batch_size}", "epochs": 1},
+           "tune": {"command_template": "hf-trainer --per_device_train_batch_size {batch_size} "
+                                        "--use_liger_kernel {use_liger_kernel}", "epochs": 1},
            "budget": {"memory_gb": args.budget_gb, "headroom_gb": args.headroom_gb},
            "probe": {"device": "cpu" if args.cpu else "cuda"},
-           "search": {"batch_size": [1, 2, 4, 8, 16, 32, 64], "gradient_checkpointing": [False, True]}}
+           "search": {"batch_size": [1, 2, 4, 8, 16, 32, 64], "gradient_checkpointing": [False, True],
+                      # Liger's fused linear cross-entropy, as the Trainer's use_liger_kernel applies it (CUDA only)
+                      **({"loss": ["model", "liger"]} if args.liger else {})}}
     spec = build_spec(doc, base_dir=Path.cwd())
     start = time.perf_counter()
     res = tune(spec, output=out, resume=(out / "study.journal").exists(), on_event=lambda e: isinstance(e, TrialEnd)
@@ -150,7 +153,8 @@ def spawn(job: dict[str, Any]) -> dict[str, Any]:
 def same_as_last_attempt(picked: dict[str, Any], peer: dict[str, Any]) -> bool:
     """Did auto_find_batch_size's last attempt train the pick's very config (then its epoch is the pick's)?"""
     return (peer.get("status") == "ok" and peer.get("train_batch_size") == picked["per_device_train_batch_size"]
-            and picked["gradient_accumulation_steps"] == 1 and not picked["gradient_checkpointing"])
+            and picked["gradient_accumulation_steps"] == 1 and not picked["gradient_checkpointing"]
+            and not picked.get("use_liger_kernel"))
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -164,6 +168,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=3000, help="the epoch's samples (default: a few minutes on an H100)")
     ap.add_argument("--tiny", action="store_true", help="a tiny Llama and max_length 256, for a CPU rehearsal")
     ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--liger", action="store_true",
+                    help="let trainfit search loss: liger (the Trainer's use_liger_kernel; needs liger-kernel and CUDA)")
     ap.add_argument("--work", type=Path, help="results and runs here; the same command again resumes")
     ap.add_argument("--job", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -185,7 +191,8 @@ def main() -> None:
     runs = {}
     picked = {"per_device_train_batch_size": pick["batch_size"],
               "gradient_accumulation_steps": pick["gradient_accumulation_steps"],
-              "gradient_checkpointing": pick["gradient_checkpointing"]}
+              "gradient_checkpointing": pick["gradient_checkpointing"],
+              **({"use_liger_kernel": True} if pick.get("loss") == "liger" else {})}
     # The third run asks what length grouping (not yet a knob trainfit turns) would add to the pick.
     for name, targs in (("hf_auto_find_batch_size", {"per_device_train_batch_size": 64, "auto_find_batch_size": True}),
                         ("trainfit_pick", picked), ("trainfit_pick_grouped", {**picked, "group_by_length": True})):

@@ -49,7 +49,7 @@ if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
     ablate=(--device cpu --only checkpointing,sdpa)
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
-    race=()
+    race=(--liger --samples 2000)  # 2,000 samples: the tune and three epochs in one ~9-minute call
     epoch=(--cuda --model-1b --samples 600 --batches 1,2,4,8 --modes longest,grouped)
     planeta=(--cuda --model-1b --samples 600 --modes ${GPU_SESSION_PLAN_MODES:-max_length,longest} --calibrate 30)
     trajectory=(--cuda --model-1b); warmup=(--cuda --model-1b)

@@ -71,7 +71,7 @@ def make_workload(params: trainfit.Params, device: torch.device) -> trainfit.Cus
         # audio: each clip's mel frames stand in as noise seeded by its utt_id (a real collate loads
         # the clip's features); the lengths, the padding and the padding mask are the real ones.
         frames = [min(round(float(r["duration_s"]) * 100), params.max_length) for r in rows]
-        pad_to = params.max_length if params.padding == "max_length" else max(frames)
+        pad_to = params.padded_length(max(frames), params.max_length)  # padding and pad_to_multiple_of, as probed
         mels = torch.zeros(len(rows), pad_to, N_MELS)
         for i, (r, n) in enumerate(zip(rows, frames, strict=True)):
             g = torch.Generator().manual_seed(int(str(r["utt_id"]).removeprefix("utt")))

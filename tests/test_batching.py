@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from trainfit.data.batching import EpochBatches, length_grouped_order, simulate_epoch
+from trainfit.params import Params
 
 
 def test_equal_lengths_pad_nothing_and_the_last_batch_is_short() -> None:
@@ -63,6 +64,27 @@ def test_pad_to_multiple_of_rounds_every_batch_up() -> None:
     as_multiple = simulate_epoch(lengths, 4, padding="longest", max_length=64, pad_to_multiple_of=64)
     as_fixed = simulate_epoch(lengths, 4, padding="max_length", max_length=64)
     assert as_multiple.padded_length.tolist() == as_fixed.padded_length.tolist()
+
+
+def test_a_batch_is_padded_by_the_epochs_rule() -> None:
+    """``Params.padded_length`` (what the probe, the eval pass and the command pad one batch to) and
+    ``simulate_epoch`` (a whole epoch at once) are one rule: every batch of an epoch agrees."""
+    assert Params().padded_length(17, 64) == 17  # no rounding: the longest sample
+    assert Params(pad_to_multiple_of=8).padded_length(17, 64) == 24
+    assert Params(pad_to_multiple_of=8).padded_length(16, 64) == 16  # already a multiple
+    assert Params(pad_to_multiple_of=48).padded_length(60, 64) == 96  # past max_length, as TRL's collator pads
+    fixed = Params(padding="max_length", max_length=100, pad_to_multiple_of=64)
+    assert fixed.padded_length(5, 100) == 128  # transformers rounds a fixed max_length up too
+    lengths = np.random.default_rng(2).integers(1, 300, size=203)
+    for params in (Params(batch_size=4, pad_to_multiple_of=8), Params(batch_size=4, pad_to_multiple_of=48),
+                   Params(batch_size=4), Params(batch_size=3, padding="max_length", max_length=100,
+                                                pad_to_multiple_of=64)):
+        epoch = simulate_epoch(lengths, params.batch_size, padding=params.padding, max_length=100,  # type: ignore[arg-type]
+                               pad_to_multiple_of=params.pad_to_multiple_of, seed=3)
+        starts = np.concatenate([[0], np.cumsum(epoch.rows)[:-1]])
+        each = [params.padded_length(int(np.minimum(lengths, 100)[epoch.order[a:a + n]].max()), 100)
+                for a, n in zip(starts, epoch.rows, strict=True)]
+        assert each == epoch.padded_length.tolist() and len(each) == epoch.batches, params
 
 
 def test_drop_last_drops_only_the_short_batch() -> None:

@@ -51,6 +51,8 @@ BASE = {"batch_size": 2, "gradient_accumulation_steps": 3, "max_length": 64}
     ({"compile": "default"}, {"torch_compile": True}),
     ({"compile": "max-autotune"}, {"torch_compile": True, "torch_compile_mode": "max-autotune"}),
     ({"padding": "max_length"}, {"pad_to_multiple_of": 64, "max_length": 64}),
+    ({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": 8, "max_length": 64}),
+    ({"padding": "max_length", "pad_to_multiple_of": 48}, {"pad_to_multiple_of": 96, "max_length": 64}),
     ({"group_by_length": True}, {"train_sampling_strategy": "group_by_length"}),
     ({"max_length": None}, {"max_length": 48}),  # the length the probe truncated at
     ({"lora_r": 8}, {"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0}),
@@ -162,6 +164,37 @@ def test_trl_builds_the_adapters_the_probe_trained(config: dict, lora: dict) -> 
     assert probed and adapted(get_peft_config(model_args)) == probed
     if "lora_target_parameters" in lora:
         assert any("experts" in n for n in probed)
+
+
+def test_pad_to_multiple_of_reaches_trl_and_a_template_as_probed() -> None:
+    """`trl sft` gets the multiple; under fixed padding, max_length rounded up to it (the length
+    every batch was probed at: TRL's collator rounds each batch's longest, at most max_length, up to
+    it). A template gets {pad_to_multiple_of}, its flag dropped while the knob is null."""
+    from trainfit.command import trl_args
+    from trainfit.params import Params
+    from trainfit.template import render_template
+
+    def multiple(params: Params, max_length: int | None = None) -> str | None:
+        args = trl_args(params, max_length)
+        return args[args.index("--pad_to_multiple_of") + 1] if "--pad_to_multiple_of" in args else None
+
+    assert multiple(Params(max_length=64)) is None and multiple(Params(pad_to_multiple_of=8)) == "8"
+    assert multiple(Params(max_length=64, pad_to_multiple_of=8)) == "8"
+    assert multiple(Params(padding="max_length", max_length=64)) == "64"
+    assert multiple(Params(padding="max_length", max_length=64, pad_to_multiple_of=48)) == "96"
+    assert multiple(Params(padding="max_length", max_length=64, pad_to_multiple_of=16), 40) == "48"  # the probe's
+    template = "train --bs {batch_size} --pad_to_multiple_of {pad_to_multiple_of}"
+    assert render_template(template, Params()) == "train --bs 1"
+    assert render_template(template, Params(pad_to_multiple_of=64)) == "train --bs 1 --pad_to_multiple_of 64"
+
+
+def test_a_template_takes_use_liger_kernel_as_a_transformers_trainer_script_does() -> None:
+    from trainfit.params import Params
+    from trainfit.template import render_template
+
+    template = "python train.py --per_device_train_batch_size {batch_size} --use_liger_kernel {use_liger_kernel}"
+    assert render_template(template, Params(loss="liger")).endswith("--use_liger_kernel true")
+    assert render_template(template, Params(loss="model")).endswith("--use_liger_kernel false")
 
 
 def two_values(knob: Any) -> tuple[Any, Any]:

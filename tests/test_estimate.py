@@ -80,6 +80,31 @@ def test_the_timed_batches_are_real_batches_of_the_epoch_spread_over_its_padded_
     assert fixed.padded_tokens == 4000 * 400
 
 
+def test_pad_to_multiple_of_prices_the_rounded_lengths_of_the_epoch() -> None:
+    """The padding share and the padded lengths of an epoch of known lengths, by hand, with and
+    without the knob: one batch of all four samples, then a batch each (no order to depend on)."""
+    lengths = [5, 9, 17, 33]  # 64 real positions
+    whole = typical_mix(lengths, Params(batch_size=4), max_length=64, seed=0)
+    rounded = typical_mix(lengths, Params(batch_size=4, pad_to_multiple_of=8), max_length=64, seed=0)
+    assert (whole.padded_lengths, whole.padded_tokens) == ((33,), 4 * 33)
+    assert (rounded.padded_lengths, rounded.padded_tokens, rounded.real_tokens) == ((40,), 4 * 40, 64)
+    assert rounded.padding_share == pytest.approx(1 - 64 / 160) and whole.padding_share == pytest.approx(1 - 64 / 132)
+    each = typical_mix(lengths, Params(pad_to_multiple_of=8), max_length=64, seed=0)
+    assert each.padded_lengths == (8, 16, 24, 40) and each.padding_share == pytest.approx(1 - 64 / 88)
+    assert typical_mix(lengths, Params(), max_length=64, seed=0).padding_share == 0.0
+    assert "rounded up to a multiple of 8" in each.batching
+    # Past max_length where the multiple does not divide it, as TRL's collator pads; the longest is timed.
+    past = typical_mix(lengths, Params(batch_size=4, pad_to_multiple_of=24), max_length=30, seed=0)
+    assert past.padded_lengths == (48,) and past.real_tokens == 5 + 9 + 17 + 30
+    # Without data: max_length-long samples, padded to max_length rounded up.
+    assumed = assumed_mix(Params(batch_size=2, max_length=100, pad_to_multiple_of=64), 100)
+    assert (assumed.padded_lengths, assumed.padded_tokens, assumed.real_tokens) == ((128,), 256, 200)
+    # A worker that capped its batches at the model's 20 positions prices them at the cap's padded length.
+    cost = StepCost(0.0, 1.0, 0.0)  # a second per position
+    capped = epoch_speed(cost, each, accumulation=1, max_length=Params(pad_to_multiple_of=8).padded_length(20, 20))
+    assert capped.step_seconds == pytest.approx((8 + 16 + 24 + 24) / 4)
+
+
 def test_the_longest_batch_is_timed_only_where_the_memory_phase_cannot_stand_for_it() -> None:
     assert not times_longest(Params(gradient_accumulation_steps=2), memory_steps=2)  # a whole step of 2
     assert times_longest(Params(gradient_accumulation_steps=4), memory_steps=2)  # it runs 2 of the 4

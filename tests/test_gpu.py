@@ -102,6 +102,32 @@ def test_trls_fused_head_on_cuda_is_the_models_loss(tmp_path: Path) -> None:
     assert all(torch.allclose(f, m, rtol=1e-2, atol=1e-5) for f, m in zip(fused_grads, model_grads))
 
 
+def test_ligers_loss_on_cuda_is_the_models_loss_without_its_logits(tmp_path: Path) -> None:
+    """loss: liger (the transformers Trainer's use_liger_kernel): the model's loss and gradients, and a
+    probe that fits where the full logits take most of the step's memory."""
+    pytest.importorskip("liger_kernel")
+    import dataclasses
+
+    from trainfit.workloads import build_workload
+
+    s = load_spec(spec(tmp_path, {"batch_size": 2, "lora_r": 8}), ["tune.command_template=python train.py"])
+    results = {}
+    for loss in ("model", "liger"):
+        torch.manual_seed(0)
+        workload = build_workload(s, dataclasses.replace(s.params, loss=loss), torch.device("cuda"))
+        assert (workload.logits_bytes(workload.make_batch([700, 1024], 1024)) is None) == (loss == "liger")
+        value = workload.loss(workload.make_batch([700, 1024], 1024).inputs)
+        value.backward()
+        results[loss] = value.item()
+    assert results["liger"] == pytest.approx(results["model"], rel=0.05)  # other random ids: the same scale
+    probes = {loss: run_probe(load_spec(spec(tmp_path / loss, {"batch_size": 4, "lora_r": 8, "precision": "bf16",
+                                                                "loss": loss}), ["tune.command_template=python train.py"]))
+              for loss in ("model", "liger")}
+    assert all(m.status == "ok" for m in probes.values()), {k: m.message for k, m in probes.items()}
+    assert probes["liger"].peak_allocated_bytes < probes["model"].peak_allocated_bytes
+    assert any("Liger-Kernel's fused linear cross-entropy" in n for n in probes["liger"].notes)
+
+
 def test_two_micro_batches_reach_the_peak_of_a_longer_accumulation(tmp_path: Path) -> None:
     """Why the probe's memory phase runs at most two micro-batches per step (worker.memory_micro_batches):
     the peak allocated by a step of 2 equals that of a step of 6 on the same worst-case batch."""

@@ -63,6 +63,26 @@ def test_full_finetune_llama_measures_real_tokens(llama_spec) -> None:
 
 
 @pytest.mark.integration
+def test_pad_to_multiple_of_pads_the_probed_batches_as_the_collator_does(llama_spec, tmp_path: Path,
+                                                                          texts_file) -> None:
+    """The worker's batches, the worst case's included, are padded to multiples of 24: 64-long worst
+    samples to 72, past max_length, as TRL's collator pads them. A model whose learned positions
+    stop short of that fails as the run would, with a note that says why."""
+    m = probe(llama_spec({"batch_size": 2, "max_length": 64, "pad_to_multiple_of": 24}))
+    assert m.status == "ok", m.message
+    assert m.shape_times and all(s["padded_length"] % 24 == 0 for s in m.shape_times), m.shape_times
+    assert max(s["padded_length"] for s in m.shape_times) == 72 and m.worst_case_lengths == [64, 64]
+    assert all(s["real_tokens"] <= s["rows"] * s["padded_length"] for s in m.shape_times)
+    assert "rounded up to a multiple of 24" in m.speed_basis and m.config["pad_to_multiple_of"] == 24
+    gpt2 = make_spec_file(tmp_path / "gpt2", model={"config": {**TINY_GPT2, "n_positions": 100}},
+                          data={"path": str(texts_file[0]), "text_field": "text"},
+                          params={"batch_size": 2, "max_length": 100, "pad_to_multiple_of": 64})
+    past = probe(gpt2)
+    assert past.status == "error" and "index out of range" in past.message
+    assert any("pads the longest batches to 128 positions, past the model's 100" in n for n in past.notes), past.notes
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_lora_and_checkpointing_change_the_flops_count(llama_spec) -> None:
     base = probe(llama_spec({"padding": "max_length"}))
@@ -395,6 +415,20 @@ def test_unsupported_knobs_are_clear_errors(llama_spec) -> None:
     m = probe(llama_spec({"tf32": True, "optimizer": "adamw_fused"}))
     assert_ok(m)
     assert "tf32 has no effect on CPU" in m.notes
+
+
+def test_ligers_loss_is_refused_on_a_cpu_with_the_way_on(llama_spec) -> None:
+    """Liger-Kernel's kernels are Triton's: on a CPU loss: liger is a knob value this device cannot
+    run (the search skips its configs), not a crash mid-probe."""
+    import torch
+
+    from trainfit.errors import Unsupported
+    from trainfit.workloads import build_workload
+
+    s = load_spec(llama_spec({"loss": "liger"}), ["tune.command_template=python train.py"])
+    with pytest.raises(Unsupported, match="need a CUDA GPU") as info:
+        build_workload(s, s.params, torch.device("cpu"))
+    assert (info.value.knob, info.value.value) == ("loss", "liger") and "loss: model" in info.value.hint
 
 
 @pytest.mark.integration

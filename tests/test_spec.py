@@ -117,6 +117,22 @@ def test_params_rules() -> None:
     assert Params().replace(batch_size=5, ddpm_batch_mul=2).extra == {"ddpm_batch_mul": 2}
 
 
+def test_pad_to_multiple_of_is_a_searchable_knob(tmp_path: Path) -> None:
+    """In ``search:``, off and multiples side by side, each config carrying its value to the command;
+    a multiple below 1 is a spec problem naming the key."""
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
+    path.write_text(path.read_text() + "search:\n  batch_size: [2]\n  pad_to_multiple_of: [null, 8, 64]\n")
+    spec = load_spec(path)
+    assert spec.search is not None
+    configs = [spec.search.params(v) for v in spec.search.grid()]
+    assert [c.pad_to_multiple_of for c in configs] == [None, 8, 64]
+    assert ["--pad_to_multiple_of 8" in build_command(spec, c) for c in configs] == [False, True, False]
+    with pytest.raises(SpecError) as info:
+        load_spec(path, ["search={pad_to_multiple_of: [0, 8]}"])
+    assert [p.key for p in info.value.problems] == ["search.pad_to_multiple_of"]
+    assert parse_params({"pad_to_multiple_of": 0}, allow_custom=False)[1][0].key == "params.pad_to_multiple_of"
+
+
 def test_cli_reports_spec_errors_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 8, "optimiser": "adamw"})
     assert main(["probe", str(path)]) == 2
@@ -190,6 +206,11 @@ def test_loss_model_cannot_go_with_the_trl_command(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_spec(path, ["loss=auto", "search.loss=[model, fused]"])
     assert [p.key for p in info.value.problems] == ["search.loss"]
+    # Liger's cross-entropy is a transformers Trainer's (use_liger_kernel): `trl sft` keeps its own head.
+    with pytest.raises(SpecError) as info:
+        load_spec(path, ["loss=auto", "search.loss=[auto, liger]"])
+    assert [p.key for p in info.value.problems] == ["search.loss"] and "use_liger_kernel" in str(info.value)
+    assert load_spec(path, ["loss=liger", "tune.command_template=python train.py"]).params.loss == "liger"
     # A factory computes its own loss: the knob would be silently ignored.
     with pytest.raises(SpecError) as info:
         load_spec(EXAMPLES / "tiny-tts.yaml", ["loss=fused"])
@@ -206,7 +227,7 @@ def test_help_lists_every_knob_with_its_values(command: str, capsys: pytest.Capt
     text = " ".join(capsys.readouterr().out.split())  # as one line: wrapping may split anywhere else
     for knob in KNOBS.values():
         assert f"{knob.name} (" in text
-    assert "precision (fp32|bf16|fp16)" in text and "loss (auto|model|fused)" in text
+    assert "precision (fp32|bf16|fp16)" in text and "loss (auto|model|fused|liger)" in text
 
 
 def test_a_model_folder_with_a_tokenizer_counts_the_lengths(tmp_path: Path, texts_file) -> None:

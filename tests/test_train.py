@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import make_spec_file, tune_one_lora_config, write_frames, write_texts
+from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, tune_one_lora_config, write_frames, write_texts
 
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
@@ -148,6 +148,36 @@ def test_steps_split_epochs_as_the_loop_runs_them() -> None:
 
 STEPS = 40
 RUN_ARGS = ["--checkpoint-minutes", "0.00001", "--", "--max_steps", str(STEPS)]  # a save at every step's end
+
+
+@pytest.mark.integration
+def test_trl_sft_as_train_runs_it_pads_each_batch_to_the_multiple(tmp_path: Path) -> None:
+    """The written command's `--pad_to_multiple_of` reaches the collator `trainfit train` trains
+    with (TRL's trainer, built from the command as `trl sft` builds it): every batch of an epoch
+    of long-tailed texts is a multiple of 24 long, some past the 64 the samples are truncated at."""
+    from trainfit.command import trl_command, trl_data_config
+    from trainfit.spec import load_spec
+    from trainfit.train.sft import build_trainer
+    from trainfit.workloads.hf import save_initial_model
+
+    data = tmp_path / "train.jsonl"
+    write_texts(data, n=24)
+    path = make_spec_file(tmp_path, model={"config": {**TINY_LLAMA, "vocab_size": 2000}},
+                          data={"path": str(data), "text_field": "text"},
+                          params={"max_length": 64, "batch_size": 4, "pad_to_multiple_of": 24})
+    path.write_text(path.read_text() + f"tokenizer: {EXAMPLES / 'data' / 'tokenizer.json'}\n")
+    spec = load_spec(path)
+    assert save_initial_model(spec.model, spec.tokenizer, tmp_path / "model", seed=0)
+    (tmp_path / "trl_data.yaml").write_text(yaml.safe_dump(trl_data_config(spec)))
+    words = trl_command(spec, spec.params, max_length=64, data_config=tmp_path / "trl_data.yaml", cpu_threads=1,
+                        model_dir=tmp_path / "model")
+    trainer = build_trainer([*words[words.index("sft") + 1:], "--output_dir", str(tmp_path / "run"),
+                             "--report_to", "none"], callbacks=[])
+    batches = list(trainer.get_train_dataloader())
+    lengths = [int(b["input_ids"].shape[1]) for b in batches]
+    assert len(batches) == 6 and all(n % 24 == 0 for n in lengths) and 72 in lengths, lengths
+    real = [int(b["attention_mask"].sum(dim=1).max()) for b in batches]
+    assert all(n - 24 < longest <= n for n, longest in zip(lengths, real, strict=True)), (lengths, real)
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,11 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
     if max_length is not None:
         args += ["--max_length", str(max_length)]
     if params.padding == "max_length" and max_length is not None:
-        args += ["--pad_to_multiple_of", str(max_length)]
+        # TRL's collator pads each batch to its longest, rounded up to pad_to_multiple_of: no batch
+        # is longer than max_length, so a multiple of the fixed length pads every batch to it.
+        args += ["--pad_to_multiple_of", str(params.padded_length(max_length, max_length))]
+    elif params.pad_to_multiple_of is not None:
+        args += ["--pad_to_multiple_of", str(params.pad_to_multiple_of)]
     if params.group_by_length:  # transformers 5's name of the length-grouped sampler (4.x: --group_by_length)
         args += ["--train_sampling_strategy", "group_by_length"]
     half = params.precision in ("bf16", "fp16")

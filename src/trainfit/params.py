@@ -22,7 +22,7 @@ ATTENTIONS = ("eager", "sdpa", "flash_attention_2")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 OPTIMIZERS = ("adamw", "adamw_fused", "adamw_8bit")
 PADDINGS = ("longest", "max_length")
-LOSSES = ("auto", "model", "fused")
+LOSSES = ("auto", "model", "fused", "liger")
 LORA_OPTIONS = ("lora_alpha", "lora_target_modules", "lora_target_parameters")
 """The LoRA knobs that mean something only with a rank (``lora_r``)."""
 MAX_BATCH = 2**20
@@ -126,13 +126,20 @@ class Params:
         doc="adamw (torch), adamw_fused (torch fused kernel), adamw_8bit (bitsandbytes)")
     padding: str = knob("longest", kind="choice", choices=PADDINGS, batch_shape=True,
         doc="pad each batch to its longest sample, or every batch to max_length")
+    pad_to_multiple_of: int | None = knob(None, kind="int", minimum=1, nullable=True, batch_shape=True,
+        doc="round each batch's padded length up to a multiple of this (TRL's and transformers' "
+            "pad_to_multiple_of): far fewer distinct batch shapes (a GPU's kernel choice, allocator, "
+            "compile) for a little more padding; with padding: max_length, max_length rounds up to it. "
+            "null = no rounding")
     group_by_length: bool = knob(False, kind="bool", batch_shape=True,
         doc="batch samples of similar length together (the Hugging Face trainer's length-grouped "
             "sampler): less padding with padding: longest; the order stays random between groups")
     loss: str = knob("auto", kind="choice", choices=LOSSES,
         doc="how a Hugging Face model's loss is computed: model = its own forward, full logits "
             "(transformers Trainer, most loops); fused = TRL's fused LM head, log-probs in tiles "
-            "without the full logits (trl sft); auto = as the training command does")
+            "without the full logits (trl sft); liger = Liger-Kernel's fused linear cross-entropy and layer "
+            "kernels, as a transformers Trainer's use_liger_kernel applies them (CUDA; pip install liger-kernel); "
+            "auto = as the training command does")
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Custom keys passed through to a factory workload (e.g. ``ddpm_batch_mul``)."""
 
@@ -140,6 +147,18 @@ class Params:
     def effective_batch_size(self) -> int:
         """Samples per optimizer step on one device."""
         return self.batch_size * self.gradient_accumulation_steps
+
+    def padded_length(self, longest: int, max_length: int | None) -> int:
+        """Positions each row of a micro-batch is padded to, as the trainer's collator pads it: the
+        batch's longest sample (``longest``, already truncated at ``max_length``), or ``max_length``
+        under ``padding: max_length``, rounded up to ``pad_to_multiple_of``. TRL's collator rounds
+        the longest up past ``max_length`` where it must (``trl/trainer/utils.py`` ``pad``), and
+        transformers rounds a fixed ``max_length`` up too (``PreTrainedTokenizerBase._pad``): so
+        does this. The one rule for every batch the probe, the eval pass and the command make;
+        ``data.batching.simulate_epoch`` applies it to a whole epoch at once."""
+        length = max_length if self.padding == "max_length" and max_length is not None else longest
+        multiple = self.pad_to_multiple_of
+        return length if multiple is None else -(-length // multiple) * multiple
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, JSON-ready view: built-in knobs then custom keys."""

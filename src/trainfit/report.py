@@ -234,7 +234,8 @@ def oom_advice(trials: Sequence[Trial], stats: LengthStats | None, smallest: Sma
         advice.insert(0, ("step", f"a loss without the full logits: the model's own loss holds the worst-case "
                                f"batch's (batch x length x vocab) logits in fp32, {logits:.2f} GiB, and their "
                                "gradient as much again; `trl sft` computes it with TRL's fused LM head in tiles "
-                               "(what loss: auto probes for it), or use a chunked cross-entropy in your trainer"))
+                               "(what loss: auto probes for it); a transformers Trainer with use_liger_kernel, in "
+                               "Liger-Kernel's fused linear cross-entropy (loss: liger, on CUDA)"))
     parts = smallest.parts_gb if smallest else {}
     if (smallest and parts.get("allocator_cache", 0.0) >= 0.1 * smallest.peak_gb
             and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):

@@ -265,13 +265,17 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def default_space(base: Params, target_effective_batch: int | None = None, *, constraints: Sequence[str] = (),
-                  allow_custom: bool = False) -> tuple[SearchSpace, list[Problem]]:
+                  allow_custom: bool = False, liger: bool = False) -> tuple[SearchSpace, list[Problem]]:
     """What ``tune`` searches when the spec has no ``search:`` section: batch sizes (powers of two
     up to the effective batch) and gradient checkpointing, with gradient accumulation derived so
     every config trains with one effective batch (``tune.target_effective_batch``, else the spec's
-    ``batch_size x gradient_accumulation_steps``). Neither knob changes what is learned: the answer
-    is the fastest way to train what the spec describes."""
+    ``batch_size x gradient_accumulation_steps``); with ``liger`` (a trainer that takes
+    ``use_liger_kernel``, and Liger-Kernel installed) the spec's loss and ``loss: liger`` too. No
+    knob of these changes what is learned: the answer is the fastest way to train what the spec describes."""
     target = target_effective_batch or base.effective_batch_size
     sizes = [b for b in DEFAULT_BATCH_SIZES if b <= target] or [1]
-    return parse_space({"batch_size": sizes, "gradient_checkpointing": [False, True]}, base,
-                       allow_custom=allow_custom, constraints=constraints, target_effective_batch=target)
+    knobs: dict[str, list[Any]] = {"batch_size": sizes, "gradient_checkpointing": [False, True]}
+    if liger and base.loss != "liger":
+        knobs["loss"] = [base.loss, "liger"]
+    return parse_space(knobs, base, allow_custom=allow_custom, constraints=constraints,
+                       target_effective_batch=target)

@@ -450,11 +450,17 @@ def _loss_problems(model: ModelSpec | None, tune: TuneSettings | None, params: P
     if model.factory is not None and any(v != "auto" for v in values):
         return [Problem(key, "a factory model computes its own loss; loss applies to Hugging Face models",
                         "drop loss, or name a custom key your factory reads")]
-    if is_trl_command(model.factory, tune.command_template) and "model" in values:
+    trl = is_trl_command(model.factory, tune.command_template)
+    if trl and "model" in values:
         return [Problem(key, "loss: model, but the training command is `trl sft`, which always computes the loss "
                              "with TRL's fused LM head",
                         "use loss: auto or fused, or a tune.command_template for a trainer that computes the "
                         "full logits")]
+    if trl and "liger" in values:
+        return [Problem(key, "loss: liger, but the training command is `trl sft`, which keeps its own fused LM head "
+                             "and applies no Liger cross-entropy (its --use_liger_kernel adds the layer kernels only)",
+                        "use loss: auto or fused, or a tune.command_template for a transformers Trainer script "
+                        "that takes --use_liger_kernel")]
     return []
 
 

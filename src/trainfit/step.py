@@ -67,7 +67,7 @@ def check_support(params: Params, device: Any) -> list[str]:
             notes.append("compile=reduce-overhead uses CUDA graphs; on CPU it compiles like 'default'")
     if params.compile != "off" and params.padding == "longest":
         notes.append("compile with padding=longest: new batch shapes trigger recompiles; "
-                     "padding=max_length gives one shape")
+                     "padding=max_length gives one shape, pad_to_multiple_of far fewer")
     return notes
 
 

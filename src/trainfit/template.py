@@ -2,7 +2,8 @@
 
 The template is a bash command
 line (``$VAR``, ``&&``, ``|`` and quotes stay the shell's) whose ``{knob}`` placeholders are filled
-from the configuration (custom keys too, plus ``{effective_batch_size}`` and ``{epochs}``), e.g.::
+from the configuration (custom keys too, plus ``{effective_batch_size}``, ``{epochs}`` and
+``{use_liger_kernel}``), e.g.::
 
     python -m vibevoice.finetune.train_vibevoice --per_device_train_batch_size {batch_size}
         --gradient_accumulation_steps {gradient_accumulation_steps} --lora_r {lora_r}
@@ -53,9 +54,10 @@ def template_problem(template: str, names: Iterable[str]) -> str | None:
     return None
 
 
-TEMPLATE_EXTRAS = ("effective_batch_size", "epochs")
-"""Placeholders besides the knobs: ``batch_size x gradient_accumulation_steps`` and ``tune.epochs``
-(the epochs the runtime estimate is for)."""
+TEMPLATE_EXTRAS = ("effective_batch_size", "epochs", "use_liger_kernel")
+"""Placeholders besides the knobs: ``batch_size x gradient_accumulation_steps``, ``tune.epochs``
+(the epochs the runtime estimate is for) and ``loss == liger`` (``true``/``false``, as a transformers
+Trainer script takes ``--use_liger_kernel {use_liger_kernel}``)."""
 
 
 def render_template(template: str, params: Params, epochs: float = 1.0, max_length: int | None = None) -> str:
@@ -63,7 +65,8 @@ def render_template(template: str, params: Params, epochs: float = 1.0, max_leng
     the length the probe truncated at (for ``{max_length}`` when the knob is null: the longest
     sample, not a dropped flag)."""
     values: dict[str, Any] = params.to_dict()
-    values.update(effective_batch_size=params.effective_batch_size, epochs=float(epochs))
+    values.update(effective_batch_size=params.effective_batch_size, epochs=float(epochs),
+                  use_liger_kernel=params.loss == "liger")
     if max_length is not None:
         values["max_length"] = max_length
     problem = template_problem(template, values)

@@ -4,6 +4,7 @@ as one call: what ``trainfit tune`` runs and what a script imports."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -28,11 +29,20 @@ def with_default_search(spec: Spec) -> Spec:
         return spec
     space, problems = default_space(spec.params, spec.search.target_effective_batch if spec.search else None,
                                     constraints=[c.text for c in spec.search.constraints] if spec.search else (),
-                                    allow_custom=spec.model.factory is not None)
+                                    allow_custom=spec.model.factory is not None, liger=takes_liger(spec))
     if problems:
         raise SpecError(problems, source=spec.source or "spec")
     return dataclasses.replace(spec, search=space,
                                tune=dataclasses.replace(spec.tune, target_effective_batch=space.target_effective_batch))
+
+
+def takes_liger(spec: Spec) -> bool:
+    """Does the spec's trainer take Liger's cross-entropy (a ``tune.command_template`` passing
+    ``{use_liger_kernel}`` or ``{loss}``), with Liger-Kernel installed to probe it? Then the default
+    search tries ``loss: liger`` (the probe says where this device cannot run it)."""
+    template = spec.tune.command_template or ""
+    return (any(f"{{{name}" in template for name in ("use_liger_kernel", "loss"))
+            and importlib.util.find_spec("liger_kernel") is not None)
 
 
 GPU_CALIBRATION_STEPS = 30

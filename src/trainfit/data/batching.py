@@ -181,7 +181,7 @@ def simulate_epoch(lengths: Sequence[int] | np.ndarray, batch_size: int, *, padd
         padded_length = np.full_like(rows, max_length)
     else:
         padded_length = longest
-    if pad_to_multiple_of is not None:
+    if pad_to_multiple_of is not None:  # Params.padded_length's rule, over every batch at once
         padded_length = -(-padded_length // pad_to_multiple_of) * pad_to_multiple_of
     return EpochBatches(rows=rows, padded_length=padded_length, real_tokens=real_tokens, order=visited)
 

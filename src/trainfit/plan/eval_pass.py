@@ -134,7 +134,7 @@ def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: in
         raise TrainfitError(f"the eval set {path} holds no sample to evaluate on", "check --eval-data")
     fixed = params.padding == "max_length" and max_length is not None
     batches = simulate_epoch(lengths, batch_size, padding="max_length" if fixed else "longest", max_length=max_length,
-                             shuffle=False)
+                             pad_to_multiple_of=params.pad_to_multiple_of, shuffle=False)  # the same collator
     starts = np.concatenate([[0], np.cumsum(batches.rows)[:-1]])
     picks = timing_picks(batches.padded_length, longest=True)
     shapes = [(int(batches.rows[i]), int(batches.padded_length[i]),

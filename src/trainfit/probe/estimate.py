@@ -138,8 +138,9 @@ class EpochSpeed:
 def epoch_speed(cost: StepCost, mix: TypicalMix, accumulation: int, max_length: int | None = None) -> EpochSpeed:
     """Expected speed over ``mix``'s micro-batches, ``accumulation`` of them per optimizer step.
     A step of ``accumulation`` micro-batches at mixed lengths costs the mean of ``cost`` at those
-    lengths, as the cost is a fixed part plus one per micro-batch. ``max_length``: the length the
-    worker capped batches at (a model with fewer positions than the data's truncation)."""
+    lengths, as the cost is a fixed part plus one per micro-batch. ``max_length``: the padded length
+    of the worker's longest batches where it capped them (a model with fewer positions than the
+    data's truncation: the cap rounded up to ``pad_to_multiple_of``, see ``Params.padded_length``)."""
     lengths = np.asarray(mix.padded_lengths, dtype=float)
     if max_length is not None:
         lengths = np.minimum(lengths, max_length)
@@ -150,13 +151,14 @@ def epoch_speed(cost: StepCost, mix: TypicalMix, accumulation: int, max_length: 
                       tokens_per_second=mix.real_tokens / seconds)
 
 
-def batching_words(padding: str, group_by_length: bool, max_length: int) -> str:
+def batching_words(padding: str, group_by_length: bool, max_length: int, pad_to_multiple_of: int | None = None) -> str:
     """How the trainer batches the data, as the output says it."""
+    multiple = "" if pad_to_multiple_of is None else f", rounded up to a multiple of {pad_to_multiple_of}"
     if padding == "max_length":
-        return f"every batch padded to max_length={max_length}"
+        return f"every batch padded to max_length={max_length}{multiple}"
     if group_by_length:
-        return "length-grouped batches (group_by_length), each padded to its longest sample"
-    return "random order, each batch padded to its longest sample"
+        return f"length-grouped batches (group_by_length), each padded to its longest sample{multiple}"
+    return f"random order, each batch padded to its longest sample{multiple}"
 
 
 def times_longest(params: Params, memory_steps: int) -> bool:
@@ -179,14 +181,15 @@ def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: i
     array = np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
     epoch = simulate_epoch(array, params.batch_size, padding=params.padding, max_length=max_length,  # type: ignore[arg-type]
                            group_by_length=params.group_by_length, seed=seed,
-                           gradient_accumulation_steps=params.gradient_accumulation_steps)
+                           gradient_accumulation_steps=params.gradient_accumulation_steps,
+                           pad_to_multiple_of=params.pad_to_multiple_of)
     values, counts = np.unique(epoch.padded_length, return_counts=True)
     whole = np.flatnonzero(epoch.rows == epoch.rows.max())  # a short last batch is not typical
     starts = np.concatenate([[0], np.cumsum(epoch.rows)[:-1]])
     ordered = array[epoch.order]
     timing = tuple(tuple(int(n) for n in ordered[starts[i]:starts[i] + epoch.rows[i]])
                    for i in whole[timing_picks(epoch.padded_length[whole], longest)])
-    words = batching_words(params.padding, params.group_by_length, max_length)
+    words = batching_words(params.padding, params.group_by_length, max_length, params.pad_to_multiple_of)
     return TypicalMix(batching=f"{words} ({len(array):,} of the data's lengths)",
                       padded_lengths=tuple(int(v) for v in values), counts=tuple(int(c) for c in counts),
                       samples=epoch.samples, real_tokens=epoch.total_real_tokens,
@@ -194,8 +197,10 @@ def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: i
 
 
 def assumed_mix(params: Params, max_length: int) -> TypicalMix:
-    """Without a dataset: every sample ``max_length`` long, one shape."""
+    """Without a dataset: every sample ``max_length`` long, one shape (padded to ``max_length``
+    rounded up to ``pad_to_multiple_of``)."""
     b = params.batch_size
+    padded = params.padded_length(max_length, max_length)
     return TypicalMix(batching=f"no dataset: every sample assumed max_length={max_length} long",
-                      padded_lengths=(max_length,), counts=(1,), samples=b, real_tokens=b * max_length,
-                      padded_tokens=b * max_length, timing_batches=((max_length,) * b,))
+                      padded_lengths=(padded,), counts=(1,), samples=b, real_tokens=b * max_length,
+                      padded_tokens=b * padded, timing_batches=((max_length,) * b,))

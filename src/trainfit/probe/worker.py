@@ -313,11 +313,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     built, reused, phases["build"] = build(req, device, cache)
     out["model_reused"] = reused
     out["notes"] += built.notes
-    max_len = req.max_length
-    if built.workload.max_positions is not None and max_len > built.workload.max_positions:
-        out["notes"].append(f"max_length {max_len} exceeds the model's {built.workload.max_positions} positions: "
-                            "capped")
-        max_len = built.workload.max_positions
+    max_len = capped_length(req, built.workload.max_positions, out["notes"])
 
     t = time.perf_counter()
     meter.start(built, reused)
@@ -339,6 +335,22 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     phases["timed"] = time.perf_counter() - t
     out.update(speed_fields(req, timed, out["device_name"], out["notes"]))
     out.update(epoch_fields(req, timed, batches, max_len, worst_step))
+
+
+def capped_length(req: ProbeRequest, positions: int | None, notes: list[str]) -> int:
+    """The length batches are truncated at: the request's, capped at the model's ``positions``
+    (each cap said in ``notes``). Rounded up to ``pad_to_multiple_of``, a batch may still be padded
+    past the model's positions, as the trainer's collator pads it: a model with learned positions
+    then fails here as the run would, and a note says why."""
+    max_len = req.max_length
+    if positions is not None and max_len > positions:
+        notes.append(f"max_length {max_len} exceeds the model's {positions} positions: capped")
+        max_len = positions
+    padded = req.params.padded_length(max_len, max_len)
+    if positions is not None and padded > positions:
+        notes.append(f"pad_to_multiple_of={req.params.pad_to_multiple_of} pads the longest batches to {padded} "
+                     f"positions, past the model's {positions}: pick a multiple that divides {positions}")
+    return max_len
 
 
 def open_device(req: ProbeRequest, out: dict[str, Any], capped_now: bool) -> Any:
@@ -407,8 +419,7 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
     emit("phase", phase="memory")
     worst = [min(n, max_len) for n in req.worst_lengths]
     out["worst_case_lengths"] = worst
-    fixed = req.params.padding == "max_length"
-    worst_batch = built.workload.make_batch(worst, max_len if fixed else max(worst))
+    worst_batch = built.workload.make_batch(worst, req.params.padded_length(max(worst), max_len))
     out["full_logits_bytes"] = built.workload.logits_bytes(worst_batch)
     micro = memory_micro_batches(req.params.gradient_accumulation_steps)
     seconds = 0.0
@@ -428,12 +439,11 @@ class TypicalBatches:
     ``gradient_accumulation_steps`` copies of one of them, the next step the next one."""
 
     def __init__(self, req: ProbeRequest, workload: Any, max_len: int) -> None:
-        fixed = req.params.padding == "max_length"
         self.accum = req.params.gradient_accumulation_steps
         self.pool = []
         for lengths in req.typical.timing_batches:
             lens = [min(n, max_len) for n in lengths]
-            self.pool.append(workload.make_batch(lens, max_len if fixed else max(lens)))
+            self.pool.append(workload.make_batch(lens, req.params.padded_length(max(lens), max_len)))
         self.cycle = len(self.pool)
         self.cursor = 0
 
@@ -550,7 +560,8 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
                             "real_tokens": sum(min(n, max_len) for n in req.worst_lengths),
                             "seconds": round(worst_step[1], 6), "steps": 1, "phase": "memory"})
     cost = fit_step_cost(lengths, seconds)
-    speed = epoch_speed(cost, mix, req.params.gradient_accumulation_steps, max_len)
+    # The mix's padded lengths capped as the batches were: at the cap's own padded length.
+    speed = epoch_speed(cost, mix, req.params.gradient_accumulation_steps, req.params.padded_length(max_len, max_len))
     per_sample = req.params.effective_batch_size / mix.samples
     return {"samples_per_second": speed.samples_per_second, "tokens_per_second": speed.tokens_per_second,
             "real_tokens_per_step": mix.real_tokens * per_sample,

@@ -1,7 +1,8 @@
 """Hugging Face causal language models (random-init from a config, or a local checkpoint), with
 LoRA through peft. Every knob that shapes the model is applied here, in this order: attention
 kernel and weight dtype at construction, then gradient checkpointing, then LoRA, then the loss
-(the model's own over the full logits, or TRL's fused LM head as ``trl sft`` computes it)."""
+(the model's own over the full logits, TRL's fused LM head as ``trl sft`` computes it, or Liger-Kernel's
+fused linear cross-entropy with its layer kernels, as the transformers Trainer's ``use_liger_kernel`` applies them)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,41 @@ def fused_lm_head() -> tuple[Any, str | None]:
 
 SFT_OUTPUTS = ("log_probs", "entropy", "is_top1")
 """What TRL's SFT trainer asks the fused head for on every step (entropy and accuracy feed its logs)."""
+
+
+def liger_kernels(model_type: str) -> tuple[Any, str | None]:
+    """Liger-Kernel's ``_apply_liger_kernel_to_instance`` (what the transformers Trainer calls for
+    ``use_liger_kernel=True``: its fused linear cross-entropy, which never builds the full logits, and
+    its RMSNorm, RoPE and SwiGLU kernels) and None, or None and why it cannot be had for ``model_type``
+    (Liger skips an architecture it has no kernels for, silently: that is refused here)."""
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        return None, "liger-kernel is not installed (pip install liger-kernel)"
+    except Exception as err:  # a liger-kernel that does not import with these torch/triton versions
+        return None, f"liger-kernel does not import here ({type(err).__name__}: {str(err)[:200]})"
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return None, f"Liger-Kernel has no kernels for model type {model_type!r} (the Trainer would apply none)"
+    return _apply_liger_kernel_to_instance, None
+
+
+def resolve_liger(model_type: str, device: Any) -> tuple[Any, str]:
+    """``loss: liger``'s kernels for this model on ``device``, and the measurement's note;
+    ``Unsupported`` where they cannot run (no CUDA: Liger's kernels are Triton's)."""
+    import torch
+
+    from trainfit.errors import Unsupported
+
+    if torch.device(device).type != "cuda":
+        raise Unsupported("loss=liger runs Liger-Kernel's Triton kernels, which need a CUDA GPU", "use loss: model "
+                          "(or auto) on this device", knob="loss", value="liger")
+    apply, missing = liger_kernels(model_type)
+    if apply is None:
+        raise Unsupported(f"loss=liger: {missing}", "pip install liger-kernel, or use loss: model", knob="loss",
+                          value="liger")
+    return apply, ("loss: Liger-Kernel's fused linear cross-entropy (no full logits) and its layer kernels, as the "
+                   "Trainer's use_liger_kernel applies them")
 
 
 def resolve_loss(loss: str, trl_command: bool) -> tuple[Any, str | None]:
@@ -230,11 +266,12 @@ class HFCausalLM(Workload):
                  trl_command: bool = False) -> None:
         import torch
 
-        head, note = resolve_loss(params.loss, trl_command)
-        self.loss_kind = "model" if head is None else "fused"
+        config = load_config(model_spec)
+        head, note = (resolve_liger(str(getattr(config, "model_type", "")), device) if params.loss == "liger"
+                      else resolve_loss(params.loss, trl_command))
+        self.loss_kind = "liger" if params.loss == "liger" else "model" if head is None else "fused"
         self.notes = [note] if note else []
         self.device = device
-        config = load_config(model_spec)
         self.config = config
         self.max_positions = max_positions_of(config)
         self.vocab_size = int(config.vocab_size)
@@ -255,15 +292,17 @@ class HFCausalLM(Workload):
         self._generator = torch.Generator().manual_seed(seed)
 
     def _apply_knobs(self, model: Any, config: Any, params: Params, head: Any) -> Any:
-        """Checkpointing and LoRA on the built model, then TRL's fused LM head (``head``, None for
-        the model's own loss). With LoRA, the result is peft's wrapper around the model."""
+        """Checkpointing and LoRA on the built model, then TRL's fused LM head or Liger's kernels
+        (``head``, None for the model's own loss). With LoRA, the result is peft's wrapper around the model."""
         model.config.use_cache = False
         model = apply_knobs(model, params, task_type="CAUSAL_LM")
         if params.lora_r is not None:
             self.notes += frozen_experts_note(model, experts_active(config))
-        if head is not None:
-            # Where TRL's SFT trainer puts it: on the base model, under the LoRA wrapper.
-            head(model.get_base_model() if params.lora_r is not None else model, outputs=SFT_OUTPUTS)
+        base = model.get_base_model() if params.lora_r is not None else model
+        if self.loss_kind == "liger":  # where the Trainer applies them: the base model, under the LoRA wrapper
+            head(model=base)
+        elif head is not None:  # where TRL's SFT trainer puts its head, likewise
+            head(base, outputs=SFT_OUTPUTS)
         return model
 
     def make_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
@@ -285,8 +324,8 @@ class HFCausalLM(Workload):
         return self.model(**inputs).loss
 
     def logits_bytes(self, batch: Batch) -> int | None:
-        # transformers' causal-LM loss upcasts the logits to fp32; TRL's fused head never builds them.
-        return None if self.loss_kind == "fused" else batch.padded_tokens * self.vocab_size * 4
+        # transformers' causal-LM loss upcasts the logits to fp32; TRL's fused head and Liger's never build them.
+        return None if self.loss_kind != "model" else batch.padded_tokens * self.vocab_size * 4
 
     def flops(self, seq_lens: Sequence[int], recompute: bool) -> StepFlops | None:
         if self.shape is None:
