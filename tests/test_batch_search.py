@@ -204,7 +204,7 @@ def opened_study(spec: Spec, journal: Path) -> Any:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from trainfit.search.study import study_name
+    from trainfit.search.storage import study_name
 
     return optuna.load_study(study_name=study_name(spec), storage=JournalStorage(JournalFileBackend(str(journal))))
 
@@ -215,7 +215,7 @@ def assert_stand_ins(study: Any, names: list[str]) -> list[int]:
     the grid its outcome holds for. The real batch stays in the trial's values; the off-grid ones."""
     import optuna
 
-    from trainfit.search.study import trial_values
+    from trainfit.search.trial_records import trial_values
 
     grid = optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16, 32, 64])
     assert optuna.search_space.IntersectionSearchSpace().calculate(study).get("batch_size") == grid
@@ -276,7 +276,7 @@ def test_an_off_grid_value_stands_in_as_the_grid_choice_on_the_side_its_outcome_
     nothing where no choice is a number or the distribution is no categorical one."""
     import optuna
 
-    from trainfit.search.study import stand_in
+    from trainfit.search.trial_records import stand_in
 
     grid = optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16, 32, 64])
     assert stand_in(grid, 15, fits=True) == 8

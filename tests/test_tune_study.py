@@ -58,7 +58,7 @@ def test_a_studys_identity_leaves_defaults_out_so_it_survives_new_settings(tmp_p
     """The study name is pinned: a setting or knob a later trainfit adds at its default must not
     change it (a study started before could no longer --resume). Change this literal only with a
     change that really makes old trials inapplicable."""
-    from trainfit.search.study import study_name
+    from trainfit.search.storage import study_name
 
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64, "batch_size": 2},
                           budget={"memory_gb": 4})
@@ -174,7 +174,7 @@ def test_optunas_heartbeat_tells_a_live_trial_on_another_machine_from_a_dead_one
     asked for. One's run stops beating; the other's probe runs on. Once the dead one's last beat is
     older than the grace period, the next run closes it as Optuna's heartbeat says, and its config is
     open again, while the live one (its beat recorded meanwhile) stays claimed."""
-    from trainfit.search import study
+    from trainfit.search import claims
 
     db = tmp_path / "shared.db"
     url = f"sqlite:///{db}"
@@ -190,7 +190,7 @@ def test_optunas_heartbeat_tells_a_live_trial_on_another_machine_from_a_dead_one
 
     b = store_for(spec, tmp_path / "b", storage=url, resume=True)
     assert b.retried == 0 and b.in_flight() == {b._key(live), b._key(dead)}  # no beat missed yet
-    grace = 3 * study.HEARTBEAT_S
+    grace = 3 * claims.HEARTBEAT_S
     for t in (live, dead):  # no beat for longer than the grace period ...
         age_heartbeat(db, t, grace + 10)
     with machine_a.beating(live):  # ... but the live machine's probe runs, and records one at once
@@ -210,7 +210,7 @@ def test_a_trial_whose_run_died_before_its_first_heartbeat_is_retried(tmp_path: 
     period."""
     import sqlite3
 
-    from trainfit.search import study
+    from trainfit.search import claims
 
     db = tmp_path / "shared.db"
     url = f"sqlite:///{db}"
@@ -221,7 +221,7 @@ def test_a_trial_whose_run_died_before_its_first_heartbeat_is_retried(tmp_path: 
     assert store_for(spec, tmp_path / "b", storage=url, resume=True).retried == 0  # it may still be asking
     with contextlib.closing(sqlite3.connect(db)) as con, con:
         con.execute("UPDATE trials SET datetime_start = datetime(datetime_start, ?) WHERE trial_id = ?",
-                    (f"-{3 * study.HEARTBEAT_S + 10} seconds", asking._trial_id))
+                    (f"-{3 * claims.HEARTBEAT_S + 10} seconds", asking._trial_id))
     assert store_for(spec, tmp_path / "c", storage=url, resume=True).retried == 1
     assert {t.number: t for t in machine_a.study.get_trials()}[asking.number].state.name == "FAIL"
 
@@ -301,7 +301,7 @@ def test_a_trial_closed_by_another_run_while_it_is_asked_for_is_asked_for_again(
     gets a new trial instead of a crash."""
     from optuna.trial import TrialState
 
-    from trainfit.search.study import ask_trial
+    from trainfit.search.trial_records import ask_trial
 
     store = store_for(synthetic_spec(tmp_path, "grid"), tmp_path / "a", storage=f"sqlite:///{tmp_path / 'shared.db'}")
     ask = store.study.ask
@@ -353,10 +353,10 @@ def test_a_wait_for_an_earlier_trials_values_keeps_this_trial_alive_and_ends(tmp
     period, leaving the config to the earlier trial (proposed again if it never probes it)."""
     import sqlite3
 
-    from trainfit.search import study
+    from trainfit.search import claims
 
     store = store_for(synthetic_spec(tmp_path, "grid"), tmp_path / "a", storage=f"sqlite:///{tmp_path / 'shared.db'}")
-    monkeypatch.setattr(study, "HEARTBEAT_S", 0.2)  # the wait's grace: three beats
+    monkeypatch.setattr(claims, "HEARTBEAT_S", 0.2)  # the wait's grace: three beats
     asking = store.storage.create_new_trial(store.study._study_id)  # no values, ever
     with contextlib.closing(sqlite3.connect(tmp_path / "shared.db")) as con, con:  # its machine's clock, an hour ahead
         con.execute("UPDATE trials SET datetime_start = datetime(datetime_start, '+1 hour') WHERE trial_id = ?", (asking,))

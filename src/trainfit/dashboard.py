@@ -31,7 +31,7 @@ def storage_for(run_dir: Path, storage_url: str | None) -> Any:
     journal = run_dir / "study.journal"
     if not journal.is_file():
         return None
-    from trainfit.search.study import journal_storage
+    from trainfit.search.journal import journal_storage
 
     return journal_storage(journal)
 

@@ -125,7 +125,7 @@ def _studies(folder: Path) -> list[Any]:
     """The Optuna studies of the folder's journal (tune keeps one per folder)."""
     import optuna
 
-    from trainfit.search.study import journal_storage
+    from trainfit.search.journal import journal_storage
 
     journal = folder / "study.journal"
     if not journal.is_file():
@@ -141,12 +141,12 @@ def _measured(studies: list[Any], names: list[str],
               left_out: dict[int, str]) -> Iterator[tuple[int, dict[str, Any], Measurement]]:
     """Every probe of the studies (confirmation repeats too): trial number, searched values,
     measurement. A trial whose record does not read back is left out as tune leaves it out (by the
-    same check, :func:`~trainfit.search.study.record_problem`) and put in ``left_out`` with why,
+    same check, :func:`~trainfit.search.trial_records.record_problem`) and put in ``left_out`` with why,
     never refused: it stays in the journal (a finished trial cannot change) after ``tune --resume``
     measured its config again."""
     from optuna.trial import TrialState
 
-    from trainfit.search.study import record_problem
+    from trainfit.search.trial_records import record_problem
 
     for study in studies:
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):

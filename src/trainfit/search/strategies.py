@@ -117,7 +117,7 @@ class RandomStrategy(GridStrategy):
 
 
 class BayesStrategy:
-    """Optuna's sampler chooses (GPSampler with the memory constraint, see search.study)."""
+    """Optuna's sampler chooses (GPSampler with the memory constraint, see search.trial_records)."""
 
     name = "bayes"
 

@@ -1,0 +1,165 @@
+"""Which study a spec is and where it lives: its name and data fingerprint, the output folder's
+lock, the storage opened (a journal file or a database URL, its password masked in messages), and
+the refusals when a folder or storage holds another study."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from trainfit.errors import TrainfitError
+from trainfit.files import FolderBusy, lock_folder
+from trainfit.params import Params
+from trainfit.search.claims import HEARTBEAT_S
+from trainfit.spec import Spec
+
+
+def study_name(spec: Spec) -> str:
+    """Same model, data, budget, probe settings, base params and space -> same study (settings
+    and knobs at their defaults left out: see :meth:`Spec.digest`)."""
+    space = spec.search
+    defaults = Params().to_dict()
+    params = {k: v for k, v in spec.params.to_dict().items() if k not in defaults or defaults[k] != v}
+    key = json.dumps([spec.digest(), params, [c.text for c in space.constraints] if space else [],
+                      space.target_effective_batch if space else None], sort_keys=True, default=list)
+    return "trainfit-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys where two JSON documents differ (``budget.memory_gb``)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in sorted(set(a) | set(b))
+                for k in differing_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def data_fingerprint(spec: Spec) -> str | None:
+    """The identity of the spec's dataset content (its size and bytes sampled through each file;
+    not its modification time, so a copy or a ``touch`` is the same data), or None for a spec
+    without data. Stored with a study, so ``--resume`` on changed data at the same path does not
+    mix old and new measurements."""
+    if spec.data is None:
+        return None
+    from trainfit.data.readers import fingerprint
+
+    return fingerprint(spec.data.path, times=False)
+
+
+def lock_study_folder(output: Path) -> IO[str]:
+    """Hold ``output/.lock`` for this run, or say which run holds it."""
+    try:
+        return lock_folder(output)
+    except FolderBusy as busy:
+        raise TrainfitError(f"{output} is in use by a running trainfit tune ({busy.holder})",
+                            "wait for it to finish (or stop it), or use --output NEW_FOLDER") from None
+
+
+def masked(url: str) -> str:
+    """A database URL fit to print: its password hidden."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None) -> Any:
+    """The Optuna storage behind ``--storage URL``: a clear error for a bad URL, a missing driver
+    or an unreachable server, and a retry while several runs create a new database's tables at
+    the same moment (the loser's insert fails).
+
+    Its heartbeat is on (every ``HEARTBEAT_S`` seconds, stale after three missed): runs on other
+    machines tell a trial that a live run is probing from one whose machine died by the heartbeats
+    recorded in the database, on the database's clock. ``on_stale(study, trial)`` is called for each
+    stale trial this process closes; it does not queue the trial again (see :meth:`TrialStore.ask`)."""
+    import optuna
+    import sqlalchemy.exc
+
+    try:
+        shown = masked(url)
+    except sqlalchemy.exc.ArgumentError:
+        raise TrainfitError(f"--storage {url!r} is not a database URL",
+                            "e.g. postgresql://user:password@host/db, or sqlite:///study.db on one machine") from None
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():  # the heartbeat is "experimental" since optuna 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S,
+                                                  heartbeat_stale_trial_callback=on_stale)
+        except ImportError:
+            raise TrainfitError(f"no database driver installed for --storage {shown}",
+                                "install one, e.g. pip install psycopg2-binary (PostgreSQL) or pymysql (MySQL)"
+                                ) from None
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
+            if attempt == 4:
+                raise TrainfitError(f"cannot open --storage {shown}: {str(err.orig).splitlines()[0]}",
+                                    "check that the database server is up and the URL is right") from None
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def other_studies(summaries: Sequence[Any], name: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every other study that recorded its spec, with the keys where it differs from this one."""
+    return [{"name": o.study_name, "spec_file": o.user_attrs.get("spec_file"),
+             "differs": differing_keys(o.user_attrs["spec"], doc)}
+            for o in summaries if o.study_name != name and "spec" in o.user_attrs]
+
+
+def refuse_to_open(name: str, *, output: Path, storage: str | None, existing: list[str],
+                    others: list[dict[str, Any]], resume: bool, join: bool, emptied: bool = False) -> None:
+    """Raise when this run may not start or continue study ``name`` there: it exists and neither
+    ``--resume`` nor ``--join`` was given, there is nothing to resume, or the output folder holds
+    another spec's study or an earlier run's results without their study.
+
+    ``emptied``: the output folder's journal is there but empty (0 bytes): its study lost every
+    trial. ``--resume`` begins it again there (the run names the trials it lost, see
+    :meth:`TrialStore.lost`); without, the refusal says so, not "nothing to resume"."""
+    where = masked(storage) if storage else str(output)
+    if join and storage is None:
+        raise TrainfitError("--join is for runs sharing a --storage", "add --storage URL, or use --resume")
+    # --join starts the study or continues it: every machine of a job array runs one command.
+    if name in existing and not (resume or join):
+        raise TrainfitError(f"{where} already holds this tuning study",
+                            "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
+    if resume and name not in existing and not emptied:
+        if existing and storage is None:
+            changed = sorted({k for o in others for k in o["differs"]})
+            what = (f"changed: {', '.join(changed)}" if changed else
+                    "model, data, budget, probe settings, params or search space differ")
+            raise TrainfitError(f"the spec changed since this study started ({what}), so its trials "
+                                "do not apply", "restore the spec, or use --output NEW_FOLDER")
+        raise TrainfitError(f"nothing to resume in {where}",
+                            "drop --resume to start a new study (or --join, to start or join one)")
+    if existing and storage is None and name not in existing:
+        raise TrainfitError(f"{output} holds a study of a different spec; its outputs would be overwritten",
+                            "use --output NEW_FOLDER")
+    results = [f for f in ("summary.json", "trials.csv") if (output / f).exists()]
+    if results and name not in existing and not (resume or join):  # a --storage run's, or a lost journal
+        if emptied:
+            raise TrainfitError(f"{output / 'study.journal'} is empty: the study of the results in {output} "
+                                f"({', '.join(results)}) lost every trial it held",
+                                "pass --resume to begin it again there (the trials trials.csv shows are probed "
+                                "again), or use --output NEW_FOLDER to start afresh")
+        raise TrainfitError(f"{output} holds the results of an earlier run ({', '.join(results)}) but not its "
+                            "study, so this run would overwrite them",
+                            "use --output NEW_FOLDER (if that run used --storage URL, continue it with the same "
+                            "--storage and --resume)")
+
+
+def same_data(spec: Spec, began_on: str | None, shared: bool) -> str | None:
+    """The fingerprint of the spec's data (None without data); an error when the study began on
+    other data (``began_on``: its fingerprint, None for a new study or one begun before them)."""
+    data = data_fingerprint(spec)
+    if data is not None and began_on is not None and data != began_on:
+        assert spec.data is not None
+        raise TrainfitError(
+            f"the data at {spec.data.path} changed since this study began (its size or content differ), so "
+            "new measurements would mix with old ones",
+            "every machine must read the same data (a shared filesystem, or identical copies); to start afresh "
+            "on this data, put it at another path" if shared else
+            "resume with the data the study began with, or start afresh with --output NEW_FOLDER")
+    return data
+
