@@ -198,8 +198,9 @@ def main() -> None:
                         ("trainfit_pick", picked), ("trainfit_pick_grouped", {**picked, "group_by_length": True})):
         key = f"{name} {json.dumps(targs, sort_keys=True)}"
         if name == "trainfit_pick" and same_as_last_attempt(picked, runs["hf_auto_find_batch_size"]):
-            runs[name] = {**runs["hf_auto_find_batch_size"], "args": targs, "wall_s": runs[
-                "hf_auto_find_batch_size"]["last_attempt_s"], "note": "the config of HF's last attempt: its epoch"}
+            runs[name] = {**runs["hf_auto_find_batch_size"], "args": targs, "peak_reserved_gb": None, "wall_s": runs[
+                "hf_auto_find_batch_size"]["last_attempt_s"], "note": "the config of HF's last attempt: its epoch, in a "
+                "process its OOM restarts had warmed (its peak is theirs: not kept)"}
             continue
         runs[name] = results.get(key) or results.put(key, spawn({**base, "args": targs}))
         print(f"  {name}: {runs[name]}", file=sys.stderr, flush=True)

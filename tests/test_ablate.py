@@ -141,6 +141,24 @@ def test_a_resume_of_another_config_is_refused_before_any_probe(llama_spec: Path
     assert "is not an ablation trainfit can read" in capsys.readouterr().err
 
 
+def test_a_resume_of_an_ablation_written_before_a_knob_was_added_goes_on(tmp_path: Path) -> None:
+    """A knob added since (at its default in every row of that file) is no difference; a knob that
+    differs is, and is named."""
+    from trainfit.cli.ablate import earlier_rows
+    from trainfit.errors import TrainfitError
+    from trainfit.params import Params
+
+    baseline = {**Params().to_dict(), "batch_size": 4}
+    older = {k: v for k, v in baseline.items() if k != "pad_to_multiple_of"}  # written before that knob
+    path = tmp_path / "ablation.json"
+    path.write_text(json.dumps({"schema_version": 1, "created_at": "", "device": "cpu", "baseline": older, "rows": []}))
+    assert earlier_rows(path, baseline) == []
+    path.write_text(json.dumps({"schema_version": 1, "created_at": "", "device": "cpu",
+                                "baseline": {**older, "batch_size": 8}, "rows": []}))
+    with pytest.raises(TrainfitError, match="measured another config: batch_size differ"):
+        earlier_rows(path, baseline)
+
+
 def test_a_factory_model_keeps_its_own_attention_and_names_its_lora_targets(tmp_path: Path) -> None:
     spec = load_spec(make_spec_file(tmp_path, model={"factory": f"{Path(__file__).parent / 'factories.py'}:scaled"},
                                     params={"width_mul": 1, "max_length": 16}))

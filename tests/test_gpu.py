@@ -112,14 +112,16 @@ def test_ligers_loss_on_cuda_is_the_models_loss_without_its_logits(tmp_path: Pat
 
     s = load_spec(spec(tmp_path, {"batch_size": 2, "lora_r": 8}), ["tune.command_template=python train.py"])
     results = {}
-    for loss in ("model", "liger"):
-        torch.manual_seed(0)
+    for loss in ("model", "liger"):  # the same seed: the same weights and token ids
         workload = build_workload(s, dataclasses.replace(s.params, loss=loss), torch.device("cuda"))
-        assert (workload.logits_bytes(workload.make_batch([700, 1024], 1024)) is None) == (loss == "liger")
-        value = workload.loss(workload.make_batch([700, 1024], 1024).inputs)
+        batch = workload.make_batch([700, 1024], 1024)
+        assert (workload.logits_bytes(batch) is None) == (loss == "liger")
+        value = workload.loss(batch.inputs)
         value.backward()
-        results[loss] = value.item()
-    assert results["liger"] == pytest.approx(results["model"], rel=0.05)  # other random ids: the same scale
+        results[loss] = value.item(), [p.grad for p in workload.model.parameters() if p.requires_grad]
+    (model_loss, model_grads), (liger_loss, liger_grads) = results["model"], results["liger"]
+    assert liger_loss == pytest.approx(model_loss, rel=1e-3)
+    assert all(torch.allclose(g, m, rtol=1e-2, atol=1e-5) for g, m in zip(liger_grads, model_grads))
     probes = {loss: run_probe(load_spec(spec(tmp_path / loss, {"batch_size": 4, "lora_r": 8, "precision": "bf16",
                                                                 "loss": loss}), ["tune.command_template=python train.py"]))
               for loss in ("model", "liger")}

@@ -526,6 +526,20 @@ def test_after_an_oom_the_next_probe_gets_a_fresh_worker(tmp_path: Path) -> None
     assert after.status == "ok" and not after.model_reused
 
 
+def test_a_worker_is_reused_only_for_batches_padded_no_shorter() -> None:
+    from trainfit.params import batches_grow
+
+    assert batches_grow({"batch_size": 2, "max_length": 64}, {"batch_size": 4, "max_length": 64})
+    assert not batches_grow({"batch_size": 4}, {"batch_size": 2})
+    assert not batches_grow({"max_length": None}, {"max_length": 64})  # the longest sample, then 64
+    # Rounded to 64 after 8, every padded length is at least what it was; to 8 after 64, or 48 after 64, not.
+    assert batches_grow({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": 64})
+    assert batches_grow({}, {"pad_to_multiple_of": 8})
+    assert not batches_grow({"pad_to_multiple_of": 64}, {"pad_to_multiple_of": 8})
+    assert not batches_grow({"pad_to_multiple_of": 64}, {"pad_to_multiple_of": 48})
+    assert not batches_grow({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": None})
+
+
 def test_model_key_ignores_only_the_batch_shape(tmp_path: Path) -> None:
     spec = load_spec(scaled_spec(tmp_path))
 

@@ -339,8 +339,9 @@ def test_a_resume_keeps_the_default_calibration_of_a_pick_that_did_not_change(tm
     def fake_calibration(result: Any, steps: int, say: Any) -> TrainerCost:  # the calibration itself: test_calibration.py
         assert result.best is not None
         timed.append(result.best.number)
+        timed_on = {**calibration(TRAINER_S, 1, result.best.number).to_json(), "device": result.summary.device}
         return TrainerCost(per_micro_batch_s=TRAINER_S, trial=result.best.number, searched=dict(result.best.values),
-                           calibration=calibration(TRAINER_S, 1, result.best.number).to_json())
+                           calibration=timed_on)
 
     monkeypatch.setattr(tune_module, "_trainer_cost", fake_calibration)
     spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
@@ -356,6 +357,12 @@ def test_a_resume_keeps_the_default_calibration_of_a_pick_that_did_not_change(tm
     (out / TRAINER_COST_FILE).write_text("{")  # damaged: timed again rather than refused
     again(spec, out, calibrate_steps=30, calibration_optional=True, on_calibration=lines.append)
     assert len(timed) == 3
+    kept = json.loads((out / TRAINER_COST_FILE).read_text())
+    for stale in ({"trial": kept["trial"] + 1},  # timed on another pick
+                  {"calibration": {**kept["calibration"], "device": "NVIDIA A10G"}}):  # on another GPU
+        (out / TRAINER_COST_FILE).write_text(json.dumps({**kept, **stale}))
+        again(spec, out, calibrate_steps=30, calibration_optional=True, on_calibration=lines.append)
+    assert len(timed) == 5
 
 
 def test_tune_budgets_on_a_gpu_says_it_is_not_calibrated(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY_LLAMA, make_spec_file
+from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
 from tune_helpers import BUDGET, GRID, HEADROOM, GiB, Surface, synthetic_spec
 
 from trainfit.errors import SpecError
@@ -351,23 +351,21 @@ def test_the_stop_rules_are_functions_of_the_limits_and_the_history() -> None:
     assert converged_stop(limits, 2) == "the sampler proposed 2 measured or excluded configs in a row"
 
 
-def test_the_default_search_tries_ligers_loss_where_the_trainer_takes_it(tmp_path: Path, monkeypatch) -> None:
+def test_the_default_search_tries_ligers_loss_where_the_trainer_takes_it(tmp_path: Path) -> None:
     """A template passing {use_liger_kernel} (a transformers Trainer script) lets the default search
-    try loss: liger, where Liger-Kernel is installed; a trainer that cannot take it is not offered it."""
-    import importlib.util
-
+    try loss: liger; a trainer that cannot take it is not offered it, whatever is installed (the
+    space, and so the study, depends on the spec alone)."""
     from trainfit.tune import with_default_search
 
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
-    liger = "tune.command_template=python train.py --bs {batch_size} --use_liger_kernel {use_liger_kernel}"
-    plain = "tune.command_template=python train.py --bs {batch_size}"
-    site = tmp_path / "site"  # an installed liger_kernel, as far as the import system can tell
-    (site / "liger_kernel").mkdir(parents=True)
-    (site / "liger_kernel" / "__init__.py").write_text("")
-    if importlib.util.find_spec("liger_kernel") is None:  # not installed: nothing to probe it with
-        assert "loss" not in with_default_search(load_spec(path, [liger])).search.names
-    monkeypatch.syspath_prepend(str(site))
-    space = with_default_search(load_spec(path, [liger])).search
+    space = with_default_search(load_spec(path, ["tune.command_template=python train.py --use_liger_kernel "
+                                                 "{use_liger_kernel}"])).search
     assert space.dim("loss").grid_values() == ("auto", "liger")
-    assert "loss" not in with_default_search(load_spec(path, [plain])).search.names
-    assert "loss" not in with_default_search(load_spec(path)).search.names  # `trl sft`: its own fused head
+    assert with_default_search(load_spec(path, ["tune.command_template=python train.py --loss {loss}"])
+                               ).search.dim("loss") is not None
+    for no in (["tune.command_template=python train.py --bs {batch_size}"],  # no way to pass it
+               []):  # `trl sft`: its own fused head
+        assert "loss" not in with_default_search(load_spec(path, no)).search.names, no
+    factory = load_spec(EXAMPLES / "tiny-tts.yaml", [  # its own loss, whatever its template passes
+        "search=null", "loss_scale=2", "tune.command_template=python train.py --loss_scale {loss_scale} --loss {loss}"])
+    assert "loss" not in with_default_search(factory).search.names

@@ -2,7 +2,7 @@
 
 The probe prices the model's step; ``trl sft`` adds its own per-step work (its data loader and
 collator, the scheduler, its metrics over the logits, accelerate's bookkeeping): 0-15% on the test
-CPU, 1.4-1.9x on an H100 and an H200 with short steps (docs/benchmarks.md). A calibration measures it by
+CPU, 1.4-2.1x on an H100 and an H200 with short steps (docs/benchmarks.md). A calibration measures it by
 running the trainer twice, for a short and a long step count: first the command ``tune`` wrote
 (``train_command.sh``, ``trl sft`` under ``accelerate launch``) as a user runs it, then ``trainfit
 train`` (the same arguments, TRL's trainer in its own process, trainfit's checkpoint and log

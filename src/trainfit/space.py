@@ -270,7 +270,7 @@ def default_space(base: Params, target_effective_batch: int | None = None, *, co
     up to the effective batch) and gradient checkpointing, with gradient accumulation derived so
     every config trains with one effective batch (``tune.target_effective_batch``, else the spec's
     ``batch_size x gradient_accumulation_steps``); with ``liger`` (a trainer that takes
-    ``use_liger_kernel``, and Liger-Kernel installed) the spec's loss and ``loss: liger`` too. No
+    ``use_liger_kernel``) the spec's loss and ``loss: liger`` too. No
     knob of these changes what is learned: the answer is the fastest way to train what the spec describes."""
     target = target_effective_batch or base.effective_batch_size
     sizes = [b for b in DEFAULT_BATCH_SIZES if b <= target] or [1]

@@ -32,6 +32,11 @@ from trainfit.errors import TrainfitError
 from trainfit.params import Params
 
 
+def placeholders(template: str) -> set[str]:
+    """The names a (valid) template's placeholders fill: ``{lora_r}`` and ``{lora_r:.2f}`` are both ``lora_r``."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+
+
 def template_problem(template: str, names: Iterable[str]) -> str | None:
     """What is wrong with a command template that may use ``names`` (None when nothing is)."""
     names = list(names)

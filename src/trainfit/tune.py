@@ -4,7 +4,6 @@ as one call: what ``trainfit tune`` runs and what a script imports."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from trainfit.search.tune import TuneResult, best_trial, run_search
 from trainfit.space import default_space
 from trainfit.spec import Spec
 from trainfit.summary import Summary, TrainerCost
+from trainfit.template import placeholders
 
 
 def with_default_search(spec: Spec) -> Spec:
@@ -37,17 +37,19 @@ def with_default_search(spec: Spec) -> Spec:
 
 
 def takes_liger(spec: Spec) -> bool:
-    """Does the spec's trainer take Liger's cross-entropy (a ``tune.command_template`` passing
-    ``{use_liger_kernel}`` or ``{loss}``), with Liger-Kernel installed to probe it? Then the default
-    search tries ``loss: liger`` (the probe says where this device cannot run it)."""
-    template = spec.tune.command_template or ""
-    return (any(f"{{{name}" in template for name in ("use_liger_kernel", "loss"))
-            and importlib.util.find_spec("liger_kernel") is not None)
+    """Does the spec's trainer take Liger's cross-entropy: a Hugging Face model trained by a
+    ``tune.command_template`` that passes ``{use_liger_kernel}`` or ``{loss}``? Then the default
+    search tries ``loss: liger`` beside the spec's loss. Read from the spec alone, so a study's space
+    does not change with what is installed: where Liger-Kernel or CUDA is missing, the probe says so
+    and the search skips the value."""
+    template = spec.tune.command_template
+    return (spec.model.factory is None and template is not None
+            and bool(placeholders(template) & {"use_liger_kernel", "loss"}))
 
 
 GPU_CALIBRATION_STEPS = 30
 """Real steps ``tune`` times by default on a GPU, where the trainer's own work around each step is
-as large as the step (1.4-2x the probe's step in the H100 and H200 runs of docs/benchmarks.md)
+as large as the step (1.4-2.1x the probe's step in the H100 and H200 runs of docs/benchmarks.md)
 and moves the best batch up; on a CPU it is small beside the step, and a calibration is asked for."""
 
 
@@ -124,13 +126,16 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
 
 def _reused(result: TuneResult, say: Callable[[str], None] | None) -> TrainerCost | None:
     """The trainer cost a calibration nobody asked for can keep: the folder's, where it timed the very
-    config the probes pick again (a ``--resume`` that probed nothing better); None: calibrate."""
+    config the probes pick again (a ``--resume`` that probed nothing better), on a device of the same
+    name; None: calibrate."""
     assert result.best is not None
     try:
         stored = read_trainer_cost(result.output)
     except TrainfitError:  # damaged: timed again, and written anew
         return None
-    if stored is None or stored.trial != result.best.number:
+    same = (stored is not None and stored.trial == result.best.number and stored.searched == jsonable(result.best.values)
+            and stored.calibration.get("device") == result.summary.device)  # not a resume on another GPU
+    if stored is None or not same:
         return None
     if say is not None:
         say(f"kept: the trainer's cost timed on trial {stored.trial}, still the pick ({TRAINER_COST_FILE}; "

@@ -95,7 +95,8 @@ class ProbeSettings:
     target_rel_ci: float = 0.05
     """Stable when the 95% CI half-width of the mean step time <= this share of the mean. 5%: on an
     H100 (2026-11-27) whole cycles of ~0.12 s steps scattered by ~10%, so 2% took ~400 steps and no
-    probe reached it in 200 (2.8-3.6% after 24 s); 5% takes ~60 steps there, ~8 s, and is finer than
+    probe reached it in 200 (2.8-3.6% after 24 s); 5% would take ~60 steps there (~8 s, worked out
+    from those figures), and is finer than
     the 10% an ETA is held to. Ranking adds both probes' intervals before calling one faster."""
     timeout_s: float = 900.0
     """The whole child process is killed after this long (status ``timeout``)."""

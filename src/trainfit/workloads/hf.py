@@ -139,8 +139,9 @@ def resolve_liger(model_type: str, device: Any) -> tuple[Any, str]:
                           "(or auto) on this device", knob="loss", value="liger")
     apply, missing = liger_kernels(model_type)
     if apply is None:
-        raise Unsupported(f"loss=liger: {missing}", "pip install liger-kernel, or use loss: model", knob="loss",
-                          value="liger")
+        known = "no kernels for model type" in (missing or "")
+        raise Unsupported(f"loss=liger: {missing}", "use loss: model" if known else
+                          "pip install liger-kernel, or use loss: model", knob="loss", value="liger")
     return apply, ("loss: Liger-Kernel's fused linear cross-entropy (no full logits) and its layer kernels, as the "
                    "Trainer's use_liger_kernel applies them")
 
