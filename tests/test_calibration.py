@@ -16,27 +16,23 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, gone_within
 
-from trainfit.errors import TrainfitError
-from trainfit.params import Params
-from trainfit.plan.inputs import best_step_cost
 from trainfit.calibration import (
     Calibration,
-    bar_seconds_per_step,
-    bar_step,
     calibrate,
     calibration_args,
     own_step_time,
     pace_change,
-    parse_train_runtime,
     priced_steps,
-    recorded_steps,
-    run_logged,
     short_steps,
-    step_spread,
 )
+from trainfit.errors import TrainfitError
+from trainfit.launch import run_logged
+from trainfit.params import Params
+from trainfit.plan.inputs import best_step_cost
 from trainfit.probe.measurement import Measurement
 from trainfit.probe.timing import relative_ci95
 from trainfit.spec import load_spec
+from trainfit.trainer_output import bar_seconds_per_step, bar_step, parse_train_runtime, recorded_steps, step_spread
 from trainfit.tune import tune
 
 SMALL_TUNE = ["max_length=256", "search={batch_size: [4]}", "tune.target_effective_batch=32", "tune.max_trials=1"]

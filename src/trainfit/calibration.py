@@ -25,17 +25,12 @@ transformers that draws no bar), and is reported as each run ends.
 
 from __future__ import annotations
 
-import codecs
 import importlib.util
 import itertools
 import math
 import os
 import re
-import selectors
-import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,33 +40,22 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from trainfit.command import is_trl_command, script_command, trl_data_config
+from trainfit.command import trl_data_config
 from trainfit.errors import TrainfitError
+from trainfit.launch import run_logged
 from trainfit.probe.estimate import StepCost
 from trainfit.search.ranking import micro_batches
 from trainfit.spec import Spec
-from trainfit.summary import (ConfigEntry, Malformed, Summary, check_bounds, check_finite, check_schema, read_summary,
-                              typed)
+from trainfit.summary import ConfigEntry, Malformed, check_bounds, check_finite, check_schema, typed
+from trainfit.trainer_output import bar_seconds_per_step, parse_train_runtime, recorded_steps, shown_steps, step_spread
+from trainfit.written_command import FALLBACK_HINT, as_one_line, written_command
 
 SCHEMA_VERSION = 1
 """The version of :meth:`Calibration.to_json`'s format."""
 
-FALLBACK_HINT = "plan without --calibrate: the estimate then rests on the probe alone"
 
 LOG_TAIL_LINES = 30
 """Lines of a failed run's output quoted in the error (the whole log stays in the work folder)."""
-
-_TRAIN_RUNTIME = re.compile(r"'train_runtime': '?([0-9.]+(?:[eE][+-]?[0-9]+)?)")
-"""transformers' final metrics, printed by its progress callback as ``{'train_runtime': '44.17', ...}``:
-each float formatted ``.4g``, so a run past 9,999 s reads ``'1.235e+04'``."""
-
-_BAR = re.compile(r"^\s*\d+%\|[^|]*\|\s*(\d+)/(\d+) \[")
-"""The trainer's own progress bar (tqdm, no description: the data-preparation bars have one)."""
-
-EPOCH_MARK = "epoch"
-"""The line ``trainfit train --record-batches`` writes where an epoch begins (``train.callbacks.BatchRecord``)."""
-
-_HEADER_TRIAL = re.compile(r"^# trainfit: fastest measured config \(trial (\d+)\)", re.MULTILINE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,60 +214,6 @@ def calibration_args(max_steps: int, output_dir: Path) -> list[str]:
             "--report_to", "none", "--logging_strategy", "no", "--disable_tqdm", "false"]
 
 
-def parse_train_runtime(text: str) -> float | None:
-    """TRL's ``train_runtime`` (s) in a run's output; None when it printed none (the last one wins)."""
-    found = _TRAIN_RUNTIME.findall(text)
-    return float(found[-1]) if found else None
-
-
-def bar_step(segment: str, total: int) -> int | None:
-    """The step a progress-bar ``segment`` (text between carriage returns) shows, if it is the
-    trainer's bar for ``total`` steps."""
-    match = _BAR.match(segment)
-    return int(match.group(1)) if match and int(match.group(2)) == total else None
-
-
-def _shown(arrivals: Mapping[int, float], after: int) -> list[tuple[int, float]]:
-    return sorted((n, t) for n, t in arrivals.items() if n >= after)
-
-
-def bar_seconds_per_step(arrivals: Mapping[int, float], after: int) -> float | None:
-    """Seconds per step from the progress bar's first shown step at or after ``after`` to its last
-    shown (``arrivals``: ``{step: seconds}``); None with fewer than two shown. A step whose update
-    tqdm skipped (under its 0.1 s refresh) shows with the next one; the last at the latest when the
-    bar closes, as the trainer ends, a few milliseconds after the step."""
-    shown = _shown(arrivals, after)
-    if len(shown) < 2:
-        return None
-    (n0, t0), (n1, t1) = shown[0], shown[-1]
-    return (t1 - t0) / (n1 - n0)
-
-
-def step_spread(long: Mapping[int, float], short: Mapping[int, float], short_steps: int) -> float:
-    """``Calibration.spread_rel`` from the two runs' step arrivals (``{step: seconds}``; see there)."""
-    from trainfit.probe.timing import relative_ci95
-
-    def per_step(arrivals: Mapping[int, float], after: int) -> list[float]:
-        return [(t1 - t0) / (n1 - n0) for (n0, t0), (n1, t1) in itertools.pairwise(_shown(arrivals, after))]
-
-    samples = per_step(long, short_steps)
-    if len(samples) < 2:
-        samples = per_step(long, 1) + per_step(short, 1)
-    return relative_ci95(samples)
-
-
-def recorded_steps(text: str, accumulation: int) -> list[list[int]]:
-    """Each optimizer step's micro-batch lengths, in order, from a ``trainfit train
-    --record-batches`` file: within an epoch ``accumulation`` a step, its last step the rest (as
-    transformers' loop takes them). The batch accelerate collated ahead of the run's end makes a
-    step past the last, never one before it."""
-    steps: list[list[int]] = []
-    for epoch in re.split(rf"^{EPOCH_MARK}$", text, flags=re.MULTILINE):
-        lengths = [int(n) for n in epoch.split()]
-        steps += [lengths[i:i + accumulation] for i in range(0, len(lengths), accumulation)]
-    return steps
-
-
 SEPARABLE_CV = 0.15
 """How much the expected time of a step must vary over the steps timed (coefficient of variation
 across the bar's intervals) for :func:`own_step_time` to tell the trainer's own time from the
@@ -324,7 +254,7 @@ def priced_steps(steps: Sequence[Sequence[int]], accumulation: int, arrivals: Ma
     steps are shown or ``steps`` stops short of the last."""
     from trainfit.probe.timing import relative_ci95
 
-    shown = _shown(arrivals, after)
+    shown = shown_steps(arrivals, after)
     if len(shown) < 2 or len(steps) < shown[-1][0]:
         return None
     first = shown[0][0]
@@ -487,7 +417,7 @@ def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short:
 
 def _unpriced_pace_change(arrivals: Mapping[int, float], short: int, say: Callable[[str], None]) -> float | None:
     """:func:`pace_change` of the long run's bar intervals after ``short`` steps, by step count."""
-    change = pace_change([(t1 - t0, n1 - n0) for (n0, t0), (n1, t1) in itertools.pairwise(_shown(arrivals, short))])
+    change = pace_change([(t1 - t0, n1 - n0) for (n0, t0), (n1, t1) in itertools.pairwise(shown_steps(arrivals, short))])
     _say_pace_change(change, say)
     return change
 
@@ -546,43 +476,6 @@ def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
     return lambda line: say(prefix + line)
 
 
-def written_command(run_dir: Path, fallback: str = FALLBACK_HINT, *, use: str = "a calibration",
-                    without_it: str | None = None) -> tuple[str, ConfigEntry, Summary]:
-    """The text of ``run_dir/train_command.sh``, the best config it trains and the summary, once
-    checked to be a ``trl sft`` command ``use`` (what runs it, for the errors) can run; ``fallback``:
-    the errors' way out; ``without_it``: the way out where there is no such file (default: tune
-    again, or ``fallback``), for a ``fallback`` that runs the file itself."""
-    summary = read_summary(run_dir)
-    best = summary.best_config
-    if best is None or best.samples_per_second is None:
-        raise TrainfitError(f"no config fit the budget in {run_dir}: there is no command for {use}",
-                            "see its summary.json's all_failed advice, then tune again")
-    if summary.command_template:
-        raise TrainfitError(f"this run's training command is the spec's tune.command_template: {use} "
-                            "runs only the `trl sft` command trainfit writes, for now", fallback)
-    script_path = run_dir / "train_command.sh"
-    if not script_path.is_file():
-        raise TrainfitError(f"{run_dir} holds no train_command.sh (tune writes it once a config fits)",
-                            without_it or f"tune again into a new folder, or {fallback}")
-    script = script_path.read_text()
-    written_for = _HEADER_TRIAL.search(script)
-    if written_for is not None and int(written_for.group(1)) != best.trial:
-        raise TrainfitError(f"{script_path} is for trial {written_for.group(1)}, summary.json's best config is "
-                            f"trial {best.trial}: is a tune still writing {run_dir}?",
-                            "wait for the tune to end")
-    body, why_none = script_command(script)
-    if body is None:
-        raise TrainfitError(f"tune wrote no training command in {script_path}: {why_none}", fallback)
-    if not is_trl_command(body):
-        raise TrainfitError(f"{script_path} is not the `trl sft` command trainfit writes: {use} runs only "
-                            "that command, for now", fallback)
-    placeholder = re.search(r"'(<[^']*>)'", body)
-    if placeholder is not None:
-        raise TrainfitError(f"{script_path} still has a placeholder to fill: {placeholder.group(1)}",
-                            "fill it in (the script's '# note:' lines say how), then try again")
-    return script, best, summary
-
-
 def check_can_calibrate(spec: Spec) -> None:
     """Refuse, before a search spends its time, a spec whose training command a calibration cannot
     run (``tune --calibrate``): a ``tune.command_template``, a custom model, no ``trl`` command."""
@@ -614,12 +507,6 @@ def _trainer_env() -> dict[str, str]:
     return {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
 
 
-def as_one_line(script: str, args: list[str]) -> str:
-    """The script's command on one line, its own arguments (``"$@"``) replaced by ``args``."""
-    body, _ = script_command(script)
-    return " ".join([body or "", *([shlex.join(args)] if args else [])])
-
-
 def _run_command(name: str, argv: list[str], max_steps: int, folder: Path, env: Mapping[str, str],
                  say: Callable[[str], None]) -> _Run:
     """Run ``argv`` (``name``: what it is, for the errors), a trainer for ``max_steps`` steps writing to
@@ -639,63 +526,3 @@ def _run_command(name: str, argv: list[str], max_steps: int, folder: Path, env: 
     say(f"done: train_runtime {runtime:g} s")
     return _Run(train_runtime_s=runtime, step_arrivals=arrivals, wall_s=wall)
 
-
-def run_logged(argv: list[str], log_path: Path, *, cwd: Path, env: Mapping[str, str], bar_total: int,
-               say: Callable[[str], None]) -> tuple[int, str, dict[int, float]]:
-    """Run ``argv`` in its own process group, its output (stdout and stderr) written to ``log_path``
-    as it comes. Returns the exit status, the output, and when each step of the trainer's progress
-    bar for ``bar_total`` steps first arrived (``time.perf_counter()``). Ctrl-C, or any exception
-    here (``say`` raising, say), kills the whole group (the shell, ``accelerate launch`` and the
-    training process it starts) before it propagates; so does the run's end (a straggler it left)."""
-    arrivals: dict[int, float] = {}
-    started = time.perf_counter()
-    received = bytearray()
-    tail = ""  # the output after its last line break: the progress bar tqdm is drawing now
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a bar's blocks may be split between reads
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=cwd, env=dict(env), start_new_session=True)
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        try:
-            with selectors.DefaultSelector() as selector:
-                selector.register(fd, selectors.EVENT_READ)
-                while True:
-                    if not selector.select(0.5):
-                        if proc.poll() is not None:  # ended, but a process it left holds the pipe open
-                            break
-                        continue
-                    chunk = os.read(fd, 1 << 16)
-                    now = time.perf_counter()
-                    if not chunk:
-                        break
-                    log.write(chunk)
-                    log.flush()
-                    received += chunk
-                    # tqdm draws each update as "\r" + the bar: the newest one is complete on arrival.
-                    *done, tail = re.split(r"[\r\n]", tail + decoder.decode(chunk))
-                    for segment in (*done, tail):
-                        n = bar_step(segment, bar_total)
-                        if n is not None and n > 0 and n not in arrivals:
-                            if not arrivals:
-                                say(f"step {n} of {bar_total} after {now - started:.0f} s of start-up")
-                            arrivals[n] = now
-            rc = proc.wait()
-        finally:
-            _kill_group(proc)
-            proc.stdout.close()
-    return rc, received.decode("utf-8", "replace"), arrivals
-
-
-def signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
-    """Send ``signum`` to the process group ``proc`` leads (it was started in a session of its own)."""
-    try:
-        os.killpg(proc.pid, signum)
-    except (ProcessLookupError, PermissionError):  # nothing left in the group
-        pass
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the process group ``proc`` leads, and reap it."""
-    signal_group(proc, signal.SIGKILL)
-    proc.wait()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainfit.calibration import FALLBACK_HINT, calibrate, check_can_calibrate
+from trainfit.calibration import calibrate, check_can_calibrate
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.files import write_atomically
 from trainfit.probe.estimate import shapes_step_cost
@@ -20,6 +20,7 @@ from trainfit.space import default_space
 from trainfit.spec import Spec
 from trainfit.summary import Summary, TrainerCost
 from trainfit.template import placeholders
+from trainfit.written_command import FALLBACK_HINT
 
 
 def with_default_search(spec: Spec) -> Spec:

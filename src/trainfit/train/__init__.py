@@ -155,7 +155,7 @@ def _plan(run_dir: Path) -> Plan | None:
 def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
     """The one-line ``trl sft`` command to train, where it came from, and its trial."""
     from trainfit.command import is_trl_command
-    from trainfit.calibration import as_one_line, written_command
+    from trainfit.written_command import as_one_line, written_command
 
     fallback = f"run the command yourself: bash {shlex.quote(str(run_dir / 'train_command.sh'))} --output_dir DIR"
     if plan is not None:

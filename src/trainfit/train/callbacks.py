@@ -21,8 +21,8 @@ from typing import IO, Any
 
 from trainfit.errors import Terminated
 from trainfit.monitor import trainer_callback_base
-from trainfit.calibration import EPOCH_MARK
 from trainfit.train.checkpoints import mark_complete, rotate
+from trainfit.trainer_output import EPOCH_MARK
 
 
 @dataclass

@@ -1,0 +1,61 @@
+"""The ``train_command.sh`` a tune wrote, read back checked: the ``trl sft`` command of the summary's
+best config, with no placeholder left, that a calibration and ``trainfit train`` run."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from trainfit.command import is_trl_command, script_command
+from trainfit.errors import TrainfitError
+from trainfit.summary import ConfigEntry, Summary, read_summary
+
+FALLBACK_HINT = "plan without --calibrate: the estimate then rests on the probe alone"
+
+
+_HEADER_TRIAL = re.compile(r"^# trainfit: fastest measured config \(trial (\d+)\)", re.MULTILINE)
+
+
+def written_command(run_dir: Path, fallback: str = FALLBACK_HINT, *, use: str = "a calibration",
+                    without_it: str | None = None) -> tuple[str, ConfigEntry, Summary]:
+    """The text of ``run_dir/train_command.sh``, the best config it trains and the summary, once
+    checked to be a ``trl sft`` command ``use`` (what runs it, for the errors) can run; ``fallback``:
+    the errors' way out; ``without_it``: the way out where there is no such file (default: tune
+    again, or ``fallback``), for a ``fallback`` that runs the file itself."""
+    summary = read_summary(run_dir)
+    best = summary.best_config
+    if best is None or best.samples_per_second is None:
+        raise TrainfitError(f"no config fit the budget in {run_dir}: there is no command for {use}",
+                            "see its summary.json's all_failed advice, then tune again")
+    if summary.command_template:
+        raise TrainfitError(f"this run's training command is the spec's tune.command_template: {use} "
+                            "runs only the `trl sft` command trainfit writes, for now", fallback)
+    script_path = run_dir / "train_command.sh"
+    if not script_path.is_file():
+        raise TrainfitError(f"{run_dir} holds no train_command.sh (tune writes it once a config fits)",
+                            without_it or f"tune again into a new folder, or {fallback}")
+    script = script_path.read_text()
+    written_for = _HEADER_TRIAL.search(script)
+    if written_for is not None and int(written_for.group(1)) != best.trial:
+        raise TrainfitError(f"{script_path} is for trial {written_for.group(1)}, summary.json's best config is "
+                            f"trial {best.trial}: is a tune still writing {run_dir}?",
+                            "wait for the tune to end")
+    body, why_none = script_command(script)
+    if body is None:
+        raise TrainfitError(f"tune wrote no training command in {script_path}: {why_none}", fallback)
+    if not is_trl_command(body):
+        raise TrainfitError(f"{script_path} is not the `trl sft` command trainfit writes: {use} runs only "
+                            "that command, for now", fallback)
+    placeholder = re.search(r"'(<[^']*>)'", body)
+    if placeholder is not None:
+        raise TrainfitError(f"{script_path} still has a placeholder to fill: {placeholder.group(1)}",
+                            "fill it in (the script's '# note:' lines say how), then try again")
+    return script, best, summary
+
+
+def as_one_line(script: str, args: list[str]) -> str:
+    """The script's command on one line, its own arguments (``"$@"``) replaced by ``args``."""
+    body, _ = script_command(script)
+    return " ".join([body or "", *([shlex.join(args)] if args else [])])
+
