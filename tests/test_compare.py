@@ -339,6 +339,7 @@ def test_ctrl_c_mid_config_says_interrupted_once_without_a_traceback(factory_spe
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # 22 s: the default suite's time (test_compare_faults covers a config that fails)
 def test_a_config_over_the_memory_budget_is_reported_as_not_fitting_and_the_others_still_run(
         factory_spec: Path, tmp_path: Path, capsys) -> None:
     """Under budget.memory_gb 3 (headroom 1.5): a config that fits, one whose peak passes 1.5 GiB (it

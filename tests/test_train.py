@@ -234,6 +234,7 @@ def wait_for_checkpoint(out: Path, at_least: int, proc: subprocess.Popen[str]) -
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # 30 s: two runs; test_train_faults resumes interrupted runs in the default suite
 def test_a_run_killed_with_sigkill_resumes_to_the_parameters_of_an_uninterrupted_one(
         tune_dir: Path, uninterrupted: Path, tmp_path: Path, capsys) -> None:
     result = json.loads((uninterrupted / "train_result.json").read_text())

@@ -308,13 +308,9 @@ def _rebuilt(run: TuneRun) -> Rebuilt | None:
     shorter ``max_length`` options and a command tune did not write; None when the spec cannot be
     rebuilt here (its data moved, say)."""
     from trainfit.data.analyze import analyze_spec
-    from trainfit.spec import build_spec
 
-    source = run.summary.spec.get("source")
-    if run.spec_doc is None or not source:
-        return None
     try:
-        spec = build_spec(run.spec_doc, base_dir=Path(source).parent)
+        spec = run.spec()
         return Rebuilt(spec, analyze_spec(spec, progress=False) if spec.data is not None else None)
     except (TrainfitError, OSError):
         return None

@@ -12,6 +12,7 @@ from trainfit.errors import TrainfitError
 from trainfit.probe.estimate import StepCost, shapes_step_cost
 from trainfit.probe.measurement import Measurement
 from trainfit.search.strategies import config_key
+from trainfit.spec import Spec
 from trainfit.summary import Summary, read_summary
 
 
@@ -71,6 +72,17 @@ class TuneRun:
     left_out: dict[int, str] = field(default_factory=dict)
     """Measured trials whose record in the journal does not read back, by number, with why: left out
     of the plan, as tune leaves them out of its search (it probes their configs again)."""
+
+    def spec(self) -> Spec:
+        """The tune's spec rebuilt from the journal's copy, relative paths against the spec file's
+        folder as then; a clear error where it cannot be (a study from before trainfit kept it, its
+        data or factory moved since)."""
+        from trainfit.spec import build_spec
+
+        source = self.summary.spec.get("source")
+        if self.spec_doc is None or not source:
+            raise TrainfitError(f"{self.folder}'s study holds no spec to rebuild", "tune again with this trainfit")
+        return build_spec(self.spec_doc, base_dir=Path(source).parent)
 
 
 def best_step_cost(folder: Path) -> StepCost | None:

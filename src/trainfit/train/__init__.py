@@ -572,17 +572,10 @@ def _run_factory(run_dir: Path, record: TrainRun, output: Path, checkpoint: Path
     """Train a factory model with trainfit's loop; returns (steps done, total steps)."""
     from trainfit.params import parse_params
     from trainfit.plan.inputs import load_run
-    from trainfit.spec import build_spec
-    from trainfit.summary import read_summary
     from trainfit.train.loop import run_loop
 
-    summary = read_summary(run_dir)
-    source = summary.spec.get("source")
-    doc = load_run(run_dir).spec_doc
-    if doc is None or not source:
-        raise TrainfitError(f"{run_dir}'s study holds no spec to rebuild the factory model from",
-                            "tune again with this trainfit")
-    spec = build_spec(doc, base_dir=Path(source).parent)
+    run = load_run(run_dir)
+    summary, spec = run.summary, run.spec()
     if spec.data is None:
         raise TrainfitError("the spec has no data: a factory model trains on the rows of its data.path",
                             "add data: {path: ...} to the spec, tune, then train")
