@@ -21,7 +21,7 @@ from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, tune_one_lora_config,
 
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
-from trainfit.train import differences
+from trainfit.train.prepare import differences
 from trainfit.train.callbacks import Interval, deadline_near
 from trainfit.train.checkpoints import (
     MARK,

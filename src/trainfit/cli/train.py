@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from trainfit.cli.common import number
 
 if TYPE_CHECKING:
-    from trainfit.train import TrainResult
+    from trainfit.train.records import TrainResult
 
 EPILOG = """\
 examples:

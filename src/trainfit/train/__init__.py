@@ -8,7 +8,7 @@ on the probe's ``TrainStep`` (:mod:`trainfit.train.loop`). It adds a checkpoint 
 a clean stop with a checkpoint on SIGTERM or before a deadline, the on-track check against the plan
 (:class:`trainfit.OnTrackCallback`) and a JSON-lines log. ``resume=True`` continues from the last
 complete checkpoint with the optimizer, scheduler, RNG states and data position it saved,
-after checking that nothing that changes the training differs.
+after checking that nothing that changes the training differs (:mod:`trainfit.train.prepare`).
 
 Output folder: ``train.json`` (what is trained, written once), ``checkpoint-STEP/`` (the newest
 ``keep``), ``train_log.jsonl``, the final model, ``train_result.json`` (and the plan folder's
@@ -18,15 +18,13 @@ Output folder: ``train.json`` (what is trained, written once), ``checkpoint-STEP
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,313 +32,9 @@ from trainfit.devices import torch_threads
 from trainfit.errors import Terminated, TrainfitError
 from trainfit.files import held_folder, write_atomically
 from trainfit.plan import Plan
-from trainfit.plan.eval_pass import Evaluation
-from trainfit.summary import Record, Summary, check_schema
 from trainfit.train.checkpoints import incomplete, latest_complete, step_of, unloadable
-from trainfit.train.data_check import identity, refuse_changed, trained_files
-from trainfit.train.records import Damaged, load_record
-
-SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainRun(Record):
-    """``train.json``: what an output folder trains; written at the first start, checked on resume."""
-
-    schema_version: int = SCHEMA_VERSION
-    run_dir: str
-    """The tune output folder it came from."""
-    source: str
-    """``plan.json`` (the plan's chosen config and epochs), else ``train_command.sh`` (a Hugging
-    Face model: the fastest config's command) or ``summary.json`` (a factory model: the fastest config)."""
-    trial: int
-    kind: str
-    """``trl_sft`` (the written command, by TRL's trainer), ``factory`` (trainfit's loop on the
-    probe's ``TrainStep``) or ``command`` (the spec's ``tune.command_template``, as a child process)."""
-    threads: int | None
-    """CPU threads the probe used (``OMP_NUM_THREADS`` of the command); None: the library default."""
-    argv: list[str] = field(default_factory=list)
-    """``trl_sft``: the ``trl sft`` arguments trained, the user's extra ones and trainfit's own last;
-    ``command``: the one command line run."""
-    config: dict[str, Any] = field(default_factory=dict)
-    """``factory``: every knob of the config trained."""
-    epochs: float | None = None
-    """``factory``: passes over the data (the plan's, else the spec's ``tune.epochs``)."""
-    max_steps: int | None = None
-    """A cap on the optimizer steps (``--max-steps``); None: the epochs decide."""
-    evaluation: Evaluation | None = None
-    """``factory``: the plan's eval set and schedule (a ``trl_sft`` run has them in its arguments)."""
-    started_at: float
-    """Epoch seconds of the first start: a deadline and the actual time count from it."""
-    data: str | None = None
-    """The fingerprint of the data the run trains on at its first start (:mod:`trainfit.train.data_check`):
-    a resume on other data would not see the same samples in the same order. None: no data, or a
-    record written before it was kept."""
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> TrainRun:
-        check_schema(raw, SCHEMA_VERSION, "train.json", "train into a new --output with this trainfit")
-        return super().from_json(raw)
-
-    def into(self, output: Path) -> TrainRun:
-        """This record training into ``output``: a ``trl_sft`` run's ``--output_dir`` (the last, the
-        one that wins) set to it. The folder resumed may have been moved or copied since the record
-        was written, and a run writes and rotates checkpoints only in the folder it is given: the
-        recorded path would recreate the old folder, or rotate away the original's checkpoints."""
-        if self.kind != "trl_sft" or "--output_dir" not in self.argv:
-            return self
-        at = len(self.argv) - 1 - self.argv[::-1].index("--output_dir")
-        return dataclasses.replace(self, argv=[*self.argv[:at + 1], str(output), *self.argv[at + 2:]])
-
-    def data_files(self, spec: Mapping[str, Any]) -> list[str]:
-        """The files this run trains on (:func:`trainfit.train.data_check.trained_files`), ``spec`` its tune's."""
-        return trained_files(spec, self.argv if self.kind == "trl_sft" else None)
-
-    def what(self) -> dict[str, str]:
-        """What decides the training, flat, for :func:`differences`."""
-        from trainfit.train.sft import flags
-
-        out = {"tune folder": self.run_dir, "trial": str(self.trial), "max steps": str(self.max_steps)}
-        if self.kind == "trl_sft":  # the output folder is the one resumed, however it is spelled
-            return {**out, **{f"--{k}": v for k, v in flags(self.argv).items() if k != "output_dir"}}
-        if self.kind == "command":
-            return {**out, "command": " ".join(self.argv)}
-        e = self.evaluation
-        if e is not None:
-            out["evaluation"] = f"{e.path}, every {e.every or 'epoch'}, batch {e.batch_size}"
-        return {**out, "epochs": f"{self.epochs:g}" if self.epochs is not None else "None",
-                **{k: json.dumps(v) for k, v in self.config.items()}}
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainResult(Record):
-    """``train_result.json``: how the run (or this part of it) ended."""
-
-    schema_version: int = SCHEMA_VERSION
-    status: str
-    """``finished``, or ``stopped`` (SIGTERM or the deadline: resume it with ``--resume``)."""
-    stopped_by: str | None
-    step: int | None
-    """Optimizer steps done (None: your own command ran, trainfit does not see its steps)."""
-    max_steps: int | None
-    resumed_from: str | None
-    """The checkpoint this process started from; None: step 0."""
-    process_s: float
-    """This process's time in ``train``: start-up, model, data, the steps, the saves."""
-    elapsed_s: float
-    """Since the first start (``train.json``'s ``started_at``), pauses between resumes included."""
-    planned_s: float | None
-    """The plan's ETA for a run of ``max_steps`` steps (the plan's own, or a ``--max-steps`` run's;
-    None: trained without a plan)."""
-    planned_low_s: float | None = None
-    planned_high_s: float | None = None
-    output: str
-    resume: str | None = None
-    """The command that continues a stopped run (None: it finished)."""
-    at_once: bool = False
-    """Stopped without a save (a second Ctrl-C, or a signal before the first step): ``step`` is the
-    last complete checkpoint's (0: none), where ``resume`` continues; the steps after it are lost."""
-    before_first_step: bool = False
-    """Stopped at once while the run started up (loading, before the trainer's first step): this
-    process trained nothing, so nothing was lost."""
-
-
-def _plan(run_dir: Path) -> Plan | None:
-    path = run_dir / "plan.json"
-    if not path.is_file():
-        return None
-    return load_record(Plan, path, "the plan", f"plan again: trainfit plan {shlex.quote(str(run_dir))} --max-hours H")
-
-
-def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
-    """The one-line ``trl sft`` command to train, where it came from, and its trial."""
-    from trainfit.command import is_trl_command
-    from trainfit.written_command import as_one_line, written_command
-
-    fallback = f"run the command yourself: bash {shlex.quote(str(run_dir / 'train_command.sh'))} --output_dir DIR"
-    if plan is not None:
-        if plan.command is None or not is_trl_command(plan.command):
-            raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, which has no `trl sft` command "
-                                "trainfit wrote: `trainfit train` runs only that command, for now", fallback)
-        return plan.command, "plan.json", plan.trial
-    script, best, _ = written_command(run_dir, fallback, use="`trainfit train`",
-                                      without_it="tune again into a new folder")
-    return as_one_line(script, []), "train_command.sh", best.trial
-
-
-def template_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
-    """The filled ``tune.command_template`` to run (the plan's choice, else the fastest config's
-    ``train_command.sh``), where it came from, and its trial."""
-    from trainfit.command import script_command
-    from trainfit.summary import read_summary
-
-    if plan is not None:
-        if plan.command is None:
-            raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, for which tune wrote no command",
-                                "plan again with another priority, or fill its values into your command yourself")
-        return plan.command, "plan.json", plan.trial
-    best = read_summary(run_dir).best_config
-    script_path = run_dir / "train_command.sh"
-    if best is None or not script_path.is_file():
-        raise TrainfitError(f"{run_dir} holds no train_command.sh: no config fit the budget",
-                            "see its summary.json's all_failed advice, then tune again")
-    line, why_none = script_command(script_path.read_text())
-    if line is None:
-        raise TrainfitError(f"tune wrote no training command in {script_path}: {why_none}",
-                            "fix the spec's tune.command_template and tune again")
-    return line, "train_command.sh", best.trial
-
-
-def differences(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
-    """The keys whose values differ (either side missing counts), as ``key: before -> now``."""
-    return [f"{k}: {before.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in sorted(before.keys() | now.keys())
-            if before.get(k) != now.get(k)]
-
-
-def _planned_since(run_dir: Path, record: TrainRun, now: TrainRun) -> str:
-    """Where a `trainfit plan` since the run's start changed what it trains: the words that say so."""
-    plan = run_dir / "plan.json"
-    if "plan.json" not in (record.source, now.source) or not plan.is_file() or \
-            plan.stat().st_mtime <= record.started_at:
-        return ""
-    return (f"\n{plan} was written after this run started (from {record.source}): to resume, put back "
-            + ("the plan it started with" if record.source == "plan.json" else "the folder without a plan (move "
-               "plan.json aside)") + "; to train the new plan, give it a new --output")
-
-
-def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max_steps: int | None = None,
-             loop: bool = False) -> tuple[TrainRun, Plan | None]:
-    """What ``run_dir`` says to train (its plan's choice, else its fastest config), as a record
-    started now with the fingerprint of the data it trains on, and the plan. A spec with a
-    ``tune.command_template`` trains with that command, unless ``loop`` (a factory model, in
-    trainfit's loop)."""
-    from trainfit.summary import read_summary
-
-    if not run_dir.is_dir():
-        raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
-    summary = read_summary(run_dir)
-    record, plan = _chosen(run_dir, output, summary, extra_args=extra_args, max_steps=max_steps, loop=loop)
-    return dataclasses.replace(record, data=identity(record.data_files(summary.spec))), plan
-
-
-def _chosen(run_dir: Path, output: Path, summary: Summary, *, extra_args: Sequence[str], max_steps: int | None,
-            loop: bool) -> tuple[TrainRun, Plan | None]:
-    """:func:`to_train`'s record, before its data's fingerprint."""
-    plan = _plan(run_dir)
-    common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time())
-    factory = bool((summary.spec.get("model") or {}).get("factory"))
-    if loop and not factory:
-        raise TrainfitError("--loop trains a factory model in trainfit's loop; this tune folder's model is a Hugging "
-                            "Face one, trained by TRL's trainer", "drop --loop")
-    if summary.command_template and not loop:
-        if max_steps:
-            raise TrainfitError("--max-steps caps trainfit's own loops; this run is your command_template",
-                                "pass your trainer's own step limit after --"
-                                + (", or add --loop to train the factory model in trainfit's loop" if factory else ""))
-        line, source, trial = template_command(run_dir, plan)
-        return common(source=source, trial=trial, kind="command", threads=None,
-                      argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])]), plan
-    if factory:
-        if extra_args:
-            raise TrainfitError("arguments after -- go to `trl sft`, and this tune folder's model is a factory model, "
-                                "which trains in trainfit's own loop", "drop them (--max-steps caps the steps)")
-        best = summary.best_config
-        if plan is None and (best is None or best.samples_per_second is None):
-            raise TrainfitError(f"no config fit the budget in {run_dir}: there is nothing to train",
-                                "see its summary.json's all_failed advice, then tune again")
-        chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (
-            best.trial, best.config, float(summary.epochs_for_estimate or 1))  # type: ignore[union-attr]
-        return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
-                      config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None), plan
-    command, source, trial = training_command(run_dir, plan)
-    from trainfit.train.sft import relocated, split_command
-
-    threads, argv = split_command(command)
-    argv = [*relocated(argv, run_dir), *extra_args, *(["--max_steps", str(max_steps)] if max_steps else []),
-            "--output_dir", str(output), "--save_strategy", "no", "--disable_tqdm", "false"]
-    return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv), plan
-
-
-def resume_command(run_dir: str | Path, output: str | Path, *, max_steps: int | None = None, loop: bool = False,
-                   extra_args: Sequence[str] = (), options: Sequence[str] = ()) -> str:
-    """The command that continues a run in ``output``: the same tune folder and the arguments that
-    decide what trains (``--max-steps``, ``--loop``, the ``trl sft`` ones after ``--``: a resume with
-    others is refused), ``options`` (e.g. the run's ``--deadline``), and ``--resume``."""
-    parts = ["trainfit", "train", str(run_dir), "--output", str(output),
-             *(["--max-steps", str(max_steps)] if max_steps else []), *(["--loop"] if loop else []), *options,
-             "--resume", *(["--", *extra_args] if extra_args else [])]
-    return shlex.join(parts)
-
-
-def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[str] = (), max_steps: int | None = None,
-            loop: bool = False, record_batches: bool = False, again: str,
-            say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
-    """Check the input and the output folder; returns what to train, the checkpoint to resume
-    from (None: from step 0) and the plan. Removes unfinished checkpoints (they cannot be resumed).
-    ``again``: the command that resumes the run (:func:`resume_command`), for the errors.
-    ``record_batches``: the run will record its batches, which only a ``trl sft`` run can."""
-    run_dir, output = Path(run_dir), Path(output).resolve()
-    now, plan = to_train(run_dir, output, extra_args=extra_args, max_steps=max_steps, loop=loop)
-    if record_batches and now.kind != "trl_sft":
-        raise TrainfitError(f"--record-batches records the batches of a `trl sft` run; this run is a {now.kind}",
-                            "leave --record-batches out")
-    record_path = output / "train.json"
-    if resume:
-        record = _recorded(run_dir, output, now, say)
-        changed = differences(record.what(), now.what())
-        if changed:
-            raise TrainfitError(f"{output} trains something else than this command would; what differs:\n  "
-                                + "\n  ".join(changed) + _planned_since(run_dir, record, now),
-                                "resume with the same tune folder, plan and arguments, or train into a new --output")
-        if record.data is not None and now.data != record.data:
-            from trainfit.summary import read_summary
-
-            refuse_changed(now.data_files(read_summary(run_dir).spec), output, readable=now.data is not None)
-    else:
-        if record_path.exists() or any(output.glob("checkpoint-*")):
-            raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
-                                f"continue it: {again}; or pick a new --output")
-        if now.kind == "trl_sft":
-            from trainfit.train.sft import parse
-
-            parse(now.argv)  # refused before a record is written: the corrected command then starts afresh
-        output.mkdir(parents=True, exist_ok=True)
-        record = now
-        write_atomically(record_path, json.dumps(record.to_json(), indent=2) + "\n")
-    if record.kind == "command":  # its checkpoints are your trainer's own: trainfit leaves them alone
-        return record, None, plan
-    for folder in incomplete(output):
-        say(f"trainfit: removing {folder.name}: its save did not finish (no completion mark), so it cannot be resumed")
-        shutil.rmtree(folder, ignore_errors=True)
-    checkpoint = latest_complete(output) if resume else None
-    if resume and checkpoint is None:
-        say(f"trainfit: {output} holds no complete checkpoint: starting again from step 0")
-    if plan is not None and not plan.fits and record.max_steps is None:
-        from trainfit.progress import format_duration as dur
-
-        say(f"trainfit: warning: {run_dir / 'plan.json'} does not fit its window (ETA {dur(plan.eta.total_s)} "
-            f"against {dur(plan.window_s)}): --deadline stops the run with a checkpoint before the window ends, "
-            f"or plan again and take one of its options (trainfit plan {shlex.quote(str(run_dir))} ...)")
-    return record, checkpoint, plan
-
-
-def _recorded(run_dir: Path, output: Path, now: TrainRun, say: Callable[[str], None]) -> TrainRun:
-    """The record of the run ``output`` holds, training into ``output``; where its ``train.json``
-    is damaged or gone but a complete checkpoint is there, rebuilt (:mod:`trainfit.train.rebuild`)
-    as ``now``, what the resume command trains."""
-    from trainfit.train.rebuild import rebuilt
-
-    record_path = output / "train.json"
-    if not record_path.is_file():
-        if latest_complete(output) is None:
-            raise TrainfitError(f"there is nothing to resume in {output}: it holds no train.json",
-                                "start the run without --resume: "
-                                + shlex.join(["trainfit", "train", str(run_dir), "--output", str(output)]))
-        return rebuilt(output, now, f"{record_path} is missing", say)
-    try:
-        return load_record(TrainRun, record_path, "the run record", "train into a new --output").into(output)
-    except Damaged as err:
-        return rebuilt(output, now, err.message, say)
+from trainfit.train.prepare import prepare, resume_command
+from trainfit.train.records import TrainResult, TrainRun, load_record
 
 
 def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, checkpoint_minutes: float | None = None,
@@ -587,4 +281,5 @@ def _run_factory(run_dir: Path, record: TrainRun, output: Path, checkpoint: Path
                     evaluation=record.evaluation)
 
 
-__all__ = ["TrainResult", "TrainRun", "differences", "prepare", "train", "training_command"]
+__all__ = ["TrainResult", "TrainRun", "prepare", "train"]
+

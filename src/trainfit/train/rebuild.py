@@ -22,7 +22,7 @@ from trainfit.files import set_aside, write_atomically
 from trainfit.train.checkpoints import checkpoints, latest_complete
 
 if TYPE_CHECKING:
-    from trainfit.train import TrainRun
+    from trainfit.train.records import TrainRun
 
 LOG = "train_log.jsonl"
 
