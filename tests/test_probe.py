@@ -323,7 +323,7 @@ def oom_spec(tmp_path: Path) -> Path:
 
 
 def test_the_size_an_allocation_asked_for_is_read_from_either_allocators_message() -> None:
-    from trainfit.probe.worker import memory_at_failure
+    from trainfit.probe.memory import memory_at_failure
 
     cpu = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
            "you tried to allocate 16368000 bytes. Error code 12 (Cannot allocate memory)")

@@ -109,9 +109,9 @@ def run(job: dict[str, Any]) -> ConfigRun:
 
 
 def cap_to_budget(memory_gb: float | None, device: Any) -> None:
-    """The spec's ``budget.memory_gb`` as a probe applies it (``probe.worker.cap_memory``): a config
+    """The spec's ``budget.memory_gb`` as a probe applies it (``probe.memory.cap_memory``): a config
     needing more fails for real (``out_of_memory``)."""
-    from trainfit.probe.worker import cap_memory
+    from trainfit.probe.memory import cap_memory
 
     if memory_gb:
         cap_memory(int(memory_gb * 2**30), device, {})
@@ -168,7 +168,7 @@ def main(argv: list[str]) -> int:
     except TrainfitError as err:
         result = _failed(job, "out_of_memory" if isinstance(err, MemoryError) else "failed", str(err))
     except Exception as err:
-        from trainfit.probe.worker import is_oom
+        from trainfit.probe.memory import is_oom
 
         status = "out_of_memory" if is_oom(err, capped_cpu=_cpu_capped(job)) else "failed"
         result = _failed(job, status, f"{type(err).__name__}: {err}")

@@ -143,7 +143,7 @@ def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: in
     try:
         seconds = _time_forward(spec, params, shapes, threads, budget_s)
     except (RuntimeError, MemoryError) as err:
-        from trainfit.probe.worker import is_oom
+        from trainfit.probe.memory import is_oom
 
         if not is_oom(err):
             raise

@@ -1,0 +1,229 @@
+"""The probe's measuring phases on a built model: the memory phase on the worst-case batch, the timed
+steps over the epoch's typical shapes until the stop rule says the estimate is stable, and the
+speed, FLOPs and epoch fields they give the Measurement. A loss that is not finite stops it.
+
+Imports are light (no torch at the top), as the worker's are."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trainfit.errors import TrainfitError
+from trainfit.probe.events import emit
+from trainfit.probe.memory import memory_micro_batches
+
+if TYPE_CHECKING:
+    from trainfit.probe.request import ProbeRequest
+
+
+
+@dataclass
+class Built:
+    """A model with its knobs and optimizer applied, kept for the next probe with the same key."""
+
+    key: str | None
+    workload: Any
+    step: Any
+    notes: list[str]
+    peak_bytes: int
+    """CPU: the process's peak RSS right after building (a fresh probe counts it too)."""
+
+
+class LossNotFinite(TrainfitError):
+    """A step's loss was NaN or infinite: the config diverges, so the speed of its steps is not a
+    speed of training, and a search must not rank it (``Measurement.diverged``)."""
+
+
+def check_loss(loss: float, phase: str, step: int) -> None:
+    """Raise :class:`LossNotFinite` unless ``loss``, of the ``step``-th step of ``phase``, is a
+    finite number. Every probe step is checked: a NaN spreads to the weights, and every later
+    step computes on NaNs, at a speed that says nothing about training."""
+    if not math.isfinite(loss):
+        raise LossNotFinite(f"the loss is not finite ({loss}) at step {step} of the {phase} phase: this config "
+                            "diverges, so its speed was not kept",
+                            "check the model's loss with this config: fp16 overflows where bf16 does not, and "
+                            "a loss that divides by a count of zero tokens is NaN")
+
+
+def capped_length(req: ProbeRequest, positions: int | None, notes: list[str]) -> int:
+    """The length batches are truncated at: the request's, capped at the model's ``positions``
+    (each cap said in ``notes``). Rounded up to ``pad_to_multiple_of``, a batch may still be padded
+    past the model's positions, as the trainer's collator pads it: a model with learned positions
+    then fails here as the run would, and a note says why."""
+    max_len = req.max_length
+    if positions is not None and max_len > positions:
+        notes.append(f"max_length {max_len} exceeds the model's {positions} positions: capped")
+        max_len = positions
+    padded = req.params.padded_length(max_len, max_len)
+    if positions is not None and padded > positions:
+        notes.append(f"pad_to_multiple_of={req.params.pad_to_multiple_of} pads the longest batches to {padded} "
+                     f"positions, past the model's {positions}: pick a multiple that divides {positions}")
+    return max_len
+
+
+def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str, Any],
+                   device: Any) -> tuple[int, float]:
+    """``probe.memory_steps`` optimizer steps on the worst-case batch (the longest samples), each
+    with as many micro-batches as reach the peak of the real accumulation. Returns the worst-case
+    shape's padded length and its last step's seconds: the tail point of the step-cost fit, for
+    free, where the parent says it is a whole step of the real accumulation after a first one
+    (``TypicalMix.times_longest`` false, see probe/estimate.py)."""
+    from trainfit.step import synchronize
+
+    emit("phase", phase="memory")
+    worst = [min(n, max_len) for n in req.worst_lengths]
+    out["worst_case_lengths"] = worst
+    worst_batch = built.workload.make_batch(worst, req.params.padded_length(max(worst), max_len))
+    out["full_logits_bytes"] = built.workload.logits_bytes(worst_batch)
+    micro = memory_micro_batches(req.params.gradient_accumulation_steps)
+    seconds = 0.0
+    for n in range(req.probe.memory_steps):
+        synchronize(device)
+        t = time.perf_counter()
+        loss = built.step.run([worst_batch] * micro)
+        synchronize(device)
+        seconds = time.perf_counter() - t
+        check_loss(loss, "memory", n + 1)
+    return worst_batch.padded_len, seconds
+
+
+class TypicalBatches:
+    """The typical micro-batches to time, one per shape the parent picked across the epoch's padded
+    lengths (``req.typical.timing_batches``, see probe/estimate.py), cycled: each optimizer step runs
+    ``gradient_accumulation_steps`` copies of one of them, the next step the next one."""
+
+    def __init__(self, req: ProbeRequest, workload: Any, max_len: int) -> None:
+        self.accum = req.params.gradient_accumulation_steps
+        self.pool = []
+        for lengths in req.typical.timing_batches:
+            lens = [min(n, max_len) for n in lengths]
+            self.pool.append(workload.make_batch(lens, req.params.padded_length(max(lens), max_len)))
+        self.cycle = len(self.pool)
+        self.cursor = 0
+
+    def next_step(self) -> tuple[int, list[Any]]:
+        """Which shape the next optimizer step is, and its micro-batches."""
+        shape = self.cursor % self.cycle
+        self.cursor += 1
+        return shape, [self.pool[shape]] * self.accum
+
+
+@dataclass
+class TimedSteps:
+    """What the timed phase measured: each step's seconds and shape, and what the steps held."""
+
+    times: list[float]
+    stable: bool
+    cycle: int
+    shapes: list[int] = field(default_factory=list)
+    """The index of each timed step's shape in the pool."""
+    model_flops: float = 0.0
+    hardware_flops: float = 0.0
+    flops_known: bool = True
+
+
+def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device: Any) -> TimedSteps:
+    """Typical steps, each timed alone (synchronized before and after), until the stop rule says
+    the estimate is stable or a cap is reached."""
+    from trainfit.probe.timing import StopRule
+    from trainfit.step import synchronize
+
+    settings = req.probe
+    emit("phase", phase="timed")
+    rule = StopRule(settings.min_steps, settings.max_steps, settings.max_seconds, settings.target_rel_ci,
+                    batches.cycle)
+    timed = TimedSteps(times=[], stable=False, cycle=batches.cycle)
+    while True:
+        shape, micro = batches.next_step()
+        timed.shapes.append(shape)
+        synchronize(device)
+        t0 = time.perf_counter()
+        loss = built.step.run(micro)
+        synchronize(device)
+        timed.times.append(time.perf_counter() - t0)
+        check_loss(loss, "timed", len(timed.times))
+        for b in micro:
+            f = built.workload.flops(b.seq_lens, req.params.gradient_checkpointing)
+            if f is None:
+                timed.flops_known = False
+            else:
+                timed.model_flops += f.model
+                timed.hardware_flops += f.hardware
+        stop, timed.stable = rule.done(timed.times)
+        emit("step", n=len(timed.times), seconds=timed.times[-1])
+        if stop:
+            return timed
+
+
+def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: list[str]) -> dict[str, Any]:
+    """The Measurement fields of the timed steps: step-time statistics, FLOPs and MFU (where the
+    device's peak is on record; a note says why not otherwise). The speeds are the epoch's
+    (:func:`epoch_fields`)."""
+    from trainfit.devices import peak_flops
+    from trainfit.flops import utilization
+    from trainfit.probe.timing import StepTimes
+
+    params = req.params
+    cuda = req.device.startswith("cuda")
+    st = StepTimes.of(timed.times, timed.cycle)
+    fields: dict[str, Any] = dict(
+        status="ok",
+        step_time_median_s=st.median, step_time_mean_s=st.mean, step_time_std_s=st.std,
+        step_time_ci95_rel=st.ci95_rel if st.n > 1 else None,
+        steps_measured=st.n, stable=timed.stable, step_times_s=[round(x, 6) for x in timed.times],
+        samples_per_step=params.effective_batch_size,
+    )
+    peak = peak_flops(device_name, params.precision, params.tf32) if cuda else None
+    if timed.flops_known:
+        fields["model_flops_per_step"] = timed.model_flops / st.n
+        if peak is not None:
+            fields["mfu"] = utilization(timed.model_flops, st.total, peak[0])
+            fields["hfu"] = utilization(timed.hardware_flops, st.total, peak[0])
+            fields["peak_flops_source"] = peak[1]
+    else:
+        notes.append("MFU unknown: the workload does not report FLOPs")
+    if cuda and peak is None:
+        notes.append(f"MFU unknown: no peak FLOP/s on record for {device_name}")
+    return fields
+
+
+def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, max_len: int,
+                 worst_step: tuple[int, float]) -> dict[str, Any]:
+    """The speed of an epoch of the data's own batches (``req.typical``): the step cost fitted on
+    the median time of each timed shape (and the memory phase's worst-case step, the tail, when
+    the parent left the longest batch out of the timed ones), summed over the epoch's
+    micro-batches (probe/estimate.py)."""
+    import statistics
+
+    from trainfit.probe.estimate import epoch_speed, fit_error, fit_step_cost
+
+    mix = req.typical
+    lengths, seconds, shape_times = [], [], []
+    for k, batch in enumerate(batches.pool):
+        mine = [t for t, s in zip(timed.times, timed.shapes, strict=True) if s == k]
+        if not mine:
+            continue
+        lengths.append(batch.padded_len)
+        seconds.append(statistics.median(mine))
+        shape_times.append({"rows": batch.samples, "padded_length": batch.padded_len,
+                            "real_tokens": batch.real_tokens, "seconds": round(seconds[-1], 6), "steps": len(mine)})
+    if not mix.times_longest and worst_step[0] > max(lengths, default=0):
+        lengths.append(worst_step[0])
+        seconds.append(worst_step[1])
+        shape_times.append({"rows": len(req.worst_lengths), "padded_length": worst_step[0],
+                            "real_tokens": sum(min(n, max_len) for n in req.worst_lengths),
+                            "seconds": round(worst_step[1], 6), "steps": 1, "phase": "memory"})
+    cost = fit_step_cost(lengths, seconds)
+    # The mix's padded lengths capped as the batches were: at the cap's own padded length.
+    speed = epoch_speed(cost, mix, req.params.gradient_accumulation_steps, req.params.padded_length(max_len, max_len))
+    per_sample = req.params.effective_batch_size / mix.samples
+    return {"samples_per_second": speed.samples_per_second, "tokens_per_second": speed.tokens_per_second,
+            "real_tokens_per_step": mix.real_tokens * per_sample,
+            "padded_tokens_per_step": mix.padded_tokens * per_sample,
+            "expected_step_time_s": speed.step_seconds, "speed_basis": mix.batching,
+            "padding_share": mix.padding_share, "shape_times": shape_times,
+            "fit_error_rel": fit_error(cost, lengths, seconds)}
+
