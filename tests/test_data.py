@@ -11,8 +11,8 @@ import pytest
 
 from trainfit.cli import main
 from trainfit.data import LengthRecipe, LengthStats, count_lengths, summarize
-from trainfit.data.lengths import BAD
 from trainfit.data.readers import iter_rows
+from trainfit.data.row_length import BAD
 from trainfit.data.stats import count_longer_than, packing_waste, padding_waste, round_up
 from trainfit.errors import TrainfitError
 

@@ -16,7 +16,7 @@ from conftest import write_texts
 
 from trainfit.cli import main
 from trainfit.data import LengthRecipe, count_lengths
-from trainfit.data.lengths import BAD
+from trainfit.data.row_length import BAD
 from trainfit.errors import TrainfitError
 
 WORDS = LengthRecipe(text_fields=("text",))  # the fallback count: one per word here
@@ -70,7 +70,8 @@ def test_a_stop_run_stops_at_a_bad_row_in_an_interrupted_skip_count(tmp_path: Pa
 CHILD = """
 import sys, time
 from pathlib import Path
-from trainfit.data.lengths import LengthRecipe, count_lengths
+from trainfit.data.row_length import LengthRecipe
+from trainfit.data.lengths import count_lengths
 
 data, cache, signals, name = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 pauses = {int(x) for x in sys.argv[5].split(",")}

@@ -17,8 +17,8 @@ from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
 from trainfit.budgets import parse_budgets
 from trainfit.cli import main
 from trainfit.data import LengthRecipe, count_lengths
-from trainfit.data.lengths import BAD
 from trainfit.data.readers import data_files, fingerprint
+from trainfit.data.row_length import BAD
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.spec import load_spec, load_yaml
 

@@ -40,7 +40,8 @@ __all__ = ["CustomWorkload", "LengthRecipe", "LengthStats", "Measurement", "OnTr
            "run_probe", "summarize", "tune"]
 
 if TYPE_CHECKING:
-    from trainfit.data.lengths import LengthRecipe, count_lengths
+    from trainfit.data.lengths import count_lengths
+    from trainfit.data.row_length import LengthRecipe
     from trainfit.data.stats import LengthStats, summarize
     from trainfit.errors import SpecError, TrainfitError
     from trainfit.monitor import OnTrackCallback

@@ -92,7 +92,8 @@ def render(stats) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from trainfit.data.analyze import analyze_spec
-    from trainfit.data.lengths import LengthRecipe, count_lengths
+    from trainfit.data.lengths import count_lengths
+    from trainfit.data.row_length import LengthRecipe
     from trainfit.data.stats import summarize
     from trainfit.errors import TrainfitError
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainfit.data.lengths import LengthRecipe, count_lengths
+from trainfit.data.lengths import count_lengths
+from trainfit.data.row_length import LengthRecipe
 from trainfit.data.stats import LengthStats, summarize
 from trainfit.spec import Spec
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from trainfit.data.lengths import BAD, LengthTable
+from trainfit.data.lengths import LengthTable
+from trainfit.data.row_length import BAD
 
 SCHEMA_VERSION = 1
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.5, 99.9)
