@@ -43,7 +43,7 @@ def reference(spec, configs: list[dict[str, Any]], rounds: int) -> dict[str, flo
     """Median samples/s of each config over ``rounds`` fresh-worker probes, round-robin."""
     from trainfit.data.analyze import analyze_spec
     from trainfit.probe.runner import run_probe
-    from trainfit.search.strategies import config_key
+    from trainfit.search.trials import config_key
 
     stats = analyze_spec(spec, progress=False)
     runs: dict[str, list[float]] = {config_key(c): [] for c in configs}
@@ -57,7 +57,7 @@ def reference(spec, configs: list[dict[str, Any]], rounds: int) -> dict[str, flo
 
 
 def main() -> None:
-    from trainfit.search.strategies import config_key
+    from trainfit.search.trials import config_key
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default="llama,gpt2,tts")

@@ -84,7 +84,7 @@ def load(workload: str):
 
 
 def replay(spec, strategy: str, table: dict[str, Any], seed: int, sampler: Any = None):
-    from trainfit.search.strategies import config_key
+    from trainfit.search.trials import config_key
     from trainfit.spec import TuneSettings
     from trainfit.tune import tune
 
@@ -105,7 +105,7 @@ def probe_costs(trials) -> list[float]:
     time, less start and build when the previous probe was a successful one of the same family
     with batches no larger (the rule of ProbeSession)."""
     from trainfit.params import batches_grow
-    from trainfit.search.strategies import model_family
+    from trainfit.search.trials import model_family
 
     costs, previous = [], None
     for t in trials:
@@ -156,7 +156,7 @@ def measure(spec, strategy: str, folder: Path | None, label: str, time_budget_s:
 def live_auto(res, table: dict[str, Any], truth: float) -> dict[str, Any]:
     """A real ``tune`` with ``auto``: real probes in reused workers. Its pick is scored by the
     grid's measurement of that config (one noisy probe is no ground truth)."""
-    from trainfit.search.strategies import config_key
+    from trainfit.search.trials import config_key
 
     pick = table[config_key(res.best.values)] if res.best else None
     return {"probes": len(res.trials), "probe_wall_s": round(sum(t.measurement.wall_time_s for t in res.trials), 1),
@@ -181,7 +181,7 @@ def main() -> None:
     import optuna
 
     from trainfit.probe.measurement import Measurement
-    from trainfit.search.strategies import config_key
+    from trainfit.search.trials import config_key
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=5)

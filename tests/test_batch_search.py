@@ -15,7 +15,7 @@ from conftest import TINY_LLAMA, make_spec_file
 from tune_helpers import BUDGET, HEADROOM, Surface
 
 from trainfit.params import Params
-from trainfit.search.strategies import _integers_between
+from trainfit.search.auto import _integers_between
 from trainfit.spec import Spec, load_spec
 from trainfit.tune import tune
 

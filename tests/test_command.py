@@ -221,7 +221,7 @@ def test_every_knob_reaches_the_trl_command_or_says_why_not() -> None:
 def test_every_knob_has_a_search_prior_or_says_why_not() -> None:
     """The auto strategy orders each knob's values by a device prior; a knob without one says why."""
     from trainfit.params import KNOBS
-    from trainfit.search.strategies import _PRIOR, NO_PRIOR
+    from trainfit.search.auto import _PRIOR, NO_PRIOR
 
     for device, prior in _PRIOR.items():
         assert set(prior) | set(NO_PRIOR) == set(KNOBS) and not set(prior) & set(NO_PRIOR), device

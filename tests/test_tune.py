@@ -87,7 +87,8 @@ def test_without_a_spec_budget_auto_predicts_against_the_devices_memory(tmp_path
 
 def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
     from trainfit.params import Params
-    from trainfit.search.strategies import GridStrategy, model_family
+    from trainfit.search.strategies import GridStrategy
+    from trainfit.search.trials import model_family
     from trainfit.space import parse_space
 
     space, problems = parse_space({"batch_size": [8, 2, 4], "lora_r": [None, 8], "padding": ["longest", "max_length"]},
@@ -102,7 +103,8 @@ def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
 
 
 def test_auto_climbs_on_when_a_small_gain_is_within_measurement_noise() -> None:
-    from trainfit.search.strategies import AutoStrategy, Trial
+    from trainfit.search.auto import AutoStrategy
+    from trainfit.search.trials import Trial
     from trainfit.space import parse_space
 
     space, problems = parse_space({"batch_size": [1, 2, 4, 8]}, Params(), allow_custom=False)
@@ -150,7 +152,7 @@ def test_refine_probes_the_neighbours_of_the_best(tmp_path: Path) -> None:
     assert refined.calls[:len(first.calls)] == first.calls  # same auto phase (deterministic)
     extra = refined.calls[len(first.calls):]
     assert extra, "refine probed nothing"
-    from trainfit.search.strategies import config_key
+    from trainfit.search.trials import config_key
     from trainfit.search.tune import neighbours
 
     auto_best = plain.trials[[t.number for t in plain.trials].index(plain.summary.to_json()["best_config"]["trial"])].values
@@ -168,7 +170,7 @@ def test_quick_refine_searches_locally_beyond_the_quick_budget(tmp_path: Path) -
     assert quick.summary.to_json()["total_tested"] == 6 and len(surface.calls) > 6
     assert "then refined" in result.stop_reason
     assert result.best.objective >= quick.best.objective
-    from trainfit.search.strategies import config_key
+    from trainfit.search.trials import config_key
     from trainfit.search.tune import neighbours
 
     # a local search: it ends where no neighbour of the best is left unmeasured
@@ -328,7 +330,7 @@ def test_the_stop_rules_are_functions_of_the_limits_and_the_history() -> None:
     """The loop's stop rules read no clock and no store: the trial budget counts the trials other
     runs probe, patience counts the trials since the best (all of them while none fits), the time
     budget and a sampler that keeps proposing known configs end the run."""
-    from trainfit.search.strategies import Trial
+    from trainfit.search.trials import Trial
     from trainfit.search.tune import Limits, converged_stop, search_stop, time_stop
 
     def trial(n: int, sps: float | None) -> Trial:

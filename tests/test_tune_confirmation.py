@@ -133,7 +133,7 @@ def test_unstable_probes_are_flagged_as_they_end_and_at_the_end(capsys: Any) -> 
     probes ended unstable the run says so and what to do."""
     from trainfit.cli.tune_render import TuneView
     from trainfit.search.ranking import noise_warning
-    from trainfit.search.strategies import Trial
+    from trainfit.search.trials import Trial
 
     def trial(n: int, stable: bool, ci: float) -> Trial:
         m = Measurement(status="ok", config={}, samples_per_second=10.0, peak_memory_bytes=GiB, stable=stable,

@@ -23,8 +23,9 @@ from trainfit.files import write_atomically
 from trainfit.params import KNOBS, Params
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
 from trainfit.report_html import tune_report_html
+from trainfit.search.auto import AutoStrategy
 from trainfit.search.ranking import Repeats, pooled, probe_samples_per_second, ranked, with_trainer_cost, within_noise
-from trainfit.search.strategies import AutoStrategy, Trial, config_key, jsonable
+from trainfit.search.trials import Trial, config_key, jsonable
 from trainfit.search.tune import common_failure
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec

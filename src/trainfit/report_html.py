@@ -17,7 +17,7 @@ from typing import Any
 from trainfit.format import fmt_need, fmt_num, values_line
 from trainfit.progress import format_duration
 from trainfit.search.ranking import noise_warning
-from trainfit.search.strategies import Trial
+from trainfit.search.trials import Trial
 from trainfit.search.tune import common_failure
 from trainfit.summary import Summary
 

@@ -14,7 +14,7 @@ from trainfit.errors import SpecError, TrainfitError
 from trainfit.files import write_atomically
 from trainfit.probe.estimate import shapes_step_cost
 from trainfit.report import TRAINER_COST_FILE, read_trainer_cost, write_outputs
-from trainfit.search.strategies import jsonable
+from trainfit.search.trials import jsonable
 from trainfit.search.tune import TuneResult, best_trial, run_search
 from trainfit.space import default_space
 from trainfit.spec import Spec

@@ -11,7 +11,7 @@ from typing import Any
 from trainfit.errors import TrainfitError
 from trainfit.probe.estimate import StepCost, shapes_step_cost
 from trainfit.probe.measurement import Measurement
-from trainfit.search.strategies import config_key
+from trainfit.search.trials import config_key
 from trainfit.spec import Spec
 from trainfit.summary import Summary, read_summary
 

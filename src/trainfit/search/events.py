@@ -9,7 +9,7 @@ from typing import Any, Union
 
 from trainfit.probe.events import ProbeEvent
 from trainfit.probe.measurement import Measurement
-from trainfit.search.strategies import Trial
+from trainfit.search.trials import Trial
 
 
 @dataclass(frozen=True)

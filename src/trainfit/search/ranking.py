@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainfit.probe.measurement import Measurement
-from trainfit.search.strategies import Trial, config_key, jsonable
+from trainfit.search.trials import Trial, config_key, jsonable
 
 Repeats = Mapping[str, Sequence[Measurement]]
 """Confirmation measurements by config key (see ``tune.confirm_rounds``)."""

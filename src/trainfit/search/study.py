@@ -29,7 +29,6 @@ from trainfit.search.storage import (
     same_data,
     study_name,
 )
-from trainfit.search.strategies import Trial, config_key, jsonable
 from trainfit.search.trial_records import (
     CONSTRAINT,
     ask_trial,
@@ -42,6 +41,7 @@ from trainfit.search.trial_records import (
     stand_in,
     trial_values,
 )
+from trainfit.search.trials import Trial, config_key, jsonable
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainfit.probe.measurement import Measurement, read_measurement
 from trainfit.search.claims import owner_id
-from trainfit.search.strategies import config_key
+from trainfit.search.trials import config_key
 from trainfit.summary import Malformed, check_bounds, check_finite, typed
 
 CONSTRAINT = "memory"

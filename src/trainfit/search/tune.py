@@ -30,9 +30,10 @@ from trainfit.search.events import (
     Waiting,
 )
 from trainfit.search.ranking import Repeats, ranked, within_noise
-from trainfit.search.strategies import Trial, can_run, config_key, make_strategy, unsupported_values
+from trainfit.search.strategies import make_strategy
 from trainfit.search.study import TrialStore
 from trainfit.search.trial_records import trial_values
+from trainfit.search.trials import Trial, can_run, config_key, unsupported_values
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 from trainfit.summary import Summary

@@ -1,0 +1,404 @@
+"""``auto``: the default strategy. Knob families in a device-aware prior order, each climbing its
+batch sizes (past the grid, to the integer the memory allows) until a larger batch stops helping or
+cannot win; memory-only knobs probed only where they can help (see docs/search.md)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainfit.params import KNOBS
+from trainfit.probe.measurement import recorded_budget_gb
+from trainfit.search.trials import Trial, can_run, config_key, unsupported_values
+from trainfit.space import SearchSpace
+
+# Which value of a knob usually wins on each device type: tried first, the rest later. A prior
+# only orders the search; measurements decide.
+_PRIOR: dict[str, dict[str, tuple[Any, ...]]] = {
+    "cuda": {"gradient_checkpointing": (False, True), "precision": ("bf16", "fp16", "fp32"),
+             "attention": ("flash_attention_2", "sdpa", "eager"), "tf32": (True, False),
+             "optimizer": ("adamw_fused", "adamw", "adamw_8bit"), "padding": ("longest", "max_length"),
+             "group_by_length": (True, False), "compile": ("off", "default", "max-autotune", "reduce-overhead")},
+    "cpu": {"gradient_checkpointing": (False, True), "precision": ("fp32", "bf16", "fp16"),
+            "attention": ("sdpa", "eager", "flash_attention_2"), "tf32": (False, True),
+            "optimizer": ("adamw_fused", "adamw", "adamw_8bit"), "padding": ("longest", "max_length"),
+            "group_by_length": (True, False), "compile": ("off", "default", "max-autotune", "reduce-overhead")},
+}
+
+
+NO_PRIOR: dict[str, str] = {
+    "batch_size": "climbed one step at a time within each family, not ordered by a prior",
+    "gradient_accumulation_steps": "derived from tune.target_effective_batch, or the user's: it sets what is learned",
+    "max_length": "changes what is learned: the user's choice, not a speed preference",
+    "lora_r": "changes what is learned", "lora_alpha": "changes what is learned",
+    "lora_dropout": "changes what is learned", "lora_target_modules": "changes what is learned",
+    "lora_target_parameters": "changes what is learned",
+    "loss": "the training command decides it (loss: auto); searched values keep the spec's order",
+    "pad_to_multiple_of": "an integer of the user's (8, 64...): searched values keep the spec's order; which "
+                          "rounding pays depends on the device's kernels, measured",
+}
+"""The knobs without a device prior, and why (a test checks every knob is in one or the other)."""
+
+
+MEMORY_ONLY: dict[str, Any] = {"gradient_checkpointing": True}
+"""Knob values that only trade speed for memory (nothing learned changes): worth a probe only at a
+batch the same config without them cannot fit (see :meth:`AutoStrategy.pruned`)."""
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """A family, or its smaller batches, that ``auto`` does not probe, and why."""
+
+    family: dict[str, Any]
+    """The knob values of the family (every searched knob but ``batch_size``)."""
+    below_batch: int | None
+    """Its batches up to this one are skipped (None: the whole family)."""
+    reason: str
+
+
+class AutoStrategy:
+    """Uses the structure of the problem instead of treating it as a black box.
+
+    The space splits into *families* (every knob but batch size). A family climbs its batch
+    sizes one step at a time, which is cheap: the probe worker keeps the built model for growing
+    batches. Peak memory grows about linearly with the batch size, so after two fitting probes a
+    line predicts the largest batch that fits (with a safety margin); no probe is spent on a
+    predicted OOM, and a measured OOM bounds the family from above. Throughput saturates with the
+    batch size, so a family stops once a larger batch no longer helps or cannot beat the others.
+    Families are visited in a device-aware prior order; a family is dropped when, at the same
+    batch size, it is slower than the best family with the same learning-relevant knobs and uses
+    no less memory (it cannot win by fitting a larger batch either).
+    """
+
+    name = "auto"
+
+    def __init__(self, space: SearchSpace, budget_gb: float | None, headroom_gb: float, device_type: str,
+                 margin: float = 0.05, saturation: float = 0.02) -> None:
+        self.space = space
+        self.budget_gb, self.headroom_gb = budget_gb, headroom_gb
+        self.margin, self.saturation = margin, saturation
+        bdim = space.dim("batch_size")
+        self.batches = sorted(bdim.grid_values()) if bdim else [space.base.batch_size]
+        others = [d for d in space.dims if d.name != "batch_size"]
+        prior = _PRIOR["cuda" if device_type.startswith("cuda") else "cpu"]
+
+        def rank(name: str, value: Any) -> int:
+            order = prior.get(name)
+            return order.index(value) if order and value in order else 0
+
+        families = [dict(zip([d.name for d in others], combo))
+                    for combo in itertools.product(*(d.grid_values() for d in others))]
+        # Learning-relevant knobs keep the user's order (each value gets explored); speed knobs by prior.
+        families.sort(key=lambda f: [rank(k, v) for k, v in f.items() if not self._learning(k)])
+        self.families = [f for f in families if any(self.space.allowed({**f, "batch_size": b}) for b in self.batches)]
+
+    @staticmethod
+    def _learning(name: str) -> bool:
+        knob = KNOBS.get(name)
+        return knob is None or knob.changes_learning  # custom knobs may change the model too
+
+    def _learning_part(self, family: Mapping[str, Any]) -> str:
+        return config_key({k: v for k, v in family.items() if self._learning(k)})
+
+    def _family_trials(self, family: Mapping[str, Any], history: Sequence[Trial]) -> dict[int, Trial]:
+        out = {}
+        for t in history:
+            if all(t.values.get(k) == v for k, v in family.items()):
+                out[int(t.values.get("batch_size", self.space.base.batch_size))] = t
+        return out
+
+    def _limit_bytes(self, measured: Iterable[Trial], margin: float | None = None) -> float | None:
+        """The predicted peak a config may reach: the spec's budget, else the device's memory the
+        probes recorded as theirs, less headroom and the margin (default: the strategy's)."""
+        budget = self.budget_gb or recorded_budget_gb(t.measurement for t in measured)
+        if not budget:
+            return None
+        return (budget - self.headroom_gb) * (1 - (self.margin if margin is None else margin)) * 1024**3
+
+    @staticmethod
+    def _slope(fits: dict[int, Trial]) -> float | None:
+        """Peak bytes per extra sample, from the two largest fitting batches."""
+        if len(fits) < 2:
+            return None
+        (b0, t0), (b1, t1) = sorted(fits.items())[-2:]
+        return ((t1.measurement.peak_memory_bytes or 0) - (t0.measurement.peak_memory_bytes or 0)) / (b1 - b0)
+
+    def _predicted_max_batch(self, fits: dict[int, Trial], sibling_slope: float | None = None,
+                             margin: float | None = None) -> float:
+        """Largest batch whose predicted peak stays under the budget (inf when unknown). With one
+        point, the slope of sibling families (the other knobs changed) stands in for the line."""
+        limit = self._limit_bytes(fits.values(), margin)
+        slope = self._slope(fits) if len(fits) >= 2 else sibling_slope
+        if limit is None or not fits or slope is None or slope <= 0:
+            return float("inf")
+        b1 = max(fits)
+        return b1 + (limit - (fits[b1].measurement.peak_memory_bytes or 0)) / slope
+
+    def _sibling_slope(self, family: Mapping[str, Any], history: Sequence[Trial]) -> float | None:
+        slopes = []
+        for other in self.families:
+            if other != family:
+                fits = {b: t for b, t in self._family_trials(other, history).items() if t.feasible}
+                slope = self._slope(fits)
+                if slope is not None and slope > 0:
+                    slopes.append(slope)
+        return statistics.median(slopes) if slopes else None
+
+    def _dominated(self, family: Mapping[str, Any], mine: dict[int, Trial], history: Sequence[Trial]) -> bool:
+        ok_mine = {b: t for b, t in mine.items() if t.objective is not None}
+        if not ok_mine:
+            return False
+        b, t = min(ok_mine.items())
+        for other in self.families:
+            if other == family or self._learning_part(other) != self._learning_part(family):
+                continue
+            theirs = self._family_trials(other, history).get(b)
+            if theirs is None or theirs.objective is None or not theirs.feasible:
+                continue
+            slower = t.measured_objective < theirs.measured_objective * (1 - self.saturation)
+            no_smaller = (t.measurement.peak_memory_bytes or 0) >= (theirs.measurement.peak_memory_bytes or 0) * 0.98
+            if slower and (no_smaller or not self._memory_bound(other, history)):
+                return True
+        return False
+
+    def _memory_bound(self, family: Mapping[str, Any], history: Sequence[Trial]) -> bool:
+        """Does memory stop ``family`` below the largest batch (measured, or predicted)? If not, a
+        leaner family cannot win by fitting a larger batch."""
+        trials = self._family_trials(family, history)
+        if any(not t.feasible for t in trials.values()):
+            return True
+        fits = {b: t for b, t in trials.items() if t.feasible}
+        return self._predicted_max_batch(fits, self._sibling_slope(family, history)) < max(self.batches)
+
+    @staticmethod
+    def _can_win(fits: dict[int, Trial], batch: int, rival_best: float | None) -> bool:
+        """Could a larger batch of this family beat ``rival_best``? Step time is about
+        ``overhead + per_sample * batch``, so samples/s = b / (a + c*b) saturates at 1/c; fit a, c
+        on the two largest fitting batches and predict ``batch`` (2% benefit of the doubt)."""
+        if rival_best is None:
+            return True
+        (b0, t0), (b1, t1) = sorted(fits.items())[-2:]
+        inv0, inv1 = 1 / t0.measured_objective, 1 / t1.measured_objective  # seconds per sample
+        # 1/T(b) = a/b + c  ->  two equations in a, c
+        a = (inv0 - inv1) / (1 / b0 - 1 / b1)
+        c = inv1 - a / b1
+        if a <= 0 or c <= 0:
+            return True  # not the saturating shape: no basis to prune
+        return batch / (a + c * batch) > rival_best * 1.02
+
+    def _next_batch(self, family: Mapping[str, Any], mine: dict[int, Trial],
+                    rival_best: float | None = None, sibling_slope: float | None = None,
+                    above: int = 0) -> int | None:
+        """The family's next batch size, or None when it is done. ``above``: its batches up to this
+        one are not worth a probe (a memory-only knob where the family without it fits them)."""
+        allowed = [b for b in self.batches if b > above and self.space.allowed({**family, "batch_size": b})]
+        if any(t.measurement.status in ("error", "timeout") for t in mine.values()):
+            return None  # broken for a reason other than memory: do not spend more probes here
+        bad = [b for b, t in mine.items() if not t.feasible]
+        upper = min(bad) if bad else float("inf")
+        fits = {b: t for b, t in mine.items() if t.feasible}
+        open_ = [b for b in allowed if b < upper and b not in mine]
+        if not fits:
+            return min(open_) if open_ else None
+        best_b = max(fits, key=lambda b: fits[b].objective or 0.0)
+        largest = max(fits)
+        if best_b < largest:
+            # Throughput fell at the larger batch: a peak may lie between. Worth a probe only if
+            # this family could still beat the other families (its best is within 2% of theirs).
+            if rival_best is not None and fits[best_b].measured_objective * (1 + self.saturation) < rival_best:
+                return None
+            between = [b for b in open_ if best_b < b < largest]
+            return between[len(between) // 2] if between else None
+        if self._saturated(fits):
+            return None  # a larger batch is not faster
+        predicted = self._predicted_max_batch(fits, sibling_slope)
+        candidates = [b for b in open_ if b > largest and b <= predicted]
+        if not candidates:
+            # The grid's next step does not fit (measured, or predicted): the largest batch that
+            # fits lies between, at an integer the grid does not hold.
+            b = self._integer_step(family, mine, fits, upper, sibling_slope)
+            if b is None or (len(fits) >= 2 and not self._can_win(fits, b, rival_best)):
+                return None
+            return b
+        # Judge the climb by the largest batch it can reach: past the grid's last fitting step the
+        # integer search goes on up to the memory line's prediction.
+        reach = max(candidates)
+        if predicted != float("inf"):
+            reach = max([reach, *_integers_between(self.space, reach, int(min(predicted, upper - 1)) + 1)])
+        if len(fits) >= 2 and not self._can_win(fits, reach, rival_best):
+            return None
+        # One step up at a time: a worker reuses its model for growing batches, so the climb costs
+        # a measurement per step, not a model build; each step refines the memory line, and the
+        # climb stops where throughput saturates or falls (a peak between two probes is not missed).
+        return min(candidates)
+
+    def _integer_step(self, family: Mapping[str, Any], mine: dict[int, Trial], fits: dict[int, Trial],
+                      upper: float, sibling_slope: float | None) -> int | None:
+        """Past the grid, toward the largest batch that fits: between the largest fitting batch and
+        the smallest that does not (measured, or else the grid's next step, which the line predicts
+        will not fit), probe the memory line's prediction without the safety margin, then bisect on
+        each OOM, until the two are adjacent (Lightning's binsearch; DeepSpeed probes around its
+        predicted maximum). Integers only where the effective batch can be kept
+        (:func:`_integers_between`); None when none is left between."""
+        largest = max(fits)
+        next_grid = min((b for b in self.batches if b > largest), default=None)
+        if upper == float("inf") and next_grid is None:
+            return None  # the grid's largest batch fits: nothing above it is asked for
+        top = int(upper) if upper != float("inf") else next_grid
+        assert top is not None
+        between = [b for b in _integers_between(self.space, largest, top) if b not in mine
+                   and self.space.allowed({**family, "batch_size": b})]
+        if upper == float("inf") and top not in mine and self.space.allowed({**family, "batch_size": top}):
+            between.append(top)  # predicted not to fit within the margin: it may fit without it
+        if not between:
+            return None
+        guess = self._predicted_max_batch(fits, sibling_slope, margin=0.0)
+        if largest < guess < top:
+            return max((b for b in between if b <= guess), default=min(between))
+        return between[(len(between) - 1) // 2]  # the line says nothing useful here: bisect
+
+    def _rival_best(self, family: Mapping[str, Any], history: Sequence[Trial]) -> float | None:
+        """Best feasible objective of the *other* families with the same learning-relevant knobs."""
+        part = self._learning_part(family)
+        mine = self._family_trials(family, history).values()
+        scores = [t.objective for t in history if t.feasible and t.objective is not None and t not in mine
+                  and self._learning_part({k: t.values.get(k) for k in family}) == part]
+        return max(scores, default=None)
+
+    def propose(self, history: Sequence[Trial], busy: Collection[str] = ()) -> dict[str, Any] | None:
+        climbing = {config_key({k: v for k, v in json.loads(key).items() if k != "batch_size"}) for key in busy}
+        unsupported = unsupported_values(history)
+        for family in self.families:
+            if config_key(family) in climbing:
+                continue  # another run is probing this family: its next step waits for that result
+            if not can_run(family, unsupported):
+                continue  # a knob value of it cannot run on this machine, whatever the batch
+            lean = self._lean(family)
+            if lean is not None and config_key(lean) in climbing:
+                continue  # where the family without the memory-only knob stops is not known yet
+            above = self._lean_limit(family, history)
+            if above is None:
+                continue
+            mine = self._family_trials(family, history)
+            if self._dominated(family, mine, history):
+                continue
+            b = self._next_batch(family, mine, self._rival_best(family, history),
+                                 self._sibling_slope(family, history), above=above)
+            if b is not None:
+                return {**family, "batch_size": b} if "batch_size" in self.space.names else dict(family)
+        return None
+
+    def _lean(self, family: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The same family without its memory-only knob values (:data:`MEMORY_ONLY`), if it is
+        searched too; None for a family that has none."""
+        lean = {k: (not v if isinstance(v, bool) else v) if _memory_only(k, v) else v for k, v in family.items()}
+        return lean if lean != dict(family) and lean in self.families else None
+
+    def _lean_limit(self, family: Mapping[str, Any], history: Sequence[Trial]) -> int | None:
+        """The batch up to which ``family`` is not worth a probe: 0 for a family without a memory-
+        only knob value; else the largest batch its lean family fits (those fit without the knob,
+        which only costs speed there); None when the lean family's climb did not end at its memory
+        limit (it fits every batch worth probing, or a larger batch stopped being faster before
+        memory ran out: the knob cannot help), or is not measured yet."""
+        lean = self._lean(family)
+        if lean is None or "batch_size" not in self.space.names:
+            return 0
+        trials = self._family_trials(lean, history)
+        if any(t.measurement.status in ("error", "timeout") for t in trials.values()):
+            return 0  # the lean family is broken for another reason: the knob's family stands alone
+        if not trials:
+            return 0 if not can_run(lean, unsupported_values(history)) else None
+        if not self._stopped_by_memory(lean, trials, history):
+            return None
+        return max((b for b, t in trials.items() if t.feasible), default=0)
+
+    def _stopped_by_memory(self, family: Mapping[str, Any], trials: dict[int, Trial], history: Sequence[Trial]) -> bool:
+        """Did ``family``'s climb end at its memory limit: a batch that does not fit (measured), or
+        the grid's next step above its largest fitting batch predicted not to fit?"""
+        if any(not t.feasible for t in trials.values()):
+            return True
+        fits = {b: t for b, t in trials.items() if t.objective is not None}
+        if fits and self._saturated(fits):
+            return False  # its own climb stopped gaining: a larger batch (what the knob buys) cannot help
+        # Stopped by a rival (dominated, or unable to win within its memory): memory is what holds it
+        # back wherever it cannot reach the grid's largest batch.
+        return self._memory_bound(family, history)
+
+    def _saturated(self, fits: dict[int, Trial]) -> bool:
+        """Did a larger batch of these fitting trials stop being faster (fell, or gained less than
+        ``saturation`` even at the upper end of the measured gain: a gain hidden by measurement
+        noise is worth one more, reused so cheap, step)?"""
+        largest = max(fits)
+        if max(fits, key=lambda b: fits[b].objective or 0.0) < largest:
+            return True
+        if len(fits) < 2:
+            return False
+        below = max(b for b in fits if b < largest)
+        gain = fits[largest].measured_objective / max(fits[below].measured_objective, 1e-12) - 1
+        noise = sum(fits[b].measurement.step_time_ci95_rel or 0.0 for b in (below, largest))
+        return gain + noise < self.saturation
+
+    def pruned(self, history: Sequence[Trial]) -> list[Pruned]:
+        """What ``auto`` leaves unprobed for a memory-only knob value, and why (for the summary)."""
+        out = []
+        for family in self.families:
+            lean = self._lean(family)
+            if lean is None or "batch_size" not in self.space.names or not self._family_trials(lean, history):
+                continue
+            knobs = ", ".join(k for k, v in family.items() if _memory_only(k, v))
+            above = self._lean_limit(family, history)
+            if above is None:
+                out.append(Pruned(family=dict(family), below_batch=None, reason=(
+                    f"without {knobs} the climb ended below the memory limit ({_batches(lean, self, history)} "
+                    f"fit): {knobs} only trades speed for memory, so it cannot be faster")))
+            elif above and any(b <= above for b in self.batches):
+                out.append(Pruned(family=dict(family), below_batch=above, reason=(
+                    f"batches up to {above} fit without {knobs}, which only trades speed for memory there")))
+        return out
+
+
+def _memory_only(knob: str, value: Any) -> bool:
+    """Is ``value`` of ``knob`` one that only trades speed for memory (:data:`MEMORY_ONLY`)?"""
+    return knob in MEMORY_ONLY and MEMORY_ONLY[knob] == value and type(MEMORY_ONLY[knob]) is type(value)
+
+
+def _batches(family: Mapping[str, Any], strategy: AutoStrategy, history: Sequence[Trial]) -> str:
+    fits = sorted(b for b, t in strategy._family_trials(family, history).items() if t.feasible)
+    return "batch " + ", ".join(map(str, fits)) if fits else "nothing measured"
+
+
+MAX_SPAN = 4096
+"""Past this many integers between two batch sizes the bisection visits a subset (64 points)."""
+
+
+def _integers_between(space: SearchSpace, low: int, high: int) -> list[int]:
+    """The batch sizes ``auto`` may probe strictly between ``low`` and ``high``, past the grid:
+    integers within the searched span (its choices' lowest to highest, or its range), and where
+    ``tune.target_effective_batch`` derives the accumulation only its divisors, so every config
+    keeps what is learned exactly (the accumulation is derived by rounding)."""
+    dim = space.dim("batch_size")
+    if dim is None:
+        return []
+    step = 1
+    if dim.choices:
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in dim.choices):
+            return []
+        lo, hi = min(dim.choices), max(dim.choices)
+    else:
+        lo, hi, step = int(dim.low or 1), int(dim.high or 1), int(dim.step or 1)  # a range keeps its step
+    first, last = max(low + 1, lo), min(high - 1, hi)
+    first = lo + -(-(first - lo) // step) * step  # the first point of the range's step at or above it
+    if first > last:
+        return []
+    target = space.target_effective_batch
+    if target is not None:
+        return [b for b in range(first, min(last, target) + 1, step) if target % b == 0]
+    points = range(first, last + 1, step)
+    if len(points) <= MAX_SPAN:
+        return list(points)
+    return sorted({points[(len(points) - 1) * k // 64] for k in range(65)})
+
