@@ -16,15 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, gone_within
 
-from trainfit.calibration import (
-    Calibration,
-    calibrate,
-    calibration_args,
-    own_step_time,
-    pace_change,
-    priced_steps,
-    short_steps,
-)
+from trainfit.calibration import Calibration, calibrate, calibration_args, short_steps
 from trainfit.errors import TrainfitError
 from trainfit.launch import run_logged
 from trainfit.params import Params
@@ -32,6 +24,7 @@ from trainfit.plan.inputs import best_step_cost
 from trainfit.probe.measurement import Measurement
 from trainfit.probe.timing import relative_ci95
 from trainfit.spec import load_spec
+from trainfit.step_pricing import own_step_time, pace_change, priced_steps
 from trainfit.trainer_output import bar_seconds_per_step, bar_step, parse_train_runtime, recorded_steps, step_spread
 from trainfit.tune import tune
 
