@@ -153,7 +153,7 @@ def test_refine_probes_the_neighbours_of_the_best(tmp_path: Path) -> None:
     extra = refined.calls[len(first.calls):]
     assert extra, "refine probed nothing"
     from trainfit.search.trials import config_key
-    from trainfit.search.tune import neighbours
+    from trainfit.search.confirm import neighbours
 
     auto_best = plain.trials[[t.number for t in plain.trials].index(plain.summary.to_json()["best_config"]["trial"])].values
     measured = {config_key({k: c[k] for k in spec.search.names}) for c in first.calls}
@@ -171,7 +171,7 @@ def test_quick_refine_searches_locally_beyond_the_quick_budget(tmp_path: Path) -
     assert "then refined" in result.stop_reason
     assert result.best.objective >= quick.best.objective
     from trainfit.search.trials import config_key
-    from trainfit.search.tune import neighbours
+    from trainfit.search.confirm import neighbours
 
     # a local search: it ends where no neighbour of the best is left unmeasured
     measured = {config_key(t.values) for t in result.trials}
@@ -331,7 +331,7 @@ def test_the_stop_rules_are_functions_of_the_limits_and_the_history() -> None:
     runs probe, patience counts the trials since the best (all of them while none fits), the time
     budget and a sampler that keeps proposing known configs end the run."""
     from trainfit.search.trials import Trial
-    from trainfit.search.tune import Limits, converged_stop, search_stop, time_stop
+    from trainfit.search.stops import Limits, converged_stop, search_stop, time_stop
 
     def trial(n: int, sps: float | None) -> Trial:
         m = Measurement(status="ok" if sps else "oom", config={"batch_size": n + 1}, samples_per_second=sps,

@@ -87,7 +87,7 @@ def test_confirmation_leaves_a_config_another_run_is_probing_to_that_run(tmp_pat
     import subprocess
     import sys
 
-    from trainfit.search.tune import confirm
+    from trainfit.search.confirm import confirm
 
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     spec = synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=1, confirm_margin=0.0)

@@ -16,9 +16,8 @@ from typing import Any, Protocol
 from trainfit.data.stats import LengthStats
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
+from trainfit.search.confirm import confirm, neighbours
 from trainfit.search.events import (
-    ConfirmEnd,
-    ConfirmStart,
     JournalRepaired,
     ProbeProgress,
     Resumed,
@@ -29,7 +28,8 @@ from trainfit.search.events import (
     TuneEvent,
     Waiting,
 )
-from trainfit.search.ranking import Repeats, ranked, within_noise
+from trainfit.search.ranking import Repeats, ranked
+from trainfit.search.stops import SEARCH_COMPLETE, Limits, converged_stop, search_limits, search_stop, time_stop
 from trainfit.search.strategies import make_strategy
 from trainfit.search.study import TrialStore
 from trainfit.search.trial_records import trial_values
@@ -39,6 +39,8 @@ from trainfit.spec import Spec
 from trainfit.summary import Summary
 
 ProbeFn = Callable[[Params, int], Measurement]
+
+
 EventFn = Callable[[TuneEvent], None]
 
 
@@ -49,9 +51,9 @@ class OutputWriter(Protocol):
     def __call__(self, output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
                  stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
                  repeats: Repeats) -> Summary: ...
-QUICK_TRIALS = 6
+
+
 BUSY_WAIT_S = 5.0  # beside other runs of a shared storage: how often to look for their results
-CONFIRM_MAX = 4  # configs re-probed by --confirm: the best and its three closest runners-up
 
 
 @dataclass
@@ -62,112 +64,6 @@ class TuneResult:
     output: Path
     stop_reason: str
     new_trials: int
-
-
-def neighbours(space: SearchSpace, values: dict[str, Any]) -> list[dict[str, Any]]:
-    """Configs one grid step away from ``values`` in one dimension (for --refine)."""
-    out = []
-    for d in space.dims:
-        grid = list(d.grid_values())
-        if values.get(d.name) not in grid:
-            continue
-        i = grid.index(values[d.name])
-        for j in (i - 1, i + 1):
-            if 0 <= j < len(grid):
-                candidate = {**values, d.name: grid[j]}
-                if space.allowed(candidate):
-                    out.append(candidate)
-    return out
-
-
-def trials_since_best(history: list[Trial]) -> int:
-    """Trials measured after the best one (all of them while none fits): what patience counts."""
-    order = ranked(history)
-    return sum(1 for t in history if not order or t.number > order[0].number)
-
-
-def confirm(spec: Spec, space: SearchSpace, store: TrialStore, history: list[Trial], probe_fn: ProbeFn,
-            emit: EventFn) -> None:
-    """``tune.confirm_rounds`` more probes of the best config and of each runner-up within its
-    measurement noise or within ``tune.confirm_margin`` of it (at most ``CONFIRM_MAX - 1``),
-    interleaved (A B A B: a drift of the machine hits both alike). Rounds already in the study
-    (a resumed run, or another run sharing the storage) are not probed again."""
-    rounds = spec.tune.confirm_rounds
-    order = ranked(history)
-    if rounds <= 0 or not order:
-        return
-    tied = {e["trial"] for e in within_noise(order)}
-    best = order[0]
-    close = [t for t in order[1:] if t.number in tied
-             or t.measured_objective >= best.measured_objective * (1 - spec.tune.confirm_margin)]
-    candidates = [best, *close][:CONFIRM_MAX]
-    if len(candidates) < 2:
-        return  # a clear winner: nothing to confirm
-    for r in range(rounds):
-        for c in candidates:
-            key = config_key(c.values)
-            # fresh each time: other runs of a shared storage confirm too (done, or probing it now)
-            if len(store.repeats().get(key, ())) > r or key in store.in_flight():
-                continue
-            trial = store.ask(c.values)
-            emit(ConfirmStart(round=r + 1, rounds=rounds, values=c.values))
-            with store.beating(trial):
-                m = probe_fn(space.params(c.values), trial.number)
-            store.tell(trial, c.values, m, history, repeat=True)
-            emit(ConfirmEnd(round=r + 1, rounds=rounds, values=c.values, measurement=m))
-
-
-SEARCH_COMPLETE = "search complete: nothing left worth probing"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """When the search stops: its trial and time budgets, and the patience of the samplers."""
-
-    strategy: str
-    max_trials: int
-    most_trials: int
-    """What the progress view counts to: every strategy but bayes proposes grid points, each once."""
-    time_budget_s: float | None
-    patience: int
-    refine: bool
-
-
-def search_limits(spec: Spec, space: SearchSpace, strategy: str, max_trials: int | None, quick: bool,
-                  time_budget_s: float | None, refine: bool) -> Limits:
-    """The run's options over the spec's ``tune:`` section."""
-    if quick:
-        max_trials = min(max_trials or QUICK_TRIALS, QUICK_TRIALS)
-    if max_trials is None:
-        max_trials = spec.tune.max_trials or (space.grid_size() if strategy == "grid" else 30)
-    return Limits(strategy=strategy, max_trials=max_trials,
-                  most_trials=max_trials if strategy == "bayes" else min(max_trials, space.grid_size()),
-                  time_budget_s=time_budget_s if time_budget_s is not None else spec.tune.time_budget_s,
-                  patience=spec.tune.patience, refine=refine)
-
-
-def time_stop(limits: Limits, elapsed_s: float) -> str | None:
-    """Why the run stops now for its time budget, or None."""
-    if limits.time_budget_s is not None and elapsed_s >= limits.time_budget_s:
-        return f"time budget reached ({limits.time_budget_s:g} s)"
-    return None
-
-
-def search_stop(limits: Limits, history: list[Trial], busy: set[str]) -> str | None:
-    """Why the search proper ends before another config is asked for, or None: the trial budget
-    (a trial another run of the storage probes counts), or no better config within the patience."""
-    if len(history) + len(busy) >= limits.max_trials:
-        return f"trial budget reached ({limits.max_trials})"
-    if limits.strategy in ("random", "bayes") and trials_since_best(history) >= limits.patience:
-        return f"no better config in the last {limits.patience} trials"
-    return None
-
-
-def converged_stop(limits: Limits, reused: int) -> str | None:
-    """Why the run stops after the sampler proposed ``reused`` known answers in a row, or None."""
-    if reused >= limits.patience:
-        return f"the sampler proposed {reused} measured or excluded configs in a row"
-    return None
 
 
 @dataclass
@@ -493,3 +389,4 @@ def announce(store: TrialStore, history: list[Trial], emit: EventFn) -> None:
         emit(SharedStudy(name=store.name, trials=len(history), others=store.others))
     if history or store.retried:
         emit(Resumed(trials=len(history), retried=store.retried))
+
