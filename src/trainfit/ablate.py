@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainfit.errors import TrainfitError
+from trainfit.json_record import Record
 from trainfit.params import Params
 from trainfit.spec import Spec
-from trainfit.summary import Record
 
 SCHEMA_VERSION = 1
 FIXED = "fixed padding at max_length"

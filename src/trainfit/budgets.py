@@ -20,11 +20,11 @@ from typing import Any
 
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
+from trainfit.json_record import Record
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.tune import TuneResult, default_probe
 from trainfit.spec import MAX_MEMORY_GB, Spec
-from trainfit.summary import Record
 from trainfit.tune import tune
 
 SCHEMA_VERSION = 1

@@ -42,12 +42,13 @@ from typing import Any
 
 from trainfit.command import trl_data_config
 from trainfit.errors import TrainfitError
+from trainfit.json_record import Malformed, check_bounds, check_finite, check_schema, typed
 from trainfit.launch import run_logged
 from trainfit.probe.estimate import StepCost
 from trainfit.search.ranking import micro_batches
 from trainfit.spec import Spec
 from trainfit.step_pricing import Priced, pace_change, priced_steps
-from trainfit.summary import ConfigEntry, Malformed, check_bounds, check_finite, check_schema, typed
+from trainfit.summary import ConfigEntry
 from trainfit.trainer_output import bar_seconds_per_step, parse_train_runtime, recorded_steps, shown_steps, step_spread
 from trainfit.written_command import FALLBACK_HINT, as_one_line, written_command
 
@@ -157,7 +158,7 @@ class Calibration:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
-        """Read back :meth:`to_json`'s JSON; :class:`~trainfit.summary.Malformed` names the key of a value
+        """Read back :meth:`to_json`'s JSON; :class:`~trainfit.json_record.Malformed` names the key of a value
         missing, of the wrong type, not finite or out of :data:`BOUNDS` (a file edited by hand or damaged:
         a negative start-up would shorten every ETA it enters)."""
         check_schema(raw, SCHEMA_VERSION, "a calibration", "calibrate again with this trainfit")

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.files import write_atomically
+from trainfit.json_record import Record
 from trainfit.plan import Plan
 from trainfit.probe.estimate import StepCost
 from trainfit.progress import format_duration as dur
 from trainfit.search.ranking import micro_batches
-from trainfit.summary import Record
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,9 +33,9 @@ from trainfit.compare.runs import MEASURED, ConfigRun
 from trainfit.compare.suggest import Suggestion, suggest
 from trainfit.errors import TrainfitError
 from trainfit.files import held_folder, set_aside, write_atomically
+from trainfit.json_record import Record, check_schema
 from trainfit.plan.eval_pass import EvalSchedule, eval_set
 from trainfit.spec import Spec, load_spec
-from trainfit.summary import Record, check_schema
 
 SCHEMA_VERSION = 1
 

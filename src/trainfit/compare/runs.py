@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainfit.summary import Record
+from trainfit.json_record import Record
 
 MEASURED = ("finished", "diverged", "over_budget", "out_of_memory")
 """The statuses a resumed comparison keeps: what the config's training measured. A failure, or a

@@ -11,7 +11,7 @@ from typing import Any
 
 from trainfit.compare.configs import TRAINING_KEYS
 from trainfit.compare.runs import ConfigRun
-from trainfit.summary import Record
+from trainfit.json_record import Record
 
 SAME_LOSS = 0.02
 """Two final losses within 2% of each other are the same result."""

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from trainfit.calibration import Calibration
 from trainfit.errors import TrainfitError
+from trainfit.json_record import Record, check_schema
 from trainfit.plan.choose import PRIORITIES, RULES, choose
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_speed
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
 from trainfit.plan.inputs import Candidate, TuneRun, load_run
 from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
-from trainfit.summary import Record, Summary, check_schema
+from trainfit.summary import Summary
 
 if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainfit.json_record import Record
 from trainfit.plan.inputs import Candidate
 from trainfit.search.ranking import micro_batches
-from trainfit.summary import Record
 
 if TYPE_CHECKING:
-    from trainfit.plan.eval_pass import Evaluation
     from trainfit.calibration import Calibration
+    from trainfit.plan.eval_pass import Evaluation
 
 SAVE_SAMPLE_BYTES = 256 * 2**20
 """At most this much is written to time a checkpoint save; a larger checkpoint is priced at the

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainfit.errors import TrainfitError
-from trainfit.summary import Record
+from trainfit.json_record import Record
 
 if TYPE_CHECKING:
     from trainfit.params import Params

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainfit.json_record import Record
 from trainfit.params import KNOBS, Params
 from trainfit.plan.eta import Eta, run_speed
 from trainfit.plan.inputs import Candidate
 from trainfit.probe.estimate import epoch_speed, typical_mix
-from trainfit.summary import Record
 
 SHORTER_QUANTILES = (0.99, 0.95, 0.9)
 """The shorter ``max_length`` options: these quantiles of the data's lengths, rounded up to 64."""

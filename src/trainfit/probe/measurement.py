@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainfit.summary import Malformed, check_bounds, check_finite, typed
+from trainfit.json_record import Malformed, check_bounds, check_finite, typed
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout")

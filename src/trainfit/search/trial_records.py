@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainfit.json_record import Malformed, check_bounds, check_finite, typed
 from trainfit.probe.measurement import Measurement, read_measurement
 from trainfit.search.claims import owner_id
 from trainfit.search.trials import config_key
-from trainfit.summary import Malformed, check_bounds, check_finite, typed
 
 CONSTRAINT = "memory"
 

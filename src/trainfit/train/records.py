@@ -3,8 +3,8 @@
 those records, :class:`TrainRun` (``train.json``) and :class:`TrainResult` (``train_result.json``).
 
 A file of valid JSON can still be damaged: an edit by hand, a bad merge, another tool's output
-(``"command": 12``). :meth:`trainfit.summary.Record.from_json` checks the values' types and says
-which key is wrong (:class:`trainfit.summary.Malformed`); :func:`load_record` adds the file and the
+(``"command": 12``). :meth:`trainfit.json_record.Record.from_json` checks the values' types and says
+which key is wrong (:class:`trainfit.json_record.Malformed`); :func:`load_record` adds the file and the
 fix, and marks the file :class:`Damaged`, which a resume can rebuild (:mod:`trainfit.train.rebuild`).
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainfit.errors import TrainfitError
+from trainfit.json_record import Malformed, Record, check_schema
 from trainfit.plan.eval_pass import Evaluation
-from trainfit.summary import Malformed, Record, check_schema
 from trainfit.train.data_check import trained_files
 
 R = TypeVar("R", bound=Record)
