@@ -17,18 +17,15 @@ import contextlib
 import datetime as _dt
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from trainfit.compare.configs import NamedConfig, read_configs, split_training
+from trainfit.compare.jobs import CONFIGS, ConfigJobs, as_job_json, measured_run, recorded_jobs, with_changes
 from trainfit.compare.runs import MEASURED, ConfigRun
 from trainfit.compare.suggest import Suggestion, suggest
 from trainfit.errors import TrainfitError
@@ -38,6 +35,7 @@ from trainfit.plan.eval_pass import EvalSchedule, eval_set
 from trainfit.spec import Spec, load_spec
 
 SCHEMA_VERSION = 1
+
 
 __all__ = ["Comparison", "compare"]
 
@@ -123,7 +121,7 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
             split[0].rename(output / HOLDOUT)
             trained_on += [f"data.path={output / HOLDOUT / 'train.jsonl'}", "data.format=jsonl"]
             spec = load_spec(spec_path, trained_on)
-        jobs = _Jobs(spec, spec_path, trained_on, output, evaluation, steps, minutes, comparison=state.setup(),
+        jobs = ConfigJobs(spec, spec_path, trained_on, output, evaluation, steps, minutes, comparison=state.setup(),
                      lock=lock)
         if storage is not None:
             state = _shared(state, storage, configs, jobs, output, say)
@@ -132,10 +130,10 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
                 continue
             say(f"[{i}/{len(configs)}] {config.name}: {steps} steps of {_settings(config)}")
             run = jobs.run(config)
-            state = _with(state, runs={**state.runs, config.name: run})
+            state = with_changes(state, runs={**state.runs, config.name: run})
             _write(output, state)  # kept before it is said: an interrupt after the line loses nothing
             say(f"[{i}/{len(configs)}] {config.name}: {run.status}" + (f" ({run.error})" if run.error else ""))
-        state = _with(state, suggestions=suggest(state.configs, state.runs, target_loss, steps, spec.params.to_dict()))
+        state = with_changes(state, suggestions=suggest(state.configs, state.runs, target_loss, steps, spec.params.to_dict()))
         _write(output, state)
         from trainfit.compare.report import write_report
 
@@ -158,11 +156,8 @@ def _only_comparison(output: Path, resume: bool) -> contextlib.AbstractContextMa
 
 HOLDOUT = "holdout"
 """The folder of a comparison's held-out split (``--holdout``): ``train.jsonl`` and ``heldout.jsonl``."""
-CONFIGS = "configs"
-"""The folder of the configs' folders, ``OUTPUT/configs/NAME`` (``job.json``, ``result.json``, what
-its trainer writes): a folder of their own, as a config may be named like any of the comparison's
-files (``model``, ``holdout``, ``compare.json``). An older comparison's configs, in ``OUTPUT/NAME``,
-resume from its ``compare.json``; what trains again trains here."""
+
+
 
 
 def _split(spec: Spec, n: int, eval_data: str | Path | None, output: Path) -> tuple[Path, str]:
@@ -232,7 +227,7 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
         say(f"trainfit: {name} {why}: training it again")
     if kept:
         say(f"trainfit: resuming: {', '.join(kept)} done, kept")
-    return _with(now, runs=kept)
+    return with_changes(now, runs=kept)
 
 
 def _recorded(path: Path) -> Comparison:
@@ -267,152 +262,26 @@ def _rebuilt(now: Comparison, output: Path, damage: str, say: Callable[[str], No
     is (before anything is moved or deleted). A config's measured run is kept where its ``job.json``
     says it trained the config as the configs file has it now; one edited since, or not done, trains
     again. The damaged file is set aside (:func:`~trainfit.files.set_aside`)."""
-    setup = _as_json(now.setup())
-    jobs = _jobs(output)
+    setup = as_job_json(now.setup())
+    jobs = recorded_jobs(output)
     for job in jobs.values():
         _refuse_other_settings(output, job["comparison"], setup)
     runs: dict[str, ConfigRun] = {}
     for name, given in now.configs.items():
-        run = _measured(output / CONFIGS / name, name)
+        run = measured_run(output / CONFIGS / name, name)
         if name not in jobs or run is None:
             continue  # not trained, cut short, or damaged too: it trains again
-        if jobs[name].get("given") != _as_json(given):
+        if jobs[name].get("given") != as_job_json(given):
             say(f"trainfit: {name} changed in the configs file: training it again")
         else:
             runs[name] = run
     aside = set_aside(output / "compare.json")
     say(f"trainfit: {damage}; rebuilt from the configs' results: {', '.join(runs) or 'none kept'} "
         f"(the damaged file is kept as {aside})")
-    return _with(now, runs=runs)
+    return with_changes(now, runs=runs)
 
 
-def _jobs(output: Path) -> dict[str, dict[str, Any]]:
-    """The ``job.json`` of each config's folder, by name, where it can be read and records its
-    comparison's setup (one that cannot: its config trains again)."""
-    jobs = {}
-    for path in sorted((output / CONFIGS).glob("*/job.json")):
-        try:
-            job = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(job, dict) and isinstance(job.get("comparison"), dict):
-            jobs[path.parent.name] = job
-    return jobs
-
-
-def _measured(folder: Path, name: str) -> ConfigRun | None:
-    """The measured run ``folder/result.json`` holds of config ``name`` (None: none, or damaged)."""
-    try:
-        run = ConfigRun.from_json(json.loads((folder / "result.json").read_text()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return run if run.name == name and run.status in MEASURED else None
-
-
-def _as_json(value: Any) -> Any:
-    """``value`` as a ``job.json`` holds it once read back."""
-    return json.loads(json.dumps(value, default=str))
-
-
-CHILD_MAIN = """import sys
-if sys.path[:1] == ['']:
-    del sys.path[0]
-from trainfit.probe.worker import die_with_parent
-die_with_parent(int(sys.argv[2]), sys.argv[3] == '1')
-from trainfit.compare.child import entry
-sys.exit(entry(sys.argv[1:2]))
-"""
-"""The config process's first lines: it is bound to die with the comparison before any heavy
-import (transformers' trainer takes seconds, and the comparison may die meanwhile)."""
-
-
-def child_command(job: Path, parent_pid: int, on_main_thread: bool) -> list[str]:
-    """The config process's command line: its ``job.json``, the comparison's pid, and whether the
-    thread starting it lives as long as the comparison (see
-    :func:`~trainfit.probe.worker.die_with_parent`: it dies with the comparison, as a probe worker
-    does with its runner). ``-c``, not ``-m``, as the probe worker's
-    (:func:`~trainfit.probe.runner.worker_command`): no file of the working directory shadows a library."""
-    return [sys.executable, "-c", CHILD_MAIN, str(job), str(parent_pid), str(int(on_main_thread))]
-
-
-class _Jobs:
-    """What each config's child process is given, and the child run."""
-
-    def __init__(self, spec: Spec, spec_path: str | Path, overrides: Sequence[str], output: Path,
-                 evaluation: EvalSchedule | None, steps: int, minutes: float | None = None, *,
-                 comparison: dict[str, Any], lock: IO[str]) -> None:
-        import torch
-
-        from trainfit.data.analyze import analyze_spec
-        from trainfit.probe.runner import resolve_device_name
-
-        self.spec, self.output, self.evaluation, self.steps, self.lock = spec, output, evaluation, steps, lock
-        self.base = {"spec": str(Path(spec_path).resolve()), "overrides": list(overrides), "steps": steps,
-                     "minutes": minutes,
-                     "evaluation": evaluation.to_json() if evaluation else None,
-                     "comparison": comparison}  # which comparison the run is of: a rebuild takes only its own
-        self.stats = analyze_spec(spec, progress=False)
-        self.cpu = resolve_device_name(spec.probe.device) == "cpu"
-        self.threads = torch.get_num_threads() if self.cpu else None
-        self.data_config = self.folder = Path()
-        self.model_dir: Path | None = None
-        if spec.model.factory is None:
-            self._trl_data()
-
-    def _trl_data(self) -> None:
-        """The data (and eval split) and the saved random-init model the ``trl sft`` runs read."""
-        import yaml
-
-        from trainfit.command import trl_data_config
-        from trainfit.plan.eval_pass import trl_dataset
-        from trainfit.report import initial_model
-
-        config = trl_data_config(self.spec)
-        if config is None:
-            raise TrainfitError(f"trl sft has no loader for {self.spec.data.path if self.spec.data else 'the data'}",
-                                "give the data as JSONL, JSON, CSV, Parquet or text")
-        self.data_config = self.output / "trl_data.yaml"
-        self.data_config.write_text(yaml.safe_dump(config, sort_keys=False))
-        if self.evaluation is not None:
-            self.folder = trl_dataset(self.output / "trl_dataset", self.spec, Path(self.evaluation.path))
-        self.model_dir = initial_model(self.output, self.spec)
-
-    def argv(self, config: NamedConfig) -> list[str]:
-        """The ``trl sft`` arguments of ``config``, as tune writes them, on this comparison's data."""
-        from trainfit.command import trl_command, with_eval_split
-
-        words = trl_command(self.spec, config.params, max_length=self.stats.truncation_length(config.params.max_length),
-                            data_config=self.data_config, cpu_threads=self.threads, model_dir=self.model_dir)
-        words = words[words.index("sft") + 1:]
-        if self.evaluation is not None:
-            words = with_eval_split(words, self.folder, self.evaluation.trl_args())
-        return words
-
-    def run(self, config: NamedConfig) -> ConfigRun:
-        folder = self.output / CONFIGS / config.name
-        shutil.rmtree(folder, ignore_errors=True)  # a config cut short earlier starts over
-        folder.mkdir(parents=True)
-        job = {**self.base, "name": config.name, "given": config.given, "folder": str(folder),
-               "threads": self.threads, "samples": self.stats.samples,
-               "argv": self.argv(config) if self.spec.model.factory is None else []}
-        (folder / "job.json").write_text(json.dumps(job, indent=2) + "\n")
-        began = time.perf_counter()
-        # Its own session: a terminal's Ctrl-C reaches `trainfit compare` alone, which kills the child as it
-        # stops (subprocess.run does) and says how to resume, instead of the child's traceback mid-import.
-        # It holds the folder's lock too, so that a comparison killed outright leaves it held until the
-        # child, dying with it, is gone.
-        on_main_thread = threading.current_thread() is threading.main_thread()
-        subprocess.run(child_command(folder / "job.json", os.getpid(), on_main_thread), check=False,
-                       start_new_session=True, pass_fds=(self.lock.fileno(),))
-        wall = round(time.perf_counter() - began, 3)
-        result = folder / "result.json"
-        if not result.is_file():
-            return _with(ConfigRun.failed(config.name, self.steps, "its process ended without a result (killed?)"),
-                         wall_s=wall)
-        return _with(ConfigRun.from_json(json.loads(result.read_text())), wall_s=wall)
-
-
-def _shared(state: Comparison, url: str, configs: list[NamedConfig], jobs: _Jobs, output: Path,
+def _shared(state: Comparison, url: str, configs: list[NamedConfig], jobs: ConfigJobs, output: Path,
             say: Callable[[str], None]) -> Comparison:
     """Train the configs this machine claims in the shared storage, then wait for the ones other
     machines train (a dead machine's config is given back and claimed again); the comparison
@@ -435,7 +304,7 @@ def _shared(state: Comparison, url: str, configs: list[NamedConfig], jobs: _Jobs
                 run = jobs.run(by_name[name])
             shared.finish(trial, run, name)
             say(f"{name}: {run.status}" + (f" ({run.error})" if run.error else ""))
-        state = _with(state, runs={n: r for n, r in sorted(shared.runs().items(), key=lambda kv: list(by_name).index(
+        state = with_changes(state, runs={n: r for n, r in sorted(shared.runs().items(), key=lambda kv: list(by_name).index(
             kv[0]))})
         _write(output, state)
         busy = shared.elsewhere()
@@ -452,11 +321,8 @@ def _settings(config: NamedConfig) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.given.items()) or "the spec's params"
 
 
-def _with(record: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(record, **changes)
 
 
 def _write(output: Path, state: Comparison) -> None:
     write_atomically(output / "compare.json", json.dumps(state.to_json(), indent=2) + "\n")
+

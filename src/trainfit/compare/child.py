@@ -1,5 +1,5 @@
 """One config of a comparison, trained in its own process (started by
-:func:`trainfit.compare.child_command`, which binds it to die with the comparison): K real
+:func:`trainfit.compare.jobs.child_command`, which binds it to die with the comparison): K real
 optimizer steps on the same trainers ``trainfit train`` uses (TRL's ``SFTTrainer`` for a Hugging
 Face model, trainfit's loop on the probe's ``TrainStep`` for a factory model), with the same seed
 and data order for every config, its loss logged every step and the eval set evaluated on its
@@ -157,7 +157,7 @@ def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path, seed: in
 
 def main(argv: list[str]) -> int:
     """``JOB.json``: train it, write its ``result.json``. Started by the comparison
-    (:func:`trainfit.compare.child_command`), which bound this process to die with it first."""
+    (:func:`trainfit.compare.jobs.child_command`), which bound this process to die with it first."""
     from trainfit.errors import TrainfitError
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notes, per config
