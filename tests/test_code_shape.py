@@ -1,6 +1,6 @@
 """The code stays in pieces a reader can hold: no function in ``src/trainfit`` is longer than
-``LONGEST`` lines unless a ``# long: <why>`` comment on the line above its ``def`` says why
-(docs/architecture.md)."""
+``LONGEST`` lines unless a ``# long: <why>`` comment on the line above its ``def`` says why, and
+no module is longer than ``LARGEST`` lines (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "trainfit"
 LONGEST = 60
+LARGEST = 450
+"""A module over this holds several concerns: split it by concern (issue 31)."""
 
 
 def long_functions(path: Path) -> list[str]:
@@ -35,3 +37,8 @@ def test_the_check_sees_a_long_function_and_a_written_reason(tmp_path: Path) -> 
     body = "".join(f"    x{i} = {i}\n" for i in range(LONGEST))
     (tmp_path / "m.py").write_text(f"def f():\n{body}\n\n# long: one table\ndef g():\n{body}\n\ndef h():\n    pass\n")
     assert long_functions(tmp_path / "m.py") == [f"f ({LONGEST + 1} lines) at line 1"]
+
+
+def test_no_module_in_src_is_longer_than_its_concern() -> None:
+    sizes = {str(path.relative_to(SRC)): len(path.read_text().splitlines()) for path in sorted(SRC.rglob("*.py"))}
+    assert {path: n for path, n in sizes.items() if n > LARGEST} == {}

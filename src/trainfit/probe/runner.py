@@ -25,6 +25,7 @@ from trainfit.probe.estimate import assumed_mix, times_longest, typical_mix
 from trainfit.probe.events import ProbeEvent, Result, parse_event
 from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
 from trainfit.probe.request import ProbeRequest
+from trainfit.probe.strays import descendants, kill_all, pipe_writers
 from trainfit.spec import GiB, Spec
 
 EventCallback = Callable[[ProbeEvent], None]
@@ -93,6 +94,7 @@ DRAIN_S = 2.0
 """How long the reader keeps taking a stopped worker's output while more keeps coming (from a
 process it left behind): its last lines are in the pipe already, written before it ended."""
 
+
 _WORKER_MAIN = """import sys
 if sys.path[:1] == ['']:
     del sys.path[0]
@@ -114,62 +116,6 @@ def worker_command(spawned_at: float, parent_pid: int, on_main_thread: bool, eve
     """
     return [sys.executable, "-c", _WORKER_MAIN, repr(spawned_at), str(parent_pid), str(int(on_main_thread)),
             str(events_fd)]
-
-
-def _descendants(pid: int) -> list[Any]:
-    """``pid``'s children, theirs and so on (psutil processes), including those in other sessions."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _pipe_writers(*fds: int) -> list[Any]:
-    """The processes that can still write into the pipes whose read ends are ``fds`` (psutil processes).
-
-    The worker's pipes stay open while any process holds a write end, whatever session or group
-    it is in, even after the worker is gone. Found on Linux through ``/proc/PID/fd`` (write mode
-    only: a fork of this process holds the read end, and is no stray); none elsewhere.
-    """
-    import psutil
-
-    pipes = {f"pipe:[{os.fstat(fd).st_ino}]" for fd in fds}
-    writers = []
-    try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return []
-    for pid in pids:
-        try:
-            for n in os.listdir(f"/proc/{pid}/fd"):
-                if os.readlink(f"/proc/{pid}/fd/{n}") in pipes and _opened_for_writing(pid, n):
-                    writers.append(psutil.Process(pid))
-                    break
-        except (OSError, psutil.Error):  # gone meanwhile, or not ours to read
-            continue
-    return writers
-
-
-def _opened_for_writing(pid: int, fd: str) -> bool:
-    """Whether descriptor ``fd`` of ``pid`` was opened for writing (Linux's ``/proc/PID/fdinfo``)."""
-    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-        for line in f:
-            if line.startswith("flags:"):
-                return (int(line.split()[1], 8) & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
-    return False
-
-
-def _kill(processes: list[Any]) -> None:
-    """SIGKILL each of ``processes`` (psutil's check that the pid was not reused comes with it)."""
-    import psutil
-
-    for process in processes:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
 
 
 @dataclass
@@ -262,13 +208,13 @@ class ProbeSession:
         assert proc.stdout is not None and proc.stdin is not None
         strays: list[Any] = []
         if proc.poll() is None:
-            strays = _descendants(proc.pid)  # before the kill: then they still have the worker as ancestor
+            strays = descendants(proc.pid)  # before the kill: then they still have the worker as ancestor
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         proc.wait()
-        _kill(strays + _pipe_writers(proc.stdout.fileno(), self._events_fd))
+        kill_all(strays + pipe_writers(proc.stdout.fileno(), self._events_fd))
         self._stop_reading()
         proc.stdin.close()
         proc.stdout.close()
@@ -454,3 +400,4 @@ def run_probe(
         if workdir is None:
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="trainfit-probe-"))
         return session.run(request, spec.probe.timeout_s, Path(workdir), on_event)
+
