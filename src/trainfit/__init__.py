@@ -26,7 +26,7 @@ _LAZY = {
     "Measurement": "trainfit.probe.measurement",
     "run_probe": "trainfit.probe.runner",
     "LengthStats": "trainfit.data.stats",
-    "LengthRecipe": "trainfit.data.lengths",
+    "LengthRecipe": "trainfit.data.row_length",
     "count_lengths": "trainfit.data.lengths",
     "summarize": "trainfit.data.stats",
     "tune": "trainfit.tune",

@@ -115,7 +115,7 @@ class Calibration:
     epoch's average step (``ratio``), which the first shuffled batches' lengths sway."""
     own_step_s: float | None = None
     """The trainer's own time per step, fitted over the timed steps apart from the machine's drift
-    (``calibration.own_step_time``); None where their costs vary too little to tell the two apart
+    (``step_pricing.own_step_time``); None where their costs vary too little to tell the two apart
     (fixed padding), they were not priced, or it was recorded before this was measured."""
     trial: int | None = None
     """The tune trial of the config the steps ran (None: recorded before it was kept)."""

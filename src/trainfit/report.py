@@ -85,7 +85,7 @@ def read_trainer_cost(output: Path) -> TrainerCost | None:
         return TrainerCost.from_json(json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError) as err:
         raise TrainfitError(f"cannot read {path}: {err}",
-                            f"delete it (the ranking then rests on the probes alone), or tune with --calibrate again"
+                            "delete it (the ranking then rests on the probes alone), or tune with --calibrate again"
                             ) from None
 
 

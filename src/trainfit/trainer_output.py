@@ -34,6 +34,7 @@ def bar_step(segment: str, total: int) -> int | None:
 
 
 def shown_steps(arrivals: Mapping[int, float], after: int) -> list[tuple[int, float]]:
+    """The (step, arrival) pairs the bar showed from step ``after`` on, in step order."""
     return sorted((n, t) for n, t in arrivals.items() if n >= after)
 
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable
 
 from trainfit.cli.render import table
 from trainfit.format import OOM_NEED, fmt_need, fmt_num, parts_line, unit, values_line

@@ -158,8 +158,6 @@ HOLDOUT = "holdout"
 """The folder of a comparison's held-out split (``--holdout``): ``train.jsonl`` and ``heldout.jsonl``."""
 
 
-
-
 def _split(spec: Spec, n: int, eval_data: str | Path | None, output: Path) -> tuple[Path, str]:
     """The held-out split of ``spec``'s data, made in a folder beside the output's (it replaces
     the output's own once the comparison is accepted: a refused one leaves that as it was), and its
@@ -319,8 +317,6 @@ def _shared(state: Comparison, url: str, configs: list[NamedConfig], jobs: Confi
 
 def _settings(config: NamedConfig) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.given.items()) or "the spec's params"
-
-
 
 
 def _write(output: Path, state: Comparison) -> None:

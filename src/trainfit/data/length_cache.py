@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -18,9 +18,6 @@ from trainfit.data.readers import detect_format, refuse_special
 from trainfit.data.row_length import LengthRecipe
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
-
-if TYPE_CHECKING:
-    pass
 
 
 def default_cache_dir() -> Path:

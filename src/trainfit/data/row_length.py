@@ -6,14 +6,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from trainfit.errors import TrainfitError
-
-if TYPE_CHECKING:
-    pass
 
 
 BAD = -1  # length recorded for a row that could not be read

@@ -16,8 +16,6 @@ from trainfit.errors import TrainfitError
 
 if TYPE_CHECKING:
     from trainfit.probe.phases import Built
-    pass
-
 
 
 def is_oom(err: BaseException, capped_cpu: bool = False) -> bool:

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from trainfit.probe.request import ProbeRequest
 
 
-
 @dataclass
 class Built:
     """A model with its knobs and optimizer applied, kept for the next probe with the same key."""

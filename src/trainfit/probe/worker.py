@@ -18,7 +18,7 @@ the next probe gets a fresh one.
 
 Phases: start (process + imports) -> build (model, knobs, optimizer) -> memory (optimizer steps on
 the worst-case batch; AdamW allocates its state at the first step, so >= 2; at most two
-micro-batches each, see :func:`memory_micro_batches`) -> burn_in (typical
+micro-batches each, see :func:`~trainfit.probe.memory.memory_micro_batches`) -> burn_in (typical
 batches, untimed: compile, cuDNN autotune, allocator warm-up) -> timed (typical batches at a few
 shapes spread over the epoch's padded lengths, whose fitted cost gives the epoch's speed, until the
 stop rule in :mod:`trainfit.probe.timing` says the estimate is stable).
@@ -65,11 +65,8 @@ if TYPE_CHECKING:
     from trainfit.probe.request import ProbeRequest
 
 
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 
 
 class ModelCache:

@@ -79,7 +79,7 @@ def closed_elsewhere(storage: Any, trial: Any) -> bool:
 
 @contextlib.contextmanager
 def heartbeat(storage: Any, trial: Any) -> Iterator[None]:
-    """Record ``trial``'s heartbeat in ``storage`` (an :func:`open_storage`) at once and then every
+    """Record ``trial``'s heartbeat in ``storage`` (an :func:`~trainfit.search.storage.open_storage`) at once and then every
     ``HEARTBEAT_S`` seconds while the block runs, as ``Study.optimize`` does around its objective
     (Optuna's heartbeat thread is private): other runs tell a live trial (however long its work)
     from one whose machine died (stale after three missed beats)."""

@@ -15,7 +15,7 @@ from typing import IO, Any
 from trainfit.errors import TrainfitError
 from trainfit.files import FolderBusy, lock_folder
 from trainfit.params import Params
-from trainfit.search.claims import HEARTBEAT_S
+from trainfit.search import claims
 from trainfit.spec import Spec
 
 
@@ -74,7 +74,7 @@ def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None) -
     Its heartbeat is on (every ``HEARTBEAT_S`` seconds, stale after three missed): runs on other
     machines tell a trial that a live run is probing from one whose machine died by the heartbeats
     recorded in the database, on the database's clock. ``on_stale(study, trial)`` is called for each
-    stale trial this process closes; it does not queue the trial again (see :meth:`TrialStore.ask`)."""
+    stale trial this process closes; it does not queue the trial again (see :meth:`~trainfit.search.study.TrialStore.ask`)."""
     import optuna
     import sqlalchemy.exc
 
@@ -87,7 +87,8 @@ def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None) -
         try:
             with warnings.catch_warnings():  # the heartbeat is "experimental" since optuna 2.9
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S,
+                return optuna.storages.RDBStorage(url, heartbeat_interval=claims.HEARTBEAT_S,
+                                                  grace_period=3 * claims.HEARTBEAT_S,
                                                   heartbeat_stale_trial_callback=on_stale)
         except ImportError:
             raise TrainfitError(f"no database driver installed for --storage {shown}",
@@ -116,7 +117,7 @@ def refuse_to_open(name: str, *, output: Path, storage: str | None, existing: li
 
     ``emptied``: the output folder's journal is there but empty (0 bytes): its study lost every
     trial. ``--resume`` begins it again there (the run names the trials it lost, see
-    :meth:`TrialStore.lost`); without, the refusal says so, not "nothing to resume"."""
+    :meth:`~trainfit.search.study.TrialStore.lost`); without, the refusal says so, not "nothing to resume"."""
     where = masked(storage) if storage else str(output)
     if join and storage is None:
         raise TrainfitError("--join is for runs sharing a --storage", "add --storage URL, or use --resume")

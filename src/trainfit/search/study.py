@@ -1,11 +1,7 @@
-"""The trial store: trials persisted in an Optuna study: every probe is stored as it ends, and a study can be
-resumed after Ctrl-C or a crash (a trial cut off mid-probe is retried).
-
-OOM and over-budget configs are COMPLETE trials with a violated ``memory`` constraint
-(``trial.set_constraint``), never FAIL trials, which Optuna's samplers ignore and so propose
-again. Every trial carries the same constraint key, as GPSampler requires, and a param of every
-searched knob in the knob's one distribution, as Optuna's samplers require to model it (a value
-off the grid is told with a stand-in choice, the real one kept in the trial's ``values``).
+"""The trial store (:class:`TrialStore`): the Optuna study a run asks and tells, every probe stored as
+it ends, a study resumed after Ctrl-C or a crash (a trial cut off mid-probe is retried), and the
+claims on configs of runs sharing a storage. What a stored trial holds, and why an OOM is a COMPLETE
+trial with a violated constraint: :mod:`trainfit.search.trial_records`.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def constraint_value(m: Measurement) -> float:
 
 
 def record_problem(trial: Any, names: Sequence[str]) -> str | None:
-    """Why a measured trial's record (what :meth:`TrialStore.tell` stores: its measurement, values
+    """Why a measured trial's record (what :meth:`~trainfit.search.study.TrialStore.tell` stores: its measurement, values
     and objective) cannot be read back, or None. A journal edited by hand or by a tool can hold valid
     JSON of any type there, which would fail far from here (a traceback in the ranking), or a speed
     of NaN or below 0, which would rank first. Tune and plan both leave out a trial this flags."""
@@ -101,7 +101,7 @@ def _number(value: Any) -> bool:
 
 
 def constraint_problem(trial: Any) -> str | None:
-    """Why a sampler cannot read a measured trial's constraints, or None: :meth:`TrialStore.tell`
+    """Why a sampler cannot read a measured trial's constraints, or None: :meth:`~trainfit.search.study.TrialStore.tell`
     gives every trial one, ``memory``, a number (GPSampler requires one same set on every trial).
     A journal edited by hand can hold another type there, or none, and GPSampler then raises a bare
     TypeError or ValueError from inside ``ask``. Read from the system attrs Optuna keeps them in
@@ -152,7 +152,7 @@ def ask_trial(study: Any, distributions: Mapping[str, Any], values: Mapping[str,
     same one. A new trial is each run's own (one insert), though it has no params for a moment.
 
     In a shared storage (``heartbeat_in``) the trial's first heartbeat is recorded before its
-    ``owner``: a trial with an owner has a heartbeat for Optuna to judge (see :func:`abandoned`).
+    ``owner``: a trial with an owner has a heartbeat for Optuna to judge (see :func:`~trainfit.search.claims.abandoned`).
     Another run can close a trial while it is asked for (it judges the trial's start by its own
     clock: a machine in another time zone sees it hours old): then a new one is asked for."""
     import optuna

@@ -11,7 +11,7 @@ from typing import Any, overload
 from trainfit.errors import Problem, SpecError, TrainfitError
 from trainfit.params import Params, parse_params
 from trainfit.space import SearchSpace, parse_space
-from trainfit.spec.fields import SEED_RANGE, check_bounds, check_one_of, typed_sections, unknown
+from trainfit.spec.fields import SEED_RANGE, check_field_bounds, check_one_of, typed_sections, unknown
 from trainfit.spec.rules import lora_problems, loss_problems, template_problems, trl_problems
 from trainfit.spec.sections import (
     MAX_MEMORY_GB,
@@ -138,8 +138,8 @@ def _budget_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Bu
     if typed is None:
         return None
     budget = Budget(**typed)
-    check_bounds(budget, "budget", ("memory_gb",), "> 0", problems)
-    check_bounds(budget, "budget", ("headroom_gb",), ">= 0", problems)
+    check_field_bounds(budget, "budget", ("memory_gb",), "> 0", problems)
+    check_field_bounds(budget, "budget", ("headroom_gb",), ">= 0", problems)
     for name in ("memory_gb", "headroom_gb"):
         if (value := getattr(budget, name)) is not None and value > MAX_MEMORY_GB:
             problems.append(Problem(f"budget.{name}", f"must be <= {MAX_MEMORY_GB:,} GiB (a pebibyte), got {value:g}"))
@@ -155,10 +155,10 @@ def _probe_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Pro
     if typed is None:
         return None
     probe = ProbeSettings(**typed)
-    check_bounds(probe, "probe", ("memory_steps", "min_steps", "max_steps"), ">= 1", problems)
-    check_bounds(probe, "probe", ("burn_in_steps",), ">= 0", problems)
-    check_bounds(probe, "probe", ("max_seconds", "timeout_s", "target_rel_ci"), "> 0", problems)
-    check_bounds(probe, "probe", ("seed",), SEED_RANGE, problems)
+    check_field_bounds(probe, "probe", ("memory_steps", "min_steps", "max_steps"), ">= 1", problems)
+    check_field_bounds(probe, "probe", ("burn_in_steps",), ">= 0", problems)
+    check_field_bounds(probe, "probe", ("max_seconds", "timeout_s", "target_rel_ci"), "> 0", problems)
+    check_field_bounds(probe, "probe", ("seed",), SEED_RANGE, problems)
     dev = probe.device
     if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
         problems.append(Problem("probe.device", f"{dev!r} is not auto, cpu, cuda or cuda:N"))
@@ -173,10 +173,10 @@ def _tune_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Tune
     tune = TuneSettings(**typed)
     check_one_of(tune, "tune", "strategy", STRATEGIES, problems)
     check_one_of(tune, "tune", "objective", OBJECTIVES, problems)
-    check_bounds(tune, "tune", ("max_trials", "target_effective_batch", "patience"), ">= 1", problems)
-    check_bounds(tune, "tune", ("epochs", "time_budget_s"), "> 0", problems)
-    check_bounds(tune, "tune", ("confirm_rounds",), ">= 0", problems)
-    check_bounds(tune, "tune", ("seed",), SEED_RANGE, problems)
+    check_field_bounds(tune, "tune", ("max_trials", "target_effective_batch", "patience"), ">= 1", problems)
+    check_field_bounds(tune, "tune", ("epochs", "time_budget_s"), "> 0", problems)
+    check_field_bounds(tune, "tune", ("confirm_rounds",), ">= 0", problems)
+    check_field_bounds(tune, "tune", ("seed",), SEED_RANGE, problems)
     if not 0 <= tune.confirm_margin < 1:
         problems.append(Problem("tune.confirm_margin", "must be between 0 and 1 (a relative gap, e.g. 0.05)"))
     return tune

@@ -119,7 +119,7 @@ _BOUNDS: dict[str, Callable[[float], bool]] = {
 }
 
 
-def check_bounds(section: Any, key: str, names: Sequence[str], bound: str, problems: list[Problem]) -> None:
+def check_field_bounds(section: Any, key: str, names: Sequence[str], bound: str, problems: list[Problem]) -> None:
     """Each field of ``names`` that is set (not None) must satisfy ``bound`` (a key of ``_BOUNDS``).
     Every default satisfies its bound, so a key left out is never reported."""
     for name in names:

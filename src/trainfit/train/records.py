@@ -111,7 +111,7 @@ class TrainRun(Record):
         return trained_files(spec, self.argv if self.kind == "trl_sft" else None)
 
     def what(self) -> dict[str, str]:
-        """What decides the training, flat, for :func:`differences`."""
+        """What decides the training, flat, for :func:`~trainfit.train.prepare.differences`."""
         from trainfit.train.sft import flags
 
         out = {"tune folder": self.run_dir, "trial": str(self.trial), "max steps": str(self.max_steps)}
