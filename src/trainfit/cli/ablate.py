@@ -116,12 +116,11 @@ def earlier_rows(path: Path, baseline: dict[str, Any]) -> list[Row]:
     except (ValueError, TypeError, KeyError) as err:
         raise TrainfitError(f"{path} is not an ablation trainfit can read ({err})",
                             "ablate into a new --output") from None
-    from trainfit.params import KNOBS, Params
+    from trainfit.params import Params
 
     # A knob added since that file was written ran at its default there.
     defaults = Params().to_dict()
-    was = {**{k: defaults[k] for k in baseline.keys() - earlier.baseline.keys() if k in KNOBS},
-           **earlier.baseline}
+    was = {**{k: defaults[k] for k in baseline.keys() - earlier.baseline.keys() if k in defaults}, **earlier.baseline}
     differ = sorted(k for k in baseline.keys() | was.keys() if baseline.get(k) != was.get(k))
     if differ:
         raise TrainfitError(f"{path} measured another config: {', '.join(differ)} differ",

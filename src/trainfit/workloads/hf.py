@@ -110,40 +110,34 @@ SFT_OUTPUTS = ("log_probs", "entropy", "is_top1")
 """What TRL's SFT trainer asks the fused head for on every step (entropy and accuracy feed its logs)."""
 
 
-def liger_kernels(model_type: str) -> tuple[Any, str | None]:
-    """Liger-Kernel's ``_apply_liger_kernel_to_instance`` (what the transformers Trainer calls for
-    ``use_liger_kernel=True``: its fused linear cross-entropy, which never builds the full logits, and
-    its RMSNorm, RoPE and SwiGLU kernels) and None, or None and why it cannot be had for ``model_type``
-    (Liger skips an architecture it has no kernels for, silently: that is refused here)."""
-    try:
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance
-        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
-    except ImportError:
-        return None, "liger-kernel is not installed (pip install liger-kernel)"
-    except Exception as err:  # a liger-kernel that does not import with these torch/triton versions
-        return None, f"liger-kernel does not import here ({type(err).__name__}: {str(err)[:200]})"
-    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
-        return None, f"Liger-Kernel has no kernels for model type {model_type!r} (the Trainer would apply none)"
-    return _apply_liger_kernel_to_instance, None
-
-
 def resolve_liger(model_type: str, device: Any) -> tuple[Any, str]:
-    """``loss: liger``'s kernels for this model on ``device``, and the measurement's note;
-    ``Unsupported`` where they cannot run (no CUDA: Liger's kernels are Triton's)."""
+    """``loss: liger``: Liger-Kernel's ``_apply_liger_kernel_to_instance`` (what the transformers
+    Trainer calls for ``use_liger_kernel=True``: its fused linear cross-entropy, which never builds the
+    full logits, and its RMSNorm, RoPE and SwiGLU kernels) and the measurement's note. ``Unsupported``,
+    with the way on, where it cannot run: no CUDA (Liger's kernels are Triton's), no liger-kernel, or a
+    ``model_type`` it has no kernels for (Liger would skip it silently: refused here)."""
     import torch
 
     from trainfit.errors import Unsupported
 
+    def refuse(why: str, hint: str = "pip install liger-kernel, or use loss: model") -> Unsupported:
+        return Unsupported(f"loss=liger {why}", hint, knob="loss", value="liger")
+
     if torch.device(device).type != "cuda":
-        raise Unsupported("loss=liger runs Liger-Kernel's Triton kernels, which need a CUDA GPU", "use loss: model "
-                          "(or auto) on this device", knob="loss", value="liger")
-    apply, missing = liger_kernels(model_type)
-    if apply is None:
-        known = "no kernels for model type" in (missing or "")
-        raise Unsupported(f"loss=liger: {missing}", "use loss: model" if known else
-                          "pip install liger-kernel, or use loss: model", knob="loss", value="liger")
-    return apply, ("loss: Liger-Kernel's fused linear cross-entropy (no full logits) and its layer kernels, as the "
-                   "Trainer's use_liger_kernel applies them")
+        raise refuse("runs Liger-Kernel's Triton kernels, which need a CUDA GPU",
+                     "use loss: model (or auto) on this device")
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        raise refuse("needs liger-kernel, which is not installed") from None
+    except Exception as err:  # a liger-kernel that does not import with these torch/triton versions
+        raise refuse(f"needs liger-kernel, which does not import here ({type(err).__name__}: "
+                     f"{str(err)[:200]})") from None
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        raise refuse(f"has no kernels for model type {model_type!r} (the Trainer would apply none)", "use loss: model")
+    return _apply_liger_kernel_to_instance, ("loss: Liger-Kernel's fused linear cross-entropy (no full logits) and "
+                                             "its layer kernels, as the Trainer's use_liger_kernel applies them")
 
 
 def resolve_loss(loss: str, trl_command: bool) -> tuple[Any, str | None]:
