@@ -10,6 +10,9 @@ Trainer runs.
 
 1. ``trainfit tune`` over batch sizes 1-64 (``auto`` reaches the integers between the powers of two)
    x gradient checkpointing: its wall time, its pick and its epoch estimate (``tune.epochs: 1``).
+   Its ``tune.command_template`` is the Trainer run of step 3 (``--trainer``) with ``--max_steps
+   {max_steps}``, so on a GPU tune times 30 real Trainer steps of its pick by default and ranks and
+   estimates with the Trainer's own cost (``--calibrate N`` sets the steps; a CPU needs it).
 2. The Hugging Face Trainer with ``auto_find_batch_size=True`` from batch 64: one epoch; its wall
    time includes the OOM restarts.
 3. The same Trainer with trainfit's pick: one epoch; then again with length-grouped batches.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -62,8 +66,8 @@ def run_tune(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
            # The pick trains in the Hugging Face Trainer, whose loss is the model's own over the full logits.
            "params": {"max_length": args.seq, "attention": "sdpa", "precision": args.precision, "loss": "model",
                       "lora_r": 16, "lora_alpha": 32, "lora_target_modules": ATTENTION},
-           "tune": {"command_template": "hf-trainer --per_device_train_batch_size {batch_size} "
-                                        "--use_liger_kernel {use_liger_kernel}", "epochs": 1},
+           # The Trainer run below, as a command a calibration can stop by {max_steps}: the default on a GPU.
+           "tune": {"command_template": trainer_template(args, data, out), "epochs": 1},
            "budget": {"memory_gb": args.budget_gb, "headroom_gb": args.headroom_gb},
            "probe": {"device": "cpu" if args.cpu else "cuda"},
            "search": {"batch_size": [1, 2, 4, 8, 16, 32, 64], "gradient_checkpointing": [False, True],
@@ -73,14 +77,45 @@ def run_tune(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
     start = time.perf_counter()
     res = tune(spec, output=out, resume=(out / "study.journal").exists(), on_event=lambda e: isinstance(e, TrialEnd)
                and print(f"  trial {e.index}: {e.values} -> {e.measurement.status} {e.measurement.samples_per_second}",
-                         file=sys.stderr, flush=True))
+                         file=sys.stderr, flush=True), calibrate_steps=args.calibrate,
+               calibration_optional=args.calibrate is None,
+               on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True))
     best = res.summary.best_config
     assert best is not None, "trainfit found no config that fits"
     return {"tune_wall_s": time.perf_counter() - start, "probe_time_s": res.summary.probe_time_s,
             "probes": len(res.trials), "oom_probes": sum(t.measurement.status == "oom" for t in res.trials),
             "pick": best.config, "estimated_epoch_s": (best.estimated_full_runtime_hours or 0) * 3600,
             "probe_samples_per_second": best.samples_per_second,
-            "pruned": [p.to_json() for p in res.summary.pruned], "stop_reason": res.stop_reason}
+            "pruned": [p.to_json() for p in res.summary.pruned], "stop_reason": res.stop_reason,
+            "trainer_cost": res.summary.trainer_cost.to_json() if res.summary.trainer_cost else None}
+
+
+TRAINER_FLAGS = {"per_device_train_batch_size": int, "gradient_accumulation_steps": int, "max_steps": int,
+                 "gradient_checkpointing": lambda v: v == "true", "use_liger_kernel": lambda v: v == "true"}
+"""What the Trainer run takes on its command line (``--trainer``), as the template fills it."""
+
+
+def trainer_template(args: argparse.Namespace, data: Path, out: Path) -> str:
+    """The command that trains a config in the Hugging Face Trainer, as ``tune.command_template``."""
+    job = out.parent / "trainer-job.json"  # the run's fixed part (a file: JSON braces would read as placeholders)
+    job.write_text(json.dumps({"config": args.config, "data": str(data), "cpu": args.cpu, "budget_gb": args.budget_gb,
+                               "bf16": args.precision == "bf16", "out": str(out.parent / "template-run"),
+                               "tqdm": True}))
+    flags = " ".join(f"--{name} {{{knob}}}" for name, knob in (
+        ("per_device_train_batch_size", "batch_size"), ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+        ("gradient_checkpointing", "gradient_checkpointing"), ("use_liger_kernel", "use_liger_kernel"),
+        ("max_steps", "max_steps")))
+    return f"{shlex.quote(sys.executable)} {shlex.quote(__file__)} --trainer {shlex.quote(str(job))} {flags}"
+
+
+def trainer_command(argv: list[str]) -> None:
+    """``--trainer JOB --flag value ...``: one Trainer run (``tune``'s template, run by its calibration)."""
+    job = json.loads(Path(argv[0]).read_text())
+    pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
+    job["args"] = {name.removeprefix("--"): TRAINER_FLAGS[name.removeprefix("--")](value) for name, value in pairs.items()}
+    result = epoch_run(job)
+    print(RESULT + json.dumps(result), flush=True)
+    sys.exit(0 if result["status"] == "ok" else 1)
 
 
 def epoch_run(job: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +162,8 @@ def epoch_run(job: dict[str, Any]) -> dict[str, Any]:
         extra.update({"train_sampling_strategy": "group_by_length"} if "train_sampling_strategy" in fields
                      else {"group_by_length": True})
     targs = TrainingArguments(output_dir=job["out"], num_train_epochs=1, report_to="none", save_strategy="no",
-                              logging_strategy="no", disable_tqdm=True, use_cpu=not cuda, bf16=job["bf16"],
+                              logging_strategy="no", disable_tqdm=not job.get("tqdm"), use_cpu=not cuda,
+                              bf16=job["bf16"],
                               gradient_checkpointing_kwargs={"use_reentrant": False}, **extra)
     trainer = Trainer(model=model, args=targs, train_dataset=dataset, data_collator=collate, callbacks=[attempt])
     start = time.perf_counter()
@@ -170,8 +206,13 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--liger", action="store_true",
                     help="let trainfit search loss: liger (the Trainer's use_liger_kernel; needs liger-kernel and CUDA)")
+    ap.add_argument("--calibrate", type=int, metavar="N",
+                    help="real Trainer steps tune times for the trainer's cost (default: tune's: 30 on a GPU, none on a CPU)")
     ap.add_argument("--work", type=Path, help="results and runs here; the same command again resumes")
     ap.add_argument("--job", help=argparse.SUPPRESS)
+    if sys.argv[1:2] == ["--trainer"]:
+        trainer_command(sys.argv[2:])
+        return
     args = ap.parse_args()
     if args.job:
         print(RESULT + json.dumps(epoch_run(json.loads(args.job))), flush=True)

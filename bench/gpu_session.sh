@@ -43,7 +43,7 @@ fi
 export PYTHONPATH=$site$PWD/src PYTHONUNBUFFERED=1
 if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
     gpu=(--tiny --cpu); fidelity=(--steps 2,4); tests=(tests/test_gpu.py); workload=llama
-    race=(--tiny --cpu --samples 200 --budget-gb 4)
+    race=(--tiny --cpu --samples 200 --budget-gb 4 --calibrate 6)  # a GPU calibrates by default
     epoch=(--samples 40 --batches 1,2 --modes longest)
     planeta=(--samples 40 --modes longest --calibrate 4); trajectory=(--samples 40); warmup=(--stride 64)
     ablate=(--device cpu --only checkpointing,sdpa)

@@ -18,7 +18,7 @@ from conftest import EXAMPLES, gone_within
 
 from trainfit.calibration import Calibration, calibrate, calibration_args, short_steps
 from trainfit.errors import TrainfitError
-from trainfit.launch import run_logged
+from trainfit.launch import run_logged, run_timed
 from trainfit.params import Params
 from trainfit.plan.inputs import best_step_cost
 from trainfit.probe.measurement import Measurement
@@ -95,17 +95,6 @@ def test_a_command_written_for_another_trial_than_the_summarys_best_is_refused(t
         calibrate(folder_with(tmp_path, written, script), 4)
 
 
-def test_a_command_template_is_refused_with_the_probe_alone_as_the_way_on(tmp_path: Path) -> None:
-    spec = load_spec(EXAMPLES / "tiny-tts.yaml", ["tune.max_trials=1",
-                                                 "tune.command_template=python train.py --bs {batch_size}"])
-    tune(spec, output=tmp_path / "run", probe_fn=fixed)
-    assert (tmp_path / "run" / "train_command.sh").is_file()
-    with pytest.raises(TrainfitError, match="tune.command_template: a calibration runs only the `trl sft` command") \
-            as err:
-        calibrate(tmp_path / "run", 4)
-    assert err.value.hint is not None and "the estimate then rests on the probe alone" in err.value.hint
-
-
 def fake_trainer(tmp_path: Path, body: str) -> Path:
     """A stand-in for `trl sft` (bash), for what the calibration does with any child process."""
     script = tmp_path / "trainer.sh"
@@ -114,17 +103,16 @@ def fake_trainer(tmp_path: Path, body: str) -> Path:
 
 
 def test_a_failed_run_says_its_last_lines_and_keeps_its_whole_log(tmp_path: Path) -> None:
-    from trainfit.calibration import _run_command
-
     script = fake_trainer(tmp_path, 'for i in $(seq 1 100); do echo "line $i"; done\n'
                                     'echo "ValueError: no such model" >&2\nexit 3')
     with pytest.raises(TrainfitError) as err:
-        _run_command("`trl sft`", ["bash", str(script)], 2, tmp_path, os.environ, lambda line: None)
+        run_timed("`trl sft`", ["bash", str(script)], 2, tmp_path, os.environ, lambda line: None,
+                  fallback="plan without --calibrate")
     message = str(err.value)
     assert "2-step run of `trl sft` exited with 3" in message and "  | ValueError: no such model" in message
     assert "  | line 99" in message and "  | line 60" not in message  # the last 30 lines only
     log = tmp_path / "calibrate-2-steps.log"
-    assert f"the whole output is in {log}" in message
+    assert f"the whole output is in {log}; fix what it says, or plan without --calibrate" in message
     assert log.read_text().count("line ") == 100
 
 

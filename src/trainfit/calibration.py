@@ -29,11 +29,9 @@ import importlib.util
 import itertools
 import math
 import os
-import re
 import shutil
 import sys
 import tempfile
-import time
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -43,21 +41,19 @@ from typing import Any
 from trainfit.command import trl_data_config
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Malformed, check_bounds, check_finite, check_schema, typed
-from trainfit.launch import run_logged
+from trainfit.launch import TimedRun, run_timed
 from trainfit.probe.estimate import StepCost
 from trainfit.search.ranking import micro_batches
 from trainfit.spec import Spec
 from trainfit.step_pricing import Priced, pace_change, priced_steps
-from trainfit.summary import ConfigEntry
-from trainfit.trainer_output import bar_seconds_per_step, parse_train_runtime, recorded_steps, shown_steps, step_spread
-from trainfit.written_command import FALLBACK_HINT, as_one_line, written_command
+from trainfit.summary import ConfigEntry, Summary, read_summary
+from trainfit.trainer_output import bar_seconds_per_step, recorded_steps, shown_steps, step_spread
+from trainfit.template import placeholders
+from trainfit.written_command import (FALLBACK_HINT, NO_MAX_STEPS_HINT, as_one_line, template_for_steps,
+                                       written_command)
 
 SCHEMA_VERSION = 1
 """The version of :meth:`Calibration.to_json`'s format."""
-
-
-LOG_TAIL_LINES = 30
-"""Lines of a failed run's output quoted in the error (the whole log stays in the work folder)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,17 +186,6 @@ BOUNDS: dict[str, dict[str, float]] = {
 own step time ``own_step_s`` may be, read as none; a pace below -100% would be steps taking no time)."""
 
 
-@dataclass(frozen=True)
-class _Run:
-    """One run of the command: TRL's ``train_runtime`` (s) and the arrival time of each step the
-    progress bar showed (``{step: perf_counter seconds}``)."""
-
-    train_runtime_s: float
-    step_arrivals: dict[int, float]
-    wall_s: float
-    """Launch to exit, as a user's run of the command takes."""
-
-
 def short_steps(steps: int) -> int:
     """The short run's ``--max_steps``: enough to be past the first step's warm-up, a fifth of the
     timed steps for a long calibration (a longer warm-up then stays inside the short run)."""
@@ -243,22 +228,16 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
     if steps < 1:
         raise TrainfitError(f"a calibration times at least 1 optimizer step (asked for {steps})",
                             "e.g. 50 steps: more give a tighter figure, each costs one step of the config")
-    script, best, summary = written_command(Path(run_dir))
-    env = _trainer_env()
     say = on_progress or (lambda line: None)
-    scratch = work is None
-    folder = Path(tempfile.mkdtemp(prefix="trainfit-calibrate-")) if work is None else Path(work)
-    folder.mkdir(parents=True, exist_ok=True)
-    copy = _copied(Path(run_dir), script, folder)
     short = short_steps(steps)
-    (folder / f"batches-{short + steps}-steps.txt").unlink(missing_ok=True)  # a reused work folder's: appended to
-    runs = _run_twice(copy, folder / "run", short, steps, folder, env, say, scratch=scratch)
-    shutil.rmtree(folder / "run", ignore_errors=True)
-    seconds = _seconds_per_step(runs, short, steps, folder, say)
+    timed = _timed_runs(Path(run_dir), short, steps, work, say)
+    runs, best = timed.runs, timed.best
+    seconds = _seconds_per_step(runs, short, steps, timed.folder, say)
     probe = float(best.probe_speed or 0.0)  # the best config is a fitting, timed one
     speed = best.effective_batch_size / seconds
-    priced = None if step_cost is None else _priced(folder / f"batches-{short + steps}-steps.txt", best,
-                                                    runs[1].step_arrivals, short, step_cost, say)
+    batches = timed.folder / f"batches-{short + steps}-steps.txt"  # a template's trainer records none
+    priced = None if step_cost is None or timed.template else _priced(batches, best, runs[1].step_arrivals, short,
+                                                                      step_cost, say)
     calibration = Calibration(
         steps=steps, seconds_per_step=seconds, samples_per_second=speed,
         probe_samples_per_second=probe, ratio=speed / probe,
@@ -268,12 +247,60 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
         pace_change_rel=(priced.pace_change_rel if priced else
                          _unpriced_pace_change(runs[1].step_arrivals, short, say)),
         startup_s=max(0.0, runs[0].wall_s - short * seconds),
-        train_startup_s=max(0.0, runs[1].wall_s - (short + steps) * seconds),
-        command=as_one_line(script, calibration_args(short + steps, folder / f"trainer-{short + steps}-steps")),
-        device=summary.device, trial=best.trial, micro_batches=micro_batches(best.config))
-    if scratch:
-        shutil.rmtree(folder, ignore_errors=True)
+        train_startup_s=None if timed.template else max(0.0, runs[1].wall_s - (short + steps) * seconds),
+        command=timed.command, device=timed.summary.device, trial=best.trial, micro_batches=micro_batches(best.config))
+    if timed.scratch:
+        shutil.rmtree(timed.folder, ignore_errors=True)
     return calibration
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """The two runs of a calibration, and what they ran."""
+
+    runs: list[TimedRun]
+    command: str
+    """The long run's command, on one line."""
+    best: ConfigEntry
+    summary: Summary
+    folder: Path
+    scratch: bool
+    """``folder`` is a temporary one, removed once the calibration succeeds."""
+    template: bool
+    """The command is the spec's ``tune.command_template`` (run twice), not ``trl sft`` and ``trainfit train``."""
+
+
+def _timed_runs(run_dir: Path, short: int, steps: int, work: Path | None, say: Callable[[str], None]) -> _Timed:
+    """Check ``run_dir``'s command can run (refused before anything runs), then run it for ``short``
+    steps and ``short + steps`` (see :func:`calibrate`) in ``work`` (None: a temporary folder)."""
+    long = short + steps
+    if read_summary(run_dir).command_template:
+        (filled, best, summary), (shorter, _, _) = template_for_steps(run_dir, long), template_for_steps(run_dir, short)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    else:
+        script, best, summary = written_command(run_dir)
+        env = _trainer_env()
+    scratch = work is None
+    folder = Path(tempfile.mkdtemp(prefix="trainfit-calibrate-")) if work is None else Path(work)
+    folder.mkdir(parents=True, exist_ok=True)
+    if summary.command_template:  # your trainer, in this process's folder: where its relative paths were written for
+        planned = [("your tune.command_template", ["bash", "-c", shorter], short),
+                   ("your tune.command_template", ["bash", "-c", filled], long)]
+        runs = _run_twice(planned, folder, env, say, scratch=scratch, cwd=Path.cwd())
+        return _Timed(runs=runs, command=filled, best=best, summary=summary, folder=folder, scratch=scratch,
+                      template=True)
+    copy = _copied(run_dir, script, folder)
+    (folder / f"batches-{long}-steps.txt").unlink(missing_ok=True)  # a reused work folder's: appended to
+    trainfit_train = [sys.executable, "-m", "trainfit", "train", str(folder / "run"), "--output",
+                      str(folder / f"trainer-{long}-steps"), "--max-steps", str(long),
+                      "--record-batches", str(folder / f"batches-{long}-steps.txt"),
+                      "--", "--report_to", "none", "--logging_strategy", "no"]
+    planned = [("`trl sft`", ["bash", str(copy), *calibration_args(short, folder / f"trainer-{short}-steps")], short),
+               ("`trainfit train`", trainfit_train, long)]
+    runs = _run_twice(planned, folder, env, say, scratch=scratch)
+    shutil.rmtree(folder / "run", ignore_errors=True)
+    return _Timed(runs=runs, command=as_one_line(script, calibration_args(long, folder / f"trainer-{long}-steps")),
+                  best=best, summary=summary, folder=folder, scratch=scratch, template=False)
 
 
 def _copied(run_dir: Path, script: str, folder: Path) -> Path:
@@ -321,22 +348,18 @@ def _say_pace_change(change: float | None, say: Callable[[str], None]) -> None:
                                                    if change < 0 else "slowing down"))
 
 
-def _run_twice(script: Path, run_copy: Path, short: int, steps: int, folder: Path, env: Mapping[str, str],
-               say: Callable[[str], None], *, scratch: bool) -> list[_Run]:
-    """Run ``script`` for ``short`` optimizer steps, then ``trainfit train`` on ``run_copy`` (a tune
-    folder holding its summary and command) for ``short + steps`` (see :func:`calibrate`)."""
-    runs: list[_Run] = []
-    long = short + steps
-    trainfit_train = [sys.executable, "-m", "trainfit", "train", str(run_copy), "--output",
-                      str(folder / f"trainer-{long}-steps"), "--max-steps", str(long),
-                      "--record-batches", str(folder / f"batches-{long}-steps.txt"),
-                      "--", "--report_to", "none", "--logging_strategy", "no"]
+def _run_twice(planned: Sequence[tuple[str, list[str], int]], folder: Path, env: Mapping[str, str],
+               say: Callable[[str], None], *, scratch: bool, cwd: Path | None = None) -> list[TimedRun]:
+    """Run each ``(name, argv, max_steps)`` in turn, in ``cwd`` (None: ``folder``), each told its own
+    output folder in ``TRAINFIT_OUTPUT`` (``folder/trainer-N-steps``, removed after it). A run in
+    ``cwd`` is your own trainer, which need not print a ``train_runtime``."""
+    runs: list[TimedRun] = []
     try:
-        for number, (name, argv, max_steps) in enumerate(
-                (("`trl sft`", ["bash", str(script), *calibration_args(short, folder / f"trainer-{short}-steps")], short),
-                 ("`trainfit train`", trainfit_train, long)), start=1):
+        for number, (name, argv, max_steps) in enumerate(planned, start=1):
             say(f"run {number} of 2: {name} for {max_steps} steps (log: {folder / f'calibrate-{max_steps}-steps.log'})")
-            runs.append(_run_command(name, argv, max_steps, folder, env, _prefixed(say, f"run {number} of 2: ")))
+            told = {**env, "TRAINFIT_OUTPUT": str(folder / f"trainer-{max_steps}-steps")}
+            runs.append(run_timed(name, argv, max_steps, folder, told, _prefixed(say, f"run {number} of 2: "),
+                                  fallback=FALLBACK_HINT, cwd=cwd, needs_runtime=cwd is None))
     except TrainfitError:
         raise  # the log it names stays
     except BaseException:  # Ctrl-C: the runs are killed, their partial logs of no use
@@ -346,19 +369,22 @@ def _run_twice(script: Path, run_copy: Path, short: int, steps: int, folder: Pat
     return runs
 
 
-def _seconds_per_step(runs: Sequence[_Run], short: int, steps: int, folder: Path,
+def _seconds_per_step(runs: Sequence[TimedRun], short: int, steps: int, folder: Path,
                       say: Callable[[str], None]) -> float:
     """One optimizer step's seconds: from the longer run's progress bar past its first ``short``
-    steps, else from the two runs' ``train_runtime`` difference."""
-    by_runtimes = (runs[1].train_runtime_s - runs[0].train_runtime_s) / steps
-    say(f"{steps} steps: {by_runtimes:.4g} s a step by the runs' train_runtime difference")
+    steps, else from the two runs' ``train_runtime`` difference (their launch-to-exit difference
+    where a trainer printed none)."""
+    timer = "train_runtime" if all(r.train_runtime_s is not None for r in runs) else "launch-to-exit time"
+    took = [r.train_runtime_s if timer == "train_runtime" and r.train_runtime_s is not None else r.wall_s for r in runs]
+    by_runtimes = (took[1] - took[0]) / steps
+    say(f"{steps} steps: {by_runtimes:.4g} s a step by the runs' {timer} difference")
     seconds = bar_seconds_per_step(runs[1].step_arrivals, short)
     if seconds is not None:
         say(f"{steps} steps: {seconds:.4g} s a step by the {short + steps}-step run's progress bar (the figure)")
         return seconds
     if by_runtimes <= 0:
-        raise TrainfitError(f"the {short + steps}-step run took no longer than the {short}-step one "
-                            f"({runs[1].train_runtime_s:g} s against {runs[0].train_runtime_s:g} s), and "
+        raise TrainfitError(f"the {short + steps}-step run took no longer than the {short}-step one by their {timer} "
+                            f"({took[1]:g} s against {took[0]:g} s), and "
                             f"its progress bar showed too few steps to time them within the run (logs: {folder})",
                             f"calibrate over more steps (e.g. {max(50, 10 * steps)}), or {FALLBACK_HINT}")
     return by_runtimes
@@ -370,10 +396,14 @@ def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
 
 def check_can_calibrate(spec: Spec) -> None:
     """Refuse, before a search spends its time, a spec whose training command a calibration cannot
-    run (``tune --calibrate``): a ``tune.command_template``, a custom model, no ``trl`` command."""
+    run (``tune --calibrate``): a ``tune.command_template`` without ``{max_steps}``, a custom model
+    trained by ``trainfit train``'s own loop, no ``trl`` command."""
     if spec.tune.command_template:
-        raise TrainfitError("--calibrate times the `trl sft` command trainfit writes, and this spec trains with its "
-                            "tune.command_template", "drop --calibrate: the ranking then rests on the probes")
+        if "max_steps" not in placeholders(spec.tune.command_template):
+            raise TrainfitError("--calibrate runs your tune.command_template for a few steps, and it has no {max_steps} "
+                                "placeholder to stop it with",
+                                f"{NO_MAX_STEPS_HINT}, or drop --calibrate: the ranking then rests on the probes")
+        return
     if not spec.uses_trl_sft:
         raise TrainfitError("--calibrate times the `trl sft` command trainfit writes, and a custom model "
                             "(model.factory) trains through `trainfit train`'s own loop on the probe's very step",
@@ -397,24 +427,3 @@ def _trainer_env() -> dict[str, str]:
         raise TrainfitError(f"trl is installed for {sys.executable} but its `trl` command is on no PATH",
                             f"reinstall trl (pip install --force-reinstall trl), or {FALLBACK_HINT}")
     return {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
-
-
-def _run_command(name: str, argv: list[str], max_steps: int, folder: Path, env: Mapping[str, str],
-                 say: Callable[[str], None]) -> _Run:
-    """Run ``argv`` (``name``: what it is, for the errors), a trainer for ``max_steps`` steps writing to
-    ``folder/trainer-{max_steps}-steps``; its output goes to ``folder/calibrate-{max_steps}-steps.log``
-    as it comes, each update of the trainer's progress bar stamped on arrival."""
-    log_path = folder / f"calibrate-{max_steps}-steps.log"
-    started = time.perf_counter()
-    rc, text, arrivals = run_logged(argv, log_path, cwd=folder, env=env, bar_total=max_steps, say=say)
-    wall = time.perf_counter() - started
-    shutil.rmtree(folder / f"trainer-{max_steps}-steps", ignore_errors=True)  # the model the run saved as it ended
-    runtime = parse_train_runtime(text)
-    if rc != 0 or runtime is None:
-        tail = "\n".join("  | " + line for line in re.split(r"[\r\n]+", text.strip())[-LOG_TAIL_LINES:])
-        why = f"exited with {rc}" if rc != 0 else "printed no train_runtime"
-        raise TrainfitError(f"the calibration's {max_steps}-step run of {name} {why}; its last lines:\n{tail}",
-                            f"the whole output is in {log_path}; fix what it says, or {FALLBACK_HINT}")
-    say(f"done: train_runtime {runtime:g} s")
-    return _Run(train_runtime_s=runtime, step_arrivals=arrivals, wall_s=wall)
-

@@ -7,13 +7,53 @@ import codecs
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from trainfit.trainer_output import bar_step
+from trainfit.errors import TrainfitError
+from trainfit.trainer_output import bar_step, parse_train_runtime
+
+LOG_TAIL_LINES = 30
+"""Lines of a failed run's output quoted in the error (the whole log stays in the work folder)."""
+
+
+@dataclass(frozen=True)
+class TimedRun:
+    """One run of a trainer for a step count: its ``train_runtime`` (s; None where it printed none) and
+    the arrival time of each step the progress bar showed (``{step: perf_counter seconds}``)."""
+
+    train_runtime_s: float | None
+    step_arrivals: dict[int, float]
+    wall_s: float
+    """Launch to exit, as a user's run of the command takes."""
+
+
+def run_timed(name: str, argv: list[str], max_steps: int, folder: Path, env: Mapping[str, str],
+              say: Callable[[str], None], *, fallback: str, cwd: Path | None = None,
+              needs_runtime: bool = True) -> TimedRun:
+    """Run ``argv`` (``name``: what it is, for the errors), a trainer for ``max_steps`` steps writing to
+    ``folder/trainer-{max_steps}-steps``, in ``cwd`` (None: ``folder``); its output goes to
+    ``folder/calibrate-{max_steps}-steps.log`` as it comes, each update of the trainer's progress
+    bar stamped on arrival. Raises :class:`TrainfitError` (with the output's last lines, and
+    ``fallback`` as the way on) when it fails, or prints no ``train_runtime`` where ``needs_runtime``."""
+    log_path = folder / f"calibrate-{max_steps}-steps.log"
+    started = time.perf_counter()
+    rc, text, arrivals = run_logged(argv, log_path, cwd=cwd or folder, env=env, bar_total=max_steps, say=say)
+    wall = time.perf_counter() - started
+    shutil.rmtree(folder / f"trainer-{max_steps}-steps", ignore_errors=True)  # the model the run saved as it ended
+    runtime = parse_train_runtime(text)
+    if rc != 0 or (runtime is None and needs_runtime):
+        tail = "\n".join("  | " + line for line in re.split(r"[\r\n]+", text.strip())[-LOG_TAIL_LINES:])
+        why = f"exited with {rc}" if rc != 0 else "printed no train_runtime"
+        raise TrainfitError(f"the calibration's {max_steps}-step run of {name} {why}; its last lines:\n{tail}",
+                            f"the whole output is in {log_path}; fix what it says, or {fallback}")
+    say(f"done: train_runtime {runtime:g} s" if runtime is not None else f"done: {wall:.1f} s from launch to exit")
+    return TimedRun(train_runtime_s=runtime, step_arrivals=arrivals, wall_s=wall)
 
 
 def run_logged(argv: list[str], log_path: Path, *, cwd: Path, env: Mapping[str, str], bar_total: int,

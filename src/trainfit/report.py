@@ -148,8 +148,8 @@ def probe_notes(trials: Sequence[Trial]) -> list[ProbeNote]:
 UNCALIBRATED_GPU_NOTE = (
     "the ETA and the ranking time the model's step alone: the training command's trainer adds its own "
     "per-step work, which on a GPU can be as large as the step (a Hugging Face Trainer epoch on an H100 took "
-    "2.1x this estimate, docs/benchmarks.md). Read the ETA as a lower bound; a `trl sft` command is calibrated "
-    "by default on a GPU (tune --calibrate N), a tune.command_template cannot be yet")
+    "2.1x this estimate, docs/benchmarks.md). Read the ETA as a lower bound; a `trl sft` command, and a "
+    "tune.command_template with a {max_steps} placeholder, are calibrated by default on a GPU (tune --calibrate N)")
 
 
 def uncalibrated_notes(spec: Spec, trials: Sequence[Trial], trainer_cost: TrainerCost | None) -> list[ProbeNote]:

@@ -2,8 +2,8 @@
 
 The template is a bash command
 line (``$VAR``, ``&&``, ``|`` and quotes stay the shell's) whose ``{knob}`` placeholders are filled
-from the configuration (custom keys too, plus ``{effective_batch_size}``, ``{epochs}`` and
-``{use_liger_kernel}``), e.g.::
+from the configuration (custom keys too, plus ``{effective_batch_size}``, ``{epochs}``,
+``{use_liger_kernel}`` and ``{max_steps}``), e.g.::
 
     python -m vibevoice.finetune.train_vibevoice --per_device_train_batch_size {batch_size}
         --gradient_accumulation_steps {gradient_accumulation_steps} --lora_r {lora_r}
@@ -59,19 +59,23 @@ def template_problem(template: str, names: Iterable[str]) -> str | None:
     return None
 
 
-TEMPLATE_EXTRAS = ("effective_batch_size", "epochs", "use_liger_kernel")
+TEMPLATE_EXTRAS = ("effective_batch_size", "epochs", "use_liger_kernel", "max_steps")
 """Placeholders besides the knobs: ``batch_size x gradient_accumulation_steps``, ``tune.epochs``
-(the epochs the runtime estimate is for) and ``loss == liger`` (``true``/``false``, as a transformers
-Trainer script takes ``--use_liger_kernel {use_liger_kernel}``)."""
+(the epochs the runtime estimate is for), ``loss == liger`` (``true``/``false``, as a transformers
+Trainer script takes ``--use_liger_kernel {use_liger_kernel}``) and ``max_steps``: null in the
+written command (so ``--max_steps {max_steps}`` drops out and the trainer runs its epochs), a step
+count where a calibration times a few real steps of the command."""
 
 
-def render_template(template: str, params: Params, epochs: float = 1.0, max_length: int | None = None) -> str:
+def render_template(template: str, params: Params, epochs: float = 1.0, max_length: int | None = None,
+                    max_steps: int | None = None) -> str:
     """The template filled with ``params`` by the rules in this module's docstring. ``max_length``:
     the length the probe truncated at (for ``{max_length}`` when the knob is null: the longest
-    sample, not a dropped flag)."""
+    sample, not a dropped flag). ``max_steps``: the optimizer steps to stop after (None: the flag
+    of ``{max_steps}`` is dropped)."""
     values: dict[str, Any] = params.to_dict()
     values.update(effective_batch_size=params.effective_batch_size, epochs=float(epochs),
-                  use_liger_kernel=params.loss == "liger")
+                  use_liger_kernel=params.loss == "liger", max_steps=max_steps)
     if max_length is not None:
         values["max_length"] = max_length
     problem = template_problem(template, values)

@@ -24,6 +24,7 @@ from trainfit.plan.choose import PRIORITIES, RULES, choose
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_speed
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
 from trainfit.plan.inputs import Candidate, TuneRun, load_run
+from trainfit.plan.rests_on import left_out, rests_on
 from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
 from trainfit.summary import Summary
 
@@ -174,7 +175,7 @@ def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, p
                                         evaluation=_trl_evaluation(run, rebuilt, evaluation)),
                 checkpoint_every_s=every, checkpoint_bytes=checkpoint_bytes(chosen), write_bytes_per_s=speed,
                 calibration=calibration.to_json() if calibration else None,
-                rests_on=_rests_on(run, chosen, calibration, evaluation),
+                rests_on=rests_on(run, chosen, calibration, evaluation),
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
                 options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s,
                 evaluation=evaluation)
@@ -188,16 +189,11 @@ def _check_candidates(run: TuneRun) -> None:
     journal = run.folder / "study.journal"
     if run.left_out:
         raise TrainfitError(f"no config in {journal} fits the budget with a record that reads back: "
-                            f"{_left_out(run.left_out)}",
+                            f"{left_out(run.left_out)}",
                             f"`trainfit tune SPEC --output {run.folder} --resume` probes their configs again; "
                             "then plan again")
     raise TrainfitError(f"no config in {journal} fits the budget with an epoch speed measured",
                         "tune again into a new folder with this trainfit (an older one kept no epoch speed)")
-
-
-def _left_out(trials: Mapping[int, str]) -> str:
-    """The trials a plan left out for their damaged records, as its output names them."""
-    return "; ".join(f"trial {number} ({why})" for number, why in trials.items())
 
 
 def _epochs(given: float | None, summary: Summary) -> float:
@@ -362,88 +358,3 @@ def _command(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate) -> str | 
 def _choice(priority: str, c: Candidate, eta: EtaOf, window: float) -> Choice:
     e = eta(c)
     return Choice(priority=priority, trial=c.trial, searched=c.searched, eta_s=e.total_s, fits=e.fits(window))
-
-
-UNSETTLED = 0.25
-"""A probe's spread past which a plan says its figure did not settle (a busy machine, or too few steps)."""
-
-
-def _rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
-              evaluation: Evaluation | None = None) -> list[str]:
-    s = run.summary
-    lines = [f"speed: trial {chosen.trial}'s probe over the epoch's own batches ({s.device or 'this device'}), "
-             f"measured to +-{chosen.spread_rel:.1%} (its step time's 95% interval and the epoch fit's largest miss)"]
-    if chosen.spread_rel > UNSETTLED:
-        lines.append(f"trial {chosen.trial}'s probe did not settle (+-{chosen.spread_rel:.0%}), so its ETA's interval is "
-                     "as wide: `trainfit tune SPEC --output RUN_DIR --resume --confirm 3` re-probes the leaders "
-                     "(or raise probe.max_seconds and tune again)")
-    if calibration is None:
-        calibratable = bool(s.best_config and s.best_config.command) and not s.command_template
-        how = ("run with --calibrate 50 to measure it" if calibratable else
-               "--calibrate runs only the `trl sft` command trainfit writes, so here the ETA rests on the probe alone")
-        lines.append("not calibrated: the ETA is the model's step alone, a lower bound; a trainer adds its own "
-                     "per-step work (measured: 0-15% on a CPU, 1.4-2.1x on an H100 and an H200 with short steps, "
-                     f"docs/benchmarks.md); {how}")
-    else:
-        lines += _calibration_lines(calibration, s, chosen)
-    lines.append("checkpoint saves: the optimizer state and trained weights the probe measured, at the write speed "
-                 f"timed on the disk of {run.folder} (the trainer's --output_dir may be elsewhere)")
-    if evaluation is not None:
-        lines.append(f"evaluation: {evaluation.samples:,} samples in {evaluation.batches:,} batches of "
-                     f"{evaluation.batch_size}, one pass timed forward-only on trial {evaluation.trial} at "
-                     f"{evaluation.pass_s:.3g} s (+-{evaluation.spread_rel:.1%}), applied to every config; the "
-                     "trainer's own work around a pass (collation, its metrics) is not in it")
-    if run.left_out:
-        lines.append(f"left out: {_left_out(run.left_out)}: damaged record(s) in {run.folder / 'study.journal'}, "
-                     "which tune leaves out too (`tune --resume` into this folder probes such a config again "
-                     "where no other trial measured it)")
-    if calibration is None or evaluation is None:
-        lines.append("not included: " + ", ".join(
-            ([] if evaluation else ["evaluation passes (--eval-data prices them)"])
-            + ([] if calibration else ["start-up (model load, tokenization) and the trained model's save as the run "
-                                       "exits (the checkpoint saves above are priced): --calibrate measures "
-                                       "them"])))
-    return lines
-
-
-def _is_the_tunes(calibration: Calibration, s: Summary) -> bool:
-    """Whether ``calibration`` is the one ``tune --calibrate`` measured (a damaged one is not: the plan
-    measured its own)."""
-    try:
-        return s.trainer_cost is not None and calibration == Calibration.from_json(s.trainer_cost.calibration)
-    except (ValueError, TypeError):
-        return False
-
-
-def _calibration_lines(calibration: Calibration, s: Summary, chosen: Candidate) -> list[str]:
-    """What a plan's trainer cost and start-ups rest on: the calibration that measured them."""
-    lines: list[str] = []
-    against = (f"{calibration.seconds_per_step:.3g} s a step where the probe's cost of the very batches they "
-               f"trained is {calibration.model_step_s:.3g} s" if calibration.model_step_s is not None else
-               f"{calibration.ratio:.2f}x the probe's speed over the epoch (their batches not priced one by one)")
-    by = " (by `trainfit tune --calibrate`)" if _is_the_tunes(calibration, s) else ""
-    how = ("the trainer's own time, fitted apart from the machine's drift over steps of varied cost (at "
-           "least 0)" if calibration.own_step_s is not None else "the difference (at least 0)")
-    lines.append(f"calibrated{by}: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran "
-                 f"at {against}; {how}, {calibration.trainer_overhead_s():.3g} s a step of "
-                 f"{calibration.micro_batches} micro-batch{'es' * (calibration.micro_batches != 1)}, so "
-                 f"{calibration.step_overhead_s(1):.3g} s a micro-batch, is added to every micro-batch, and the "
-                 "run's start-up and end once (launch to exit less its steps: "
-                 + (f"{calibration.train_startup_s:.0f} s for `trainfit train`, " if calibration.train_startup_s
-                    is not None else "") + f"{calibration.startup_s:.0f} s for the written command)")
-    if not math.isfinite(calibration.spread_rel):
-        lines.append("the calibration's own spread could not be measured (too few steps shown): the interval "
-                     "holds the probe's alone; calibrate over more steps for it")
-    change = calibration.pace_change_rel
-    if change is not None:
-        lines.append(f"the calibration's later steps ran {abs(change):.0%} {'faster' if change < 0 else 'slower'} "
-                     "than its earlier ones for their work: " + (
-                         "still speeding up (as a fresh process on a GPU does), so the run's steps are likely "
-                         "faster and the ETA long; calibrate over more steps to time past it" if change < 0 else
-                         "the machine slowing down (or the trainer's work growing), so the ETA may be short; the "
-                         "monitor corrects it as the run goes"))
-    ran = calibration.trial if calibration.trial is not None else s.best_config.trial  # type: ignore[union-attr]
-    if calibration.steps and chosen.trial != ran:
-        lines.append(f"the calibration ran trial {ran}; its cost per micro-batch is applied to trial "
-                     f"{chosen.trial} as measured, though its other batch shapes may change it")
-    return lines

@@ -1,0 +1,121 @@
+"""A calibration of your own trainer: a ``tune.command_template`` with a ``{max_steps}`` placeholder
+run twice for a few real steps (in the folder tune ran from, each run told a throw-away output
+folder), its extra steps timed by its progress bar, as the written ``trl sft`` command is; and a
+template it cannot stop refused in words, before anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES
+
+from trainfit.calibration import calibrate, check_can_calibrate
+from trainfit.errors import TrainfitError
+from trainfit.params import Params
+from trainfit.probe.measurement import Measurement
+from trainfit.spec import load_spec
+from trainfit.tune import calibration_steps, tune
+
+STEP_S = 0.1
+"""What a step of the stand-in trainer sleeps: no step can be timed shorter."""
+
+PROBE_SPEED = 1000.0
+
+TRAINER = f"""#!/usr/bin/env bash
+# A stand-in for your trainer: --bs N --max_steps M (absent: 50 steps, its "epoch"), a tqdm-style bar.
+set -eu
+steps=50
+while [ $# -gt 0 ]; do case "$1" in --max_steps) steps=$2; shift 2;; *) shift;; esac; done
+pwd > ran-in.txt
+echo "$steps" >> steps-run.txt
+mkdir -p "$TRAINFIT_OUTPUT" && touch "$TRAINFIT_OUTPUT/checkpoint"
+for i in $(seq 1 "$steps"); do
+  sleep {STEP_S}
+  printf '\\r%3d%%|#####| %d/%d [00:01<00:00,  9.00it/s]' $((100 * i / steps)) "$i" "$steps"
+done
+echo
+"""
+
+
+def fixed(params: Params, number: int) -> Measurement:
+    """Not a probe (these tests are about the command the tune leaves): a fitting config at a fixed speed,
+    faster than the stand-in trainer runs it (16 samples a step at 1000 samples/s: 0.016 s a step)."""
+    return Measurement(status="ok", config=params.to_dict(), samples_per_second=PROBE_SPEED, tokens_per_second=5000.0,
+                       peak_memory_bytes=2**30, steps_measured=5, stable=True, device="cpu", cpu_threads=2,
+                       expected_step_time_s=16 / PROBE_SPEED)
+
+
+def template_spec(template: str):
+    return load_spec(EXAMPLES / "tiny-tts.yaml", ["tune.max_trials=1", "search={batch_size: [4]}",
+                                                 f"tune.command_template={template}"])
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``tmp_path`` as the current folder, holding the stand-in trainer (its path in the template is relative)."""
+    (tmp_path / "trainer.sh").write_text(TRAINER)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_a_template_without_max_steps_is_refused_with_the_placeholder_to_add(in_tmp: Path) -> None:
+    spec = template_spec("bash trainer.sh --bs {batch_size}")
+    with pytest.raises(TrainfitError, match=r"has no \{max_steps\} placeholder") as err:
+        check_can_calibrate(spec)
+    assert "add `--max_steps {max_steps}`" in (err.value.hint or "")
+    # On a GPU nobody asked for it: a note says why there is none, the search goes on.
+    steps, note = calibration_steps(spec, "cuda:0", None)
+    assert steps is None and note is not None and "{max_steps}" in note
+    tune(spec, output=in_tmp / "run", probe_fn=fixed)
+    with pytest.raises(TrainfitError, match=r"has no \{max_steps\} placeholder") as err:
+        calibrate(in_tmp / "run", 4, work=in_tmp / "work")
+    assert "tune again with --resume" in (err.value.hint or "")
+    assert not (in_tmp / "work").exists()  # refused before anything ran
+
+
+def test_the_written_command_drops_max_steps_and_a_calibration_fills_it(in_tmp: Path) -> None:
+    spec = template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}")
+    assert calibration_steps(spec, "cuda:0", None)[0] == 30  # calibrated by default on a GPU
+    lines: list[str] = []
+    result = tune(spec, output=in_tmp / "run", probe_fn=fixed, calibrate_steps=8, on_calibration=lines.append)
+    script = (in_tmp / "run" / "train_command.sh").read_text()
+    assert script.rstrip().endswith("bash trainer.sh --bs 4")  # the run trains its epochs
+    # Run twice in the folder tune ran from: 2 steps, then 2 + 8, each writing to its own throw-away folder.
+    assert (in_tmp / "ran-in.txt").read_text().strip() == str(in_tmp)
+    assert (in_tmp / "steps-run.txt").read_text().split() == ["2", "10"]
+    cost = json.loads((in_tmp / "run" / "trainer_cost.json").read_text())
+    c = cost["calibration"]
+    assert c["command"] == "bash trainer.sh --bs 4 --max_steps 10"
+    assert c["steps"] == 8 and c["seconds_per_step"] >= STEP_S  # timed by the bar: each step sleeps that long
+    best = result.summary.best_config
+    assert best is not None and c["samples_per_second"] == pytest.approx(best.effective_batch_size / c["seconds_per_step"])
+    assert c["train_startup_s"] is None and c["model_step_s"] is None  # no `trainfit train` run, no batches seen
+    assert any("launch-to-exit time difference" in line for line in lines)  # the stand-in prints no train_runtime
+    assert any("progress bar (the figure)" in line for line in lines)
+    # The trainer's cost ranks: the summary's speed is the calibrated one, far below the probe's.
+    assert result.summary.trainer_cost is not None and best.probe_samples_per_second == PROBE_SPEED
+    assert best.samples_per_second == pytest.approx(c["samples_per_second"], rel=0.01)
+    assert not list(in_tmp.glob("**/checkpoint"))  # the scratch output folders went with the runs
+
+
+def test_a_summary_whose_best_config_no_longer_fills_the_template_is_refused(in_tmp: Path) -> None:
+    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"), output=in_tmp / "run",
+         probe_fn=fixed)
+    path = in_tmp / "run" / "summary.json"
+    raw = json.loads(path.read_text())
+    raw["best_config"]["command"] = "bash trainer.sh --bs 8"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(TrainfitError, match="does not fill tune.command_template into the command tune wrote"):
+        calibrate(in_tmp / "run", 4, work=in_tmp / "work")
+    assert not (in_tmp / "work").exists()
+
+
+def test_a_failing_template_run_names_its_log(in_tmp: Path) -> None:
+    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps} && exit 7"),
+         output=in_tmp / "run", probe_fn=fixed)
+    with pytest.raises(TrainfitError, match="2-step run of your tune.command_template exited with 7") as err:
+        calibrate(in_tmp / "run", 4, work=in_tmp / "work")
+    assert str(in_tmp / "work" / "calibrate-2-steps.log") in (err.value.hint or "")
