@@ -371,3 +371,43 @@ def test_the_default_search_tries_ligers_loss_where_the_trainer_takes_it(tmp_pat
     factory = load_spec(EXAMPLES / "tiny-tts.yaml", [  # its own loss, whatever its template passes
         "search=null", "loss_scale=2", "tune.command_template=python train.py --loss_scale {loss_scale} --loss {loss}"])
     assert "loss" not in with_default_search(factory).search.names
+
+
+def test_the_default_search_groups_by_length_where_random_batches_are_mostly_padding(tmp_path: Path) -> None:
+    """Length grouping joins the default search where the trainer takes it and random batches of the
+    data, at the search's largest batch, are more than a quarter padding: decided from the spec and
+    its data's lengths, so a resumed study searches the same space."""
+    from trainfit.data.analyze import analyze_spec
+    from trainfit.tune import GROUPING_PADDING_SHARE, with_default_search
+
+    def spec_of(name: str, lengths: list[int], params: dict | None = None, sets: tuple[str, ...] = ()):
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text("".join(json.dumps({"n": n}) + "\n" for n in lengths))
+        path = make_spec_file(tmp_path / name, model={"config": TINY_LLAMA}, data={"path": str(data), "length_field": "n"},
+                              params={"max_length": 2048, **(params or {})})
+        return load_spec(path, ["tune.target_effective_batch=32", *sets])
+
+    long_tailed = [2048 if i % 20 == 0 else 16 for i in range(400)]  # 1 in 20 samples long
+    spec = spec_of("tailed", long_tailed)
+    stats = analyze_spec(spec, progress=False)
+    assert stats.padding_share(32, None) > 0.9 > GROUPING_PADDING_SHARE > stats.padding_share(1, None) == 0.0
+    space = with_default_search(spec, stats).search
+    assert space.dim("group_by_length").grid_values() == (False, True) and space.target_effective_batch == 32
+    assert "group_by_length" not in with_default_search(spec).search.names  # no lengths given: not known to pay
+    for name, lengths, params, sets in (
+            ("even", [100] * 400, {}, ()),  # no padding to remove
+            ("cut", long_tailed, {"max_length": 16}, ()),  # every sample cut to 16: none either
+            ("fixed", long_tailed, {"padding": "max_length"}, ()),  # padded to one length, grouped or not
+            ("template", long_tailed, {}, ("tune.command_template=python train.py --bs {batch_size}",))):
+        other = spec_of(name, lengths, params, sets)
+        assert "group_by_length" not in with_default_search(other, analyze_spec(other, progress=False)).search.names
+    takes_it = spec_of("takes", long_tailed, {}, ("tune.command_template=python train.py --group {group_by_length}",))
+    assert "group_by_length" in with_default_search(takes_it, analyze_spec(takes_it, progress=False)).search.names
+    # tune() reads the lengths itself: its search, and so its trials, hold the grouping.
+    def fixed(params: Params, number: int) -> Measurement:
+        return Measurement(status="ok", config=params.to_dict(), samples_per_second=10.0, peak_memory_bytes=GiB,
+                           steps_measured=5, stable=True, device="cpu")
+
+    tune(spec, output=tmp_path / "run", probe_fn=fixed, max_trials=1)
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        assert "group_by_length" in next(csv.reader(f))

@@ -264,18 +264,26 @@ def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bo
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+def default_batch_sizes(target_effective_batch: int) -> list[int]:
+    """The default search's batch sizes: the powers of two up to the effective batch."""
+    return [b for b in DEFAULT_BATCH_SIZES if b <= target_effective_batch] or [1]
+
+
 def default_space(base: Params, target_effective_batch: int | None = None, *, constraints: Sequence[str] = (),
-                  allow_custom: bool = False, liger: bool = False) -> tuple[SearchSpace, list[Problem]]:
+                  allow_custom: bool = False, liger: bool = False,
+                  grouping: bool = False) -> tuple[SearchSpace, list[Problem]]:
     """What ``tune`` searches when the spec has no ``search:`` section: batch sizes (powers of two
     up to the effective batch) and gradient checkpointing, with gradient accumulation derived so
     every config trains with one effective batch (``tune.target_effective_batch``, else the spec's
     ``batch_size x gradient_accumulation_steps``); with ``liger`` (a trainer that takes
-    ``use_liger_kernel``) the spec's loss and ``loss: liger`` too. No
+    ``use_liger_kernel``) the spec's loss and ``loss: liger`` too; with ``grouping`` (a trainer that
+    takes ``group_by_length``, on data padded heavily) length-grouped batches beside random ones. No
     knob of these changes what is learned: the answer is the fastest way to train what the spec describes."""
     target = target_effective_batch or base.effective_batch_size
-    sizes = [b for b in DEFAULT_BATCH_SIZES if b <= target] or [1]
-    knobs: dict[str, list[Any]] = {"batch_size": sizes, "gradient_checkpointing": [False, True]}
+    knobs: dict[str, list[Any]] = {"batch_size": default_batch_sizes(target), "gradient_checkpointing": [False, True]}
     if liger and base.loss != "liger":
         knobs["loss"] = [base.loss, "liger"]
+    if grouping and not base.group_by_length:
+        knobs["group_by_length"] = [False, True]
     return parse_space(knobs, base, allow_custom=allow_custom, constraints=constraints,
                        target_effective_batch=target)

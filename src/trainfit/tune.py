@@ -16,21 +16,26 @@ from trainfit.probe.estimate import shapes_step_cost
 from trainfit.report import TRAINER_COST_FILE, read_trainer_cost, write_outputs
 from trainfit.search.trials import jsonable
 from trainfit.search.tune import TuneResult, best_trial, run_search
-from trainfit.space import default_space
+from trainfit.data.analyze import analyze_spec
+from trainfit.data.stats import LengthStats
+from trainfit.space import default_batch_sizes, default_space
 from trainfit.spec import Spec
 from trainfit.summary import Summary, TrainerCost
 from trainfit.template import placeholders
 from trainfit.written_command import FALLBACK_HINT
 
 
-def with_default_search(spec: Spec) -> Spec:
+def with_default_search(spec: Spec, stats: LengthStats | None = None) -> Spec:
     """``spec`` itself when it has a ``search:`` section, else with the default one (see
-    :func:`trainfit.space.default_space`) and its target effective batch."""
+    :func:`trainfit.space.default_space`) and its target effective batch. ``stats``: the data's
+    length analysis, by which length grouping joins the search (see :func:`grouping_pays`)."""
     if spec.search is not None and spec.search.dims:
         return spec
-    space, problems = default_space(spec.params, spec.search.target_effective_batch if spec.search else None,
+    target = spec.search.target_effective_batch if spec.search else None
+    space, problems = default_space(spec.params, target,
                                     constraints=[c.text for c in spec.search.constraints] if spec.search else (),
-                                    allow_custom=spec.model.factory is not None, liger=takes_liger(spec))
+                                    allow_custom=spec.model.factory is not None, liger=takes_liger(spec),
+                                    grouping=grouping_pays(spec, stats, target or spec.params.effective_batch_size))
     if problems:
         raise SpecError(problems, source=spec.source or "spec")
     return dataclasses.replace(spec, search=space,
@@ -46,6 +51,29 @@ def takes_liger(spec: Spec) -> bool:
     template = spec.tune.command_template
     return (spec.model.factory is None and template is not None
             and bool(placeholders(template) & {"use_liger_kernel", "loss"}))
+
+
+GROUPING_PADDING_SHARE = 0.25
+"""The padding share of random batches past which the default search tries length-grouped ones too."""
+
+
+def takes_grouping(spec: Spec) -> bool:
+    """Does the spec's trainer take ``group_by_length``: the written ``trl sft`` command, or a
+    ``tune.command_template`` that passes ``{group_by_length}``? (``trainfit train``'s own loop,
+    which a custom model trains in without one, streams its rows in a shuffled order.)"""
+    template = spec.tune.command_template
+    return "group_by_length" in placeholders(template) if template else spec.uses_trl_sft
+
+
+def grouping_pays(spec: Spec, stats: LengthStats | None, target_effective_batch: int) -> bool:
+    """Is length grouping worth searching by default: a trainer that takes it, and data whose random
+    batches at the default search's largest batch are more than :data:`GROUPING_PADDING_SHARE`
+    padding (padded to their longest sample, cut at ``max_length``)? Read from the spec and its
+    data alone, so a resumed study searches the same space."""
+    if stats is None or spec.params.padding != "longest" or not takes_grouping(spec):
+        return False
+    largest = default_batch_sizes(target_effective_batch)[-1]
+    return stats.padding_share(largest, spec.params.max_length) > GROUPING_PADDING_SHARE
 
 
 GPU_CALIBRATION_STEPS = 30
@@ -73,8 +101,8 @@ def calibration_steps(spec: Spec, device: str, asked: int | None) -> tuple[int |
 
 def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Callable[[str], None] | None = None,
          calibration_optional: bool = False, **options: Any) -> TuneResult:
-    """Search ``spec.search`` (without one: batch sizes and gradient checkpointing, see
-    :func:`with_default_search`) for the fastest configuration that fits ``spec.budget`` and write
+    """Search ``spec.search`` (without one: batch sizes and gradient checkpointing, and what else the
+    trainer and the data make worth it, see :func:`with_default_search`) for the fastest configuration that fits ``spec.budget`` and write
     summary.json, trials.csv, report.html and train_command.sh to ``output``. ``options`` are
     those of :func:`trainfit.search.tune.run_search` (``output`` is required; ``resume``,
     ``storage``, ``strategy``, ``max_trials``, ``time_budget_s``, ``quick``, ``refine``, ``on_event``...).
@@ -95,7 +123,10 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
         result = trainfit.tune(spec, output="runs/a", quick=True)
         print(result.summary.best_config)
     """
-    spec = with_default_search(spec)
+    if options.get("stats") is None and spec.data is not None and not (spec.search and spec.search.dims) \
+            and takes_grouping(spec):  # whether grouping joins the default search depends on the data's lengths
+        options["stats"] = analyze_spec(spec, progress=False)
+    spec = with_default_search(spec, options.get("stats"))
     if calibrate_steps:
         check_can_calibrate(spec)
     # Calibrating: the search's outputs rank by the probes alone, so that the calibration runs the probes' pick.

@@ -117,21 +117,23 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.cli.tune_render import TuneView, print_result
     from trainfit.report import EFFECTIVE_BATCH, learning_knobs, run_samples
     from trainfit.spec import unused_lora_note
-    from trainfit.tune import tune, with_default_search
+    from trainfit.tune import GROUPING_PADDING_SHARE, tune, with_default_search
 
     spec = spec_from_args(args)
-    searched = with_default_search(spec)
+    args.output = str(output_folder(args))
+    stats = stats_from_args(args, spec, progress=not args.quiet)
+    searched = with_default_search(spec, stats)
     if searched is not spec:
         spec = searched
-        print(f"no search: section in {args.spec}: searching batch_size and gradient_checkpointing at the effective "
+        print(f"no search: section in {args.spec}: searching {', '.join(spec.search.names)} at the effective "
               f"batch {spec.search.target_effective_batch} (raise it with tune.target_effective_batch, or give a "
-              "search: section)")
+              "search: section)" + ("; length grouping too: random batches of this data are more than "
+                                    f"{GROUPING_PADDING_SHARE:.0%} padding" if "group_by_length" in spec.search.names
+                                    else ""))
     if args.confirm is not None:  # after the spec is final: a re-read would drop it
         import dataclasses
 
         spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=args.confirm))
-    args.output = str(output_folder(args))
-    stats = stats_from_args(args, spec, progress=not args.quiet)
     print(f"trainfit tune: {spec.source} -> {args.output}")
     if stats is not None:
         print(f"data: {stats.headline()}")

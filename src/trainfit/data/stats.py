@@ -109,6 +109,12 @@ class LengthStats:
         length = self.max if max_length is None else max_length
         return min(length, self.max_positions) if self.max_positions else length
 
+    def padding_share(self, batch_size: int, max_length: int | None) -> float:
+        """Share of positions that are padding in random batches of ``batch_size``, each padded to its
+        longest sample, the samples cut at :meth:`truncation_length` (from :attr:`length_sample`)."""
+        cut = self.truncation_length(max_length)
+        return padding_waste(np.minimum(np.asarray(self.length_sample or [self.max]), cut), batch_size, None)
+
     def longest_lengths(self, n: int) -> list[int]:
         """The ``n`` longest lengths (the longest repeated when the dataset is smaller than ``n``)."""
         kept = [x["length"] for x in self.longest] or [self.max]
