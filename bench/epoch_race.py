@@ -72,7 +72,9 @@ def run_tune(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
            "probe": {"device": "cpu" if args.cpu else "cuda"},
            "search": {"batch_size": [1, 2, 4, 8, 16, 32, 64], "gradient_checkpointing": [False, True],
                       # Liger's fused linear cross-entropy, as the Trainer's use_liger_kernel applies it (CUDA only)
-                      **({"loss": ["model", "liger"]} if args.liger else {})}}
+                      **({"loss": ["model", "liger"]} if args.liger else {}),
+                      # TRL's packing: fewer, fuller padding-free steps (a step then holds more samples)
+                      **({"packing": [False, True]} if args.packing else {})}}
     spec = build_spec(doc, base_dir=Path.cwd())
     start = time.perf_counter()
     res = tune(spec, output=out, resume=(out / "study.journal").exists(), on_event=lambda e: isinstance(e, TrialEnd)
@@ -91,7 +93,8 @@ def run_tune(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
 
 
 TRAINER_FLAGS = {"per_device_train_batch_size": int, "gradient_accumulation_steps": int, "max_steps": int,
-                 "gradient_checkpointing": lambda v: v == "true", "use_liger_kernel": lambda v: v == "true"}
+                 "gradient_checkpointing": lambda v: v == "true", "use_liger_kernel": lambda v: v == "true",
+                 "packing": lambda v: v == "true"}
 """What the Trainer run takes on its command line (``--trainer``), as the template fills it."""
 
 
@@ -100,11 +103,11 @@ def trainer_template(args: argparse.Namespace, data: Path, out: Path) -> str:
     job = out.parent / "trainer-job.json"  # the run's fixed part (a file: JSON braces would read as placeholders)
     job.write_text(json.dumps({"config": args.config, "data": str(data), "cpu": args.cpu, "budget_gb": args.budget_gb,
                                "bf16": args.precision == "bf16", "out": str(out.parent / "template-run"),
-                               "tqdm": True}))
+                               "tqdm": True, "max_length": args.seq}))
     flags = " ".join(f"--{name} {{{knob}}}" for name, knob in (
         ("per_device_train_batch_size", "batch_size"), ("gradient_accumulation_steps", "gradient_accumulation_steps"),
         ("gradient_checkpointing", "gradient_checkpointing"), ("use_liger_kernel", "use_liger_kernel"),
-        ("max_steps", "max_steps")))
+        ("packing", "packing"), ("max_steps", "max_steps")))
     return f"{shlex.quote(sys.executable)} {shlex.quote(__file__)} --trainer {shlex.quote(str(job))} {flags}"
 
 
@@ -157,6 +160,15 @@ def epoch_run(job: dict[str, Any]) -> dict[str, Any]:
 
     attempt = Attempt()
     extra = dict(job["args"])
+    if extra.pop("packing", False):  # TRL's packing and padding-free collator, as `trl sft --packing` trains
+        from datasets import Dataset
+        from trl.data_utils import pack_dataset
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+        dataset = pack_dataset(Dataset.from_dict({"input_ids": [r["input_ids"].tolist() for r in dataset]}),
+                               job["max_length"], "bfd")
+        collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+        extra["remove_unused_columns"] = False  # the collator reads each packed row's seq_lengths
     if extra.pop("group_by_length", False):  # transformers 5.2x names it a sampling strategy
         fields = TrainingArguments.__dataclass_fields__
         extra.update({"train_sampling_strategy": "group_by_length"} if "train_sampling_strategy" in fields
@@ -173,7 +185,7 @@ def epoch_run(job: dict[str, Any]) -> dict[str, Any]:
         return {"args": job["args"], "status": "oom", "message": str(err).splitlines()[0][:200]}
     end = time.perf_counter()
     return {"args": job["args"], "status": "ok", "train_batch_size": trainer._train_batch_size,
-            "wall_s": end - start, "last_attempt_s": end - attempt.started, "samples": len(dataset),
+            "wall_s": end - start, "last_attempt_s": end - attempt.started, "samples": len(lengths),
             "peak_reserved_gb": torch.cuda.max_memory_reserved() / 1024**3 if cuda else None}
 
 
@@ -190,7 +202,7 @@ def same_as_last_attempt(picked: dict[str, Any], peer: dict[str, Any]) -> bool:
     """Did auto_find_batch_size's last attempt train the pick's very config (then its epoch is the pick's)?"""
     return (peer.get("status") == "ok" and peer.get("train_batch_size") == picked["per_device_train_batch_size"]
             and picked["gradient_accumulation_steps"] == 1 and not picked["gradient_checkpointing"]
-            and not picked.get("use_liger_kernel"))
+            and not picked.get("use_liger_kernel") and not picked.get("packing"))
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -206,6 +218,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--liger", action="store_true",
                     help="let trainfit search loss: liger (the Trainer's use_liger_kernel; needs liger-kernel and CUDA)")
+    ap.add_argument("--packing", action="store_true", help="let trainfit search packing: [false, true] (TRL's)")
     ap.add_argument("--calibrate", type=int, metavar="N",
                     help="real Trainer steps tune times for the trainer's cost (default: tune's: 30 on a GPU, none on a CPU)")
     ap.add_argument("--work", type=Path, help="results and runs here; the same command again resumes")
@@ -228,12 +241,13 @@ def main() -> None:
     print(f"  trainfit: {found}", file=sys.stderr, flush=True)
     pick = found["pick"]
     base = {"config": args.config, "data": str(data), "cpu": args.cpu, "budget_gb": args.budget_gb,
-            "bf16": args.precision == "bf16", "out": str(work / "hf")}
+            "bf16": args.precision == "bf16", "out": str(work / "hf"), "max_length": args.seq}
     runs = {}
     picked = {"per_device_train_batch_size": pick["batch_size"],
               "gradient_accumulation_steps": pick["gradient_accumulation_steps"],
               "gradient_checkpointing": pick["gradient_checkpointing"],
-              **({"use_liger_kernel": True} if pick.get("loss") == "liger" else {})}
+              **({"use_liger_kernel": True} if pick.get("loss") == "liger" else {}),
+              **({"packing": True} if pick.get("packing") else {})}
     # The third run asks what length grouping (not yet a knob trainfit turns) would add to the pick.
     for name, targs in (("hf_auto_find_batch_size", {"per_device_train_batch_size": 64, "auto_find_batch_size": True}),
                         ("trainfit_pick", picked), ("trainfit_pick_grouped", {**picked, "group_by_length": True})):

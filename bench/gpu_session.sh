@@ -43,13 +43,13 @@ fi
 export PYTHONPATH=$site$PWD/src PYTHONUNBUFFERED=1
 if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
     gpu=(--tiny --cpu); fidelity=(--steps 2,4); tests=(tests/test_gpu.py); workload=llama
-    race=(--tiny --cpu --samples 200 --budget-gb 4 --calibrate 6)  # a GPU calibrates by default
+    race=(--tiny --cpu --samples 200 --budget-gb 4 --calibrate 6 --packing)  # a GPU calibrates by default
     epoch=(--samples 40 --batches 1,2 --modes longest)
     planeta=(--samples 40 --modes longest --calibrate 4); trajectory=(--samples 40); warmup=(--stride 64)
     ablate=(--device cpu --only checkpointing,sdpa)
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
-    race=(--liger --samples 2000)  # 2,000 samples: the tune and three epochs in one ~9-minute call
+    race=(--liger --packing --samples 2000)  # 2,000 samples: the tune and three epochs in one ~9-minute call
     epoch=(--cuda --model-1b --samples 600 --batches 1,2,4,8 --modes longest,grouped)
     planeta=(--cuda --model-1b --samples 600 --modes ${GPU_SESSION_PLAN_MODES:-max_length,longest} --calibrate 30)
     trajectory=(--cuda --model-1b); warmup=(--cuda --model-1b)

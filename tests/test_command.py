@@ -54,6 +54,8 @@ BASE = {"batch_size": 2, "gradient_accumulation_steps": 3, "max_length": 64}
     ({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": 8, "max_length": 64}),
     ({"padding": "max_length", "pad_to_multiple_of": 48}, {"pad_to_multiple_of": 96, "max_length": 64}),
     ({"group_by_length": True}, {"train_sampling_strategy": "group_by_length"}),
+    ({}, {"packing": False}),
+    ({"packing": True}, {"packing": True, "packing_strategy": "bfd"}),
     ({"max_length": None}, {"max_length": 48}),  # the length the probe truncated at
     ({"lora_r": 8}, {"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0}),
     ({"lora_r": 8, "lora_alpha": 16}, {"lora_alpha": 16}),  # a float knob, TRL's flag an int

@@ -29,7 +29,7 @@ FIXED = "fixed padding at max_length"
 
 BASELINE: dict[str, Any] = {"gradient_checkpointing": False, "attention": "eager", "precision": "fp32", "tf32": False,
                             "compile": "off", "optimizer": "adamw", "padding": "longest", "group_by_length": False,
-                            "pad_to_multiple_of": None}
+                            "pad_to_multiple_of": None, "packing": False}
 """Every technique off."""
 
 CLAIM_SOURCE = "the in-house guide trainfit replaces (seed 004: an RTX 4090, a TTS fine-tune, batch 8)"

@@ -234,7 +234,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
     runs, best = timed.runs, timed.best
     seconds = _seconds_per_step(runs, short, steps, timed.folder, say)
     probe = float(best.probe_speed or 0.0)  # the best config is a fitting, timed one
-    speed = best.effective_batch_size / seconds
+    speed = _samples_per_step(best) / seconds
     batches = timed.folder / f"batches-{short + steps}-steps.txt"  # a template's trainer records none
     priced = None if step_cost is None or timed.template else _priced(batches, best, runs[1].step_arrivals, short,
                                                                       step_cost, say)
@@ -252,6 +252,12 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
     if timed.scratch:
         shutil.rmtree(timed.folder, ignore_errors=True)
     return calibration
+
+
+def _samples_per_step(best: ConfigEntry) -> int:
+    """The samples one optimizer step of ``best`` trains: its effective batch, or under packing (a
+    row holding several) its epoch's mean."""
+    return best.samples_per_step if best.samples_per_step is not None else best.effective_batch_size
 
 
 @dataclass(frozen=True)

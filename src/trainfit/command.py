@@ -66,6 +66,8 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
         args += ["--pad_to_multiple_of", str(params.pad_to_multiple_of)]
     if params.group_by_length:  # transformers 5's name of the length-grouped sampler (4.x: --group_by_length)
         args += ["--train_sampling_strategy", "group_by_length"]
+    if params.packing:  # best fit decreasing, which turns TRL's padding-free collator on (data/packing.py)
+        args += ["--packing", "true", "--packing_strategy", "bfd"]
     half = params.precision in ("bf16", "fp16")
     # LoRA trains adapters over a frozen base held in the compute dtype; full fine-tuning keeps fp32 weights.
     dtype = {"bf16": "bfloat16", "fp16": "float16"}[params.precision] if half and params.lora_r else "float32"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -139,6 +139,11 @@ class Params:
     group_by_length: bool = knob(False, kind="bool", batch_shape=True,
         doc="batch samples of similar length together (the Hugging Face trainer's length-grouped "
             "sampler): less padding with padding: longest; the order stays random between groups")
+    packing: bool = knob(False, kind="bool", batch_shape=True, changes_learning=True,
+        doc="pack samples into rows of max_length (TRL's packing, best-fit decreasing) and train each "
+            "batch padding-free, as one row with each sample's positions restarting (flash_attention_2 "
+            "attends per sample; sdpa and eager through a block-diagonal mask): no padding, and fewer, "
+            "fuller steps; batch_size counts packed rows, so a step holds more samples")
     loss: str = knob("auto", kind="choice", choices=LOSSES,
         doc="how a Hugging Face model's loss is computed: model = its own forward, full logits "
             "(transformers Trainer, most loops); fused = TRL's fused LM head, log-probs in tiles "
@@ -164,6 +169,23 @@ class Params:
         length = max_length if self.padding == "max_length" and max_length is not None else longest
         multiple = self.pad_to_multiple_of
         return length if multiple is None else -(-length // multiple) * multiple
+
+    def batch_length(self, lengths: Sequence[int], max_length: int | None) -> int:
+        """Positions of one micro-batch of samples this long (already truncated at ``max_length``), as
+        the trainer's collator makes it: each row padded (:meth:`padded_length`), or under ``packing``
+        one padding-free row of them all (TRL's ``padding_free`` collator), rounded up to the multiple
+        the command passes TRL as ``pad_to_multiple_of`` (``max_length`` itself under ``padding: max_length``)."""
+        if not self.packing:
+            return self.padded_length(max(lengths), max_length)
+        multiple, total = self.packed_multiple(max_length), sum(lengths)
+        return total if multiple is None else -(-total // multiple) * multiple
+
+    def packed_multiple(self, max_length: int | None) -> int | None:
+        """What a packed micro-batch's one row is rounded up to a multiple of: the command's
+        ``pad_to_multiple_of`` (``max_length`` rounded up to it under ``padding: max_length``); None: none."""
+        if self.padding == "max_length" and max_length is not None:
+            return self.padded_length(max_length, max_length)
+        return self.pad_to_multiple_of
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, JSON-ready view: built-in knobs then custom keys."""

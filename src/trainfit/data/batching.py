@@ -38,7 +38,7 @@ What is reproduced, read in transformers 5.24.0 and trl 1.16.0 (the versions ins
   ``trl/data_utils.py`` ``pack_dataset``: ``bfd`` best-fit decreasing, ``bfd_split``, ``wrapped``)
   rewrites the dataset into rows of at most ``max_length`` *before* sampling, and with ``bfd``
   turns padding-free on (l. 916): simulate packing by passing the packed rows' lengths, not the
-  samples'. Multi-GPU sharding of batches across ranks is not simulated either (one device).
+  samples' (``data/packing.py`` does). Multi-GPU sharding of batches across ranks is not simulated either (one device).
 """
 
 from __future__ import annotations
@@ -74,9 +74,14 @@ class EpochBatches:
     order: np.ndarray
     """The samples the epoch trains on, as indices into the lengths, in the order it visits them
     (int64, ``samples`` long): batch ``i`` is the next ``rows[i]`` of them."""
+    packed_rows: np.ndarray | None = None
+    """Under packing (``data.packing.packed_epoch``): the packed rows in each batch (int64), which
+    the collator flattens into one padding-free row of ``padded_length`` positions; None: each
+    batch is ``rows`` rows of ``padded_length``."""
 
     def __post_init__(self) -> None:
-        for name in ("rows", "padded_length", "real_tokens", "order"):
+        for name in ("rows", "padded_length", "real_tokens", "order", *(("packed_rows",) if self.packed_rows is not None
+                                                                           else ())):
             # An int64 copy made read-only: the caller's own arrays stay writable and unshared.
             array = np.array(getattr(self, name), dtype=np.int64)
             array.setflags(write=False)
@@ -100,8 +105,9 @@ class EpochBatches:
 
     @property
     def padded_positions(self) -> np.ndarray:
-        """Positions each batch computes on, padding included: rows x padded length (int64)."""
-        return self.rows * self.padded_length
+        """Positions each batch computes on, padding included: rows x padded length (int64); a packed
+        batch's one row."""
+        return self.padded_length.copy() if self.packed_rows is not None else self.rows * self.padded_length
 
     @property
     def total_real_tokens(self) -> int:
@@ -123,12 +129,13 @@ class EpochBatches:
         """The distinct batch shapes and how many batches have each.
 
         Returns ``(shapes, counts)``: ``shapes`` is an ``(k, 2)`` int64 array of ``(rows, padded
-        length)`` pairs in ascending order, ``counts[i]`` the batches of shape ``shapes[i]``; a cost
+        length)`` pairs (a packed batch: 1 row) in ascending order, ``counts[i]`` the batches of shape ``shapes[i]``; a cost
         model priced per shape sums ``cost(shape) * count`` over ``k`` shapes instead of every batch.
         """
         # One int64 key per batch, rows major: np.unique on a 1-D key is several times faster than on pairs.
         stride = int(self.padded_length.max(initial=0)) + 1
-        keys, counts = np.unique(self.rows * stride + self.padded_length, return_counts=True)
+        rows = np.ones_like(self.rows) if self.packed_rows is not None else self.rows  # a packed batch is one row
+        keys, counts = np.unique(rows * stride + self.padded_length, return_counts=True)
         shapes = np.stack([keys // stride, keys % stride], axis=1)
         return shapes.astype(np.int64), counts.astype(np.int64)
 

@@ -151,9 +151,14 @@ def epoch_speed(cost: StepCost, mix: TypicalMix, accumulation: int, max_length: 
                       tokens_per_second=mix.real_tokens / seconds)
 
 
-def batching_words(padding: str, group_by_length: bool, max_length: int, pad_to_multiple_of: int | None = None) -> str:
+def batching_words(padding: str, group_by_length: bool, max_length: int, pad_to_multiple_of: int | None = None, *,
+                   packing: bool = False) -> str:
     """How the trainer batches the data, as the output says it."""
     multiple = "" if pad_to_multiple_of is None else f", rounded up to a multiple of {pad_to_multiple_of}"
+    if packing:
+        fixed = f", rounded up to a multiple of max_length={max_length}" if padding == "max_length" else multiple
+        return (f"samples packed into rows of max_length={max_length} (best fit decreasing), each batch's rows "
+                f"{'length-grouped, ' if group_by_length else ''}flattened into one padding-free row{fixed}")
     if padding == "max_length":
         return f"every batch padded to max_length={max_length}{multiple}"
     if group_by_length:
@@ -177,19 +182,28 @@ def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: i
     and the micro-batches to time: whole batches at :data:`QUANTILES` of the padded lengths, and
     the longest when ``longest`` (:func:`times_longest`)."""
     from trainfit.data.batching import simulate_epoch
+    from trainfit.data.packing import packed_epoch
 
     array = np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
-    epoch = simulate_epoch(array, params.batch_size, padding=params.padding, max_length=max_length,  # type: ignore[arg-type]
-                           group_by_length=params.group_by_length, seed=seed,
-                           gradient_accumulation_steps=params.gradient_accumulation_steps,
-                           pad_to_multiple_of=params.pad_to_multiple_of)
+    if params.packing:
+        epoch = packed_epoch(array, params.batch_size, max_length=max_length, seed=seed,
+                             group_by_length=params.group_by_length,
+                             gradient_accumulation_steps=params.gradient_accumulation_steps,
+                             multiple=params.packed_multiple(max_length))
+    else:
+        epoch = simulate_epoch(array, params.batch_size, padding=params.padding, max_length=max_length,  # type: ignore[arg-type]
+                               group_by_length=params.group_by_length, seed=seed,
+                               gradient_accumulation_steps=params.gradient_accumulation_steps,
+                               pad_to_multiple_of=params.pad_to_multiple_of)
     values, counts = np.unique(epoch.padded_length, return_counts=True)
-    whole = np.flatnonzero(epoch.rows == epoch.rows.max())  # a short last batch is not typical
+    size = epoch.packed_rows if epoch.packed_rows is not None else epoch.rows
+    whole = np.flatnonzero(size == size.max())  # a short last batch is not typical
     starts = np.concatenate([[0], np.cumsum(epoch.rows)[:-1]])
     ordered = array[epoch.order]
     timing = tuple(tuple(int(n) for n in ordered[starts[i]:starts[i] + epoch.rows[i]])
                    for i in whole[timing_picks(epoch.padded_length[whole], longest)])
-    words = batching_words(params.padding, params.group_by_length, max_length, params.pad_to_multiple_of)
+    words = batching_words(params.padding, params.group_by_length, max_length, params.pad_to_multiple_of,
+                           packing=params.packing)
     return TypicalMix(batching=f"{words} ({len(array):,} of the data's lengths)",
                       padded_lengths=tuple(int(v) for v in values), counts=tuple(int(c) for c in counts),
                       samples=epoch.samples, real_tokens=epoch.total_real_tokens,
@@ -200,7 +214,11 @@ def assumed_mix(params: Params, max_length: int) -> TypicalMix:
     """Without a dataset: every sample ``max_length`` long, one shape (padded to ``max_length``
     rounded up to ``pad_to_multiple_of``)."""
     b = params.batch_size
-    padded = params.padded_length(max_length, max_length)
+    padded = params.batch_length([max_length] * b, max_length)  # packed: each row one sample, all b in one
+    if params.packing:
+        return TypicalMix(batching=f"no dataset: every sample assumed max_length={max_length} long, one a packed row",
+                          padded_lengths=(padded,), counts=(1,), samples=b, real_tokens=b * max_length,
+                          padded_tokens=padded, timing_batches=((max_length,) * b,))
     return TypicalMix(batching=f"no dataset: every sample assumed max_length={max_length} long",
                       padded_lengths=(padded,), counts=(1,), samples=b, real_tokens=b * max_length,
                       padded_tokens=b * padded, timing_batches=((max_length,) * b,))

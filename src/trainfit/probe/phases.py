@@ -57,7 +57,7 @@ def capped_length(req: ProbeRequest, positions: int | None, notes: list[str]) ->
         notes.append(f"max_length {max_len} exceeds the model's {positions} positions: capped")
         max_len = positions
     padded = req.params.padded_length(max_len, max_len)
-    if positions is not None and padded > positions:
+    if positions is not None and padded > positions and not req.params.packing:  # packed: positions restart a sample
         notes.append(f"pad_to_multiple_of={req.params.pad_to_multiple_of} pads the longest batches to {padded} "
                      f"positions, past the model's {positions}: pick a multiple that divides {positions}")
     return max_len
@@ -75,7 +75,7 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
     emit("phase", phase="memory")
     worst = [min(n, max_len) for n in req.worst_lengths]
     out["worst_case_lengths"] = worst
-    worst_batch = built.workload.make_batch(worst, req.params.padded_length(max(worst), max_len))
+    worst_batch = micro_batch(built.workload, req, worst, max_len)
     out["full_logits_bytes"] = built.workload.logits_bytes(worst_batch)
     micro = memory_micro_batches(req.params.gradient_accumulation_steps)
     seconds = 0.0
@@ -89,6 +89,13 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
     return worst_batch.padded_len, seconds
 
 
+def micro_batch(workload: Any, req: ProbeRequest, lengths: list[int], max_len: int) -> Any:
+    """A micro-batch of samples this long as the trainer collates it: rows padded to
+    ``Params.batch_length``, or under ``packing`` one padding-free row of them all."""
+    length = req.params.batch_length(lengths, max_len)
+    return workload.make_packed_batch(lengths, length) if req.params.packing else workload.make_batch(lengths, length)
+
+
 class TypicalBatches:
     """The typical micro-batches to time, one per shape the parent picked across the epoch's padded
     lengths (``req.typical.timing_batches``, see probe/estimate.py), cycled: each optimizer step runs
@@ -99,7 +106,7 @@ class TypicalBatches:
         self.pool = []
         for lengths in req.typical.timing_batches:
             lens = [min(n, max_len) for n in lengths]
-            self.pool.append(workload.make_batch(lens, req.params.padded_length(max(lens), max_len)))
+            self.pool.append(micro_batch(workload, req, lens, max_len))
         self.cycle = len(self.pool)
         self.cursor = 0
 
@@ -175,6 +182,9 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
         steps_measured=st.n, stable=timed.stable, step_times_s=[round(x, 6) for x in timed.times],
         samples_per_step=params.effective_batch_size,
     )
+    if params.packing:  # a packed row holds several samples: the epoch's mean per optimizer step, to the nearest
+        mix = req.typical
+        fields["samples_per_step"] = max(1, round(mix.samples * params.gradient_accumulation_steps / mix.micro_batches))
     peak = peak_flops(device_name, params.precision, params.tf32) if cuda else None
     if timed.flops_known:
         fields["model_flops_per_step"] = timed.model_flops / st.n
@@ -217,11 +227,14 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
                             "seconds": round(worst_step[1], 6), "steps": 1, "phase": "memory"})
     cost = fit_step_cost(lengths, seconds)
     # The mix's padded lengths capped as the batches were: at the cap's own padded length.
-    speed = epoch_speed(cost, mix, req.params.gradient_accumulation_steps, req.params.padded_length(max_len, max_len))
-    per_sample = req.params.effective_batch_size / mix.samples
+    cap = req.params.batch_length([max_len] * req.params.batch_size, max_len)
+    speed = epoch_speed(cost, mix, req.params.gradient_accumulation_steps, cap)
+    # Per optimizer step: the samples of effective_batch_size rows, or under packing those its packed rows hold.
+    step_share = (req.params.gradient_accumulation_steps / mix.micro_batches if req.params.packing
+                  else req.params.effective_batch_size / mix.samples)
     return {"samples_per_second": speed.samples_per_second, "tokens_per_second": speed.tokens_per_second,
-            "real_tokens_per_step": mix.real_tokens * per_sample,
-            "padded_tokens_per_step": mix.padded_tokens * per_sample,
+            "real_tokens_per_step": mix.real_tokens * step_share,
+            "padded_tokens_per_step": mix.padded_tokens * step_share,
             "expected_step_time_s": speed.step_seconds, "speed_basis": mix.batching,
             "padding_share": mix.padding_share, "shape_times": shape_times,
             "fit_error_rel": fit_error(cost, lengths, seconds)}

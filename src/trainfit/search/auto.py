@@ -38,6 +38,7 @@ NO_PRIOR: dict[str, str] = {
     "lora_dropout": "changes what is learned", "lora_target_modules": "changes what is learned",
     "lora_target_parameters": "changes what is learned",
     "loss": "the training command decides it (loss: auto); searched values keep the spec's order",
+    "packing": "changes what is learned (a packed step holds more samples): searched values keep the spec's order",
     "pad_to_multiple_of": "an integer of the user's (8, 64...): searched values keep the spec's order; which "
                           "rounding pays depends on the device's kernels, measured",
 }

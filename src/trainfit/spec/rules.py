@@ -1,5 +1,5 @@
 """Rules across sections: what the training command (`trl sft`, or a ``tune.command_template``)
-can run: the loss, the LoRA options, the template's placeholders."""
+can run: the loss, packing, the LoRA options, the template's placeholders."""
 
 from __future__ import annotations
 
@@ -102,3 +102,14 @@ def template_problems(tune: TuneSettings | None, params: Params, space: SearchSp
     problem = template_problem(tune.command_template, dict.fromkeys(names))
     return [Problem("tune.command_template", problem)] if problem else []
 
+
+
+def packing_problems(model: ModelSpec | None, params: Params, space: Any) -> list[Problem]:
+    """``packing`` is TRL's, for a Hugging Face causal LM: a factory model's own ``collate`` makes
+    its batches (and ``trainfit train``'s loop packs nothing)."""
+    dim = space.dim("packing") if space is not None else None
+    if model is None or model.factory is None or True not in (params.packing, *(dim.choices if dim else ())):
+        return []
+    return [Problem("search.packing" if dim is not None else "params.packing",
+                    "packing packs a Hugging Face causal LM's samples into rows, and this is a factory model, whose "
+                    "own collate makes its batches", "drop packing")]

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainfit.errors import Unsupported
 from trainfit.flops import StepFlops
 
 
@@ -23,7 +24,9 @@ class Batch:
     seq_lens: tuple[int, ...]
     """Real (unpadded, truncated) length of each sample, in positions."""
     padded_len: int
-    """Positions per sample after padding."""
+    """Positions per sample after padding; a packed batch's one row."""
+    packed: bool = False
+    """The samples are packed into one padding-free row (``packing``), not one row each."""
 
     @property
     def samples(self) -> int:
@@ -35,7 +38,7 @@ class Batch:
 
     @property
     def padded_tokens(self) -> int:
-        return self.padded_len * len(self.seq_lens)
+        return self.padded_len if self.packed else self.padded_len * len(self.seq_lens)
 
 
 class Workload(ABC):
@@ -51,6 +54,12 @@ class Workload(ABC):
     @abstractmethod
     def make_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
         """A batch of ``len(lengths)`` samples with these real lengths, padded to ``pad_to``."""
+
+    def make_packed_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
+        """One padding-free row holding samples of these lengths back to back (``packing``), each
+        sample's positions restarting at 0, padded to ``pad_to`` positions in all."""
+        raise Unsupported(f"packing: the {self.name} workload cannot pack samples into one row (TRL's packing is "
+                          "for Hugging Face causal language models)", "use packing: false", knob="packing", value=True)
 
     @abstractmethod
     def loss(self, inputs: Any) -> Any:

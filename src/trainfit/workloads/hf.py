@@ -267,6 +267,7 @@ class HFCausalLM(Workload):
         self.loss_kind = "liger" if params.loss == "liger" else "model" if head is None else "fused"
         self.notes = [note] if note else []
         self.device = device
+        self.attention = params.attention
         self.config = config
         self.max_positions = max_positions_of(config)
         self.vocab_size = int(config.vocab_size)
@@ -312,6 +313,28 @@ class HFCausalLM(Workload):
         inputs = {"input_ids": ids.to(self.device), "attention_mask": mask.long().to(self.device),
                   "labels": labels.to(self.device)}
         return Batch(inputs=inputs, seq_lens=tuple(int(x) for x in lengths), padded_len=pad_to)
+
+    def make_packed_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
+        """As TRL's padding-free collator makes it (``DataCollatorForLanguageModeling``,
+        ``padding_free``): one row, ``position_ids`` restarting at each sample (the padding's at 0),
+        no attention mask (transformers' masking then attends within each sample: block-diagonal
+        for sdpa and eager, per sample for flash_attention_2, given the sequence boundaries as TRL
+        passes them), and no loss on a sample's first position or the padding."""
+        import torch
+
+        total = sum(lengths)
+        ids = torch.randint(0, self.vocab_size, (1, pad_to), generator=self._generator)
+        positions = torch.zeros(1, pad_to, dtype=torch.long)
+        positions[0, :total] = torch.cat([torch.arange(n) for n in lengths])
+        labels = ids.masked_fill(positions == 0, -100)
+        inputs: dict[str, Any] = {"input_ids": ids.to(self.device), "position_ids": positions.to(self.device),
+                  "labels": labels.to(self.device)}
+        if self.attention == "flash_attention_2":  # the varlen kernels' boundaries, computed here as TRL does
+            bounds = torch.cat([(positions[0] == 0).nonzero().flatten(), torch.tensor([pad_to])]).to(torch.int32)
+            longest = int(bounds.diff().max())
+            inputs.update(cu_seq_lens_q=bounds.to(self.device), cu_seq_lens_k=bounds.to(self.device),
+                          max_length_q=longest, max_length_k=longest)
+        return Batch(inputs=inputs, seq_lens=tuple(int(x) for x in lengths), padded_len=pad_to, packed=True)
 
     def loss(self, inputs: Any) -> Any:
         if self.loss_kind == "fused":
