@@ -29,7 +29,7 @@ from trainfit.plan.eta import estimate
 from trainfit.plan.inputs import Candidate
 from trainfit.plan.options import fewer_epochs
 from trainfit.probe.measurement import Measurement
-from trainfit.report import TRAINER_COST_FILE
+from trainfit.run_folder import TRAINER_COST_FILE
 from trainfit.search.events import TrialsLost
 from trainfit.spec import load_spec
 from trainfit.summary import Summary, TrainerCost

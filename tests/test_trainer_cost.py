@@ -21,7 +21,7 @@ from trainfit.plan.eta import estimate
 from trainfit.plan.inputs import load_run
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.report import TRAINER_COST_FILE
+from trainfit.run_folder import TRAINER_COST_FILE
 from trainfit.search.ranking import with_trainer_cost
 from trainfit.spec import load_spec
 from trainfit.summary import Summary, TrainerCost
@@ -191,11 +191,11 @@ def test_a_failed_calibration_leaves_the_outputs_ranked_by_the_probes(tmp_path: 
 
 
 def test_a_trainer_cost_file_of_another_version_is_refused_with_the_way_on(tmp_path: Path) -> None:
-    from trainfit.report import read_trainer_cost
+    from trainfit.run_folder import RunFolder
 
     (tmp_path / TRAINER_COST_FILE).write_text(json.dumps({"schema_version": 2, "per_micro_batch_s": 0.01}))
     with pytest.raises(TrainfitError, match="a trainer cost has schema version 2") as err:
-        read_trainer_cost(tmp_path)
+        RunFolder(tmp_path).trainer_cost  # noqa: B018 (read, and refused)
     assert "tune --calibrate N --resume" in str(err.value)
 
 

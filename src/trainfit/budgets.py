@@ -139,9 +139,9 @@ def _record(output: Path, matrix: BudgetMatrix) -> None:
     import html
 
     from trainfit.report_html import with_section
-    from trainfit.summary import read_summary
+    from trainfit.run_folder import RunFolder
 
-    summary = dataclasses.replace(read_summary(output), budget_matrix=[r.to_json() for r in matrix.rows])
+    summary = dataclasses.replace(RunFolder(output).summary, budget_matrix=[r.to_json() for r in matrix.rows])
     write_atomically(output / "summary.json", json.dumps(summary.to_json(), indent=2, default=list) + "\n")
     report = output / "report.html"
     if not report.is_file():

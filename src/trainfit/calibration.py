@@ -46,7 +46,8 @@ from trainfit.probe.estimate import StepCost
 from trainfit.search.ranking import micro_batches
 from trainfit.spec import Spec
 from trainfit.step_pricing import Priced, pace_change, priced_steps
-from trainfit.summary import ConfigEntry, Summary, read_summary
+from trainfit.run_folder import RunFolder
+from trainfit.summary import ConfigEntry, Summary
 from trainfit.trainer_output import bar_seconds_per_step, recorded_steps, shown_steps, step_spread
 from trainfit.template import placeholders
 from trainfit.written_command import (FALLBACK_HINT, NO_MAX_STEPS_HINT, as_one_line, template_for_steps,
@@ -201,7 +202,7 @@ def calibration_args(max_steps: int, output_dir: Path) -> list[str]:
             "--report_to", "none", "--logging_strategy", "no", "--disable_tqdm", "false"]
 
 
-def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost: StepCost | None = None,
+def calibrate(run_dir: Path | RunFolder, steps: int, *, work: Path | None = None, step_cost: StepCost | None = None,
               on_progress: Callable[[str], None] | None = None) -> Calibration:
     """Time ``steps`` real optimizer steps of the best config of the tune output folder ``run_dir``
     with the command ``tune`` wrote for it (``train_command.sh``, a ``trl sft`` command; for a
@@ -230,7 +231,7 @@ def calibrate(run_dir: Path, steps: int, *, work: Path | None = None, step_cost:
                             "e.g. 50 steps: more give a tighter figure, each costs one step of the config")
     say = on_progress or (lambda line: None)
     short = short_steps(steps)
-    timed = _timed_runs(Path(run_dir), short, steps, work, say)
+    timed = _timed_runs(RunFolder.of(run_dir), short, steps, work, say)
     runs, best = timed.runs, timed.best
     seconds = _seconds_per_step(runs, short, steps, timed.folder, say)
     probe = float(best.probe_speed or 0.0)  # the best config is a fitting, timed one
@@ -276,15 +277,15 @@ class _Timed:
     """The command is the spec's ``tune.command_template`` (run twice), not ``trl sft`` and ``trainfit train``."""
 
 
-def _timed_runs(run_dir: Path, short: int, steps: int, work: Path | None, say: Callable[[str], None]) -> _Timed:
-    """Check ``run_dir``'s command can run (refused before anything runs), then run it for ``short``
+def _timed_runs(run: RunFolder, short: int, steps: int, work: Path | None, say: Callable[[str], None]) -> _Timed:
+    """Check ``run``'s command can run (refused before anything runs), then run it for ``short``
     steps and ``short + steps`` (see :func:`calibrate`) in ``work`` (None: a temporary folder)."""
     long = short + steps
-    if read_summary(run_dir).command_template:
-        (filled, best, summary), (shorter, _, _) = template_for_steps(run_dir, long), template_for_steps(run_dir, short)
+    if run.summary.command_template:
+        (filled, best, summary), (shorter, _, _) = template_for_steps(run, long), template_for_steps(run, short)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     else:
-        script, best, summary = written_command(run_dir)
+        script, best, summary = written_command(run)
         env = _trainer_env()
     scratch = work is None
     folder = Path(tempfile.mkdtemp(prefix="trainfit-calibrate-")) if work is None else Path(work)
@@ -295,7 +296,7 @@ def _timed_runs(run_dir: Path, short: int, steps: int, work: Path | None, say: C
         runs = _run_twice(planned, folder, env, say, scratch=scratch, cwd=Path.cwd())
         return _Timed(runs=runs, command=filled, best=best, summary=summary, folder=folder, scratch=scratch,
                       template=True)
-    copy = _copied(run_dir, script, folder)
+    copy = _copied(run.path, script, folder)
     (folder / f"batches-{long}-steps.txt").unlink(missing_ok=True)  # a reused work folder's: appended to
     trainfit_train = [sys.executable, "-m", "trainfit", "train", str(folder / "run"), "--output",
                       str(folder / f"trainer-{long}-steps"), "--max-steps", str(long),

@@ -71,24 +71,6 @@ def command_inputs(params: Params, m: Measurement, stats: LengthStats | None,
             "cpu_threads": launch_threads(m), "model_dir": model_dir}
 
 
-TRAINER_COST_FILE = "trainer_cost.json"
-"""Where ``tune --calibrate`` keeps the trainer cost it measured in the output folder
-(:class:`TrainerCost`): a later ``--resume`` without ``--calibrate`` ranks with it too."""
-
-
-def read_trainer_cost(output: Path) -> TrainerCost | None:
-    """The output folder's :data:`TRAINER_COST_FILE`, None when it has none."""
-    path = output / TRAINER_COST_FILE
-    if not path.is_file():
-        return None
-    try:
-        return TrainerCost.from_json(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as err:
-        raise TrainfitError(f"cannot read {path}: {err}",
-                            "delete it (the ranking then rests on the probes alone), or tune with --calibrate again"
-                            ) from None
-
-
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
            repeats: Repeats | None = None, data_config: Path | None = None,
            model_dir: Path | None = None, trainer_s: float = 0.0) -> ConfigEntry:
@@ -388,7 +370,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     after every trial) and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the
     spec's data file, and for a ``config:`` model, once a config fits, model/: the random-init model
     and its tokenizer, for the command to train. ``trainer_cost``: the trainer's own cost the
-    speeds and the ranking include (``tune --calibrate``; see :func:`read_trainer_cost`)."""
+    speeds and the ranking include (``tune --calibrate``; see ``RunFolder.trainer_cost``)."""
     data_config = None
     trl_data = trl_data_config(spec)
     if trl_data is not None:

@@ -10,13 +10,10 @@ changes meaning or goes away; a new key keeps it. ``summary.json`` is a superset
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from trainfit.errors import TrainfitError
 from trainfit.json_record import Record, check_finite, check_schema, finite
 
 SCHEMA_VERSION = 1
@@ -260,26 +257,3 @@ class Summary(Record):
         """The file's content; refused where a figure is NaN or an infinity (:func:`finite`), which
         every writer of ``summary.json`` (``report``, ``budgets``) writes through."""
         return finite(super().to_json(), "summary.json")
-
-
-def read_summary(folder: Path) -> Summary:
-    """The ``summary.json`` of a tune output folder, or a clear error naming what is wrong."""
-    import json
-
-    path = folder / "summary.json"
-    if not path.is_file():
-        inside = sorted(folder.glob("*/summary.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
-        raise TrainfitError(f"{folder} holds no summary.json: it is not a tune output folder",
-                            f"the newest tune folder in it is {inside[-1].parent}" if inside else
-                            "give the folder `trainfit tune --output` wrote (its summary.json names the best config)")
-    try:
-        raw = json.loads(path.read_text())
-        if not isinstance(raw, dict):
-            raise TypeError(f"it holds a JSON {type(raw).__name__}, not an object")
-        return Summary.from_json(raw)
-    except (ValueError, KeyError, TypeError) as err:
-        raise TrainfitError(f"cannot read {path}: {err}",
-                            f"rebuild it from the trials stored beside it, probing nothing again: trainfit tune "
-                            f"YOUR_SPEC.yaml --output {shlex.quote(str(folder))} --resume (with the --storage URL "
-                            "too, if the tune used one)") from None
-

@@ -13,7 +13,8 @@ from trainfit.calibration import calibrate, check_can_calibrate
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.files import write_atomically
 from trainfit.probe.estimate import shapes_step_cost
-from trainfit.report import TRAINER_COST_FILE, read_trainer_cost, write_outputs
+from trainfit.report import write_outputs
+from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
 from trainfit.search.trials import jsonable
 from trainfit.search.tune import TuneResult, best_trial, run_search
 from trainfit.data.analyze import analyze_spec
@@ -130,7 +131,7 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
     if calibrate_steps:
         check_can_calibrate(spec)
     # Calibrating: the search's outputs rank by the probes alone, so that the calibration runs the probes' pick.
-    stored = None if calibrate_steps or "output" not in options else read_trainer_cost(Path(options["output"]))
+    stored = None if calibrate_steps or "output" not in options else RunFolder(options["output"]).trainer_cost
     last: dict[str, Any] = {}
 
     def outputs(output: Path, *args: Any, **kwargs: Any) -> Summary:
@@ -162,7 +163,7 @@ def _reused(result: TuneResult, say: Callable[[str], None] | None) -> TrainerCos
     name; None: calibrate."""
     assert result.best is not None
     try:
-        stored = read_trainer_cost(result.output)
+        stored = RunFolder(result.output).trainer_cost
     except TrainfitError:  # damaged: timed again, and written anew
         return None
     same = (stored is not None and stored.trial == result.best.number and stored.searched == jsonable(result.best.values)

@@ -11,7 +11,8 @@ from pathlib import Path
 from trainfit.command import is_trl_command, script_command
 from trainfit.errors import TrainfitError
 from trainfit.params import parse_params
-from trainfit.summary import ConfigEntry, Summary, read_summary
+from trainfit.run_folder import COMMAND_FILE, RunFolder
+from trainfit.summary import ConfigEntry, Summary
 from trainfit.template import placeholders, render_template
 
 FALLBACK_HINT = "plan without --calibrate: the estimate then rests on the probe alone"
@@ -20,25 +21,25 @@ FALLBACK_HINT = "plan without --calibrate: the estimate then rests on the probe 
 _HEADER_TRIAL = re.compile(r"^# trainfit: fastest measured config \(trial (\d+)\)", re.MULTILINE)
 
 
-def written_command(run_dir: Path, fallback: str = FALLBACK_HINT, *, use: str = "a calibration",
+def written_command(run_dir: Path | RunFolder, fallback: str = FALLBACK_HINT, *, use: str = "a calibration",
                     without_it: str | None = None) -> tuple[str, ConfigEntry, Summary]:
-    """The text of ``run_dir/train_command.sh``, the best config it trains and the summary, once
+    """The text of the tune folder ``run_dir``'s train_command.sh, the best config it trains and the summary, once
     checked to be a ``trl sft`` command ``use`` (what runs it, for the errors) can run; ``fallback``:
     the errors' way out; ``without_it``: the way out where there is no such file (default: tune
     again, or ``fallback``), for a ``fallback`` that runs the file itself."""
-    summary, best = _best(run_dir, use)
+    run = RunFolder.of(run_dir)
+    summary, best = _best(run, use)
     if summary.command_template:
         raise TrainfitError(f"this run's training command is the spec's tune.command_template: {use} "
                             "runs only the `trl sft` command trainfit writes, for now", fallback)
-    script_path = run_dir / "train_command.sh"
-    if not script_path.is_file():
-        raise TrainfitError(f"{run_dir} holds no train_command.sh (tune writes it once a config fits)",
+    script_path, script = run.path / COMMAND_FILE, run.command_script
+    if script is None:
+        raise TrainfitError(f"{run.path} holds no {COMMAND_FILE} (tune writes it once a config fits)",
                             without_it or f"tune again into a new folder, or {fallback}")
-    script = script_path.read_text()
     written_for = _HEADER_TRIAL.search(script)
     if written_for is not None and int(written_for.group(1)) != best.trial:
         raise TrainfitError(f"{script_path} is for trial {written_for.group(1)}, summary.json's best config is "
-                            f"trial {best.trial}: is a tune still writing {run_dir}?",
+                            f"trial {best.trial}: is a tune still writing {run.path}?",
                             "wait for the tune to end")
     body, why_none = script_command(script)
     if body is None:
@@ -53,11 +54,11 @@ def written_command(run_dir: Path, fallback: str = FALLBACK_HINT, *, use: str = 
     return script, best, summary
 
 
-def _best(run_dir: Path, use: str) -> tuple[Summary, ConfigEntry]:
-    summary = read_summary(run_dir)
+def _best(run: RunFolder, use: str) -> tuple[Summary, ConfigEntry]:
+    summary = run.summary
     best = summary.best_config
     if best is None or best.samples_per_second is None:
-        raise TrainfitError(f"no config fit the budget in {run_dir}: there is no command for {use}",
+        raise TrainfitError(f"no config fit the budget in {run.path}: there is no command for {use}",
                             "see its summary.json's all_failed advice, then tune again")
     return summary, best
 
@@ -67,13 +68,14 @@ NO_MAX_STEPS_HINT = "add `--max_steps {max_steps}` (your trainer's flag for it) 
 (its flag dropped), a step count in a calibration's runs."""
 
 
-def template_for_steps(run_dir: Path, steps: int) -> tuple[str, ConfigEntry, Summary]:
+def template_for_steps(run_dir: Path | RunFolder, steps: int) -> tuple[str, ConfigEntry, Summary]:
     """The spec's ``tune.command_template`` filled for the best config of the tune folder ``run_dir``
     as ``train_command.sh`` has it, with ``{max_steps}`` set to ``steps``; the config and the summary.
     Raises :class:`TrainfitError` where the template has no ``{max_steps}`` (a calibration could not
     stop it), or where filled without a step count it is not the command tune wrote for that config
     (a summary edited, or written by another version)."""
-    summary, best = _best(run_dir, "a calibration")
+    run = RunFolder.of(run_dir)
+    summary, best = _best(run, "a calibration")
     template = summary.command_template
     assert template is not None, "a summary with a command template"
     if "max_steps" not in placeholders(template):
@@ -87,7 +89,7 @@ def template_for_steps(run_dir: Path, steps: int) -> tuple[str, ConfigEntry, Sum
     filled = [render_template(template, params, summary.epochs_for_estimate, max_length, max_steps=n)
               for n in (None, steps)]
     if problems or filled[0] != best.command:
-        raise TrainfitError(f"{run_dir / 'summary.json'}'s best config does not fill tune.command_template into the "
+        raise TrainfitError(f"{run.path / 'summary.json'}'s best config does not fill tune.command_template into the "
                             f"command tune wrote for it ({best.command!r})", "tune again into a new folder")
     return filled[1], best, summary
 

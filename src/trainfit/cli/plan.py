@@ -85,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.files import write_atomically
     from trainfit.plan import make_plan
 
+    from trainfit.run_folder import RunFolder
+
     folder = Path(args.run_dir)
+    run = RunFolder(folder)  # read once, whatever asks
     check_eval_flags(args)
     calibration = None
     if args.calibrate:
@@ -94,9 +97,9 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"calibrating: {args.calibrate} real trainer steps of {folder / 'train_command.sh'} ...", file=sys.stderr,
               flush=True)  # stderr: --json keeps stdout for the plan
-        calibration = calibrate(folder, args.calibrate, step_cost=best_step_cost(folder),
+        calibration = calibrate(run, args.calibrate, step_cost=best_step_cost(run),
                                 on_progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-    plan = make_plan(folder, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority,
+    plan = make_plan(run, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority,
                      margin_minutes=args.margin_minutes, checkpoint_minutes=args.checkpoint_minutes,
                      calibration=calibration, eval_data=args.eval_data, eval_every=args.eval_every,
                      eval_batch_size=args.eval_batch_size)

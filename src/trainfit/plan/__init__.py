@@ -24,6 +24,7 @@ from trainfit.plan.choose import PRIORITIES, RULES, choose
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_speed
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
 from trainfit.plan.inputs import Candidate, TuneRun, load_run
+from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
 from trainfit.plan.rests_on import left_out, rests_on
 from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
 from trainfit.summary import Summary
@@ -121,19 +122,20 @@ class Plan(Record):
                                   epochs=self.epochs)
 
 
-def make_plan(run_dir: Path, *, max_hours: float, epochs: float | None = None, priority: str = "balanced",
+def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | None = None, priority: str = "balanced",
               margin_minutes: float = 30.0, checkpoint_minutes: float = 30.0,
               calibration: Calibration | None = None, eval_data: str | Path | None = None,
               eval_every: int | None = None, eval_batch_size: int | None = None) -> Plan:
     """The plan of a run of ``epochs`` (default: the tune's ``tune.epochs``) over the tune
-    folder's dataset in ``max_hours``, less ``margin_minutes``, with ``priority``'s config.
+    folder ``folder``'s dataset in ``max_hours``, less ``margin_minutes``, with ``priority``'s config.
 
     ``eval_data``: an eval set (the training data's format and fields), evaluated every
     ``eval_every`` optimizer steps (None: at each epoch's end) in batches of ``eval_batch_size``
     (default: the config's batch size); one pass is timed forward-only on the config the priority
     picks without it, and the passes join every config's ETA."""
     _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
-    run = load_run(run_dir)
+    run = load_run(folder)
+    run_dir = run.folder
     summary = run.summary
     calibration = calibration or _tunes_calibration(run_dir, summary)
     _check_candidates(run)
@@ -208,8 +210,6 @@ def _epochs(given: float | None, summary: Summary) -> float:
 def _tunes_calibration(run_dir: Path, summary: Summary) -> Calibration | None:
     """The calibration ``tune --calibrate`` measured, which a plan without ``--calibrate`` uses; one
     damaged in ``summary.json`` is refused, naming the key and the ways on."""
-    from trainfit.report import TRAINER_COST_FILE
-
     if summary.trainer_cost is None:
         return None
     try:

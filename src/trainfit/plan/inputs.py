@@ -13,7 +13,8 @@ from trainfit.probe.estimate import StepCost, shapes_step_cost
 from trainfit.probe.measurement import Measurement
 from trainfit.search.trials import config_key
 from trainfit.spec import Spec
-from trainfit.summary import Summary, read_summary
+from trainfit.run_folder import RunFolder
+from trainfit.summary import Summary
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +86,7 @@ class TuneRun:
         return build_spec(self.spec_doc, base_dir=Path(source).parent)
 
 
-def best_step_cost(folder: Path) -> StepCost | None:
+def best_step_cost(folder: Path | RunFolder) -> StepCost | None:
     """The fitted step cost of the tune folder's best config (the one its command trains), by which a
     calibration prices the steps it times; None where its probe timed no shapes."""
     run = load_run(folder)
@@ -95,12 +96,14 @@ def best_step_cost(folder: Path) -> StepCost | None:
     return found.step_cost() if found is not None else None
 
 
-def load_run(folder: Path) -> TuneRun:
+def load_run(run_folder: Path | RunFolder) -> TuneRun:
     """Read a tune output folder: its ``summary.json`` and every probe its study journal kept."""
+    run = RunFolder.of(run_folder)
+    folder = run.path
     if not folder.is_dir():
         raise TrainfitError(f"{folder} is not a folder", "give the tune output folder (the one holding summary.json)")
     _check_not_running(folder)
-    summary = read_summary(folder)
+    summary = run.summary
     if summary.best_config is None:
         raise TrainfitError(f"no config fit the budget in {folder}: there is nothing to plan",
                             "see its summary.json's all_failed advice, then tune again")

@@ -32,6 +32,7 @@ from trainfit.devices import torch_threads
 from trainfit.errors import Terminated, TrainfitError
 from trainfit.files import held_folder, write_atomically
 from trainfit.plan import Plan
+from trainfit.run_folder import RunFolder
 from trainfit.train.checkpoints import incomplete, latest_complete, step_of, unloadable
 from trainfit.train.prepare import prepare, resume_command
 from trainfit.train.records import TrainResult, TrainRun, load_record
@@ -57,13 +58,14 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     """
     began = time.monotonic()
     run_dir, output = Path(run_dir), Path(output).resolve()
-    _check_inputs(run_dir, keep, record_batches)
+    run = RunFolder(run_dir)  # summary.json and the command read once, by every step below
+    _check_inputs(run, keep, record_batches)
     deadline = ["--deadline"] if use_plan_deadline else ["--deadline", f"{deadline_hours:g}"] if deadline_hours else []
     again = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args, options=deadline)
     with held_folder(output, functools.partial(_running, output)):
         if resume and (done := _finished(output, say)) is not None:
             return done
-        record, checkpoint, plan = prepare(run_dir, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
+        record, checkpoint, plan = prepare(run, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
                                            loop=loop, record_batches=record_batches is not None, say=say, again=again)
         if use_plan_deadline:
             if plan is None:
@@ -81,7 +83,7 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
         log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source,
                   trial=record.trial)
         try:
-            step, total = _run(run_dir, output, record, plan, checkpoint, control, callbacks, resume=resume,
+            step, total = _run(run, output, record, plan, checkpoint, control, callbacks, resume=resume,
                                every_s=every_s, record_batches=record_batches, say=say, again=again)
         except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal before the first step
             step, total = _stopped_at_once(err, record, output, control, say)
@@ -115,16 +117,14 @@ def _stopped_at_once(err: KeyboardInterrupt, record: TrainRun, output: Path, con
     return (step_of(last) or 0) if last is not None else 0, control.max_steps or record.max_steps
 
 
-def _check_inputs(run_dir: Path, keep: int, record_batches: str | Path | None) -> None:
-    """A clear error before any folder is made or run recorded: ``keep`` below 1, ``run_dir`` not
+def _check_inputs(run: RunFolder, keep: int, record_batches: str | Path | None) -> None:
+    """A clear error before any folder is made or run recorded: ``keep`` below 1, ``run`` not
     a tune folder, a ``record_batches`` file that cannot be appended to."""
-    from trainfit.summary import read_summary
-
     if keep < 1:
         raise TrainfitError(f"keep={keep}: at least the newest complete checkpoint is kept", "keep=1 or more")
-    if not run_dir.is_dir():
-        raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
-    read_summary(run_dir)
+    if not run.path.is_dir():
+        raise TrainfitError(f"{run.path} is not a folder", "pass the output folder of `trainfit tune`")
+    run.summary  # noqa: B018 (read, and checked, now)
     batches = Path(record_batches) if record_batches is not None else None
     if batches is not None and (batches.is_dir() or not batches.parent.is_dir()):
         raise TrainfitError(f"--record-batches cannot write there: {batches} "
@@ -177,19 +177,19 @@ def _watchers(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, 
     return log, control, callbacks
 
 
-def _run(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, checkpoint: Path | None, control: Any,
+def _run(run: RunFolder, output: Path, record: TrainRun, plan: Plan | None, checkpoint: Path | None, control: Any,
          callbacks: list[Any], *, resume: bool, every_s: float, record_batches: str | Path | None = None,
          say: Callable[[str], None], again: str) -> tuple[int | None, int | None]:
     """Train by the record's kind; the step reached and the run's total steps (None for a
     command template, whose trainer is the user's). ``again``: the command that resumes it."""
     if record.kind == "command":
-        control.stopped = _run_command(record, run_dir, output, plan, resume=resume, every_s=every_s,
+        control.stopped = _run_command(record, run.path, output, plan, resume=resume, every_s=every_s,
                                        deadline=control.deadline, say=say)
         return None, None
     with torch_threads(record.threads), _listening(control):
         try:
             if record.kind == "factory":
-                return _run_factory(run_dir, record, output, checkpoint, callbacks, say)
+                return _run_factory(run, record, output, checkpoint, callbacks, say)
             return _run_trl_sft(record, output, checkpoint, callbacks, control, record_batches)
         except OSError as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
             from trainfit.errors import os_error
@@ -261,14 +261,14 @@ def _train_trl(trainer: Any, output: Path, checkpoint: Path | None, control: Any
     return int(trainer.state.global_step), int(trainer.state.max_steps)
 
 
-def _run_factory(run_dir: Path, record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
+def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
                  say: Callable[[str], None]) -> tuple[int, int]:
     """Train a factory model with trainfit's loop; returns (steps done, total steps)."""
     from trainfit.params import parse_params
     from trainfit.plan.inputs import load_run
     from trainfit.train.loop import run_loop
 
-    run = load_run(run_dir)
+    run = load_run(run_folder)
     summary, spec = run.summary, run.spec()
     if spec.data is None:
         raise TrainfitError("the spec has no data: a factory model trains on the rows of its data.path",

@@ -16,6 +16,7 @@ from pathlib import Path
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.plan import Plan
+from trainfit.run_folder import COMMAND_FILE, RunFolder
 from trainfit.summary import Summary
 from trainfit.train.checkpoints import incomplete, latest_complete
 from trainfit.train.data_check import identity, refuse_changed
@@ -29,39 +30,39 @@ def _plan(run_dir: Path) -> Plan | None:
     return load_record(Plan, path, "the plan", f"plan again: trainfit plan {shlex.quote(str(run_dir))} --max-hours H")
 
 
-def training_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
+def training_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
     """The one-line ``trl sft`` command to train, where it came from, and its trial."""
     from trainfit.command import is_trl_command
     from trainfit.written_command import as_one_line, written_command
 
+    run_dir = run.path
     fallback = f"run the command yourself: bash {shlex.quote(str(run_dir / 'train_command.sh'))} --output_dir DIR"
     if plan is not None:
         if plan.command is None or not is_trl_command(plan.command):
             raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, which has no `trl sft` command "
                                 "trainfit wrote: `trainfit train` runs only that command, for now", fallback)
         return plan.command, "plan.json", plan.trial
-    script, best, _ = written_command(run_dir, fallback, use="`trainfit train`",
+    script, best, _ = written_command(run, fallback, use="`trainfit train`",
                                       without_it="tune again into a new folder")
     return as_one_line(script, []), "train_command.sh", best.trial
 
 
-def template_command(run_dir: Path, plan: Plan | None) -> tuple[str, str, int]:
+def template_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
     """The filled ``tune.command_template`` to run (the plan's choice, else the fastest config's
     ``train_command.sh``), where it came from, and its trial."""
     from trainfit.command import script_command
-    from trainfit.summary import read_summary
 
+    run_dir = run.path
     if plan is not None:
         if plan.command is None:
             raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, for which tune wrote no command",
                                 "plan again with another priority, or fill its values into your command yourself")
         return plan.command, "plan.json", plan.trial
-    best = read_summary(run_dir).best_config
-    script_path = run_dir / "train_command.sh"
-    if best is None or not script_path.is_file():
+    best, script_path, script = run.summary.best_config, run_dir / COMMAND_FILE, run.command_script
+    if best is None or script is None:
         raise TrainfitError(f"{run_dir} holds no train_command.sh: no config fit the budget",
                             "see its summary.json's all_failed advice, then tune again")
-    line, why_none = script_command(script_path.read_text())
+    line, why_none = script_command(script)
     if line is None:
         raise TrainfitError(f"tune wrote no training command in {script_path}: {why_none}",
                             "fix the spec's tune.command_template and tune again")
@@ -85,24 +86,24 @@ def _planned_since(run_dir: Path, record: TrainRun, now: TrainRun) -> str:
                "plan.json aside)") + "; to train the new plan, give it a new --output")
 
 
-def to_train(run_dir: Path, output: Path, *, extra_args: Sequence[str] = (), max_steps: int | None = None,
+def to_train(run_folder: Path | RunFolder, output: Path, *, extra_args: Sequence[str] = (), max_steps: int | None = None,
              loop: bool = False) -> tuple[TrainRun, Plan | None]:
     """What ``run_dir`` says to train (its plan's choice, else its fastest config), as a record
     started now with the fingerprint of the data it trains on, and the plan. A spec with a
     ``tune.command_template`` trains with that command, unless ``loop`` (a factory model, in
     trainfit's loop)."""
-    from trainfit.summary import read_summary
-
-    if not run_dir.is_dir():
-        raise TrainfitError(f"{run_dir} is not a folder", "pass the output folder of `trainfit tune`")
-    summary = read_summary(run_dir)
-    record, plan = _chosen(run_dir, output, summary, extra_args=extra_args, max_steps=max_steps, loop=loop)
+    run = RunFolder.of(run_folder)
+    if not run.path.is_dir():
+        raise TrainfitError(f"{run.path} is not a folder", "pass the output folder of `trainfit tune`")
+    summary = run.summary
+    record, plan = _chosen(run, output, summary, extra_args=extra_args, max_steps=max_steps, loop=loop)
     return dataclasses.replace(record, data=identity(record.data_files(summary.spec))), plan
 
 
-def _chosen(run_dir: Path, output: Path, summary: Summary, *, extra_args: Sequence[str], max_steps: int | None,
+def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Sequence[str], max_steps: int | None,
             loop: bool) -> tuple[TrainRun, Plan | None]:
     """:func:`to_train`'s record, before its data's fingerprint."""
+    run_dir = run.path
     plan = _plan(run_dir)
     common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time())
     factory = bool((summary.spec.get("model") or {}).get("factory"))
@@ -114,7 +115,7 @@ def _chosen(run_dir: Path, output: Path, summary: Summary, *, extra_args: Sequen
             raise TrainfitError("--max-steps caps trainfit's own loops; this run is your command_template",
                                 "pass your trainer's own step limit after --"
                                 + (", or add --loop to train the factory model in trainfit's loop" if factory else ""))
-        line, source, trial = template_command(run_dir, plan)
+        line, source, trial = template_command(run, plan)
         return common(source=source, trial=trial, kind="command", threads=None,
                       argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])]), plan
     if factory:
@@ -129,7 +130,7 @@ def _chosen(run_dir: Path, output: Path, summary: Summary, *, extra_args: Sequen
             best.trial, best.config, float(summary.epochs_for_estimate or 1))  # type: ignore[union-attr]
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
                       config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None), plan
-    command, source, trial = training_command(run_dir, plan)
+    command, source, trial = training_command(run, plan)
     from trainfit.train.sft import relocated, split_command
 
     threads, argv = split_command(command)
@@ -149,15 +150,16 @@ def resume_command(run_dir: str | Path, output: str | Path, *, max_steps: int | 
     return shlex.join(parts)
 
 
-def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[str] = (), max_steps: int | None = None,
+def prepare(run_folder: Path | RunFolder, output: Path, *, resume: bool, extra_args: Sequence[str] = (), max_steps: int | None = None,
             loop: bool = False, record_batches: bool = False, again: str,
             say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
     """Check the input and the output folder; returns what to train, the checkpoint to resume
     from (None: from step 0) and the plan. Removes unfinished checkpoints (they cannot be resumed).
     ``again``: the command that resumes the run (:func:`resume_command`), for the errors.
     ``record_batches``: the run will record its batches, which only a ``trl sft`` run can."""
-    run_dir, output = Path(run_dir), Path(output).resolve()
-    now, plan = to_train(run_dir, output, extra_args=extra_args, max_steps=max_steps, loop=loop)
+    run = RunFolder.of(run_folder)
+    run_dir, output = run.path, Path(output).resolve()
+    now, plan = to_train(run, output, extra_args=extra_args, max_steps=max_steps, loop=loop)
     if record_batches and now.kind != "trl_sft":
         raise TrainfitError(f"--record-batches records the batches of a `trl sft` run; this run is a {now.kind}",
                             "leave --record-batches out")
@@ -170,9 +172,7 @@ def prepare(run_dir: Path, output: Path, *, resume: bool, extra_args: Sequence[s
                                 + "\n  ".join(changed) + _planned_since(run_dir, record, now),
                                 "resume with the same tune folder, plan and arguments, or train into a new --output")
         if record.data is not None and now.data != record.data:
-            from trainfit.summary import read_summary
-
-            refuse_changed(now.data_files(read_summary(run_dir).spec), output, readable=now.data is not None)
+            refuse_changed(now.data_files(run.summary.spec), output, readable=now.data is not None)
     else:
         if record_path.exists() or any(output.glob("checkpoint-*")):
             raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
