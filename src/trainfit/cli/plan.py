@@ -84,7 +84,6 @@ def _every(text: str) -> int | None:
 def run(args: argparse.Namespace) -> int:
     from trainfit.files import write_atomically
     from trainfit.plan import make_plan
-
     from trainfit.run_folder import RunFolder
 
     folder = Path(args.run_dir)

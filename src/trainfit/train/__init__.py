@@ -57,8 +57,7 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
     steps by).
     """
     began = time.monotonic()
-    run_dir, output = Path(run_dir), Path(output).resolve()
-    run = RunFolder(run_dir)  # summary.json and the command read once, by every step below
+    run_dir, output = (run := RunFolder(run_dir)).path, Path(output).resolve()  # run: its files read once, by all below
     _check_inputs(run, keep, record_batches)
     deadline = ["--deadline"] if use_plan_deadline else ["--deadline", f"{deadline_hours:g}"] if deadline_hours else []
     again = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args, options=deadline)
