@@ -86,6 +86,9 @@ def test_every_problem_of_a_configs_file_is_named_with_its_config_and_key(llama:
     assert "knob.lora_rr: unknown knob (did you mean 'lora_r'?)" in text
     assert "zero.learning_rate: must be > 0" in text and "sched.lr_scheduler_type: must be one of" in text
     assert "a b: a config name is letters" in text and "ok." not in text
+    (tmp_path / "packed.yaml").write_text("packed: {packing: true}\n")
+    with pytest.raises(SpecError, match="packed.packing: compare counts each step as batch_size x accumulation"):
+        read_configs(tmp_path / "packed.yaml", spec)
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     with pytest.raises(TrainfitError, match="mapping of config names"):
         read_configs(tmp_path / "list.yaml", spec)

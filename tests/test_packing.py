@@ -23,20 +23,23 @@ def lognormal(n: int, scale: float, seed: int = 0) -> np.ndarray:
     return np.maximum(0, np.random.default_rng(seed).lognormal(0.0, 0.8, n) * scale).astype(np.int64)
 
 
-@pytest.mark.parametrize("max_length, seed", [(64, 0), (256, 1), (16, 2)])
-def test_the_rows_are_the_ones_trls_own_packing_makes(max_length: int, seed: int) -> None:
+@pytest.mark.parametrize("max_length, seed, n", [(64, 0, 500), (256, 1, 500), (16, 2, 500), (64, 3, 2500)])
+def test_the_rows_are_the_ones_trls_own_packing_makes(max_length: int, seed: int, n: int) -> None:
     """The same rows, each holding samples of the same lengths in the same order, as
-    ``trl.data_utils.pack_dataset(..., "bfd")``: empty samples dropped, long ones cut."""
+    ``trl.data_utils.pack_dataset(..., "bfd")``: empty samples dropped, long ones cut, and past
+    1,000 samples each run of 1,000 packed on its own (``datasets``' map batches)."""
     datasets = pytest.importorskip("datasets")
     from trl.data_utils import pack_dataset
 
-    lengths = lognormal(500, max_length / 3, seed)
+    lengths = lognormal(n, max_length / 3, seed)
     lengths[:3] = [0, max_length * 3, max_length]  # an empty one, one to cut, one that fills a row alone
     dataset = datasets.Dataset.from_dict({"input_ids": [list(range(1, n + 1)) for n in lengths]})
     theirs = [list(row) for row in pack_dataset(dataset, max_length, "bfd")["seq_lengths"]]
     ours = [[min(int(lengths[i]), max_length) for i in row] for row in pack_bfd(lengths, max_length)]
     assert ours == theirs
-    assert sorted(i for row in pack_bfd(lengths, max_length) for i in row) == [i for i in range(500) if lengths[i]]
+    assert sorted(i for row in pack_bfd(lengths, max_length) for i in row) == [i for i in range(n) if lengths[i]]
+    if n > 1000:  # packed all at once, fewer rows: not what TRL trains
+        assert len(pack_bfd(lengths, max_length, chunk=None)) < len(theirs)
 
 
 def test_a_packed_epoch_visits_every_sample_once_in_fewer_fuller_batches() -> None:
@@ -101,7 +104,7 @@ def test_a_packed_sample_sees_only_itself(attention: str, tmp_path: Path) -> Non
 @pytest.mark.integration
 def test_a_probe_of_a_packed_config_trains_real_steps_and_counts_real_tokens(tmp_path: Path) -> None:
     data = tmp_path / "lengths.jsonl"
-    lengths = [int(n) for n in np.clip(lognormal(400, 30), 1, None)]
+    lengths = [int(n) for n in np.clip(lognormal(400, 30), 1, 100)]  # none reaches max_length 128
     data.write_text("".join(json.dumps({"n": n}) + "\n" for n in lengths))
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, data={"path": str(data), "length_field": "n"},
                           params={"batch_size": 2, "max_length": 128, "packing": True})
@@ -111,8 +114,11 @@ def test_a_probe_of_a_packed_config_trains_real_steps_and_counts_real_tokens(tmp
     cut = np.minimum(lengths, 128)
     # tokens over samples: the real length of the mean sample, not a padded one
     assert m.tokens_per_second / m.samples_per_second == pytest.approx(cut.mean(), rel=1e-6)
-    assert m.worst_case_lengths == [128, 128]  # two packed rows, each one longest sample
+    assert m.worst_case_lengths == [128, 128]  # two full packed rows, whatever the data's longest
     assert all(s["rows"] >= 2 for s in m.shape_times)  # each timed micro-batch holds the samples of 2 rows
+    # Samples a step: the epoch's mean (a fraction), what a plan counts the run's steps by.
+    assert m.samples_per_step is not None and m.samples_per_step > 2
+    assert m.samples_per_step == pytest.approx(m.samples_per_second * m.expected_step_time_s, rel=1e-6)
 
 
 def test_a_custom_model_cannot_pack_and_says_so(tmp_path: Path) -> None:

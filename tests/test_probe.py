@@ -538,6 +538,8 @@ def test_a_worker_is_reused_only_for_batches_padded_no_shorter() -> None:
     assert not batches_grow({"pad_to_multiple_of": 64}, {"pad_to_multiple_of": 8})
     assert not batches_grow({"pad_to_multiple_of": 64}, {"pad_to_multiple_of": 48})
     assert not batches_grow({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": None})
+    # A packed batch holds full rows: unpacked batches after it are no larger.
+    assert batches_grow({"packing": False}, {"packing": True}) and not batches_grow({"packing": True}, {})
 
 
 def test_model_key_ignores_only_the_batch_shape(tmp_path: Path) -> None:

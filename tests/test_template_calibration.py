@@ -113,6 +113,28 @@ def test_a_summary_whose_best_config_no_longer_fills_the_template_is_refused(in_
     assert not (in_tmp / "work").exists()
 
 
+def test_a_template_whose_trainer_ignores_max_steps_is_stopped_with_the_fix(in_tmp: Path) -> None:
+    """A trainer that does not stop at the steps asked for would train its whole run, twice: its bar
+    counting past them stops it at once."""
+    tune(template_spec("bash trainer.sh --bs {batch_size} --steps {max_steps}"), output=in_tmp / "run",
+         probe_fn=fixed)  # --steps: not the flag the stand-in stops by, so it runs its 50 steps
+    with pytest.raises(TrainfitError, match="counts 3 of 50 steps, past the 2 it was asked to stop at") as err:
+        calibrate(in_tmp / "run", 4, work=in_tmp / "work")
+    assert "passes {max_steps} to the flag your trainer stops by" in (err.value.hint or "")
+
+
+def test_a_custom_key_may_not_take_a_template_placeholders_name_nor_packing_go_unpassed() -> None:
+    from trainfit.errors import SpecError
+
+    with pytest.raises(SpecError, match="params.max_steps: a custom key named 'max_steps', which the command template"):
+        load_spec(EXAMPLES / "tiny-tts.yaml", ["max_steps=500", "tune.command_template=bash t.sh --n {max_steps}"])
+    with pytest.raises(SpecError, match="the template passes no {packing}"):
+        load_spec(EXAMPLES / "tiny-llama.yaml", ["search={packing: [false, true]}",
+                                                 "tune.command_template=python t.py --bs {batch_size}"])
+    load_spec(EXAMPLES / "tiny-llama.yaml", ["search={packing: [false, true]}",
+                                             "tune.command_template=python t.py --bs {batch_size} --packing {packing}"])
+
+
 def test_a_failing_template_run_names_its_log(in_tmp: Path) -> None:
     tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps} && exit 7"),
          output=in_tmp / "run", probe_fn=fixed)

@@ -398,6 +398,7 @@ def test_the_default_search_groups_by_length_where_random_batches_are_mostly_pad
             ("even", [100] * 400, {}, ()),  # no padding to remove
             ("cut", long_tailed, {"max_length": 16}, ()),  # every sample cut to 16: none either
             ("fixed", long_tailed, {"padding": "max_length"}, ()),  # padded to one length, grouped or not
+            ("packed", long_tailed, {"packing": True}, ()),  # packed rows: no padding to remove
             ("template", long_tailed, {}, ("tune.command_template=python train.py --bs {batch_size}",))):
         other = spec_of(name, lengths, params, sets)
         assert "group_by_length" not in with_default_search(other, analyze_spec(other, progress=False)).search.names

@@ -368,3 +368,23 @@ def test_a_wait_for_an_earlier_trials_values_keeps_this_trial_alive_and_ends(tmp
     assert store.claimed_elsewhere(trial)
     assert time.monotonic() - began >= 0.6
     assert len(beats) >= 3 and set(beats) == {trial._trial_id}  # it beat while it waited
+
+
+def test_a_study_the_default_search_ran_before_it_changed_says_how_to_resume_it() -> None:
+    """A knob added since a study began is no difference at its default; a study whose only change
+    is its search (the default search grew a knob the data calls for) is told the search it ran."""
+    from types import SimpleNamespace
+
+    from trainfit.search.storage import other_studies, refuse_to_open
+
+    before = {"params": {"batch_size": 4}, "search": {"batch_size": [1, 2], "gradient_checkpointing": [False, True]},
+              "tune": {"target_effective_batch": 8}}
+    now = {"params": {"batch_size": 4, "packing": False},
+           "search": {**before["search"], "group_by_length": [False, True]}, "tune": {"target_effective_batch": 8}}
+    others = other_studies([SimpleNamespace(study_name="old", user_attrs={"spec": before})], "new", now)
+    assert others[0]["differs"] == ["search.group_by_length"]  # not params.packing, a knob added since, at its default
+    with pytest.raises(TrainfitError) as err:
+        refuse_to_open("new", output=Path("out"), storage=None, existing=["old"], others=others, resume=True, join=False)
+    assert "the spec changed since this study started (changed: search.group_by_length)" in str(err.value)
+    assert ('give the one that study ran, search: {"batch_size": [1, 2], "gradient_checkpointing": [false, true]} '
+            "and tune: {target_effective_batch: 8}") in (err.value.hint or "")

@@ -255,10 +255,10 @@ def calibrate(run_dir: Path | RunFolder, steps: int, *, work: Path | None = None
     return calibration
 
 
-def _samples_per_step(best: ConfigEntry) -> int:
+def _samples_per_step(best: ConfigEntry) -> float:
     """The samples one optimizer step of ``best`` trains: its effective batch, or under packing (a
     row holding several) its epoch's mean."""
-    return best.samples_per_step if best.samples_per_step is not None else best.effective_batch_size
+    return best.samples_per_step if best.samples_per_step is not None else float(best.effective_batch_size)
 
 
 @dataclass(frozen=True)

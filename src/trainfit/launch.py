@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainfit.errors import TrainfitError
-from trainfit.trainer_output import bar_step, parse_train_runtime
+from trainfit.trainer_output import bar_position, bar_step, parse_train_runtime
 
 LOG_TAIL_LINES = 30
 """Lines of a failed run's output quoted in the error (the whole log stays in the work folder)."""
@@ -91,6 +91,7 @@ def run_logged(argv: list[str], log_path: Path, *, cwd: Path, env: Mapping[str, 
                     # tqdm draws each update as "\r" + the bar: the newest one is complete on arrival.
                     *done, tail = re.split(r"[\r\n]", tail + decoder.decode(chunk))
                     for segment in (*done, tail):
+                        _check_stops(segment, bar_total, arrivals)
                         n = bar_step(segment, bar_total)
                         if n is not None and n > 0 and n not in arrivals:
                             if not arrivals:
@@ -101,6 +102,18 @@ def run_logged(argv: list[str], log_path: Path, *, cwd: Path, env: Mapping[str, 
             _kill_group(proc)
             proc.stdout.close()
     return rc, received.decode("utf-8", "replace"), arrivals
+
+
+def _check_stops(segment: str, bar_total: int, arrivals: Mapping[int, float]) -> None:
+    """Refuse (the run is then killed) a trainer whose progress bar, before any of the ``bar_total``
+    steps asked for showed, counts past them towards a larger total: it does not stop where it was
+    told to (a ``command_template`` whose trainer ignores its ``{max_steps}``), and would train on."""
+    shown = bar_position(segment)
+    if shown is not None and not arrivals and shown[1] > bar_total and shown[0] > bar_total:
+        raise TrainfitError(f"the training command's progress bar counts {shown[0]} of {shown[1]} steps, past the "
+                            f"{bar_total} it was asked to stop at: it does not stop at its step limit",
+                            "check that your tune.command_template passes {max_steps} to the flag your trainer stops "
+                            "by (e.g. --max_steps {max_steps})")
 
 
 def signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:

@@ -50,7 +50,7 @@ class ConfigEntry(Record):
     ``samples_per_second``, ``tokens_per_second``, ``confirmed_median`` and
     ``estimated_full_runtime_hours`` include the trainer's cost; without one they are the probe's.
     Absent from a summary written before it was kept."""
-    samples_per_step: int | None = field(default=None, metadata={"omit_none": True})
+    samples_per_step: float | None = field(default=None, metadata={"omit_none": True})
     """Under ``packing`` (a row holds several samples): the samples an optimizer step trains, the
     epoch's mean (``Measurement.samples_per_step``); absent otherwise, where it is
     ``effective_batch_size``."""

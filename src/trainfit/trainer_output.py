@@ -29,8 +29,14 @@ def parse_train_runtime(text: str) -> float | None:
 def bar_step(segment: str, total: int) -> int | None:
     """The step a progress-bar ``segment`` (text between carriage returns) shows, if it is the
     trainer's bar for ``total`` steps."""
+    shown = bar_position(segment)
+    return shown[0] if shown is not None and shown[1] == total else None
+
+
+def bar_position(segment: str) -> tuple[int, int] | None:
+    """``(step, total)`` of a progress-bar ``segment`` without a description (the trainer's), else None."""
     match = _BAR.match(segment)
-    return int(match.group(1)) if match and int(match.group(2)) == total else None
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def shown_steps(arrivals: Mapping[int, float], after: int) -> list[tuple[int, float]]:

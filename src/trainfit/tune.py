@@ -71,7 +71,7 @@ def grouping_pays(spec: Spec, stats: LengthStats | None, target_effective_batch:
     batches at the default search's largest batch are more than :data:`GROUPING_PADDING_SHARE`
     padding (padded to their longest sample, cut at ``max_length``)? Read from the spec and its
     data alone, so a resumed study searches the same space."""
-    if stats is None or spec.params.padding != "longest" or not takes_grouping(spec):
+    if stats is None or spec.params.padding != "longest" or spec.params.packing or not takes_grouping(spec):
         return False
     largest = default_batch_sizes(target_effective_batch)[-1]
     return stats.padding_share(largest, spec.params.max_length) > GROUPING_PADDING_SHARE

@@ -33,7 +33,8 @@ The ETA is the epoch's real work at the measured speed plus the checkpoint saves
 --calibrate N adds the trainer's own cost per micro-batch and each runner's start-up, measured by running
 train_command.sh for N/5 steps as written, then `trainfit train` for N/5 + N, timing the last N (the ETA is
 that runner's; the written command's is shown beside it; a tune run with --calibrate measured it already, and
-the plan reuses that); --eval-data adds the evaluation passes, one timed forward-only on the chosen config
+the plan reuses that); a tune.command_template with {max_steps} runs twice itself, from this folder (run plan
+where you ran tune: its relative paths); --eval-data adds the evaluation passes, one timed forward-only on the chosen config
 (and the planned command evaluates on that set). Writes RUN_DIR/plan.json and RUN_DIR/plan.txt. Exit status: 0
 when the run fits the window, 1 when it does not (the plan then lists what would, each with its ETA).
 """
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         from trainfit.plan.inputs import best_step_cost
         from trainfit.calibration import calibrate
 
-        print(f"calibrating: {args.calibrate} real trainer steps of {folder / 'train_command.sh'} ...", file=sys.stderr,
+        what = "your tune.command_template" if run.summary.command_template else folder / "train_command.sh"
+        print(f"calibrating: {args.calibrate} real trainer steps of {what} ...", file=sys.stderr,
               flush=True)  # stderr: --json keeps stdout for the plan
         calibration = calibrate(run, args.calibrate, step_cost=best_step_cost(run),
                                 on_progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))

@@ -50,7 +50,7 @@ def measurement_report(m: Measurement) -> str:
             ("tokens/s", f"{fmt_num(m.tokens_per_second)} (real tokens, padding excluded)"),
             ("timed steps", f"{m.step_time_median_s:.4g} s median, {m.step_time_mean_s:.4g} s mean{ci}, "
                             f"{m.steps_measured} steps, {'stable' if m.stable else UNSTABLE}"),
-            ("per step", f"{m.samples_per_step} samples, {fmt_num(m.real_tokens_per_step)} real / "
+            ("per step", f"{fmt_num(m.samples_per_step)} samples, {fmt_num(m.real_tokens_per_step)} real / "
                          f"{fmt_num(m.padded_tokens_per_step)} padded tokens (the epoch's mean)"),
         ]
         rows += speed_rows(m)

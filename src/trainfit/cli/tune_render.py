@@ -217,8 +217,9 @@ def print_best(result: TuneResult, s: Summary, best: ConfigEntry) -> None:
 def trainer_cost_line(cost: TrainerCost, best: ConfigEntry) -> str:
     """What ``tune --calibrate`` measured and what it changed."""
     steps = cost.calibration.get("steps")
+    trainer = "`trl sft`" if cost.calibration.get("train_startup_s") is not None else "training-command"
     line = (f"{cost.per_micro_batch_s * 1000:.3g} ms a micro-batch beyond the model's step, measured by {steps} real "
-            f"`trl sft` steps of trial {cost.trial} (the probes' pick then), added to every config's micro-batches "
+            f"{trainer} steps of trial {cost.trial} (the probes' pick then), added to every config's micro-batches "
             f"(the probe alone: {fmt_num(best.probe_samples_per_second)} samples/s)")
     return line
 

@@ -168,6 +168,9 @@ def _config(name: str, values: Any, spec: Spec, problems: list[Problem]) -> Name
             del knobs[key]  # a misspelt training value: said once, not again as an unknown knob
     params, found = parse_params({**spec.params.to_dict(), **knobs}, allow_custom=factory, prefix=name)
     problems.extend(found)
+    if params.packing:  # its runs count a step's samples as its effective batch; a packed step holds more
+        problems.append(Problem(f"{name}.packing", "compare counts each step as batch_size x accumulation samples, and "
+                                "a packed step holds more", "compare configs unpacked (tune measures packing)"))
     return NamedConfig(name=name, params=params, training=training, given=dict(values))
 
 

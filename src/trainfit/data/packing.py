@@ -5,7 +5,9 @@ default ``packing_strategy="bfd"`` (``sft_trainer.py`` l. 1466-1480) rewrites th
 before any sampling: ``pack_dataset`` (``trl/data_utils.py`` ``_pack_bfd``) drops empty samples,
 truncates each to ``max_length``, sorts them longest first and puts each into the bin whose free
 space fits it most tightly (best fit decreasing; among bins with the same free space, the one that
-reached it first), opening a bin where none has room. The bins are the dataset's rows from then on:
+reached it first), opening a bin where none has room. It packs through ``datasets``' ``map(...,
+batched=True)``, whose default batch is 1,000 rows: each run of 1,000 consecutive samples is packed
+on its own (:data:`TRL_CHUNK`), which leaves a part-filled row per chunk. The bins are the dataset's rows from then on:
 the Trainer's ``RandomSampler`` (or its length-grouped sampler, by the rows' lengths) orders them
 and the DataLoader cuts batches of ``per_device_train_batch_size`` rows. ``bfd`` turns
 ``padding_free`` on (l. 916): the collator concatenates a batch's rows into one row of all their
@@ -23,12 +25,19 @@ import numpy as np
 
 from trainfit.data.batching import EpochBatches, length_grouped_order
 
+TRL_CHUNK = 1000
+"""The samples ``pack_dataset`` packs at a time: ``datasets``' default ``map`` batch size."""
 
-def pack_bfd(lengths: np.ndarray, max_length: int) -> list[list[int]]:
+
+def pack_bfd(lengths: np.ndarray, max_length: int, chunk: int | None = TRL_CHUNK) -> list[list[int]]:
     """TRL's best-fit-decreasing packing of samples this long (truncated to ``max_length``) into rows
-    of at most ``max_length`` positions: each row as the indices of its samples, rows in the order
-    they were opened. Empty samples are left out, as TRL drops them."""
+    of at most ``max_length`` positions, ``chunk`` consecutive samples at a time (None: all at once):
+    each row as the indices of its samples, rows in the order they were opened. Empty samples are
+    left out, as TRL drops them."""
     cut = np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
+    if chunk is not None and cut.size > chunk:
+        return [[start + i for i in row] for start in range(0, cut.size, chunk)
+                for row in pack_bfd(cut[start:start + chunk], max_length, None)]
     rows: list[list[int]] = []
     spaces: list[int] = []  # the distinct free spaces (below max_length) some row has, ascending
     with_space: dict[int, deque[int]] = defaultdict(deque)  # free space -> rows with it, first reached first

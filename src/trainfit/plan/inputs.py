@@ -30,7 +30,8 @@ class Candidate:
     """The probe's expected speed over the epoch's own batches (the median of its probes)."""
     step_time_s: float
     """The probe's expected time of one optimizer step over those batches."""
-    samples_per_step: int
+    samples_per_step: float
+    """The effective batch, or under packing the epoch's mean samples an optimizer step trains."""
     spread_rel: float
     """The 95% relative half-width of the measured step time, and the epoch fit's largest miss,
     combined (root of the sum of squares): how far the figure may be off by measurement."""
@@ -184,7 +185,7 @@ def _candidate(runs: list[tuple[int, Measurement]], searched: list[str]) -> Cand
     parts = m.memory_parts_bytes
     return Candidate(trial=trial, searched={k: m.config.get(k) for k in searched}, config=dict(m.config),
                      samples_per_second=sps, step_time_s=step,
-                     samples_per_step=int(m.samples_per_step or m.config.get("batch_size", 1)),
+                     samples_per_step=float(m.samples_per_step or m.config.get("batch_size", 1)),
                      spread_rel=spread, peak_gb=float(m.peak_memory_gb or 0.0),
                      optimizer_gb=parts.get("optimizer", 0) / 2**30, model_gb=parts.get("model", 0) / 2**30,
                      shape_times=list(m.shape_times), measurement=m)

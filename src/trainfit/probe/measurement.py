@@ -77,7 +77,9 @@ class Measurement:
     """Every timed step, in order (cycles over the timed shapes)."""
     stable: bool = False
     """True when the timed phase stopped because ``step_time_ci95_rel`` met the target."""
-    samples_per_step: int | None = None
+    samples_per_step: float | None = None
+    """Samples an optimizer step trains: the effective batch, or under ``packing`` (a row holding
+    several) the epoch's mean, a fraction kept whole: a plan counts the run's steps by it."""
     real_tokens_per_step: float | None = None
     """The epoch's mean real tokens per optimizer step (``samples_per_step`` samples)."""
     padded_tokens_per_step: float | None = None

@@ -182,9 +182,9 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
         steps_measured=st.n, stable=timed.stable, step_times_s=[round(x, 6) for x in timed.times],
         samples_per_step=params.effective_batch_size,
     )
-    if params.packing:  # a packed row holds several samples: the epoch's mean per optimizer step, to the nearest
+    if params.packing:  # a packed row holds several samples: the epoch's mean per optimizer step
         mix = req.typical
-        fields["samples_per_step"] = max(1, round(mix.samples * params.gradient_accumulation_steps / mix.micro_batches))
+        fields["samples_per_step"] = mix.samples * params.gradient_accumulation_steps / mix.micro_batches
     peak = peak_flops(device_name, params.precision, params.tf32) if cuda else None
     if timed.flops_known:
         fields["model_flops_per_step"] = timed.model_flops / st.n

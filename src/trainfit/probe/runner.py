@@ -58,7 +58,8 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
         notes.append(f"no dataset: every sample is assumed to be max_length={max_length} long")
     else:
         max_length = stats.truncation_length(params.max_length)
-        worst = stats.longest_lengths(params.batch_size)
+        # Packed: batch_size full rows, each (at worst for the attention) one max_length sample.
+        worst = [max_length] * params.batch_size if params.packing else stats.longest_lengths(params.batch_size)
         typical = typical_mix(stats.length_sample, params, max_length, spec.probe.seed,
                               longest=times_longest(params, spec.probe.memory_steps))
         truncated, exact = count_longer_than(stats, max_length)

@@ -103,10 +103,31 @@ def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None) -
 
 
 def other_studies(summaries: Sequence[Any], name: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every other study that recorded its spec, with the keys where it differs from this one."""
+    """Every other study that recorded its spec, with the keys where it differs from this one (a
+    knob added since that study began, at its default here, is no difference) and its search."""
     return [{"name": o.study_name, "spec_file": o.user_attrs.get("spec_file"),
-             "differs": differing_keys(o.user_attrs["spec"], doc)}
+             "differs": [k for k in differing_keys(o.user_attrs["spec"], doc) if not _new_default(k, o.user_attrs["spec"], doc)],
+             "search": _ran(o.user_attrs["spec"])}
             for o in summaries if o.study_name != name and "spec" in o.user_attrs]
+
+
+def _ran(doc: Any) -> str | None:
+    """The search a study's spec ``doc`` ran and its target effective batch, as spec lines (None: none)."""
+    if not isinstance(doc, dict) or not doc.get("search"):
+        return None
+    target = (doc.get("tune") or {}).get("target_effective_batch")
+    return f"search: {json.dumps(doc['search'])}" + (f" and tune: {{target_effective_batch: {target}}}" if target else "")
+
+
+def _new_default(key: str, before: Any, now: Any) -> bool:
+    """``params.KNOB`` absent from ``before`` (recorded before the knob existed) and at its default in ``now``."""
+    from trainfit.params import KNOBS, Params
+
+    section, _, knob = key.partition(".")
+    if section != "params" or knob not in KNOBS or not isinstance(before, dict) or not isinstance(now, dict):
+        return False
+    had = before.get("params") or {}
+    return knob not in had and (now.get("params") or {}).get(knob) == Params().to_dict()[knob]
 
 
 def refuse_to_open(name: str, *, output: Path, storage: str | None, existing: list[str],
@@ -130,8 +151,12 @@ def refuse_to_open(name: str, *, output: Path, storage: str | None, existing: li
             changed = sorted({k for o in others for k in o["differs"]})
             what = (f"changed: {', '.join(changed)}" if changed else
                     "model, data, budget, probe settings, params or search space differ")
+            searches = [o["search"] for o in others if o["search"]]
+            pin = (f"; if your spec has no search: section, trainfit's default search changed since (it may now "
+                   f"add knobs the data calls for): give the one that study ran, {searches[0]}"
+                   if changed and all(k.startswith("search.") for k in changed) and len(searches) == 1 else "")
             raise TrainfitError(f"the spec changed since this study started ({what}), so its trials "
-                                "do not apply", "restore the spec, or use --output NEW_FOLDER")
+                                "do not apply", f"restore the spec, or use --output NEW_FOLDER{pin}")
         raise TrainfitError(f"nothing to resume in {where}",
                             "drop --resume to start a new study (or --join, to start or join one)")
     if existing and storage is None and name not in existing:

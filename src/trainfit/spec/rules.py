@@ -93,14 +93,28 @@ def unused_lora_note(spec: Spec) -> str | None:
 
 
 def template_problems(tune: TuneSettings | None, params: Params, space: SearchSpace | None) -> list[Problem]:
-    """``tune.command_template`` may name only knobs (set or searched) and the template's extras."""
+    """``tune.command_template`` may name only knobs (set or searched) and the template's extras; a
+    custom key may not take an extra's name (the extra would hide it); a packed config needs the
+    template to pass ``{packing}`` (else the probe measures steps the trainer never runs)."""
     if tune is None or tune.command_template is None:
         return []
-    from trainfit.template import TEMPLATE_EXTRAS, template_problem
+    from trainfit.template import TEMPLATE_EXTRAS, placeholders, template_problem
 
+    shadowed = sorted(set(TEMPLATE_EXTRAS) & {*params.extra, *(space.names if space is not None else ())})
+    if shadowed:
+        where = "search" if space is not None and shadowed[0] in space.names else "params"
+        return [Problem(f"{where}.{shadowed[0]}", f"a custom key named {shadowed[0]!r}, which the command template "
+                        "fills itself", f"rename it; the template's own placeholders are {', '.join(TEMPLATE_EXTRAS)}")]
     names = [*params.to_dict(), *(space.names if space is not None else ()), *TEMPLATE_EXTRAS]
     problem = template_problem(tune.command_template, dict.fromkeys(names))
-    return [Problem("tune.command_template", problem)] if problem else []
+    if problem:
+        return [Problem("tune.command_template", problem)]
+    dim = space.dim("packing") if space is not None else None
+    if True in (params.packing, *(dim.choices if dim else ())) and "packing" not in placeholders(tune.command_template):
+        return [Problem("tune.command_template", "packed configs are probed, and the template passes no {packing}: "
+                        "its trainer would train them unpacked", "pass --packing {packing} (your trainer's flag), "
+                        "or drop packing")]
+    return []
 
 
 
