@@ -88,7 +88,8 @@ def test_a_together_row_slower_than_its_fastest_technique_alone_says_they_intera
     together x0.07, with no word. The table now says which joined for memory, and that together
     ran slower than bf16 alone beyond both intervals."""
     from trainfit.ablate import TOGETHER, Ablation
-    from trainfit.cli.ablate import page, render
+    from trainfit.ablate.outputs import page
+    from trainfit.cli.ablate import render
 
     def row(name: str, knobs: dict, speedup: float, low: float, high: float, memory: float) -> Row:
         return Row(name=name, knobs=knobs, status="ok", samples_per_second=10 * speedup, speedup=speedup,
@@ -144,7 +145,7 @@ def test_a_resume_of_another_config_is_refused_before_any_probe(llama_spec: Path
 def test_a_resume_of_an_ablation_written_before_a_knob_was_added_goes_on(tmp_path: Path) -> None:
     """A knob added since (at its default in every row of that file) is no difference; a knob that
     differs is, and is named."""
-    from trainfit.cli.ablate import earlier_rows
+    from trainfit.ablate.outputs import earlier_rows
     from trainfit.errors import TrainfitError
     from trainfit.params import Params
 

@@ -93,7 +93,7 @@ def test_the_tune_report_a_comparison_and_an_ablation_draw_their_plots(tune_dir:
         assert pixels_near(image, color) > 300, color
 
     from trainfit.ablate import Ablation, Row
-    from trainfit.cli.ablate import page as ablation_page
+    from trainfit.ablate.outputs import page as ablation_page
 
     rows = [Row(name="baseline", knobs={}, status="ok", samples_per_second=10.0, peak_gb=2.0),
             Row(name="bf16", knobs={"precision": "bf16"}, status="ok", samples_per_second=15.0, peak_gb=1.5),

@@ -287,7 +287,7 @@ def test_a_calibrated_plan_prints_valid_json_and_adds_the_trainers_cost(tune_dir
     assert plan.eta.total_s == pytest.approx(plan.eta.train_s + plan.eta.startup_s + plan.eta.checkpoint_s)
     assert plan.eta.startup_s == plan.calibration["train_startup_s"]  # `trainfit train`'s, measured by its own run
     assert plan.eta.command_startup_s == plan.calibration["startup_s"]
-    from trainfit.cli.plan import render
+    from trainfit.plan.outputs import render
 
     assert "the written command, with its own start-up: ETA" in render(plan)
     moved = render(dataclasses.replace(plan, run_dir="runs/tune a"))  # a folder with a space: quoted

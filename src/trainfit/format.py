@@ -3,7 +3,7 @@ wording, used from the CLI and the report alike."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -57,3 +57,15 @@ OOM_NEED = "held when an allocation failed, plus what it asked for"
 def fmt_need(gb: float) -> str:
     """An OOM's lower bound of need (``Measurement.oom_needed_gb``), as every report says it."""
     return f"needs > {gb:.2f} GiB"
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
+    """Left-aligned columns; the first row may be a header."""
+    cells = [[str(c) for c in r] for r in ([header] if header else []) + list(rows)]
+    if not cells:
+        return ""
+    widths = [max(len(r[i]) for r in cells if i < len(r)) for i in range(max(map(len, cells)))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    if header:
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,9 +52,9 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from trainfit.ablate import ablate, baseline_params
+    from trainfit.ablate import baseline_params
+    from trainfit.ablate.outputs import ABLATION_FILE, PAGE_FILE, ablate_into, earlier_rows
     from trainfit.errors import TrainfitError
-    from trainfit.files import write_atomically
 
     only = [w.strip() for w in (args.only or "").split(",") if w.strip()]
     if args.only is not None and not only:
@@ -65,67 +63,23 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     out = Path(args.output) if args.output else \
         Path("trainfit-runs") / Path(args.spec).stem / datetime.now().strftime("ablate-%Y%m%d-%H%M%S")
-    path = out / "ablation.json"
-    baseline = baseline_params(spec).to_dict()
-    done: dict[str, Row] = {}
-    if args.resume:
-        done = {r.name: r for r in earlier_rows(path, baseline)}
-    out.mkdir(parents=True, exist_ok=True)
+    if args.resume:  # what cannot be resumed is refused before the lengths are counted
+        earlier_rows(out / ABLATION_FILE, baseline_params(spec).to_dict())
     stats = stats_from_args(args, spec)
     print(f"trainfit ablate: {spec.source} -> {out}")
-    measured: list[Row] = []
-
-    def kept(rows: list[Row]) -> list[Row]:  # this run's rows, then earlier ones it did not measure again
-        names = {r.name for r in rows}
-        return rows + [r for name, r in done.items() if name not in names]
-
-    def on_row(row: Row) -> None:
-        measured.append(row)
-        partial = {"schema_version": 1, "created_at": "", "device": measured[0].device, "baseline": baseline,
-                   "rows": [r.to_json() for r in kept(measured)]}
-        write_atomically(path, json.dumps(partial, indent=2) + "\n")  # kept as it comes, before it is said
-        print(f"  {row_line(row)}", flush=True)
-
     try:
-        result = ablate(spec, stats=stats, done=done, only=only, on_row=on_row)
+        result = ablate_into(out, spec, resume=args.resume, only=only, stats=stats,
+                             on_row=lambda row: print(f"  {row_line(row)}", flush=True))
     except KeyboardInterrupt as err:
-        return interrupted(err, args.argv, out, f"the rows measured are kept in {path}")
-    result = dataclasses.replace(result, rows=kept(result.rows))
-    write_atomically(path, json.dumps(result.to_json(), indent=2) + "\n")
-    write_atomically(out / "ablation.html", page(result, str(spec.source)))
+        return interrupted(err, args.argv, out, f"the rows measured are kept in {out / ABLATION_FILE}")
     print()
     print(render(result))
-    print(f"\nwrote {path}, {out / 'ablation.html'}")
+    print(f"\nwrote {out / ABLATION_FILE}, {out / PAGE_FILE}")
     if result.rows[0].status != "ok":
         print("the baseline (every technique off) did not run, so nothing was compared: make it fit first, "
               "e.g. --set batch_size=1 or --memory-gb", file=sys.stderr)
         return 1
     return 0
-
-
-def earlier_rows(path: Path, baseline: dict[str, Any]) -> list[Row]:
-    """The rows of the ablation in ``path``, once it is checked to be of this baseline config."""
-    from trainfit.ablate import Ablation
-    from trainfit.errors import TrainfitError
-
-    if not path.is_file():
-        raise TrainfitError(f"nothing to resume: {path} does not exist",
-                            "drop --resume, or give the --output of the interrupted ablation")
-    try:
-        earlier = Ablation.from_json(json.loads(path.read_text()))
-    except (ValueError, TypeError, KeyError) as err:
-        raise TrainfitError(f"{path} is not an ablation trainfit can read ({err})",
-                            "ablate into a new --output") from None
-    from trainfit.params import Params
-
-    # A knob added since that file was written ran at its default there.
-    defaults = Params().to_dict()
-    was = {**{k: defaults[k] for k in baseline.keys() - earlier.baseline.keys() if k in defaults}, **earlier.baseline}
-    differ = sorted(k for k in baseline.keys() | was.keys() if baseline.get(k) != was.get(k))
-    if differ:
-        raise TrainfitError(f"{path} measured another config: {', '.join(differ)} differ",
-                            "resume with the same spec and --set, or ablate into a new --output")
-    return earlier.rows
 
 
 def row_line(row: Row) -> str:
@@ -137,28 +91,10 @@ def row_line(row: Row) -> str:
     return f"{row.name}: {fmt_num(row.samples_per_second or 0)} samples/s{ratio}, peak {row.peak_gb or 0:.2f} GiB"
 
 
-def cells(row: Row) -> list[str]:
-    """One table row: what, speed, ratio with its interval, peak, its change, step memory, MFU, claim."""
-    from trainfit.format import fmt_num
-
-    if row.status != "ok":
-        reason = (row.reason or "").splitlines()[0][:90] if row.reason else ""
-        return [row.name, row.status, reason, "", "", "", "", row.claim or ""]
-    ratio = ("" if row.speedup is None else f"x{row.speedup:.2f} ({row.speedup_low:.2f}-{row.speedup_high:.2f})"
-             + (f" vs {row.versus}" if row.versus else ""))
-    change = "" if row.memory_change is None else f"{row.memory_change:+.0%}"
-    name = row.name + (" *" if row.changes_learning else "")
-    return [name, fmt_num(row.samples_per_second or 0), ratio, f"{row.peak_gb or 0:.2f}", change,
-            f"{row.step_memory_gb:.3f}" if row.step_memory_gb is not None else "",
-            f"{row.mfu:.1%}" if row.mfu is not None else "", row.claim or ""]
-
-
-HEADER = ["technique", "samples/s", "vs baseline (95%)", "peak GiB", "memory", "step GiB", "MFU", "the guide claimed"]
-
-
 def render(result: Ablation) -> str:
     from trainfit.ablate import AGAIN
-    from trainfit.cli.render import table
+    from trainfit.ablate.outputs import HEADER, cells, together_notes
+    from trainfit.format import table
 
     lines = [(f"ABLATION on {result.device} (each technique alone over the baseline, then the ones that helped "
               "together; ratios against the mean of the baseline's two probes)"),
@@ -171,81 +107,3 @@ def render(result: Ablation) -> str:
     lines += together_notes(result)
     lines.append(f"claims: {result.claim_source}; measured here on your model, data and device")
     return "\n".join(lines)
-
-
-def together_notes(result: Ablation) -> list[str]:
-    """What the row of the techniques together (or its absence) does not say itself: why there is
-    none; which techniques joined it for memory alone; and where it ran slower than the fastest of
-    them alone, beyond both intervals (they interact on this device: a combination is measured,
-    never assumed to add up)."""
-    from trainfit.ablate import AGAIN, TOGETHER, helpful, reference
-
-    why_alone = no_together_row(result)
-    rows = {r.name: r for r in result.rows}
-    together = rows.get(TOGETHER)
-    if why_alone or together is None or together.status != "ok" or "baseline" not in rows:
-        return [why_alone] if why_alone else []
-    _, _, memory_noise = reference(rows["baseline"], rows.get(AGAIN))
-    # rows compared with another (compile, against fixed padding) carry that row's ratio, not the baseline's
-    joined = [r for r in helpful([r for r in result.rows if r.name not in ("baseline", AGAIN, TOGETHER)], memory_noise)
-              if r.versus is None]
-    if not joined:
-        return []
-    notes = []
-    lean = [r for r in joined if not (r.speedup_low is not None and r.speedup_low > 1)]
-    if lean:
-        notes.append("together: " + ", ".join(f"{r.name} (x{r.speedup:.2f})" for r in lean)
-                     + " joined for the memory it saved, not for speed")
-    fastest = max(joined, key=lambda r: r.speedup or 0.0)
-    if (together.speedup_high is not None and fastest.speedup_low is not None
-            and together.speedup_high < fastest.speedup_low):
-        notes.append(f"together ran at x{together.speedup:.2f}, slower than {fastest.name} alone (x{fastest.speedup:.2f}) "
-                     "beyond both intervals: these techniques interact on this device; for speed, take "
-                     f"{fastest.name} alone")
-    return notes
-
-
-def no_together_row(result: Ablation) -> str | None:
-    """Why the table has no row of the techniques together, where it has none but has techniques."""
-    from trainfit.ablate import AGAIN, TOGETHER, helpful, reference
-
-    names = [r.name for r in result.rows]
-    if TOGETHER in names or "baseline" not in names or len(names) <= 2:
-        return None
-    rows = {r.name: r for r in result.rows}
-    _, _, memory_noise = reference(rows["baseline"], rows.get(AGAIN))
-    helped = [r.name for r in helpful([r for r in result.rows if r.name not in ("baseline", AGAIN)], memory_noise)]
-    return ("no row of the techniques together: " + (f"only {helped[0]} helped" if helped else "none helped")
-            + " beyond the noise here (faster, or less memory at the same speed), and it takes two")
-
-
-def page(result: Ablation, source: str) -> str:
-    """ablation.html: the table and a bar per row for speed and for peak memory (self-contained)."""
-    import html
-
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells(r)) + "</tr>" for r in result.rows)
-    ok = [r for r in result.rows if r.status == "ok"]
-    top_speed = max((r.samples_per_second or 0 for r in ok), default=1) or 1
-    top_peak = max((r.peak_gb or 0 for r in ok), default=1) or 1
-
-    def bars(value: Any, top: float, unit: str) -> str:
-        return "".join(f'<div class="bar"><span class="label">{html.escape(r.name)}</span>'
-                       f'<span class="fill" style="width: {280 * (value(r) or 0) / top:.0f}px"></span>'
-                       f'<span>{value(r) or 0:.3g} {unit}</span></div>' for r in ok)
-
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>trainfit ablation: {html.escape(source)}</title>
-<style>body {{font-family: sans-serif; margin: 2em}} table {{border-collapse: collapse}}
-td, th {{border: 1px solid #ccc; padding: 4px 8px; text-align: left}}
-.bar {{display: flex; align-items: center; gap: 8px; margin: 2px 0}} .label {{width: 260px}}
-.fill {{display: inline-block; height: 14px; background: #1f77b4}} #memory .fill {{background: #d62728}}</style>
-</head><body>
-<h1>Ablation: {html.escape(source)}</h1>
-<p>Measured on {html.escape(result.device)}, {html.escape(result.created_at)}. Each technique alone over the
-baseline (every technique off), then together. Claims: {html.escape(result.claim_source)}.</p>
-<table><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in HEADER)}</tr>{rows}</table>
-{"".join(f"<p>{html.escape(note)}</p>" for note in together_notes(result))}
-<h2>samples/s</h2><div id="speed">{bars(lambda r: r.samples_per_second, top_speed, "samples/s")}</div>
-<h2>peak memory</h2><div id="memory">{bars(lambda r: r.peak_gb, top_peak, "GiB")}</div>
-</body></html>
-"""

@@ -67,7 +67,7 @@ def _histogram_text(stats, width: int = 40) -> str:
 
 
 def render(stats) -> str:
-    from trainfit.cli.render import table
+    from trainfit.format import table
 
     rows = [
         ("samples", f"{stats.samples:,}" + (f" ({stats.bad_rows:,} bad rows skipped)" if stats.bad_rows else "")),

@@ -74,7 +74,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from trainfit.cli.render import table
+    from trainfit.format import table
     from trainfit.compare import compare
     from trainfit.compare.report import HEADER, rows
 

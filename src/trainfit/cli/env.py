@@ -15,7 +15,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.render import table
+    from trainfit.format import table
     from trainfit.devices import describe_environment
 
     info = describe_environment()

@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from trainfit.format import OOM_NEED, fmt_bytes, fmt_num, parts_line
+from trainfit.format import OOM_NEED, fmt_bytes, fmt_num, parts_line, table
 from trainfit.probe.measurement import Measurement
 from trainfit.progress import format_duration
-
-
-def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
-    """Left-aligned columns; the first row may be a header."""
-    cells = [[str(c) for c in r] for r in ([header] if header else []) + list(rows)]
-    if not cells:
-        return ""
-    widths = [max(len(r[i]) for r in cells if i < len(r)) for i in range(max(map(len, cells)))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    if header:
-        lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 UNSTABLE = ("NOT stable (step/time cap hit: raise probe.max_seconds or probe.max_steps for a tighter "

@@ -205,7 +205,7 @@ def run_budgets(args: argparse.Namespace, spec: Any, options: dict[str, Any]) ->
     from pathlib import Path
 
     from trainfit.budgets import HEADER, parse_budgets, tune_budgets
-    from trainfit.cli.render import table
+    from trainfit.format import table
     from trainfit.errors import TrainfitError
 
     budgets = parse_budgets(args.budgets)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 
-from trainfit.cli.render import table
+from trainfit.format import table
 from trainfit.format import OOM_NEED, fmt_need, fmt_num, parts_line, unit, values_line
 from trainfit.probe.events import Phase
 from trainfit.progress import format_duration

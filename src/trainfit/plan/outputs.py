@@ -1,0 +1,91 @@
+"""What ``trainfit plan`` leaves in the tune folder: ``plan.json``, ``plan.txt`` (the plan as a
+reader checks it, :func:`render`) and the plan's section of ``report.html``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from trainfit.files import write_atomically
+from trainfit.plan import Plan
+
+PLAN_FILE = "plan.json"
+TEXT_FILE = "plan.txt"
+
+
+def write_plan(folder: Path, plan: Plan, *, epochs_given: bool = True) -> str:
+    """Write ``plan`` into the tune folder ``folder`` (``plan.json``, ``plan.txt``, and its section of
+    ``report.html`` where the tune wrote one); returns the text (see :func:`render`)."""
+    text = render(plan, epochs_given=epochs_given)
+    write_atomically(folder / PLAN_FILE, json.dumps(plan.to_json(), indent=2) + "\n")
+    write_atomically(folder / TEXT_FILE, text + "\n")
+    report = folder / "report.html"
+    if report.is_file():  # the tune's page gains the plan
+        from trainfit.plan.html import plan_section
+        from trainfit.report_html import with_plan
+
+        write_atomically(report, with_plan(report.read_text(), plan_section(plan)))
+    return text
+
+
+def _schedule(every: int | None) -> str:
+    return "at each epoch's end" if every is None else f"every {every:,} steps"
+
+
+def render(plan: Plan, *, epochs_given: bool = True) -> str:
+    """The plan as a reader checks it: the window, the pick and why, the ETA and what it is made
+    of, what each priority would pick, and the options when it does not fit. ``epochs_given``:
+    False where the epoch count is the spec's, which the plan then says."""
+    from trainfit.format import fmt_num, table, values_line
+    from trainfit.progress import format_duration as dur
+
+    e = plan.eta
+    spare = plan.window_s - e.high_s
+    verdict = (f"FITS, {dur(spare)} to spare at the interval's high end" if plan.fits
+               else f"DOES NOT FIT: {dur(-spare)} over at the interval's high end")
+    lines = [f"PLAN: {plan.epochs:g} epoch{'s' * (plan.epochs != 1)} of {plan.dataset_samples:,} samples in "
+             f"{plan.max_hours:g} h, less a {plan.margin_minutes:g} min safety margin: {dur(plan.window_s)} to use",
+             *([] if epochs_given else
+               [f"  ({plan.epochs:g}: the spec's tune.epochs; --epochs N plans another count)"]),
+             "",
+             f"priority {plan.priority}: {plan.rule}",
+             f"config: trial {plan.trial}: {values_line(plan.searched)} ({fmt_num(plan.samples_per_second)} samples/s "
+             f"by its probe, peak {plan.peak_gb:.2f} GiB)",
+             "",
+             f"ETA {dur(e.total_s)} ({e.interval}): {verdict}"]
+    if e.command_total_s is not None:
+        lines.append(f"  (run by `trainfit train`; the written command, with its own start-up: ETA {dur(e.command_total_s)})")
+    rows = [("training", f"{e.steps:,} steps x {fmt_num(e.step_time_s)} s = {dur(e.train_s)} (+-{e.spread_rel:.1%})"),
+            ("trainer cost", "not calibrated (see below)" if e.trainer_overhead_s is None
+             else f"{fmt_num(e.trainer_overhead_s)} s a step, measured, included above"),
+            ("start-up", "not calibrated" if e.startup_s is None
+             else f"{dur(e.startup_s)} (launch to first step and last step to exit, measured)"
+             + (f"; the written command: {dur(e.command_startup_s)}" if e.command_startup_s is not None else "")),
+            ("checkpoints", f"{e.checkpoints} save{'s' * (e.checkpoints != 1)}, every {dur(plan.checkpoint_every_s)}, "
+                            f"{plan.checkpoint_bytes / 2**20:,.0f} MiB each = {dur(e.checkpoint_s)}"),
+            ("evaluation", "none (--eval-data prices it)" if plan.evaluation is None else
+             f"{e.evals} pass{'es' * (e.evals != 1)} ({_schedule(plan.evaluation.every)}) x "
+             f"{fmt_num(plan.evaluation.pass_s)} s = {dur(e.eval_s)} (timed forward-only)")]
+    lines += ["", table(rows), "", "what it rests on:", *(f"  - {line}" for line in plan.rests_on), "",
+              "each priority's pick:",
+              table([(c.priority, f"trial {c.trial}", values_line(c.searched), dur(c.eta_s),
+                      "fits" if c.fits else "does not fit") for c in plan.priorities])]
+    if plan.options:
+        lines += ["", "to fit the window (most kept first):"]
+        lines += [f"  {i}. {o.change}: ETA {dur(o.eta.total_s)} (up to {dur(o.eta.high_s)}); {o.cost}; from {o.basis}"
+                  + (f"; in the command: {o.flags}" if o.flags else "") for i, o in enumerate(plan.options, 1)]
+    elif not plan.fits:
+        lines += ["", "nothing measured fits the window: a longer window, or tune with a faster space"]
+    if plan.command:
+        lines += ["", "train it:" if plan.fits else "its command (as planned, it does not fit the window):",
+                  f"  {plan.command}"]
+        from trainfit.command import is_trl_command
+
+        if is_trl_command(plan.command):
+            lines += ["or, checkpointed, resumable and watched against this plan: "
+                      f"trainfit train {shlex.quote(plan.run_dir)}"]
+    else:
+        lines += ["", f"tune wrote no command for trial {plan.trial}: set its values ({values_line(plan.searched)}) in "
+                      "the spec and tune or probe it for one"]
+    return "\n".join(lines)
