@@ -132,6 +132,11 @@ def test_a_custom_model_cannot_pack_and_says_so(tmp_path: Path) -> None:
     for sets in (["packing=true"], ["search={packing: [false, true]}"]):
         with pytest.raises(SpecError, match="this is a factory model, whose own collate makes its batches"):
             load_spec(EXAMPLES / "tiny-tts.yaml", sets)
+    # Grouping likewise where trainfit's own loop trains it; a template that passes it may.
+    with pytest.raises(SpecError, match="does not group them by length"):
+        load_spec(EXAMPLES / "tiny-tts.yaml", ["group_by_length=true", "tune.command_template=null"])
+    load_spec(EXAMPLES / "tiny-tts.yaml", ["group_by_length=true",
+                                           "tune.command_template=python t.py --group {group_by_length}"])
     spec = load_spec(EXAMPLES / "tiny-tts.yaml")
     workload = build_workload(spec, spec.params, torch.device("cpu"))
     with pytest.raises(Unsupported, match="cannot pack samples into one row") as err:

@@ -141,3 +141,21 @@ def test_a_failing_template_run_names_its_log(in_tmp: Path) -> None:
     with pytest.raises(TrainfitError, match="2-step run of your tune.command_template exited with 7") as err:
         calibrate(in_tmp / "run", 4, work=in_tmp / "work")
     assert str(in_tmp / "work" / "calibrate-2-steps.log") in (err.value.hint or "")
+
+
+def test_train_max_steps_fills_the_templates_max_steps_or_says_why_not(in_tmp: Path) -> None:
+    """``trainfit train --max-steps N`` on a template run: the command tune wrote, with ``{max_steps}``
+    filled (a template without one is refused before anything runs, with the ways on)."""
+    from trainfit.train import train
+
+    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"), output=in_tmp / "run",
+         probe_fn=fixed)
+    train(in_tmp / "run", in_tmp / "out", max_steps=3, say=lambda line: None)
+    assert (in_tmp / "steps-run.txt").read_text().split() == ["3"]
+    assert json.loads((in_tmp / "out" / "train.json").read_text())["argv"] == ["bash trainer.sh --bs 4 --max_steps 3"]
+    tune(template_spec("bash trainer.sh --bs {batch_size}"), output=in_tmp / "plain", probe_fn=fixed)
+    with pytest.raises(TrainfitError, match=r"--max-steps 3 stops your tune.command_template after 3 steps, and it "
+                                            r"has no \{max_steps\} placeholder") as err:
+        train(in_tmp / "plain", in_tmp / "out2", max_steps=3, say=lambda line: None)
+    assert "pass your trainer's own step limit after --" in (err.value.hint or "")
+    assert not (in_tmp / "out2").exists()

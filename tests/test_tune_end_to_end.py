@@ -203,8 +203,10 @@ def test_where_padding_outweighs_a_larger_batch_the_smaller_batch_ranks_first(tm
     data.write_text("".join(json.dumps({"n": n}) + "\n" for n in lengths))
     path = make_spec_file(tmp_path, model={"factory": f"{Path(__file__).parent / 'factories.py'}:scaled"},
                           data={"path": str(data), "length_field": "n"}, params={"width_mul": 128})
+    # Your own trainer groups (trainfit's loop, which reads rows in a shuffled stream, would not).
     path.write_text(path.read_text() + "search:\n  batch_size: [1, 8]\n  group_by_length: [false, true]\n"
-                    "tune:\n  strategy: grid\n")
+                    "tune:\n  strategy: grid\n  command_template: python train.py --bs {batch_size} "
+                    "--group {group_by_length}\n")
     out = tmp_path / "out"
     assert main(["tune", str(path), "--output", str(out), "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())

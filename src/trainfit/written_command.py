@@ -68,19 +68,20 @@ NO_MAX_STEPS_HINT = "add `--max_steps {max_steps}` (your trainer's flag for it) 
 (its flag dropped), a step count in a calibration's runs."""
 
 
-def template_for_steps(run_dir: Path | RunFolder, steps: int) -> tuple[str, ConfigEntry, Summary]:
+def template_for_steps(run_dir: Path | RunFolder, steps: int, *,
+                       use: str = "a calibration runs your tune.command_template for a few steps") -> tuple[
+                           str, ConfigEntry, Summary]:
     """The spec's ``tune.command_template`` filled for the best config of the tune folder ``run_dir``
     as ``train_command.sh`` has it, with ``{max_steps}`` set to ``steps``; the config and the summary.
     Raises :class:`TrainfitError` where the template has no ``{max_steps}`` (a calibration could not
     stop it), or where filled without a step count it is not the command tune wrote for that config
-    (a summary edited, or written by another version)."""
+    (a summary edited, or written by another version). ``use``: what needs it, for the error."""
     run = RunFolder.of(run_dir)
     summary, best = _best(run, "a calibration")
     template = summary.command_template
     assert template is not None, "a summary with a command template"
     if "max_steps" not in placeholders(template):
-        raise TrainfitError("a calibration runs your tune.command_template for a few steps, and it has no {max_steps} "
-                            "placeholder to stop it with",
+        raise TrainfitError(f"{use}, and it has no {{max_steps}} placeholder to stop it with",
                             f"{NO_MAX_STEPS_HINT}, then tune again with --resume: nothing is probed again")
     params, problems = parse_params(best.config, allow_custom=True)
     lengths, cut = summary.lengths, best.config.get("max_length")

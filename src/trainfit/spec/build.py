@@ -12,7 +12,7 @@ from trainfit.errors import Problem, SpecError, TrainfitError
 from trainfit.params import Params, parse_params
 from trainfit.space import SearchSpace, parse_space
 from trainfit.spec.fields import SEED_RANGE, check_field_bounds, check_one_of, typed_sections, unknown
-from trainfit.spec.rules import lora_problems, loss_problems, packing_problems, template_problems, trl_problems
+from trainfit.spec.rules import batching_problems, lora_problems, loss_problems, template_problems, trl_problems
 from trainfit.spec.sections import (
     MAX_MEMORY_GB,
     OBJECTIVES,
@@ -236,7 +236,7 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
     space = _search_section(raw.get("search"), tune, model, params, problems)
     problems += template_problems(tune, params, space)
     problems += loss_problems(model, tune, params, space)
-    problems += packing_problems(model, params, space)
+    problems += batching_problems(model, tune, params, space)
     problems += lora_problems(params, space)
     problems += trl_problems(model, tune, params, space)
     tokenizer = _tokenizer(raw.get("tokenizer"), model, base_dir, problems)

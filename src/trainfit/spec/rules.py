@@ -1,5 +1,5 @@
 """Rules across sections: what the training command (`trl sft`, or a ``tune.command_template``)
-can run: the loss, packing, the LoRA options, the template's placeholders."""
+can run: the loss, the batching, the LoRA options, the template's placeholders."""
 
 from __future__ import annotations
 
@@ -118,12 +118,24 @@ def template_problems(tune: TuneSettings | None, params: Params, space: SearchSp
 
 
 
-def packing_problems(model: ModelSpec | None, params: Params, space: Any) -> list[Problem]:
-    """``packing`` is TRL's, for a Hugging Face causal LM: a factory model's own ``collate`` makes
-    its batches (and ``trainfit train``'s loop packs nothing)."""
-    dim = space.dim("packing") if space is not None else None
-    if model is None or model.factory is None or True not in (params.packing, *(dim.choices if dim else ())):
+def batching_problems(model: ModelSpec | None, tune: TuneSettings | None, params: Params,
+                      space: Any) -> list[Problem]:
+    """Batching a factory model's trainer cannot do: ``packing`` (TRL's, for a Hugging Face causal
+    LM: a factory's own ``collate`` makes its batches), and ``group_by_length`` without a
+    ``tune.command_template`` (``trainfit train``'s own loop reads rows in a shuffled stream: the
+    probe would price grouped batches the run never trains)."""
+    if model is None or model.factory is None:
         return []
-    return [Problem("search.packing" if dim is not None else "params.packing",
-                    "packing packs a Hugging Face causal LM's samples into rows, and this is a factory model, whose "
-                    "own collate makes its batches", "drop packing")]
+    problems = []
+    for knob, why, way in (
+            ("packing", "packing packs a Hugging Face causal LM's samples into rows, and this is a factory model, "
+                        "whose own collate makes its batches", "drop packing"),
+            ("group_by_length", "group_by_length, and this factory model trains in trainfit's own loop, which reads "
+                                "rows in a shuffled stream and does not group them by length",
+             "drop group_by_length, or train with your own trainer: a tune.command_template passing {group_by_length}")):
+        if knob == "group_by_length" and tune is not None and tune.command_template:
+            continue
+        dim = space.dim(knob) if space is not None else None
+        if True in (getattr(params, knob), *(dim.choices if dim else ())):
+            problems.append(Problem(f"search.{knob}" if dim is not None else f"params.{knob}", why, way))
+    return problems

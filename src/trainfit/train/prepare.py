@@ -69,6 +69,26 @@ def template_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
     return line, "train_command.sh", best.trial
 
 
+def capped_template(run: RunFolder, plan: Plan | None, max_steps: int, factory: bool) -> tuple[str, str, int]:
+    """``--max-steps N`` on a ``command_template`` run: the template filled for the fastest config with
+    ``{max_steps}`` = N (``written_command.template_for_steps``), where the template has it and a plan
+    did not choose another config; its command, where it came from, and its trial."""
+    from trainfit.written_command import template_for_steps
+
+    way = "pass your trainer's own step limit after --" + (
+        ", or add --loop to train the factory model in trainfit's loop" if factory else "")
+    best = run.summary.best_config
+    if plan is not None and best is not None and plan.trial != best.trial:
+        raise TrainfitError(f"--max-steps fills your command_template's {{max_steps}} for the fastest config (trial "
+                            f"{best.trial}), and {run.path / 'plan.json'} chose trial {plan.trial}", way)
+    try:
+        line, best, _ = template_for_steps(run, max_steps, use=f"--max-steps {max_steps} stops your tune.command_template "
+                                                               f"after {max_steps} steps")
+    except TrainfitError as err:
+        raise TrainfitError(err.message, f"{err.hint}; or {way}") from None
+    return line, "plan.json" if plan is not None else "train_command.sh", best.trial
+
+
 def differences(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
     """The keys whose values differ (either side missing counts), as ``key: before -> now``."""
     return [f"{k}: {before.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in sorted(before.keys() | now.keys())
@@ -111,11 +131,8 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
         raise TrainfitError("--loop trains a factory model in trainfit's loop; this tune folder's model is a Hugging "
                             "Face one, trained by TRL's trainer", "drop --loop")
     if summary.command_template and not loop:
-        if max_steps:
-            raise TrainfitError("--max-steps caps trainfit's own loops; this run is your command_template",
-                                "pass your trainer's own step limit after --"
-                                + (", or add --loop to train the factory model in trainfit's loop" if factory else ""))
-        line, source, trial = template_command(run, plan)
+        line, source, trial = (capped_template(run, plan, max_steps, factory) if max_steps
+                               else template_command(run, plan))
         return common(source=source, trial=trial, kind="command", threads=None,
                       argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])]), plan
     if factory:
