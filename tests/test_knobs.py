@@ -59,6 +59,21 @@ class Tiny(torch.nn.Module):
         return self.out(self.proj(x))
 
 
+def test_a_knob_declares_its_prior_or_why_none_and_the_ablation_reads_its_off_value() -> None:
+    """A knob is one declaration: ``auto``'s device priors and the ablation's baseline are read from it."""
+    from trainfit.ablate import BASELINE
+    from trainfit.params import knob
+    from trainfit.search.auto import _PRIOR, NO_PRIOR
+
+    for bad in ({}, {"prior": {"cuda": (1,), "cpu": (1,)}, "no_prior": "both"}):
+        with pytest.raises(TypeError, match="give a device prior or the reason for none"):
+            knob(0, kind="int", doc="x", **bad)
+    assert _PRIOR["cuda"]["tf32"] == (True, False) and _PRIOR["cpu"]["tf32"] == (False, True)
+    assert NO_PRIOR["packing"].startswith("changes what is learned") and "packing" not in _PRIOR["cuda"]
+    assert BASELINE == {k.name: k.off for k in KNOBS.values() if k.ablated}
+    assert BASELINE["attention"] == "eager" and "loss" not in BASELINE and "batch_size" not in BASELINE
+
+
 def test_checkpointing_then_lora_unless_the_factory_handles_them() -> None:
     model = Tiny()
     wrapped = apply_knobs(model, Params(gradient_checkpointing=True, lora_r=2, lora_target_modules=("proj",)))

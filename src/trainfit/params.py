@@ -45,6 +45,15 @@ class Knob:
     """True when two values of this knob train a different model (not only a faster one)."""
     batch_shape: bool = False
     """True when the knob only shapes the batches: a built model can be probed at another value."""
+    prior: Mapping[str, tuple[Any, ...]] | None = None
+    """The order ``auto`` tries the values in, per device type (``cuda``, ``cpu``): which usually
+    wins there first. A prior only orders the search; measurements decide."""
+    no_prior: str | None = None
+    """Why the knob has no device prior (a knob has a prior or says why not)."""
+    off: Any = None
+    """The value ``trainfit ablate``'s baseline sets, every technique off (when ``ablated``)."""
+    ablated: bool = False
+    """The knob is a technique ``trainfit ablate`` turns off in its baseline (to :attr:`off`)."""
 
 
 def split_modules(text: str) -> str | tuple[str, ...]:
@@ -57,16 +66,34 @@ def split_modules(text: str) -> str | tuple[str, ...]:
 T = TypeVar("T")
 
 
+_OFF_UNSET = object()
+
+
 def knob(default: T, *, kind: str, doc: str, choices: tuple[Any, ...] = (), minimum: float | None = None,
          maximum: float | None = None, nullable: bool = False, changes_learning: bool = False,
-         batch_shape: bool = False) -> T:
+         batch_shape: bool = False, prior: Mapping[str, tuple[Any, ...]] | None = None, no_prior: str | None = None,
+         off: Any = _OFF_UNSET) -> T:
     """A ``Params`` field that is a built-in knob: ``default``, and a ``Knob`` of the other arguments in
     the field's metadata (unnamed: ``KNOBS`` names it after the field). Typed as ``default``, as
     ``dataclasses.field`` is, so the field keeps its declared type. Defaults are immutable (None,
-    numbers, strings, tuples); ``dataclass`` rejects a list or dict default when ``Params`` is built."""
+    numbers, strings, tuples); ``dataclass`` rejects a list or dict default when ``Params`` is built.
+    Exactly one of ``prior`` (see :func:`on_every_device`) and ``no_prior`` (the reason) is given;
+    ``off``: the ablation baseline's value, for a knob that is a technique."""
+    if (prior is None) == (no_prior is None):
+        raise TypeError(f"knob({default!r}, ...): give a device prior or the reason for none (no_prior=...), one of them")
     spec = Knob(name="", kind=kind, doc=doc, choices=choices, minimum=minimum, maximum=maximum,
-                nullable=nullable, changes_learning=changes_learning, batch_shape=batch_shape)
+                nullable=nullable, changes_learning=changes_learning, batch_shape=batch_shape, prior=prior,
+                no_prior=no_prior, off=None if off is _OFF_UNSET else off, ablated=off is not _OFF_UNSET)
     return field(default=default, metadata={"knob": spec})
+
+
+def on_every_device(order: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+    """A prior that is the same on a GPU and a CPU."""
+    return {"cuda": order, "cpu": order}
+
+
+LEARNED = "changes what is learned"
+"""The reason a knob the user chooses for what it trains has no speed prior."""
 
 
 def model_values(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,52 +127,65 @@ class Params:
     is the field's documentation (tests/test_knobs.py checks that no field goes without one)."""
 
     batch_size: int = knob(1, kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
+        no_prior="climbed one step at a time within each family, not ordered by a prior",
         doc="samples per micro-batch on one device")
     gradient_accumulation_steps: int = knob(1, kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
+        no_prior="derived from tune.target_effective_batch, or the user's: it sets what is learned",
         doc="micro-batches per optimizer step; effective batch = batch_size x this")
     max_length: int | None = knob(None, kind="int", minimum=1, nullable=True, changes_learning=True, batch_shape=True,
+        no_prior="changes what is learned: the user's choice, not a speed preference",
         doc="longest sequence (positions) a sample may have; longer samples are truncated. "
             "null = the dataset's longest sample")
-    lora_r: int | None = knob(None, kind="int", minimum=1, nullable=True, changes_learning=True,
+    lora_r: int | None = knob(None, kind="int", minimum=1, nullable=True, changes_learning=True, no_prior=LEARNED,
         doc="LoRA rank; null = full fine-tuning")
-    lora_alpha: float | None = knob(None, kind="float", minimum=0, nullable=True, changes_learning=True,
+    lora_alpha: float | None = knob(None, kind="float", minimum=0, nullable=True, changes_learning=True, no_prior=LEARNED,
         doc="LoRA scaling numerator; null = 2 x lora_r")
-    lora_dropout: float = knob(0.0, kind="float", minimum=0, maximum=1, changes_learning=True,
+    lora_dropout: float = knob(0.0, kind="float", minimum=0, maximum=1, changes_learning=True, no_prior=LEARNED,
         doc="dropout on the LoRA input; 0 avoids an extra activation copy")
     lora_target_modules: tuple[str, ...] | str | None = knob(None, kind="modules", nullable=True, changes_learning=True,
+        no_prior=LEARNED,
         doc="module names to adapt (list), 'all-linear', or null for peft's default")
     lora_target_parameters: tuple[str, ...] | str | None = knob(
-        None, kind="modules", nullable=True, changes_learning=True,
+        None, kind="modules", nullable=True, changes_learning=True, no_prior=LEARNED,
         doc="parameters to adapt besides modules, e.g. a mixture of experts' stacked experts "
             "[mlp.experts.gate_up_proj, mlp.experts.down_proj] (peft target_parameters)")
-    gradient_checkpointing: bool = knob(False, kind="bool",
+    gradient_checkpointing: bool = knob(False, kind="bool", prior=on_every_device((False, True)), off=False,
         doc="recompute activations in backward: less memory, ~20-40% more compute")
-    precision: str = knob("fp32", kind="choice", choices=PRECISIONS, changes_learning=True,
+    precision: str = knob("fp32", kind="choice", choices=PRECISIONS, changes_learning=True, off="fp32",
+        prior={"cuda": ("bf16", "fp16", "fp32"), "cpu": ("fp32", "bf16", "fp16")},
         doc="fp32, or mixed precision bf16/fp16 (autocast; fp16 adds a loss scaler)")
-    attention: str = knob("sdpa", kind="choice", choices=ATTENTIONS,
+    attention: str = knob("sdpa", kind="choice", choices=ATTENTIONS, off="eager",
+        prior={"cuda": ("flash_attention_2", "sdpa", "eager"), "cpu": ("sdpa", "eager", "flash_attention_2")},
         doc="attention kernel (Hugging Face attn_implementation)")
-    compile: str = knob("off", kind="choice", choices=COMPILE_MODES,
+    compile: str = knob("off", kind="choice", choices=COMPILE_MODES, off="off",
+        prior=on_every_device(("off", "default", "max-autotune", "reduce-overhead")),
         doc="torch.compile mode; pair with padding: max_length to avoid recompiles")
-    tf32: bool = knob(False, kind="bool",
+    tf32: bool = knob(False, kind="bool", off=False, prior={"cuda": (True, False), "cpu": (False, True)},
         doc="allow TF32 matmuls and cuDNN convolutions on Ampere+ GPUs (no effect on CPU)")
-    optimizer: str = knob("adamw", kind="choice", choices=OPTIMIZERS, changes_learning=True,
+    optimizer: str = knob("adamw", kind="choice", choices=OPTIMIZERS, changes_learning=True, off="adamw",
+        prior=on_every_device(("adamw_fused", "adamw", "adamw_8bit")),
         doc="adamw (torch), adamw_fused (torch fused kernel), adamw_8bit (bitsandbytes)")
-    padding: str = knob("longest", kind="choice", choices=PADDINGS, batch_shape=True,
+    padding: str = knob("longest", kind="choice", choices=PADDINGS, batch_shape=True, off="longest",
+        prior=on_every_device(("longest", "max_length")),
         doc="pad each batch to its longest sample, or every batch to max_length")
-    pad_to_multiple_of: int | None = knob(None, kind="int", minimum=1, nullable=True, batch_shape=True,
+    pad_to_multiple_of: int | None = knob(None, kind="int", minimum=1, nullable=True, batch_shape=True, off=None,
+        no_prior="an integer of the user's (8, 64...): searched values keep the spec's order; which rounding pays "
+                 "depends on the device's kernels, measured",
         doc="round each batch's padded length up to a multiple of this (TRL's and transformers' "
             "pad_to_multiple_of): far fewer distinct batch shapes (a GPU's kernel choice, allocator, "
             "compile) for a little more padding; with padding: max_length, max_length rounds up to it. "
             "null = no rounding")
-    group_by_length: bool = knob(False, kind="bool", batch_shape=True,
+    group_by_length: bool = knob(False, kind="bool", batch_shape=True, off=False, prior=on_every_device((True, False)),
         doc="batch samples of similar length together (the Hugging Face trainer's length-grouped "
             "sampler): less padding with padding: longest; the order stays random between groups")
-    packing: bool = knob(False, kind="bool", batch_shape=True, changes_learning=True,
+    packing: bool = knob(False, kind="bool", batch_shape=True, changes_learning=True, off=False,
+        no_prior="changes what is learned (a packed step holds more samples): searched values keep the spec's order",
         doc="pack samples into rows of max_length (TRL's packing, best-fit decreasing) and train each "
             "batch padding-free, as one row with each sample's positions restarting (flash_attention_2 "
             "attends per sample; sdpa and eager through a block-diagonal mask): no padding, and fewer, "
             "fuller steps; batch_size counts packed rows, so a step holds more samples")
     loss: str = knob("auto", kind="choice", choices=LOSSES,
+        no_prior="the training command decides it (loss: auto); searched values keep the spec's order",
         doc="how a Hugging Face model's loss is computed: model = its own forward, full logits "
             "(transformers Trainer, most loops); fused = TRL's fused LM head, log-probs in tiles "
             "without the full logits (trl sft); liger = Liger-Kernel's fused linear cross-entropy and layer "

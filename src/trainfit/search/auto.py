@@ -16,33 +16,14 @@ from trainfit.probe.measurement import recorded_budget_gb
 from trainfit.search.trials import Trial, can_run, config_key, unsupported_values
 from trainfit.space import SearchSpace
 
-# Which value of a knob usually wins on each device type: tried first, the rest later. A prior
-# only orders the search; measurements decide.
+# Which value of a knob usually wins on each device type (each knob's declaration says, params.py):
+# tried first, the rest later. A prior only orders the search; measurements decide.
 _PRIOR: dict[str, dict[str, tuple[Any, ...]]] = {
-    "cuda": {"gradient_checkpointing": (False, True), "precision": ("bf16", "fp16", "fp32"),
-             "attention": ("flash_attention_2", "sdpa", "eager"), "tf32": (True, False),
-             "optimizer": ("adamw_fused", "adamw", "adamw_8bit"), "padding": ("longest", "max_length"),
-             "group_by_length": (True, False), "compile": ("off", "default", "max-autotune", "reduce-overhead")},
-    "cpu": {"gradient_checkpointing": (False, True), "precision": ("fp32", "bf16", "fp16"),
-            "attention": ("sdpa", "eager", "flash_attention_2"), "tf32": (False, True),
-            "optimizer": ("adamw_fused", "adamw", "adamw_8bit"), "padding": ("longest", "max_length"),
-            "group_by_length": (True, False), "compile": ("off", "default", "max-autotune", "reduce-overhead")},
-}
+    device: {k.name: k.prior[device] for k in KNOBS.values() if k.prior is not None} for device in ("cuda", "cpu")}
 
 
-NO_PRIOR: dict[str, str] = {
-    "batch_size": "climbed one step at a time within each family, not ordered by a prior",
-    "gradient_accumulation_steps": "derived from tune.target_effective_batch, or the user's: it sets what is learned",
-    "max_length": "changes what is learned: the user's choice, not a speed preference",
-    "lora_r": "changes what is learned", "lora_alpha": "changes what is learned",
-    "lora_dropout": "changes what is learned", "lora_target_modules": "changes what is learned",
-    "lora_target_parameters": "changes what is learned",
-    "loss": "the training command decides it (loss: auto); searched values keep the spec's order",
-    "packing": "changes what is learned (a packed step holds more samples): searched values keep the spec's order",
-    "pad_to_multiple_of": "an integer of the user's (8, 64...): searched values keep the spec's order; which "
-                          "rounding pays depends on the device's kernels, measured",
-}
-"""The knobs without a device prior, and why (a test checks every knob is in one or the other)."""
+NO_PRIOR: dict[str, str] = {k.name: k.no_prior for k in KNOBS.values() if k.no_prior is not None}
+"""The knobs without a device prior, and why (each knob's declaration has one or the other)."""
 
 
 MEMORY_ONLY: dict[str, Any] = {"gradient_checkpointing": True}
