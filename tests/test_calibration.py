@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, gone_within
+from tune_helpers import fixed_speed
 
 from trainfit.calibration import Calibration, calibrate, calibration_args, short_steps
 from trainfit.errors import TrainfitError
 from trainfit.launch import run_logged, run_timed
-from trainfit.params import Params
 from trainfit.plan.inputs import best_step_cost
-from trainfit.probe.measurement import Measurement
 from trainfit.probe.timing import relative_ci95
 from trainfit.spec import load_spec
 from trainfit.step_pricing import own_step_time, pace_change, priced_steps
@@ -35,10 +34,8 @@ QUICK_PROBE = ["probe.max_seconds=3", "probe.burn_in_steps=1", "probe.min_steps=
 """A probe that only has to give a figure (the test decides nothing on it)."""
 
 
-def fixed(params: Params, number: int) -> Measurement:
-    """Not a probe (these tests are about the folder a tune leaves): a fitting config at a fixed speed."""
-    return Measurement(status="ok", config=params.to_dict(), samples_per_second=50.0, tokens_per_second=5000.0,
-                       peak_memory_bytes=2**30, steps_measured=5, stable=True, device="cpu", cpu_threads=2)
+fixed = fixed_speed()
+"""Not a probe (these tests are about the folder a tune leaves): a fitting config at a fixed speed."""
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES
+from tune_helpers import fixed_speed
 
 from trainfit.errors import TrainfitError
-from trainfit.params import Params
-from trainfit.probe.measurement import Measurement
 from trainfit.run_folder import COMMAND_FILE, SUMMARY_FILE, RunFolder
 from trainfit.spec import load_spec
 from trainfit.tune import tune
@@ -19,9 +18,7 @@ from trainfit.tune import tune
 SRC = Path(__file__).resolve().parent.parent / "src" / "trainfit"
 
 
-def fixed(params: Params, number: int) -> Measurement:
-    return Measurement(status="ok", config=params.to_dict(), samples_per_second=50.0, tokens_per_second=5000.0,
-                       peak_memory_bytes=2**30, steps_measured=5, stable=True, device="cpu", cpu_threads=2)
+fixed = fixed_speed()
 
 
 @pytest.fixture(scope="module")

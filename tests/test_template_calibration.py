@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES
+from tune_helpers import fixed_speed
 
 from trainfit.calibration import calibrate, check_can_calibrate
 from trainfit.errors import TrainfitError
-from trainfit.params import Params
-from trainfit.probe.measurement import Measurement
 from trainfit.spec import load_spec
 from trainfit.tune import calibration_steps, tune
 
@@ -39,12 +38,9 @@ echo
 """
 
 
-def fixed(params: Params, number: int) -> Measurement:
-    """Not a probe (these tests are about the command the tune leaves): a fitting config at a fixed speed,
-    faster than the stand-in trainer runs it (16 samples a step at 1000 samples/s: 0.016 s a step)."""
-    return Measurement(status="ok", config=params.to_dict(), samples_per_second=PROBE_SPEED, tokens_per_second=5000.0,
-                       peak_memory_bytes=2**30, steps_measured=5, stable=True, device="cpu", cpu_threads=2,
-                       expected_step_time_s=16 / PROBE_SPEED)
+fixed = fixed_speed(PROBE_SPEED, step_time_s=16 / PROBE_SPEED)
+"""Not a probe (these tests are about the command the tune leaves): every config fits, faster than the
+stand-in trainer runs it (16 samples a step at 1000 samples/s: 0.016 s a step)."""
 
 
 def template_spec(template: str):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
-from tune_helpers import BUDGET, GRID, HEADROOM, GiB, Surface, synthetic_spec
+from tune_helpers import BUDGET, GRID, HEADROOM, GiB, Surface, fixed_speed, synthetic_spec
 
 from trainfit.errors import SpecError
 from trainfit.params import Params
@@ -405,10 +405,6 @@ def test_the_default_search_groups_by_length_where_random_batches_are_mostly_pad
     takes_it = spec_of("takes", long_tailed, {}, ("tune.command_template=python train.py --group {group_by_length}",))
     assert "group_by_length" in with_default_search(takes_it, analyze_spec(takes_it, progress=False)).search.names
     # tune() reads the lengths itself: its search, and so its trials, hold the grouping.
-    def fixed(params: Params, number: int) -> Measurement:
-        return Measurement(status="ok", config=params.to_dict(), samples_per_second=10.0, peak_memory_bytes=GiB,
-                           steps_measured=5, stable=True, device="cpu")
-
-    tune(spec, output=tmp_path / "run", probe_fn=fixed, max_trials=1)
+    tune(spec, output=tmp_path / "run", probe_fn=fixed_speed(), max_trials=1)
     with (tmp_path / "run" / "trials.csv").open() as f:
         assert "group_by_length" in next(csv.reader(f))
