@@ -89,7 +89,17 @@ def run_tune(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
             "pick": best.config, "estimated_epoch_s": (best.estimated_full_runtime_hours or 0) * 3600,
             "probe_samples_per_second": best.samples_per_second,
             "pruned": [p.to_json() for p in res.summary.pruned], "stop_reason": res.stop_reason,
-            "trainer_cost": res.summary.trainer_cost.to_json() if res.summary.trainer_cost else None}
+            "trainer_cost": portable(res.summary.trainer_cost.to_json(), out.parent) if res.summary.trainer_cost else None}
+
+
+def portable(cost: dict[str, Any], work: Path) -> dict[str, Any]:
+    """The trainer cost as a result file keeps it: its command without this machine's paths (the
+    Python, the checkout, the work folder)."""
+    command = str(cost["calibration"]["command"])
+    for path, name in ((sys.executable, "python"), (str(Path(__file__).resolve().parent.parent), "."),
+                       (str(work), "WORK")):
+        command = command.replace(path, name)
+    return {**cost, "calibration": {**cost["calibration"], "command": command}}
 
 
 TRAINER_FLAGS = {"per_device_train_batch_size": int, "gradient_accumulation_steps": int, "max_steps": int,
