@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    from trainfit.budgets import parse_budgets, tune_budgets
+    from trainfit.tune.budgets import parse_budgets, tune_budgets
     from trainfit.spec import load_spec
     from trainfit.tune import tune, with_default_search
 

@@ -106,7 +106,7 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
 
     from trainfit.plan import make_plan
     from trainfit.plan.inputs import best_step_cost
-    from trainfit.calibration import calibrate
+    from trainfit.trainer.calibration import calibrate
     from trainfit.spec import load_spec
     from trainfit.tune import tune
 

@@ -51,7 +51,7 @@ def bare_loop(steps: int) -> float:
 
     from trainfit.params import Params
     from trainfit.spec import load_spec
-    from trainfit.step import TrainStep
+    from trainfit.workloads.step import TrainStep
     from trainfit.workloads import build_workload
 
     spec = load_spec(SPEC, OVERRIDES)

@@ -46,7 +46,7 @@ def one_variant(args: argparse.Namespace) -> dict:
     import torch
 
     from trainfit.spec import load_spec
-    from trainfit.step import TrainStep, synchronize
+    from trainfit.workloads.step import TrainStep, synchronize
     from trainfit.workloads import build_workload
 
     overrides = ["lora_r=16", "lora_target_modules=all-linear", f"batch_size={args.batch_size}",

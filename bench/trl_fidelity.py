@@ -85,7 +85,7 @@ def plain_loop(spec, params, token_ids: list[list[int]], pad_id: int, steps: int
     import torch
 
     from trainfit.probe.runner import resolve_device_name
-    from trainfit.step import TrainStep, synchronize
+    from trainfit.workloads.step import TrainStep, synchronize
     from trainfit.workloads import build_workload
     from trainfit.workloads.base import Batch
 
@@ -127,10 +127,10 @@ def plain_loop(spec, params, token_ids: list[list[int]], pad_id: int, steps: int
 
 
 def main() -> None:
-    from trainfit.command import command_script, trl_data_config
+    from trainfit.trainer.command import command_script, trl_data_config
     from trainfit.data.analyze import analyze_spec
     from trainfit.probe import run_probe
-    from trainfit.report import command_inputs
+    from trainfit.trainer.command import command_inputs
     from trainfit.spec import load_spec
 
     ap = argparse.ArgumentParser()

@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_LLAMA, make_spec_file, write_texts
 from tune_helpers import Surface, synthetic_spec
 
-from trainfit.budgets import parse_budgets, rejudged, tune_budgets
+from trainfit.tune.budgets import parse_budgets, rejudged, tune_budgets
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
 from trainfit.tune import tune

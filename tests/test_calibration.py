@@ -17,14 +17,14 @@ import pytest
 from conftest import EXAMPLES, gone_within
 from tune_helpers import fixed_speed
 
-from trainfit.calibration import Calibration, calibrate, calibration_args, short_steps
+from trainfit.trainer.calibration import Calibration, calibrate, calibration_args, short_steps
 from trainfit.errors import TrainfitError
-from trainfit.launch import run_logged, run_timed
+from trainfit.trainer.launch import run_logged, run_timed
 from trainfit.plan.inputs import best_step_cost
 from trainfit.probe.timing import relative_ci95
 from trainfit.spec import load_spec
-from trainfit.step_pricing import own_step_time, pace_change, priced_steps
-from trainfit.trainer_output import bar_seconds_per_step, bar_step, parse_train_runtime, recorded_steps, step_spread
+from trainfit.trainer.step_pricing import own_step_time, pace_change, priced_steps
+from trainfit.trainer.trainer_output import bar_seconds_per_step, bar_step, parse_train_runtime, recorded_steps, step_spread
 from trainfit.tune import tune
 
 SMALL_TUNE = ["max_length=256", "search={batch_size: [4]}", "tune.target_effective_batch=32", "tune.max_trials=1"]
@@ -78,7 +78,7 @@ def test_a_folder_without_train_command_sh_is_refused(tmp_path: Path, written: P
 def test_a_command_with_a_placeholder_is_refused(tmp_path: Path, written: Path) -> None:
     """A random-init model over 1B parameters is not saved: its script names a placeholder, which
     `trl sft` would try to download as a model."""
-    from trainfit.command import MODEL_PLACEHOLDER
+    from trainfit.trainer.command import MODEL_PLACEHOLDER
 
     script = (written / "train_command.sh").read_text().replace(str(written.resolve() / "model"),
                                                                shlex.quote(MODEL_PLACEHOLDER))

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import EXAMPLES
 
-from trainfit.command import build_command, trl_data_config
+from trainfit.trainer.command import build_command, trl_data_config
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.spec import ModelSpec, load_spec
 
@@ -172,7 +172,7 @@ def test_pad_to_multiple_of_reaches_trl_and_a_template_as_probed() -> None:
     """`trl sft` gets the multiple; under fixed padding, max_length rounded up to it (the length
     every batch was probed at: TRL's collator rounds each batch's longest, at most max_length, up to
     it). A template gets {pad_to_multiple_of}, its flag dropped while the knob is null."""
-    from trainfit.command import trl_args
+    from trainfit.trainer.command import trl_args
     from trainfit.params import Params
     from trainfit.template import render_template
 
@@ -210,7 +210,7 @@ def two_values(knob: Any) -> tuple[Any, Any]:
 def test_every_knob_reaches_the_trl_command_or_says_why_not() -> None:
     """A knob added to params.py but not to the command builder would train something else than
     what was measured: every knob changes the written flags, or NOT_IN_TRL_COMMAND says why not."""
-    from trainfit.command import NOT_IN_TRL_COMMAND, trl_args
+    from trainfit.trainer.command import NOT_IN_TRL_COMMAND, trl_args
     from trainfit.params import KNOBS, Params
 
     base = Params(lora_r=8, max_length=64)

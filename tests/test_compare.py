@@ -25,7 +25,7 @@ from trainfit.compare.runs import ConfigRun, diverged
 from trainfit.compare.suggest import final_loss, reached, suggest
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.spec import load_spec
-from trainfit.step import Schedule
+from trainfit.workloads.step import Schedule
 
 
 @pytest.fixture

@@ -133,7 +133,7 @@ def test_ligers_loss_on_cuda_is_the_models_loss_without_its_logits(tmp_path: Pat
 def test_two_micro_batches_reach_the_peak_of_a_longer_accumulation(tmp_path: Path) -> None:
     """Why the probe's memory phase runs at most two micro-batches per step (memory.memory_micro_batches):
     the peak allocated by a step of 2 equals that of a step of 6 on the same worst-case batch."""
-    from trainfit.step import TrainStep
+    from trainfit.workloads.step import TrainStep
     from trainfit.workloads import build_workload
 
     s = load_spec(spec(tmp_path, {"batch_size": 4, "precision": "bf16", "padding": "max_length"}))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
 
-from trainfit.budgets import parse_budgets
+from trainfit.tune.budgets import parse_budgets
 from trainfit.cli import main
 from trainfit.data import LengthRecipe, count_lengths
 from trainfit.data.readers import data_files, fingerprint

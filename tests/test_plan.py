@@ -68,7 +68,7 @@ def test_the_eta_is_the_steps_at_the_measured_step_plus_the_saves_with_an_interv
 
 
 def test_a_calibration_adds_the_trainers_cost_per_step_and_its_start_up() -> None:
-    from trainfit.calibration import Calibration
+    from trainfit.trainer.calibration import Calibration
 
     c = candidate(0, 10.0, batch=8, spread=0.03)  # 0.8 s a step in the probe
     # The trainer ran the calibrated config at 1.0 s a step where its probe said 0.8: 0.2 s its own.
@@ -84,7 +84,7 @@ def test_a_calibration_adds_the_trainers_cost_per_step_and_its_start_up() -> Non
 
 
 def test_trainfit_train_and_the_written_command_are_each_priced_at_their_own_start_up() -> None:
-    from trainfit.calibration import Calibration
+    from trainfit.trainer.calibration import Calibration
 
     cal = Calibration(steps=20, seconds_per_step=1.0, samples_per_second=8.0, probe_samples_per_second=10.0,
                       ratio=0.8, spread_rel=0.04, startup_s=11.0, train_startup_s=6.5, command="trl sft ...",
@@ -97,7 +97,7 @@ def test_trainfit_train_and_the_written_command_are_each_priced_at_their_own_sta
 
 
 def test_a_calibration_whose_spread_is_unknown_leaves_the_interval_to_the_probe() -> None:
-    from trainfit.calibration import Calibration
+    from trainfit.trainer.calibration import Calibration
 
     cal = Calibration(steps=2, seconds_per_step=1.0, samples_per_second=8.0, probe_samples_per_second=10.0,
                       ratio=0.8, spread_rel=math.inf, startup_s=5.0, command="trl sft ...", device="cpu")
@@ -403,7 +403,7 @@ def a_plan(total_s: float, spread: float, window_s: float, checkpoint_s: float =
     (75.0, "will miss the window"),  # 150 s projected, 120 s window
 ])
 def test_on_track_projects_the_finish_from_the_pace_so_far(elapsed_at_half: float, state: str) -> None:
-    from trainfit.monitor import OnTrack
+    from trainfit.train.monitor import OnTrack
 
     status = OnTrack(a_plan(100.0, 0.10, 120.0)).status(50, 100, elapsed_at_half)
     assert status.state == state and status.projected_s == pytest.approx(2 * elapsed_at_half)
@@ -417,7 +417,7 @@ def test_on_track_projects_the_finish_from_the_pace_so_far(elapsed_at_half: floa
 def test_a_run_cut_short_by_max_steps_is_checked_against_the_plans_price_of_its_own_steps() -> None:
     """`train --max-steps 10` of a 100-step plan: planned at 10 steps' price. (Checked against the
     whole plan's ETA, a 10-step run 3x slower than priced was called on track.)"""
-    from trainfit.monitor import OnTrack
+    from trainfit.train.monitor import OnTrack
 
     check = OnTrack(a_plan(100.0, 0.10, 120.0))  # 1 s a step
     on_pace = check.status(5, 10, 5.0)
@@ -448,7 +448,7 @@ def test_on_track_weighs_the_steps_so_far_by_the_work_their_batches_held() -> No
     says the run ends early; weighed by the plan's step cost of those very batches, it does not."""
     import dataclasses
 
-    from trainfit.monitor import OnTrack, Pace
+    from trainfit.train.monitor import OnTrack, Pace
 
     # Step cost 0.1 + 0.001 * L s; the epoch's mean batch is 400 long: 0.5 s a step, 100 steps, 50 s.
     plan = dataclasses.replace(a_plan(50.0, 0.05, 120.0), step_cost=[0.1, 0.001, 0.0], model_step_s=0.5,
@@ -474,7 +474,7 @@ def test_on_track_pools_the_runs_pace_with_the_calibrated_one_by_the_steps_behin
     pace and 10 at 1.2x: 1.0667x. At step 80 (80 steps seen) the run's own pace leads: 1.16x."""
     import dataclasses
 
-    from trainfit.monitor import OnTrack, Pace
+    from trainfit.train.monitor import OnTrack, Pace
 
     plan = dataclasses.replace(a_plan(50.0, 0.05, 120.0), step_cost=[0.1, 0.001, 0.0], model_step_s=0.5,
                                calibration={"steps": 20, "trial": 0})
@@ -504,11 +504,11 @@ def test_the_callbacks_pace_starts_after_the_first_steps_warm_up(monkeypatch) ->
     0.5 s a step (9 steps in 4.5 s), not 0.65 (10 in 6.5), which would overshoot the end by 13.5 s."""
     from types import SimpleNamespace
 
-    import trainfit.monitor
-    from trainfit.monitor import OnTrackCallback
+    import trainfit.train.monitor
+    from trainfit.train.monitor import OnTrackCallback
 
     now = [100.0]
-    monkeypatch.setattr(trainfit.monitor.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(trainfit.train.monitor.time, "monotonic", lambda: now[0])
     plan = a_plan(50.0, 0.05, 120.0)  # 100 steps of 0.5 s
     callback = OnTrackCallback(plan, every_s=1e9)
     state = SimpleNamespace(global_step=0, max_steps=100)
@@ -529,7 +529,7 @@ def test_the_on_track_line_is_written_above_the_trainers_progress_bar_not_inside
 
     from tqdm import tqdm
 
-    from trainfit.monitor import OnTrackCallback
+    from trainfit.train.monitor import OnTrackCallback
 
     callback = OnTrackCallback(a_plan(50.0, 0.05, 120.0), every_s=1e9)
     state = SimpleNamespace(global_step=0, max_steps=100)
@@ -546,7 +546,7 @@ def test_the_on_track_line_is_written_above_the_trainers_progress_bar_not_inside
 def test_on_track_takes_the_evaluation_passes_out_of_the_pace_and_adds_those_to_come() -> None:
     import dataclasses
 
-    from trainfit.monitor import OnTrack, Pace
+    from trainfit.train.monitor import OnTrack, Pace
 
     # 100 steps of 0.5 s, a pass every 20 steps (5 in all) planned at 2 s.
     plan = dataclasses.replace(a_plan(60.0, 0.05, 120.0), evaluation=evaluation(20, pass_s=2.0))

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES
 
-from trainfit.calibration import Calibration
+from trainfit.trainer.calibration import Calibration
 from trainfit.cli import main
 from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError

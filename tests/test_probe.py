@@ -234,7 +234,7 @@ def test_a_step_clips_gradients_as_the_trainers_do(precision: str) -> None:
     import torch
 
     from trainfit.params import Params
-    from trainfit.step import TrainStep
+    from trainfit.workloads.step import TrainStep
     from trainfit.workloads.base import Batch, Workload
 
     class Steep(Workload):

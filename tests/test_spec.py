@@ -7,7 +7,7 @@ import yaml
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
 
 from trainfit.cli import main
-from trainfit.command import build_command
+from trainfit.trainer.command import build_command
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params, parse_params
 from trainfit.spec import load_spec, load_yaml, merge_overrides, parse_override

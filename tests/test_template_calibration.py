@@ -12,7 +12,7 @@ import pytest
 from conftest import EXAMPLES
 from tune_helpers import fixed_speed
 
-from trainfit.calibration import calibrate, check_can_calibrate
+from trainfit.trainer.calibration import calibrate, check_can_calibrate
 from trainfit.errors import TrainfitError
 from trainfit.spec import load_spec
 from trainfit.tune import calibration_steps, tune

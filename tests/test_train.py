@@ -155,7 +155,7 @@ def test_trl_sft_as_train_runs_it_pads_each_batch_to_the_multiple(tmp_path: Path
     """The written command's `--pad_to_multiple_of` reaches the collator `trainfit train` trains
     with (TRL's trainer, built from the command as `trl sft` builds it): every batch of an epoch
     of long-tailed texts is a multiple of 24 long, some past the 64 the samples are truncated at."""
-    from trainfit.command import trl_command, trl_data_config
+    from trainfit.trainer.command import trl_command, trl_data_config
     from trainfit.spec import load_spec
     from trainfit.train.sft import build_trainer
     from trainfit.workloads.hf import save_initial_model

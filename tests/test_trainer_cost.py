@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES
 
-from trainfit.calibration import Calibration
+from trainfit.trainer.calibration import Calibration
 from trainfit.cli import main
 from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
@@ -310,7 +310,7 @@ def test_a_calibration_nobody_asked_for_that_fails_leaves_the_search_ranked_by_t
 def test_gpu_speeds_without_the_trainers_cost_say_the_eta_is_a_lower_bound(tmp_path: Path) -> None:
     """On an H100 a Hugging Face Trainer epoch took 2.1x the probes' estimate (docs/benchmarks.md): a
     summary whose GPU speeds leave the trainer out says so; a CPU's, or one with the trainer's cost, does not."""
-    from trainfit.report import UNCALIBRATED_GPU_NOTE
+    from trainfit.tune.outputs import UNCALIBRATED_GPU_NOTE
 
     def on_gpu(params: Params, number: int) -> Measurement:
         return Measurement.from_dict({**measured(params, number).to_dict(), "device": "cuda:0"})

@@ -12,7 +12,7 @@ from conftest import TINY_LLAMA, make_spec_file
 from tune_helpers import BUDGET, HEADROOM, GiB, Surface, synthetic_spec
 
 from trainfit.cli import main
-from trainfit.command import build_command, checkpointing_flag
+from trainfit.trainer.command import build_command, checkpointing_flag
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
@@ -84,7 +84,7 @@ def test_probe_and_command_truncate_at_the_models_positions(tmp_path: Path, text
     measures that length and the `trl sft` command is told it (else TRL would not truncate)."""
     from trainfit.data.analyze import analyze_spec
     from trainfit.probe.runner import build_request
-    from trainfit.report import command_length
+    from trainfit.trainer.command import command_length
 
     path = make_spec_file(tmp_path, model={"config": {**TINY_LLAMA, "max_position_embeddings": 32}},
                           data={"path": str(texts_file[0]), "text_field": "text"}, params={"batch_size": 2})
@@ -114,7 +114,7 @@ def test_a_batch_larger_than_the_dataset_is_noted_with_what_was_timed(tmp_path: 
 
 
 def test_a_sharded_dataset_reaches_trl_as_the_same_files(tmp_path: Path) -> None:
-    from trainfit.command import trl_data_config
+    from trainfit.trainer.command import trl_data_config
 
     shards = tmp_path / "data"
     shards.mkdir()
@@ -206,7 +206,7 @@ def test_report_html_draws_the_devices_memory_only_where_it_leaves_the_peaks_rea
     assert (f"device memory {shown} GiB, far above, not drawn" in page) is not drawn  # the chart's title
 
 
-@pytest.mark.parametrize("module", ["trainfit.report", "trainfit.search.study", "trainfit.cli.tune"])
+@pytest.mark.parametrize("module", ["trainfit.tune.outputs", "trainfit.search.study", "trainfit.cli.tune"])
 def test_each_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
     """No import cycle depends on which module a caller happens to import first."""
     import subprocess

@@ -94,8 +94,8 @@ def test_a_running_tune_holds_its_output_folder(tmp_path: Path) -> None:
 def test_the_output_folder_stays_held_until_the_tunes_last_write(tmp_path: Path) -> None:
     """``tune --calibrate`` writes the outputs again after the search (``run_search``'s ``then``): a run
     started on the folder meanwhile is refused, and the folder is free once the tune returns."""
-    from trainfit.report import write_outputs
-    from trainfit.search.tune import TuneResult, run_search
+    from trainfit.tune.outputs import write_outputs
+    from trainfit.search.loop import TuneResult, run_search
 
     spec = synthetic_spec(tmp_path, "grid")
     out = tmp_path / "out"
@@ -230,7 +230,7 @@ def _join(spec: Any, url: str, output: Path, log: Path, summary: Path, rendezvou
     """One machine of several started with the same command (run in a child process)."""
     import importlib
 
-    importlib.import_module("trainfit.search.tune").BUSY_WAIT_S = 0.05  # the module, not the function
+    importlib.import_module("trainfit.search.loop").BUSY_WAIT_S = 0.05  # the module, not the function
     result = tune(spec, output=output, probe_fn=Slow(log, rendezvous), storage=url, join=True, max_trials=64)
     summary.write_text(json.dumps(result.summary.to_json()["best_config"]["searched"]))
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import EXAMPLES, TINY_LLAMA
 
-from trainfit.command import command_script
+from trainfit.trainer.command import command_script
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.spec import load_spec
@@ -173,7 +173,7 @@ def test_a_config_model_without_a_tokenizer_is_saved_and_the_script_says_what_is
 
 def test_a_model_too_large_to_save_keeps_the_placeholder_and_says_how(tmp_path: Path) -> None:
     """A random-init model over 1B parameters is not built in the tuning process to be saved."""
-    from trainfit.command import MODEL_PLACEHOLDER
+    from trainfit.trainer.command import MODEL_PLACEHOLDER
     from trainfit.workloads.hf import save_initial_model
 
     big = {**TINY_LLAMA, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,

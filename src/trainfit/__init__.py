@@ -30,9 +30,9 @@ _LAZY = {
     "count_lengths": "trainfit.data.lengths",
     "summarize": "trainfit.data.stats",
     "tune": "trainfit.tune",
-    "TuneResult": "trainfit.search.tune",
+    "TuneResult": "trainfit.search.loop",
     "Summary": "trainfit.summary",
-    "OnTrackCallback": "trainfit.monitor",
+    "OnTrackCallback": "trainfit.train.monitor",
 }
 
 __all__ = ["CustomWorkload", "LengthRecipe", "LengthStats", "Measurement", "OnTrackCallback", "Params", "Spec", "SpecError",
@@ -44,11 +44,11 @@ if TYPE_CHECKING:
     from trainfit.data.row_length import LengthRecipe
     from trainfit.data.stats import LengthStats, summarize
     from trainfit.errors import SpecError, TrainfitError
-    from trainfit.monitor import OnTrackCallback
+    from trainfit.train.monitor import OnTrackCallback
     from trainfit.params import Params
     from trainfit.probe.measurement import Measurement
     from trainfit.probe.runner import run_probe
-    from trainfit.search.tune import TuneResult
+    from trainfit.search.loop import TuneResult
     from trainfit.spec import Spec, load_spec
     from trainfit.summary import Summary
     from trainfit.tune import tune

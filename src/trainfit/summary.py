@@ -1,4 +1,4 @@
-"""``summary.json`` as typed records: what a tuning run found, written by ``trainfit.report`` and
+"""``summary.json`` as typed records: what a tuning run found, written by ``trainfit.tune.outputs`` and
 read by the CLI, ``report.html`` and any script (``Summary.from_json``).
 
 The records are frozen dataclasses whose fields are the file's keys, in the file's order, so
@@ -189,7 +189,7 @@ class TrainerCost(Record):
     """The config it was measured on: the probes' pick when it was measured."""
     searched: dict[str, Any]
     calibration: dict[str, Any]
-    """The whole measurement (``trainfit.calibration.Calibration``'s JSON, versioned on its own), which
+    """The whole measurement (``trainfit.trainer.calibration.Calibration``'s JSON, versioned on its own), which
     ``trainfit plan`` reuses: its start-ups, its spread, the command it ran."""
 
     @classmethod

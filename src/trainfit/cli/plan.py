@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     calibration = None
     if args.calibrate:
         from trainfit.plan.inputs import best_step_cost
-        from trainfit.calibration import calibrate
+        from trainfit.trainer.calibration import calibrate
 
         what = "your tune.command_template" if run.summary.command_template else folder / "train_command.sh"
         print(f"calibrating: {args.calibrate} real trainer steps of {what} ...", file=sys.stderr,

@@ -115,7 +115,7 @@ def resume_hint(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.tune_render import TuneView, print_result
-    from trainfit.report import EFFECTIVE_BATCH, learning_knobs, run_samples
+    from trainfit.tune.outputs import EFFECTIVE_BATCH, learning_knobs, run_samples
     from trainfit.spec import unused_lora_note
     from trainfit.tune import GROUPING_PADDING_SHARE, tune, with_default_search
 
@@ -204,7 +204,7 @@ def run_budgets(args: argparse.Namespace, spec: Any, options: dict[str, Any]) ->
     """``--budgets``: one search per budget, sharing what is measured; the matrix at the end."""
     from pathlib import Path
 
-    from trainfit.budgets import HEADER, parse_budgets, tune_budgets
+    from trainfit.tune.budgets import HEADER, parse_budgets, tune_budgets
     from trainfit.format import table
     from trainfit.errors import TrainfitError
 

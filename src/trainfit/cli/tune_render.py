@@ -22,7 +22,7 @@ from trainfit.search.events import (
     Waiting,
 )
 from trainfit.search.ranking import noise_warning
-from trainfit.search.tune import TuneResult, common_failure
+from trainfit.search.loop import TuneResult, common_failure
 from trainfit.spec import Spec
 from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary, TrainerCost
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainfit.compare.runs import ConfigRun, diverged
 from trainfit.files import write_atomically
-from trainfit.monitor import trainer_callback_base
+from trainfit.train.monitor import trainer_callback_base
 
 
 class CurveLog(trainer_callback_base()):  # type: ignore[misc]

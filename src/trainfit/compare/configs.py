@@ -20,7 +20,7 @@ from typing import Any
 from trainfit.errors import Problem, SpecError, TrainfitError
 from trainfit.params import Params, parse_params
 from trainfit.spec import Spec
-from trainfit.step import SCHEDULERS, Schedule
+from trainfit.workloads.step import SCHEDULERS, Schedule
 
 TRAINING_KEYS: dict[str, str] = {
     "learning_rate": "the peak learning rate (default 2e-5, TRL's)",

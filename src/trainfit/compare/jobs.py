@@ -112,9 +112,9 @@ class ConfigJobs:
         """The data (and eval split) and the saved random-init model the ``trl sft`` runs read."""
         import yaml
 
-        from trainfit.command import trl_data_config
+        from trainfit.trainer.command import trl_data_config
         from trainfit.plan.eval_pass import trl_dataset
-        from trainfit.report import initial_model
+        from trainfit.tune.outputs import initial_model
 
         config = trl_data_config(self.spec)
         if config is None:
@@ -128,7 +128,7 @@ class ConfigJobs:
 
     def argv(self, config: NamedConfig) -> list[str]:
         """The ``trl sft`` arguments of ``config``, as tune writes them, on this comparison's data."""
-        from trainfit.command import trl_command, with_eval_split
+        from trainfit.trainer.command import trl_command, with_eval_split
 
         words = trl_command(self.spec, config.params, max_length=self.stats.truncation_length(config.params.max_length),
                             data_config=self.data_config, cpu_threads=self.threads, model_dir=self.model_dir)

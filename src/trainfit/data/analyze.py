@@ -26,7 +26,7 @@ def model_max_positions(spec: Spec) -> int | None:
     """The model's position limit when it can be read without building the model."""
     if spec.model.factory is not None:
         return None
-    from trainfit.model_config import load_config, max_positions_of
+    from trainfit.spec.model_config import load_config, max_positions_of
 
     return max_positions_of(load_config(spec.model))
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainfit.calibration import Calibration
+from trainfit.trainer.calibration import Calibration
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Record, check_schema
 from trainfit.plan.choose import PRIORITIES, RULES, choose
@@ -243,7 +243,7 @@ def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: 
 
 def _trl_evaluation(run: TuneRun, rebuilt: Rebuilt | None, evaluation: Evaluation | None) -> tuple[Evaluation, Path] | None:
     """The evaluation and the dataset folder (train and test splits) its ``trl sft`` command reads."""
-    from trainfit.command import trl_data_config
+    from trainfit.trainer.command import trl_data_config
 
     if evaluation is None or rebuilt is None or run.summary.command_template or trl_data_config(rebuilt.spec) is None:
         return None
@@ -324,7 +324,7 @@ def planned_command(command: str | None, epochs: float, save_steps: int, templat
     command = re.sub(r"--num_train_epochs \S+", f"--num_train_epochs {epochs:g}", command)
     command = f"{command} --save_strategy steps --save_steps {save_steps} --save_total_limit 3"
     if evaluation is not None:
-        from trainfit.command import with_eval_split
+        from trainfit.trainer.command import with_eval_split
 
         passes, folder = evaluation
         command = shlex.join(with_eval_split(shlex.split(command), folder, passes.trl_args()))
@@ -340,8 +340,8 @@ def _command(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate) -> str | 
     written = next((e.command for e in entries if e.trial == chosen.trial), None)
     if written is not None or rebuilt is None or rebuilt.spec.search is None or chosen.measurement is None:
         return written
-    from trainfit.command import build_command
-    from trainfit.report import command_inputs
+    from trainfit.trainer.command import build_command
+    from trainfit.trainer.command import command_inputs
 
     spec = rebuilt.spec
     params = spec.search.params(chosen.searched)

@@ -17,7 +17,7 @@ from trainfit.plan.inputs import Candidate
 from trainfit.search.ranking import micro_batches
 
 if TYPE_CHECKING:
-    from trainfit.calibration import Calibration
+    from trainfit.trainer.calibration import Calibration
     from trainfit.plan.eval_pass import Evaluation
 
 SAVE_SAMPLE_BYTES = 256 * 2**20

@@ -170,7 +170,7 @@ def _time_forward(spec: Spec, params: Params, shapes: list[tuple[int, int, list[
 
     from trainfit.devices import torch_threads
     from trainfit.probe.runner import resolve_device_name
-    from trainfit.step import TrainStep, synchronize
+    from trainfit.workloads.step import TrainStep, synchronize
     from trainfit.workloads import build_workload
 
     device = torch.device(resolve_device_name(spec.probe.device))

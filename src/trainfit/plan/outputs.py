@@ -23,7 +23,7 @@ def write_plan(folder: Path, plan: Plan, *, epochs_given: bool = True) -> str:
     report = folder / "report.html"
     if report.is_file():  # the tune's page gains the plan
         from trainfit.plan.html import plan_section
-        from trainfit.report_html import with_plan
+        from trainfit.page_slots import with_plan
 
         write_atomically(report, with_plan(report.read_text(), plan_section(plan)))
     return text
@@ -80,7 +80,7 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
     if plan.command:
         lines += ["", "train it:" if plan.fits else "its command (as planned, it does not fit the window):",
                   f"  {plan.command}"]
-        from trainfit.command import is_trl_command
+        from trainfit.trainer.command import is_trl_command
 
         if is_trl_command(plan.command):
             lines += ["or, checkpointed, resumable and watched against this plan: "

@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from trainfit.calibration import Calibration
+from trainfit.trainer.calibration import Calibration
 from trainfit.plan.eval_pass import Evaluation
 from trainfit.plan.inputs import Candidate, TuneRun
 from trainfit.summary import Summary
 from trainfit.template import placeholders
-from trainfit.written_command import NO_MAX_STEPS_HINT
+from trainfit.trainer.written_command import NO_MAX_STEPS_HINT
 
 
 def left_out(trials: Mapping[int, str]) -> str:

@@ -70,7 +70,7 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
     shape's padded length and its last step's seconds: the tail point of the step-cost fit, for
     free, where the parent says it is a whole step of the real accumulation after a first one
     (``TypicalMix.times_longest`` false, see probe/estimate.py)."""
-    from trainfit.step import synchronize
+    from trainfit.workloads.step import synchronize
 
     emit("phase", phase="memory")
     worst = [min(n, max_len) for n in req.worst_lengths]
@@ -135,7 +135,7 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
     """Typical steps, each timed alone (synchronized before and after), until the stop rule says
     the estimate is stable or a cap is reached."""
     from trainfit.probe.timing import StopRule
-    from trainfit.step import synchronize
+    from trainfit.workloads.step import synchronize
 
     settings = req.probe
     emit("phase", phase="timed")

@@ -97,7 +97,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     The phases, in order: build (or reuse) the model, the memory phase on the worst-case batch,
     burn-in on typical batches, then timed steps until the estimate is stable."""
     from trainfit.devices import versions
-    from trainfit.step import synchronize
+    from trainfit.workloads.step import synchronize
 
     phases: dict[str, float] = {"start": 0.0 if spawned_at is None else time.time() - spawned_at}
     out.update(phases_s=phases, versions=versions())
@@ -162,7 +162,7 @@ def build(req: ProbeRequest, device: Any, cache: ModelCache) -> tuple[Built, boo
     next probe when it may be reused)."""
     from trainfit.devices import peak_rss_bytes
     from trainfit.spec import Spec, TuneSettings
-    from trainfit.step import TrainStep, check_support
+    from trainfit.workloads.step import TrainStep, check_support
     from trainfit.workloads import build_workload
 
     built = cache.take(req.model_key)

@@ -13,7 +13,7 @@ from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 
 if TYPE_CHECKING:  # the loop's types (the loop imports this module)
-    from trainfit.search.tune import EventFn, ProbeFn
+    from trainfit.search.loop import EventFn, ProbeFn
 
 CONFIRM_MAX = 4  # configs re-probed by --confirm: the best and its three closest runners-up
 

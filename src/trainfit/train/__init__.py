@@ -160,7 +160,7 @@ def _watchers(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, 
               say: Callable[[str], None]) -> tuple[Any, Any, list[Any]]:
     """The run's log, its checkpoint/deadline control and the trainer callbacks (the control, and
     the on-track monitor when the folder has a plan)."""
-    from trainfit.monitor import OnTrackCallback
+    from trainfit.train.monitor import OnTrackCallback
     from trainfit.train.callbacks import RunLog, TrainControl
 
     log = RunLog(output / "train_log.jsonl")
@@ -228,7 +228,7 @@ def _run_command(record: TrainRun, run_dir: Path, output: Path, plan: Plan | Non
 def _run_trl_sft(record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
                  control: Any, record_batches: str | Path | None = None) -> tuple[int, int]:
     """Train with TRL's trainer in this process; returns (steps done, total steps)."""
-    from trainfit.monitor import OnTrackCallback, observe_train_batches
+    from trainfit.train.monitor import OnTrackCallback, observe_train_batches
     from trainfit.train.callbacks import BatchRecord
     from trainfit.train.sft import build_trainer
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainfit.errors import Terminated
-from trainfit.monitor import trainer_callback_base
+from trainfit.train.monitor import trainer_callback_base
 from trainfit.train.checkpoints import mark_complete, rotate
-from trainfit.trainer_output import EPOCH_MARK
+from trainfit.trainer.trainer_output import EPOCH_MARK
 
 
 @dataclass
@@ -173,7 +173,7 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
 
 class BatchRecord(trainer_callback_base()):  # type: ignore[misc]
     """``--record-batches``: the padded length of each training micro-batch, one a line, as the
-    trainer collates it (:meth:`observe`, given to ``trainfit.monitor.observe_train_batches``),
+    trainer collates it (:meth:`observe`, given to ``trainfit.train.monitor.observe_train_batches``),
     and a line :data:`EPOCH_MARK` where an epoch begins: an epoch's last optimizer step trains the
     micro-batches left over, fewer than the accumulation when they do not divide evenly. With
     dataloader worker processes the batches are not seen, and nothing but the marks is written."""

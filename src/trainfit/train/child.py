@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from trainfit.errors import TrainfitError
-from trainfit.launch import signal_group
+from trainfit.trainer.launch import signal_group
 
 ENVIRONMENT = {
     "TRAINFIT_PLAN": "the plan.json the run follows (unset without a plan)",

@@ -1,4 +1,4 @@
-"""The training loop of a custom (factory) model: the probe's own :class:`trainfit.step.TrainStep`
+"""The training loop of a custom (factory) model: the probe's own :class:`trainfit.workloads.step.TrainStep`
 over the real dataset, so what trains is what was measured.
 
 The factory's ``collate`` makes rows into inputs; rows stream in :func:`trainfit.data.order.epoch_rows`'s
@@ -29,7 +29,7 @@ from trainfit.train.checkpoints import unloadable
 
 if TYPE_CHECKING:
     from trainfit.plan.eval_pass import EvalSchedule
-    from trainfit.step import Schedule
+    from trainfit.workloads.step import Schedule
 
 STATE = "loop_state.json"
 LOG_EVERY = 10
@@ -197,7 +197,7 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     ``max_steps``, over as many epochs as they take), from ``checkpoint`` when given; ``callbacks``
     are called as a Hugging Face trainer calls them. ``evaluation``: its eval set evaluated on its
     schedule, as the trainer's step or epoch strategy does (also after the last step). ``schedule``:
-    the learning rate and the rest of :class:`trainfit.step.Schedule` (None: the probe's).
+    the learning rate and the rest of :class:`trainfit.workloads.step.Schedule` (None: the probe's).
     ``log_every``: steps between loss lines. Returns (steps done, total steps); the model's weights
     end in ``output/model.pt``."""
     import torch
@@ -264,7 +264,7 @@ def _factory_runner(spec: Spec, params: Params, samples: int,
     import torch
 
     from trainfit.probe.runner import resolve_device_name
-    from trainfit.step import TrainStep
+    from trainfit.workloads.step import TrainStep
     from trainfit.workloads import build_workload
     from trainfit.workloads.factory import FactoryWorkload
 

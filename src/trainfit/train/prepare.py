@@ -32,8 +32,8 @@ def _plan(run_dir: Path) -> Plan | None:
 
 def training_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
     """The one-line ``trl sft`` command to train, where it came from, and its trial."""
-    from trainfit.command import is_trl_command
-    from trainfit.written_command import as_one_line, written_command
+    from trainfit.trainer.command import is_trl_command
+    from trainfit.trainer.written_command import as_one_line, written_command
 
     run_dir = run.path
     fallback = f"run the command yourself: bash {shlex.quote(str(run_dir / 'train_command.sh'))} --output_dir DIR"
@@ -50,7 +50,7 @@ def training_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
 def template_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
     """The filled ``tune.command_template`` to run (the plan's choice, else the fastest config's
     ``train_command.sh``), where it came from, and its trial."""
-    from trainfit.command import script_command
+    from trainfit.trainer.command import script_command
 
     run_dir = run.path
     if plan is not None:
@@ -73,7 +73,7 @@ def capped_template(run: RunFolder, plan: Plan | None, max_steps: int, factory: 
     """``--max-steps N`` on a ``command_template`` run: the template filled for the fastest config with
     ``{max_steps}`` = N (``written_command.template_for_steps``), where the template has it and a plan
     did not choose another config; its command, where it came from, and its trial."""
-    from trainfit.written_command import template_for_steps
+    from trainfit.trainer.written_command import template_for_steps
 
     way = "pass your trainer's own step limit after --" + (
         ", or add --loop to train the factory model in trainfit's loop" if factory else "")

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainfit.errors import TrainfitError
 from trainfit.flops import StepFlops, experts_active, matmul_params, step_flops, transformer_shape
-from trainfit.model_config import load_config, max_positions_of
+from trainfit.spec.model_config import load_config, max_positions_of
 from trainfit.params import Params
 from trainfit.spec import ModelSpec
 from trainfit.workloads.base import Batch, Workload

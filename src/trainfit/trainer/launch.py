@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainfit.errors import TrainfitError
-from trainfit.trainer_output import bar_position, bar_step, parse_train_runtime
+from trainfit.trainer.trainer_output import bar_position, bar_step, parse_train_runtime
 
 LOG_TAIL_LINES = 30
 """Lines of a failed run's output quoted in the error (the whole log stays in the work folder)."""

@@ -7,7 +7,7 @@ import difflib
 from typing import Any
 
 from trainfit.errors import TrainfitError
-from trainfit.spec import ModelSpec
+from trainfit.spec.sections import ModelSpec
 
 
 def load_config(model: ModelSpec) -> Any:

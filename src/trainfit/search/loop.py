@@ -45,7 +45,7 @@ EventFn = Callable[[TuneEvent], None]
 
 
 class OutputWriter(Protocol):
-    """Writes a run's outputs from its trials so far and returns the summary (``trainfit.report.write_outputs``:
+    """Writes a run's outputs from its trials so far and returns the summary (``trainfit.tune.outputs.write_outputs``:
     the search itself writes nothing, so it does not depend on the report)."""
 
     def __call__(self, output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,

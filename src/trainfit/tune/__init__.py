@@ -1,4 +1,4 @@
-"""``tune``: the search (``trainfit.search``) with the outputs it leaves behind (``trainfit.report``),
+"""``tune``: the search (``trainfit.search``) with the outputs it leaves behind (``trainfit.tune.outputs``),
 as one call: what ``trainfit tune`` runs and what a script imports."""
 
 from __future__ import annotations
@@ -9,21 +9,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainfit.calibration import calibrate, check_can_calibrate
+from trainfit.trainer.calibration import calibrate, check_can_calibrate
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.files import write_atomically
 from trainfit.probe.estimate import shapes_step_cost
-from trainfit.report import write_outputs
+from trainfit.tune.outputs import write_outputs
 from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
 from trainfit.search.trials import jsonable
-from trainfit.search.tune import TuneResult, best_trial, run_search
+from trainfit.search.loop import TuneResult, best_trial, run_search
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
 from trainfit.space import default_batch_sizes, default_space
 from trainfit.spec import Spec
 from trainfit.summary import Summary, TrainerCost
 from trainfit.template import placeholders
-from trainfit.written_command import FALLBACK_HINT
+from trainfit.trainer.written_command import FALLBACK_HINT
 
 
 def with_default_search(spec: Spec, stats: LengthStats | None = None) -> Spec:
@@ -105,11 +105,11 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
     """Search ``spec.search`` (without one: batch sizes and gradient checkpointing, and what else the
     trainer and the data make worth it, see :func:`with_default_search`) for the fastest configuration that fits ``spec.budget`` and write
     summary.json, trials.csv, report.html and train_command.sh to ``output``. ``options`` are
-    those of :func:`trainfit.search.tune.run_search` (``output`` is required; ``resume``,
+    those of :func:`trainfit.search.loop.run_search` (``output`` is required; ``resume``,
     ``storage``, ``strategy``, ``max_trials``, ``time_budget_s``, ``quick``, ``refine``, ``on_event``...).
 
     ``calibrate_steps``: then time that many real steps of the written ``trl sft`` command (see
-    :func:`trainfit.calibration.calibrate`), add the trainer's own cost per micro-batch it measured to
+    :func:`trainfit.trainer.calibration.calibrate`), add the trainer's own cost per micro-batch it measured to
     every config's steps, rank again and write the outputs for the new pick (the cost is kept in
     ``trainer_cost.json``, so a later ``--resume`` ranks with it too). ``on_calibration``: its
     progress lines. A spec whose command a calibration cannot run is refused before the search.

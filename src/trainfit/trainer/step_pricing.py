@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainfit.trainer_output import shown_steps
+from trainfit.trainer.trainer_output import shown_steps
 
 SEPARABLE_CV = 0.15
 """How much the expected time of a step must vary over the steps timed (coefficient of variation
@@ -41,11 +41,11 @@ class Priced:
 def priced_steps(steps: Sequence[Sequence[int]], accumulation: int, arrivals: Mapping[int, float], after: int,
                  cost: Callable[[float], float]) -> Priced | None:
     """The probe's expected time of the optimizer steps the progress bar timed (those of
-    :func:`~trainfit.trainer_output.bar_seconds_per_step`: the first shown at or after ``after`` to the last shown), per step,
+    :func:`~trainfit.trainer.trainer_output.bar_seconds_per_step`: the first shown at or after ``after`` to the last shown), per step,
     the 95% relative half-width of the ratio of each bar interval's time to its expected time
     (``inf`` with fewer than two intervals), and the trainer's own time per step fitted over the
     intervals (:func:`own_step_time`). ``steps``: the padded lengths of the micro-batches each
-    step trained (:func:`~trainfit.trainer_output.recorded_steps`; step ``n`` is ``steps[n - 1]``); ``cost``: an optimizer
+    step trained (:func:`~trainfit.trainer.trainer_output.recorded_steps`; step ``n`` is ``steps[n - 1]``); ``cost``: an optimizer
     step's seconds at ``accumulation`` micro-batches of a padded length. None when fewer than two
     steps are shown or ``steps`` stops short of the last."""
     from trainfit.probe.timing import relative_ci95

@@ -23,7 +23,7 @@ from trainfit.files import write_atomically
 from trainfit.json_record import Record
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.search.tune import TuneResult, default_probe
+from trainfit.search.loop import TuneResult, default_probe
 from trainfit.spec import MAX_MEMORY_GB, Spec
 from trainfit.tune import tune
 
@@ -138,7 +138,7 @@ def _record(output: Path, matrix: BudgetMatrix) -> None:
     with each row's command."""
     import html
 
-    from trainfit.report_html import with_section
+    from trainfit.page_slots import with_section
     from trainfit.run_folder import RunFolder
 
     summary = dataclasses.replace(RunFolder(output).summary, budget_matrix=[r.to_json() for r in matrix.rows])

@@ -11,12 +11,16 @@ import functools
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.spec import Spec
 from trainfit.template import render_template
+
+if TYPE_CHECKING:
+    from trainfit.data.stats import LengthStats
+    from trainfit.probe.measurement import Measurement
 
 _OPTIM = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit"}
 
@@ -243,3 +247,23 @@ def script_command(script: str) -> tuple[str | None, str | None]:
         return None, no_command.group(1)
     body = script.partition("set -euo pipefail\n")[2].strip()
     return body.replace(" \\\n    ", " ").replace(' "$@"', "").strip(), None
+
+
+def launch_threads(m: Measurement) -> int | None:
+    """The CPU threads the training command must ask for: those of a CPU probe (a GPU run's CPU
+    side is left to the launcher)."""
+    return m.cpu_threads if m.device == "cpu" else None
+
+
+def command_length(params: Params, stats: LengthStats | None) -> int | None:
+    """The truncation length the probe used, for the training command (None without data)."""
+    return stats.truncation_length(params.max_length) if stats else None
+
+
+def command_inputs(params: Params, m: Measurement, stats: LengthStats | None,
+                   data_config: Path | None, model_dir: Path | None = None) -> dict[str, Any]:
+    """What the training command of a probed config is built from, besides the spec and params:
+    the length the probe truncated at, the data config, the CPU threads a CPU probe used, the
+    saved random-init model (see :func:`write_outputs`)."""
+    return {"max_length": command_length(params, stats), "data_config": data_config,
+            "cpu_threads": launch_threads(m), "model_dir": model_dir}

@@ -15,10 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainfit.format import fmt_need, fmt_num, values_line
+from trainfit.page_slots import PLAN_SLOT
 from trainfit.progress import format_duration
 from trainfit.search.ranking import noise_warning
 from trainfit.search.trials import Trial
-from trainfit.search.tune import common_failure
+from trainfit.search.loop import common_failure
 from trainfit.summary import Summary
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
@@ -91,26 +92,6 @@ def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: 
                            f'stroke-width="1.5"><title>{tip}</title></circle>')
     return (f'<h3>{html.escape(title)}</h3><svg width="{_W}" height="{_H}" role="img">{"".join(out)}</svg>'
             f'<div style="font-size: 11px; text-align: center; width: {_W}px">batch size</div>')
-
-
-PLAN_SLOT = "<!-- plan --><!-- /plan -->"
-"""Where ``trainfit plan`` puts its section (between the two comments, replacing an earlier one)."""
-
-
-def with_section(page: str, name: str, section: str) -> str:
-    """``page`` (a report written by :func:`tune_report_html`) with ``section`` in its ``name``
-    slot (``<!-- name -->...<!-- /name -->``), which is made before the trials when missing;
-    a second call replaces the first's section."""
-    opening, closing = f"<!-- {name} -->", f"<!-- /{name} -->"
-    start, end = page.find(opening), page.find(closing)
-    if start < 0 or end < start:
-        return page.replace("<h3>Trials</h3>", f"{opening}{section}{closing}\n<h3>Trials</h3>", 1)
-    return page[:start] + opening + section + page[end:]
-
-
-def with_plan(page: str, section: str) -> str:
-    """``page`` with the plan's ``section`` in its plan slot."""
-    return with_section(page, "plan", section)
 
 
 def _best_html(summary: Summary, objective: str, trials: Sequence[Trial]) -> str:

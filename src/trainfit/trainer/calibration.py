@@ -38,19 +38,19 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from trainfit.command import trl_data_config
+from trainfit.trainer.command import trl_data_config
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Malformed, check_bounds, check_finite, check_schema, typed
-from trainfit.launch import TimedRun, run_timed
+from trainfit.trainer.launch import TimedRun, run_timed
 from trainfit.probe.estimate import StepCost
 from trainfit.search.ranking import micro_batches
 from trainfit.spec import Spec
-from trainfit.step_pricing import Priced, pace_change, priced_steps
+from trainfit.trainer.step_pricing import Priced, pace_change, priced_steps
 from trainfit.run_folder import RunFolder
 from trainfit.summary import ConfigEntry, Summary
-from trainfit.trainer_output import bar_seconds_per_step, recorded_steps, shown_steps, step_spread
+from trainfit.trainer.trainer_output import bar_seconds_per_step, recorded_steps, shown_steps, step_spread
 from trainfit.template import placeholders
-from trainfit.written_command import (FALLBACK_HINT, NO_MAX_STEPS_HINT, as_one_line, template_for_steps,
+from trainfit.trainer.written_command import (FALLBACK_HINT, NO_MAX_STEPS_HINT, as_one_line, template_for_steps,
                                        written_command)
 
 SCHEMA_VERSION = 1

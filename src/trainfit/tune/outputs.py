@@ -15,18 +15,18 @@ from typing import Any
 
 import yaml
 
-from trainfit.command import build_command, command_script, trl_data_config
+from trainfit.trainer.command import build_command, command_inputs, command_script, trl_data_config
 from trainfit.data.stats import LengthStats
 from trainfit.devices import versions
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.params import KNOBS, Params
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
-from trainfit.report_html import tune_report_html
+from trainfit.tune.html import tune_report_html
 from trainfit.search.auto import AutoStrategy
 from trainfit.search.ranking import Repeats, pooled, probe_samples_per_second, ranked, with_trainer_cost, within_noise
 from trainfit.search.trials import Trial, config_key, jsonable
-from trainfit.search.tune import common_failure
+from trainfit.search.loop import common_failure
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 from trainfit.summary import (
@@ -49,26 +49,6 @@ from trainfit.summary import (
 def run_samples(spec: Spec, stats: LengthStats | None) -> float | None:
     """Samples of the full run (the dataset x ``tune.epochs``), for its runtime estimate."""
     return None if stats is None else stats.samples * spec.tune.epochs
-
-
-def launch_threads(m: Measurement) -> int | None:
-    """The CPU threads the training command must ask for: those of a CPU probe (a GPU run's CPU
-    side is left to the launcher)."""
-    return m.cpu_threads if m.device == "cpu" else None
-
-
-def command_length(params: Params, stats: LengthStats | None) -> int | None:
-    """The truncation length the probe used, for the training command (None without data)."""
-    return stats.truncation_length(params.max_length) if stats else None
-
-
-def command_inputs(params: Params, m: Measurement, stats: LengthStats | None,
-                   data_config: Path | None, model_dir: Path | None = None) -> dict[str, Any]:
-    """What the training command of a probed config is built from, besides the spec and params:
-    the length the probe truncated at, the data config, the CPU threads a CPU probe used, the
-    saved random-init model (see :func:`write_outputs`)."""
-    return {"max_length": command_length(params, stats), "data_config": data_config,
-            "cpu_threads": launch_threads(m), "model_dir": model_dir}
 
 
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,

@@ -8,7 +8,7 @@ import re
 import shlex
 from pathlib import Path
 
-from trainfit.command import is_trl_command, script_command
+from trainfit.trainer.command import is_trl_command, script_command
 from trainfit.errors import TrainfitError
 from trainfit.params import parse_params
 from trainfit.run_folder import COMMAND_FILE, RunFolder
@@ -85,7 +85,7 @@ def template_for_steps(run_dir: Path | RunFolder, steps: int, *,
                             f"{NO_MAX_STEPS_HINT}, then tune again with --resume: nothing is probed again")
     params, problems = parse_params(best.config, allow_custom=True)
     lengths, cut = summary.lengths, best.config.get("max_length")
-    # The length the probe truncated at, as tune filled it in (``report.command_length``); None without data.
+    # The length the probe truncated at, as tune filled it in (``command.command_length``); None without data.
     max_length = None if lengths is None else min(cut or lengths.max, lengths.model_positions or cut or lengths.max)
     filled = [render_template(template, params, summary.epochs_for_estimate, max_length, max_steps=n)
               for n in (None, steps)]
