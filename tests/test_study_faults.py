@@ -19,7 +19,7 @@ from tune_helpers import Slow, Surface, store_for, synthetic_spec
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
-from trainfit.search import tune as tune_module
+from trainfit.search import loop as search_loop
 from trainfit.search.events import JournalRepaired, TuneEvent, Waiting
 from trainfit.spec import load_spec
 from trainfit.tune import tune
@@ -185,7 +185,7 @@ def test_a_trial_another_run_probes_counts_against_max_trials_and_goes_in_the_su
         tmp_path: Path, monkeypatch: Any) -> None:
     """Two trials measured, a third in flight on another machine, --max-trials 3: a run joining
     now starts no trial, waits for the other's, and its summary holds all three."""
-    monkeypatch.setattr(tune_module, "BUSY_WAIT_S", 0.01)
+    monkeypatch.setattr(search_loop, "BUSY_WAIT_S", 0.01)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     spec = synthetic_spec(tmp_path, "grid")
     tune(spec, output=tmp_path / "a", probe_fn=Surface(), max_trials=2, storage=url)
@@ -229,7 +229,7 @@ def test_of_two_trials_asked_for_the_last_slot_the_later_one_is_over_budget(tmp_
 def _join(spec: Any, url: str, output: Path, log: Path) -> int:
     """One machine of two started with the same command and --max-trials 5 (in a child process):
     the trials its summary counts."""
-    tune_module.BUSY_WAIT_S = 0.05
+    search_loop.BUSY_WAIT_S = 0.05
     result = tune(spec, output=output, probe_fn=Slow(log), storage=url, join=True, max_trials=5)
     return result.summary.to_json()["total_tested"]
 
