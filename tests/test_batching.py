@@ -59,7 +59,7 @@ def test_pad_to_multiple_of_rounds_every_batch_up() -> None:
     assert longer.padded_length.tolist() == [24]
     fixed = simulate_epoch([5, 5, 5], 3, padding="max_length", max_length=10, pad_to_multiple_of=8)
     assert fixed.padded_length.tolist() == [16]
-    # trainfit's trl command pads to max_length with pad_to_multiple_of=max_length (command.py): same shapes.
+    # trainfit's trl command pads to max_length with pad_to_multiple_of=max_length (trainer/command.py): same shapes.
     lengths = np.random.default_rng(1).integers(1, 200, size=101)
     as_multiple = simulate_epoch(lengths, 4, padding="longest", max_length=64, pad_to_multiple_of=64)
     as_fixed = simulate_epoch(lengths, 4, padding="max_length", max_length=64)

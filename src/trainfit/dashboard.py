@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
+from trainfit.search.journal import journal_storage
 
 PAGES = "/trainfit"
 """Where the run folder's own pages are served."""
@@ -31,7 +32,6 @@ def storage_for(run_dir: Path, storage_url: str | None) -> Any:
     journal = run_dir / "study.journal"
     if not journal.is_file():
         return None
-    from trainfit.search.journal import journal_storage
 
     return journal_storage(journal)
 

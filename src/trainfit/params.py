@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from trainfit.errors import Problem
+from trainfit.errors import Problem, SpecError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTIONS = ("eager", "sdpa", "flash_attention_2")
@@ -240,7 +240,6 @@ class Params:
         raw.update(changes)
         params, problems = parse_params(raw, allow_custom=True)
         if problems:
-            from trainfit.errors import SpecError
 
             raise SpecError(problems, source="params")
         return params

@@ -228,6 +228,7 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
     (default: all). ``on_row`` hears each row as it is measured (or reused), before its ratios."""
     import datetime as _dt
 
+    # local: numpy loads only where this runs, not for the CLI's parser that imports this module
     from trainfit.data.analyze import analyze_spec
     from trainfit.probe.runner import ProbeSession, run_probe
 

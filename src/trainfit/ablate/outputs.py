@@ -13,6 +13,8 @@ from typing import Any
 from trainfit.ablate import AGAIN, TOGETHER, Ablation, Row, ablate, baseline_params, helpful, reference
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
+from trainfit.format import fmt_num
+from trainfit.params import Params
 from trainfit.spec import Spec
 
 ABLATION_FILE = "ablation.json"
@@ -59,7 +61,6 @@ def earlier_rows(path: Path, baseline: dict[str, Any]) -> list[Row]:
     except (ValueError, TypeError, KeyError) as err:
         raise TrainfitError(f"{path} is not an ablation trainfit can read ({err})",
                             "ablate into a new --output") from None
-    from trainfit.params import Params
 
     # A knob added since that file was written ran at its default there.
     defaults = Params().to_dict()
@@ -73,7 +74,6 @@ def earlier_rows(path: Path, baseline: dict[str, Any]) -> list[Row]:
 
 def cells(row: Row) -> list[str]:
     """One table row: what, speed, ratio with its interval, peak, its change, step memory, MFU, claim."""
-    from trainfit.format import fmt_num
 
     if row.status != "ok":
         reason = (row.reason or "").splitlines()[0][:90] if row.reason else ""

@@ -14,7 +14,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from trainfit.errors import Terminated
+from trainfit import __version__
+from trainfit.errors import Terminated, TrainfitError, os_error
 
 COMMANDS = ("analyze", "probe", "tune", "ablate", "compare", "plan", "train", "dashboard", "env")
 
@@ -46,7 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from trainfit import __version__
 
     return __version__
 
@@ -85,7 +85,6 @@ def split_passed_on(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainfit.errors import TrainfitError, os_error
 
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)

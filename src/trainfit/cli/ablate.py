@@ -7,7 +7,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainfit.ablate import AGAIN, baseline_params
+from trainfit.ablate.outputs import ABLATION_FILE, HEADER, PAGE_FILE, ablate_into, cells, earlier_rows, together_notes
 from trainfit.cli.common import add_spec_arguments, interrupted, spec_from_args, stats_from_args
+from trainfit.errors import TrainfitError
+from trainfit.format import fmt_num, table
 
 if TYPE_CHECKING:
     from trainfit.ablate import Ablation, Row
@@ -52,9 +56,6 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from trainfit.ablate import baseline_params
-    from trainfit.ablate.outputs import ABLATION_FILE, PAGE_FILE, ablate_into, earlier_rows
-    from trainfit.errors import TrainfitError
 
     only = [w.strip() for w in (args.only or "").split(",") if w.strip()]
     if args.only is not None and not only:
@@ -83,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def row_line(row: Row) -> str:
-    from trainfit.format import fmt_num
 
     if row.status != "ok":
         return f"{row.name}: {row.status.upper()}" + (f" ({row.reason})" if row.reason else "")
@@ -92,9 +92,6 @@ def row_line(row: Row) -> str:
 
 
 def render(result: Ablation) -> str:
-    from trainfit.ablate import AGAIN
-    from trainfit.ablate.outputs import HEADER, cells, together_notes
-    from trainfit.format import table
 
     lines = [(f"ABLATION on {result.device} (each technique alone over the baseline, then the ones that helped "
               "together; ratios against the mean of the baseline's two probes)"),

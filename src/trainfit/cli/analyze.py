@@ -7,6 +7,9 @@ import json
 from typing import Any
 
 from trainfit.cli.common import number, output_file
+from trainfit.errors import TrainfitError
+from trainfit.format import table
+from trainfit.spec import load_spec
 
 EPILOG = """\
 examples:
@@ -67,7 +70,6 @@ def _histogram_text(stats, width: int = 40) -> str:
 
 
 def render(stats) -> str:
-    from trainfit.format import table
 
     rows = [
         ("samples", f"{stats.samples:,}" + (f" ({stats.bad_rows:,} bad rows skipped)" if stats.bad_rows else "")),
@@ -91,15 +93,14 @@ def render(stats) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # local: numpy loads only for the command run, not for the parser or --help
     from trainfit.data.analyze import analyze_spec
     from trainfit.data.lengths import count_lengths
     from trainfit.data.row_length import LengthRecipe
     from trainfit.data.stats import summarize
-    from trainfit.errors import TrainfitError
 
     json_path, plot_path = output_file(args.json, "--json"), output_file(args.plot, "--plot")
     if args.spec:
-        from trainfit.spec import load_spec
 
         spec = load_spec(args.spec)
         if spec.data is None:
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         json_path.write_text(json.dumps(stats.to_dict()) + "\n")
         print(f"\nwrote {json_path}")
     if plot_path:
+        # local: numpy loads only for the command run, not for the parser or --help
         from trainfit.data.plot import histogram_html
 
         plot_path.write_text(histogram_html(stats))

@@ -13,14 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainfit.cli import interrupted_status
 from trainfit.errors import TrainfitError
+from trainfit.params import KNOBS
+from trainfit.spec import load_spec
 
 
 def knobs_help() -> str:
     """The built-in knobs and their values, for a command's --help (docs/spec.md: the knob table)."""
     import textwrap
 
-    from trainfit.params import KNOBS
 
     def values(k: Any) -> str:
         if k.choices:
@@ -88,7 +90,6 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace):
-    from trainfit.spec import load_spec
 
     overrides = list(args.overrides)
     if args.memory_gb is not None:
@@ -100,6 +101,7 @@ def spec_from_args(args: argparse.Namespace):
 
 def stats_from_args(args: argparse.Namespace, spec, progress: bool = True):
     """The spec's length analysis: the --lengths file when given (checked against the data), else computed."""
+    # local: numpy loads only for the command run, not for the parser or --help
     from trainfit.data.stats import LengthStats
 
     if args.lengths:
@@ -115,6 +117,7 @@ def stats_from_args(args: argparse.Namespace, spec, progress: bool = True):
         return stats
     if spec.data is None:
         return None
+    # local: numpy loads only for the command run, not for the parser or --help
     from trainfit.data.analyze import analyze_spec
 
     return analyze_spec(spec, progress=progress)
@@ -123,7 +126,6 @@ def stats_from_args(args: argparse.Namespace, spec, progress: bool = True):
 def check_eval_flags(args: argparse.Namespace) -> None:
     """``--eval-every`` and ``--eval-batch-size`` say how to evaluate: refused without an eval set
     (``--eval-data``, or compare's ``--holdout``)."""
-    from trainfit.errors import TrainfitError
 
     holdout = getattr(args, "holdout", None)
     if args.eval_data is None and holdout is None and (args.eval_every is not None or args.eval_batch_size is not None):
@@ -149,7 +151,6 @@ def resume_command(argv: list[str], output: str | Path) -> str:
 
 def interrupted(err: KeyboardInterrupt, argv: list[str], output: str | Path, kept: str) -> int:
     """Say what an interrupted run kept (``kept``) and the command that continues it; the shell's exit status."""
-    from trainfit.cli import interrupted_status  # the package imports this module
 
     with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
         print(f"\ninterrupted: {kept}; continue with\n  {resume_command(argv, output)}", file=sys.stderr)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.cli.common import check_eval_flags, interrupted, number
+from trainfit.format import table
 
 EPILOG = """\
 examples:
@@ -74,7 +75,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from trainfit.format import table
+    # local: numpy loads only for the command run, not for the parser or --help
     from trainfit.compare import compare
     from trainfit.compare.report import HEADER, rows
 

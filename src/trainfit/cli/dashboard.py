@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.cli.common import number
+from trainfit.dashboard import PAGES, serve_forever
+from trainfit.errors import TrainfitError
 
 EPILOG = """\
 examples:
@@ -37,8 +39,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.dashboard import PAGES, serve_forever
-    from trainfit.errors import TrainfitError
 
     folder = Path(args.run_dir)
     if not folder.is_dir():

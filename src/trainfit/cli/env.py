@@ -6,6 +6,9 @@ import argparse
 import json
 from typing import Any
 
+from trainfit.devices import describe_environment
+from trainfit.format import table
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("env", help="devices, memory and library versions",
@@ -15,8 +18,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.format import table
-    from trainfit.devices import describe_environment
 
     info = describe_environment()
     if args.json:

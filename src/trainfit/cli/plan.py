@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.cli.common import check_eval_flags, number
-from trainfit.plan import MAX_EPOCHS
+from trainfit.plan import MAX_EPOCHS, make_plan
 from trainfit.plan.choose import PRIORITIES
+from trainfit.plan.inputs import best_step_cost
+from trainfit.plan.outputs import PLAN_FILE, TEXT_FILE, write_plan
+from trainfit.run_folder import RunFolder
+from trainfit.trainer.calibration import calibrate
 
 EPILOG = """\
 examples:
@@ -79,17 +83,12 @@ def _every(text: str) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.plan import make_plan
-    from trainfit.plan.outputs import PLAN_FILE, TEXT_FILE, write_plan
-    from trainfit.run_folder import RunFolder
 
     folder = Path(args.run_dir)
     run = RunFolder(folder)  # read once, whatever asks
     check_eval_flags(args)
     calibration = None
     if args.calibrate:
-        from trainfit.plan.inputs import best_step_cost
-        from trainfit.trainer.calibration import calibrate
 
         what = "your tune.command_template" if run.summary.command_template else folder / "train_command.sh"
         print(f"calibrating: {args.calibrate} real trainer steps of {what} ...", file=sys.stderr,

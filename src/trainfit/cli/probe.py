@@ -7,6 +7,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from trainfit.cli.common import add_spec_arguments, knobs_help, output_file, spec_from_args, stats_from_args
+from trainfit.cli.render import measurement_report
+from trainfit.format import config_line
+from trainfit.probe.events import Phase, Step
 
 if TYPE_CHECKING:
     from trainfit.probe.events import ProbeEvent
@@ -41,7 +44,6 @@ class PhasePrinter:
         self.plain = enabled and not self.enabled
 
     def __call__(self, event: ProbeEvent) -> None:
-        from trainfit.probe.events import Phase, Step
 
         if isinstance(event, Phase):
             if self.enabled:
@@ -59,8 +61,7 @@ class PhasePrinter:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.render import measurement_report
-    from trainfit.format import config_line
+    # local: numpy loads only for the command run, not for the parser or --help
     from trainfit.probe.runner import run_probe
 
     spec = spec_from_args(args)

@@ -73,6 +73,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # local: numpy loads only for the command run, not for the parser or --help
     from trainfit.train import train
 
     output = Path(args.output) if args.output else Path(args.run_dir) / "train"

@@ -15,7 +15,9 @@ from trainfit.cli.common import (
     spec_from_args,
     stats_from_args,
 )
-from trainfit.spec import STRATEGIES
+from trainfit.errors import TrainfitError, os_error
+from trainfit.format import table
+from trainfit.spec import STRATEGIES, unused_lora_note
 
 EPILOG = """\
 exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec or a file that cannot
@@ -90,7 +92,6 @@ def output_folder(args: argparse.Namespace):
     from datetime import datetime
     from pathlib import Path
 
-    from trainfit.errors import TrainfitError
 
     if args.output:
         return Path(args.output)
@@ -114,10 +115,10 @@ def resume_hint(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # local: numpy loads only for the command run, not for the parser or --help
     from trainfit.cli.tune_render import TuneView, print_result
-    from trainfit.tune.outputs import EFFECTIVE_BATCH, learning_knobs, run_samples
-    from trainfit.spec import unused_lora_note
     from trainfit.tune import GROUPING_PADDING_SHARE, tune, with_default_search
+    from trainfit.tune.outputs import EFFECTIVE_BATCH, learning_knobs, run_samples
 
     spec = spec_from_args(args)
     args.output = str(output_folder(args))
@@ -147,7 +148,6 @@ def run(args: argparse.Namespace) -> int:
               "compare every config at one)")
     by_default = _calibration(args, spec)
     if args.calibrate and args.budgets:
-        from trainfit.errors import TrainfitError
 
         raise TrainfitError("--calibrate and --budgets together: a calibration times one folder's written command",
                             "tune with --budgets, then `trainfit plan BUDGET_FOLDER --calibrate N` on the budget "
@@ -164,7 +164,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as err:
         return interrupted(err, args.argv, args.output, saved_where(args))
     except OSError as err:  # a full disk mid-run: the study keeps every trial that ended
-        from trainfit.errors import os_error
 
         print(f"trainfit tune: error: {os_error(err)}\n{resume_hint(args)}", file=sys.stderr)
         return 2
@@ -175,6 +174,7 @@ def _calibration(args: argparse.Namespace, spec: Any) -> bool:
     """Set ``args.calibrate`` to the steps to calibrate with (on a GPU 30 where none was asked for,
     see :func:`trainfit.tune.calibration_steps`), saying why where it is not what was asked; True
     where it is that default (its failure is then a note, not an error)."""
+    # local: numpy loads only for the command run, not for the parser or --help
     from trainfit.probe.runner import resolve_device_name
     from trainfit.tune import calibration_steps
 
@@ -204,9 +204,8 @@ def run_budgets(args: argparse.Namespace, spec: Any, options: dict[str, Any]) ->
     """``--budgets``: one search per budget, sharing what is measured; the matrix at the end."""
     from pathlib import Path
 
+    # local: numpy loads only for the command run, not for the parser or --help
     from trainfit.tune.budgets import HEADER, parse_budgets, tune_budgets
-    from trainfit.format import table
-    from trainfit.errors import TrainfitError
 
     budgets = parse_budgets(args.budgets)
     if args.memory_gb is not None or args.storage:

@@ -26,12 +26,16 @@ from typing import IO, Any
 
 from trainfit.compare.configs import NamedConfig, read_configs, split_training
 from trainfit.compare.jobs import CONFIGS, ConfigJobs, as_job_json, measured_run, recorded_jobs, with_changes
+from trainfit.compare.report import write_report
 from trainfit.compare.runs import MEASURED, ConfigRun
+from trainfit.compare.shared import SharedConfigs
 from trainfit.compare.suggest import Suggestion, suggest
+from trainfit.data.holdout import hold_out
 from trainfit.errors import TrainfitError
 from trainfit.files import held_folder, set_aside, write_atomically
 from trainfit.json_record import Record, check_schema
 from trainfit.plan.eval_pass import EvalSchedule, eval_set
+from trainfit.probe.runner import resolve_device_name
 from trainfit.spec import Spec, load_spec
 
 SCHEMA_VERSION = 1
@@ -135,7 +139,6 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
             say(f"[{i}/{len(configs)}] {config.name}: {run.status}" + (f" ({run.error})" if run.error else ""))
         state = with_changes(state, suggestions=suggest(state.configs, state.runs, target_loss, steps, spec.params.to_dict()))
         _write(output, state)
-        from trainfit.compare.report import write_report
 
         write_report(output, state)
         return state
@@ -165,7 +168,6 @@ def _split(spec: Spec, n: int, eval_data: str | Path | None, output: Path) -> tu
     import hashlib
     import tempfile
 
-    from trainfit.data.holdout import hold_out
 
     if eval_data is not None:
         raise TrainfitError("--holdout and --eval-data both give an eval set", "give one of them")
@@ -196,7 +198,6 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
            minutes: float | None = None, holdout: int | None = None, holdout_sha256: str | None = None) -> Comparison:
     import hashlib
 
-    from trainfit.probe.runner import resolve_device_name
 
     source = Path(spec.source or "spec").resolve()
     now = Comparison(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -286,7 +287,6 @@ def _shared(state: Comparison, url: str, configs: list[NamedConfig], jobs: Confi
     ends with every machine's runs."""
     import hashlib
 
-    from trainfit.compare.shared import SharedConfigs
 
     key = json.dumps({**state.setup(), "configs": state.configs}, sort_keys=True, default=str)
     shared = SharedConfigs(url, "trainfit-compare-" + hashlib.sha256(key.encode()).hexdigest()[:12],

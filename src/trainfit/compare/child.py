@@ -16,9 +16,19 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from trainfit.compare.configs import read_one
 from trainfit.compare.runs import ConfigRun, diverged
+from trainfit.devices import peak_rss_bytes, torch_threads
+from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
+from trainfit.plan.eval_pass import EvalSchedule
+from trainfit.probe.measurement import within_budget
+from trainfit.probe.memory import cap_memory, is_oom
+from trainfit.probe.runner import resolve_device_name
+from trainfit.spec import load_spec
+from trainfit.train.loop import run_loop
 from trainfit.train.monitor import trainer_callback_base
+from trainfit.train.sft import build_trainer
 
 
 class CurveLog(trainer_callback_base()):  # type: ignore[misc]
@@ -66,7 +76,6 @@ class CurveLog(trainer_callback_base()):  # type: ignore[misc]
 def peak_memory_gb(device: Any) -> float:
     import torch
 
-    from trainfit.devices import peak_rss_bytes
 
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -77,10 +86,6 @@ def run(job: dict[str, Any]) -> ConfigRun:
     """Train the job's config (see the module) and return what it measured."""
     import torch
 
-    from trainfit.compare.configs import read_one
-    from trainfit.devices import torch_threads
-    from trainfit.probe.runner import resolve_device_name
-    from trainfit.spec import load_spec
 
     spec = load_spec(job["spec"], job.get("overrides", []))
     config = read_one(job["name"], job["given"], spec)
@@ -111,7 +116,6 @@ def run(job: dict[str, Any]) -> ConfigRun:
 def cap_to_budget(memory_gb: float | None, device: Any) -> None:
     """The spec's ``budget.memory_gb`` as a probe applies it (``probe.memory.cap_memory``): a config
     needing more fails for real (``out_of_memory``)."""
-    from trainfit.probe.memory import cap_memory
 
     if memory_gb:
         cap_memory(int(memory_gb * 2**30), device, {})
@@ -120,7 +124,6 @@ def cap_to_budget(memory_gb: float | None, device: Any) -> None:
 def over_budget(peak_gb: float, memory_gb: float | None, headroom_gb: float) -> str | None:
     """Why a config that trained does not fit the budget (its peak and the headroom above
     ``memory_gb``, as a probe judges a fit); None when it fits or there is no budget."""
-    from trainfit.probe.measurement import within_budget
 
     if within_budget(peak_gb, memory_gb, headroom_gb):
         return None
@@ -128,8 +131,6 @@ def over_budget(peak_gb: float, memory_gb: float | None, headroom_gb: float) -> 
 
 
 def _factory(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder: Path) -> int:
-    from trainfit.plan.eval_pass import EvalSchedule
-    from trainfit.train.loop import run_loop
 
     evaluation = EvalSchedule.from_json(job["evaluation"]) if job.get("evaluation") else None
     steps = int(job["steps"])
@@ -140,7 +141,6 @@ def _factory(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder:
 
 
 def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path, seed: int) -> int:
-    from trainfit.train.sft import build_trainer
 
     argv = [*job["argv"], *config.trl_args(int(job["steps"])), "--seed", str(seed),  # the data order: one for all
             "--max_steps", str(job["steps"]), "--logging_steps", "1",
@@ -158,7 +158,6 @@ def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path, seed: in
 def main(argv: list[str]) -> int:
     """``JOB.json``: train it, write its ``result.json``. Started by the comparison
     (:func:`trainfit.compare.jobs.child_command`), which bound this process to die with it first."""
-    from trainfit.errors import TrainfitError
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notes, per config
     job = json.loads(Path(argv[0]).read_text())
@@ -168,7 +167,6 @@ def main(argv: list[str]) -> int:
     except TrainfitError as err:
         result = _failed(job, "out_of_memory" if isinstance(err, MemoryError) else "failed", str(err))
     except Exception as err:
-        from trainfit.probe.memory import is_oom
 
         status = "out_of_memory" if is_oom(err, capped_cpu=_cpu_capped(job)) else "failed"
         result = _failed(job, status, f"{type(err).__name__}: {err}")
@@ -179,8 +177,6 @@ def main(argv: list[str]) -> int:
 def _cpu_capped(job: dict[str, Any]) -> bool:
     """Whether the job's process ran under a CPU memory cap (:func:`cap_to_budget`), whose failed
     allocations some libraries report in words of their own."""
-    from trainfit.probe.runner import resolve_device_name
-    from trainfit.spec import load_spec
 
     try:
         spec = load_spec(job["spec"], job.get("overrides", []))

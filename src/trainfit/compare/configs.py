@@ -19,7 +19,7 @@ from typing import Any
 
 from trainfit.errors import Problem, SpecError, TrainfitError
 from trainfit.params import Params, parse_params
-from trainfit.spec import Spec
+from trainfit.spec import Spec, load_yaml, parse_override
 from trainfit.workloads.step import SCHEDULERS, Schedule
 
 TRAINING_KEYS: dict[str, str] = {
@@ -73,7 +73,6 @@ class NamedConfig:
 def split_training(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """``--set`` overrides split into training values (:data:`TRAINING_KEYS`, by name: ``--set
     learning_rate=1e-4``) and the rest, the spec's."""
-    from trainfit.spec import parse_override
 
     training: dict[str, Any] = {}
     rest = []
@@ -91,7 +90,6 @@ def read_configs(path: str | Path, spec: Spec, defaults: Mapping[str, Any] | Non
     once (a :class:`SpecError` naming each config and key), or a :class:`TrainfitError` for a file
     that cannot be read. ``defaults``: training values for every config that does not set its own
     (``--set learning_rate=...``)."""
-    from trainfit.spec import load_yaml
 
     path = Path(path)
     if not path.is_file():

@@ -17,9 +17,13 @@ from typing import IO, Any
 
 from trainfit.compare.configs import NamedConfig
 from trainfit.compare.runs import MEASURED, ConfigRun
+from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
-from trainfit.plan.eval_pass import EvalSchedule
+from trainfit.plan.eval_pass import EvalSchedule, trl_dataset
+from trainfit.probe.runner import resolve_device_name
 from trainfit.spec import Spec
+from trainfit.trainer.command import trl_command, trl_data_config, with_eval_split
+from trainfit.tune.outputs import initial_model
 
 CONFIGS = "configs"
 """The folder of the configs' folders, ``OUTPUT/configs/NAME`` (``job.json``, ``result.json``, what
@@ -92,8 +96,6 @@ class ConfigJobs:
                  comparison: dict[str, Any], lock: IO[str]) -> None:
         import torch
 
-        from trainfit.data.analyze import analyze_spec
-        from trainfit.probe.runner import resolve_device_name
 
         self.spec, self.output, self.evaluation, self.steps, self.lock = spec, output, evaluation, steps, lock
         self.base = {"spec": str(Path(spec_path).resolve()), "overrides": list(overrides), "steps": steps,
@@ -112,9 +114,6 @@ class ConfigJobs:
         """The data (and eval split) and the saved random-init model the ``trl sft`` runs read."""
         import yaml
 
-        from trainfit.trainer.command import trl_data_config
-        from trainfit.plan.eval_pass import trl_dataset
-        from trainfit.tune.outputs import initial_model
 
         config = trl_data_config(self.spec)
         if config is None:
@@ -128,7 +127,6 @@ class ConfigJobs:
 
     def argv(self, config: NamedConfig) -> list[str]:
         """The ``trl sft`` arguments of ``config``, as tune writes them, on this comparison's data."""
-        from trainfit.trainer.command import trl_command, with_eval_split
 
         words = trl_command(self.spec, config.params, max_length=self.stats.truncation_length(config.params.max_length),
                             data_config=self.data_config, cpu_threads=self.threads, model_dir=self.model_dir)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainfit.compare.suggest import final_loss, reached
+from trainfit.files import write_atomically
 
 if TYPE_CHECKING:
     from trainfit.compare import Comparison
@@ -48,7 +49,6 @@ def next_configs(state: Comparison) -> dict[str, dict[str, Any]]:
 def write_report(output: Path, state: Comparison) -> None:
     import yaml
 
-    from trainfit.files import write_atomically
 
     nxt = next_configs(state)
     if nxt:

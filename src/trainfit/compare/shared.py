@@ -13,6 +13,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainfit.compare.runs import ConfigRun
+from trainfit.search.claims import abandoned, closed_elsewhere, heartbeat, wait_beside
+from trainfit.search.storage import open_storage
+from trainfit.search.trial_records import ask_trial
 
 WAIT_S = 5.0
 """Seconds between two looks at the configs other machines are training."""
@@ -29,7 +32,6 @@ class SharedConfigs:
         import optuna
         from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-        from trainfit.search.storage import open_storage
 
         self.storage = open_storage(url)
         self.names = list(names)
@@ -48,7 +50,6 @@ class SharedConfigs:
         import optuna
         from optuna.trial import TrialState
 
-        from trainfit.search.claims import abandoned
 
         with warnings.catch_warnings():  # "experimental" since optuna 2.9
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -70,7 +71,6 @@ class SharedConfigs:
         of it: the first trial of a config is its claim, a later one is closed (:data:`SETTLE_S`)."""
         from optuna.trial import TrialState
 
-        from trainfit.search.trial_records import ask_trial
 
         while True:
             taken = self._taken()
@@ -90,7 +90,6 @@ class SharedConfigs:
         machine died asking is closed after the grace period, and past that this config is left."""
         from optuna.trial import TrialState
 
-        from trainfit.search.claims import wait_beside
 
         def look() -> bool | None:
             taken = self._taken()
@@ -103,7 +102,6 @@ class SharedConfigs:
     @contextlib.contextmanager
     def training(self, trial: Any) -> Iterator[None]:
         """While the config of ``trial`` trains: its heartbeat, for other machines to see it alive."""
-        from trainfit.search.claims import heartbeat
 
         with heartbeat(self.storage, trial):
             yield
@@ -112,8 +110,6 @@ class SharedConfigs:
         """Record ``run``, the config ``name`` trained under ``trial``: in a new trial of it where
         another machine closed ``trial`` while it trained (this one paused past the heartbeat's
         grace period; see :func:`~trainfit.search.claims.closed_elsewhere`)."""
-        from trainfit.search.claims import closed_elsewhere
-        from trainfit.search.trial_records import ask_trial
 
         if closed_elsewhere(self.storage, trial):
             trial = ask_trial(self.study, self.distributions, {"config": name}, heartbeat_in=self.storage)

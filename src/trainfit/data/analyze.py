@@ -9,6 +9,7 @@ from trainfit.data.lengths import count_lengths
 from trainfit.data.row_length import LengthRecipe
 from trainfit.data.stats import LengthStats, summarize
 from trainfit.spec import Spec
+from trainfit.spec.model_config import load_config, max_positions_of
 
 
 def recipe_for_spec(spec: Spec) -> LengthRecipe:
@@ -26,7 +27,6 @@ def model_max_positions(spec: Spec) -> int | None:
     """The model's position limit when it can be read without building the model."""
     if spec.model.factory is not None:
         return None
-    from trainfit.spec.model_config import load_config, max_positions_of
 
     return max_positions_of(load_config(spec.model))
 

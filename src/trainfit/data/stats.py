@@ -15,6 +15,7 @@ import numpy as np
 
 from trainfit.data.lengths import LengthTable
 from trainfit.data.row_length import BAD
+from trainfit.errors import TrainfitError
 
 SCHEMA_VERSION = 1
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.5, 99.9)
@@ -92,7 +93,6 @@ class LengthStats:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LengthStats:
         if d.get("schema_version") != SCHEMA_VERSION:
-            from trainfit.errors import TrainfitError
 
             raise TrainfitError(f"length analysis has schema {d.get('schema_version')}, expected {SCHEMA_VERSION}",
                                 "re-run `trainfit analyze` with this version")

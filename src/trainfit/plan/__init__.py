@@ -17,17 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainfit.trainer.calibration import Calibration
+from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Record, check_schema
+from trainfit.params import parse_params
 from trainfit.plan.choose import PRIORITIES, RULES, choose
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_speed
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
 from trainfit.plan.inputs import Candidate, TuneRun, load_run
-from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
-from trainfit.plan.rests_on import left_out, rests_on
 from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
+from trainfit.plan.rests_on import left_out, rests_on
+from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
 from trainfit.summary import Summary
+from trainfit.trainer.calibration import Calibration
+from trainfit.trainer.command import build_command, command_inputs, trl_data_config, with_eval_split
 
 if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats
@@ -224,7 +227,6 @@ def _tunes_calibration(run_dir: Path, summary: Summary) -> Calibration | None:
 def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: Path, every: int | None,
                 batch_size: int | None) -> Evaluation:
     """One eval pass of ``path`` timed on ``chosen``'s config (see :mod:`trainfit.plan.eval_pass`)."""
-    from trainfit.params import parse_params
 
     if rebuilt is None or rebuilt.spec.data is None:
         raise TrainfitError(f"an eval pass is timed on the tune's model and data, and the spec of {run.folder} cannot "
@@ -243,7 +245,6 @@ def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: 
 
 def _trl_evaluation(run: TuneRun, rebuilt: Rebuilt | None, evaluation: Evaluation | None) -> tuple[Evaluation, Path] | None:
     """The evaluation and the dataset folder (train and test splits) its ``trl sft`` command reads."""
-    from trainfit.trainer.command import trl_data_config
 
     if evaluation is None or rebuilt is None or run.summary.command_template or trl_data_config(rebuilt.spec) is None:
         return None
@@ -304,7 +305,6 @@ def _rebuilt(run: TuneRun) -> Rebuilt | None:
     """The tune's spec and its data's lengths (from the length cache, or counted again), for the
     shorter ``max_length`` options and a command tune did not write; None when the spec cannot be
     rebuilt here (its data moved, say)."""
-    from trainfit.data.analyze import analyze_spec
 
     try:
         spec = run.spec()
@@ -324,7 +324,6 @@ def planned_command(command: str | None, epochs: float, save_steps: int, templat
     command = re.sub(r"--num_train_epochs \S+", f"--num_train_epochs {epochs:g}", command)
     command = f"{command} --save_strategy steps --save_steps {save_steps} --save_total_limit 3"
     if evaluation is not None:
-        from trainfit.trainer.command import with_eval_split
 
         passes, folder = evaluation
         command = shlex.join(with_eval_split(shlex.split(command), folder, passes.trl_args()))
@@ -340,8 +339,6 @@ def _command(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate) -> str | 
     written = next((e.command for e in entries if e.trial == chosen.trial), None)
     if written is not None or rebuilt is None or rebuilt.spec.search is None or chosen.measurement is None:
         return written
-    from trainfit.trainer.command import build_command
-    from trainfit.trainer.command import command_inputs
 
     spec = rebuilt.spec
     params = spec.search.params(chosen.searched)

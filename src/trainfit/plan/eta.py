@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 
 from trainfit.json_record import Record
 from trainfit.plan.inputs import Candidate
+from trainfit.progress import format_duration as dur
 from trainfit.search.ranking import micro_batches
 
 if TYPE_CHECKING:
-    from trainfit.trainer.calibration import Calibration
     from trainfit.plan.eval_pass import Evaluation
+    from trainfit.trainer.calibration import Calibration
 
 SAVE_SAMPLE_BYTES = 256 * 2**20
 """At most this much is written to time a checkpoint save; a larger checkpoint is priced at the
@@ -75,7 +76,6 @@ class Eta(Record):
         """The interval in words: ``low - high``, or ``up to high (...)`` where the training part's
         spread reaches 100%, so its low end (clipped at no training time) bounds nothing, and a
         spread that wide makes its high end rough too."""
-        from trainfit.progress import format_duration as dur
 
         if self.spread_rel < 1:
             return f"{dur(self.low_s)} - {dur(self.high_s)}"

@@ -14,8 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainfit.data.analyze import recipe_for_spec
+from trainfit.data.batching import simulate_epoch
+from trainfit.data.lengths import count_lengths
+from trainfit.data.readers import data_files, detect_format
+from trainfit.devices import torch_threads
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Record
+from trainfit.probe.estimate import fit_error, fit_step_cost, timing_picks
+from trainfit.probe.memory import is_oom
+from trainfit.probe.runner import resolve_device_name
+from trainfit.probe.timing import relative_ci95
+from trainfit.workloads import build_workload
+from trainfit.workloads.step import TrainStep, synchronize
 
 if TYPE_CHECKING:
     from trainfit.params import Params
@@ -116,11 +127,6 @@ def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: in
     """
     import numpy as np
 
-    from trainfit.data.analyze import recipe_for_spec
-    from trainfit.data.batching import simulate_epoch
-    from trainfit.data.lengths import count_lengths
-    from trainfit.probe.estimate import fit_error, fit_step_cost, timing_picks
-    from trainfit.probe.timing import relative_ci95
 
     assert spec.data is not None
     if batch_size < 1:
@@ -143,7 +149,6 @@ def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: in
     try:
         seconds = _time_forward(spec, params, shapes, threads, budget_s)
     except (RuntimeError, MemoryError) as err:
-        from trainfit.probe.memory import is_oom
 
         if not is_oom(err):
             raise
@@ -168,10 +173,6 @@ def _time_forward(spec: Spec, params: Params, shapes: list[tuple[int, int, list[
     rounds over all shapes until the budget is spent, between :data:`ROUNDS`)."""
     import torch
 
-    from trainfit.devices import torch_threads
-    from trainfit.probe.runner import resolve_device_name
-    from trainfit.workloads.step import TrainStep, synchronize
-    from trainfit.workloads import build_workload
 
     device = torch.device(resolve_device_name(spec.probe.device))
     with torch_threads(threads):
@@ -200,7 +201,6 @@ def trl_dataset(folder: Path, spec: Spec, eval_path: Path) -> Path:
     named ``train-NNNNN`` to the spec's data files (in order) and ``test-NNNNN`` to the eval set's.
     ``trl sft --dataset_name folder`` then trains on the one and evaluates on the other (TRL's
     dataset mixture config concatenates its files into one split, so it cannot say which is which)."""
-    from trainfit.data.readers import data_files, detect_format
 
     assert spec.data is not None
     train = [Path(f).resolve() for f in data_files(spec.data.path)]

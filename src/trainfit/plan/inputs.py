@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
+from trainfit.files import folder_holder
 from trainfit.probe.estimate import StepCost, shapes_step_cost
 from trainfit.probe.measurement import Measurement
-from trainfit.search.trials import config_key
-from trainfit.spec import Spec
 from trainfit.run_folder import RunFolder
+from trainfit.search.journal import journal_storage
+from trainfit.search.trial_records import record_problem
+from trainfit.search.trials import config_key
+from trainfit.spec import Spec, build_spec
 from trainfit.summary import Summary
 
 
@@ -79,7 +82,6 @@ class TuneRun:
         """The tune's spec rebuilt from the journal's copy, relative paths against the spec file's
         folder as then; a clear error where it cannot be (a study from before trainfit kept it, its
         data or factory moved since)."""
-        from trainfit.spec import build_spec
 
         source = self.summary.spec.get("source")
         if self.spec_doc is None or not source:
@@ -126,7 +128,6 @@ def _check_not_running(folder: Path) -> None:
     """Refuse a folder whose tune still runs before it wrote its first ``summary.json`` (it writes
     one as its first config is measured): a tune holds its output folder's ``.lock`` while it runs.
     A folder without a ``.lock`` is asked nothing (asking would leave one in it)."""
-    from trainfit.files import folder_holder
 
     if (folder / "summary.json").is_file() or not (folder / ".lock").is_file():
         return
@@ -141,7 +142,6 @@ def _studies(folder: Path) -> list[Any]:
     """The Optuna studies of the folder's journal (tune keeps one per folder)."""
     import optuna
 
-    from trainfit.search.journal import journal_storage
 
     journal = folder / "study.journal"
     if not journal.is_file():
@@ -162,7 +162,6 @@ def _measured(studies: list[Any], names: list[str],
     measured its config again."""
     from optuna.trial import TrialState
 
-    from trainfit.search.trial_records import record_problem
 
     for study in studies:
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):

@@ -8,7 +8,12 @@ import shlex
 from pathlib import Path
 
 from trainfit.files import write_atomically
+from trainfit.format import fmt_num, table, values_line
+from trainfit.page_slots import with_plan
 from trainfit.plan import Plan
+from trainfit.plan.html import plan_section
+from trainfit.progress import format_duration as dur
+from trainfit.trainer.command import is_trl_command
 
 PLAN_FILE = "plan.json"
 TEXT_FILE = "plan.txt"
@@ -22,8 +27,6 @@ def write_plan(folder: Path, plan: Plan, *, epochs_given: bool = True) -> str:
     write_atomically(folder / TEXT_FILE, text + "\n")
     report = folder / "report.html"
     if report.is_file():  # the tune's page gains the plan
-        from trainfit.plan.html import plan_section
-        from trainfit.page_slots import with_plan
 
         write_atomically(report, with_plan(report.read_text(), plan_section(plan)))
     return text
@@ -37,8 +40,6 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
     """The plan as a reader checks it: the window, the pick and why, the ETA and what it is made
     of, what each priority would pick, and the options when it does not fit. ``epochs_given``:
     False where the epoch count is the spec's, which the plan then says."""
-    from trainfit.format import fmt_num, table, values_line
-    from trainfit.progress import format_duration as dur
 
     e = plan.eta
     spare = plan.window_s - e.high_s
@@ -80,7 +81,6 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
     if plan.command:
         lines += ["", "train it:" if plan.fits else "its command (as planned, it does not fit the window):",
                   f"  {plan.command}"]
-        from trainfit.trainer.command import is_trl_command
 
         if is_trl_command(plan.command):
             lines += ["or, checkpointed, resumable and watched against this plan: "

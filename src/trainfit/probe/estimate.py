@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from trainfit.data.batching import simulate_epoch
+from trainfit.data.packing import packed_epoch
 from trainfit.params import Params
 
 QUANTILES = (0.125, 0.375, 0.625, 0.875)
@@ -181,8 +183,6 @@ def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: i
     """An epoch of ``lengths`` (the data's, or a uniform sample of them) batched as ``params`` says,
     and the micro-batches to time: whole batches at :data:`QUANTILES` of the padded lengths, and
     the longest when ``longest`` (:func:`times_longest`)."""
-    from trainfit.data.batching import simulate_epoch
-    from trainfit.data.packing import packed_epoch
 
     array = np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
     if params.packing:

@@ -12,6 +12,7 @@ import resource
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from trainfit.devices import committed_bytes, peak_rss_bytes, reset_peak_rss, rss_bytes
 from trainfit.errors import TrainfitError
 
 if TYPE_CHECKING:
@@ -56,7 +57,6 @@ def memory_at_failure(error: str, cuda: bool) -> tuple[int | None, int | None]:
         import torch
 
         return int(torch.cuda.memory_allocated()), asked
-    from trainfit.devices import committed_bytes
 
     return committed_bytes(), asked
 
@@ -99,7 +99,6 @@ def cap_cpu_memory(cap: int, out: dict[str, Any]) -> None:
     interpreter and libraries included, so an allocation beyond it fails for real
     ("DefaultCPUAllocator: can't allocate memory"). Set once torch is imported: a cap below what
     that takes made the import fail with a traceback; now the OOM names what starting takes."""
-    from trainfit.devices import committed_bytes
 
     held = committed_bytes()
     if held is not None and held >= cap:
@@ -168,7 +167,6 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats()
             self.retries_before = int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
         else:
-            from trainfit.devices import reset_peak_rss
 
             reset_peak_rss()
             self.floor = built.peak_bytes
@@ -187,7 +185,6 @@ class MemoryMeter:
                 parts["allocator_cache"] = max(0, reserved - allocated)
             return {"peak_memory_bytes": reserved, "peak_allocated_bytes": allocated, "alloc_retries": retries,
                     "memory_parts_bytes": parts}
-        from trainfit.devices import peak_rss_bytes, rss_bytes
 
         steps_peak = peak_rss_bytes()
         held = rss_bytes()

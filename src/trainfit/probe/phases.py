@@ -11,9 +11,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainfit.devices import peak_flops
 from trainfit.errors import TrainfitError
+from trainfit.flops import utilization
 from trainfit.probe.events import emit
 from trainfit.probe.memory import memory_micro_batches
+from trainfit.probe.timing import StepTimes, StopRule
+from trainfit.workloads.step import synchronize
 
 if TYPE_CHECKING:
     from trainfit.probe.request import ProbeRequest
@@ -70,7 +74,6 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
     shape's padded length and its last step's seconds: the tail point of the step-cost fit, for
     free, where the parent says it is a whole step of the real accumulation after a first one
     (``TypicalMix.times_longest`` false, see probe/estimate.py)."""
-    from trainfit.workloads.step import synchronize
 
     emit("phase", phase="memory")
     worst = [min(n, max_len) for n in req.worst_lengths]
@@ -134,8 +137,6 @@ class TimedSteps:
 def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device: Any) -> TimedSteps:
     """Typical steps, each timed alone (synchronized before and after), until the stop rule says
     the estimate is stable or a cap is reached."""
-    from trainfit.probe.timing import StopRule
-    from trainfit.workloads.step import synchronize
 
     settings = req.probe
     emit("phase", phase="timed")
@@ -168,9 +169,6 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
     """The Measurement fields of the timed steps: step-time statistics, FLOPs and MFU (where the
     device's peak is on record; a note says why not otherwise). The speeds are the epoch's
     (:func:`epoch_fields`)."""
-    from trainfit.devices import peak_flops
-    from trainfit.flops import utilization
-    from trainfit.probe.timing import StepTimes
 
     params = req.params
     cuda = req.device.startswith("cuda")
@@ -207,6 +205,7 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     micro-batches (probe/estimate.py)."""
     import statistics
 
+    # local: numpy loads only where this runs, not for the CLI's parser that imports this module
     from trainfit.probe.estimate import epoch_speed, fit_error, fit_step_cost
 
     mix = req.typical

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats, count_longer_than
+from trainfit.errors import Unsupported
 from trainfit.params import Params, batches_grow
 from trainfit.probe.estimate import assumed_mix, times_longest, typical_mix
 from trainfit.probe.events import ProbeEvent, Result, parse_event
@@ -38,7 +40,6 @@ def resolve_device_name(name: str) -> str:
     if name == "auto":
         return "cuda:0" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        from trainfit.errors import Unsupported
 
         raise Unsupported(f"probe.device is {name} but no CUDA GPU is visible", "use probe.device: cpu or auto")
     return "cuda:0" if name == "cuda" else name
@@ -390,7 +391,6 @@ def run_probe(
     """
     params = params or spec.params
     if stats is None and spec.data is not None:
-        from trainfit.data.analyze import analyze_spec
 
         stats = analyze_spec(spec, progress=False)
     device = resolve_device_name(spec.probe.device)

@@ -38,6 +38,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainfit.devices import cpu_name, peak_rss_bytes, reset_peak_rss, versions
+from trainfit.errors import TrainfitError, Unsupported
 from trainfit.files import write_atomically
 from trainfit.probe.events import emit, open_channel
 from trainfit.probe.memory import (
@@ -60,6 +62,9 @@ from trainfit.probe.phases import (
     time_steps,
 )
 from trainfit.probe.supervisor import PARENT_POLL_S, PR_SET_PDEATHSIG, supervise
+from trainfit.spec import Spec, TuneSettings
+from trainfit.workloads import build_workload
+from trainfit.workloads.step import TrainStep, check_support, synchronize
 
 if TYPE_CHECKING:
     from trainfit.probe.request import ProbeRequest
@@ -96,8 +101,6 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
 
     The phases, in order: build (or reuse) the model, the memory phase on the worst-case batch,
     burn-in on typical batches, then timed steps until the estimate is stable."""
-    from trainfit.devices import versions
-    from trainfit.workloads.step import synchronize
 
     phases: dict[str, float] = {"start": 0.0 if spawned_at is None else time.time() - spawned_at}
     out.update(phases_s=phases, versions=versions())
@@ -134,7 +137,6 @@ def open_device(req: ProbeRequest, out: dict[str, Any], capped_now: bool) -> Any
     ``capped_now``: a fresh process before its first probe, where the CPU cap is set for its life."""
     import torch
 
-    from trainfit.devices import cpu_name
 
     cap = req.memory_cap_bytes
     device = torch.device(req.device)
@@ -160,10 +162,6 @@ def build(req: ProbeRequest, device: Any, cache: ModelCache) -> tuple[Built, boo
     building took: the worker's
     kept model when only the batch shape differs (``req.model_key``), else a new one (kept for the
     next probe when it may be reused)."""
-    from trainfit.devices import peak_rss_bytes
-    from trainfit.spec import Spec, TuneSettings
-    from trainfit.workloads.step import TrainStep, check_support
-    from trainfit.workloads import build_workload
 
     built = cache.take(req.model_key)
     if built is not None:
@@ -194,7 +192,6 @@ def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dic
     except BaseException as err:  # every failure becomes a status, never a crash of the tuner
         if isinstance(err, KeyboardInterrupt):
             raise
-        from trainfit.errors import TrainfitError, Unsupported
 
         status = "oom" if is_oom(err, capped_cpu=capped_cpu) else "error"
         if isinstance(err, Unsupported) and err.knob is not None:
@@ -223,7 +220,7 @@ def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dic
 
 def serve(spawned_at: float, jobs: Any) -> int:
     """Run the jobs on ``jobs`` (lines of JSON) until it closes or a probe fails."""
-    from trainfit.devices import reset_peak_rss
+    # local: the worker answers its supervisor before numpy loads
     from trainfit.probe.request import ProbeRequest
 
     cache = ModelCache()

@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
+from trainfit.files import naming
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
+from trainfit.probe.runner import ProbeSession, resolve_device_name, run_probe
 from trainfit.search.confirm import confirm, neighbours
 from trainfit.search.events import (
     JournalRepaired,
@@ -281,11 +284,8 @@ def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: Eve
     """A real, isolated probe of each config (keeping a built model for the next probe of its
     family), the session to close after the search, the device type the search's priors use, and
     the data's lengths (analyzed here unless given: once, for every probe and the runtime estimate)."""
-    from trainfit.files import naming
-    from trainfit.probe.runner import ProbeSession, resolve_device_name, run_probe
 
     if stats is None and spec.data is not None:
-        from trainfit.data.analyze import analyze_spec
 
         stats = analyze_spec(spec, progress=False)
     session = ProbeSession()

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from trainfit.errors import TrainfitError
 from trainfit.files import FolderBusy, lock_folder
-from trainfit.params import Params
+from trainfit.params import KNOBS, Params
 from trainfit.search import claims
 from trainfit.spec import Spec
 
@@ -45,6 +45,7 @@ def data_fingerprint(spec: Spec) -> str | None:
     mix old and new measurements."""
     if spec.data is None:
         return None
+    # local: numpy loads only where this runs, not for the CLI's parser that imports this module
     from trainfit.data.readers import fingerprint
 
     return fingerprint(spec.data.path, times=False)
@@ -121,7 +122,6 @@ def _ran(doc: Any) -> str | None:
 
 def _new_default(key: str, before: Any, now: Any) -> bool:
     """``params.KNOB`` absent from ``before`` (recorded before the knob existed) and at its default in ``now``."""
-    from trainfit.params import KNOBS, Params
 
     section, _, knob = key.partition(".")
     if section != "params" or knob not in KNOBS or not isinstance(before, dict) or not isinstance(now, dict):

@@ -9,6 +9,7 @@ from trainfit.errors import Problem
 from trainfit.params import LORA_OPTIONS, Params
 from trainfit.space import SearchSpace
 from trainfit.spec.sections import ModelSpec, Spec, TuneSettings, is_trl_command
+from trainfit.template import TEMPLATE_EXTRAS, placeholders, template_problem
 
 
 def trl_problems(model: ModelSpec | None, tune: TuneSettings | None, params: Params | None,
@@ -98,7 +99,6 @@ def template_problems(tune: TuneSettings | None, params: Params, space: SearchSp
     template to pass ``{packing}`` (else the probe measures steps the trainer never runs)."""
     if tune is None or tune.command_template is None:
         return []
-    from trainfit.template import TEMPLATE_EXTRAS, placeholders, template_problem
 
     shadowed = sorted(set(TEMPLATE_EXTRAS) & {*params.extra, *(space.names if space is not None else ())})
     if shadowed:

@@ -29,13 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.devices import torch_threads
-from trainfit.errors import Terminated, TrainfitError
+from trainfit.errors import Terminated, TrainfitError, os_error
 from trainfit.files import held_folder, write_atomically
+from trainfit.params import parse_params
 from trainfit.plan import Plan
+from trainfit.plan.inputs import load_run
 from trainfit.run_folder import RunFolder
 from trainfit.train.checkpoints import incomplete, latest_complete, step_of, unloadable
+from trainfit.train.child import child_environment, run_child
+from trainfit.train.loop import run_loop
 from trainfit.train.prepare import prepare, resume_command
 from trainfit.train.records import TrainResult, TrainRun, load_record
+from trainfit.train.sft import build_trainer
 
 
 def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, checkpoint_minutes: float | None = None,
@@ -160,8 +165,9 @@ def _watchers(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, 
               say: Callable[[str], None]) -> tuple[Any, Any, list[Any]]:
     """The run's log, its checkpoint/deadline control and the trainer callbacks (the control, and
     the on-track monitor when the folder has a plan)."""
-    from trainfit.train.monitor import OnTrackCallback
+    # local: torch and transformers load only where this process trains
     from trainfit.train.callbacks import RunLog, TrainControl
+    from trainfit.train.monitor import OnTrackCallback
 
     log = RunLog(output / "train_log.jsonl")
     one_save = plan.eta.checkpoint_s / plan.eta.checkpoints if plan is not None and plan.eta.checkpoints else 0.0
@@ -191,7 +197,6 @@ def _run(run: RunFolder, output: Path, record: TrainRun, plan: Plan | None, chec
                 return _run_factory(run, record, output, checkpoint, callbacks, say)
             return _run_trl_sft(record, output, checkpoint, callbacks, control, record_batches)
         except OSError as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
-            from trainfit.errors import os_error
 
             last = latest_complete(output)
             raise TrainfitError(f"training stopped: {os_error(err)}",
@@ -218,7 +223,6 @@ def _listening(control: Any) -> Iterator[None]:
 def _run_command(record: TrainRun, run_dir: Path, output: Path, plan: Plan | None, *, resume: bool, every_s: float,
                  deadline: float | None, say: Callable[[str], None]) -> str | None:
     """Run your own training command; returns the signal passed on to it (None: it ended by itself)."""
-    from trainfit.train.child import child_environment, run_child
 
     env = child_environment(plan=run_dir / "plan.json" if plan is not None else None, output=output, resume=resume,
                             checkpoint_every_s=every_s, deadline=deadline, started_at=record.started_at)
@@ -228,9 +232,9 @@ def _run_command(record: TrainRun, run_dir: Path, output: Path, plan: Plan | Non
 def _run_trl_sft(record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
                  control: Any, record_batches: str | Path | None = None) -> tuple[int, int]:
     """Train with TRL's trainer in this process; returns (steps done, total steps)."""
-    from trainfit.train.monitor import OnTrackCallback, observe_train_batches
+    # local: torch and transformers load only where this process trains
     from trainfit.train.callbacks import BatchRecord
-    from trainfit.train.sft import build_trainer
+    from trainfit.train.monitor import OnTrackCallback, observe_train_batches
 
     trainer = build_trainer(record.argv, callbacks)
     trainer.args.save_total_limit = None  # one rotation: TrainControl's, which never drops the last complete one
@@ -263,9 +267,6 @@ def _train_trl(trainer: Any, output: Path, checkpoint: Path | None, control: Any
 def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
                  say: Callable[[str], None]) -> tuple[int, int]:
     """Train a factory model with trainfit's loop; returns (steps done, total steps)."""
-    from trainfit.params import parse_params
-    from trainfit.plan.inputs import load_run
-    from trainfit.train.loop import run_loop
 
     run = load_run(run_folder)
     summary, spec = run.summary, run.spec()

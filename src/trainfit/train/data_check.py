@@ -8,7 +8,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from trainfit.data.readers import fingerprint
 from trainfit.errors import TrainfitError
+from trainfit.train.sft import flags
 
 
 def trained_files(spec: Mapping[str, Any], argv: Sequence[str] | None = None) -> list[str]:
@@ -20,7 +22,6 @@ def trained_files(spec: Mapping[str, Any], argv: Sequence[str] | None = None) ->
         return [str(path)] if path else []
     import yaml
 
-    from trainfit.train.sft import flags
 
     config = flags(argv).get("config")
     if not config:
@@ -42,7 +43,6 @@ def identity(files: Sequence[str]) -> str | None:
     """One fingerprint of ``files``' content (each file's size and bytes sampled through it, not
     its modification time: a copy or a ``touch`` is the same data); None without files, or where
     one cannot be read (the run's own reading then says why)."""
-    from trainfit.data.readers import fingerprint
 
     try:
         return "+".join(fingerprint(f, times=False) for f in files) if files else None

@@ -22,10 +22,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from trainfit.data.order import epoch_rows, file_rows
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
+from trainfit.probe.runner import resolve_device_name
+from trainfit.progress import Progress
 from trainfit.spec import Spec
 from trainfit.train.checkpoints import unloadable
+from trainfit.workloads import build_workload
+from trainfit.workloads.factory import FactoryWorkload
+from trainfit.workloads.step import TrainStep
 
 if TYPE_CHECKING:
     from trainfit.plan.eval_pass import EvalSchedule
@@ -124,7 +130,6 @@ def evaluate(runner: Any, collate: Callable[[list[Any]], Any], evaluation: EvalS
              on_bad_row: str = "stop") -> dict[str, float]:
     """One pass over the eval set in file order, forward only: the loss per sample over the pass
     and its seconds, under the names the Hugging Face trainer logs them by."""
-    from trainfit.data.order import file_rows
 
     began = time.perf_counter()
     total, seen = 0.0, 0
@@ -202,8 +207,6 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     end in ``output/model.pt``."""
     import torch
 
-    from trainfit.data.order import epoch_rows
-    from trainfit.progress import Progress
 
     data = spec.data
     assert data is not None
@@ -263,10 +266,6 @@ def _factory_runner(spec: Spec, params: Params, samples: int,
     a clear error for a factory without ``collate`` or data without samples."""
     import torch
 
-    from trainfit.probe.runner import resolve_device_name
-    from trainfit.workloads.step import TrainStep
-    from trainfit.workloads import build_workload
-    from trainfit.workloads.factory import FactoryWorkload
 
     assert spec.data is not None
     device = torch.device(resolve_device_name(spec.probe.device))

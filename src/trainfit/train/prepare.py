@@ -16,11 +16,16 @@ from pathlib import Path
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.plan import Plan
+from trainfit.progress import format_duration as dur
 from trainfit.run_folder import COMMAND_FILE, RunFolder
 from trainfit.summary import Summary
 from trainfit.train.checkpoints import incomplete, latest_complete
 from trainfit.train.data_check import identity, refuse_changed
+from trainfit.train.rebuild import rebuilt
 from trainfit.train.records import Damaged, TrainRun, load_record
+from trainfit.train.sft import parse, relocated, split_command
+from trainfit.trainer.command import is_trl_command, script_command
+from trainfit.trainer.written_command import as_one_line, template_for_steps, written_command
 
 
 def _plan(run_dir: Path) -> Plan | None:
@@ -32,8 +37,6 @@ def _plan(run_dir: Path) -> Plan | None:
 
 def training_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
     """The one-line ``trl sft`` command to train, where it came from, and its trial."""
-    from trainfit.trainer.command import is_trl_command
-    from trainfit.trainer.written_command import as_one_line, written_command
 
     run_dir = run.path
     fallback = f"run the command yourself: bash {shlex.quote(str(run_dir / 'train_command.sh'))} --output_dir DIR"
@@ -50,7 +53,6 @@ def training_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
 def template_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
     """The filled ``tune.command_template`` to run (the plan's choice, else the fastest config's
     ``train_command.sh``), where it came from, and its trial."""
-    from trainfit.trainer.command import script_command
 
     run_dir = run.path
     if plan is not None:
@@ -73,7 +75,6 @@ def capped_template(run: RunFolder, plan: Plan | None, max_steps: int, factory: 
     """``--max-steps N`` on a ``command_template`` run: the template filled for the fastest config with
     ``{max_steps}`` = N (``written_command.template_for_steps``), where the template has it and a plan
     did not choose another config; its command, where it came from, and its trial."""
-    from trainfit.trainer.written_command import template_for_steps
 
     way = "pass your trainer's own step limit after --" + (
         ", or add --loop to train the factory model in trainfit's loop" if factory else "")
@@ -148,7 +149,6 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
                       config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None), plan
     command, source, trial = training_command(run, plan)
-    from trainfit.train.sft import relocated, split_command
 
     threads, argv = split_command(command)
     argv = [*relocated(argv, run_dir), *extra_args, *(["--max_steps", str(max_steps)] if max_steps else []),
@@ -195,7 +195,6 @@ def prepare(run_folder: Path | RunFolder, output: Path, *, resume: bool, extra_a
             raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
                                 f"continue it: {again}; or pick a new --output")
         if now.kind == "trl_sft":
-            from trainfit.train.sft import parse
 
             parse(now.argv)  # refused before a record is written: the corrected command then starts afresh
         output.mkdir(parents=True, exist_ok=True)
@@ -210,7 +209,6 @@ def prepare(run_folder: Path | RunFolder, output: Path, *, resume: bool, extra_a
     if resume and checkpoint is None:
         say(f"trainfit: {output} holds no complete checkpoint: starting again from step 0")
     if plan is not None and not plan.fits and record.max_steps is None:
-        from trainfit.progress import format_duration as dur
 
         say(f"trainfit: warning: {run_dir / 'plan.json'} does not fit its window (ETA {dur(plan.eta.total_s)} "
             f"against {dur(plan.window_s)}): --deadline stops the run with a checkpoint before the window ends, "
@@ -222,7 +220,6 @@ def _recorded(run_dir: Path, output: Path, now: TrainRun, say: Callable[[str], N
     """The record of the run ``output`` holds, training into ``output``; where its ``train.json``
     is damaged or gone but a complete checkpoint is there, rebuilt (:mod:`trainfit.train.rebuild`)
     as ``now``, what the resume command trains."""
-    from trainfit.train.rebuild import rebuilt
 
     record_path = output / "train.json"
     if not record_path.is_file():

@@ -21,6 +21,7 @@ from trainfit.errors import TrainfitError
 from trainfit.json_record import Malformed, Record, check_schema
 from trainfit.plan.eval_pass import Evaluation
 from trainfit.train.data_check import trained_files
+from trainfit.train.sft import flags
 
 R = TypeVar("R", bound=Record)
 
@@ -112,7 +113,6 @@ class TrainRun(Record):
 
     def what(self) -> dict[str, str]:
         """What decides the training, flat, for :func:`~trainfit.train.prepare.differences`."""
-        from trainfit.train.sft import flags
 
         out = {"tune folder": self.run_dir, "trial": str(self.trial), "max steps": str(self.max_steps)}
         if self.kind == "trl_sft":  # the output folder is the one resumed, however it is spelled

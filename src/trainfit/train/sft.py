@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
+from trainfit.trainer.command import TRL_COMMAND
 
 
 def split_command(command: str) -> tuple[int | None, list[str]]:
     """The CPU threads (``OMP_NUM_THREADS=N``, None when unset) and the ``trl sft`` arguments of
     a one-line ``command`` as trainfit writes it."""
-    from trainfit.trainer.command import TRL_COMMAND
 
     match = TRL_COMMAND.match(command.strip())
     if match is None:

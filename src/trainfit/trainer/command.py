@@ -17,6 +17,7 @@ from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.spec import Spec
 from trainfit.template import render_template
+from trainfit.workloads.lora import trl_lora_args
 
 if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats
@@ -35,6 +36,7 @@ def trl_data_config(spec: Spec) -> dict[str, Any] | None:
     command is not a ``trl sft`` one."""
     if spec.data is None or not spec.uses_trl_sft:
         return None
+    # local: numpy loads only where this runs, not for the CLI's parser that imports this module
     from trainfit.data.readers import data_files, detect_format
 
     loader = _LOADERS.get(detect_format(Path(spec.data.path), spec.data.format))
@@ -86,7 +88,6 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
         if params.compile != "default":
             args += ["--torch_compile_mode", params.compile]
     if params.lora_r is not None:
-        from trainfit.workloads.lora import trl_lora_args
 
         args += trl_lora_args(params)
     return args

@@ -7,6 +7,8 @@ import itertools
 import re
 from collections.abc import Mapping
 
+from trainfit.probe.timing import relative_ci95
+
 _TRAIN_RUNTIME = re.compile(r"'train_runtime': '?([0-9.]+(?:[eE][+-]?[0-9]+)?)")
 """transformers' final metrics, printed by its progress callback as ``{'train_runtime': '44.17', ...}``:
 each float formatted ``.4g``, so a run past 9,999 s reads ``'1.235e+04'``."""
@@ -58,7 +60,6 @@ def bar_seconds_per_step(arrivals: Mapping[int, float], after: int) -> float | N
 
 def step_spread(long: Mapping[int, float], short: Mapping[int, float], short_steps: int) -> float:
     """``Calibration.spread_rel`` from the two runs' step arrivals (``{step: seconds}``; see there)."""
-    from trainfit.probe.timing import relative_ci95
 
     def per_step(arrivals: Mapping[int, float], after: int) -> list[float]:
         return [(t1 - t0) / (n1 - n0) for (n0, t0), (n1, t1) in itertools.pairwise(shown_steps(arrivals, after))]

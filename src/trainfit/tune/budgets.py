@@ -20,9 +20,12 @@ from typing import Any
 
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
+from trainfit.format import values_line
 from trainfit.json_record import Record
+from trainfit.page_slots import with_section
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
+from trainfit.run_folder import RunFolder
 from trainfit.search.loop import TuneResult, default_probe
 from trainfit.spec import MAX_MEMORY_GB, Spec
 from trainfit.tune import tune
@@ -64,7 +67,6 @@ class BudgetMatrix(Record):
 
     def cells(self) -> list[tuple[str, ...]]:
         """The rows as text, under :data:`HEADER` (the terminal's table and the report's)."""
-        from trainfit.format import values_line
 
         return [(f"{r.budget_gb:g} GiB", values_line(r.searched) if r.searched else "nothing fits",
                  f"{r.samples_per_second:.4g}" if r.samples_per_second else "",
@@ -138,8 +140,6 @@ def _record(output: Path, matrix: BudgetMatrix) -> None:
     with each row's command."""
     import html
 
-    from trainfit.page_slots import with_section
-    from trainfit.run_folder import RunFolder
 
     summary = dataclasses.replace(RunFolder(output).summary, budget_matrix=[r.to_json() for r in matrix.rows])
     write_atomically(output / "summary.json", json.dumps(summary.to_json(), indent=2, default=list) + "\n")

@@ -15,18 +15,16 @@ from typing import Any
 
 import yaml
 
-from trainfit.trainer.command import build_command, command_inputs, command_script, trl_data_config
 from trainfit.data.stats import LengthStats
 from trainfit.devices import versions
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
-from trainfit.params import KNOBS, Params
+from trainfit.params import KNOBS
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
-from trainfit.tune.html import tune_report_html
 from trainfit.search.auto import AutoStrategy
+from trainfit.search.loop import common_failure
 from trainfit.search.ranking import Repeats, pooled, probe_samples_per_second, ranked, with_trainer_cost, within_noise
 from trainfit.search.trials import Trial, config_key, jsonable
-from trainfit.search.loop import common_failure
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 from trainfit.summary import (
@@ -44,6 +42,9 @@ from trainfit.summary import (
     TrainerCost,
     UnsupportedValue,
 )
+from trainfit.trainer.command import build_command, command_inputs, command_script, trl_data_config
+from trainfit.tune.html import tune_report_html
+from trainfit.workloads.hf import save_initial_model
 
 
 def run_samples(spec: Spec, stats: LengthStats | None) -> float | None:
@@ -387,7 +388,6 @@ def initial_model(output: Path, spec: Spec) -> Path | None:
     once (see ``save_initial_model``); None for another spec, or a model too large to save."""
     if spec.model.config is None or not spec.uses_trl_sft:
         return None
-    from trainfit.workloads.hf import save_initial_model
 
     folder = output.resolve() / "model"
     try:

@@ -7,16 +7,15 @@ from typing import Any
 from trainfit.params import Params
 from trainfit.spec import Spec
 from trainfit.workloads.base import Batch, Workload
-from trainfit.workloads.factory import CustomWorkload
+from trainfit.workloads.factory import CustomWorkload, FactoryWorkload
+from trainfit.workloads.hf import HFCausalLM
 
 
 def build_workload(spec: Spec, params: Params, device: Any) -> Workload:
     """The workload of ``spec.model`` with ``params``'s model-shaping knobs applied."""
     if spec.model.factory is not None:
-        from trainfit.workloads.factory import FactoryWorkload
 
         return FactoryWorkload(spec.model.factory, params, device)
-    from trainfit.workloads.hf import HFCausalLM
 
     return HFCausalLM(spec.model, params, device, seed=spec.probe.seed, trl_command=spec.uses_trl_sft)
 

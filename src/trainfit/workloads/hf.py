@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainfit.errors import TrainfitError
+from trainfit.errors import TrainfitError, Unsupported
 from trainfit.flops import StepFlops, experts_active, matmul_params, step_flops, transformer_shape
-from trainfit.spec.model_config import load_config, max_positions_of
 from trainfit.params import Params
 from trainfit.spec import ModelSpec
+from trainfit.spec.model_config import load_config, max_positions_of
 from trainfit.workloads.base import Batch, Workload
 from trainfit.workloads.knobs import apply_knobs
 
@@ -118,7 +118,6 @@ def resolve_liger(model_type: str, device: Any) -> tuple[Any, str]:
     ``model_type`` it has no kernels for (Liger would skip it silently: refused here)."""
     import torch
 
-    from trainfit.errors import Unsupported
 
     def refuse(why: str, hint: str = "pip install liger-kernel, or use loss: model") -> Unsupported:
         return Unsupported(f"loss=liger {why}", hint, knob="loss", value="liger")
@@ -149,7 +148,6 @@ def resolve_loss(loss: str, trl_command: bool) -> tuple[Any, str | None]:
     head, missing = fused_lm_head()
     if loss == "fused":
         if head is None:
-            from trainfit.errors import Unsupported
 
             raise Unsupported(f"loss=fused needs TRL's fused LM head: {missing}",
                               "pip install -U trl, or use loss: model", knob="loss", value="fused")
@@ -225,7 +223,6 @@ def _unbuildable(err: ValueError | ImportError, config: Any, params: Params) -> 
     """The error for a model transformers would not build: its attention kernel, a model type that
     is not a causal LM, or another reason."""
     if "attention" in str(err).lower() or "attn" in str(err).lower():
-        from trainfit.errors import Unsupported
 
         others = " or ".join(a for a in ("sdpa", "eager") if a != params.attention)
         return Unsupported(f"cannot build the model with attention={params.attention}: {err}",

@@ -1,7 +1,7 @@
 """The knobs a workload applies to a built model, in one place and one order for every workload:
 gradient checkpointing first, then LoRA (peft wraps the checkpointed model, as ``trl sft`` does).
 What a model is built with (attention kernel, weight dtype) is the workload's own; what each
-training step does (precision, optimizer, compile, TF32) is ``step.py``'s."""
+training step does (precision, optimizer, compile, TF32) is ``step.py``'s (in this package)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
+from trainfit.workloads.lora import lora_config
 
 
 def apply_knobs(model: Any, params: Params, *, handles: Collection[str] = (), **lora_extra: Any) -> Any:
@@ -46,7 +47,6 @@ def add_lora(model: Any, params: Params, **extra: Any) -> Any:
     """peft's LoRA on ``model`` (see :func:`trainfit.workloads.lora.lora_config`)."""
     from peft import get_peft_model
 
-    from trainfit.workloads.lora import lora_config
 
     try:
         with warnings.catch_warnings():  # peft reads transformers' deprecated property: noise in every log
