@@ -208,16 +208,26 @@ def two_values(knob: Any) -> tuple[Any, Any]:
 
 
 def test_every_knob_reaches_the_trl_command_or_says_why_not() -> None:
-    """A knob added to params.py but not to the command builder would train something else than
-    what was measured: every knob changes the written flags, or NOT_IN_TRL_COMMAND says why not."""
-    from trainfit.trainer.command import NOT_IN_TRL_COMMAND, trl_args
+    """A knob whose flags the command left out would train something else than what was measured:
+    every knob changes the written flags, or its declaration says why not (``no_trl``)."""
     from trainfit.params import KNOBS, Params
+    from trainfit.trainer.command import trl_args
 
     base = Params(lora_r=8, max_length=64)
     for name, knob in KNOBS.items():
         a, b = two_values(knob)
         written = trl_args(base.replace(**{name: a})) != trl_args(base.replace(**{name: b}))
-        assert written != (name in NOT_IN_TRL_COMMAND), f"{name}: mapped in trl_args, or listed with its reason"
+        assert written != (knob.no_trl is not None), f"{name}: declare its trl= flags, or no_trl= with the reason"
+
+
+def test_a_knob_declares_its_trl_flags_or_why_none() -> None:
+    from trainfit.params import knob, trl_flag
+
+    with pytest.raises(TypeError, match="no_trl"):
+        knob(1, kind="int", doc="d", no_prior="x")
+    with pytest.raises(TypeError, match="no_trl"):
+        knob(1, kind="int", doc="d", no_prior="x", trl=trl_flag("--a"), no_trl="why")
+    assert trl_flag("--a")(True) == ["--a", "true"] and trl_flag("--a")(None) == [] and trl_flag("--a")(3) == ["--a", "3"]
 
 
 def test_every_knob_has_a_search_prior_or_says_why_not() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -54,6 +54,14 @@ class Knob:
     """The value ``trainfit ablate``'s baseline sets, every technique off (when ``ablated``)."""
     ablated: bool = False
     """The knob is a technique ``trainfit ablate`` turns off in its baseline (to :attr:`off`)."""
+    trl: TrlWords | str | None = None
+    """The knob's ``trl sft`` flags for a value (see :func:`trl_flag`), or :data:`WITH_OTHER_KNOBS`:
+    ``trainer/command.trl_args`` writes it with the knobs or facts its flags depend on."""
+    no_trl: str | None = None
+    """Why the knob reaches no ``trl sft`` flag (a knob has flags or says why not)."""
+    memory_only: bool = False
+    """Its ``true`` only trades speed for memory (nothing learned changes): ``auto`` probes it only at
+    a batch the same config without it cannot fit."""
 
 
 def split_modules(text: str) -> str | tuple[str, ...]:
@@ -65,6 +73,39 @@ def split_modules(text: str) -> str | tuple[str, ...]:
 
 T = TypeVar("T")
 
+TrlWords = Callable[[Any], list[str]]
+"""A knob's value to its ``trl sft`` words."""
+
+WITH_OTHER_KNOBS = "written by trainer/command.trl_args with the knobs or facts its flags depend on"
+"""A knob's ``trl=`` when its flags depend on more than its own value (the precision's weight dtype
+on LoRA, the truncation length on the data, TF32 on the device...)."""
+
+
+def trl_flag(flag: str) -> TrlWords:
+    """``flag`` and the value (``true``/``false`` for a bool); nothing for null."""
+    def words(value: Any) -> list[str]:
+        if value is None:
+            return []
+        return [flag, ("true" if value else "false") if isinstance(value, bool) else str(value)]
+    return words
+
+
+def trl_when_on(*flags: str) -> TrlWords:
+    """``flags`` when the (bool) knob is on, nothing when off."""
+    return lambda on: list(flags) if on else []
+
+
+def trl_mapped(flag: str, names: Mapping[Any, str]) -> TrlWords:
+    """``flag`` and the trainer's name of the value (``names[value]``)."""
+    return lambda value: [flag, names[value]]
+
+
+def _trl_compile(mode: str) -> list[str]:
+    """``--torch_compile`` for any mode but off, and the mode unless it is torch's default."""
+    if mode == "off":
+        return []
+    return ["--torch_compile", "true", *(["--torch_compile_mode", mode] if mode != "default" else [])]
+
 
 _OFF_UNSET = object()
 
@@ -72,18 +113,25 @@ _OFF_UNSET = object()
 def knob(default: T, *, kind: str, doc: str, choices: tuple[Any, ...] = (), minimum: float | None = None,
          maximum: float | None = None, nullable: bool = False, changes_learning: bool = False,
          batch_shape: bool = False, prior: Mapping[str, tuple[Any, ...]] | None = None, no_prior: str | None = None,
-         off: Any = _OFF_UNSET) -> T:
+         off: Any = _OFF_UNSET, trl: TrlWords | str | None = None, no_trl: str | None = None,
+         memory_only: bool = False) -> T:
     """A ``Params`` field that is a built-in knob: ``default``, and a ``Knob`` of the other arguments in
     the field's metadata (unnamed: ``KNOBS`` names it after the field). Typed as ``default``, as
     ``dataclasses.field`` is, so the field keeps its declared type. Defaults are immutable (None,
     numbers, strings, tuples); ``dataclass`` rejects a list or dict default when ``Params`` is built.
-    Exactly one of ``prior`` (see :func:`on_every_device`) and ``no_prior`` (the reason) is given;
-    ``off``: the ablation baseline's value, for a knob that is a technique."""
+    Exactly one of ``prior`` (see :func:`on_every_device`) and ``no_prior`` (the reason) is given,
+    and exactly one of ``trl`` (its ``trl sft`` flags: :func:`trl_flag`, :func:`trl_when_on`,
+    :func:`trl_mapped`, or :data:`WITH_OTHER_KNOBS`) and ``no_trl`` (why none); ``off``: the
+    ablation baseline's value, for a knob that is a technique; ``memory_only``: its ``true`` only
+    trades speed for memory."""
     if (prior is None) == (no_prior is None):
         raise TypeError(f"knob({default!r}, ...): give a device prior or the reason for none (no_prior=...), one of them")
+    if (trl is None) == (no_trl is None):
+        raise TypeError(f"knob({default!r}, ...): give its trl sft flags or the reason for none (no_trl=...), one of them")
     spec = Knob(name="", kind=kind, doc=doc, choices=choices, minimum=minimum, maximum=maximum,
                 nullable=nullable, changes_learning=changes_learning, batch_shape=batch_shape, prior=prior,
-                no_prior=no_prior, off=None if off is _OFF_UNSET else off, ablated=off is not _OFF_UNSET)
+                no_prior=no_prior, off=None if off is _OFF_UNSET else off, ablated=off is not _OFF_UNSET, trl=trl,
+                no_trl=no_trl, memory_only=memory_only)
     return field(default=default, metadata={"knob": spec})
 
 
@@ -127,48 +175,59 @@ class Params:
     is the field's documentation (tests/test_knobs.py checks that no field goes without one)."""
 
     batch_size: int = knob(1, kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
+        trl=trl_flag("--per_device_train_batch_size"),
         no_prior="climbed one step at a time within each family, not ordered by a prior",
         doc="samples per micro-batch on one device")
     gradient_accumulation_steps: int = knob(1, kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
+        trl=trl_flag("--gradient_accumulation_steps"),
         no_prior="derived from tune.target_effective_batch, or the user's: it sets what is learned",
         doc="micro-batches per optimizer step; effective batch = batch_size x this")
     max_length: int | None = knob(None, kind="int", minimum=1, nullable=True, changes_learning=True, batch_shape=True,
+        trl=WITH_OTHER_KNOBS,
         no_prior="changes what is learned: the user's choice, not a speed preference",
         doc="longest sequence (positions) a sample may have; longer samples are truncated. "
             "null = the dataset's longest sample")
     lora_r: int | None = knob(None, kind="int", minimum=1, nullable=True, changes_learning=True, no_prior=LEARNED,
+        trl=WITH_OTHER_KNOBS,
         doc="LoRA rank; null = full fine-tuning")
     lora_alpha: float | None = knob(None, kind="float", minimum=0, nullable=True, changes_learning=True, no_prior=LEARNED,
+        trl=WITH_OTHER_KNOBS,
         doc="LoRA scaling numerator; null = 2 x lora_r")
     lora_dropout: float = knob(0.0, kind="float", minimum=0, maximum=1, changes_learning=True, no_prior=LEARNED,
+        trl=WITH_OTHER_KNOBS,
         doc="dropout on the LoRA input; 0 avoids an extra activation copy")
     lora_target_modules: tuple[str, ...] | str | None = knob(None, kind="modules", nullable=True, changes_learning=True,
-        no_prior=LEARNED,
+        no_prior=LEARNED, trl=WITH_OTHER_KNOBS,
         doc="module names to adapt (list), 'all-linear', or null for peft's default")
     lora_target_parameters: tuple[str, ...] | str | None = knob(
-        None, kind="modules", nullable=True, changes_learning=True, no_prior=LEARNED,
+        None, kind="modules", nullable=True, changes_learning=True, no_prior=LEARNED, trl=WITH_OTHER_KNOBS,
         doc="parameters to adapt besides modules, e.g. a mixture of experts' stacked experts "
             "[mlp.experts.gate_up_proj, mlp.experts.down_proj] (peft target_parameters)")
     gradient_checkpointing: bool = knob(False, kind="bool", prior=on_every_device((False, True)), off=False,
+        trl=WITH_OTHER_KNOBS, memory_only=True,
         doc="recompute activations in backward: less memory, ~20-40% more compute")
     precision: str = knob("fp32", kind="choice", choices=PRECISIONS, changes_learning=True, off="fp32",
+        trl=WITH_OTHER_KNOBS,
         prior={"cuda": ("bf16", "fp16", "fp32"), "cpu": ("fp32", "bf16", "fp16")},
         doc="fp32, or mixed precision bf16/fp16 (autocast; fp16 adds a loss scaler)")
-    attention: str = knob("sdpa", kind="choice", choices=ATTENTIONS, off="eager",
+    attention: str = knob("sdpa", kind="choice", choices=ATTENTIONS, off="eager", trl=trl_flag("--attn_implementation"),
         prior={"cuda": ("flash_attention_2", "sdpa", "eager"), "cpu": ("sdpa", "eager", "flash_attention_2")},
         doc="attention kernel (Hugging Face attn_implementation)")
-    compile: str = knob("off", kind="choice", choices=COMPILE_MODES, off="off",
+    compile: str = knob("off", kind="choice", choices=COMPILE_MODES, off="off", trl=_trl_compile,
         prior=on_every_device(("off", "default", "max-autotune", "reduce-overhead")),
         doc="torch.compile mode; pair with padding: max_length to avoid recompiles")
     tf32: bool = knob(False, kind="bool", off=False, prior={"cuda": (True, False), "cpu": (False, True)},
+        trl=WITH_OTHER_KNOBS,
         doc="allow TF32 matmuls and cuDNN convolutions on Ampere+ GPUs (no effect on CPU)")
     optimizer: str = knob("adamw", kind="choice", choices=OPTIMIZERS, changes_learning=True, off="adamw",
+        trl=trl_mapped("--optim", {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit"}),
         prior=on_every_device(("adamw_fused", "adamw", "adamw_8bit")),
         doc="adamw (torch), adamw_fused (torch fused kernel), adamw_8bit (bitsandbytes)")
-    padding: str = knob("longest", kind="choice", choices=PADDINGS, batch_shape=True, off="longest",
+    padding: str = knob("longest", kind="choice", choices=PADDINGS, batch_shape=True, off="longest", trl=WITH_OTHER_KNOBS,
         prior=on_every_device(("longest", "max_length")),
         doc="pad each batch to its longest sample, or every batch to max_length")
     pad_to_multiple_of: int | None = knob(None, kind="int", minimum=1, nullable=True, batch_shape=True, off=None,
+        trl=WITH_OTHER_KNOBS,
         no_prior="an integer of the user's (8, 64...): searched values keep the spec's order; which rounding pays "
                  "depends on the device's kernels, measured",
         doc="round each batch's padded length up to a multiple of this (TRL's and transformers' "
@@ -176,15 +235,18 @@ class Params:
             "compile) for a little more padding; with padding: max_length, max_length rounds up to it. "
             "null = no rounding")
     group_by_length: bool = knob(False, kind="bool", batch_shape=True, off=False, prior=on_every_device((True, False)),
+        trl=trl_when_on("--train_sampling_strategy", "group_by_length"),  # transformers 5 (4.x: --group_by_length)
         doc="batch samples of similar length together (the Hugging Face trainer's length-grouped "
             "sampler): less padding with padding: longest; the order stays random between groups")
     packing: bool = knob(False, kind="bool", batch_shape=True, changes_learning=True, off=False,
+        trl=trl_when_on("--packing", "true", "--packing_strategy", "bfd"),  # bfd turns on the padding-free collator
         no_prior="changes what is learned (a packed step holds more samples): searched values keep the spec's order",
         doc="pack samples into rows of max_length (TRL's packing, best-fit decreasing) and train each "
             "batch padding-free, as one row with each sample's positions restarting (flash_attention_2 "
             "attends per sample; sdpa and eager through a block-diagonal mask): no padding, and fewer, "
             "fuller steps; batch_size counts packed rows, so a step holds more samples")
     loss: str = knob("auto", kind="choice", choices=LOSSES,
+        no_trl="trl sft always computes the loss with TRL's fused LM head (the spec refuses loss: model with it)",
         no_prior="the training command decides it (loss: auto); searched values keep the spec's order",
         doc="how a Hugging Face model's loss is computed: model = its own forward, full logits "
             "(transformers Trainer, most loops); fused = TRL's fused LM head, log-probs in tiles "
@@ -335,7 +397,6 @@ def parse_params(
         problems.append(Problem(f"{prefix}.padding", "padding: max_length needs max_length",
                                 "set params.max_length (see `trainfit analyze` for a recommendation)"))
     return params, problems
-
 
 
 def knob_table_markdown() -> str:

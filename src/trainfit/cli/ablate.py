@@ -56,7 +56,6 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-
     only = [w.strip() for w in (args.only or "").split(",") if w.strip()]
     if args.only is not None and not only:
         raise TrainfitError("--only names no technique (it is empty)",

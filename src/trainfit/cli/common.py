@@ -23,7 +23,6 @@ def knobs_help() -> str:
     """The built-in knobs and their values, for a command's --help (docs/spec.md: the knob table)."""
     import textwrap
 
-
     def values(k: Any) -> str:
         if k.choices:
             return "|".join(map(str, k.choices))

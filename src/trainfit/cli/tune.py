@@ -92,7 +92,6 @@ def output_folder(args: argparse.Namespace):
     from datetime import datetime
     from pathlib import Path
 
-
     if args.output:
         return Path(args.output)
     base = Path("trainfit-runs") / Path(args.spec).stem

@@ -168,7 +168,6 @@ def _split(spec: Spec, n: int, eval_data: str | Path | None, output: Path) -> tu
     import hashlib
     import tempfile
 
-
     if eval_data is not None:
         raise TrainfitError("--holdout and --eval-data both give an eval set", "give one of them")
     assert spec.data is not None  # _check
@@ -197,7 +196,6 @@ def _start(spec: Spec, configs: list[NamedConfig], steps: int, output: Path, eva
            target_loss: float | None, resume: bool, say: Callable[[str], None], overrides: list[str],
            minutes: float | None = None, holdout: int | None = None, holdout_sha256: str | None = None) -> Comparison:
     import hashlib
-
 
     source = Path(spec.source or "spec").resolve()
     now = Comparison(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -286,7 +284,6 @@ def _shared(state: Comparison, url: str, configs: list[NamedConfig], jobs: Confi
     machines train (a dead machine's config is given back and claimed again); the comparison
     ends with every machine's runs."""
     import hashlib
-
 
     key = json.dumps({**state.setup(), "configs": state.configs}, sort_keys=True, default=str)
     shared = SharedConfigs(url, "trainfit-compare-" + hashlib.sha256(key.encode()).hexdigest()[:12],

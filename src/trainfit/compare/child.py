@@ -76,7 +76,6 @@ class CurveLog(trainer_callback_base()):  # type: ignore[misc]
 def peak_memory_gb(device: Any) -> float:
     import torch
 
-
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return peak_rss_bytes() / 2**30
@@ -85,7 +84,6 @@ def peak_memory_gb(device: Any) -> float:
 def run(job: dict[str, Any]) -> ConfigRun:
     """Train the job's config (see the module) and return what it measured."""
     import torch
-
 
     spec = load_spec(job["spec"], job.get("overrides", []))
     config = read_one(job["name"], job["given"], spec)

@@ -96,7 +96,6 @@ class ConfigJobs:
                  comparison: dict[str, Any], lock: IO[str]) -> None:
         import torch
 
-
         self.spec, self.output, self.evaluation, self.steps, self.lock = spec, output, evaluation, steps, lock
         self.base = {"spec": str(Path(spec_path).resolve()), "overrides": list(overrides), "steps": steps,
                      "minutes": minutes,
@@ -113,7 +112,6 @@ class ConfigJobs:
     def _trl_data(self) -> None:
         """The data (and eval split) and the saved random-init model the ``trl sft`` runs read."""
         import yaml
-
 
         config = trl_data_config(self.spec)
         if config is None:

@@ -49,7 +49,6 @@ def next_configs(state: Comparison) -> dict[str, dict[str, Any]]:
 def write_report(output: Path, state: Comparison) -> None:
     import yaml
 
-
     nxt = next_configs(state)
     if nxt:
         text = "# trainfit compare: the next round, from the suggestions in compare.json\n"

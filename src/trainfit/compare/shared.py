@@ -32,7 +32,6 @@ class SharedConfigs:
         import optuna
         from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-
         self.storage = open_storage(url)
         self.names = list(names)
         self.distributions: dict[str, BaseDistribution] = {"config": CategoricalDistribution(self.names)}
@@ -49,7 +48,6 @@ class SharedConfigs:
         host). A trial asked for a moment ago may not have its config yet: it is left out."""
         import optuna
         from optuna.trial import TrialState
-
 
         with warnings.catch_warnings():  # "experimental" since optuna 2.9
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -71,7 +69,6 @@ class SharedConfigs:
         of it: the first trial of a config is its claim, a later one is closed (:data:`SETTLE_S`)."""
         from optuna.trial import TrialState
 
-
         while True:
             taken = self._taken()
             free = [n for n in self.names if n not in taken]
@@ -89,7 +86,6 @@ class SharedConfigs:
         giving it its config) may be of this config. This trial beats meanwhile; an earlier one whose
         machine died asking is closed after the grace period, and past that this config is left."""
         from optuna.trial import TrialState
-
 
         def look() -> bool | None:
             taken = self._taken()

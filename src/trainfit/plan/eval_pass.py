@@ -127,7 +127,6 @@ def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: in
     """
     import numpy as np
 
-
     assert spec.data is not None
     if batch_size < 1:
         raise TrainfitError(f"eval batch size {batch_size}: at least 1 sample a batch", "e.g. --eval-batch-size 8")
@@ -172,7 +171,6 @@ def _time_forward(spec: Spec, params: Params, shapes: list[tuple[int, int, list[
     """Each shape's forward-only times, one list per shape, equally long (one warm-up first, then
     rounds over all shapes until the budget is spent, between :data:`ROUNDS`)."""
     import torch
-
 
     device = torch.device(resolve_device_name(spec.probe.device))
     with torch_threads(threads):

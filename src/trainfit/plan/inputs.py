@@ -142,7 +142,6 @@ def _studies(folder: Path) -> list[Any]:
     """The Optuna studies of the folder's journal (tune keeps one per folder)."""
     import optuna
 
-
     journal = folder / "study.journal"
     if not journal.is_file():
         raise TrainfitError(f"{folder} holds no study.journal, where tune keeps every config it measured",
@@ -161,7 +160,6 @@ def _measured(studies: list[Any], names: list[str],
     never refused: it stays in the journal (a finished trial cannot change) after ``tune --resume``
     measured its config again."""
     from optuna.trial import TrialState
-
 
     for study in studies:
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):

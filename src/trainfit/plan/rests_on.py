@@ -19,7 +19,6 @@ def left_out(trials: Mapping[int, str]) -> str:
     return "; ".join(f"trial {number} ({why})" for number, why in trials.items())
 
 
-
 UNSETTLED = 0.25
 """A probe's spread past which a plan says its figure did not settle (a busy machine, or too few steps)."""
 

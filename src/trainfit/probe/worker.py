@@ -137,7 +137,6 @@ def open_device(req: ProbeRequest, out: dict[str, Any], capped_now: bool) -> Any
     ``capped_now``: a fresh process before its first probe, where the CPU cap is set for its life."""
     import torch
 
-
     cap = req.memory_cap_bytes
     device = torch.device(req.device)
     cuda = device.type == "cuda"

@@ -26,9 +26,9 @@ NO_PRIOR: dict[str, str] = {k.name: k.no_prior for k in KNOBS.values() if k.no_p
 """The knobs without a device prior, and why (each knob's declaration has one or the other)."""
 
 
-MEMORY_ONLY: dict[str, Any] = {"gradient_checkpointing": True}
-"""Knob values that only trade speed for memory (nothing learned changes): worth a probe only at a
-batch the same config without them cannot fit (see :meth:`AutoStrategy.pruned`)."""
+MEMORY_ONLY: dict[str, Any] = {k.name: True for k in KNOBS.values() if k.memory_only}
+"""Knob values that only trade speed for memory (nothing learned changes; ``knob(memory_only=True)``):
+worth a probe only at a batch the same config without them cannot fit (see :meth:`AutoStrategy.pruned`)."""
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,6 @@ def template_problems(tune: TuneSettings | None, params: Params, space: SearchSp
     return []
 
 
-
 def batching_problems(model: ModelSpec | None, tune: TuneSettings | None, params: Params,
                       space: Any) -> list[Problem]:
     """Batching a factory model's trainer cannot do: ``packing`` (TRL's, for a Hugging Face causal

@@ -22,7 +22,6 @@ def trained_files(spec: Mapping[str, Any], argv: Sequence[str] | None = None) ->
         return [str(path)] if path else []
     import yaml
 
-
     config = flags(argv).get("config")
     if not config:
         return []

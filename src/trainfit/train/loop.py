@@ -207,7 +207,6 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     end in ``output/model.pt``."""
     import torch
 
-
     data = spec.data
     assert data is not None
     per_epoch, total = plan_steps(samples, params.effective_batch_size, epochs, max_steps)
@@ -265,7 +264,6 @@ def _factory_runner(spec: Spec, params: Params, samples: int,
     """The factory's workload, the probe's ``TrainStep`` over it, its ``collate`` and the device:
     a clear error for a factory without ``collate`` or data without samples."""
     import torch
-
 
     assert spec.data is not None
     device = torch.device(resolve_device_name(spec.probe.device))

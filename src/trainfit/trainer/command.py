@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainfit.errors import TrainfitError
-from trainfit.params import Params
+from trainfit.params import KNOBS, Params
 from trainfit.spec import Spec
 from trainfit.template import render_template
 from trainfit.workloads.lora import trl_lora_args
@@ -22,9 +22,6 @@ from trainfit.workloads.lora import trl_lora_args
 if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats
     from trainfit.probe.measurement import Measurement
-
-_OPTIM = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit"}
-
 
 _LOADERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "text": "text"}
 """``datasets`` loaders for the data formats trainfit reads (TSV and save_to_disk folders have none)."""
@@ -45,22 +42,16 @@ def trl_data_config(spec: Spec) -> dict[str, Any] | None:
                                                       else files}]}
 
 
-NOT_IN_TRL_COMMAND: dict[str, str] = {
-    "loss": "trl sft always computes the loss with TRL's fused LM head (the spec refuses loss: model with it)",
-}
-"""The knobs :func:`trl_args` does not write, and why (a test checks every other knob changes the command)."""
-
-
 def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -> list[str]:
     """TRL ``sft`` flags for every knob, each one explicit: TRL's own defaults differ from the
-    probe's (bf16 on unless told, gradient checkpointing on, max_length 1024, fp32 LoRA base).
-    ``max_length``: the length the probe truncated at (see ``LengthStats.truncation_length``: the
-    dataset's longest sample when ``params.max_length`` is null, never past the model's positions);
-    None: ``params.max_length``. ``cpu``: probed on a CPU, so the command trains on one too
-    (``--use_cpu true``: transformers refuses bf16 without a GPU unless told), where TF32 does
-    nothing and transformers refuses ``--tf32 true``."""
-    args = ["--per_device_train_batch_size", str(params.batch_size),
-            "--gradient_accumulation_steps", str(params.gradient_accumulation_steps)]
+    probe's (bf16 on unless told, gradient checkpointing on, max_length 1024, fp32 LoRA base). A knob
+    declares its own flags (``params.knob(trl=...)``); those declared ``WITH_OTHER_KNOBS`` are written
+    here, with what they depend on. ``max_length``: the length the probe truncated at (see
+    ``LengthStats.truncation_length``: the dataset's longest sample when ``params.max_length`` is
+    null, never past the model's positions); None: ``params.max_length``. ``cpu``: probed on a CPU,
+    so the command trains on one too (``--use_cpu true``: transformers refuses bf16 without a GPU
+    unless told), where TF32 does nothing and transformers refuses ``--tf32 true``."""
+    args = [word for name, k in KNOBS.items() if callable(k.trl) for word in k.trl(getattr(params, name))]
     max_length = max_length if max_length is not None else params.max_length
     if max_length is not None:
         args += ["--max_length", str(max_length)]
@@ -70,25 +61,15 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
         args += ["--pad_to_multiple_of", str(params.padded_length(max_length, max_length))]
     elif params.pad_to_multiple_of is not None:
         args += ["--pad_to_multiple_of", str(params.pad_to_multiple_of)]
-    if params.group_by_length:  # transformers 5's name of the length-grouped sampler (4.x: --group_by_length)
-        args += ["--train_sampling_strategy", "group_by_length"]
-    if params.packing:  # best fit decreasing, which turns TRL's padding-free collator on (data/packing.py)
-        args += ["--packing", "true", "--packing_strategy", "bfd"]
     half = params.precision in ("bf16", "fp16")
     # LoRA trains adapters over a frozen base held in the compute dtype; full fine-tuning keeps fp32 weights.
     dtype = {"bf16": "bfloat16", "fp16": "float16"}[params.precision] if half and params.lora_r else "float32"
     args += ["--bf16", _flag(params.precision == "bf16"), "--fp16", _flag(params.precision == "fp16"),
              "--dtype", dtype, "--tf32", _flag(params.tf32 and not cpu),
-             checkpointing_flag(), _flag(params.gradient_checkpointing),
-             "--attn_implementation", params.attention, "--optim", _OPTIM[params.optimizer]]
+             checkpointing_flag(), _flag(params.gradient_checkpointing)]
     if cpu:
         args += ["--use_cpu", "true"]
-    if params.compile != "off":
-        args += ["--torch_compile", "true"]
-        if params.compile != "default":
-            args += ["--torch_compile_mode", params.compile]
     if params.lora_r is not None:
-
         args += trl_lora_args(params)
     return args
 

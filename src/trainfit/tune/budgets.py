@@ -140,7 +140,6 @@ def _record(output: Path, matrix: BudgetMatrix) -> None:
     with each row's command."""
     import html
 
-
     summary = dataclasses.replace(RunFolder(output).summary, budget_matrix=[r.to_json() for r in matrix.rows])
     write_atomically(output / "summary.json", json.dumps(summary.to_json(), indent=2, default=list) + "\n")
     report = output / "report.html"

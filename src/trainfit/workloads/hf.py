@@ -118,7 +118,6 @@ def resolve_liger(model_type: str, device: Any) -> tuple[Any, str]:
     ``model_type`` it has no kernels for (Liger would skip it silently: refused here)."""
     import torch
 
-
     def refuse(why: str, hint: str = "pip install liger-kernel, or use loss: model") -> Unsupported:
         return Unsupported(f"loss=liger {why}", hint, knob="loss", value="liger")
 

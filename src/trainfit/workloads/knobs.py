@@ -47,7 +47,6 @@ def add_lora(model: Any, params: Params, **extra: Any) -> Any:
     """peft's LoRA on ``model`` (see :func:`trainfit.workloads.lora.lora_config`)."""
     from peft import get_peft_model
 
-
     try:
         with warnings.catch_warnings():  # peft reads transformers' deprecated property: noise in every log
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
