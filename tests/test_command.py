@@ -49,6 +49,7 @@ BASE = {"batch_size": 2, "gradient_accumulation_steps": 3, "max_length": 64}
     ({"optimizer": "adamw_fused"}, {"optim": "adamw_torch_fused"}),
     ({"optimizer": "adamw_8bit"}, {"optim": "adamw_bnb_8bit"}),
     ({"compile": "default"}, {"torch_compile": True}),
+    ({"activation_offloading": True}, {"activation_offloading": True}),
     ({"compile": "max-autotune"}, {"torch_compile": True, "torch_compile_mode": "max-autotune"}),
     ({"padding": "max_length"}, {"pad_to_multiple_of": 64, "max_length": 64}),
     ({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": 8, "max_length": 64}),

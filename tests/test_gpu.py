@@ -54,6 +54,16 @@ def test_fused_adamw_and_checkpointing_run_on_cuda(tmp_path: Path) -> None:
     assert m.hfu is None or m.hfu > m.mfu  # recomputation counted as hardware FLOPs only
 
 
+def test_activation_offloading_runs_in_trls_context_and_holds_less_on_the_gpu(tmp_path: Path) -> None:
+    """The same config with TRL's activation offloading: a lower step part of the peak (the
+    activations wait in pinned CPU memory), the same loss (only where tensors live changes)."""
+    base = {"batch_size": 8, "precision": "bf16", "padding": "max_length"}
+    plain = run_probe(load_spec(spec(tmp_path / "plain", base)))
+    offloaded = run_probe(load_spec(spec(tmp_path / "offloaded", {**base, "activation_offloading": True})))
+    assert plain.status == "ok" and offloaded.status == "ok", (plain.message, offloaded.message)
+    assert offloaded.memory_parts_bytes["step"] < plain.memory_parts_bytes["step"]
+
+
 def test_a_reused_worker_measures_the_peak_a_fresh_one_does(tmp_path: Path) -> None:
     import dataclasses
 

@@ -431,6 +431,22 @@ def test_ligers_loss_is_refused_on_a_cpu_with_the_way_on(llama_spec) -> None:
     assert (info.value.knob, info.value.value) == ("loss", "liger") and "loss: model" in info.value.hint
 
 
+def test_activation_offloading_is_refused_on_a_cpu_with_the_way_on() -> None:
+    """TRL's activation offloading moves a GPU's activations to CPU memory: on a CPU it is a knob value
+    this device cannot run (the search skips its configs), with checkpointing named instead."""
+    import torch
+
+    from trainfit.errors import Unsupported
+    from trainfit.params import Params
+    from trainfit.workloads.step import check_support
+
+    with pytest.raises(Unsupported, match="needs a CUDA GPU") as info:
+        check_support(Params(activation_offloading=True), torch.device("cpu"))
+    assert (info.value.knob, info.value.value) == ("activation_offloading", True)
+    assert "gradient_checkpointing" in info.value.hint
+    assert check_support(Params(), torch.device("cpu")) == []
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_cli_probe_writes_json_and_exits_by_status(llama_spec, tmp_path: Path, capsys) -> None:

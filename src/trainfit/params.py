@@ -206,6 +206,11 @@ class Params:
     gradient_checkpointing: bool = knob(False, kind="bool", prior=on_every_device((False, True)), off=False,
         trl=WITH_OTHER_KNOBS, memory_only=True,
         doc="recompute activations in backward: less memory, ~20-40% more compute")
+    activation_offloading: bool = knob(False, kind="bool", off=False, memory_only=True,
+        prior=on_every_device((False, True)), trl=trl_when_on("--activation_offloading", "true"),
+        doc="move the activations a backward needs to pinned CPU memory during forward and back for "
+            "backward, overlapped on a side stream (TRL's activation offloading, the output head's "
+            "kept): less GPU memory for the copies' time; CUDA only")
     precision: str = knob("fp32", kind="choice", choices=PRECISIONS, changes_learning=True, off="fp32",
         trl=WITH_OTHER_KNOBS,
         prior={"cuda": ("bf16", "fp16", "fp32"), "cpu": ("fp32", "bf16", "fp16")},

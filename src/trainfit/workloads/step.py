@@ -5,7 +5,8 @@ Order (each later step wraps the earlier ones, as in torchtitan):
 2. the workload builds the model: attention kernel and weight dtype, checkpointing, LoRA;
 3. ``torch.compile`` wraps the finished model (so it sees checkpointing and adapters);
 4. the optimizer is built over trainable parameters only;
-5. each micro-batch runs under autocast (bf16/fp16); fp16 scales the loss;
+5. each micro-batch runs under autocast (bf16/fp16), its forward and backward inside TRL's
+   activation offloading when asked; fp16 scales the loss;
 6. gradients are clipped to a total norm of 1.0 before the optimizer step, as the Hugging Face
    Trainer and TRL do by default (``max_grad_norm``), since the commands trainfit writes train so.
 
@@ -57,6 +58,14 @@ def check_support(params: Params, device: Any) -> list[str]:
         if importlib.util.find_spec("bitsandbytes") is None:
             raise Unsupported("optimizer=adamw_8bit needs the bitsandbytes package",
                               "pip install bitsandbytes, or use adamw_fused", knob="optimizer", value="adamw_8bit")
+    if params.activation_offloading:
+        if not cuda:
+            raise Unsupported("activation_offloading moves a GPU's activations to CPU memory: it needs a CUDA GPU",
+                              "use gradient_checkpointing to save activation memory on a CPU",
+                              knob="activation_offloading", value=True)
+        if importlib.util.find_spec("trl") is None:
+            raise Unsupported("activation_offloading is TRL's: it needs the trl package", "pip install trl",
+                              knob="activation_offloading", value=True)
     if params.tf32 and not cuda:
         notes.append("tf32 has no effect on CPU")
     if params.compile != "off" and not cuda:
@@ -129,6 +138,17 @@ def _optimizer(params: Params, trainable: list[Any], schedule: Schedule | None =
     return bnb.optim.AdamW8bit(trainable, lr=lr, **decay)
 
 
+def _offloading(params: Params, model: Any) -> Any:
+    """The context a micro-batch's forward and backward run in: TRL's activation offloading on
+    ``model`` (the very one ``trl sft --activation_offloading true`` trains in; checked by
+    :func:`check_support`), entered again at every micro-batch; else one that does nothing."""
+    if not params.activation_offloading:
+        return contextlib.nullcontext()
+    from trl.models.activation_offloading import get_act_offloading_ctx_manager
+
+    return get_act_offloading_ctx_manager(model=model)
+
+
 class TrainStep:
     """Runs optimizer steps of ``gradient_accumulation_steps`` micro-batches each. ``schedule``:
     the learning rate, its schedule, weight decay and clipping of a real run (None: a probe's,
@@ -157,6 +177,7 @@ class TrainStep:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(params.precision)
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device.type) if params.precision == "fp16" else None
+        self.offloading = _offloading(params, workload.model)
 
     def run(self, micro_batches: Sequence[Batch]) -> float:
         """One optimizer step over ``micro_batches`` (at least one); returns the mean loss (a host sync)."""
@@ -167,12 +188,13 @@ class TrainStep:
         n = len(micro_inputs)
         total = None
         for inputs in micro_inputs:
-            with self.autocast():
-                loss = self.workload.loss(inputs) / n
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-            else:
-                loss.backward()
+            with self.offloading:  # around forward and backward, as TRL's training_step
+                with self.autocast():
+                    loss = self.workload.loss(inputs) / n
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
             total = loss.detach() if total is None else total + loss.detach()
         assert total is not None  # at least one micro-batch
         import torch
