@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import dump  # noqa: E402
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +39,7 @@ def main() -> None:
     spec = with_default_search(load_spec(ROOT / "examples" / "tiny-llama.yaml", ["budget.headroom_gb=0"]))
     work = Path(tempfile.mkdtemp(prefix="budget-matrix-"))
     start = time.perf_counter()
-    matrix, _ = tune_budgets(spec, budgets, output=work / "matrix", max_trials=args.max_trials)
+    matrix, _ = tune_budgets(with_tune(spec, max_trials=args.max_trials), budgets, TuneOptions(output=work / "matrix"))
     matrix_s = time.perf_counter() - start
     rows = {}
     separate_probes = 0
@@ -45,7 +47,7 @@ def main() -> None:
     for row in matrix.rows:
         spec_b = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, memory_gb=row.budget_gb))
         start = time.perf_counter()
-        alone = tune(spec_b, output=work / f"alone-{row.budget_gb:g}", max_trials=args.max_trials)
+        alone = tune(with_tune(spec_b, max_trials=args.max_trials), TuneOptions(output=work / f"alone-{row.budget_gb:g}"))
         separate_s += time.perf_counter() - start
         separate_probes += alone.new_trials
         best = alone.summary.best_config

@@ -23,6 +23,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import dump  # noqa: E402
 from search_efficiency import load, progress  # noqa: E402
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 
 def live(spec, rounds: int, label: str) -> dict[str, Any]:
@@ -30,7 +32,7 @@ def live(spec, rounds: int, label: str) -> dict[str, Any]:
 
     spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=rounds))
     with tempfile.TemporaryDirectory() as tmp:
-        res = tune(spec, output=tmp, strategy="auto", max_trials=10**6, on_event=progress(label))
+        res = tune(with_tune(spec, strategy="auto", max_trials=10**6), TuneOptions(output=tmp, on_event=progress(label)))
     summary = res.summary.to_json()
     confirmed = summary["confirmation"]  # with repeats, the near-ties are the confirmed configs
     return {"confirm_rounds": rounds, "pick": res.best.values if res.best else None,

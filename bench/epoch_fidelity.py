@@ -34,6 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Results, dump  # noqa: E402
 from trl_fidelity import PLACEHOLDER, local_model  # noqa: E402
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 8,
@@ -103,8 +105,7 @@ def tuned(spec: Any, stats: Any, folder: Path, calibrate: int) -> dict[str, Any]
     from trainfit.tune import tune
 
     started = time.perf_counter()
-    result = tune(spec, output=folder, stats=stats, calibrate_steps=calibrate or None, strategy="grid",
-                  on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True))
+    result = tune(with_tune(spec, strategy="grid"), TuneOptions(output=folder, stats=stats, calibrate_steps=calibrate or None, on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True)))
     s = result.summary
     entries = [e for e in (s.best_config, *s.runners_up) if e is not None]
     cost = s.trainer_cost

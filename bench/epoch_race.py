@@ -41,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Results, dump  # noqa: E402
 from gpu_sweep import TINY  # noqa: E402
+from trainfit.search.options import TuneOptions
 
 QWEN_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
             "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
@@ -77,11 +78,9 @@ def run_tune(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
                       **({"packing": [False, True]} if args.packing else {})}}
     spec = build_spec(doc, base_dir=Path.cwd())
     start = time.perf_counter()
-    res = tune(spec, output=out, resume=(out / "study.journal").exists(), on_event=lambda e: isinstance(e, TrialEnd)
+    res = tune(spec, TuneOptions(output=out, resume=(out / "study.journal").exists(), on_event=lambda e: isinstance(e, TrialEnd)
                and print(f"  trial {e.index}: {e.values} -> {e.measurement.status} {e.measurement.samples_per_second}",
-                         file=sys.stderr, flush=True), calibrate_steps=args.calibrate,
-               calibration_optional=args.calibrate is None,
-               on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True))
+                         file=sys.stderr, flush=True), calibrate_steps=args.calibrate, calibration_optional=args.calibrate is None, on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True)))
     best = res.summary.best_config
     assert best is not None, "trainfit found no config that fits"
     return {"tune_wall_s": time.perf_counter() - start, "probe_time_s": res.summary.probe_time_s,

@@ -32,6 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Results, dump  # noqa: E402
 from gpu_sweep import LLAMA_1B, TINY  # noqa: E402
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 RESULT = "@@result "
 OPTIM = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit"}
@@ -62,10 +64,9 @@ def run_trainfit(config: dict, data: Path, args: argparse.Namespace, out: Path) 
 
     spec = build_spec(doc, base_dir=Path.cwd())
     start = time.perf_counter()
-    res = tune(spec, output=out, resume=(out / "study.journal").exists(), time_budget_s=args.tune_budget_s,
-               on_event=lambda e: isinstance(e, TrialEnd) and print(
+    res = tune(with_tune(spec, time_budget_s=args.tune_budget_s), TuneOptions(output=out, resume=(out / "study.journal").exists(), on_event=lambda e: isinstance(e, TrialEnd) and print(
         f"  trainfit trial {e.index}: {e.values} -> {e.measurement.status} "
-        f"{e.measurement.samples_per_second}", file=sys.stderr, flush=True))
+        f"{e.measurement.samples_per_second}", file=sys.stderr, flush=True)))
     assert res.best is not None, "trainfit found no config that fits"
     best = res.best.measurement
     return {"search_wall_s_this_call": time.perf_counter() - start, "probe_time_s": res.summary.probe_time_s,

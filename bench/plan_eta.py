@@ -31,6 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Results, dump  # noqa: E402
 from epoch_fidelity import SHAPE, base_overrides, corpus, corpus_file  # noqa: E402
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"longest": ["padding=longest"], "max_length": ["padding=max_length"]}
@@ -117,7 +119,7 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
     spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", overrides)
     run_dir = work / mode
     start = time.perf_counter()
-    tune(spec, output=run_dir, strategy="grid")
+    tune(with_tune(spec, strategy="grid"), TuneOptions(output=run_dir))
     tune_s = time.perf_counter() - start
     evaluate = {}
     if args.eval_samples:

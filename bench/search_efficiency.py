@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import dump  # noqa: E402
 from gpu_sweep import LLAMA_1B_OVERRIDES  # noqa: E402
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 # The model's own loss over the full logits (a trainer of one's own, not `trl sft`): TRL's fused head
 # allocates 32,768-column tiles for these 2,000-word vocabularies and runs its CPU fallback, which
@@ -94,9 +96,7 @@ def replay(spec, strategy: str, table: dict[str, Any], seed: int, sampler: Any =
     spec = dataclasses.replace(spec, tune=TuneSettings(strategy=strategy, seed=seed, patience=len(table),
                                                        objective="samples_per_second"))
     with tempfile.TemporaryDirectory() as tmp:
-        res = tune(spec, output=tmp,
-                   probe_fn=lambda p, n: table[config_key({k: p.to_dict()[k] for k in spec.search.names})],
-                   max_trials=len(table), sampler=sampler, device_type=spec.probe.device)
+        res = tune(with_tune(spec, max_trials=len(table)), TuneOptions(output=tmp, probe_fn=lambda p, n: table[config_key({k: p.to_dict()[k] for k in spec.search.names})], sampler=sampler, device_type=spec.probe.device))
     return sorted(res.trials, key=lambda t: t.number)
 
 
@@ -148,8 +148,7 @@ def measure(spec, strategy: str, folder: Path | None, label: str, time_budget_s:
 
     with contextlib.ExitStack() as stack:
         out = folder or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        res = tune(spec, output=out, resume=(out / "study.journal").exists(), strategy=strategy,
-                   max_trials=10**6, time_budget_s=time_budget_s, on_event=progress(label))
+        res = tune(with_tune(spec, strategy=strategy, max_trials=10**6, time_budget_s=time_budget_s), TuneOptions(output=out, resume=(out / "study.journal").exists(), on_event=progress(label)))
     return None if res.stop_reason.startswith("time budget") else res
 
 

@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import dump  # noqa: E402
 from epoch_fidelity import base_overrides, corpus_file  # noqa: E402
 from plan_eta import at_tenth, model_overrides  # noqa: E402
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +63,7 @@ def trajectory(args: argparse.Namespace, work: Path) -> dict:
                  "search.lora_r=[16]", "tune.target_effective_batch=null"]
     run_dir = work / "run"
     start = time.perf_counter()
-    tune(load_spec(ROOT / "examples" / "tiny-llama.yaml", overrides), output=run_dir, strategy="grid")
+    tune(with_tune(load_spec(ROOT / "examples" / "tiny-llama.yaml", overrides), strategy="grid"), TuneOptions(output=run_dir))
     tune_s = time.perf_counter() - start
     plan = make_plan(run_dir, max_hours=10, epochs=args.epochs, priority="fast")
     (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")

@@ -26,6 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import dump  # noqa: E402
 from epoch_fidelity import SHAPE, base_overrides, corpus_file  # noqa: E402
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +71,7 @@ def main() -> None:
                       "search.batch_size=[1]", "search.gradient_checkpointing=[false]", "search.lora_r=[16]",
                       "tune.target_effective_batch=null"])
     run_dir = work / "tune"
-    tune(spec, output=run_dir, strategy="grid")
+    tune(with_tune(spec, strategy="grid"), TuneOptions(output=run_dir))
 
     fresh_launched = time.time()
     start = time.perf_counter()

@@ -18,6 +18,8 @@ from trainfit.params import Params
 from trainfit.search.auto import _integers_between
 from trainfit.spec import Spec, load_spec
 from trainfit.tune import tune
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 
 def spec_searching(tmp_path: Path, search: str, tune_keys: str = "", memory_gb: float = BUDGET) -> Spec:
@@ -39,7 +41,7 @@ def probed(surface: Surface, **knobs: Any) -> list[int]:
 def test_the_search_reaches_the_largest_batch_that_fits_at_an_integer_off_the_grid(tmp_path: Path) -> None:
     surface = Surface()
     spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32, 64]\n")
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     truth = largest_fitting(surface)
     assert truth == 15  # the surface's boundary lies between two powers of two
     best = result.summary.to_json()["best_config"]
@@ -48,7 +50,7 @@ def test_the_search_reaches_the_largest_batch_that_fits_at_an_integer_off_the_gr
     assert max(fits) == truth
     assert len(surface.calls) <= 8  # the climb (1, 2, 4, 8), then the line's guess and its check
     # The off-grid trial is stored with its value, and a resumed run knows it: nothing is probed again.
-    again = tune(spec, output=tmp_path / "out", probe_fn=surface, resume=True)
+    again = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface, resume=True))
     assert again.new_trials == 0
     assert again.summary.to_json()["best_config"]["config"]["batch_size"] == truth
 
@@ -63,7 +65,7 @@ def test_an_oom_between_two_grid_steps_is_bisected_to_adjacent_batches(tmp_path:
 
     surface = Steeper()
     spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32, 64]\n")
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     truth = largest_fitting(surface)
     assert result.summary.to_json()["best_config"]["config"]["batch_size"] == truth
     failed = [b for b in probed(surface) if surface.memory_gb(Params(batch_size=b)) + HEADROOM > BUDGET]
@@ -78,7 +80,7 @@ def test_with_a_target_effective_batch_only_its_divisors_are_probed_past_the_gri
     assert spec.search is not None
     assert _integers_between(spec.search, 8, 48) == [12, 16, 24]  # each keeps 48 exactly (x4, x3, x2)
     surface = Surface()
-    tune(spec, output=tmp_path / "out", probe_fn=surface)
+    tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     assert all(48 % b == 0 for b in probed(surface))
     assert 12 in probed(surface)  # 16 does not fit: 12 is the largest divisor that does
 
@@ -86,7 +88,7 @@ def test_with_a_target_effective_batch_only_its_divisors_are_probed_past_the_gri
 def test_checkpointing_is_probed_only_at_batches_the_config_without_it_cannot_fit(tmp_path: Path) -> None:
     surface = Surface()
     spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32]\n  gradient_checkpointing: [false, true]\n")
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     lean_max = largest_fitting(surface, gradient_checkpointing=False)
     with_ckpt = probed(surface, gradient_checkpointing=True)
     assert with_ckpt and min(with_ckpt) > lean_max
@@ -101,7 +103,7 @@ def test_checkpointing_is_not_probed_at_all_where_every_batch_fits_without_it(tm
 
     spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4]\n  gradient_checkpointing: [false, true]\n")
     surface = Surface()
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     assert probed(surface, gradient_checkpointing=True) == []
     assert probed(surface, gradient_checkpointing=False) == [1, 2, 4]
     [pruned] = result.summary.to_json()["pruned"]
@@ -123,7 +125,7 @@ def test_checkpointing_is_not_probed_where_a_larger_batch_stopped_being_faster_b
     surface = Peaked()
     spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32]\n  gradient_checkpointing: [false, true]\n"
                                     "  lora_r: [null, 8]\n")
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     assert probed(surface, gradient_checkpointing=True) == []
     pruned = result.summary.to_json()["pruned"]
     assert [p["config"] for p in pruned] == [{"gradient_checkpointing": True, "lora_r": None},
@@ -153,7 +155,7 @@ def test_checkpointing_is_probed_where_memory_held_back_a_family_its_rivals_beat
     surface = TwoKernels()
     spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32]\n  gradient_checkpointing: [false, true]\n"
                                     "  attention: [sdpa, eager]\n")
-    best = tune(spec, output=tmp_path / "out", probe_fn=surface).summary.to_json()["best_config"]["config"]
+    best = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface)).summary.to_json()["best_config"]["config"]
     truth = largest_fitting(surface, attention="eager", gradient_checkpointing=True)
     assert (best["attention"], best["gradient_checkpointing"], best["batch_size"]) == ("eager", True, truth)
 
@@ -161,7 +163,7 @@ def test_checkpointing_is_probed_where_memory_held_back_a_family_its_rivals_beat
 def test_a_range_with_a_step_is_searched_past_its_grid_on_its_step_only(tmp_path: Path) -> None:
     surface = Surface()
     spec = spec_searching(tmp_path, "  batch_size: {low: 4, high: 64, step: 4}\n")
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     assert all(b % 4 == 0 for b in probed(surface))
     assert result.summary.to_json()["best_config"]["config"]["batch_size"] == 12  # 15 fits; 12 is its step's
 
@@ -190,10 +192,10 @@ def test_under_a_real_memory_cap_the_search_lands_within_one_of_a_brute_force_sc
         path.write_text(path.read_text() + f"search:\n{search}tune:\n  strategy: {strategy}\n")
         return load_spec(path)
 
-    scan = tune(spec(f"  batch_size: {list(range(6, 14))}\n", "grid"), output=tmp_path / "grid" / "out")
+    scan = tune(spec(f"  batch_size: {list(range(6, 14))}\n", "grid"), TuneOptions(output=tmp_path / "grid" / "out"))
     fitting = [t.values["batch_size"] for t in scan.trials if t.feasible]
     assert fitting and 6 <= max(fitting) < 13, "the cap must stop the scan inside it"
-    auto = tune(spec("  batch_size: [1, 2, 4, 8, 16, 32]\n", "auto"), output=tmp_path / "auto" / "out")
+    auto = tune(spec("  batch_size: [1, 2, 4, 8, 16, 32]\n", "auto"), TuneOptions(output=tmp_path / "auto" / "out"))
     picked = max(t.values["batch_size"] for t in auto.trials if t.feasible)
     assert abs(picked - max(fitting)) <= 1, [(t.values["batch_size"], t.measurement.status) for t in auto.trials]
 
@@ -245,7 +247,7 @@ def test_a_bayes_resume_of_an_auto_study_models_the_batch_size_of_its_off_grid_t
     spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32, 64]\n"
                                     "  gradient_checkpointing: [false, true]\n")
     out = tmp_path / "out"
-    first = tune(spec, output=out, probe_fn=surface)
+    first = tune(spec, TuneOptions(output=out, probe_fn=surface))
     off_grid = sorted({b for b in probed(surface) if b not in (1, 2, 4, 8, 16, 32, 64)})
     assert off_grid and 15 in off_grid  # the climb without checkpointing ends at 15, between 8 and 16
     study = opened_study(spec, out / "study.journal")
@@ -259,14 +261,14 @@ def test_a_bayes_resume_of_an_auto_study_models_the_batch_size_of_its_off_grid_t
 
     # The resume with bayes: the GP models batch_size (its relative params hold it), and asks work.
     measured = len(first.trials)
-    again = tune(spec, output=out, probe_fn=surface, resume=True, strategy="bayes", max_trials=measured + 2)
+    again = tune(with_tune(spec, strategy="bayes", max_trials=measured + 2), TuneOptions(output=out, probe_fn=surface, resume=True))
     assert len(again.trials) > measured
     study = opened_study(spec, out / "study.journal")
     asked = [t for t in study.trials if t.number >= len(first.trials) and "gp:relative_params:0" in t.system_attrs]
     assert asked and all("batch_size" in json.loads(t.system_attrs["gp:relative_params:0"]) for t in asked)
     # and a resume with auto still re-uses every off-grid trial: nothing is probed again
     calls = len(surface.calls)
-    assert tune(spec, output=out, probe_fn=surface, resume=True, max_trials=len(again.trials)).new_trials == 0
+    assert tune(with_tune(spec, max_trials=len(again.trials)), TuneOptions(output=out, probe_fn=surface, resume=True)).new_trials == 0
     assert len(surface.calls) == calls
 
 

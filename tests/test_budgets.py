@@ -16,6 +16,7 @@ from trainfit.tune.budgets import parse_budgets, rejudged, tune_budgets
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
 from trainfit.tune import tune
+from trainfit.search.options import TuneOptions
 
 BUDGETS = [40.0, 30.0, 24.0, 16.0]
 
@@ -44,7 +45,7 @@ def test_the_matrix_picks_what_separate_tunes_pick_for_a_fraction_of_their_probe
         surfaces.append(Surface(spec_b.budget.memory_gb))  # OOMs past the budget's cap, as a real probe does
         return surfaces[-1]
 
-    matrix, _ = tune_budgets(spec, BUDGETS, output=tmp_path / "matrix", make_probe=make_probe)
+    matrix, _ = tune_budgets(spec, BUDGETS, TuneOptions(output=tmp_path / "matrix"), make_probe=make_probe)
     assert [r.budget_gb for r in matrix.rows] == BUDGETS
     shared = sum(len(s.calls) for s in surfaces)
     assert shared == matrix.probes and matrix.rows[0].reused == 0 and all(r.reused > 0 for r in matrix.rows[1:])
@@ -55,7 +56,7 @@ def test_the_matrix_picks_what_separate_tunes_pick_for_a_fraction_of_their_probe
 
         alone = Surface(row.budget_gb)
         spec_b = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, memory_gb=row.budget_gb))
-        result = tune(spec_b, output=tmp_path / f"alone-{row.budget_gb:g}", probe_fn=alone)
+        result = tune(spec_b, TuneOptions(output=tmp_path / f"alone-{row.budget_gb:g}", probe_fn=alone))
         separate += len(alone.calls)
         best = result.summary.best_config
         assert best is not None and row.searched == best.searched, row.budget_gb  # the same pick
@@ -85,5 +86,7 @@ def test_a_matrix_of_real_probes_takes_what_the_largest_budget_measured(tmp_path
     assert [(r["budget_gb"], r["probed"], r["reused"]) for r in matrix] == [(8.0, 2, 0), (6.0, 0, 2)]
     assert matrix[0]["searched"] == matrix[1]["searched"] and matrix[1]["command"]  # both fit: the same pick
     assert "BUDGET MATRIX" in printed and "2 probes in all" in printed
+    for folder in (out, out / "budget-6gb"):  # --strategy went into the spec each search ran, and its summary says so
+        assert json.loads((folder / "summary.json").read_text())["spec"]["tune"]["strategy"] == "grid"
     assert main(["tune", str(spec), "--budgets", "8,6", "--memory-gb", "4", "--output", str(tmp_path / "x")]) == 2
     assert "drop --memory-gb" in capsys.readouterr().err

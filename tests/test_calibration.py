@@ -26,6 +26,7 @@ from trainfit.spec import load_spec
 from trainfit.trainer.step_pricing import own_step_time, pace_change, priced_steps
 from trainfit.trainer.trainer_output import bar_seconds_per_step, bar_step, parse_train_runtime, recorded_steps, step_spread
 from trainfit.tune import tune
+from trainfit.search.options import TuneOptions
 
 SMALL_TUNE = ["max_length=256", "search={batch_size: [4]}", "tune.target_effective_batch=32", "tune.max_trials=1"]
 """The bundled example cut to one config, effective batch 32 at up to 256 tokens: steps of ~0.3-0.5 s on a 2-core
@@ -44,7 +45,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("written") / "run"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRAINFIT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-        tune(load_spec(EXAMPLES / "tiny-llama.yaml", SMALL_TUNE), output=out, probe_fn=fixed)
+        tune(load_spec(EXAMPLES / "tiny-llama.yaml", SMALL_TUNE), TuneOptions(output=out, probe_fn=fixed))
     return out
 
 
@@ -265,7 +266,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Calibrat
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("HF_HOME", str(root / "hf"))
         mp.setenv("PATH", os.pathsep.join(p for p in ("/usr/bin", "/bin") if os.path.isdir(p)))  # trl: found beside Python
-        tune(load_spec(EXAMPLES / "tiny-llama.yaml", [*SMALL_TUNE, *QUICK_PROBE]), output=out)
+        tune(load_spec(EXAMPLES / "tiny-llama.yaml", [*SMALL_TUNE, *QUICK_PROBE]), TuneOptions(output=out))
         calibration = calibrate(out, 20, work=work, step_cost=best_step_cost(out), on_progress=lines.append)
     return out, calibration, lines, work
 

@@ -21,6 +21,7 @@ from trainfit.errors import SpecError, TrainfitError
 from trainfit.probe.events import Phase
 from trainfit.search.events import ProbeProgress
 from trainfit.spec import load_spec
+from trainfit.search.options import TuneOptions
 
 CLI = [sys.executable, "-c", "import sys; from trainfit.cli import main; sys.exit(main())"]
 
@@ -63,7 +64,7 @@ def test_tune_passes_the_probe_phase_to_its_live_line(tmp_path: Path, capsys: An
     view = TuneView(quiet=False, objective="samples_per_second")
     view.tty = True
     events: list[Any] = []
-    tune(spec, output=tmp_path / "out", on_event=lambda e: (events.append(e), view(e)))
+    tune(spec, TuneOptions(output=tmp_path / "out", on_event=lambda e: (events.append(e), view(e))))
     phases = [e.event.phase for e in events if isinstance(e, ProbeProgress) and isinstance(e.event, Phase)]
     assert phases[-3:] == ["memory", "burn_in", "timed"]
     assert "probing batch_size=1 ..." in capsys.readouterr().err.replace(" build", "").split(" memory")[0]

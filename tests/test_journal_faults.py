@@ -22,12 +22,14 @@ from trainfit.cli.tune_render import TuneView
 from trainfit.errors import TrainfitError
 from trainfit.search.events import TrialsLost, TuneEvent
 from trainfit.tune import tune
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 
 def tuned(tmp_path: Path, trials: int = 3) -> tuple[Any, Path]:
     """A spec and its output folder's journal after a real short tune: ``trials`` measured."""
     spec = synthetic_spec(tmp_path, "grid")
-    tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=trials)
+    tune(with_tune(spec, max_trials=trials), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     return spec, tmp_path / "out" / "study.journal"
 
 
@@ -55,8 +57,7 @@ def resumed(spec: Any, tmp_path: Path, capsys: Any, max_trials: int = 3) -> tupl
         events.append(event)
         view(event)
 
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface, max_trials=max_trials, resume=True,
-                  on_event=on_event)
+    result = tune(with_tune(spec, max_trials=max_trials), TuneOptions(output=tmp_path / "out", probe_fn=surface, resume=True, on_event=on_event))
     return result, surface, events, capsys.readouterr().err
 
 
@@ -136,7 +137,7 @@ def test_an_emptied_journal_is_begun_again_with_resume_and_said_so_without(tmp_p
     spec, journal = tuned(tmp_path)
     journal.write_bytes(b"")
     with pytest.raises(TrainfitError, match="study.journal is empty") as info:
-        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=3)
+        tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     assert "pass --resume to begin it again there" in str(info.value)
     result, surface, events, err = resumed(spec, tmp_path, capsys)
     [lost] = [e for e in events if isinstance(e, TrialsLost)]
@@ -170,7 +171,7 @@ def test_an_intact_journal_reports_no_lost_trial(tmp_path: Path) -> None:
     """The guard on the check above: a resumed study whose journal is whole names nothing."""
     spec, _ = tuned(tmp_path)
     events: list[TuneEvent] = []
-    tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=4, resume=True, on_event=events.append)
+    tune(with_tune(spec, max_trials=4), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True, on_event=events.append))
     assert not [e for e in events if isinstance(e, TrialsLost)]
 
 
@@ -213,7 +214,7 @@ def test_a_refused_journal_write_names_the_journal(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
     assert run.stdout.strip() == f"File too large ({out / 'study.journal'})"
-    result = tune(spec, output=out, probe_fn=Surface(), max_trials=3, resume=True)
+    result = tune(with_tune(spec, max_trials=3), TuneOptions(output=out, probe_fn=Surface(), resume=True))
     assert result.summary.total_tested == 3 and result.new_trials == 2  # trial 0 kept; the cut-off one retried
 
 
@@ -230,7 +231,7 @@ def test_a_full_disk_while_an_output_is_written_names_it(tmp_path: Path, name: s
     full = out / f"{name}.{os.getpid()}.tmp"
     full.symlink_to("/dev/full")
     with pytest.raises(OSError) as info:
-        tune(spec, output=out, probe_fn=Surface(), max_trials=2)
+        tune(with_tune(spec, max_trials=2), TuneOptions(output=out, probe_fn=Surface()))
     assert info.value.filename == str(full) and not full.is_symlink()
 
 

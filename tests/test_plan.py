@@ -21,6 +21,7 @@ from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, write_speed
 from trainfit.plan.eval_pass import Evaluation
 from trainfit.plan.inputs import Candidate
 from trainfit.plan.options import fewer_epochs, shorter_max_length, subset
+from trainfit.search.options import TuneOptions
 
 FAST_DISK = 1e9  # bytes/s: checkpoints cost ~nothing in the tests of the rules
 
@@ -363,8 +364,7 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     def oom(params: Params, number: int) -> Measurement:
         return Measurement(status="oom", config=params.to_dict(), peak_memory_bytes=2**30, device="cpu")
 
-    tune(load_spec(EXAMPLES / "tiny-llama.yaml", ["search={batch_size: [4]}", "tune.max_trials=1"]), output=nothing,
-         probe_fn=oom)
+    tune(load_spec(EXAMPLES / "tiny-llama.yaml", ["search={batch_size: [4]}", "tune.max_trials=1"]), TuneOptions(output=nothing, probe_fn=oom))
     assert main(["plan", str(nothing), "--max-hours", "2"]) == 2
     err = capsys.readouterr().err
     assert "no config fit the budget" in err and "all_failed advice" in err and "Traceback" not in err

@@ -14,6 +14,7 @@ from trainfit.errors import TrainfitError
 from trainfit.run_folder import COMMAND_FILE, SUMMARY_FILE, RunFolder
 from trainfit.spec import load_spec
 from trainfit.tune import tune
+from trainfit.search.options import TuneOptions
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "trainfit"
 
@@ -26,7 +27,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("run") / "run"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRAINFIT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-        tune(load_spec(EXAMPLES / "tiny-tts.yaml", ["tune.max_trials=1"]), output=out, probe_fn=fixed)
+        tune(load_spec(EXAMPLES / "tiny-tts.yaml", ["tune.max_trials=1"]), TuneOptions(output=out, probe_fn=fixed))
     return out
 
 

@@ -144,6 +144,7 @@ def test_cli_reports_spec_errors_without_traceback(tmp_path: Path, capsys: pytes
 
 
 def test_public_api_names_resolve_lazily() -> None:
+    import pkgutil
     import subprocess
     import sys
 
@@ -152,6 +153,12 @@ def test_public_api_names_resolve_lazily() -> None:
     assert sorted(trainfit.__all__) == sorted([*trainfit._LAZY, "__version__"])
     for name in trainfit.__all__:
         assert getattr(trainfit, name) is not None
+    # A public name that is also a subpackage's turns into the module once the subpackage is imported.
+    subpackages = {m.name for m in pkgutil.iter_modules(trainfit.__path__)}
+    assert not set(trainfit.__all__) & subpackages
+    import trainfit.tune  # noqa: F401  (as a script that imports a workflow does)
+
+    assert all(getattr(trainfit, name) is getattr(trainfit, name) for name in trainfit.__all__)
     # `import trainfit` and `trainfit --help` stay light: torch is imported only when used.
     code = "import sys, trainfit, trainfit.cli; trainfit.cli.build_parser(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
@@ -261,3 +268,21 @@ def test_a_model_folder_with_a_tokenizer_counts_the_lengths(tmp_path: Path, text
     assert not any("approximate" in n for n in notes)
     assert load_spec(spec_file, [f"tokenizer={EXAMPLES / 'data' / 'tokenizer.json'}"]).tokenizer.endswith(
         "tokenizer.json")  # an explicit tokenizer wins
+
+
+def test_with_tune_sets_a_run_limit_checked_as_the_file_is() -> None:
+    """The one channel for a search's strategy and limits (the CLI's flags write through it): the
+    spec's tune: section, checked like the file's, and only the limits of a run (the space and the
+    command are the file's)."""
+    from trainfit.spec import with_tune
+
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml")
+    limited = with_tune(spec, max_trials=5, strategy="grid")
+    assert (limited.tune.max_trials, limited.tune.strategy) == (5, "grid")
+    assert limited.tune.objective == spec.tune.objective and limited.params == spec.params
+    assert limited.digest() == spec.digest()  # the same study: limits do not change what is measured
+    with pytest.raises(SpecError, match=r"tune.max_trials: .*>= 1") as bad:
+        with_tune(spec, max_trials=0, strategy="nope")
+    assert "tune.strategy" in str(bad.value)  # every problem at once
+    with pytest.raises(SpecError, match="tune.command_template: not a run limit: set it in the spec file"):
+        with_tune(spec, command_template="python train.py")

@@ -23,6 +23,8 @@ from trainfit.search import loop as search_loop
 from trainfit.search.events import JournalRepaired, TuneEvent, Waiting
 from trainfit.spec import load_spec
 from trainfit.tune import tune
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 VALUES = ("batch_size", "gradient_checkpointing", "lora_r")
 
@@ -30,7 +32,7 @@ VALUES = ("batch_size", "gradient_checkpointing", "lora_r")
 def tuned(tmp_path: Path, trials: int = 3) -> tuple[Any, Path]:
     """A spec and its output folder after a real short tune: ``trials`` measured, in study.journal."""
     spec = synthetic_spec(tmp_path, "grid")
-    tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=trials)
+    tune(with_tune(spec, max_trials=trials), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     return spec, tmp_path / "out" / "study.journal"
 
 
@@ -52,7 +54,7 @@ def test_a_damaged_last_line_is_dropped_with_a_backup_and_the_study_resumes(tmp_
     journal.write_bytes(damaged)
     events: list[TuneEvent] = []
     surface = Surface()
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface, max_trials=5, resume=True, on_event=events.append)
+    result = tune(with_tune(spec, max_trials=5), TuneOptions(output=tmp_path / "out", probe_fn=surface, resume=True, on_event=events.append))
     [backup] = backups(journal)
     assert backup.read_bytes() == damaged  # the file as it was, byte for byte
     [note] = [e for e in events if isinstance(e, JournalRepaired)]
@@ -62,7 +64,7 @@ def test_a_damaged_last_line_is_dropped_with_a_backup_and_the_study_resumes(tmp_
     assert result.summary.to_json()["total_tested"] == 5
     # nothing measured was lost: only the torn write's trial (its last entry) is probed again
     assert len(surface.calls) == (2 if damage == "appended garbage" else 3)
-    again = tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=5, resume=True)
+    again = tune(with_tune(spec, max_trials=5), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True))
     assert again.new_trials == 0 and len(backups(journal)) == 1  # the repaired journal loads as it is
 
 
@@ -77,7 +79,7 @@ def test_a_journal_damaged_mid_file_is_refused_unchanged_with_the_line_and_the_r
     journal.write_bytes(b"\n".join(lines))
     damaged = journal.read_bytes()
     with pytest.raises(TrainfitError, match=rf"study.journal is damaged at line 10 of {len(lines) - 1}\b") as info:
-        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=5, resume=True)
+        tune(with_tune(spec, max_trials=5), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True))
     assert "head -n 9" in str(info.value) and "--output NEW_FOLDER" in str(info.value)
     assert journal.read_bytes() == damaged and not backups(journal)
     # the command line: one clear error, no traceback; without --resume the folder is refused as a study
@@ -85,7 +87,7 @@ def test_a_journal_damaged_mid_file_is_refused_unchanged_with_the_line_and_the_r
     err = capsys.readouterr().err
     assert err.startswith("trainfit tune: error: ") and "line 10" in err and "Traceback" not in err
     with pytest.raises(TrainfitError, match="already holds a tuning study"):
-        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=5)
+        tune(with_tune(spec, max_trials=5), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     assert journal.read_bytes() == damaged and not backups(journal)
 
 
@@ -96,7 +98,7 @@ def test_without_resume_a_torn_journal_is_left_as_it_is(tmp_path: Path) -> None:
     journal.write_bytes(journal.read_bytes()[:-25])
     damaged = journal.read_bytes()
     with pytest.raises(TrainfitError, match="already holds a tuning study") as info:
-        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=5)
+        tune(with_tune(spec, max_trials=5), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     assert "--resume" in str(info.value)
     assert journal.read_bytes() == damaged and not backups(journal)
 
@@ -108,24 +110,23 @@ def test_results_without_a_journal_are_not_overwritten(tmp_path: Path) -> None:
     folder's trials.csv and summary.json are an earlier run's results: refused as a study is."""
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     spec = synthetic_spec(tmp_path, "grid")
-    tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=2, storage=url)
+    tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), storage=url))
     assert not (tmp_path / "out" / "study.journal").exists()
     before = {name: (tmp_path / "out" / name).read_bytes() for name in ("trials.csv", "summary.json")}
     with pytest.raises(TrainfitError, match="holds the results of an earlier run") as info:
-        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=2)
+        tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     assert "--output NEW_FOLDER" in str(info.value)
     with pytest.raises(TrainfitError, match="holds the results of an earlier run"):  # another study of the storage
-        tune(load_spec(spec.source, ["budget.memory_gb=30"]), output=tmp_path / "out", probe_fn=Surface(),
-             max_trials=2, storage=url)
+        tune(with_tune(load_spec(spec.source, ["budget.memory_gb=30"]), max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), storage=url))
     assert {name: (tmp_path / "out" / name).read_bytes() for name in before} == before
     # continuing the same study there is what the folder is for
-    resumed = tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=3, storage=url, resume=True)
+    resumed = tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), storage=url, resume=True))
     assert resumed.summary.to_json()["total_tested"] == 3
     # a lost journal: its results stay too
-    tune(spec, output=tmp_path / "j", probe_fn=Surface(), max_trials=2)
+    tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "j", probe_fn=Surface()))
     (tmp_path / "j" / "study.journal").unlink()
     with pytest.raises(TrainfitError, match="holds the results of an earlier run"):
-        tune(spec, output=tmp_path / "j", probe_fn=Surface(), max_trials=2)
+        tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "j", probe_fn=Surface()))
 
 
 # -- item 16: the data changed under --resume ---------------------------------------------------
@@ -142,33 +143,33 @@ def data_spec(tmp_path: Path) -> Any:
 
 def test_resume_refuses_data_that_changed_since_the_study_began(tmp_path: Path) -> None:
     spec = data_spec(tmp_path)
-    tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=2)
+    tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     os.utime(tmp_path / "train.jsonl", ns=(0, 0))  # touched, or copied without its times: the same data
-    assert tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=3, resume=True).new_trials == 1
+    assert tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True)).new_trials == 1
     journal = (tmp_path / "out" / "study.journal").read_bytes()
     write_texts(tmp_path / "train.jsonl", n=50, seed=1)  # new content at the same path
     with pytest.raises(TrainfitError, match="the data at .*train.jsonl changed since this study began") as info:
-        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=4, resume=True)
+        tune(with_tune(spec, max_trials=4), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True))
     assert "--output NEW_FOLDER" in str(info.value)
     assert (tmp_path / "out" / "study.journal").read_bytes() == journal  # nothing recorded against it
     # a new folder starts a new study on the new data
-    assert tune(spec, output=tmp_path / "new", probe_fn=Surface(), max_trials=1).new_trials == 1
+    assert tune(with_tune(spec, max_trials=1), TuneOptions(output=tmp_path / "new", probe_fn=Surface())).new_trials == 1
 
 
 def test_a_study_begun_before_data_fingerprints_still_resumes(tmp_path: Path) -> None:
     """A journal written before the fingerprint was stored (its entry taken out of a real one):
     accepted as it is, and from then on it holds the data's fingerprint."""
     spec = data_spec(tmp_path)
-    tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=2)
+    tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     journal = tmp_path / "out" / "study.journal"
     lines = journal.read_text().splitlines(keepends=True)
     old = [line for line in lines if '"data_fingerprint"' not in line]
     assert len(old) == len(lines) - 1
     journal.write_text("".join(old))
-    assert tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=3, resume=True).new_trials == 1
+    assert tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True)).new_trials == 1
     write_texts(tmp_path / "train.jsonl", n=50, seed=1)
     with pytest.raises(TrainfitError, match="changed since this study began"):
-        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=4, resume=True)
+        tune(with_tune(spec, max_trials=4), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True))
 
 
 # -- item 14: runs sharing a storage, ending together ------------------------------------------
@@ -188,7 +189,7 @@ def test_a_trial_another_run_probes_counts_against_max_trials_and_goes_in_the_su
     monkeypatch.setattr(search_loop, "BUSY_WAIT_S", 0.01)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     spec = synthetic_spec(tmp_path, "grid")
-    tune(spec, output=tmp_path / "a", probe_fn=Surface(), max_trials=2, storage=url)
+    tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "a", probe_fn=Surface(), storage=url))
     values = {"batch_size": 32, "gradient_checkpointing": True, "lora_r": 16}
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
@@ -198,8 +199,7 @@ def test_a_trial_another_run_probes_counts_against_max_trials_and_goes_in_the_su
             if isinstance(event, Waiting) and trial.number not in {t.number for t in other.history()}:
                 other.tell(trial, values, Surface()(Params(**values), trial.number), other.history())
 
-        result = tune(spec, output=tmp_path / "c", probe_fn=Surface(), max_trials=3, storage=url, join=True,
-                      on_event=on_event)
+        result = tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "c", probe_fn=Surface(), storage=url, join=True, on_event=on_event))
     finally:
         alive.kill()
         alive.wait()
@@ -213,7 +213,7 @@ def test_of_two_trials_asked_for_the_last_slot_the_later_one_is_over_budget(tmp_
     trials, and only the first asked counts; the other is over the budget and is not probed."""
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     spec = synthetic_spec(tmp_path, "grid")
-    tune(spec, output=tmp_path / "a", probe_fn=Surface(), max_trials=2, storage=url)
+    tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "a", probe_fn=Surface(), storage=url))
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         first_store, first = claim(spec, tmp_path / "b", url, dict(zip(VALUES, (32, True, 16), strict=True)), alive)
@@ -230,7 +230,7 @@ def _join(spec: Any, url: str, output: Path, log: Path) -> int:
     """One machine of two started with the same command and --max-trials 5 (in a child process):
     the trials its summary counts."""
     search_loop.BUSY_WAIT_S = 0.05
-    result = tune(spec, output=output, probe_fn=Slow(log), storage=url, join=True, max_trials=5)
+    result = tune(with_tune(spec, max_trials=5), TuneOptions(output=output, probe_fn=Slow(log), storage=url, join=True))
     return result.summary.to_json()["total_tested"]
 
 
@@ -276,11 +276,11 @@ def test_a_memory_constraint_the_sampler_cannot_read_refuses_bayes_and_leaves_au
     journal.write_text("".join(json.dumps(e) + "\n" for e in logs))
     surface = Surface()
     with pytest.raises(TrainfitError) as refused:
-        tune(spec, output=tmp_path / "out", probe_fn=surface, max_trials=9, resume=True, strategy="bayes")
+        tune(with_tune(spec, strategy="bayes", max_trials=9), TuneOptions(output=tmp_path / "out", probe_fn=surface, resume=True))
     assert "trial 2 of" in refused.value.message and "--strategy auto" in (refused.value.hint or "")
     store = store_for(spec, tmp_path / "out", resume=True)
     trials = store.study.trials
     store.close()
     assert len(trials) == 6 and surface.calls == []  # no trial asked for (none left running), nothing probed
-    again = tune(spec, output=tmp_path / "out", probe_fn=surface, max_trials=9, resume=True, strategy="auto")
+    again = tune(with_tune(spec, strategy="auto", max_trials=9), TuneOptions(output=tmp_path / "out", probe_fn=surface, resume=True))
     assert len(again.trials) > 6 and 2 in {t.number for t in again.trials}  # its record reads: it stays measured

@@ -16,6 +16,7 @@ from trainfit.trainer.calibration import calibrate, check_can_calibrate
 from trainfit.errors import TrainfitError
 from trainfit.spec import load_spec
 from trainfit.tune import calibration_steps, tune
+from trainfit.search.options import TuneOptions
 
 STEP_S = 0.1
 """What a step of the stand-in trainer sleeps: no step can be timed shorter."""
@@ -65,7 +66,7 @@ def test_a_template_without_max_steps_is_refused_with_the_placeholder_to_add(in_
     # On a GPU nobody asked for it: a note says why there is none, the search goes on.
     steps, note = calibration_steps(spec, "cuda:0", None)
     assert steps is None and note is not None and "{max_steps}" in note
-    tune(spec, output=in_tmp / "run", probe_fn=fixed)
+    tune(spec, TuneOptions(output=in_tmp / "run", probe_fn=fixed))
     with pytest.raises(TrainfitError, match=r"has no \{max_steps\} placeholder") as err:
         calibrate(in_tmp / "run", 4, work=in_tmp / "work")
     assert "tune again with --resume" in (err.value.hint or "")
@@ -76,7 +77,7 @@ def test_the_written_command_drops_max_steps_and_a_calibration_fills_it(in_tmp: 
     spec = template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}")
     assert calibration_steps(spec, "cuda:0", None)[0] == 30  # calibrated by default on a GPU
     lines: list[str] = []
-    result = tune(spec, output=in_tmp / "run", probe_fn=fixed, calibrate_steps=8, on_calibration=lines.append)
+    result = tune(spec, TuneOptions(output=in_tmp / "run", probe_fn=fixed, calibrate_steps=8, on_calibration=lines.append))
     script = (in_tmp / "run" / "train_command.sh").read_text()
     assert script.rstrip().endswith("bash trainer.sh --bs 4")  # the run trains its epochs
     # Run twice in the folder tune ran from: 2 steps, then 2 + 8, each writing to its own throw-away folder.
@@ -98,8 +99,7 @@ def test_the_written_command_drops_max_steps_and_a_calibration_fills_it(in_tmp: 
 
 
 def test_a_summary_whose_best_config_no_longer_fills_the_template_is_refused(in_tmp: Path) -> None:
-    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"), output=in_tmp / "run",
-         probe_fn=fixed)
+    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"), TuneOptions(output=in_tmp / "run", probe_fn=fixed))
     path = in_tmp / "run" / "summary.json"
     raw = json.loads(path.read_text())
     raw["best_config"]["command"] = "bash trainer.sh --bs 8"
@@ -112,8 +112,7 @@ def test_a_summary_whose_best_config_no_longer_fills_the_template_is_refused(in_
 def test_a_template_whose_trainer_ignores_max_steps_is_stopped_with_the_fix(in_tmp: Path) -> None:
     """A trainer that does not stop at the steps asked for would train its whole run, twice: its bar
     counting past them stops it at once."""
-    tune(template_spec("bash trainer.sh --bs {batch_size} --steps {max_steps}"), output=in_tmp / "run",
-         probe_fn=fixed)  # --steps: not the flag the stand-in stops by, so it runs its 50 steps
+    tune(template_spec("bash trainer.sh --bs {batch_size} --steps {max_steps}"), TuneOptions(output=in_tmp / "run", probe_fn=fixed))  # --steps: not the flag the stand-in stops by, so it runs its 50 steps
     with pytest.raises(TrainfitError, match="counts 3 of 50 steps, past the 2 it was asked to stop at") as err:
         calibrate(in_tmp / "run", 4, work=in_tmp / "work")
     assert "passes {max_steps} to the flag your trainer stops by" in (err.value.hint or "")
@@ -132,8 +131,7 @@ def test_a_custom_key_may_not_take_a_template_placeholders_name_nor_packing_go_u
 
 
 def test_a_failing_template_run_names_its_log(in_tmp: Path) -> None:
-    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps} && exit 7"),
-         output=in_tmp / "run", probe_fn=fixed)
+    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps} && exit 7"), TuneOptions(output=in_tmp / "run", probe_fn=fixed))
     with pytest.raises(TrainfitError, match="2-step run of your tune.command_template exited with 7") as err:
         calibrate(in_tmp / "run", 4, work=in_tmp / "work")
     assert str(in_tmp / "work" / "calibrate-2-steps.log") in (err.value.hint or "")
@@ -142,16 +140,15 @@ def test_a_failing_template_run_names_its_log(in_tmp: Path) -> None:
 def test_train_max_steps_fills_the_templates_max_steps_or_says_why_not(in_tmp: Path) -> None:
     """``trainfit train --max-steps N`` on a template run: the command tune wrote, with ``{max_steps}``
     filled (a template without one is refused before anything runs, with the ways on)."""
-    from trainfit.train import train
+    from trainfit.train import TrainOptions, train
 
-    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"), output=in_tmp / "run",
-         probe_fn=fixed)
-    train(in_tmp / "run", in_tmp / "out", max_steps=3, say=lambda line: None)
+    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"), TuneOptions(output=in_tmp / "run", probe_fn=fixed))
+    train(in_tmp / "run", in_tmp / "out", TrainOptions(max_steps=3, say=lambda line: None))
     assert (in_tmp / "steps-run.txt").read_text().split() == ["3"]
     assert json.loads((in_tmp / "out" / "train.json").read_text())["argv"] == ["bash trainer.sh --bs 4 --max_steps 3"]
-    tune(template_spec("bash trainer.sh --bs {batch_size}"), output=in_tmp / "plain", probe_fn=fixed)
+    tune(template_spec("bash trainer.sh --bs {batch_size}"), TuneOptions(output=in_tmp / "plain", probe_fn=fixed))
     with pytest.raises(TrainfitError, match=r"--max-steps 3 stops your tune.command_template after 3 steps, and it "
                                             r"has no \{max_steps\} placeholder") as err:
-        train(in_tmp / "plain", in_tmp / "out2", max_steps=3, say=lambda line: None)
+        train(in_tmp / "plain", in_tmp / "out2", TrainOptions(max_steps=3, say=lambda line: None))
     assert "pass your trainer's own step limit after --" in (err.value.hint or "")
     assert not (in_tmp / "out2").exists()

@@ -26,6 +26,8 @@ from trainfit.search.ranking import with_trainer_cost
 from trainfit.spec import load_spec
 from trainfit.summary import Summary, TrainerCost
 from trainfit.tune import tune
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 TWO_SPLITS = ["max_length=256", "search={batch_size: [1, 8]}", "tune.target_effective_batch=8", "tune.max_trials=2",
               "tune.strategy=grid"]
@@ -72,8 +74,8 @@ def probed(tmp_path: Path) -> tuple[Any, Path, Any, dict[int, int], TrainerCost]
 
 def again(spec: Any, out: Path, resume: bool = True, **options: Any) -> Any:
     """The tune of ``spec`` into ``out`` at the figures of :func:`measured` (``resume``: its study, continued)."""
-    return tune(spec, output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=resume,
-                **options)
+    return tune(spec, TuneOptions(output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False),
+                                  resume=resume, **options))
 
 
 def test_the_trainers_cost_is_added_per_micro_batch_to_each_step() -> None:
@@ -143,7 +145,7 @@ def test_a_plan_on_a_probe_that_did_not_settle_says_so_with_the_way_on(tmp_path:
 
     spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
     out = tmp_path / "run"
-    tune(spec, output=out, probe_fn=unsettled, stats=analyze_spec(spec, progress=False))
+    tune(spec, TuneOptions(output=out, probe_fn=unsettled, stats=analyze_spec(spec, progress=False)))
     rests_on = " ".join(make_plan(out, max_hours=10, epochs=1).rests_on)
     assert "probe did not settle (+-150%)" in rests_on and "--resume --confirm 3" in rests_on
     _, settled, *_ = probed(tmp_path / "settled")
@@ -299,12 +301,11 @@ def test_a_calibration_nobody_asked_for_that_fails_leaves_the_search_ranked_by_t
     spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, data={"path": str(data)},
                                     params={"max_length": 64}, budget={"memory_gb": 40.0, "headroom_gb": 2.0}))
     lines: list[str] = []
-    result = tune(spec, output=tmp_path / "quiet", probe_fn=Surface(), max_trials=3, calibrate_steps=30,
-                  calibration_optional=True, on_calibration=lines.append)
+    result = tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "quiet", probe_fn=Surface(), calibrate_steps=30, calibration_optional=True, on_calibration=lines.append))
     assert result.best is not None and not (tmp_path / "quiet" / TRAINER_COST_FILE).exists()
     assert lines == ["note: not calibrated, the ranking rests on the probes alone: trl refused the data"]
     with pytest.raises(TrainfitError, match="trl refused the data"):
-        tune(spec, output=tmp_path / "asked", probe_fn=Surface(), max_trials=3, calibrate_steps=30)
+        tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "asked", probe_fn=Surface(), calibrate_steps=30))
 
 
 def test_gpu_speeds_without_the_trainers_cost_say_the_eta_is_a_lower_bound(tmp_path: Path) -> None:
@@ -316,7 +317,7 @@ def test_gpu_speeds_without_the_trainers_cost_say_the_eta_is_a_lower_bound(tmp_p
         return Measurement.from_dict({**measured(params, number).to_dict(), "device": "cuda:0"})
 
     spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
-    gpu = tune(spec, output=tmp_path / "gpu", probe_fn=on_gpu, stats=analyze_spec(spec, progress=False))
+    gpu = tune(spec, TuneOptions(output=tmp_path / "gpu", probe_fn=on_gpu, stats=analyze_spec(spec, progress=False)))
     [note] = [n for n in gpu.summary.notes if n.note == UNCALIBRATED_GPU_NOTE]
     assert sorted(note.trials) == sorted(t.number for t in gpu.trials)
     _, _, cpu, _, _ = probed(tmp_path)
@@ -324,8 +325,7 @@ def test_gpu_speeds_without_the_trainers_cost_say_the_eta_is_a_lower_bound(tmp_p
     cost = TrainerCost(per_micro_batch_s=TRAINER_S, trial=gpu.trials[0].number, searched={"batch_size": 1},
                        calibration=calibration(8 * TRAINER_S, 8, gpu.trials[0].number).to_json())
     (tmp_path / "gpu" / TRAINER_COST_FILE).write_text(json.dumps(cost.to_json()))
-    calibrated = tune(spec, output=tmp_path / "gpu", probe_fn=on_gpu, stats=analyze_spec(spec, progress=False),
-                      resume=True)
+    calibrated = tune(spec, TuneOptions(output=tmp_path / "gpu", probe_fn=on_gpu, stats=analyze_spec(spec, progress=False), resume=True))
     assert all(n.note != UNCALIBRATED_GPU_NOTE for n in calibrated.summary.notes)
 
 

@@ -17,13 +17,15 @@ from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.spec import load_spec
 from trainfit.tune import tune
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 
 @pytest.mark.parametrize("strategy", ["grid", "random", "bayes", "auto"])
 def test_every_strategy_recommends_only_measured_configs_within_budget(tmp_path: Path, strategy: str) -> None:
     surface = Surface()
     spec = synthetic_spec(tmp_path, strategy, max_trials=12 if strategy != "grid" else 64)
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     best = result.summary.to_json()["best_config"]
     assert best is not None
     assert best["memory_peak_gb"] + HEADROOM <= BUDGET
@@ -37,8 +39,8 @@ def test_every_strategy_recommends_only_measured_configs_within_budget(tmp_path:
 
 def test_grid_finds_the_true_optimum_and_auto_gets_there_cheaper(tmp_path: Path) -> None:
     grid_surface, auto_surface = Surface(), Surface()
-    grid = tune(synthetic_spec(tmp_path / "g", "grid"), output=tmp_path / "g" / "out", probe_fn=grid_surface)
-    auto = tune(synthetic_spec(tmp_path / "a", "auto"), output=tmp_path / "a" / "out", probe_fn=auto_surface)
+    grid = tune(synthetic_spec(tmp_path / "g", "grid"), TuneOptions(output=tmp_path / "g" / "out", probe_fn=grid_surface))
+    auto = tune(synthetic_spec(tmp_path / "a", "auto"), TuneOptions(output=tmp_path / "a" / "out", probe_fn=auto_surface))
     truth = grid_surface.best_feasible(GRID)
     assert grid.summary.to_json()["best_config"]["samples_per_second"] == pytest.approx(truth)
     assert auto.summary.to_json()["best_config"]["samples_per_second"] >= 0.97 * truth
@@ -57,14 +59,13 @@ def test_without_a_target_effective_batch_the_summary_gives_the_fastest_per_effe
                           budget={"memory_gb": BUDGET, "headroom_gb": HEADROOM})
     path.write_text(path.read_text() + "search:\n  batch_size: [1, 2, 4]\n  gradient_accumulation_steps: [1, 2]\n"
                     "tune:\n  strategy: grid\n")
-    result = tune(load_spec(path), output=tmp_path / "out", probe_fn=Surface())
+    result = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     per_batch = result.summary.to_json()["fastest_per_value"]["effective_batch_size"]
     assert set(per_batch) == {"1", "2", "4", "8"}
     assert all(e["effective_batch_size"] == int(k) for k, e in per_batch.items())
     assert per_batch["2"]["searched"] == {"batch_size": 2, "gradient_accumulation_steps": 1}  # faster than 1 x 2
     # With a target, every config trains at one effective batch: nothing to choose between.
-    fixed = tune(synthetic_spec(tmp_path / "t", "grid", max_trials=4), output=tmp_path / "t" / "out",
-                 probe_fn=Surface())
+    fixed = tune(synthetic_spec(tmp_path / "t", "grid", max_trials=4), TuneOptions(output=tmp_path / "t" / "out", probe_fn=Surface()))
     assert "effective_batch_size" not in fixed.summary.to_json()["fastest_per_value"]
 
 
@@ -79,7 +80,7 @@ def test_without_a_spec_budget_auto_predicts_against_the_devices_memory(tmp_path
                         "  gradient_checkpointing: [false, true]\n  lora_r: [8, 16]\n"
                         "tune:\n  strategy: auto\n  target_effective_batch: 32\n")
         surface = Surface()  # its measurements carry budget_memory_gb=40, as the worker records the device's
-        result = tune(load_spec(path), output=tmp_path / name / "out", probe_fn=surface)
+        result = tune(load_spec(path), TuneOptions(output=tmp_path / name / "out", probe_fn=surface))
         calls[name] = surface.calls
         assert result.summary.to_json()["budget"]["memory_gb"] == BUDGET
     assert calls["device"] == calls["spec"]
@@ -132,7 +133,7 @@ def test_ranges_constraints_refine_and_module_lists(tmp_path: Path) -> None:
     spec = load_spec(path)
     assert spec.search.dim("batch_size").grid_values() == (1, 2, 4, 8, 16, 32)
     surface = Surface()
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface, strategy="bayes", max_trials=8, refine=True)
+    result = tune(with_tune(spec, strategy="bayes", max_trials=8), TuneOptions(output=tmp_path / "out", probe_fn=surface, refine=True))
     assert all(c["lora_r"] >= 8 for c in surface.calls)  # the constraint holds for every probe
     assert {tuple(c["lora_target_modules"]) if isinstance(c["lora_target_modules"], list)
             else c["lora_target_modules"] for c in surface.calls} <= {("q_proj", "v_proj"), "all-linear"}
@@ -146,9 +147,9 @@ def test_ranges_constraints_refine_and_module_lists(tmp_path: Path) -> None:
 def test_refine_probes_the_neighbours_of_the_best(tmp_path: Path) -> None:
     spec = synthetic_spec(tmp_path, "auto")
     first = Surface()
-    plain = tune(spec, output=tmp_path / "a", probe_fn=first)
+    plain = tune(spec, TuneOptions(output=tmp_path / "a", probe_fn=first))
     refined = Surface()
-    tune(spec, output=tmp_path / "b", probe_fn=refined, refine=True)
+    tune(spec, TuneOptions(output=tmp_path / "b", probe_fn=refined, refine=True))
     assert refined.calls[:len(first.calls)] == first.calls  # same auto phase (deterministic)
     extra = refined.calls[len(first.calls):]
     assert extra, "refine probed nothing"
@@ -164,9 +165,9 @@ def test_refine_probes_the_neighbours_of_the_best(tmp_path: Path) -> None:
 def test_quick_refine_searches_locally_beyond_the_quick_budget(tmp_path: Path) -> None:
     """The seeds' `--quick --refine`: 6 configs, then improvements around the best."""
     spec = synthetic_spec(tmp_path, "random")
-    quick = tune(spec, output=tmp_path / "a", probe_fn=Surface(), quick=True)
+    quick = tune(spec, TuneOptions(output=tmp_path / "a", probe_fn=Surface(), quick=True))
     surface = Surface()
-    result = tune(spec, output=tmp_path / "b", probe_fn=surface, quick=True, refine=True)
+    result = tune(spec, TuneOptions(output=tmp_path / "b", probe_fn=surface, quick=True, refine=True))
     assert quick.summary.to_json()["total_tested"] == 6 and len(surface.calls) > 6
     assert "then refined" in result.stop_reason
     assert result.best.objective >= quick.best.objective
@@ -187,7 +188,7 @@ def test_bayes_stops_when_its_sampler_only_proposes_measured_configs(tmp_path: P
     spec = load_spec(synthetic_spec(tmp_path, "bayes").source,
                      ["search.batch_size=[1, 2]", "tune.patience=5", "tune.max_trials=64"])
     surface = Surface()
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     assert len(surface.calls) == len({json.dumps(c, sort_keys=True) for c in surface.calls}) <= 8  # each probed once
     study = optuna.load_study(study_name=None, storage=optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(tmp_path / "out" / "study.journal"))))
@@ -217,7 +218,7 @@ def test_a_knob_value_the_machine_cannot_run_costs_one_probe(tmp_path: Path, str
     path.write_text(path.read_text() + "search:\n  batch_size: [1, 2, 4, 8]\n  precision: [bf16, fp32]\n"
                     f"  gradient_checkpointing: [false, true]\ntune:\n  strategy: {strategy}\n  max_trials: 16\n")
     surface = NoBf16()
-    summary = tune(load_spec(path), output=tmp_path / "out", probe_fn=surface).summary.to_json()
+    summary = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=surface)).summary.to_json()
     assert sum(c["precision"] == "bf16" for c in surface.calls) == 1  # not once per family or batch size
     assert [(u["knob"], u["value"]) for u in summary["unsupported"]] == [("precision", "bf16")]
     assert summary["best_config"]["searched"]["precision"] == "fp32"
@@ -227,7 +228,7 @@ def test_when_everything_ooms_the_summary_says_what_to_change(tmp_path: Path) ->
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64},
                           budget={"memory_gb": 5.0, "headroom_gb": HEADROOM})
     path.write_text(path.read_text() + "search:\n  batch_size: [2, 4]\n")
-    result = tune(load_spec(path), output=tmp_path / "out", probe_fn=Surface(budget_gb=5.0))
+    result = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=Surface(budget_gb=5.0)))
     failed = result.summary.to_json()["all_failed"]
     assert result.summary.to_json()["best_config"] is None
     assert len(failed["measured_peaks_gb"]) == 1  # auto stops the family after the smallest batch OOMs
@@ -248,7 +249,7 @@ def test_an_oom_that_said_what_it_asked_for_needs_at_least_that(tmp_path: Path) 
                            peak_memory_bytes=int(3 * GiB), oom_needed_bytes=int(p.batch_size * 3 * GiB),
                            budget_memory_gb=5.0, budget_headroom_gb=HEADROOM)
 
-    smallest = tune(load_spec(path), output=tmp_path / "out", probe_fn=oom).summary.to_json()["all_failed"]["smallest_peak"]
+    smallest = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=oom)).summary.to_json()["all_failed"]["smallest_peak"]
     assert smallest["searched"] == {"batch_size": 2} and smallest["at_least"]
     assert smallest["needs_memory_gb"] == pytest.approx(6.0 + HEADROOM)
     rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
@@ -271,7 +272,7 @@ def test_when_nothing_fits_the_advice_starts_with_the_largest_measured_part(
                            peak_memory_bytes=sum(scaled.values()), memory_parts_bytes=scaled,
                            budget_memory_gb=5.0, budget_headroom_gb=HEADROOM, steps_measured=5)
 
-    failed = tune(load_spec(path), output=tmp_path / "out", probe_fn=over_budget).summary.to_json()["all_failed"]
+    failed = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=over_budget)).summary.to_json()["all_failed"]
     assert failed["advice"][0].startswith(first)
     smallest = failed["smallest_peak"]
     assert smallest["searched"] == {"batch_size": 2}
@@ -291,13 +292,12 @@ def test_when_the_full_logits_weigh_the_advice_starts_with_a_loss_without_them(t
                            full_logits_bytes=int(logits_gb * GiB) or None,
                            budget_memory_gb=5.0, budget_headroom_gb=HEADROOM, steps_measured=5)
 
-    failed = tune(load_spec(path), output=tmp_path / "out", probe_fn=logits_heavy).summary.to_json()["all_failed"]
+    failed = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=logits_heavy)).summary.to_json()["all_failed"]
     assert failed["smallest_peak"]["full_logits_gb"] == pytest.approx(2.0)
     assert failed["advice"][0].startswith("a loss without the full logits") and "2.00 GiB" in failed["advice"][0]
     assert failed["advice"][1].startswith("gradient_checkpointing")
     # a loss that builds no full logits (TRL's fused head) gets no such advice
-    failed = tune(load_spec(path), output=tmp_path / "out2",
-                  probe_fn=lambda p, n: logits_heavy(p, n, 0.0)).summary.to_json()["all_failed"]
+    failed = tune(load_spec(path), TuneOptions(output=tmp_path / "out2", probe_fn=lambda p, n: logits_heavy(p, n, 0.0))).summary.to_json()["all_failed"]
     assert not any("full logits" in a for a in failed["advice"])
 
 
@@ -319,7 +319,7 @@ def test_the_library_searches_the_default_space_as_the_cli_does(tmp_path: Path) 
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
                           params={"max_length": 64, "gradient_accumulation_steps": 4})
     surface = Surface()
-    result = tune(load_spec(path), output=tmp_path / "out", probe_fn=surface)
+    result = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=surface))
     assert {(c["batch_size"], c["gradient_checkpointing"]) for c in surface.calls} <= {
         (b, g) for b in (1, 2, 4) for g in (False, True)} and len(surface.calls) >= 3
     assert {c["batch_size"] * c["gradient_accumulation_steps"] for c in surface.calls} == {4}
@@ -405,6 +405,6 @@ def test_the_default_search_groups_by_length_where_random_batches_are_mostly_pad
     takes_it = spec_of("takes", long_tailed, {}, ("tune.command_template=python train.py --group {group_by_length}",))
     assert "group_by_length" in with_default_search(takes_it, analyze_spec(takes_it, progress=False)).search.names
     # tune() reads the lengths itself: its search, and so its trials, hold the grouping.
-    tune(spec, output=tmp_path / "run", probe_fn=fixed_speed(), max_trials=1)
+    tune(with_tune(spec, max_trials=1), TuneOptions(output=tmp_path / "run", probe_fn=fixed_speed()))
     with (tmp_path / "run" / "trials.csv").open() as f:
         assert "group_by_length" in next(csv.reader(f))

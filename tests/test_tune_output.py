@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_LLAMA, make_spec_file
+from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
 from tune_helpers import BUDGET, HEADROOM, GiB, Surface, synthetic_spec
 
 from trainfit.cli import main
@@ -20,6 +20,7 @@ from trainfit.spec import load_spec
 from trainfit.summary import Summary
 from trainfit.template import render_template
 from trainfit.tune import tune
+from trainfit.search.options import TuneOptions
 
 
 @pytest.mark.parametrize(("option", "message"), [
@@ -135,7 +136,7 @@ def test_summary_json_is_the_typed_summary_written_byte_for_byte(tmp_path: Path,
     writing that again gives the same bytes: a script reads what the CLI rendered."""
     spec = synthetic_spec(tmp_path, "grid", max_trials=6)
     spec = load_spec(spec.source, [f"budget.memory_gb={budget_gb}"])
-    result = tune(spec, output=tmp_path / "out", probe_fn=Surface(budget_gb=budget_gb))
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=Surface(budget_gb=budget_gb)))
     text = (tmp_path / "out" / "summary.json").read_text()
     read = Summary.from_json(json.loads(text))
     assert read == result.summary and (read.best_config is None) == (budget_gb == 5.0)
@@ -150,7 +151,7 @@ def test_report_html_draws_every_probe_by_family_against_the_budget(tmp_path: Pa
 
     surface = Surface()
     spec = synthetic_spec(tmp_path, "grid", max_trials=64)
-    result = tune(spec, output=tmp_path / "out", probe_fn=surface)
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     page = (tmp_path / "out" / "report.html").read_text()
 
     class Shapes(HTMLParser):
@@ -190,7 +191,7 @@ def test_report_html_puts_an_oom_at_what_it_needed_at_least(tmp_path: Path) -> N
         m = Surface()(p, number)
         return dataclasses.replace(m, oom_needed_bytes=int(123.45 * GiB)) if m.status == "oom" else m
 
-    tune(synthetic_spec(tmp_path, "grid", max_trials=64), output=tmp_path / "out", probe_fn=probe)
+    tune(synthetic_spec(tmp_path, "grid", max_trials=64), TuneOptions(output=tmp_path / "out", probe_fn=probe))
     assert "needs &gt; 123.45 GiB" in (tmp_path / "out" / "report.html").read_text()
 
 
@@ -199,8 +200,7 @@ def test_report_html_draws_the_devices_memory_only_where_it_leaves_the_peaks_rea
         tmp_path: Path, device_gb: float, shown: str, drawn: bool) -> None:
     """No budget set: the device's memory is the budget. A machine's RAM far above every peak (a
     CPU run) would squeeze them onto the axis, so the title names it instead of a line."""
-    tune(synthetic_spec(tmp_path, "grid", no_budget=True, max_trials=64), output=tmp_path / "out",
-         probe_fn=Surface(budget_gb=device_gb))  # peaks up to 72 GiB
+    tune(synthetic_spec(tmp_path, "grid", no_budget=True, max_trials=64), TuneOptions(output=tmp_path / "out", probe_fn=Surface(budget_gb=device_gb)))  # peaks up to 72 GiB
     page = (tmp_path / "out" / "report.html").read_text()
     assert (f">device memory {shown} GiB<" in page) is drawn  # the line's label
     assert (f"device memory {shown} GiB, far above, not drawn" in page) is not drawn  # the chart's title
@@ -214,3 +214,18 @@ def test_each_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
 
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-tts"])
+def test_the_summarys_spec_is_the_spec_a_tune_ran_key_for_key(name: str) -> None:
+    """summary.json's spec is a typed record of the resolved spec: the same keys in the same order,
+    written back unchanged (a section the spec gains and the record lacks would be dropped here)."""
+    from trainfit.summary import RecordedSpec
+
+    spec = load_spec(EXAMPLES / f"{name}.yaml")
+    raw = spec.to_dict()
+    recorded = RecordedSpec.from_json(raw)
+    assert json.dumps(recorded.to_json()) == json.dumps(raw)
+    assert recorded.command_template == spec.tune.command_template and recorded.source == spec.source
+    assert (recorded.factory is not None) == (spec.model.factory is not None)
+    assert recorded.data_path == (spec.data.path if spec.data else None)

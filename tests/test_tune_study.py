@@ -20,16 +20,18 @@ from trainfit.probe.measurement import Measurement
 from trainfit.search.events import SharedStudy, TuneEvent
 from trainfit.spec import load_spec
 from trainfit.tune import tune
+from trainfit.search.options import TuneOptions
+from trainfit.spec import with_tune
 
 
 def test_resume_continues_without_reprobing(tmp_path: Path) -> None:
     spec = synthetic_spec(tmp_path, "grid")
     first = Surface()
-    tune(spec, output=tmp_path / "out", probe_fn=first, max_trials=3)
+    tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=first))
     with pytest.raises(TrainfitError, match="--resume"):
-        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=6)
+        tune(with_tune(spec, max_trials=6), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     second = Surface()
-    result = tune(spec, output=tmp_path / "out", probe_fn=second, max_trials=6, resume=True)
+    result = tune(with_tune(spec, max_trials=6), TuneOptions(output=tmp_path / "out", probe_fn=second, resume=True))
     assert len(first.calls) == 3 and len(second.calls) == 3
     assert not any(c in first.calls for c in second.calls)
     assert result.summary.to_json()["total_tested"] == 6
@@ -46,10 +48,10 @@ def test_a_trial_cut_off_by_a_crash_is_retried(tmp_path: Path) -> None:
         return crashing(p, number)
 
     with pytest.raises(KeyboardInterrupt):
-        tune(spec, output=tmp_path / "out", probe_fn=probe, max_trials=5)
+        tune(with_tune(spec, max_trials=5), TuneOptions(output=tmp_path / "out", probe_fn=probe))
     interrupted = crashing.calls[2]
     again = Surface()
-    result = tune(spec, output=tmp_path / "out", probe_fn=again, max_trials=5, resume=True)
+    result = tune(with_tune(spec, max_trials=5), TuneOptions(output=tmp_path / "out", probe_fn=again, resume=True))
     assert again.calls[0] == interrupted  # retried first
     assert result.summary.to_json()["total_tested"] == 5
 
@@ -71,11 +73,11 @@ def test_a_studys_identity_leaves_defaults_out_so_it_survives_new_settings(tmp_p
 
 
 def test_a_changed_spec_does_not_resume_a_foreign_study(tmp_path: Path) -> None:
-    tune(synthetic_spec(tmp_path, "grid"), output=tmp_path / "out", probe_fn=Surface(), max_trials=2)
+    tune(with_tune(synthetic_spec(tmp_path, "grid"), max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     changed = synthetic_spec(tmp_path / "c", "grid")
     changed = load_spec(changed.source, ["budget.memory_gb=30"])
     with pytest.raises(TrainfitError, match="spec changed") as info:
-        tune(changed, output=tmp_path / "out", probe_fn=Surface(), resume=True)
+        tune(changed, TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True))
     assert "budget.memory_gb" in str(info.value)  # it names what changed
 
 
@@ -83,12 +85,12 @@ def test_a_running_tune_holds_its_output_folder(tmp_path: Path) -> None:
     spec = synthetic_spec(tmp_path, "grid")
     running = store_for(spec, tmp_path / "out")  # as a tune in another terminal holds it
     with pytest.raises(TrainfitError, match=r"in use by a running trainfit tune \(pid \d+"):
-        tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=2, resume=True)
+        tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True))
     running.close()
-    result = tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=2, resume=True)
+    result = tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True))
     assert result.summary.to_json()["total_tested"] == 2
     # and a finished tune released it
-    assert tune(spec, output=tmp_path / "out", probe_fn=Surface(), max_trials=3, resume=True).new_trials == 1
+    assert tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True)).new_trials == 1
 
 
 def test_the_output_folder_stays_held_until_the_tunes_last_write(tmp_path: Path) -> None:
@@ -103,31 +105,30 @@ def test_the_output_folder_stays_held_until_the_tunes_last_write(tmp_path: Path)
 
     def then(result: TuneResult) -> TuneResult:  # as the calibration runs
         with pytest.raises(TrainfitError, match=r"in use by a running trainfit tune") as err:
-            tune(spec, output=out, probe_fn=Surface(), max_trials=3, resume=True)
+            tune(with_tune(spec, max_trials=3), TuneOptions(output=out, probe_fn=Surface(), resume=True))
         refused.append(str(err.value))
         return result
 
-    run_search(spec, outputs=write_outputs, output=out, probe_fn=Surface(), max_trials=2, then=then)
+    run_search(with_tune(spec, max_trials=2), TuneOptions(outputs=write_outputs, output=out, probe_fn=Surface()), then=then)
     assert len(refused) == 1
-    assert tune(spec, output=out, probe_fn=Surface(), max_trials=3, resume=True).new_trials == 1
+    assert tune(with_tune(spec, max_trials=3), TuneOptions(output=out, probe_fn=Surface(), resume=True)).new_trials == 1
 
 
 def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.db'}"  # a real database file, as several machines would share
     spec_a = synthetic_spec(tmp_path / "a", "grid")
     spec_b = load_spec(spec_a.source, ["budget.memory_gb=30"])
-    tune(spec_a, output=tmp_path / "out-a", probe_fn=Surface(), max_trials=2, storage=url)
-    tune(spec_b, output=tmp_path / "out-b", probe_fn=Surface(budget_gb=30), max_trials=2, storage=url)
+    tune(with_tune(spec_a, max_trials=2), TuneOptions(output=tmp_path / "out-a", probe_fn=Surface(), storage=url))
+    tune(with_tune(spec_b, max_trials=2), TuneOptions(output=tmp_path / "out-b", probe_fn=Surface(budget_gb=30), storage=url))
     again = Surface()
     events: list[TuneEvent] = []
-    result = tune(spec_a, output=tmp_path / "out-a2", probe_fn=again, max_trials=4, storage=url, resume=True,
-                  on_event=events.append)
+    result = tune(with_tune(spec_a, max_trials=4), TuneOptions(output=tmp_path / "out-a2", probe_fn=again, storage=url, resume=True, on_event=events.append))
     assert len(again.calls) == 2 and result.summary.to_json()["total_tested"] == 4
     # the same spec file under another budget is another study: the run names it and what differs
     [study] = [e for e in events if isinstance(e, SharedStudy)]
     assert [o["differs"] for o in study.others] == [["budget.memory_gb"]]
     with pytest.raises(TrainfitError, match="already holds this tuning study"):
-        tune(spec_b, output=tmp_path / "out-b2", probe_fn=Surface(), storage=url)
+        tune(spec_b, TuneOptions(output=tmp_path / "out-b2", probe_fn=Surface(), storage=url))
 
 
 def test_a_shared_storage_retries_only_trials_whose_owner_is_gone(tmp_path: Path) -> None:
@@ -231,7 +232,7 @@ def _join(spec: Any, url: str, output: Path, log: Path, summary: Path, rendezvou
     import importlib
 
     importlib.import_module("trainfit.search.loop").BUSY_WAIT_S = 0.05  # the module, not the function
-    result = tune(spec, output=output, probe_fn=Slow(log, rendezvous), storage=url, join=True, max_trials=64)
+    result = tune(with_tune(spec, max_trials=64), TuneOptions(output=output, probe_fn=Slow(log, rendezvous), storage=url, join=True))
     summary.write_text(json.dumps(result.summary.to_json()["best_config"]["searched"]))
 
 
@@ -265,7 +266,7 @@ def test_runs_sharing_a_storage_split_the_work_without_probing_a_config_twice(tm
     best = [json.loads((tmp_path / f"best{i}.json").read_text()) for i in range(2)]
     assert best[0] == best[1]  # both saw every result
     if strategy == "grid":  # every config probed: what one run finds
-        alone = tune(synthetic_spec(tmp_path / "alone", strategy), output=tmp_path / "alone-out", probe_fn=Surface())
+        alone = tune(synthetic_spec(tmp_path / "alone", strategy), TuneOptions(output=tmp_path / "alone-out", probe_fn=Surface()))
         assert best[0] == alone.best.values
     else:  # which configs a guided search asks for depends on how the two runs' results interleave
         union = calls[0] + calls[1]

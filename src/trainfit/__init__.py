@@ -6,7 +6,8 @@ Public API (heavy libraries such as torch are imported only when used)::
     spec = trainfit.load_spec("examples/tiny-llama.yaml", ["batch_size=8"])
     m = trainfit.run_probe(spec)
     print(m.status, m.samples_per_second, m.peak_memory_bytes)
-    result = trainfit.tune(spec, output="runs/a", quick=True)   # the fastest config that fits
+    from trainfit.tune import tune
+    result = tune(spec, trainfit.TuneOptions(output="runs/a", quick=True))  # the fastest config that fits
     print(result.summary.best_config)                            # summary.json as a typed record
 """
 
@@ -15,6 +16,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# The workflows' entry points are their packages' own (``from trainfit.tune import tune``,
+# ``from trainfit.train import train``): a name here that is also a subpackage's would turn into
+# that module as soon as anything imports the subpackage (tests/test_spec.py keeps them apart).
 
 _LAZY = {
     "Params": "trainfit.params",
@@ -29,15 +34,17 @@ _LAZY = {
     "LengthRecipe": "trainfit.data.row_length",
     "count_lengths": "trainfit.data.lengths",
     "summarize": "trainfit.data.stats",
-    "tune": "trainfit.tune",
+    "TuneOptions": "trainfit.search.options",
+    "with_tune": "trainfit.spec",
     "TuneResult": "trainfit.search.loop",
     "Summary": "trainfit.summary",
     "OnTrackCallback": "trainfit.train.monitor",
+    "TrainOptions": "trainfit.train.options",
 }
 
 __all__ = ["CustomWorkload", "LengthRecipe", "LengthStats", "Measurement", "OnTrackCallback", "Params", "Spec", "SpecError",
-           "Summary", "TrainfitError", "TuneResult", "__version__", "count_lengths", "load_spec",
-           "run_probe", "summarize", "tune"]
+           "Summary", "TrainOptions", "TrainfitError", "TuneOptions", "TuneResult", "__version__", "count_lengths", "load_spec",
+           "run_probe", "summarize", "with_tune"]
 
 if TYPE_CHECKING:
     from trainfit.data.lengths import count_lengths
@@ -45,13 +52,14 @@ if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats, summarize
     from trainfit.errors import SpecError, TrainfitError
     from trainfit.train.monitor import OnTrackCallback
+    from trainfit.train.options import TrainOptions
     from trainfit.params import Params
     from trainfit.probe.measurement import Measurement
     from trainfit.probe.runner import run_probe
     from trainfit.search.loop import TuneResult
-    from trainfit.spec import Spec, load_spec
+    from trainfit.search.options import TuneOptions
+    from trainfit.spec import Spec, load_spec, with_tune
     from trainfit.summary import Summary
-    from trainfit.tune import tune
     from trainfit.workloads.factory import CustomWorkload
 
 

@@ -200,6 +200,40 @@ class TrainerCost(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecordedSpec(Record):
+    """The resolved spec a tune ran (``Spec.to_dict()``), as ``summary.json`` records it: one key a
+    section, in the spec's order (a test keeps the two the same), each section the spec's own JSON
+    (``trainfit.spec`` reads those; this record does not repeat them), with typed accessors for
+    what later steps read of it."""
+
+    model: dict[str, Any]
+    data: dict[str, Any] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)
+    probe: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str | None = None
+    search: dict[str, Any] | None = None
+    tune: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None
+    """The spec file the tune read."""
+
+    @property
+    def command_template(self) -> str | None:
+        """``tune.command_template`` (None: the command is the ``trl sft`` one trainfit writes)."""
+        return self.tune.get("command_template")
+
+    @property
+    def factory(self) -> str | None:
+        """``model.factory``: a custom model's ``module:function`` (None: a Hugging Face model)."""
+        return self.model.get("factory")
+
+    @property
+    def data_path(self) -> str | None:
+        """``data.path``: the data the tune measured (None: it had none)."""
+        return (self.data or {}).get("path")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Summary(Record):
     """``summary.json``: the counts, the best config and its runners-up, the evidence behind the
     pick, and what the run was (spec, device, versions)."""
@@ -234,7 +268,7 @@ class Summary(Record):
     lengths: Lengths | None
     device: str | None
     versions: dict[str, Any]
-    spec: dict[str, Any]
+    spec: RecordedSpec
     all_failed: AllFailed | None = field(default=None, metadata={"omit_none": True})
     budget_matrix: list[dict[str, Any]] | None = field(default=None, metadata={"omit_none": True})
     """With ``tune --budgets``: the fastest config under each budget (``budgets.json``'s rows)."""
@@ -244,7 +278,7 @@ class Summary(Record):
     @property
     def command_template(self) -> str | None:
         """The spec's ``tune.command_template`` (None: the command is the ``trl sft`` one trainfit writes)."""
-        return (self.spec.get("tune") or {}).get("command_template")
+        return self.spec.command_template
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Summary:

@@ -74,13 +74,14 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # local: numpy loads only for the command run, not for the parser or --help
-    from trainfit.train import train
+    from trainfit.train import TrainOptions, train
 
     output = Path(args.output) if args.output else Path(args.run_dir) / "train"
-    result = train(args.run_dir, output, resume=args.resume, checkpoint_minutes=args.checkpoint_minutes,
-                   keep=args.keep, deadline_hours=args.deadline or None, use_plan_deadline=args.deadline == 0.0,
-                   extra_args=args.passed_on, max_steps=args.max_steps, loop=args.loop, monitor_every_s=args.monitor_seconds,
-                   record_batches=args.record_batches)
+    result = train(args.run_dir, output, TrainOptions(
+        resume=args.resume, checkpoint_minutes=args.checkpoint_minutes, keep=args.keep,
+        deadline_hours=args.deadline or None, use_plan_deadline=args.deadline == 0.0, extra_args=args.passed_on,
+        max_steps=args.max_steps, loop=args.loop, monitor_every_s=args.monitor_seconds,
+        record_batches=args.record_batches))
     print(json.dumps(result.to_json(), indent=2))
     if result.status == "finished":
         print(f"\ntrained: {output}{_steps(result)}")

@@ -17,7 +17,8 @@ from trainfit.cli.common import (
 )
 from trainfit.errors import TrainfitError, os_error
 from trainfit.format import table
-from trainfit.spec import STRATEGIES, unused_lora_note
+from trainfit.search.options import TuneOptions
+from trainfit.spec import STRATEGIES, unused_lora_note, with_tune
 
 EPILOG = """\
 exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec or a file that cannot
@@ -130,10 +131,11 @@ def run(args: argparse.Namespace) -> int:
               "search: section)" + ("; length grouping too: random batches of this data are more than "
                                     f"{GROUPING_PADDING_SHARE:.0%} padding" if "group_by_length" in spec.search.names
                                     else ""))
-    if args.confirm is not None:  # after the spec is final: a re-read would drop it
-        import dataclasses
-
-        spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=args.confirm))
+    # The flags' run limits go into the spec's tune: section, the one channel the search reads (after
+    # the spec is final: a re-read would drop them).
+    limits = {"strategy": args.strategy, "max_trials": args.max_trials, "time_budget_s": args.time_budget,
+              "confirm_rounds": args.confirm}
+    spec = with_tune(spec, **{name: value for name, value in limits.items() if value is not None})
     print(f"trainfit tune: {spec.source} -> {args.output}")
     if stats is not None:
         print(f"data: {stats.headline()}")
@@ -151,15 +153,15 @@ def run(args: argparse.Namespace) -> int:
         raise TrainfitError("--calibrate and --budgets together: a calibration times one folder's written command",
                             "tune with --budgets, then `trainfit plan BUDGET_FOLDER --calibrate N` on the budget "
                             "you train with")
-    options = {"stats": stats, "resume": args.resume, "join": args.join, "storage": args.storage,
-               "strategy": args.strategy, "max_trials": args.max_trials, "time_budget_s": args.time_budget,
-               "quick": args.quick, "refine": args.refine,
-               "on_event": TuneView(args.quiet, spec.tune.objective, run_samples(spec, stats))}
+    options = TuneOptions(output=args.output, stats=stats, resume=args.resume, join=args.join, storage=args.storage,
+                          quick=args.quick, refine=args.refine,
+                          on_event=TuneView(args.quiet, spec.tune.objective, run_samples(spec, stats)),
+                          calibrate_steps=args.calibrate, calibration_optional=by_default,
+                          on_calibration=_calibration_note if args.quiet else _calibration_line)
     try:
         if args.budgets:
             return run_budgets(args, spec, options)
-        result = tune(spec, output=args.output, calibrate_steps=args.calibrate, calibration_optional=by_default,
-                      on_calibration=_calibration_note if args.quiet else _calibration_line, **options)
+        result = tune(spec, options)
     except KeyboardInterrupt as err:
         return interrupted(err, args.argv, args.output, saved_where(args))
     except OSError as err:  # a full disk mid-run: the study keeps every trial that ended
@@ -199,7 +201,7 @@ def _calibration_note(line: str) -> None:
         print(line, flush=True)
 
 
-def run_budgets(args: argparse.Namespace, spec: Any, options: dict[str, Any]) -> int:
+def run_budgets(args: argparse.Namespace, spec: Any, options: TuneOptions) -> int:
     """``--budgets``: one search per budget, sharing what is measured; the matrix at the end."""
     from pathlib import Path
 
@@ -214,7 +216,7 @@ def run_budgets(args: argparse.Namespace, spec: Any, options: dict[str, Any]) ->
     def announce(budget: float, folder: Path) -> None:
         print(f"\n== budget {budget:g} GiB -> {folder}")
 
-    matrix, _ = tune_budgets(spec, budgets, output=args.output, announce=announce, **options)
+    matrix, _ = tune_budgets(spec, budgets, options, announce=announce)
     print("\nBUDGET MATRIX (the fastest measured config under each budget)")
     print(table([HEADER, *matrix.cells()]))
     print(f"\n{matrix.probes} probes in all; each budget's summary.json and train_command.sh are in its folder; "

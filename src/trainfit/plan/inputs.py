@@ -83,7 +83,7 @@ class TuneRun:
         folder as then; a clear error where it cannot be (a study from before trainfit kept it, its
         data or factory moved since)."""
 
-        source = self.summary.spec.get("source")
+        source = self.summary.spec.source
         if self.spec_doc is None or not source:
             raise TrainfitError(f"{self.folder}'s study holds no spec to rebuild", "tune again with this trainfit")
         return build_spec(self.spec_doc, base_dir=Path(source).parent)

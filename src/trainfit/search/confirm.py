@@ -3,17 +3,15 @@ the best and its closest runners-up, interleaved so that a drift of the machine 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainfit.search.events import ConfirmEnd, ConfirmStart
+from trainfit.search.options import EventFn, ProbeFn
 from trainfit.search.ranking import ranked, within_noise
 from trainfit.search.study import TrialStore
 from trainfit.search.trials import Trial, config_key
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
-
-if TYPE_CHECKING:  # the loop's types (the loop imports this module)
-    from trainfit.search.loop import EventFn, ProbeFn
 
 CONFIRM_MAX = 4  # configs re-probed by --confirm: the best and its three closest runners-up
 

@@ -28,9 +28,9 @@ from trainfit.search.events import (
     TrialEnd,
     TrialsLost,
     TrialStart,
-    TuneEvent,
     Waiting,
 )
+from trainfit.search.options import EventFn, ProbeFn, TuneOptions
 from trainfit.search.ranking import Repeats, ranked
 from trainfit.search.stops import SEARCH_COMPLETE, Limits, converged_stop, search_limits, search_stop, time_stop
 from trainfit.search.strategies import make_strategy
@@ -40,11 +40,6 @@ from trainfit.search.trials import Trial, can_run, config_key, unsupported_value
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 from trainfit.summary import Summary
-
-ProbeFn = Callable[[Params, int], Measurement]
-
-
-EventFn = Callable[[TuneEvent], None]
 
 
 class OutputWriter(Protocol):
@@ -299,43 +294,20 @@ def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: Eve
     return probe_fn, session, device_type or resolve_device_name(spec.probe.device), stats
 
 
-def run_search(
-    spec: Spec,
-    *,
-    outputs: OutputWriter,
-    output: str | Path,
-    stats: LengthStats | None = None,
-    resume: bool = False,
-    join: bool = False,
-    storage: str | None = None,
-    strategy: str | None = None,
-    max_trials: int | None = None,
-    time_budget_s: float | None = None,
-    quick: bool = False,
-    refine: bool = False,
-    probe_fn: ProbeFn | None = None,
-    on_event: EventFn | None = None,
-    device_type: str | None = None,
-    sampler: Any = None,
-    then: Callable[[TuneResult], TuneResult] | None = None,
-) -> TuneResult:
-    """Search ``spec.search`` for the fastest configuration that fits ``spec.budget``, writing the
-    run's outputs with ``outputs`` after every trial and at the end (``trainfit.tune`` passes the
-    report's writer).
-
-    ``probe_fn(params, trial_number)`` measures one configuration (default: a real isolated
-    probe); tests of the search logic pass a deterministic one. ``sampler`` replaces the
-    Optuna sampler the bayes strategy uses (GPSampler), e.g. to compare with TPE. ``resume``
-    continues a study; ``join`` (with ``storage``) starts it or continues it, for several
-    machines started with one command. ``then``: what to do with the result before the output
-    folder is released (``trainfit.tune``'s calibration, which writes the outputs again), its
-    result the search's.
+def run_search(spec: Spec, options: TuneOptions, *, outputs: OutputWriter,
+               then: Callable[[TuneResult], TuneResult] | None = None) -> TuneResult:
+    """Search ``spec.search`` for the fastest configuration that fits ``spec.budget``, within the
+    limits of ``spec.tune`` and as ``options`` say (see :class:`TuneOptions`), writing the run's
+    outputs with ``outputs`` after every trial and at the end (``trainfit.tune`` passes the
+    report's writer). ``then``: what to do with the result before the output folder is released
+    (``trainfit.tune``'s calibration, which writes the outputs again), its result the search's.
     """
-    output = Path(output)
+    output = Path(options.output)
     space = spec.search or SearchSpace(base=spec.params, dims=())
-    limits = search_limits(spec, space, strategy or spec.tune.strategy, max_trials, quick, time_budget_s, refine)
-    emit = on_event or (lambda event: None)
+    limits = search_limits(spec, space, options.quick, options.refine)
+    emit = options.on_event or (lambda event: None)
     session = None
+    probe_fn, device_type, stats = options.probe_fn, options.device_type, options.stats
     if probe_fn is None:
         probe_fn, session, device_type, stats = default_probe(spec, stats, output, emit, device_type)
 
@@ -343,8 +315,8 @@ def run_search(
         return outputs(output, spec, space, state.history, stats=stats, strategy=limits.strategy,
                        stop_reason=reason, elapsed_s=state.elapsed(), repeats=store.repeats())
 
-    store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=resume,
-                       storage=storage, seed=spec.tune.seed, sampler=sampler, join=join)
+    store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=options.resume,
+                       storage=options.storage, seed=spec.tune.seed, sampler=options.sampler, join=options.join)
     with contextlib.closing(store):  # releases the output folder for the next run
         strat = make_strategy(limits.strategy, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
                               headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")

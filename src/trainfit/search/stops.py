@@ -35,17 +35,16 @@ class Limits:
     refine: bool
 
 
-def search_limits(spec: Spec, space: SearchSpace, strategy: str, max_trials: int | None, quick: bool,
-                  time_budget_s: float | None, refine: bool) -> Limits:
-    """The run's options over the spec's ``tune:`` section."""
+def search_limits(spec: Spec, space: SearchSpace, quick: bool, refine: bool) -> Limits:
+    """The limits of the spec's ``tune:`` section (``--quick``: at most ``QUICK_TRIALS`` trials)."""
+    strategy, max_trials = spec.tune.strategy, spec.tune.max_trials
     if quick:
         max_trials = min(max_trials or QUICK_TRIALS, QUICK_TRIALS)
     if max_trials is None:
-        max_trials = spec.tune.max_trials or (space.grid_size() if strategy == "grid" else 30)
+        max_trials = space.grid_size() if strategy == "grid" else 30
     return Limits(strategy=strategy, max_trials=max_trials,
                   most_trials=max_trials if strategy == "bayes" else min(max_trials, space.grid_size()),
-                  time_budget_s=time_budget_s if time_budget_s is not None else spec.tune.time_budget_s,
-                  patience=spec.tune.patience, refine=refine)
+                  time_budget_s=spec.tune.time_budget_s, patience=spec.tune.patience, refine=refine)
 
 
 def time_stop(limits: Limits, elapsed_s: float) -> str | None:

@@ -10,7 +10,7 @@ The rooms: ``sections`` (the dataclasses), ``yaml_input`` (the YAML and ``--set`
 
 from __future__ import annotations
 
-from trainfit.spec.build import build_spec, load_spec, model_folder_tokenizer
+from trainfit.spec.build import RUN_LIMITS, build_spec, load_spec, model_folder_tokenizer, with_tune
 from trainfit.spec.rules import unused_lora_note
 from trainfit.spec.sections import (
     MAX_MEMORY_GB,
@@ -29,5 +29,5 @@ from trainfit.spec.sections import (
 from trainfit.spec.yaml_input import load_yaml, merge_overrides, parse_override
 
 __all__ = ["Budget", "DataSpec", "GiB", "MAX_MEMORY_GB", "MAX_SEED", "ModelSpec", "OBJECTIVES", "ProbeSettings",
-           "STRATEGIES", "Spec", "TuneSettings", "build_spec", "is_trl_command", "load_spec", "load_yaml",
-           "merge_overrides", "model_folder_tokenizer", "parse_override", "unused_lora_note"]
+           "RUN_LIMITS", "STRATEGIES", "Spec", "TuneSettings", "build_spec", "is_trl_command", "load_spec", "load_yaml",
+           "merge_overrides", "model_folder_tokenizer", "parse_override", "unused_lora_note", "with_tune"]

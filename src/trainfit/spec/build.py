@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
@@ -278,3 +279,24 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
     merged = merge_overrides(raw, [parse_override(o) for o in overrides])
     return build_spec(merged, base_dir=path.resolve().parent, source=str(path))
 
+
+
+RUN_LIMITS = ("strategy", "max_trials", "time_budget_s", "patience", "confirm_rounds", "confirm_margin", "seed")
+"""The ``tune:`` settings :func:`with_tune` changes: how a search runs, not what it searches (the
+space, its constraints and the command template are the spec file's)."""
+
+
+def with_tune(spec: Spec, **changes: Any) -> Spec:
+    """``spec`` with these ``tune:`` settings (of :data:`RUN_LIMITS`), checked as the file's are:
+    the one channel for a search's strategy and limits, from the CLI's flags or a library call,
+    e.g. ``with_tune(spec, max_trials=5)``.
+
+    Raises:
+        SpecError: a setting out of range or unknown (all problems listed).
+    """
+    problems = [Problem(f"tune.{name}", f"not a run limit: set it in the spec file (run limits: {', '.join(RUN_LIMITS)})")
+                for name in changes if name not in RUN_LIMITS]
+    tune = None if problems else _tune_section({**dataclasses.asdict(spec.tune), **changes}, problems)
+    if problems or tune is None:
+        raise SpecError(problems)
+    return dataclasses.replace(spec, tune=tune)

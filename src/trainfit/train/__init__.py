@@ -38,29 +38,21 @@ from trainfit.run_folder import RunFolder
 from trainfit.train.checkpoints import incomplete, latest_complete, step_of, unloadable
 from trainfit.train.child import child_environment, run_child
 from trainfit.train.loop import run_loop
+from trainfit.train.options import TrainOptions
 from trainfit.train.prepare import prepare, resume_command
 from trainfit.train.records import TrainResult, TrainRun, load_record
 from trainfit.train.sft import build_trainer
 
 
-def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, checkpoint_minutes: float | None = None,
-          keep: int = 2, deadline_hours: float | None = None, use_plan_deadline: bool = False,
-          extra_args: Sequence[str] = (), max_steps: int | None = None, loop: bool = False,
-          monitor_every_s: float = 60.0, record_batches: str | Path | None = None,
-          say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> TrainResult:
-    """Train the tune folder ``run_dir``'s chosen config into ``output`` (see the module); a
-    factory model trains in trainfit's loop (:mod:`trainfit.train.loop`).
-
-    ``checkpoint_minutes``: between checkpoints (default: the plan's, else 30). ``keep``: complete
-    checkpoints kept. ``deadline_hours`` (since the first start) or ``use_plan_deadline`` (the
-    plan's window): stop with a checkpoint when the next step and save would pass it.
-    ``extra_args``: more ``trl sft`` arguments, after the written ones (a later flag wins).
-    ``max_steps``: a cap on the optimizer steps. ``loop``: a factory model trains in trainfit's
-    loop even when the spec has a ``tune.command_template`` (which otherwise runs: :mod:`trainfit.train.child`).
-    ``record_batches``: a file to append the padded length of each training micro-batch to, one a
-    line, in the order they train (``trl sft`` runs only; what ``plan --calibrate`` prices its timed
-    steps by).
+def train(run_dir: str | Path, output: str | Path, options: TrainOptions = TrainOptions()) -> TrainResult:
+    """Train the tune folder ``run_dir``'s chosen config into ``output`` (see the module), as
+    ``options`` say (:class:`TrainOptions`); a factory model trains in trainfit's loop
+    (:mod:`trainfit.train.loop`), or in its ``tune.command_template`` (:mod:`trainfit.train.child`).
     """
+    resume, keep, extra_args, max_steps, loop, say = (options.resume, options.keep, options.extra_args,
+                                                      options.max_steps, options.loop, options.say)
+    deadline_hours, use_plan_deadline, record_batches = (options.deadline_hours, options.use_plan_deadline,
+                                                         options.record_batches)
     began = time.monotonic()
     run_dir, output = (run := RunFolder(run_dir)).path, Path(output).resolve()  # run: its files read once, by all below
     _check_inputs(run, keep, record_batches)
@@ -78,10 +70,10 @@ def train(run_dir: str | Path, output: str | Path, *, resume: bool = False, chec
                                     f"{shlex.quote(str(run_dir))} "
                                     "--max-hours H")
             deadline_hours = plan.max_hours
-        every_s = checkpoint_minutes * 60 if checkpoint_minutes is not None else (
+        every_s = options.checkpoint_minutes * 60 if options.checkpoint_minutes is not None else (
             plan.checkpoint_every_s if plan is not None else 30 * 60)
         log, control, callbacks = _watchers(run_dir, output, record, plan, every_s=every_s, keep=keep,
-                                            deadline_hours=deadline_hours, monitor_every_s=monitor_every_s, say=say)
+                                            deadline_hours=deadline_hours, monitor_every_s=options.monitor_every_s, say=say)
         say(f"trainfit: training trial {record.trial} of {run_dir} ({record.source}) into {output}"
             + (f", resuming from {checkpoint.name}" if checkpoint else ""))
         log.write("start", resumed_from=checkpoint.name if checkpoint else None, source=record.source,
@@ -281,5 +273,5 @@ def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoi
                     evaluation=record.evaluation)
 
 
-__all__ = ["TrainResult", "TrainRun", "prepare", "train"]
+__all__ = ["TrainOptions", "TrainResult", "TrainRun", "prepare", "train"]
 

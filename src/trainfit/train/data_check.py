@@ -4,22 +4,22 @@ would repeat or skip samples (:func:`refuse_changed`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from trainfit.data.readers import fingerprint
 from trainfit.errors import TrainfitError
+from trainfit.summary import RecordedSpec
 from trainfit.train.sft import flags
 
 
-def trained_files(spec: Mapping[str, Any], argv: Sequence[str] | None = None) -> list[str]:
+def trained_files(spec: RecordedSpec, argv: Sequence[str] | None = None) -> list[str]:
     """The data a run trains on: a ``trl sft`` run's (``argv``), the files its ``--config`` lists
     (tune writes the very files it counted there, an eval set's too where planned); another run's,
     the spec's ``data.path``. Empty where there is none, or the config cannot be read."""
     if argv is None:
-        path = (spec.get("data") or {}).get("path")
-        return [str(path)] if path else []
+        return [str(spec.data_path)] if spec.data_path else []
     import yaml
 
     config = flags(argv).get("config")

@@ -127,7 +127,7 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
     run_dir = run.path
     plan = _plan(run_dir)
     common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time())
-    factory = bool((summary.spec.get("model") or {}).get("factory"))
+    factory = summary.spec.factory is not None
     if loop and not factory:
         raise TrainfitError("--loop trains a factory model in trainfit's loop; this tune folder's model is a Hugging "
                             "Face one, trained by TRL's trainer", "drop --loop")

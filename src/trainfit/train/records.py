@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Malformed, Record, check_schema
 from trainfit.plan.eval_pass import Evaluation
+from trainfit.summary import RecordedSpec
 from trainfit.train.data_check import trained_files
 from trainfit.train.sft import flags
 
@@ -107,7 +108,7 @@ class TrainRun(Record):
         at = len(self.argv) - 1 - self.argv[::-1].index("--output_dir")
         return dataclasses.replace(self, argv=[*self.argv[:at + 1], str(output), *self.argv[at + 2:]])
 
-    def data_files(self, spec: Mapping[str, Any]) -> list[str]:
+    def data_files(self, spec: RecordedSpec) -> list[str]:
         """The files this run trains on (:func:`trainfit.train.data_check.trained_files`), ``spec`` its tune's."""
         return trained_files(spec, self.argv if self.kind == "trl_sft" else None)
 

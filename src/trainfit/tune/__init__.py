@@ -17,6 +17,7 @@ from trainfit.tune.outputs import write_outputs
 from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
 from trainfit.search.trials import jsonable
 from trainfit.search.loop import TuneResult, best_trial, run_search
+from trainfit.search.options import TuneOptions
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
 from trainfit.space import default_batch_sizes, default_space
@@ -100,38 +101,38 @@ def calibration_steps(spec: Spec, device: str, asked: int | None) -> tuple[int |
                                    "real steps after the search (--calibrate 0: none)")
 
 
-def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Callable[[str], None] | None = None,
-         calibration_optional: bool = False, **options: Any) -> TuneResult:
+def tune(spec: Spec, options: TuneOptions) -> TuneResult:
     """Search ``spec.search`` (without one: batch sizes and gradient checkpointing, and what else the
-    trainer and the data make worth it, see :func:`with_default_search`) for the fastest configuration that fits ``spec.budget`` and write
-    summary.json, trials.csv, report.html and train_command.sh to ``output``. ``options`` are
-    those of :func:`trainfit.search.loop.run_search` (``output`` is required; ``resume``,
-    ``storage``, ``strategy``, ``max_trials``, ``time_budget_s``, ``quick``, ``refine``, ``on_event``...).
+    trainer and the data make worth it, see :func:`with_default_search`) for the fastest
+    configuration that fits ``spec.budget``, within the limits of ``spec.tune`` (set them with
+    :func:`trainfit.spec.with_tune`), and write summary.json, trials.csv, report.html and
+    train_command.sh to ``options.output`` (see :class:`TuneOptions` for the rest).
 
-    ``calibrate_steps``: then time that many real steps of the written ``trl sft`` command (see
-    :func:`trainfit.trainer.calibration.calibrate`), add the trainer's own cost per micro-batch it measured to
-    every config's steps, rank again and write the outputs for the new pick (the cost is kept in
-    ``trainer_cost.json``, so a later ``--resume`` ranks with it too). ``on_calibration``: its
-    progress lines. A spec whose command a calibration cannot run is refused before the search.
-    ``calibration_optional``: a calibration nobody asked for (:func:`calibration_steps`' default on
-    a GPU) that fails leaves the search's result, ranked by the probes, and says why in
-    ``on_calibration``, instead of failing a search that succeeded.
+    ``options.calibrate_steps``: then time that many real steps of the written command (see
+    :func:`trainfit.trainer.calibration.calibrate`), add the trainer's own cost per micro-batch it
+    measured to every config's steps, rank again and write the outputs for the new pick (the cost is
+    kept in ``trainer_cost.json``, so a later ``resume`` ranks with it too). A spec whose command a
+    calibration cannot run is refused before the search. ``options.calibration_optional``: a
+    calibration nobody asked for (:func:`calibration_steps`' default on a GPU) that fails leaves the
+    search's result, ranked by the probes, and says why in ``options.on_calibration``, instead of
+    failing a search that succeeded.
 
     Example::
 
         import trainfit
         spec = trainfit.load_spec("examples/tiny-llama.yaml")
-        result = trainfit.tune(spec, output="runs/a", quick=True)
+        result = trainfit.tune.tune(spec, trainfit.TuneOptions(output="runs/a", quick=True))
         print(result.summary.best_config)
     """
-    if options.get("stats") is None and spec.data is not None and not (spec.search and spec.search.dims) \
+    if options.stats is None and spec.data is not None and not (spec.search and spec.search.dims) \
             and takes_grouping(spec):  # whether grouping joins the default search depends on the data's lengths
-        options["stats"] = analyze_spec(spec, progress=False)
-    spec = with_default_search(spec, options.get("stats"))
-    if calibrate_steps:
+        options = dataclasses.replace(options, stats=analyze_spec(spec, progress=False))
+    spec = with_default_search(spec, options.stats)
+    steps, say = options.calibrate_steps, options.on_calibration
+    if steps:
         check_can_calibrate(spec)
     # Calibrating: the search's outputs rank by the probes alone, so that the calibration runs the probes' pick.
-    stored = None if calibrate_steps or "output" not in options else RunFolder(options["output"]).trainer_cost
+    stored = None if steps else RunFolder(options.output).trainer_cost
     last: dict[str, Any] = {}
 
     def outputs(output: Path, *args: Any, **kwargs: Any) -> Summary:
@@ -139,22 +140,22 @@ def tune(spec: Spec, *, calibrate_steps: int | None = None, on_calibration: Call
         return write_outputs(output, *args, **kwargs, trainer_cost=stored)
 
     def calibrated(result: TuneResult) -> TuneResult:  # run while the search still holds the output folder
-        if not calibrate_steps or result.best is None:
+        if not steps or result.best is None:
             return result
         try:
-            cost = _reused(result, on_calibration) if calibration_optional else None
-            cost = cost or _trainer_cost(result, calibrate_steps, on_calibration)
+            cost = _reused(result, say) if options.calibration_optional else None
+            cost = cost or _trainer_cost(result, steps, say)
         except TrainfitError as err:
-            if not calibration_optional:
+            if not options.calibration_optional:
                 raise
-            if on_calibration is not None:
-                on_calibration(f"note: not calibrated, the ranking rests on the probes alone: {err.message}")
+            if say is not None:
+                say(f"note: not calibrated, the ranking rests on the probes alone: {err.message}")
             return result
         write_atomically(result.output / TRAINER_COST_FILE, json.dumps(cost.to_json(), indent=2) + "\n")
         summary = write_outputs(*last["args"], **last["kwargs"], trainer_cost=cost)
         return dataclasses.replace(result, summary=summary, best=best_trial(result.trials, summary))
 
-    return run_search(spec, outputs=outputs, then=calibrated, **options)
+    return run_search(spec, options, outputs=outputs, then=calibrated)
 
 
 def _reused(result: TuneResult, say: Callable[[str], None] | None) -> TrainerCost | None:

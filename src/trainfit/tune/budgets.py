@@ -27,6 +27,7 @@ from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.run_folder import RunFolder
 from trainfit.search.loop import TuneResult, default_probe
+from trainfit.search.options import TuneOptions
 from trainfit.spec import MAX_MEMORY_GB, Spec
 from trainfit.tune import tune
 
@@ -94,20 +95,20 @@ def rejudged(m: Measurement, budget_gb: float) -> Measurement:
     return dataclasses.replace(m, budget_memory_gb=budget_gb)
 
 
-def tune_budgets(spec: Spec, budgets: Sequence[float], *, output: str | Path,
+def tune_budgets(spec: Spec, budgets: Sequence[float], options: TuneOptions, *,
                  announce: Callable[[float, Path], None] = lambda budget, folder: None,
                  make_probe: Callable[[Spec, Path], Callable[[Params, int], Measurement]] | None = None,
-                 **options: Any) -> tuple[BudgetMatrix, list[TuneResult]]:
-    """Tune ``spec`` under each of ``budgets`` (GiB), sharing every measurement (see the module);
-    ``options`` go to each :func:`trainfit.tune.tune` (``resume``, ``strategy``, ``on_event``...).
-    ``announce(budget, folder)`` is called as each budget's search starts. ``make_probe(spec,
-    folder)``: the probe of a budget's search (default: real, isolated probes); tests of the
-    sharing pass a synthetic one. Writes ``OUTPUT/budgets.json``."""
-    output = Path(output)
+                 ) -> tuple[BudgetMatrix, list[TuneResult]]:
+    """Tune ``spec`` under each of ``budgets`` (GiB), sharing every measurement (see the module), each
+    search as ``options`` say (its ``output`` the matrix's folder; each smaller budget's search in a
+    folder of it). ``announce(budget, folder)`` is called as each budget's search starts.
+    ``make_probe(spec, folder)``: the probe of a budget's search (default: real, isolated probes);
+    tests of the sharing pass a synthetic one. Writes ``OUTPUT/budgets.json``."""
+    output = Path(options.output)
     known: dict[str, Measurement] = {}
     rows: list[BudgetRow] = []
     results: list[TuneResult] = []
-    stats = options.pop("stats", None)
+    stats, device_type = options.stats, options.device_type
     for i, budget in enumerate(sorted(set(budgets), reverse=True)):
         folder = output if i == 0 else output / f"budget-{budget:g}gb"
         spec_b = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, memory_gb=budget))
@@ -116,12 +117,13 @@ def tune_budgets(spec: Spec, budgets: Sequence[float], *, output: str | Path,
         if make_probe is not None:
             real = make_probe(spec_b, folder)
         else:
-            real, session, options["device_type"], stats = default_probe(
-                spec_b, stats, folder, options.get("on_event") or (lambda event: None), options.get("device_type"))
+            real, session, device_type, stats = default_probe(
+                spec_b, stats, folder, options.on_event or (lambda event: None), device_type)
         counts = {"probed": 0, "reused": 0}
         probe_fn = _sharing(real, dict(known), budget, counts)
         try:
-            result = tune(spec_b, output=folder, stats=stats, probe_fn=probe_fn, **options)
+            result = tune(spec_b, dataclasses.replace(options, output=folder, stats=stats, probe_fn=probe_fn,
+                                                      device_type=device_type))
         finally:
             if session is not None:
                 session.close()

@@ -36,6 +36,7 @@ from trainfit.summary import (
     MeasuredPeak,
     ProbeNote,
     PrunedFamily,
+    RecordedSpec,
     SmallestPeak,
     Summary,
     Tie,
@@ -318,7 +319,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, ou
         lengths=run_lengths(stats),
         device=trials[0].measurement.device_name if trials else None,
         versions=versions(),
-        spec=spec.to_dict(),
+        spec=RecordedSpec.from_json(spec.to_dict()),
         all_failed=all_failed(spec, trials, stats, output) if trials and not order else None,
         trainer_cost=trainer_cost,
     )

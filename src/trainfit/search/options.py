@@ -1,0 +1,63 @@
+"""How one tuning run runs, besides its spec: ``TuneOptions``. What to search and when to stop
+(strategy, trials, time, patience, confirmation) is the spec's ``tune:`` section, the one channel
+for them: the CLI's ``--strategy``, ``--max-trials`` and ``--time-budget`` write into it
+(``trainfit.spec.with_tune``), so the summary records what ran."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainfit.params import Params
+from trainfit.probe.measurement import Measurement
+from trainfit.search.events import TuneEvent
+
+if TYPE_CHECKING:
+    from trainfit.data.stats import LengthStats
+
+ProbeFn = Callable[[Params, int], Measurement]
+"""Measures one configuration: ``probe_fn(params, trial_number)``."""
+
+EventFn = Callable[[TuneEvent], None]
+"""Receives what a running search reports."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneOptions:
+    """A run of ``trainfit.tune``: where it writes, what it continues, what it is told as it goes.
+
+    Example::
+
+        trainfit.tune.tune(spec, trainfit.TuneOptions(output="runs/a", quick=True))
+    """
+
+    output: str | Path
+    """The run's folder: summary.json, trials.csv, report.html, train_command.sh, the study."""
+    stats: LengthStats | None = None
+    """The data's length analysis (None: analyzed once, here)."""
+    resume: bool = False
+    """Continue the study in ``output`` (or ``storage``)."""
+    join: bool = False
+    """With ``storage``: start the study or continue it, for several machines started alike."""
+    storage: str | None = None
+    """A database URL (``sqlite:///...``, ``postgresql://...``) or journal file shared by several runs."""
+    quick: bool = False
+    """At most 6 trials (fewer where ``tune.max_trials`` says so)."""
+    refine: bool = False
+    """After the search, probe the best config's neighbours."""
+    probe_fn: ProbeFn | None = None
+    """Measures a config (default: a real isolated probe); tests of the search pass a stand-in."""
+    on_event: EventFn | None = None
+    """Receives the search's events (``trainfit.search.events``) as they happen."""
+    device_type: str | None = None
+    """The device type the priors use (``cuda``, ``cpu``; default: the probe's device)."""
+    sampler: Any = None
+    """An Optuna sampler in place of the bayes strategy's (GPSampler), e.g. TPE to compare."""
+    calibrate_steps: int | None = None
+    """Then time that many real steps of the written command and rank with the trainer's own cost."""
+    calibration_optional: bool = False
+    """A calibration nobody asked for (a GPU's default) whose failure leaves the probes' ranking."""
+    on_calibration: Callable[[str], None] | None = None
+    """Receives the calibration's progress lines."""
