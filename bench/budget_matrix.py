@@ -47,7 +47,8 @@ def main() -> None:
     for row in matrix.rows:
         spec_b = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, memory_gb=row.budget_gb))
         start = time.perf_counter()
-        alone = tune(with_tune(spec_b, max_trials=args.max_trials), TuneOptions(output=work / f"alone-{row.budget_gb:g}"))
+        alone = tune(with_tune(spec_b, max_trials=args.max_trials),
+                     TuneOptions(output=work / f"alone-{row.budget_gb:g}"))
         separate_s += time.perf_counter() - start
         separate_probes += alone.new_trials
         best = alone.summary.best_config

@@ -105,7 +105,9 @@ def tuned(spec: Any, stats: Any, folder: Path, calibrate: int) -> dict[str, Any]
     from trainfit.tune import tune
 
     started = time.perf_counter()
-    result = tune(with_tune(spec, strategy="grid"), TuneOptions(output=folder, stats=stats, calibrate_steps=calibrate or None, on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True)))
+    options = TuneOptions(output=folder, stats=stats, calibrate_steps=calibrate or None,
+                          on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True))
+    result = tune(with_tune(spec, strategy="grid"), options)
     s = result.summary
     entries = [e for e in (s.best_config, *s.runners_up) if e is not None]
     cost = s.trainer_cost

@@ -78,9 +78,13 @@ def run_tune(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
                       **({"packing": [False, True]} if args.packing else {})}}
     spec = build_spec(doc, base_dir=Path.cwd())
     start = time.perf_counter()
-    res = tune(spec, TuneOptions(output=out, resume=(out / "study.journal").exists(), on_event=lambda e: isinstance(e, TrialEnd)
-               and print(f"  trial {e.index}: {e.values} -> {e.measurement.status} {e.measurement.samples_per_second}",
-                         file=sys.stderr, flush=True), calibrate_steps=args.calibrate, calibration_optional=args.calibrate is None, on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True)))
+    res = tune(spec, TuneOptions(
+        output=out, resume=(out / "study.journal").exists(),
+        on_event=lambda e: isinstance(e, TrialEnd) and print(
+            f"  trial {e.index}: {e.values} -> {e.measurement.status} {e.measurement.samples_per_second}",
+            file=sys.stderr, flush=True),
+        calibrate_steps=args.calibrate, calibration_optional=args.calibrate is None,
+        on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True)))
     best = res.summary.best_config
     assert best is not None, "trainfit found no config that fits"
     return {"tune_wall_s": time.perf_counter() - start, "probe_time_s": res.summary.probe_time_s,

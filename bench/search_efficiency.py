@@ -96,7 +96,9 @@ def replay(spec, strategy: str, table: dict[str, Any], seed: int, sampler: Any =
     spec = dataclasses.replace(spec, tune=TuneSettings(strategy=strategy, seed=seed, patience=len(table),
                                                        objective="samples_per_second"))
     with tempfile.TemporaryDirectory() as tmp:
-        res = tune(with_tune(spec, max_trials=len(table)), TuneOptions(output=tmp, probe_fn=lambda p, n: table[config_key({k: p.to_dict()[k] for k in spec.search.names})], sampler=sampler, device_type=spec.probe.device))
+        res = tune(with_tune(spec, max_trials=len(table)), TuneOptions(
+            output=tmp, probe_fn=lambda p, n: table[config_key({k: p.to_dict()[k] for k in spec.search.names})],
+            sampler=sampler, device_type=spec.probe.device))
     return sorted(res.trials, key=lambda t: t.number)
 
 
@@ -148,7 +150,8 @@ def measure(spec, strategy: str, folder: Path | None, label: str, time_budget_s:
 
     with contextlib.ExitStack() as stack:
         out = folder or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        res = tune(with_tune(spec, strategy=strategy, max_trials=10**6, time_budget_s=time_budget_s), TuneOptions(output=out, resume=(out / "study.journal").exists(), on_event=progress(label)))
+        res = tune(with_tune(spec, strategy=strategy, max_trials=10**6, time_budget_s=time_budget_s),
+                             TuneOptions(output=out, resume=(out / "study.journal").exists(), on_event=progress(label)))
     return None if res.stop_reason.startswith("time budget") else res
 
 

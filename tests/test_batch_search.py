@@ -16,10 +16,9 @@ from tune_helpers import BUDGET, HEADROOM, Surface
 
 from trainfit.params import Params
 from trainfit.search.auto import _integers_between
-from trainfit.spec import Spec, load_spec
-from trainfit.tune import tune
 from trainfit.search.options import TuneOptions
-from trainfit.spec import with_tune
+from trainfit.spec import Spec, load_spec, with_tune
+from trainfit.tune import tune
 
 
 def spec_searching(tmp_path: Path, search: str, tune_keys: str = "", memory_gb: float = BUDGET) -> Spec:
@@ -261,14 +260,16 @@ def test_a_bayes_resume_of_an_auto_study_models_the_batch_size_of_its_off_grid_t
 
     # The resume with bayes: the GP models batch_size (its relative params hold it), and asks work.
     measured = len(first.trials)
-    again = tune(with_tune(spec, strategy="bayes", max_trials=measured + 2), TuneOptions(output=out, probe_fn=surface, resume=True))
+    again = tune(with_tune(spec, strategy="bayes", max_trials=measured + 2), TuneOptions(output=out, probe_fn=surface,
+                                                                                         resume=True))
     assert len(again.trials) > measured
     study = opened_study(spec, out / "study.journal")
     asked = [t for t in study.trials if t.number >= len(first.trials) and "gp:relative_params:0" in t.system_attrs]
     assert asked and all("batch_size" in json.loads(t.system_attrs["gp:relative_params:0"]) for t in asked)
     # and a resume with auto still re-uses every off-grid trial: nothing is probed again
     calls = len(surface.calls)
-    assert tune(with_tune(spec, max_trials=len(again.trials)), TuneOptions(output=out, probe_fn=surface, resume=True)).new_trials == 0
+    assert tune(with_tune(spec, max_trials=len(again.trials)), TuneOptions(output=out, probe_fn=surface,
+                                                                           resume=True)).new_trials == 0
     assert len(surface.calls) == calls
 
 

@@ -12,11 +12,11 @@ import pytest
 from conftest import TINY_LLAMA, make_spec_file, write_texts
 from tune_helpers import Surface, synthetic_spec
 
-from trainfit.tune.budgets import parse_budgets, rejudged, tune_budgets
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
-from trainfit.tune import tune
 from trainfit.search.options import TuneOptions
+from trainfit.tune import tune
+from trainfit.tune.budgets import parse_budgets, rejudged, tune_budgets
 
 BUDGETS = [40.0, 30.0, 24.0, 16.0]
 

@@ -17,16 +17,22 @@ import pytest
 from conftest import EXAMPLES, gone_within
 from tune_helpers import fixed_speed
 
-from trainfit.trainer.calibration import Calibration, calibrate, calibration_args, short_steps
 from trainfit.errors import TrainfitError
-from trainfit.trainer.launch import run_logged, run_timed
 from trainfit.plan.inputs import best_step_cost
 from trainfit.probe.timing import relative_ci95
-from trainfit.spec import load_spec
-from trainfit.trainer.step_pricing import own_step_time, pace_change, priced_steps
-from trainfit.trainer.trainer_output import bar_seconds_per_step, bar_step, parse_train_runtime, recorded_steps, step_spread
-from trainfit.tune import tune
 from trainfit.search.options import TuneOptions
+from trainfit.spec import load_spec
+from trainfit.trainer.calibration import Calibration, calibrate, calibration_args, short_steps
+from trainfit.trainer.launch import run_logged, run_timed
+from trainfit.trainer.step_pricing import own_step_time, pace_change, priced_steps
+from trainfit.trainer.trainer_output import (
+    bar_seconds_per_step,
+    bar_step,
+    parse_train_runtime,
+    recorded_steps,
+    step_spread,
+)
+from trainfit.tune import tune
 
 SMALL_TUNE = ["max_length=256", "search={batch_size: [4]}", "tune.target_effective_batch=32", "tune.max_trials=1"]
 """The bundled example cut to one config, effective batch 32 at up to 256 tokens: steps of ~0.3-0.5 s on a 2-core

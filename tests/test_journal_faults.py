@@ -21,9 +21,9 @@ from trainfit.cli import main
 from trainfit.cli.tune_render import TuneView
 from trainfit.errors import TrainfitError
 from trainfit.search.events import TrialsLost, TuneEvent
-from trainfit.tune import tune
 from trainfit.search.options import TuneOptions
 from trainfit.spec import with_tune
+from trainfit.tune import tune
 
 
 def tuned(tmp_path: Path, trials: int = 3) -> tuple[Any, Path]:
@@ -57,7 +57,8 @@ def resumed(spec: Any, tmp_path: Path, capsys: Any, max_trials: int = 3) -> tupl
         events.append(event)
         view(event)
 
-    result = tune(with_tune(spec, max_trials=max_trials), TuneOptions(output=tmp_path / "out", probe_fn=surface, resume=True, on_event=on_event))
+    result = tune(with_tune(spec, max_trials=max_trials), TuneOptions(output=tmp_path / "out", probe_fn=surface,
+                                                                      resume=True, on_event=on_event))
     return result, surface, events, capsys.readouterr().err
 
 
@@ -171,7 +172,8 @@ def test_an_intact_journal_reports_no_lost_trial(tmp_path: Path) -> None:
     """The guard on the check above: a resumed study whose journal is whole names nothing."""
     spec, _ = tuned(tmp_path)
     events: list[TuneEvent] = []
-    tune(with_tune(spec, max_trials=4), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True, on_event=events.append))
+    tune(with_tune(spec, max_trials=4), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True,
+                                                    on_event=events.append))
     assert not [e for e in events if isinstance(e, TrialsLost)]
 
 
@@ -182,7 +184,8 @@ import resource, sys
 sys.path.insert(0, {tests!r})
 from tune_helpers import Surface
 from trainfit.errors import os_error
-from trainfit.spec import load_spec
+from trainfit.search.options import TuneOptions
+from trainfit.spec import load_spec, with_tune
 from trainfit.tune import tune
 
 journal = {journal!r}
@@ -195,7 +198,7 @@ class Filling(Surface):
         return super().__call__(p, number)
 
 try:
-    tune(load_spec({spec!r}), output={out!r}, probe_fn=Filling(), max_trials=3)
+    tune(with_tune(load_spec({spec!r}), max_trials=3), TuneOptions(output={out!r}, probe_fn=Filling()))
 except OSError as err:
     print(os_error(err))
     sys.exit(2)

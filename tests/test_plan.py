@@ -364,7 +364,8 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     def oom(params: Params, number: int) -> Measurement:
         return Measurement(status="oom", config=params.to_dict(), peak_memory_bytes=2**30, device="cpu")
 
-    tune(load_spec(EXAMPLES / "tiny-llama.yaml", ["search={batch_size: [4]}", "tune.max_trials=1"]), TuneOptions(output=nothing, probe_fn=oom))
+    tune(load_spec(EXAMPLES / "tiny-llama.yaml", ["search={batch_size: [4]}", "tune.max_trials=1"]),
+                   TuneOptions(output=nothing, probe_fn=oom))
     assert main(["plan", str(nothing), "--max-hours", "2"]) == 2
     err = capsys.readouterr().err
     assert "no config fit the budget" in err and "all_failed advice" in err and "Traceback" not in err

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES
 
-from trainfit.trainer.calibration import Calibration
 from trainfit.cli import main
 from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
@@ -31,10 +30,11 @@ from trainfit.plan.options import fewer_epochs
 from trainfit.probe.measurement import Measurement
 from trainfit.run_folder import TRAINER_COST_FILE
 from trainfit.search.events import TrialsLost
+from trainfit.search.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.summary import Summary, TrainerCost
+from trainfit.trainer.calibration import Calibration
 from trainfit.tune import tune
-from trainfit.search.options import TuneOptions
 
 TWO_CONFIGS = ["max_length=256", "search={batch_size: [1, 8]}", "tune.target_effective_batch=8", "tune.max_trials=2",
                "tune.strategy=grid"]
@@ -59,7 +59,8 @@ def a_calibration() -> Calibration:
 
 def tune_into(out: Path, resume: bool = False) -> Any:
     spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_CONFIGS)
-    return tune(spec, TuneOptions(output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=resume))
+    return tune(spec, TuneOptions(output=out, probe_fn=measured, stats=analyze_spec(spec, progress=False),
+                                  resume=resume))
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +208,8 @@ def test_a_damaged_measurement_is_left_out_as_tune_leaves_it_out_and_plans_once_
     damage_measurement(journal, 0, key, value)
     events: list[Any] = []
     spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_CONFIGS)
-    result = tune(spec, TuneOptions(output=run_dir, probe_fn=measured, stats=analyze_spec(spec, progress=False), resume=True, on_event=events.append))
+    result = tune(spec, TuneOptions(output=run_dir, probe_fn=measured, stats=analyze_spec(spec, progress=False),
+                                    resume=True, on_event=events.append))
     [lost] = [e for e in events if isinstance(e, TrialsLost)]
     assert dict(lost.trials) == {0: words} and result.new_trials == 1  # tune: left out, its config probed again
     assert main(["plan", str(run_dir), "--max-hours", "2", "--json"]) == 0

@@ -12,9 +12,9 @@ from tune_helpers import fixed_speed
 
 from trainfit.errors import TrainfitError
 from trainfit.run_folder import COMMAND_FILE, SUMMARY_FILE, RunFolder
+from trainfit.search.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.tune import tune
-from trainfit.search.options import TuneOptions
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "trainfit"
 

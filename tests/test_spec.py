@@ -7,10 +7,10 @@ import yaml
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
 
 from trainfit.cli import main
-from trainfit.trainer.command import build_command
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params, parse_params
 from trainfit.spec import load_spec, load_yaml, merge_overrides, parse_override
+from trainfit.trainer.command import build_command
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:

@@ -21,10 +21,9 @@ from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.search import loop as search_loop
 from trainfit.search.events import JournalRepaired, TuneEvent, Waiting
-from trainfit.spec import load_spec
-from trainfit.tune import tune
 from trainfit.search.options import TuneOptions
-from trainfit.spec import with_tune
+from trainfit.spec import load_spec, with_tune
+from trainfit.tune import tune
 
 VALUES = ("batch_size", "gradient_checkpointing", "lora_r")
 
@@ -54,7 +53,8 @@ def test_a_damaged_last_line_is_dropped_with_a_backup_and_the_study_resumes(tmp_
     journal.write_bytes(damaged)
     events: list[TuneEvent] = []
     surface = Surface()
-    result = tune(with_tune(spec, max_trials=5), TuneOptions(output=tmp_path / "out", probe_fn=surface, resume=True, on_event=events.append))
+    result = tune(with_tune(spec, max_trials=5), TuneOptions(output=tmp_path / "out", probe_fn=surface, resume=True,
+                                                             on_event=events.append))
     [backup] = backups(journal)
     assert backup.read_bytes() == damaged  # the file as it was, byte for byte
     [note] = [e for e in events if isinstance(e, JournalRepaired)]
@@ -117,10 +117,12 @@ def test_results_without_a_journal_are_not_overwritten(tmp_path: Path) -> None:
         tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     assert "--output NEW_FOLDER" in str(info.value)
     with pytest.raises(TrainfitError, match="holds the results of an earlier run"):  # another study of the storage
-        tune(with_tune(load_spec(spec.source, ["budget.memory_gb=30"]), max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), storage=url))
+        tune(with_tune(load_spec(spec.source, ["budget.memory_gb=30"]), max_trials=2),
+                                 TuneOptions(output=tmp_path / "out", probe_fn=Surface(), storage=url))
     assert {name: (tmp_path / "out" / name).read_bytes() for name in before} == before
     # continuing the same study there is what the folder is for
-    resumed = tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), storage=url, resume=True))
+    resumed = tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), storage=url,
+                                                              resume=True))
     assert resumed.summary.to_json()["total_tested"] == 3
     # a lost journal: its results stay too
     tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "j", probe_fn=Surface()))
@@ -145,7 +147,8 @@ def test_resume_refuses_data_that_changed_since_the_study_began(tmp_path: Path) 
     spec = data_spec(tmp_path)
     tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
     os.utime(tmp_path / "train.jsonl", ns=(0, 0))  # touched, or copied without its times: the same data
-    assert tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True)).new_trials == 1
+    assert tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(),
+                                                           resume=True)).new_trials == 1
     journal = (tmp_path / "out" / "study.journal").read_bytes()
     write_texts(tmp_path / "train.jsonl", n=50, seed=1)  # new content at the same path
     with pytest.raises(TrainfitError, match="the data at .*train.jsonl changed since this study began") as info:
@@ -166,7 +169,8 @@ def test_a_study_begun_before_data_fingerprints_still_resumes(tmp_path: Path) ->
     old = [line for line in lines if '"data_fingerprint"' not in line]
     assert len(old) == len(lines) - 1
     journal.write_text("".join(old))
-    assert tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True)).new_trials == 1
+    assert tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(),
+                                                           resume=True)).new_trials == 1
     write_texts(tmp_path / "train.jsonl", n=50, seed=1)
     with pytest.raises(TrainfitError, match="changed since this study began"):
         tune(with_tune(spec, max_trials=4), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True))
@@ -199,7 +203,8 @@ def test_a_trial_another_run_probes_counts_against_max_trials_and_goes_in_the_su
             if isinstance(event, Waiting) and trial.number not in {t.number for t in other.history()}:
                 other.tell(trial, values, Surface()(Params(**values), trial.number), other.history())
 
-        result = tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "c", probe_fn=Surface(), storage=url, join=True, on_event=on_event))
+        result = tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "c", probe_fn=Surface(), storage=url,
+                                                                 join=True, on_event=on_event))
     finally:
         alive.kill()
         alive.wait()
@@ -276,11 +281,13 @@ def test_a_memory_constraint_the_sampler_cannot_read_refuses_bayes_and_leaves_au
     journal.write_text("".join(json.dumps(e) + "\n" for e in logs))
     surface = Surface()
     with pytest.raises(TrainfitError) as refused:
-        tune(with_tune(spec, strategy="bayes", max_trials=9), TuneOptions(output=tmp_path / "out", probe_fn=surface, resume=True))
+        tune(with_tune(spec, strategy="bayes", max_trials=9), TuneOptions(output=tmp_path / "out", probe_fn=surface,
+                                                                          resume=True))
     assert "trial 2 of" in refused.value.message and "--strategy auto" in (refused.value.hint or "")
     store = store_for(spec, tmp_path / "out", resume=True)
     trials = store.study.trials
     store.close()
     assert len(trials) == 6 and surface.calls == []  # no trial asked for (none left running), nothing probed
-    again = tune(with_tune(spec, strategy="auto", max_trials=9), TuneOptions(output=tmp_path / "out", probe_fn=surface, resume=True))
+    again = tune(with_tune(spec, strategy="auto", max_trials=9), TuneOptions(output=tmp_path / "out", probe_fn=surface,
+                                                                             resume=True))
     assert len(again.trials) > 6 and 2 in {t.number for t in again.trials}  # its record reads: it stays measured

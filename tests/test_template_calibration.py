@@ -12,11 +12,11 @@ import pytest
 from conftest import EXAMPLES
 from tune_helpers import fixed_speed
 
-from trainfit.trainer.calibration import calibrate, check_can_calibrate
 from trainfit.errors import TrainfitError
-from trainfit.spec import load_spec
-from trainfit.tune import calibration_steps, tune
 from trainfit.search.options import TuneOptions
+from trainfit.spec import load_spec
+from trainfit.trainer.calibration import calibrate, check_can_calibrate
+from trainfit.tune import calibration_steps, tune
 
 STEP_S = 0.1
 """What a step of the stand-in trainer sleeps: no step can be timed shorter."""
@@ -77,7 +77,8 @@ def test_the_written_command_drops_max_steps_and_a_calibration_fills_it(in_tmp: 
     spec = template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}")
     assert calibration_steps(spec, "cuda:0", None)[0] == 30  # calibrated by default on a GPU
     lines: list[str] = []
-    result = tune(spec, TuneOptions(output=in_tmp / "run", probe_fn=fixed, calibrate_steps=8, on_calibration=lines.append))
+    result = tune(spec, TuneOptions(output=in_tmp / "run", probe_fn=fixed, calibrate_steps=8,
+                                    on_calibration=lines.append))
     script = (in_tmp / "run" / "train_command.sh").read_text()
     assert script.rstrip().endswith("bash trainer.sh --bs 4")  # the run trains its epochs
     # Run twice in the folder tune ran from: 2 steps, then 2 + 8, each writing to its own throw-away folder.
@@ -99,7 +100,8 @@ def test_the_written_command_drops_max_steps_and_a_calibration_fills_it(in_tmp: 
 
 
 def test_a_summary_whose_best_config_no_longer_fills_the_template_is_refused(in_tmp: Path) -> None:
-    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"), TuneOptions(output=in_tmp / "run", probe_fn=fixed))
+    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"), TuneOptions(output=in_tmp / "run",
+                                                                                                 probe_fn=fixed))
     path = in_tmp / "run" / "summary.json"
     raw = json.loads(path.read_text())
     raw["best_config"]["command"] = "bash trainer.sh --bs 8"
@@ -112,7 +114,9 @@ def test_a_summary_whose_best_config_no_longer_fills_the_template_is_refused(in_
 def test_a_template_whose_trainer_ignores_max_steps_is_stopped_with_the_fix(in_tmp: Path) -> None:
     """A trainer that does not stop at the steps asked for would train its whole run, twice: its bar
     counting past them stops it at once."""
-    tune(template_spec("bash trainer.sh --bs {batch_size} --steps {max_steps}"), TuneOptions(output=in_tmp / "run", probe_fn=fixed))  # --steps: not the flag the stand-in stops by, so it runs its 50 steps
+    # --steps: not the flag the stand-in stops by, so it runs its 50 steps
+    tune(template_spec("bash trainer.sh --bs {batch_size} --steps {max_steps}"),
+         TuneOptions(output=in_tmp / "run", probe_fn=fixed))
     with pytest.raises(TrainfitError, match="counts 3 of 50 steps, past the 2 it was asked to stop at") as err:
         calibrate(in_tmp / "run", 4, work=in_tmp / "work")
     assert "passes {max_steps} to the flag your trainer stops by" in (err.value.hint or "")
@@ -131,7 +135,8 @@ def test_a_custom_key_may_not_take_a_template_placeholders_name_nor_packing_go_u
 
 
 def test_a_failing_template_run_names_its_log(in_tmp: Path) -> None:
-    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps} && exit 7"), TuneOptions(output=in_tmp / "run", probe_fn=fixed))
+    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps} && exit 7"),
+                       TuneOptions(output=in_tmp / "run", probe_fn=fixed))
     with pytest.raises(TrainfitError, match="2-step run of your tune.command_template exited with 7") as err:
         calibrate(in_tmp / "run", 4, work=in_tmp / "work")
     assert str(in_tmp / "work" / "calibrate-2-steps.log") in (err.value.hint or "")
@@ -142,7 +147,8 @@ def test_train_max_steps_fills_the_templates_max_steps_or_says_why_not(in_tmp: P
     filled (a template without one is refused before anything runs, with the ways on)."""
     from trainfit.train import TrainOptions, train
 
-    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"), TuneOptions(output=in_tmp / "run", probe_fn=fixed))
+    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"), TuneOptions(output=in_tmp / "run",
+                                                                                                 probe_fn=fixed))
     train(in_tmp / "run", in_tmp / "out", TrainOptions(max_steps=3, say=lambda line: None))
     assert (in_tmp / "steps-run.txt").read_text().split() == ["3"]
     assert json.loads((in_tmp / "out" / "train.json").read_text())["argv"] == ["bash trainer.sh --bs 4 --max_steps 3"]

@@ -13,21 +13,20 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES
 
-from trainfit.trainer.calibration import Calibration
 from trainfit.cli import main
 from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
+from trainfit.params import Params
 from trainfit.plan.eta import estimate
 from trainfit.plan.inputs import load_run
-from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.run_folder import TRAINER_COST_FILE
-from trainfit.search.ranking import with_trainer_cost
-from trainfit.spec import load_spec
-from trainfit.summary import Summary, TrainerCost
-from trainfit.tune import tune
 from trainfit.search.options import TuneOptions
-from trainfit.spec import with_tune
+from trainfit.search.ranking import with_trainer_cost
+from trainfit.spec import load_spec, with_tune
+from trainfit.summary import Summary, TrainerCost
+from trainfit.trainer.calibration import Calibration
+from trainfit.tune import tune
 
 TWO_SPLITS = ["max_length=256", "search={batch_size: [1, 8]}", "tune.target_effective_batch=8", "tune.max_trials=2",
               "tune.strategy=grid"]
@@ -288,9 +287,10 @@ def test_a_calibration_nobody_asked_for_that_fails_leaves_the_search_ranked_by_t
         tmp_path: Path, monkeypatch: Any) -> None:
     """On a GPU ``tune`` calibrates by default: a failure there (trl refusing the data, say) must
     not turn a search that succeeded into an error; asked for with ``--calibrate N``, it does."""
-    import trainfit.tune as tune_module
     from conftest import TINY_LLAMA, make_spec_file, write_texts
     from tune_helpers import Surface
+
+    import trainfit.tune as tune_module
 
     def fails(*args: Any, **kwargs: Any) -> Any:
         raise TrainfitError("trl refused the data", "fix the data")
@@ -301,11 +301,14 @@ def test_a_calibration_nobody_asked_for_that_fails_leaves_the_search_ranked_by_t
     spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, data={"path": str(data)},
                                     params={"max_length": 64}, budget={"memory_gb": 40.0, "headroom_gb": 2.0}))
     lines: list[str] = []
-    result = tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "quiet", probe_fn=Surface(), calibrate_steps=30, calibration_optional=True, on_calibration=lines.append))
+    result = tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "quiet", probe_fn=Surface(),
+                                                             calibrate_steps=30, calibration_optional=True,
+                                                             on_calibration=lines.append))
     assert result.best is not None and not (tmp_path / "quiet" / TRAINER_COST_FILE).exists()
     assert lines == ["note: not calibrated, the ranking rests on the probes alone: trl refused the data"]
     with pytest.raises(TrainfitError, match="trl refused the data"):
-        tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "asked", probe_fn=Surface(), calibrate_steps=30))
+        tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "asked", probe_fn=Surface(),
+                                                        calibrate_steps=30))
 
 
 def test_gpu_speeds_without_the_trainers_cost_say_the_eta_is_a_lower_bound(tmp_path: Path) -> None:
@@ -325,7 +328,8 @@ def test_gpu_speeds_without_the_trainers_cost_say_the_eta_is_a_lower_bound(tmp_p
     cost = TrainerCost(per_micro_batch_s=TRAINER_S, trial=gpu.trials[0].number, searched={"batch_size": 1},
                        calibration=calibration(8 * TRAINER_S, 8, gpu.trials[0].number).to_json())
     (tmp_path / "gpu" / TRAINER_COST_FILE).write_text(json.dumps(cost.to_json()))
-    calibrated = tune(spec, TuneOptions(output=tmp_path / "gpu", probe_fn=on_gpu, stats=analyze_spec(spec, progress=False), resume=True))
+    calibrated = tune(spec, TuneOptions(output=tmp_path / "gpu", probe_fn=on_gpu,
+                                        stats=analyze_spec(spec, progress=False), resume=True))
     assert all(n.note != UNCALIBRATED_GPU_NOTE for n in calibrated.summary.notes)
 
 
@@ -368,9 +372,9 @@ def test_a_resume_keeps_the_default_calibration_of_a_pick_that_did_not_change(tm
 def test_tune_budgets_on_a_gpu_says_it_is_not_calibrated(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
     import argparse
 
-    import trainfit.probe.runner as runner
     from conftest import TINY_LLAMA, make_spec_file, write_texts
 
+    import trainfit.probe.runner as runner
     from trainfit.cli.tune import _calibration
 
     data = tmp_path / "train.jsonl"

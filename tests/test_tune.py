@@ -15,10 +15,9 @@ from tune_helpers import BUDGET, GRID, HEADROOM, GiB, Surface, fixed_speed, synt
 from trainfit.errors import SpecError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.spec import load_spec
-from trainfit.tune import tune
 from trainfit.search.options import TuneOptions
-from trainfit.spec import with_tune
+from trainfit.spec import load_spec, with_tune
+from trainfit.tune import tune
 
 
 @pytest.mark.parametrize("strategy", ["grid", "random", "bayes", "auto"])
@@ -39,8 +38,10 @@ def test_every_strategy_recommends_only_measured_configs_within_budget(tmp_path:
 
 def test_grid_finds_the_true_optimum_and_auto_gets_there_cheaper(tmp_path: Path) -> None:
     grid_surface, auto_surface = Surface(), Surface()
-    grid = tune(synthetic_spec(tmp_path / "g", "grid"), TuneOptions(output=tmp_path / "g" / "out", probe_fn=grid_surface))
-    auto = tune(synthetic_spec(tmp_path / "a", "auto"), TuneOptions(output=tmp_path / "a" / "out", probe_fn=auto_surface))
+    grid = tune(synthetic_spec(tmp_path / "g", "grid"), TuneOptions(output=tmp_path / "g" / "out",
+                                                                    probe_fn=grid_surface))
+    auto = tune(synthetic_spec(tmp_path / "a", "auto"), TuneOptions(output=tmp_path / "a" / "out",
+                                                                    probe_fn=auto_surface))
     truth = grid_surface.best_feasible(GRID)
     assert grid.summary.to_json()["best_config"]["samples_per_second"] == pytest.approx(truth)
     assert auto.summary.to_json()["best_config"]["samples_per_second"] >= 0.97 * truth
@@ -65,7 +66,8 @@ def test_without_a_target_effective_batch_the_summary_gives_the_fastest_per_effe
     assert all(e["effective_batch_size"] == int(k) for k, e in per_batch.items())
     assert per_batch["2"]["searched"] == {"batch_size": 2, "gradient_accumulation_steps": 1}  # faster than 1 x 2
     # With a target, every config trains at one effective batch: nothing to choose between.
-    fixed = tune(synthetic_spec(tmp_path / "t", "grid", max_trials=4), TuneOptions(output=tmp_path / "t" / "out", probe_fn=Surface()))
+    fixed = tune(synthetic_spec(tmp_path / "t", "grid", max_trials=4), TuneOptions(output=tmp_path / "t" / "out",
+                                                                                   probe_fn=Surface()))
     assert "effective_batch_size" not in fixed.summary.to_json()["fastest_per_value"]
 
 
@@ -133,7 +135,8 @@ def test_ranges_constraints_refine_and_module_lists(tmp_path: Path) -> None:
     spec = load_spec(path)
     assert spec.search.dim("batch_size").grid_values() == (1, 2, 4, 8, 16, 32)
     surface = Surface()
-    result = tune(with_tune(spec, strategy="bayes", max_trials=8), TuneOptions(output=tmp_path / "out", probe_fn=surface, refine=True))
+    result = tune(with_tune(spec, strategy="bayes", max_trials=8), TuneOptions(output=tmp_path / "out",
+                                                                               probe_fn=surface, refine=True))
     assert all(c["lora_r"] >= 8 for c in surface.calls)  # the constraint holds for every probe
     assert {tuple(c["lora_target_modules"]) if isinstance(c["lora_target_modules"], list)
             else c["lora_target_modules"] for c in surface.calls} <= {("q_proj", "v_proj"), "all-linear"}
@@ -153,8 +156,8 @@ def test_refine_probes_the_neighbours_of_the_best(tmp_path: Path) -> None:
     assert refined.calls[:len(first.calls)] == first.calls  # same auto phase (deterministic)
     extra = refined.calls[len(first.calls):]
     assert extra, "refine probed nothing"
-    from trainfit.search.trials import config_key
     from trainfit.search.confirm import neighbours
+    from trainfit.search.trials import config_key
 
     auto_best = plain.trials[[t.number for t in plain.trials].index(plain.summary.to_json()["best_config"]["trial"])].values
     measured = {config_key({k: c[k] for k in spec.search.names}) for c in first.calls}
@@ -171,8 +174,8 @@ def test_quick_refine_searches_locally_beyond_the_quick_budget(tmp_path: Path) -
     assert quick.summary.to_json()["total_tested"] == 6 and len(surface.calls) > 6
     assert "then refined" in result.stop_reason
     assert result.best.objective >= quick.best.objective
-    from trainfit.search.trials import config_key
     from trainfit.search.confirm import neighbours
+    from trainfit.search.trials import config_key
 
     # a local search: it ends where no neighbour of the best is left unmeasured
     measured = {config_key(t.values) for t in result.trials}
@@ -249,7 +252,8 @@ def test_an_oom_that_said_what_it_asked_for_needs_at_least_that(tmp_path: Path) 
                            peak_memory_bytes=int(3 * GiB), oom_needed_bytes=int(p.batch_size * 3 * GiB),
                            budget_memory_gb=5.0, budget_headroom_gb=HEADROOM)
 
-    smallest = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=oom)).summary.to_json()["all_failed"]["smallest_peak"]
+    smallest = tune(load_spec(path), TuneOptions(output=tmp_path / "out",
+                                                 probe_fn=oom)).summary.to_json()["all_failed"]["smallest_peak"]
     assert smallest["searched"] == {"batch_size": 2} and smallest["at_least"]
     assert smallest["needs_memory_gb"] == pytest.approx(6.0 + HEADROOM)
     rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
@@ -272,7 +276,8 @@ def test_when_nothing_fits_the_advice_starts_with_the_largest_measured_part(
                            peak_memory_bytes=sum(scaled.values()), memory_parts_bytes=scaled,
                            budget_memory_gb=5.0, budget_headroom_gb=HEADROOM, steps_measured=5)
 
-    failed = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=over_budget)).summary.to_json()["all_failed"]
+    failed = tune(load_spec(path), TuneOptions(output=tmp_path / "out",
+                                               probe_fn=over_budget)).summary.to_json()["all_failed"]
     assert failed["advice"][0].startswith(first)
     smallest = failed["smallest_peak"]
     assert smallest["searched"] == {"batch_size": 2}
@@ -292,12 +297,14 @@ def test_when_the_full_logits_weigh_the_advice_starts_with_a_loss_without_them(t
                            full_logits_bytes=int(logits_gb * GiB) or None,
                            budget_memory_gb=5.0, budget_headroom_gb=HEADROOM, steps_measured=5)
 
-    failed = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=logits_heavy)).summary.to_json()["all_failed"]
+    failed = tune(load_spec(path), TuneOptions(output=tmp_path / "out",
+                                               probe_fn=logits_heavy)).summary.to_json()["all_failed"]
     assert failed["smallest_peak"]["full_logits_gb"] == pytest.approx(2.0)
     assert failed["advice"][0].startswith("a loss without the full logits") and "2.00 GiB" in failed["advice"][0]
     assert failed["advice"][1].startswith("gradient_checkpointing")
     # a loss that builds no full logits (TRL's fused head) gets no such advice
-    failed = tune(load_spec(path), TuneOptions(output=tmp_path / "out2", probe_fn=lambda p, n: logits_heavy(p, n, 0.0))).summary.to_json()["all_failed"]
+    failed = tune(load_spec(path), TuneOptions(output=tmp_path / "out2", probe_fn=lambda p,
+                                               n: logits_heavy(p, n, 0.0))).summary.to_json()["all_failed"]
     assert not any("full logits" in a for a in failed["advice"])
 
 
@@ -330,8 +337,8 @@ def test_the_stop_rules_are_functions_of_the_limits_and_the_history() -> None:
     """The loop's stop rules read no clock and no store: the trial budget counts the trials other
     runs probe, patience counts the trials since the best (all of them while none fits), the time
     budget and a sampler that keeps proposing known configs end the run."""
-    from trainfit.search.trials import Trial
     from trainfit.search.stops import Limits, converged_stop, search_stop, time_stop
+    from trainfit.search.trials import Trial
 
     def trial(n: int, sps: float | None) -> Trial:
         m = Measurement(status="ok" if sps else "oom", config={"batch_size": n + 1}, samples_per_second=sps,

@@ -13,9 +13,9 @@ from tune_helpers import RUNNER_UP, GiB, Noisy, Surface, store_for, synthetic_sp
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.events import TrialEnd, Waiting
+from trainfit.search.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.tune import tune
-from trainfit.search.options import TuneOptions
 
 
 def test_the_summary_names_runners_up_within_measurement_noise(tmp_path: Path) -> None:
@@ -66,7 +66,8 @@ def test_confirmation_rounds_rank_tied_configs_by_the_median_of_interleaved_repe
 
 def test_a_clear_winner_needs_no_confirmation(tmp_path: Path) -> None:
     surface = Surface()  # precise probes, and the runner-up is 3.0% behind: outside the margin
-    result = tune(synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=3, confirm_margin=0.02), TuneOptions(output=tmp_path / "out", probe_fn=surface))
+    result = tune(synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=3, confirm_margin=0.02),
+                                 TuneOptions(output=tmp_path / "out", probe_fn=surface))
     assert len(surface.calls) == len(result.trials) and result.summary.to_json()["confirmation"] == []
 
 
@@ -74,7 +75,8 @@ def test_confirmation_also_takes_runners_up_within_the_margin(tmp_path: Path) ->
     """One probe's CI does not see a machine that drifts between probes: with precise probes,
     the runners-up 3.0% and 3.5% behind are confirmed under a 4% margin, the one 7% behind not."""
     surface = Surface()
-    result = tune(synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=1, confirm_margin=0.04), TuneOptions(output=tmp_path / "out", probe_fn=surface))
+    result = tune(synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=1, confirm_margin=0.04),
+                                 TuneOptions(output=tmp_path / "out", probe_fn=surface))
     confirmed = [tuple(e["searched"].values()) for e in result.summary.to_json()["confirmation"]]
     assert sorted(confirmed) == sorted([(12, False, 8), (24, True, 8), (12, False, 16)])
     assert len(surface.calls) == len(result.trials) + 3
@@ -90,7 +92,8 @@ def test_confirmation_leaves_a_config_another_run_is_probing_to_that_run(tmp_pat
 
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     spec = synthetic_spec(tmp_path, "grid", max_trials=64, confirm_rounds=1, confirm_margin=0.0)
-    searched = tune(load_spec(spec.source, ["tune.confirm_rounds=0"]), TuneOptions(output=tmp_path / "a", storage=url, probe_fn=Noisy()))
+    searched = tune(load_spec(spec.source, ["tune.confirm_rounds=0"]), TuneOptions(output=tmp_path / "a", storage=url,
+                                                                                   probe_fn=Noisy()))
     assert searched.summary.to_json()["within_noise_of_best"]  # the runner-up is a tie: confirmation takes it
     runner_up = dict(zip(("batch_size", "gradient_checkpointing", "lora_r"), RUNNER_UP, strict=True))
     in_flight = store_for(spec, tmp_path / "b", storage=url, resume=True).ask(runner_up)
@@ -102,7 +105,9 @@ def test_confirmation_leaves_a_config_another_run_is_probing_to_that_run(tmp_pat
         confirm(spec, spec.search, store, store.history(), surface, lambda event: None)
         store.close()
         # a run joining now has nothing left to search: it does not wait for the other's repeat
-        joined = tune(load_spec(spec.source, ["tune.confirm_rounds=0"]), TuneOptions(output=tmp_path / "d", storage=url, join=True, probe_fn=Noisy(), on_event=events.append))
+        joined = tune(load_spec(spec.source, ["tune.confirm_rounds=0"]), TuneOptions(output=tmp_path / "d", storage=url,
+                                                                                     join=True, probe_fn=Noisy(),
+                                                                                     on_event=events.append))
     finally:
         other_run.kill()
     assert [(c["batch_size"], c["gradient_checkpointing"], c["lora_r"]) for c in surface.calls] == [(12, False, 8)]

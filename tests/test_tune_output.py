@@ -12,15 +12,15 @@ from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
 from tune_helpers import BUDGET, HEADROOM, GiB, Surface, synthetic_spec
 
 from trainfit.cli import main
-from trainfit.trainer.command import build_command, checkpointing_flag
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
+from trainfit.search.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.summary import Summary
 from trainfit.template import render_template
+from trainfit.trainer.command import build_command, checkpointing_flag
 from trainfit.tune import tune
-from trainfit.search.options import TuneOptions
 
 
 @pytest.mark.parametrize(("option", "message"), [
@@ -200,7 +200,8 @@ def test_report_html_draws_the_devices_memory_only_where_it_leaves_the_peaks_rea
         tmp_path: Path, device_gb: float, shown: str, drawn: bool) -> None:
     """No budget set: the device's memory is the budget. A machine's RAM far above every peak (a
     CPU run) would squeeze them onto the axis, so the title names it instead of a line."""
-    tune(synthetic_spec(tmp_path, "grid", no_budget=True, max_trials=64), TuneOptions(output=tmp_path / "out", probe_fn=Surface(budget_gb=device_gb)))  # peaks up to 72 GiB
+    tune(synthetic_spec(tmp_path, "grid", no_budget=True, max_trials=64),
+         TuneOptions(output=tmp_path / "out", probe_fn=Surface(budget_gb=device_gb)))  # peaks up to 72 GiB
     page = (tmp_path / "out" / "report.html").read_text()
     assert (f">device memory {shown} GiB<" in page) is drawn  # the line's label
     assert (f"device memory {shown} GiB, far above, not drawn" in page) is not drawn  # the chart's title

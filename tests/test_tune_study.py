@@ -18,10 +18,9 @@ from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.events import SharedStudy, TuneEvent
-from trainfit.spec import load_spec
-from trainfit.tune import tune
 from trainfit.search.options import TuneOptions
-from trainfit.spec import with_tune
+from trainfit.spec import load_spec, with_tune
+from trainfit.tune import tune
 
 
 def test_resume_continues_without_reprobing(tmp_path: Path) -> None:
@@ -73,7 +72,8 @@ def test_a_studys_identity_leaves_defaults_out_so_it_survives_new_settings(tmp_p
 
 
 def test_a_changed_spec_does_not_resume_a_foreign_study(tmp_path: Path) -> None:
-    tune(with_tune(synthetic_spec(tmp_path, "grid"), max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface()))
+    tune(with_tune(synthetic_spec(tmp_path, "grid"), max_trials=2), TuneOptions(output=tmp_path / "out",
+                                                                                probe_fn=Surface()))
     changed = synthetic_spec(tmp_path / "c", "grid")
     changed = load_spec(changed.source, ["budget.memory_gb=30"])
     with pytest.raises(TrainfitError, match="spec changed") as info:
@@ -90,14 +90,15 @@ def test_a_running_tune_holds_its_output_folder(tmp_path: Path) -> None:
     result = tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True))
     assert result.summary.to_json()["total_tested"] == 2
     # and a finished tune released it
-    assert tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(), resume=True)).new_trials == 1
+    assert tune(with_tune(spec, max_trials=3), TuneOptions(output=tmp_path / "out", probe_fn=Surface(),
+                                                           resume=True)).new_trials == 1
 
 
 def test_the_output_folder_stays_held_until_the_tunes_last_write(tmp_path: Path) -> None:
     """``tune --calibrate`` writes the outputs again after the search (``run_search``'s ``then``): a run
     started on the folder meanwhile is refused, and the folder is free once the tune returns."""
-    from trainfit.tune.outputs import write_outputs
     from trainfit.search.loop import TuneResult, run_search
+    from trainfit.tune.outputs import write_outputs
 
     spec = synthetic_spec(tmp_path, "grid")
     out = tmp_path / "out"
@@ -109,7 +110,8 @@ def test_the_output_folder_stays_held_until_the_tunes_last_write(tmp_path: Path)
         refused.append(str(err.value))
         return result
 
-    run_search(with_tune(spec, max_trials=2), TuneOptions(outputs=write_outputs, output=out, probe_fn=Surface()), then=then)
+    run_search(with_tune(spec, max_trials=2), TuneOptions(output=out, probe_fn=Surface()), outputs=write_outputs,
+               then=then)
     assert len(refused) == 1
     assert tune(with_tune(spec, max_trials=3), TuneOptions(output=out, probe_fn=Surface(), resume=True)).new_trials == 1
 
@@ -119,10 +121,12 @@ def test_a_shared_storage_holds_several_studies_and_resumes_by_spec(tmp_path: Pa
     spec_a = synthetic_spec(tmp_path / "a", "grid")
     spec_b = load_spec(spec_a.source, ["budget.memory_gb=30"])
     tune(with_tune(spec_a, max_trials=2), TuneOptions(output=tmp_path / "out-a", probe_fn=Surface(), storage=url))
-    tune(with_tune(spec_b, max_trials=2), TuneOptions(output=tmp_path / "out-b", probe_fn=Surface(budget_gb=30), storage=url))
+    tune(with_tune(spec_b, max_trials=2), TuneOptions(output=tmp_path / "out-b", probe_fn=Surface(budget_gb=30),
+                                                      storage=url))
     again = Surface()
     events: list[TuneEvent] = []
-    result = tune(with_tune(spec_a, max_trials=4), TuneOptions(output=tmp_path / "out-a2", probe_fn=again, storage=url, resume=True, on_event=events.append))
+    result = tune(with_tune(spec_a, max_trials=4), TuneOptions(output=tmp_path / "out-a2", probe_fn=again, storage=url,
+                                                               resume=True, on_event=events.append))
     assert len(again.calls) == 2 and result.summary.to_json()["total_tested"] == 4
     # the same spec file under another budget is another study: the run names it and what differs
     [study] = [e for e in events if isinstance(e, SharedStudy)]
@@ -232,7 +236,8 @@ def _join(spec: Any, url: str, output: Path, log: Path, summary: Path, rendezvou
     import importlib
 
     importlib.import_module("trainfit.search.loop").BUSY_WAIT_S = 0.05  # the module, not the function
-    result = tune(with_tune(spec, max_trials=64), TuneOptions(output=output, probe_fn=Slow(log, rendezvous), storage=url, join=True))
+    result = tune(with_tune(spec, max_trials=64), TuneOptions(output=output, probe_fn=Slow(log, rendezvous),
+                                                              storage=url, join=True))
     summary.write_text(json.dumps(result.summary.to_json()["best_config"]["searched"]))
 
 
@@ -266,7 +271,8 @@ def test_runs_sharing_a_storage_split_the_work_without_probing_a_config_twice(tm
     best = [json.loads((tmp_path / f"best{i}.json").read_text()) for i in range(2)]
     assert best[0] == best[1]  # both saw every result
     if strategy == "grid":  # every config probed: what one run finds
-        alone = tune(synthetic_spec(tmp_path / "alone", strategy), TuneOptions(output=tmp_path / "alone-out", probe_fn=Surface()))
+        alone = tune(synthetic_spec(tmp_path / "alone", strategy), TuneOptions(output=tmp_path / "alone-out",
+                                                                               probe_fn=Surface()))
         assert best[0] == alone.best.values
     else:  # which configs a guided search asks for depends on how the two runs' results interleave
         union = calls[0] + calls[1]

@@ -16,13 +16,12 @@ import pytest
 import yaml
 from conftest import EXAMPLES, TINY_LLAMA
 
-from trainfit.trainer.command import command_script
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.spec import load_spec
-from trainfit.tune import tune
 from trainfit.search.options import TuneOptions
-from trainfit.spec import with_tune
+from trainfit.spec import load_spec, with_tune
+from trainfit.trainer.command import command_script
+from trainfit.tune import tune
 
 STUB = "import json, sys\nprint(json.dumps(sys.argv[1:]))\n"
 """A trainer that prints the arguments it was given, as JSON, and nothing else."""
@@ -125,7 +124,8 @@ def test_a_quote_in_a_template_value_survives_tune_and_resume(tmp_path: Path, st
                                                  "--bs {batch_size}"])
     out = tmp_path / "run"
     for resume in (False, True):
-        tune(spec, TuneOptions(output=out, resume=resume, probe_fn=lambda p, n: measured(p, n, prefer="gradient_checkpointing")))
+        tune(spec, TuneOptions(output=out, resume=resume, probe_fn=lambda p,
+                               n: measured(p, n, prefer="gradient_checkpointing")))
         argv = json.loads(run_script(out / "train_command.sh").stdout)
         assert argv[:2] == ["--name", "bob's run"] and argv[2] == "--bs"
 
@@ -142,7 +142,8 @@ def test_the_readme_main_job_writes_a_command_that_trains_as_written(tmp_path: P
                                                    "search={lora_r: [null, 8], batch_size: [1, 2]}",
                                                    "tune.target_effective_batch=2"])
     out = tmp_path / "run"
-    best = tune(spec, TuneOptions(output=out, quick=True, probe_fn=lambda p, n: measured(p, n, prefer="lora_r"))).summary.to_json()["best_config"]
+    best = tune(spec, TuneOptions(output=out, quick=True, probe_fn=lambda p,
+                                  n: measured(p, n, prefer="lora_r"))).summary.to_json()["best_config"]
     assert best["searched"] == {"lora_r": 8, "batch_size": 1}
     script = (out / "train_command.sh").read_text()
     assert f"--model_name_or_path {out.resolve() / 'model'}" in script and "<" not in script
@@ -165,7 +166,8 @@ def test_a_config_model_without_a_tokenizer_is_saved_and_the_script_says_what_is
     """Lengths counted without a tokenizer (none named): the model is saved all the same, and the
     script names what `trl sft` still needs before it can run."""
     out = tmp_path / "run"
-    tune(with_tune(load_spec(llama_spec()), max_trials=1), TuneOptions(output=out, probe_fn=lambda p, n: measured(p, n, prefer="tf32")))
+    tune(with_tune(load_spec(llama_spec()), max_trials=1), TuneOptions(output=out, probe_fn=lambda p,
+                                                                       n: measured(p, n, prefer="tf32")))
     script = (out / "train_command.sh").read_text()
     assert (out / "model" / "config.json").exists() and not (out / "model" / "tokenizer_config.json").exists()
     assert f"--model_name_or_path {out.resolve() / 'model'}" in script

@@ -155,7 +155,6 @@ def batches_grow(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
     holds full rows). A worker reuses its model only in this direction: after a
     larger batch, a CPU process measured up to 6% more peak memory than a fresh one
     (docs/benchmarks.md, model reuse)."""
-
     def length(v: Mapping[str, Any]) -> float:
         return float("inf") if v.get("max_length") is None else v["max_length"]
 
@@ -409,7 +408,6 @@ def knob_table_markdown() -> str:
     name, values, default, whether two values train a different model, meaning. docs/spec.md holds
     this output between ``<!-- knobs:start -->`` and ``<!-- knobs:end -->`` (tests/test_docs.py
     checks that it is current)."""
-
     def number(x: float) -> str:
         return f"{x:,g}" if abs(x) < 1e6 else f"{int(x):,}"
 

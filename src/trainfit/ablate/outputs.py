@@ -74,7 +74,6 @@ def earlier_rows(path: Path, baseline: dict[str, Any]) -> list[Row]:
 
 def cells(row: Row) -> list[str]:
     """One table row: what, speed, ratio with its interval, peak, its change, step memory, MFU, claim."""
-
     if row.status != "ok":
         reason = (row.reason or "").splitlines()[0][:90] if row.reason else ""
         return [row.name, row.status, reason, "", "", "", "", row.claim or ""]

@@ -125,7 +125,6 @@ def stats_from_args(args: argparse.Namespace, spec, progress: bool = True):
 def check_eval_flags(args: argparse.Namespace) -> None:
     """``--eval-every`` and ``--eval-batch-size`` say how to evaluate: refused without an eval set
     (``--eval-data``, or compare's ``--holdout``)."""
-
     holdout = getattr(args, "holdout", None)
     if args.eval_data is None and holdout is None and (args.eval_every is not None or args.eval_batch_size is not None):
         raise TrainfitError("--eval-every and --eval-batch-size say how to evaluate, and no eval set was given",
@@ -150,7 +149,6 @@ def resume_command(argv: list[str], output: str | Path) -> str:
 
 def interrupted(err: KeyboardInterrupt, argv: list[str], output: str | Path, kept: str) -> int:
     """Say what an interrupted run kept (``kept``) and the command that continues it; the shell's exit status."""
-
     with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
         print(f"\ninterrupted: {kept}; continue with\n  {resume_command(argv, output)}", file=sys.stderr)
     return interrupted_status(err)

@@ -114,7 +114,6 @@ def run(job: dict[str, Any]) -> ConfigRun:
 def cap_to_budget(memory_gb: float | None, device: Any) -> None:
     """The spec's ``budget.memory_gb`` as a probe applies it (``probe.memory.cap_memory``): a config
     needing more fails for real (``out_of_memory``)."""
-
     if memory_gb:
         cap_memory(int(memory_gb * 2**30), device, {})
 
@@ -122,7 +121,6 @@ def cap_to_budget(memory_gb: float | None, device: Any) -> None:
 def over_budget(peak_gb: float, memory_gb: float | None, headroom_gb: float) -> str | None:
     """Why a config that trained does not fit the budget (its peak and the headroom above
     ``memory_gb``, as a probe judges a fit); None when it fits or there is no budget."""
-
     if within_budget(peak_gb, memory_gb, headroom_gb):
         return None
     return (f"peak {peak_gb:.2f} GiB + headroom {headroom_gb:g} GiB is over budget.memory_gb {memory_gb:g} GiB")
@@ -156,7 +154,6 @@ def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path, seed: in
 def main(argv: list[str]) -> int:
     """``JOB.json``: train it, write its ``result.json``. Started by the comparison
     (:func:`trainfit.compare.jobs.child_command`), which bound this process to die with it first."""
-
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notes, per config
     job = json.loads(Path(argv[0]).read_text())
     folder = Path(job["folder"])
@@ -175,7 +172,6 @@ def main(argv: list[str]) -> int:
 def _cpu_capped(job: dict[str, Any]) -> bool:
     """Whether the job's process ran under a CPU memory cap (:func:`cap_to_budget`), whose failed
     allocations some libraries report in words of their own."""
-
     try:
         spec = load_spec(job["spec"], job.get("overrides", []))
     except Exception:

@@ -73,7 +73,6 @@ class NamedConfig:
 def split_training(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """``--set`` overrides split into training values (:data:`TRAINING_KEYS`, by name: ``--set
     learning_rate=1e-4``) and the rest, the spec's."""
-
     training: dict[str, Any] = {}
     rest = []
     for text in overrides:
@@ -90,7 +89,6 @@ def read_configs(path: str | Path, spec: Spec, defaults: Mapping[str, Any] | Non
     once (a :class:`SpecError` naming each config and key), or a :class:`TrainfitError` for a file
     that cannot be read. ``defaults``: training values for every config that does not set its own
     (``--set learning_rate=...``)."""
-
     path = Path(path)
     if not path.is_file():
         raise TrainfitError(f"configs file {path} not found",

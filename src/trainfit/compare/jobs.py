@@ -125,7 +125,6 @@ class ConfigJobs:
 
     def argv(self, config: NamedConfig) -> list[str]:
         """The ``trl sft`` arguments of ``config``, as tune writes them, on this comparison's data."""
-
         words = trl_command(self.spec, config.params, max_length=self.stats.truncation_length(config.params.max_length),
                             data_config=self.data_config, cpu_threads=self.threads, model_dir=self.model_dir)
         words = words[words.index("sft") + 1:]

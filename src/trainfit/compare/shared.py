@@ -98,7 +98,6 @@ class SharedConfigs:
     @contextlib.contextmanager
     def training(self, trial: Any) -> Iterator[None]:
         """While the config of ``trial`` trains: its heartbeat, for other machines to see it alive."""
-
         with heartbeat(self.storage, trial):
             yield
 
@@ -106,7 +105,6 @@ class SharedConfigs:
         """Record ``run``, the config ``name`` trained under ``trial``: in a new trial of it where
         another machine closed ``trial`` while it trained (this one paused past the heartbeat's
         grace period; see :func:`~trainfit.search.claims.closed_elsewhere`)."""
-
         if closed_elsewhere(self.storage, trial):
             trial = ask_trial(self.study, self.distributions, {"config": name}, heartbeat_in=self.storage)
         trial.set_user_attr("run", run.to_json())

@@ -227,7 +227,6 @@ def _tunes_calibration(run_dir: Path, summary: Summary) -> Calibration | None:
 def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: Path, every: int | None,
                 batch_size: int | None) -> Evaluation:
     """One eval pass of ``path`` timed on ``chosen``'s config (see :mod:`trainfit.plan.eval_pass`)."""
-
     if rebuilt is None or rebuilt.spec.data is None:
         raise TrainfitError(f"an eval pass is timed on the tune's model and data, and the spec of {run.folder} cannot "
                             "be rebuilt here (its model, tokenizer or data moved?)",
@@ -245,7 +244,6 @@ def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: 
 
 def _trl_evaluation(run: TuneRun, rebuilt: Rebuilt | None, evaluation: Evaluation | None) -> tuple[Evaluation, Path] | None:
     """The evaluation and the dataset folder (train and test splits) its ``trl sft`` command reads."""
-
     if evaluation is None or rebuilt is None or run.summary.command_template or trl_data_config(rebuilt.spec) is None:
         return None
     return evaluation, trl_dataset(run.folder.resolve() / "trl_dataset", rebuilt.spec, Path(evaluation.path))
@@ -305,7 +303,6 @@ def _rebuilt(run: TuneRun) -> Rebuilt | None:
     """The tune's spec and its data's lengths (from the length cache, or counted again), for the
     shorter ``max_length`` options and a command tune did not write; None when the spec cannot be
     rebuilt here (its data moved, say)."""
-
     try:
         spec = run.spec()
         return Rebuilt(spec, analyze_spec(spec, progress=False) if spec.data is not None else None)

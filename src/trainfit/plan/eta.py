@@ -76,7 +76,6 @@ class Eta(Record):
         """The interval in words: ``low - high``, or ``up to high (...)`` where the training part's
         spread reaches 100%, so its low end (clipped at no training time) bounds nothing, and a
         spread that wide makes its high end rough too."""
-
         if self.spread_rel < 1:
             return f"{dur(self.low_s)} - {dur(self.high_s)}"
         return (f"up to {dur(self.high_s)}; the measured spread, +-{self.spread_rel:.0%}, gives it no low end, and "

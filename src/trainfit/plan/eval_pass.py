@@ -199,7 +199,6 @@ def trl_dataset(folder: Path, spec: Spec, eval_path: Path) -> Path:
     named ``train-NNNNN`` to the spec's data files (in order) and ``test-NNNNN`` to the eval set's.
     ``trl sft --dataset_name folder`` then trains on the one and evaluates on the other (TRL's
     dataset mixture config concatenates its files into one split, so it cannot say which is which)."""
-
     assert spec.data is not None
     train = [Path(f).resolve() for f in data_files(spec.data.path)]
     test = [Path(f).resolve() for f in data_files(str(eval_path))]

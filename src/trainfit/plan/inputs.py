@@ -82,7 +82,6 @@ class TuneRun:
         """The tune's spec rebuilt from the journal's copy, relative paths against the spec file's
         folder as then; a clear error where it cannot be (a study from before trainfit kept it, its
         data or factory moved since)."""
-
         source = self.summary.spec.source
         if self.spec_doc is None or not source:
             raise TrainfitError(f"{self.folder}'s study holds no spec to rebuild", "tune again with this trainfit")
@@ -128,7 +127,6 @@ def _check_not_running(folder: Path) -> None:
     """Refuse a folder whose tune still runs before it wrote its first ``summary.json`` (it writes
     one as its first config is measured): a tune holds its output folder's ``.lock`` while it runs.
     A folder without a ``.lock`` is asked nothing (asking would leave one in it)."""
-
     if (folder / "summary.json").is_file() or not (folder / ".lock").is_file():
         return
     holder = folder_holder(folder)

@@ -40,7 +40,6 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
     """The plan as a reader checks it: the window, the pick and why, the ETA and what it is made
     of, what each priority would pick, and the options when it does not fit. ``epochs_given``:
     False where the epoch count is the spec's, which the plan then says."""
-
     e = plan.eta
     spare = plan.window_s - e.high_s
     verdict = (f"FITS, {dur(spare)} to spare at the interval's high end" if plan.fits

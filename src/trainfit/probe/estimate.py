@@ -183,7 +183,6 @@ def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: i
     """An epoch of ``lengths`` (the data's, or a uniform sample of them) batched as ``params`` says,
     and the micro-batches to time: whole batches at :data:`QUANTILES` of the padded lengths, and
     the longest when ``longest`` (:func:`times_longest`)."""
-
     array = np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
     if params.packing:
         epoch = packed_epoch(array, params.batch_size, max_length=max_length, seed=seed,

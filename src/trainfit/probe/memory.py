@@ -99,7 +99,6 @@ def cap_cpu_memory(cap: int, out: dict[str, Any]) -> None:
     interpreter and libraries included, so an allocation beyond it fails for real
     ("DefaultCPUAllocator: can't allocate memory"). Set once torch is imported: a cap below what
     that takes made the import fail with a traceback; now the OOM names what starting takes."""
-
     held = committed_bytes()
     if held is not None and held >= cap:
         out["oom_needed_bytes"] = held

@@ -74,7 +74,6 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
     shape's padded length and its last step's seconds: the tail point of the step-cost fit, for
     free, where the parent says it is a whole step of the real accumulation after a first one
     (``TypicalMix.times_longest`` false, see probe/estimate.py)."""
-
     emit("phase", phase="memory")
     worst = [min(n, max_len) for n in req.worst_lengths]
     out["worst_case_lengths"] = worst
@@ -137,7 +136,6 @@ class TimedSteps:
 def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device: Any) -> TimedSteps:
     """Typical steps, each timed alone (synchronized before and after), until the stop rule says
     the estimate is stable or a cap is reached."""
-
     settings = req.probe
     emit("phase", phase="timed")
     rule = StopRule(settings.min_steps, settings.max_steps, settings.max_seconds, settings.target_rel_ci,
@@ -169,7 +167,6 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
     """The Measurement fields of the timed steps: step-time statistics, FLOPs and MFU (where the
     device's peak is on record; a note says why not otherwise). The speeds are the epoch's
     (:func:`epoch_fields`)."""
-
     params = req.params
     cuda = req.device.startswith("cuda")
     st = StepTimes.of(timed.times, timed.cycle)

@@ -101,7 +101,6 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
 
     The phases, in order: build (or reuse) the model, the memory phase on the worst-case batch,
     burn-in on typical batches, then timed steps until the estimate is stable."""
-
     phases: dict[str, float] = {"start": 0.0 if spawned_at is None else time.time() - spawned_at}
     out.update(phases_s=phases, versions=versions())
     device = open_device(req, out, capped_now=spawned_at is not None)
@@ -161,7 +160,6 @@ def build(req: ProbeRequest, device: Any, cache: ModelCache) -> tuple[Built, boo
     building took: the worker's
     kept model when only the batch shape differs (``req.model_key``), else a new one (kept for the
     next probe when it may be reused)."""
-
     built = cache.take(req.model_key)
     if built is not None:
         built.step.params = req.params  # only batch-shape knobs differ (the key says so)

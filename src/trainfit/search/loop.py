@@ -279,7 +279,6 @@ def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: Eve
     """A real, isolated probe of each config (keeping a built model for the next probe of its
     family), the session to close after the search, the device type the search's priors use, and
     the data's lengths (analyzed here unless given: once, for every probe and the runtime estimate)."""
-
     if stats is None and spec.data is not None:
 
         stats = analyze_spec(spec, progress=False)

@@ -63,7 +63,6 @@ def within_noise(order: Sequence[Trial], objective: str = "samples_per_second", 
     reported as fractions of the best's objective: ``gap`` how much slower the runner-up
     measured, ``noise`` how much slower the intervals let it measure while being as fast. The
     speeds are the trainer's where ``trainer_s`` (see :func:`ranked`) is given."""
-
     def speed(t: Trial, name: str = objective) -> float:
         value = t.measured_objective if name == objective else getattr(t.measurement, name) or 0.0
         return with_trainer_cost(value, t.measurement, name, trainer_s)

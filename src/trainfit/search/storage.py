@@ -16,7 +16,7 @@ from trainfit.errors import TrainfitError
 from trainfit.files import FolderBusy, lock_folder
 from trainfit.params import KNOBS, Params
 from trainfit.search import claims
-from trainfit.spec import Spec
+from trainfit.spec import RUN_LIMITS, Spec
 
 
 def study_name(spec: Spec) -> str:
@@ -105,9 +105,12 @@ def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None) -
 
 def other_studies(summaries: Sequence[Any], name: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Every other study that recorded its spec, with the keys where it differs from this one (a
-    knob added since that study began, at its default here, is no difference) and its search."""
+    knob added since that study began, at its default here, is no difference; nor is a run limit,
+    ``tune.max_trials`` say, which is not part of what a study measures) and its search."""
+    limits = {f"tune.{name}" for name in RUN_LIMITS}
     return [{"name": o.study_name, "spec_file": o.user_attrs.get("spec_file"),
-             "differs": [k for k in differing_keys(o.user_attrs["spec"], doc) if not _new_default(k, o.user_attrs["spec"], doc)],
+             "differs": [k for k in differing_keys(o.user_attrs["spec"], doc)
+                         if k not in limits and not _new_default(k, o.user_attrs["spec"], doc)],
              "search": _ran(o.user_attrs["spec"])}
             for o in summaries if o.study_name != name and "spec" in o.user_attrs]
 
@@ -122,7 +125,6 @@ def _ran(doc: Any) -> str | None:
 
 def _new_default(key: str, before: Any, now: Any) -> bool:
     """``params.KNOB`` absent from ``before`` (recorded before the knob existed) and at its default in ``now``."""
-
     section, _, knob = key.partition(".")
     if section != "params" or knob not in KNOBS or not isinstance(before, dict) or not isinstance(now, dict):
         return False

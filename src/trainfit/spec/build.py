@@ -280,7 +280,6 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
     return build_spec(merged, base_dir=path.resolve().parent, source=str(path))
 
 
-
 RUN_LIMITS = ("strategy", "max_trials", "time_budget_s", "patience", "confirm_rounds", "confirm_margin", "seed")
 """The ``tune:`` settings :func:`with_tune` changes: how a search runs, not what it searches (the
 space, its constraints and the command template are the spec file's)."""

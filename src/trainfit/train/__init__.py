@@ -22,9 +22,8 @@ import functools
 import json
 import shlex
 import shutil
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +214,6 @@ def _listening(control: Any) -> Iterator[None]:
 def _run_command(record: TrainRun, run_dir: Path, output: Path, plan: Plan | None, *, resume: bool, every_s: float,
                  deadline: float | None, say: Callable[[str], None]) -> str | None:
     """Run your own training command; returns the signal passed on to it (None: it ended by itself)."""
-
     env = child_environment(plan=run_dir / "plan.json" if plan is not None else None, output=output, resume=resume,
                             checkpoint_every_s=every_s, deadline=deadline, started_at=record.started_at)
     return run_child(record.argv[0], env=env, say=say)
@@ -259,7 +257,6 @@ def _train_trl(trainer: Any, output: Path, checkpoint: Path | None, control: Any
 def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
                  say: Callable[[str], None]) -> tuple[int, int]:
     """Train a factory model with trainfit's loop; returns (steps done, total steps)."""
-
     run = load_run(run_folder)
     summary, spec = run.summary, run.spec()
     if spec.data is None:

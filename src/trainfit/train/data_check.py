@@ -42,7 +42,6 @@ def identity(files: Sequence[str]) -> str | None:
     """One fingerprint of ``files``' content (each file's size and bytes sampled through it, not
     its modification time: a copy or a ``touch`` is the same data); None without files, or where
     one cannot be read (the run's own reading then says why)."""
-
     try:
         return "+".join(fingerprint(f, times=False) for f in files) if files else None
     except (OSError, ValueError, TrainfitError):

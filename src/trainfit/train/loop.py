@@ -130,7 +130,6 @@ def evaluate(runner: Any, collate: Callable[[list[Any]], Any], evaluation: EvalS
              on_bad_row: str = "stop") -> dict[str, float]:
     """One pass over the eval set in file order, forward only: the loss per sample over the pass
     and its seconds, under the names the Hugging Face trainer logs them by."""
-
     began = time.perf_counter()
     total, seen = 0.0, 0
     for micro in steps_of(file_rows(evaluation.path, fmt=fmt, on_bad_row=on_bad_row), evaluation.batch_size, 1):

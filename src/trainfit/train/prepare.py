@@ -37,7 +37,6 @@ def _plan(run_dir: Path) -> Plan | None:
 
 def training_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
     """The one-line ``trl sft`` command to train, where it came from, and its trial."""
-
     run_dir = run.path
     fallback = f"run the command yourself: bash {shlex.quote(str(run_dir / 'train_command.sh'))} --output_dir DIR"
     if plan is not None:
@@ -53,7 +52,6 @@ def training_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
 def template_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
     """The filled ``tune.command_template`` to run (the plan's choice, else the fastest config's
     ``train_command.sh``), where it came from, and its trial."""
-
     run_dir = run.path
     if plan is not None:
         if plan.command is None:
@@ -75,7 +73,6 @@ def capped_template(run: RunFolder, plan: Plan | None, max_steps: int, factory: 
     """``--max-steps N`` on a ``command_template`` run: the template filled for the fastest config with
     ``{max_steps}`` = N (``written_command.template_for_steps``), where the template has it and a plan
     did not choose another config; its command, where it came from, and its trial."""
-
     way = "pass your trainer's own step limit after --" + (
         ", or add --loop to train the factory model in trainfit's loop" if factory else "")
     best = run.summary.best_config
@@ -220,7 +217,6 @@ def _recorded(run_dir: Path, output: Path, now: TrainRun, say: Callable[[str], N
     """The record of the run ``output`` holds, training into ``output``; where its ``train.json``
     is damaged or gone but a complete checkpoint is there, rebuilt (:mod:`trainfit.train.rebuild`)
     as ``now``, what the resume command trains."""
-
     record_path = output / "train.json"
     if not record_path.is_file():
         if latest_complete(output) is None:

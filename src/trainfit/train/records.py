@@ -114,7 +114,6 @@ class TrainRun(Record):
 
     def what(self) -> dict[str, str]:
         """What decides the training, flat, for :func:`~trainfit.train.prepare.differences`."""
-
         out = {"tune folder": self.run_dir, "trial": str(self.trial), "max steps": str(self.max_steps)}
         if self.kind == "trl_sft":  # the output folder is the one resumed, however it is spelled
             return {**out, **{f"--{k}": v for k, v in flags(self.argv).items() if k != "output_dir"}}

@@ -24,7 +24,6 @@ from trainfit.trainer.command import TRL_COMMAND
 def split_command(command: str) -> tuple[int | None, list[str]]:
     """The CPU threads (``OMP_NUM_THREADS=N``, None when unset) and the ``trl sft`` arguments of
     a one-line ``command`` as trainfit writes it."""
-
     match = TRL_COMMAND.match(command.strip())
     if match is None:
         raise TrainfitError(f"not a `trl sft` command as trainfit writes it: {command[:80]}",

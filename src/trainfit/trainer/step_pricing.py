@@ -49,7 +49,6 @@ def priced_steps(steps: Sequence[Sequence[int]], accumulation: int, arrivals: Ma
     step trained (:func:`~trainfit.trainer.trainer_output.recorded_steps`; step ``n`` is ``steps[n - 1]``); ``cost``: an optimizer
     step's seconds at ``accumulation`` micro-batches of a padded length. None when fewer than two
     steps are shown or ``steps`` stops short of the last."""
-
     shown = shown_steps(arrivals, after)
     if len(shown) < 2 or len(steps) < shown[-1][0]:
         return None
@@ -75,7 +74,6 @@ def pace_change(intervals: Sequence[tuple[float, float]]) -> float | None:
     where unpriced). None with fewer than :data:`MIN_INTERVALS` intervals, or where the change is
     under :data:`PACE_CHANGE` or within the noise of the halves (the 95% half-widths of their
     intervals' seconds per unit of work, combined): the pace held as far as the steps can tell."""
-
     if len(intervals) < MIN_INTERVALS or any(work <= 0 for _, work in intervals):
         return None
     half = len(intervals) // 2

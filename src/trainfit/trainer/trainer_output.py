@@ -60,7 +60,6 @@ def bar_seconds_per_step(arrivals: Mapping[int, float], after: int) -> float | N
 
 def step_spread(long: Mapping[int, float], short: Mapping[int, float], short_steps: int) -> float:
     """``Calibration.spread_rel`` from the two runs' step arrivals (``{step: seconds}``; see there)."""
-
     def per_step(arrivals: Mapping[int, float], after: int) -> list[float]:
         return [(t1 - t0) / (n1 - n0) for (n0, t0), (n1, t1) in itertools.pairwise(shown_steps(arrivals, after))]
 

@@ -68,7 +68,6 @@ class BudgetMatrix(Record):
 
     def cells(self) -> list[tuple[str, ...]]:
         """The rows as text, under :data:`HEADER` (the terminal's table and the report's)."""
-
         return [(f"{r.budget_gb:g} GiB", values_line(r.searched) if r.searched else "nothing fits",
                  f"{r.samples_per_second:.4g}" if r.samples_per_second else "",
                  f"{r.peak_gb:.2f}" if r.peak_gb is not None else "",

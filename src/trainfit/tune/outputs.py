@@ -216,7 +216,6 @@ def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str, train
                  ) -> list[Confirmation]:
     """Every measurement of each confirmed config, fastest median first (the speeds the trainer's
     cost per micro-batch ``trainer_s`` included)."""
-
     def speed(value: float | None, m: Measurement) -> float | None:
         return None if value is None else with_trainer_cost(value, m, objective, trainer_s)
 

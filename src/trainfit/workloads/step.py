@@ -44,28 +44,14 @@ def check_support(params: Params, device: Any) -> list[str]:
     if params.precision == "fp16" and not cuda:
         notes.append("fp16 autocast on CPU: supported by torch, but CPUs rarely run it faster than fp32")
     if params.attention == "flash_attention_2":
-        if not cuda:
-            raise Unsupported("attention=flash_attention_2 needs a CUDA GPU", "use attention: sdpa on CPU",
-                              knob="attention", value="flash_attention_2")
-        if importlib.util.find_spec("flash_attn") is None:
-            raise Unsupported("attention=flash_attention_2 needs the flash-attn package",
-                              "pip install flash-attn --no-build-isolation, or use attention: sdpa",
-                              knob="attention", value="flash_attention_2")
+        _needs_cuda_and(cuda, "flash_attn", "flash-attn", knob="attention", value="flash_attention_2",
+                        instead="use attention: sdpa", install="pip install flash-attn --no-build-isolation")
     if params.optimizer == "adamw_8bit":
-        if not cuda:
-            raise Unsupported("optimizer=adamw_8bit (bitsandbytes) needs a CUDA GPU", "use adamw or adamw_fused",
-                              knob="optimizer", value="adamw_8bit")
-        if importlib.util.find_spec("bitsandbytes") is None:
-            raise Unsupported("optimizer=adamw_8bit needs the bitsandbytes package",
-                              "pip install bitsandbytes, or use adamw_fused", knob="optimizer", value="adamw_8bit")
-    if params.activation_offloading:
-        if not cuda:
-            raise Unsupported("activation_offloading moves a GPU's activations to CPU memory: it needs a CUDA GPU",
-                              "use gradient_checkpointing to save activation memory on a CPU",
-                              knob="activation_offloading", value=True)
-        if importlib.util.find_spec("trl") is None:
-            raise Unsupported("activation_offloading is TRL's: it needs the trl package", "pip install trl",
-                              knob="activation_offloading", value=True)
+        _needs_cuda_and(cuda, "bitsandbytes", "bitsandbytes", knob="optimizer", value="adamw_8bit",
+                        instead="use adamw or adamw_fused", install="pip install bitsandbytes")
+    if params.activation_offloading:  # TRL's: it moves a GPU's activations to CPU memory and back
+        _needs_cuda_and(cuda, "trl", "trl", knob="activation_offloading", value=True,
+                        instead="use gradient_checkpointing to save activation memory", install="pip install trl")
     if params.tf32 and not cuda:
         notes.append("tf32 has no effect on CPU")
     if params.compile != "off" and not cuda:
@@ -78,6 +64,18 @@ def check_support(params: Params, device: Any) -> list[str]:
         notes.append("compile with padding=longest: new batch shapes trigger recompiles; "
                      "padding=max_length gives one shape, pad_to_multiple_of far fewer")
     return notes
+
+
+def _needs_cuda_and(cuda: bool, module: str, package: str, *, knob: str, value: Any, instead: str,
+                    install: str) -> None:
+    """Refuse ``knob=value`` (:class:`Unsupported`, so a search skips it) off a CUDA GPU, saying
+    what to use ``instead``, or where ``module`` (of the ``package``) is missing, saying how to
+    ``install`` it."""
+    shown = f"{knob}={str(value).lower() if isinstance(value, bool) else value}"
+    if not cuda:
+        raise Unsupported(f"{shown} needs a CUDA GPU", f"{instead} on this device", knob=knob, value=value)
+    if importlib.util.find_spec(module) is None:
+        raise Unsupported(f"{shown} needs the {package} package", f"{install}, or {instead}", knob=knob, value=value)
 
 
 MAX_GRAD_NORM = 1.0
