@@ -20,7 +20,7 @@ from trainfit.cli import build_parser, main
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.probe.events import Phase
 from trainfit.search.events import ProbeProgress
-from trainfit.search.options import TuneOptions
+from trainfit.search.tune_options import TuneOptions
 from trainfit.spec import load_spec
 
 CLI = [sys.executable, "-c", "import sys; from trainfit.cli import main; sys.exit(main())"]

@@ -21,7 +21,7 @@ from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.search import loop as search_loop
 from trainfit.search.events import JournalRepaired, TuneEvent, Waiting
-from trainfit.search.options import TuneOptions
+from trainfit.search.tune_options import TuneOptions
 from trainfit.spec import load_spec, with_tune
 from trainfit.tune import tune
 

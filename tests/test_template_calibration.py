@@ -13,7 +13,7 @@ from conftest import EXAMPLES
 from tune_helpers import fixed_speed
 
 from trainfit.errors import TrainfitError
-from trainfit.search.options import TuneOptions
+from trainfit.search.tune_options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.trainer.calibration import calibrate, check_can_calibrate
 from trainfit.tune import calibration_steps, tune

@@ -21,7 +21,7 @@ from trainfit.plan.eta import estimate
 from trainfit.plan.inputs import load_run
 from trainfit.probe.measurement import Measurement
 from trainfit.run_folder import TRAINER_COST_FILE
-from trainfit.search.options import TuneOptions
+from trainfit.search.tune_options import TuneOptions
 from trainfit.search.ranking import with_trainer_cost
 from trainfit.spec import load_spec, with_tune
 from trainfit.summary import Summary, TrainerCost

@@ -18,7 +18,7 @@ from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.events import SharedStudy, TuneEvent
-from trainfit.search.options import TuneOptions
+from trainfit.search.tune_options import TuneOptions
 from trainfit.spec import load_spec, with_tune
 from trainfit.tune import tune
 

@@ -34,12 +34,12 @@ _LAZY = {
     "LengthRecipe": "trainfit.data.row_length",
     "count_lengths": "trainfit.data.lengths",
     "summarize": "trainfit.data.stats",
-    "TuneOptions": "trainfit.search.options",
+    "TuneOptions": "trainfit.search.tune_options",
     "with_tune": "trainfit.spec",
     "TuneResult": "trainfit.search.loop",
     "Summary": "trainfit.summary",
     "OnTrackCallback": "trainfit.train.monitor",
-    "TrainOptions": "trainfit.train.options",
+    "TrainOptions": "trainfit.train.train_options",
 }
 
 __all__ = ["CustomWorkload", "LengthRecipe", "LengthStats", "Measurement", "OnTrackCallback", "Params", "Spec", "SpecError",
@@ -52,12 +52,12 @@ if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats, summarize
     from trainfit.errors import SpecError, TrainfitError
     from trainfit.train.monitor import OnTrackCallback
-    from trainfit.train.options import TrainOptions
+    from trainfit.train.train_options import TrainOptions
     from trainfit.params import Params
     from trainfit.probe.measurement import Measurement
     from trainfit.probe.runner import run_probe
     from trainfit.search.loop import TuneResult
-    from trainfit.search.options import TuneOptions
+    from trainfit.search.tune_options import TuneOptions
     from trainfit.spec import Spec, load_spec, with_tune
     from trainfit.summary import Summary
     from trainfit.workloads.factory import CustomWorkload

@@ -17,7 +17,7 @@ from trainfit.cli.common import (
 )
 from trainfit.errors import TrainfitError, os_error
 from trainfit.format import table
-from trainfit.search.options import TuneOptions
+from trainfit.search.tune_options import TuneOptions
 from trainfit.spec import STRATEGIES, unused_lora_note, with_tune
 
 EPILOG = """\

@@ -30,7 +30,7 @@ from trainfit.search.events import (
     TrialStart,
     Waiting,
 )
-from trainfit.search.options import EventFn, ProbeFn, TuneOptions
+from trainfit.search.tune_options import EventFn, ProbeFn, TuneOptions
 from trainfit.search.ranking import Repeats, ranked
 from trainfit.search.stops import SEARCH_COMPLETE, Limits, converged_stop, search_limits, search_stop, time_stop
 from trainfit.search.strategies import make_strategy

@@ -37,7 +37,7 @@ from trainfit.run_folder import RunFolder
 from trainfit.train.checkpoints import incomplete, latest_complete, step_of, unloadable
 from trainfit.train.child import child_environment, run_child
 from trainfit.train.loop import run_loop
-from trainfit.train.options import TrainOptions
+from trainfit.train.train_options import TrainOptions
 from trainfit.train.prepare import prepare, resume_command
 from trainfit.train.records import TrainResult, TrainRun, load_record
 from trainfit.train.sft import build_trainer

@@ -17,7 +17,7 @@ from trainfit.tune.outputs import write_outputs
 from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
 from trainfit.search.trials import jsonable
 from trainfit.search.loop import TuneResult, best_trial, run_search
-from trainfit.search.options import TuneOptions
+from trainfit.search.tune_options import TuneOptions
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
 from trainfit.space import default_batch_sizes, default_space

@@ -27,7 +27,7 @@ from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.run_folder import RunFolder
 from trainfit.search.loop import TuneResult, default_probe
-from trainfit.search.options import TuneOptions
+from trainfit.search.tune_options import TuneOptions
 from trainfit.spec import MAX_MEMORY_GB, Spec
 from trainfit.tune import tune
 
