@@ -272,7 +272,8 @@ def test_a_folder_of_shards_or_a_pattern_reads_as_one_dataset(tmp_path: Path) ->
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trainfit.data.readers import data_files, fingerprint
+    from trainfit.data.readers import fingerprint
+    from trainfit.data_paths import data_files
 
     shards = tmp_path / "train"
     (shards / "x-more").mkdir(parents=True)  # sorted by path: after the top-level shards

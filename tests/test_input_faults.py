@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
 
-from trainfit.tune.budgets import parse_budgets
 from trainfit.cli import main
 from trainfit.data import LengthRecipe, count_lengths
-from trainfit.data.readers import data_files, fingerprint
+from trainfit.data.readers import fingerprint
 from trainfit.data.row_length import BAD
+from trainfit.data_paths import data_files
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.spec import load_spec, load_yaml
+from trainfit.tune.budgets import parse_budgets
 
 WORDS = LengthRecipe(text_fields=("text",))  # the fallback count: one per word here
 EXAMPLE_TOKENIZER = EXAMPLES / "data" / "tokenizer.json"

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from trainfit.data.readers import detect_format, refuse_special
+from trainfit.data.readers import detect_format
 from trainfit.data.row_length import LengthRecipe
+from trainfit.data_paths import refuse_special
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trainfit.data.length_cache import Checkpoint, cache_key, default_cache_dir
-from trainfit.data.readers import COMPRESSED, BadRow, data_files, detect_format, fingerprint, iter_rows
+from trainfit.data.readers import BadRow, detect_format, fingerprint, iter_rows
 from trainfit.data.row_length import BAD, LengthRecipe, Tokenizer, field_length, row_text
+from trainfit.data_paths import COMPRESSED, data_files
 from trainfit.errors import TrainfitError
 from trainfit.progress import Progress
 

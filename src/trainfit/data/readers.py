@@ -9,29 +9,15 @@ from __future__ import annotations
 import csv
 import io
 import json
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from trainfit.data_paths import COMPRESSED, SUFFIXES, data_files, data_suffix, is_hf_folder
 from trainfit.errors import TrainfitError
 
 FORMATS = ("jsonl", "json", "csv", "tsv", "parquet", "text", "hf")
-_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
-             ".parquet": "parquet", ".txt": "text", ".text": "text"}
-COMPRESSED = (".gz", ".bz2", ".xz")
-"""Line and JSON files may be compressed (``train.jsonl.gz``): read through the stdlib's codecs."""
-
-
-def _data_suffix(path: Path) -> str:
-    """``.jsonl`` for ``train.jsonl`` and for ``train.jsonl.gz``."""
-    suffixes = [x.lower() for x in path.suffixes]
-    if suffixes and suffixes[-1] in COMPRESSED:
-        suffixes.pop()
-    return suffixes[-1] if suffixes else ""
-
-
 def _open(path: Path) -> IO[bytes]:
     """The file's bytes, decompressed on the fly when it is compressed."""
     suffix = path.suffix.lower()
@@ -59,80 +45,12 @@ class BadRow:
     reason: str
 
 
-class NotRegularFile(TrainfitError):
-    """A device, pipe or socket given where a file is read. trainfit reads a dataset several times
-    (fingerprint, count, probe, training) and bounds each read by the file's size: ``/dev/zero`` has
-    no size and never ends (the fingerprint grew to 24 GB), and a pipe (``<(cat train.jsonl)``)
-    is empty once read."""
-
-
-_SPECIAL_KINDS = ((stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
-                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def special_kind(path: str | Path) -> str | None:
-    """What ``path`` is when it exists but is neither a regular file nor a folder (symbolic links
-    followed): ``a pipe (FIFO)``, ``a character device``...; None otherwise."""
-    try:
-        mode = Path(path).stat().st_mode
-    except OSError:  # missing, or not ours to look at: the caller's own check says so
-        return None
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    return next((name for is_kind, name in _SPECIAL_KINDS if is_kind(mode)), "not a regular file")
-
-
-def refuse_special(path: Path, what: str = "") -> None:
-    """Raise :class:`NotRegularFile` when ``path`` is a device, pipe or socket (``what``: how to
-    name it, e.g. "the tokenizer "); the fix is a file of its content."""
-    kind = special_kind(path)
-    if kind is not None:
-        raise NotRegularFile(f"{what}{path} is {kind}, not a regular file",
-                             "save its content as a file first and give that file (trainfit reads it more than once)")
-
-
-def _is_hf_folder(path: Path) -> bool:
-    return path.is_dir() and ((path / "state.json").exists() or (path / "dataset_info.json").exists())
-
-
-def data_files(path: str | Path) -> list[Path]:
-    """The files a dataset path stands for, in reading order: one file; a folder of shards (every
-    data file under it, sorted, e.g. ``train-00000-of-00004.parquet``...); a glob pattern
-    (``data/*.jsonl``, ``**`` recursive); or a ``save_to_disk`` folder, read as one."""
-    import glob
-
-    text = str(path)
-    if any(c in text for c in "*?["):
-        files = sorted(Path(f) for f in glob.glob(text, recursive=True) if Path(f).is_file())
-        if not files:
-            raise TrainfitError(f"{text} matches no file", "check the pattern (a spec's relative paths start at "
-                                                           "its folder)")
-        return files
-    path = Path(path)
-    if not path.exists():
-        raise TrainfitError(f"{path} does not exist", "check the dataset path")
-    refuse_special(path)
-    if not path.is_dir() or _is_hf_folder(path):
-        return [path]
-    if (path / "dataset_dict.json").exists():  # DatasetDict.save_to_disk: one folder per split
-        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits") or ["train"]
-        raise TrainfitError(f"{path} is a DatasetDict with the splits {', '.join(splits)}",
-                            f"point at the split you train on, e.g. {path / splits[0]}")
-    files = sorted(f for f in path.rglob("*") if f.is_file() and _data_suffix(f) in _SUFFIXES
-                   and not any(part.startswith(".") for part in f.relative_to(path).parts))
-    if not files:
-        raise TrainfitError(f"{path} is a folder with no data files ({', '.join(sorted(_SUFFIXES))}) and not a "
-                            "Hugging Face save_to_disk dataset",
-                            "point at a file, a folder of shards, a glob pattern, or a save_to_disk folder")
-    return files
-
-
 def detect_format(path: Path, fmt: str = "auto") -> str:
     """The reader to use for ``path`` (a file, shards or a pattern, see :func:`data_files`);
     ``fmt`` other than auto wins."""
     if fmt != "auto":
         return fmt
-    if _is_hf_folder(Path(path)):
+    if is_hf_folder(Path(path)):
         return "hf"
     kinds = {f: _file_format(f) for f in data_files(path)}
     if len(set(kinds.values())) > 1:
@@ -143,7 +61,7 @@ def detect_format(path: Path, fmt: str = "auto") -> str:
 
 
 def _file_format(path: Path) -> str:
-    suffix = _data_suffix(path)
+    suffix = data_suffix(path)
     if suffix == ".parquet" and path.suffix.lower() in COMPRESSED:
         raise TrainfitError(f"{path.name}: Parquet compresses itself", "decompress the file")
     if suffix == ".json":
@@ -151,8 +69,8 @@ def _file_format(path: Path) -> str:
         with _open(path) as f:
             head = f.read(4096).lstrip()
         return "json" if head.startswith(b"[") else "jsonl"
-    if suffix in _SUFFIXES:
-        return _SUFFIXES[suffix]
+    if suffix in SUFFIXES:
+        return SUFFIXES[suffix]
     raise TrainfitError(f"cannot tell the format of {path.name}",
                         f"pass --format (one of {', '.join(FORMATS)})")
 

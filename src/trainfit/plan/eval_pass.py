@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from trainfit.data.analyze import recipe_for_spec
 from trainfit.data.batching import simulate_epoch
 from trainfit.data.lengths import count_lengths
-from trainfit.data.readers import data_files, detect_format
+from trainfit.data.readers import detect_format
+from trainfit.data_paths import data_files
 from trainfit.devices import torch_threads
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Record

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
 
+from trainfit.data_paths import NotRegularFile, data_files, refuse_special, special_kind
 from trainfit.errors import Problem, SpecError, TrainfitError
 from trainfit.params import Params, parse_params
 from trainfit.space import SearchSpace, parse_space
@@ -98,8 +99,6 @@ def _data_section(typed: dict[str, Any] | None, base_dir: Path, problems: list[P
     if typed is None:
         return None
     data = DataSpec(**{**typed, "path": _resolve(base_dir, typed["path"])})
-    # local: the data package imports the spec, so a top-level import would be a cycle
-    from trainfit.data.readers import NotRegularFile, data_files
 
     try:
         data_files(data.path)  # a file, a folder of shards, a glob pattern or a save_to_disk folder
@@ -210,8 +209,6 @@ def _tokenizer(value: Any, model: ModelSpec | None, base_dir: Path, problems: li
         problems.append(Problem("tokenizer", "expected a path"))
         return None
     tokenizer = _resolve(base_dir, value)
-    # local: the data package imports the spec, so a top-level import would be a cycle
-    from trainfit.data.readers import special_kind
 
     if not Path(tokenizer).exists():
         problems.append(Problem("tokenizer", f"{tokenizer} does not exist",
@@ -262,8 +259,6 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
     if path.is_dir():
         raise TrainfitError(f"spec {path} is a folder, not a file",
                             "pass the path of a YAML spec file, e.g. examples/tiny-llama.yaml")
-    # local: the data package imports the spec, so a top-level import would be a cycle
-    from trainfit.data.readers import refuse_special
 
     refuse_special(path, "spec ")  # /dev/zero would be read without end; a pipe has no folder for relative paths
     if not path.is_file():
