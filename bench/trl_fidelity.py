@@ -84,7 +84,7 @@ def plain_loop(spec, params, token_ids: list[list[int]], pad_id: int, steps: int
     """samples/s of trainfit's TrainStep over a shuffled DataLoader of the real token ids."""
     import torch
 
-    from trainfit.probe.runner import resolve_device_name
+    from trainfit.devices import resolve_device_name
     from trainfit.workloads.step import TrainStep, synchronize
     from trainfit.workloads import build_workload
     from trainfit.workloads.base import Batch

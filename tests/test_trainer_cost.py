@@ -374,14 +374,14 @@ def test_tune_budgets_on_a_gpu_says_it_is_not_calibrated(tmp_path: Path, monkeyp
 
     from conftest import TINY_LLAMA, make_spec_file, write_texts
 
-    import trainfit.probe.runner as runner
+    import trainfit.cli.tune as cli_tune
     from trainfit.cli.tune import _calibration
 
     data = tmp_path / "train.jsonl"
     write_texts(data, n=20)
     spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, data={"path": str(data)},
                                     params={"max_length": 64}))
-    monkeypatch.setattr(runner, "resolve_device_name", lambda device: "cuda:0")  # what a GPU machine resolves
+    monkeypatch.setattr(cli_tune, "resolve_device_name", lambda device: "cuda:0")  # what a GPU machine resolves
     assert _calibration(argparse.Namespace(budgets="8,16", calibrate=None), spec) is True
     assert "not calibrated (--budgets" in capsys.readouterr().out
     _calibration(argparse.Namespace(budgets="8,16", calibrate=0), spec)  # --calibrate 0: nothing to say

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from trainfit.errors import Unsupported
+
 
 @dataclass(frozen=True)
 class PeakFlops:
@@ -200,3 +202,14 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def resolve_device_name(name: str) -> str:
+    """``auto`` -> ``cuda:0`` or ``cpu`` (decided in the parent so the child's memory cap fits the device)."""
+    import torch
+
+    if name == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise Unsupported(f"probe.device is {name} but no CUDA GPU is visible", "use probe.device: cpu or auto")
+    return "cuda:0" if name == "cuda" else name

@@ -306,7 +306,6 @@ class Params:
         raw.update(changes)
         params, problems = parse_params(raw, allow_custom=True)
         if problems:
-
             raise SpecError(problems, source="params")
         return params
 

@@ -101,7 +101,6 @@ def run(args: argparse.Namespace) -> int:
 
     json_path, plot_path = output_file(args.json, "--json"), output_file(args.plot, "--plot")
     if args.spec:
-
         spec = load_spec(args.spec)
         if spec.data is None:
             raise TrainfitError(f"{args.spec} has no data section", "add data: {path: ..., text_field: ...}")

@@ -89,7 +89,6 @@ def run(args: argparse.Namespace) -> int:
     check_eval_flags(args)
     calibration = None
     if args.calibrate:
-
         what = "your tune.command_template" if run.summary.command_template else folder / "train_command.sh"
         print(f"calibrating: {args.calibrate} real trainer steps of {what} ...", file=sys.stderr,
               flush=True)  # stderr: --json keeps stdout for the plan

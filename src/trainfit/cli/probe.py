@@ -44,7 +44,6 @@ class PhasePrinter:
         self.plain = enabled and not self.enabled
 
     def __call__(self, event: ProbeEvent) -> None:
-
         if isinstance(event, Phase):
             if self.enabled:
                 sys.stderr.write(f"\r\033[K  {event.phase}...")

@@ -15,6 +15,7 @@ from trainfit.cli.common import (
     spec_from_args,
     stats_from_args,
 )
+from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError, os_error
 from trainfit.format import table
 from trainfit.search.tune_options import TuneOptions
@@ -149,7 +150,6 @@ def run(args: argparse.Namespace) -> int:
               "compare every config at one)")
     by_default = _calibration(args, spec)
     if args.calibrate and args.budgets:
-
         raise TrainfitError("--calibrate and --budgets together: a calibration times one folder's written command",
                             "tune with --budgets, then `trainfit plan BUDGET_FOLDER --calibrate N` on the budget "
                             "you train with")
@@ -165,7 +165,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as err:
         return interrupted(err, args.argv, args.output, saved_where(args))
     except OSError as err:  # a full disk mid-run: the study keeps every trial that ended
-
         print(f"trainfit tune: error: {os_error(err)}\n{resume_hint(args)}", file=sys.stderr)
         return 2
     return print_result(result, spec)
@@ -176,7 +175,6 @@ def _calibration(args: argparse.Namespace, spec: Any) -> bool:
     see :func:`trainfit.tune.calibration_steps`), saying why where it is not what was asked; True
     where it is that default (its failure is then a note, not an error)."""
     # local: numpy loads only for the command run, not for the parser or --help
-    from trainfit.probe.runner import resolve_device_name
     from trainfit.tune import calibration_steps
 
     by_default = args.calibrate is None

@@ -31,11 +31,11 @@ from trainfit.compare.runs import MEASURED, ConfigRun
 from trainfit.compare.shared import SharedConfigs
 from trainfit.compare.suggest import Suggestion, suggest
 from trainfit.data.holdout import hold_out
+from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError
 from trainfit.files import held_folder, set_aside, write_atomically
 from trainfit.json_record import Record, check_schema
 from trainfit.plan.eval_pass import EvalSchedule, eval_set
-from trainfit.probe.runner import resolve_device_name
 from trainfit.spec import Spec, load_spec
 
 SCHEMA_VERSION = 1

@@ -18,13 +18,12 @@ from typing import Any
 
 from trainfit.compare.configs import read_one
 from trainfit.compare.runs import ConfigRun, diverged
-from trainfit.devices import peak_rss_bytes, torch_threads
+from trainfit.devices import peak_rss_bytes, resolve_device_name, torch_threads
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.plan.eval_pass import EvalSchedule
 from trainfit.probe.measurement import within_budget
 from trainfit.probe.memory import cap_memory, is_oom
-from trainfit.probe.runner import resolve_device_name
 from trainfit.spec import load_spec
 from trainfit.train.loop import run_loop
 from trainfit.train.monitor import trainer_callback_base
@@ -162,7 +161,6 @@ def main(argv: list[str]) -> int:
     except TrainfitError as err:
         result = _failed(job, "out_of_memory" if isinstance(err, MemoryError) else "failed", str(err))
     except Exception as err:
-
         status = "out_of_memory" if is_oom(err, capped_cpu=_cpu_capped(job)) else "failed"
         result = _failed(job, status, f"{type(err).__name__}: {err}")
     write_atomically(folder / "result.json", json.dumps(result.to_json(), indent=2) + "\n")

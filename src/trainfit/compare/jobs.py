@@ -18,9 +18,9 @@ from typing import IO, Any
 from trainfit.compare.configs import NamedConfig
 from trainfit.compare.runs import MEASURED, ConfigRun
 from trainfit.data.analyze import analyze_spec
+from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError
 from trainfit.plan.eval_pass import EvalSchedule, trl_dataset
-from trainfit.probe.runner import resolve_device_name
 from trainfit.spec import Spec
 from trainfit.trainer.command import trl_command, trl_data_config, with_eval_split
 from trainfit.tune.outputs import initial_model

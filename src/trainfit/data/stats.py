@@ -93,7 +93,6 @@ class LengthStats:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LengthStats:
         if d.get("schema_version") != SCHEMA_VERSION:
-
             raise TrainfitError(f"length analysis has schema {d.get('schema_version')}, expected {SCHEMA_VERSION}",
                                 "re-run `trainfit analyze` with this version")
         return cls(**d)

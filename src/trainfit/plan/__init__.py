@@ -321,7 +321,6 @@ def planned_command(command: str | None, epochs: float, save_steps: int, templat
     command = re.sub(r"--num_train_epochs \S+", f"--num_train_epochs {epochs:g}", command)
     command = f"{command} --save_strategy steps --save_steps {save_steps} --save_total_limit 3"
     if evaluation is not None:
-
         passes, folder = evaluation
         command = shlex.join(with_eval_split(shlex.split(command), folder, passes.trl_args()))
     return command

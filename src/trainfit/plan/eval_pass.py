@@ -19,12 +19,11 @@ from trainfit.data.batching import simulate_epoch
 from trainfit.data.lengths import count_lengths
 from trainfit.data.readers import detect_format
 from trainfit.data_paths import data_files
-from trainfit.devices import torch_threads
+from trainfit.devices import resolve_device_name, torch_threads
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Record
 from trainfit.probe.estimate import fit_error, fit_step_cost, timing_picks
 from trainfit.probe.memory import is_oom
-from trainfit.probe.runner import resolve_device_name
 from trainfit.probe.timing import relative_ci95
 from trainfit.workloads import build_workload
 from trainfit.workloads.step import TrainStep, synchronize
@@ -149,7 +148,6 @@ def measure_eval_pass(spec: Spec, params: Params, *, path: str | Path, every: in
     try:
         seconds = _time_forward(spec, params, shapes, threads, budget_s)
     except (RuntimeError, MemoryError) as err:
-
         if not is_oom(err):
             raise
         raise TrainfitError(f"the eval pass ran out of memory at {batch_size} samples a batch "

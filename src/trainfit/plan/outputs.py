@@ -27,7 +27,6 @@ def write_plan(folder: Path, plan: Plan, *, epochs_given: bool = True) -> str:
     write_atomically(folder / TEXT_FILE, text + "\n")
     report = folder / "report.html"
     if report.is_file():  # the tune's page gains the plan
-
         write_atomically(report, with_plan(report.read_text(), plan_section(plan)))
     return text
 

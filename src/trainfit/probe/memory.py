@@ -166,7 +166,6 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats()
             self.retries_before = int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
         else:
-
             reset_peak_rss()
             self.floor = built.peak_bytes
 

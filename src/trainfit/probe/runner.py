@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats, count_longer_than
-from trainfit.errors import Unsupported
+from trainfit.devices import resolve_device_name
 from trainfit.params import Params, batches_grow
 from trainfit.probe.estimate import assumed_mix, times_longest, typical_mix
 from trainfit.probe.events import ProbeEvent, Result, parse_event
@@ -31,18 +31,6 @@ from trainfit.probe.strays import descendants, kill_all, pipe_writers
 from trainfit.spec import GiB, Spec
 
 EventCallback = Callable[[ProbeEvent], None]
-
-
-def resolve_device_name(name: str) -> str:
-    """``auto`` -> ``cuda:0`` or ``cpu`` (decided in the parent so the child's memory cap fits the device)."""
-    import torch
-
-    if name == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-
-        raise Unsupported(f"probe.device is {name} but no CUDA GPU is visible", "use probe.device: cpu or auto")
-    return "cuda:0" if name == "cuda" else name
 
 
 def build_request(spec: Spec, params: Params, stats: LengthStats | None, device: str) -> ProbeRequest:
@@ -391,7 +379,6 @@ def run_probe(
     """
     params = params or spec.params
     if stats is None and spec.data is not None:
-
         stats = analyze_spec(spec, progress=False)
     device = resolve_device_name(spec.probe.device)
     request = build_request(spec, params, stats, device)

@@ -15,10 +15,11 @@ from typing import Any, Protocol
 
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
+from trainfit.devices import resolve_device_name
 from trainfit.files import naming
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.probe.runner import ProbeSession, resolve_device_name, run_probe
+from trainfit.probe.runner import ProbeSession, run_probe
 from trainfit.search.confirm import confirm, neighbours
 from trainfit.search.events import (
     JournalRepaired,
@@ -30,13 +31,13 @@ from trainfit.search.events import (
     TrialStart,
     Waiting,
 )
-from trainfit.search.tune_options import EventFn, ProbeFn, TuneOptions
 from trainfit.search.ranking import Repeats, ranked
 from trainfit.search.stops import SEARCH_COMPLETE, Limits, converged_stop, search_limits, search_stop, time_stop
 from trainfit.search.strategies import make_strategy
 from trainfit.search.study import TrialStore
 from trainfit.search.trial_records import trial_values
 from trainfit.search.trials import Trial, can_run, config_key, unsupported_values
+from trainfit.search.tune_options import EventFn, ProbeFn, TuneOptions
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
 from trainfit.summary import Summary
@@ -280,7 +281,6 @@ def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: Eve
     family), the session to close after the search, the device type the search's priors use, and
     the data's lengths (analyzed here unless given: once, for every probe and the runtime estimate)."""
     if stats is None and spec.data is not None:
-
         stats = analyze_spec(spec, progress=False)
     session = ProbeSession()
 

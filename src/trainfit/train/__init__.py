@@ -37,10 +37,10 @@ from trainfit.run_folder import RunFolder
 from trainfit.train.checkpoints import incomplete, latest_complete, step_of, unloadable
 from trainfit.train.child import child_environment, run_child
 from trainfit.train.loop import run_loop
-from trainfit.train.train_options import TrainOptions
 from trainfit.train.prepare import prepare, resume_command
 from trainfit.train.records import TrainResult, TrainRun, load_record
 from trainfit.train.sft import build_trainer
+from trainfit.train.train_options import TrainOptions
 
 
 def train(run_dir: str | Path, output: str | Path, options: TrainOptions = TrainOptions()) -> TrainResult:
@@ -188,7 +188,6 @@ def _run(run: RunFolder, output: Path, record: TrainRun, plan: Plan | None, chec
                 return _run_factory(run, record, output, checkpoint, callbacks, say)
             return _run_trl_sft(record, output, checkpoint, callbacks, control, record_batches)
         except OSError as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
-
             last = latest_complete(output)
             raise TrainfitError(f"training stopped: {os_error(err)}",
                                 f"fix the cause, then resume: {again} "

@@ -23,9 +23,9 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from trainfit.data.order import epoch_rows, file_rows
+from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
-from trainfit.probe.runner import resolve_device_name
 from trainfit.progress import Progress
 from trainfit.spec import Spec
 from trainfit.train.checkpoints import unloadable

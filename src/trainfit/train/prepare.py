@@ -192,7 +192,6 @@ def prepare(run_folder: Path | RunFolder, output: Path, *, resume: bool, extra_a
             raise TrainfitError(f"{output} already holds a run (train.json or checkpoints)",
                                 f"continue it: {again}; or pick a new --output")
         if now.kind == "trl_sft":
-
             parse(now.argv)  # refused before a record is written: the corrected command then starts afresh
         output.mkdir(parents=True, exist_ok=True)
         record = now
@@ -206,7 +205,6 @@ def prepare(run_folder: Path | RunFolder, output: Path, *, resume: bool, extra_a
     if resume and checkpoint is None:
         say(f"trainfit: {output} holds no complete checkpoint: starting again from step 0")
     if plan is not None and not plan.fits and record.max_steps is None:
-
         say(f"trainfit: warning: {run_dir / 'plan.json'} does not fit its window (ETA {dur(plan.eta.total_s)} "
             f"against {dur(plan.window_s)}): --deadline stops the run with a checkpoint before the window ends, "
             f"or plan again and take one of its options (trainfit plan {shlex.quote(str(run_dir))} ...)")

@@ -14,7 +14,6 @@ from trainfit.workloads.hf import HFCausalLM
 def build_workload(spec: Spec, params: Params, device: Any) -> Workload:
     """The workload of ``spec.model`` with ``params``'s model-shaping knobs applied."""
     if spec.model.factory is not None:
-
         return FactoryWorkload(spec.model.factory, params, device)
 
     return HFCausalLM(spec.model, params, device, seed=spec.probe.seed, trl_command=spec.uses_trl_sft)

@@ -147,7 +147,6 @@ def resolve_loss(loss: str, trl_command: bool) -> tuple[Any, str | None]:
     head, missing = fused_lm_head()
     if loss == "fused":
         if head is None:
-
             raise Unsupported(f"loss=fused needs TRL's fused LM head: {missing}",
                               "pip install -U trl, or use loss: model", knob="loss", value="fused")
         return head, "loss: TRL's fused LM head (log-probs in tiles, no full logits)"
@@ -222,7 +221,6 @@ def _unbuildable(err: ValueError | ImportError, config: Any, params: Params) -> 
     """The error for a model transformers would not build: its attention kernel, a model type that
     is not a causal LM, or another reason."""
     if "attention" in str(err).lower() or "attn" in str(err).lower():
-
         others = " or ".join(a for a in ("sdpa", "eager") if a != params.attention)
         return Unsupported(f"cannot build the model with attention={params.attention}: {err}",
                            f"try attention: {others}", knob="attention", value=params.attention)
