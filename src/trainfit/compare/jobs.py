@@ -22,8 +22,7 @@ from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError
 from trainfit.plan.eval_pass import EvalSchedule, trl_dataset
 from trainfit.spec import Spec
-from trainfit.trainer.command import trl_command, trl_data_config, with_eval_split
-from trainfit.tune.outputs import initial_model
+from trainfit.trainer.command import initial_model, trl_command, trl_data_config, with_eval_split
 
 CONFIGS = "configs"
 """The folder of the configs' folders, ``OUTPUT/configs/NAME`` (``job.json``, ``result.json``, what

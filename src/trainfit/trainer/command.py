@@ -18,6 +18,7 @@ from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS, Params
 from trainfit.spec import Spec
 from trainfit.template import render_template
+from trainfit.workloads.hf import save_initial_model
 from trainfit.workloads.lora import trl_lora_args
 
 if TYPE_CHECKING:
@@ -250,3 +251,16 @@ def command_inputs(params: Params, m: Measurement, stats: LengthStats | None,
     saved random-init model (see :func:`write_outputs`)."""
     return {"max_length": command_length(params, stats), "data_config": data_config,
             "cpu_threads": launch_threads(m), "model_dir": model_dir}
+
+
+def initial_model(output: Path, spec: Spec) -> Path | None:
+    """OUTPUT/model: the random-init model of a ``config:`` spec whose command is ``trl sft``, saved
+    once (see ``save_initial_model``); None for another spec, or a model too large to save."""
+    if spec.model.config is None or not spec.uses_trl_sft:
+        return None
+    folder = output.resolve() / "model"
+    try:
+        saved = save_initial_model(spec.model, spec.tokenizer, folder, spec.probe.seed)
+    except (RuntimeError, ValueError, TypeError, ImportError):  # the search goes on; the script says what to save
+        return None
+    return folder if saved else None

@@ -43,9 +43,8 @@ from trainfit.summary import (
     TrainerCost,
     UnsupportedValue,
 )
-from trainfit.trainer.command import build_command, command_inputs, command_script, trl_data_config
+from trainfit.trainer.command import build_command, command_inputs, command_script, initial_model, trl_data_config
 from trainfit.tune.html import tune_report_html
-from trainfit.workloads.hf import save_initial_model
 
 
 def run_samples(spec: Spec, stats: LengthStats | None) -> float | None:
@@ -381,17 +380,3 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                                                 **command_inputs(params, m, stats, data_config, model_dir)))
         script.chmod(0o755)
     return summary
-
-
-def initial_model(output: Path, spec: Spec) -> Path | None:
-    """OUTPUT/model: the random-init model of a ``config:`` spec whose command is ``trl sft``, saved
-    once (see ``save_initial_model``); None for another spec, or a model too large to save."""
-    if spec.model.config is None or not spec.uses_trl_sft:
-        return None
-
-    folder = output.resolve() / "model"
-    try:
-        saved = save_initial_model(spec.model, spec.tokenizer, folder, spec.probe.seed)
-    except (RuntimeError, ValueError, TypeError, ImportError):  # the search goes on; the script says what to save
-        return None
-    return folder if saved else None
