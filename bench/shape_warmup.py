@@ -46,7 +46,8 @@ def one_variant(args: argparse.Namespace) -> dict:
     import torch
 
     from trainfit.spec import load_spec
-    from trainfit.workloads.step import TrainStep, synchronize
+    from trainfit.devices import synchronize
+    from trainfit.workloads.step import TrainStep
     from trainfit.workloads import build_workload
 
     overrides = ["lora_r=16", "lora_target_modules=all-linear", f"batch_size={args.batch_size}",

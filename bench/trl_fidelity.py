@@ -85,7 +85,8 @@ def plain_loop(spec, params, token_ids: list[list[int]], pad_id: int, steps: int
     import torch
 
     from trainfit.devices import resolve_device_name
-    from trainfit.workloads.step import TrainStep, synchronize
+    from trainfit.devices import synchronize
+    from trainfit.workloads.step import TrainStep
     from trainfit.workloads import build_workload
     from trainfit.workloads.base import Batch
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import io
 
-from trainfit.progress import Progress, format_duration, progress_words
+from trainfit.format import format_duration
+from trainfit.progress import Progress, progress_words
 
 
 class Terminal(io.StringIO):

@@ -160,8 +160,15 @@ def test_public_api_names_resolve_lazily() -> None:
 
     assert all(getattr(trainfit, name) is getattr(trainfit, name) for name in trainfit.__all__)
     # `import trainfit` and `trainfit --help` stay light: torch is imported only when used.
-    code = "import sys, trainfit, trainfit.cli; trainfit.cli.build_parser(); print('torch' in sys.modules)"
+    code = ("import sys, trainfit, trainfit.cli; trainfit.cli.build_parser(); "
+            "assert callable(trainfit.tune.tune) and callable(trainfit.train.train); print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    # `trainfit --help` lists every command without importing one; a command imports its own module only.
+    code = ("import sys\nfrom trainfit.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('trainfit.cli.')))")
+    for argv, shown, loaded in ([["--help"], "analyze", []], [["env", "--help"], "--json", ["trainfit.cli.env"]]):
+        run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+        assert shown in run.stdout and run.stdout.strip().splitlines()[-1] == str(loaded), run.stdout
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-tts"])
@@ -281,6 +288,7 @@ def test_with_tune_sets_a_run_limit_checked_as_the_file_is() -> None:
     assert (limited.tune.max_trials, limited.tune.strategy) == (5, "grid")
     assert limited.tune.objective == spec.tune.objective and limited.params == spec.params
     assert limited.digest() == spec.digest()  # the same study: limits do not change what is measured
+    assert with_tune(limited, max_trials=None).tune.max_trials == 5  # None: a flag not given keeps the spec's
     with pytest.raises(SpecError, match=r"tune.max_trials: .*>= 1") as bad:
         with_tune(spec, max_trials=0, strategy="nope")
     assert "tune.strategy" in str(bad.value)  # every problem at once

@@ -63,10 +63,16 @@ if TYPE_CHECKING:
     from trainfit.workloads.factory import CustomWorkload
 
 
+WORKFLOWS = ("tune", "plan", "train", "compare", "ablate")
+"""The workflow packages, imported on first use: ``import trainfit; trainfit.tune.tune(spec, options)``."""
+
+
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in WORKFLOWS:
+        return importlib.import_module(f"trainfit.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'trainfit' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)

@@ -213,3 +213,11 @@ def resolve_device_name(name: str) -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise Unsupported(f"probe.device is {name} but no CUDA GPU is visible", "use probe.device: cpu or auto")
     return "cuda:0" if name == "cuda" else name
+
+
+def synchronize(device: Any) -> None:
+    """Wait for a CUDA device's queued work (a timing's end); nothing on a CPU."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

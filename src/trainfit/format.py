@@ -69,3 +69,13 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) ->
     if header:
         lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def format_duration(seconds: float | None) -> str:
+    """``83`` -> ``1m23s``; None -> ``?``."""
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"

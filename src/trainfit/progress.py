@@ -9,20 +9,11 @@ every ``log_every_s`` seconds, so logs stay short. Either way the words are the 
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, TextIO
 
-from tqdm import tqdm  # type: ignore[import-untyped]
-
-
-def format_duration(seconds: float | None) -> str:
-    """``83`` -> ``1m23s``; None -> ``?``."""
-    if seconds is None or seconds != seconds or seconds == float("inf"):
-        return "?"
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+from trainfit.format import format_duration
 
 
 def progress_words(done: int, total: int | None, unit: str, rate: float, elapsed_s: float, note: str = "") -> str:
@@ -40,20 +31,26 @@ def progress_words(done: int, total: int | None, unit: str, rate: float, elapsed
     return " | ".join(parts)
 
 
-class _Bar(tqdm):
-    """tqdm with our words as the ``{words}`` field of its ``bar_format`` (tqdm's documented way
-    to add a field: extend ``format_dict``)."""
+@functools.cache
+def _bar_class() -> type:
+    """tqdm with our words as the ``{words}`` field of its ``bar_format`` (tqdm's documented way to
+    add a field: extend ``format_dict``). Made at the first count: tqdm loads logging, email and
+    more, which a command that counts nothing (``trainfit --help``) does without."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
-    monitor_interval = 0  # no monitor thread: it only forces redraws for ``miniters``, which is 0 here
+    class Bar(tqdm):
+        monitor_interval = 0  # no monitor thread: it only forces redraws for ``miniters``, which is 0 here
 
-    @property
-    def format_dict(self) -> dict[str, Any]:
-        d = super().format_dict
-        rate = d["rate"]  # smoothed over recent redraws; None before the first and at close
-        if rate is None:  # the average since the start (a resumed count's earlier rows left out)
-            rate = (d["n"] - d["initial"]) / d["elapsed"] if d["elapsed"] > 0 else 0.0
-        d["words"] = progress_words(d["n"], d["total"], d["unit"], rate, d["elapsed"], d["postfix"] or "")
-        return d
+        @property
+        def format_dict(self) -> dict[str, Any]:
+            d = super().format_dict
+            rate = d["rate"]  # smoothed over recent redraws; None before the first and at close
+            if rate is None:  # the average since the start (a resumed count's earlier rows left out)
+                rate = (d["n"] - d["initial"]) / d["elapsed"] if d["elapsed"] > 0 else 0.0
+            d["words"] = progress_words(d["n"], d["total"], d["unit"], rate, d["elapsed"], d["postfix"] or "")
+            return d
+
+    return Bar
 
 
 class _LogLines:
@@ -87,7 +84,7 @@ class Progress:
         self.done = done
         stream = stream or sys.stderr
         tty = hasattr(stream, "isatty") and stream.isatty()
-        self._bar = None if not enabled else _Bar(
+        self._bar = None if not enabled else _bar_class()(
             desc=label, total=total, initial=done, unit=unit,
             file=stream if tty else _LogLines(stream),
             bar_format="{desc} |{bar}| {words}" if tty and total else "{desc} | {words}",

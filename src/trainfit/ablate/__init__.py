@@ -19,9 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Record
 from trainfit.params import KNOBS, Params
+from trainfit.probe.runner import ProbeSession, run_probe
 from trainfit.spec import Spec
 
 SCHEMA_VERSION = 1
@@ -228,9 +230,6 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
     (default: all). ``on_row`` hears each row as it is measured (or reused), before its ratios."""
     import datetime as _dt
 
-    # local: numpy loads only where this runs, not for the CLI's parser that imports this module
-    from trainfit.data.analyze import analyze_spec
-    from trainfit.probe.runner import ProbeSession, run_probe
 
     if stats is None and spec.data is not None:
         stats = analyze_spec(spec, progress=False)

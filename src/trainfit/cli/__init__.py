@@ -11,13 +11,25 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from trainfit import __version__
 from trainfit.errors import Terminated, TrainfitError, os_error
 
-COMMANDS = ("analyze", "probe", "tune", "ablate", "compare", "plan", "train", "dashboard", "env")
+COMMANDS = {
+    "analyze": "length statistics of a dataset",
+    "probe": "measure one configuration (speed, memory, MFU)",
+    "tune": "search for the fastest config that fits in memory",
+    "ablate": "measure what each speed/memory technique buys, alone and together",
+    "compare": "train named configs for K steps each and compare loss, speed and memory",
+    "plan": "fit a training run into a time window, from a tune folder",
+    "train": "train the measured config, checkpointed and resumable",
+    "dashboard": "watch a run's study and pages in a browser (optuna-dashboard)",
+    "env": "devices, memory and library versions",
+}
+"""Each command's line in ``trainfit --help`` (its module's parser takes it from here, so the top
+level lists every command without importing one)."""
 
 DESCRIPTION = """\
 Find the fastest training configuration that fits in memory, prove it by measurement.
@@ -36,13 +48,19 @@ Run `trainfit COMMAND --help` for the options of each command.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Collection[str] = tuple(COMMANDS)) -> argparse.ArgumentParser:
+    """The ``trainfit`` parser with the options of ``commands`` (default: all); every other command is
+    listed by its name and line alone, its module not imported: ``trainfit --help`` and each command
+    start with only what they use."""
     parser = argparse.ArgumentParser(prog="trainfit", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"trainfit {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(f"trainfit.cli.{name}").add_parser(sub)
+    for name, line in COMMANDS.items():
+        if name in commands:
+            importlib.import_module(f"trainfit.cli.{name}").add_parser(sub)
+        else:
+            sub.add_parser(name, help=line)
     return parser
 
 
@@ -86,9 +104,10 @@ def split_passed_on(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 def main(argv: list[str] | None = None) -> int:
 
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     ours, passed_on = split_passed_on(argv)
+    named = next((word for word in ours if not word.startswith("-")), None)  # the top level takes no values
+    parser = build_parser([named] if named in COMMANDS else [])
     args = parser.parse_args(ours)
     if args.command is None:
         parser.print_help()

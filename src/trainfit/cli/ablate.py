@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainfit.ablate import AGAIN, baseline_params
 from trainfit.ablate.outputs import ABLATION_FILE, HEADER, PAGE_FILE, ablate_into, cells, earlier_rows, together_notes
+from trainfit.cli import COMMANDS
 from trainfit.cli.common import add_spec_arguments, interrupted, spec_from_args, stats_from_args
 from trainfit.errors import TrainfitError
 from trainfit.format import fmt_num, table
@@ -39,7 +40,7 @@ ONLY_WORDS = ("checkpointing", "SDPA", "flash", "precision", "bf16", "fp16", "TF
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("ablate", help="measure what each speed/memory technique buys, alone and together",
+    p = sub.add_parser("ablate", help=COMMANDS["ablate"],
                        description="Probe a baseline with every technique off, each technique alone, and all "
                                    "together, on the spec's model and data.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,

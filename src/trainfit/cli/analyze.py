@@ -6,7 +6,13 @@ import argparse
 import json
 from typing import Any
 
+from trainfit.cli import COMMANDS
 from trainfit.cli.common import number, output_file
+from trainfit.data.analyze import analyze_spec
+from trainfit.data.lengths import count_lengths
+from trainfit.data.plot import histogram_html
+from trainfit.data.row_length import LengthRecipe
+from trainfit.data.stats import summarize
 from trainfit.errors import TrainfitError
 from trainfit.format import table
 from trainfit.spec import load_spec
@@ -24,7 +30,7 @@ resumes where it stopped. The JSON is what `trainfit probe --lengths` reads.
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("analyze", help="length statistics of a dataset",
+    p = sub.add_parser("analyze", help=COMMANDS["analyze"],
                        description="Stream a dataset, count each sample's length, and summarize: percentiles, "
                                    "longest samples, recommended fixed padding, padding waste.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,11 +99,6 @@ def render(stats) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    # local: numpy loads only for the command run, not for the parser or --help
-    from trainfit.data.analyze import analyze_spec
-    from trainfit.data.lengths import count_lengths
-    from trainfit.data.row_length import LengthRecipe
-    from trainfit.data.stats import summarize
 
     json_path, plot_path = output_file(args.json, "--json"), output_file(args.plot, "--plot")
     if args.spec:
@@ -127,9 +128,6 @@ def run(args: argparse.Namespace) -> int:
         json_path.write_text(json.dumps(stats.to_dict()) + "\n")
         print(f"\nwrote {json_path}")
     if plot_path:
-        # local: numpy loads only for the command run, not for the parser or --help
-        from trainfit.data.plot import histogram_html
-
         plot_path.write_text(histogram_html(stats))
         print(f"wrote {plot_path}")
     return 0

@@ -100,7 +100,7 @@ def spec_from_args(args: argparse.Namespace):
 
 def stats_from_args(args: argparse.Namespace, spec, progress: bool = True):
     """The spec's length analysis: the --lengths file when given (checked against the data), else computed."""
-    # local: numpy loads only for the command run, not for the parser or --help
+    # local: numpy loads only for the commands that read data (`trainfit dashboard` imports this module too)
     from trainfit.data.stats import LengthStats
 
     if args.lengths:
@@ -116,7 +116,7 @@ def stats_from_args(args: argparse.Namespace, spec, progress: bool = True):
         return stats
     if spec.data is None:
         return None
-    # local: numpy loads only for the command run, not for the parser or --help
+    # local: numpy loads only for the commands that read data (`trainfit dashboard` imports this module too)
     from trainfit.data.analyze import analyze_spec
 
     return analyze_spec(spec, progress=progress)

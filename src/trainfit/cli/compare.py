@@ -6,7 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from trainfit.cli import COMMANDS
 from trainfit.cli.common import check_eval_flags, interrupted, number
+from trainfit.compare import compare
+from trainfit.compare.report import HEADER, rows
 from trainfit.format import table
 
 EPILOG = """\
@@ -39,7 +42,7 @@ OUTPUT/configs/NAME. OUTPUT is locked while a comparison runs: a second one into
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("compare", help="train named configs for K steps each and compare loss, speed and memory",
+    p = sub.add_parser("compare", help=COMMANDS["compare"],
                        description="Train each named config of a configs file for the same number of steps on the "
                                    "spec's model and data; compare loss curves, speed and memory; suggest the next "
                                    "round.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -74,10 +77,6 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from datetime import datetime
-
-    # local: numpy loads only for the command run, not for the parser or --help
-    from trainfit.compare import compare
-    from trainfit.compare.report import HEADER, rows
 
     check_eval_flags(args)
     out = Path(args.output) if args.output else \

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainfit.cli import COMMANDS
 from trainfit.cli.common import number
 from trainfit.dashboard import PAGES, serve_forever
 from trainfit.errors import TrainfitError
@@ -26,7 +27,7 @@ otherwise; Ctrl-C stops it.
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("dashboard", help="watch a run's study and pages in a browser (optuna-dashboard)",
+    p = sub.add_parser("dashboard", help=COMMANDS["dashboard"],
                        description="Serve a live view of a run: its Optuna study through optuna-dashboard, and the "
                                    "run folder's HTML pages.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -6,12 +6,13 @@ import argparse
 import json
 from typing import Any
 
+from trainfit.cli import COMMANDS
 from trainfit.devices import describe_environment
 from trainfit.format import table
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("env", help="devices, memory and library versions",
+    p = sub.add_parser("env", help=COMMANDS["env"],
                        description="Show the devices, memory and versions a measurement would record.")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainfit.cli import COMMANDS
 from trainfit.cli.common import check_eval_flags, number
 from trainfit.plan import MAX_EPOCHS, make_plan
 from trainfit.plan.choose import PRIORITIES
@@ -41,7 +42,7 @@ when the run fits the window, 1 when it does not (the plan then lists what would
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("plan", help="fit a training run into a time window, from a tune folder",
+    p = sub.add_parser("plan", help=COMMANDS["plan"],
                        description="Plan a training run from what `trainfit tune` measured: the config a priority "
                                    "picks, its ETA with an interval, checkpoints, and what to change when it does "
                                    "not fit the window.",

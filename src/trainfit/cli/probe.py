@@ -6,10 +6,12 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from trainfit.cli import COMMANDS
 from trainfit.cli.common import add_spec_arguments, knobs_help, output_file, spec_from_args, stats_from_args
 from trainfit.cli.render import measurement_report
 from trainfit.format import config_line
 from trainfit.probe.events import Phase, Step
+from trainfit.probe.runner import run_probe
 
 if TYPE_CHECKING:
     from trainfit.probe.events import ProbeEvent
@@ -26,7 +28,7 @@ examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("probe", help="measure one configuration (speed, memory, MFU)",
+    p = sub.add_parser("probe", help=COMMANDS["probe"],
                        description="Run one configuration for a short time in a child process: the worst-case "
                                    "batch for memory, typical batches for speed.",
                        epilog=EPILOG + "\n" + knobs_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,8 +62,6 @@ class PhasePrinter:
 
 
 def run(args: argparse.Namespace) -> int:
-    # local: numpy loads only for the command run, not for the parser or --help
-    from trainfit.probe.runner import run_probe
 
     spec = spec_from_args(args)
     json_path = output_file(args.json, "--json")

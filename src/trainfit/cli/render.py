@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from trainfit.format import OOM_NEED, fmt_bytes, fmt_num, parts_line, table
+from trainfit.format import OOM_NEED, fmt_bytes, fmt_num, format_duration, parts_line, table
 from trainfit.probe.measurement import Measurement
-from trainfit.progress import format_duration
-
 
 UNSTABLE = ("NOT stable (step/time cap hit: raise probe.max_seconds or probe.max_steps for a tighter "
             "estimate)")

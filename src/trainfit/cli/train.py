@@ -8,7 +8,9 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainfit.cli import COMMANDS
 from trainfit.cli.common import number
+from trainfit.train import TrainOptions, train
 
 if TYPE_CHECKING:
     from trainfit.train.records import TrainResult
@@ -46,7 +48,7 @@ STOP_STATUS = {"deadline": 3, **{s.name: 128 + s for s in (signal.SIGINT, signal
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("train", help="train the measured config, checkpointed and resumable",
+    p = sub.add_parser("train", help=COMMANDS["train"],
                        usage="trainfit train RUN_DIR [options] [-- TRL_ARGS ...]",
                        description="Train the config a tune folder measured (or its plan chose), with checkpoints, "
                                    "resume and the on-track check against the plan.",
@@ -73,8 +75,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # local: numpy loads only for the command run, not for the parser or --help
-    from trainfit.train import TrainOptions, train
 
     output = Path(args.output) if args.output else Path(args.run_dir) / "train"
     result = train(args.run_dir, output, TrainOptions(

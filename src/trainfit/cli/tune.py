@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from trainfit.cli import COMMANDS
 from trainfit.cli.common import (
     add_spec_arguments,
     interrupted,
@@ -15,11 +16,15 @@ from trainfit.cli.common import (
     spec_from_args,
     stats_from_args,
 )
+from trainfit.cli.tune_render import TuneView, print_result
 from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError, os_error
 from trainfit.format import table
 from trainfit.search.tune_options import TuneOptions
 from trainfit.spec import STRATEGIES, unused_lora_note, with_tune
+from trainfit.tune import GROUPING_PADDING_SHARE, calibration_steps, tune, with_default_search
+from trainfit.tune.budgets import HEADER, parse_budgets, tune_budgets
+from trainfit.tune.outputs import EFFECTIVE_BATCH, learning_knobs, run_samples
 
 EPILOG = """\
 exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec or a file that cannot
@@ -46,7 +51,7 @@ probes/ (each probe's request, log and result).
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("tune", help="search for the fastest config that fits in memory",
+    p = sub.add_parser("tune", help=COMMANDS["tune"],
                        description="Probe configurations of the spec's search space, learning the memory "
                                    "boundary from OOMs, and report the fastest that fits with a ready-to-run command.",
                        epilog=EPILOG + "\n" + knobs_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -116,10 +121,6 @@ def resume_hint(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    # local: numpy loads only for the command run, not for the parser or --help
-    from trainfit.cli.tune_render import TuneView, print_result
-    from trainfit.tune import GROUPING_PADDING_SHARE, tune, with_default_search
-    from trainfit.tune.outputs import EFFECTIVE_BATCH, learning_knobs, run_samples
 
     spec = spec_from_args(args)
     args.output = str(output_folder(args))
@@ -134,9 +135,8 @@ def run(args: argparse.Namespace) -> int:
                                     else ""))
     # The flags' run limits go into the spec's tune: section, the one channel the search reads (after
     # the spec is final: a re-read would drop them).
-    limits = {"strategy": args.strategy, "max_trials": args.max_trials, "time_budget_s": args.time_budget,
-              "confirm_rounds": args.confirm}
-    spec = with_tune(spec, **{name: value for name, value in limits.items() if value is not None})
+    spec = with_tune(spec, strategy=args.strategy, max_trials=args.max_trials, time_budget_s=args.time_budget,
+                     confirm_rounds=args.confirm)
     print(f"trainfit tune: {spec.source} -> {args.output}")
     if stats is not None:
         print(f"data: {stats.headline()}")
@@ -174,9 +174,6 @@ def _calibration(args: argparse.Namespace, spec: Any) -> bool:
     """Set ``args.calibrate`` to the steps to calibrate with (on a GPU 30 where none was asked for,
     see :func:`trainfit.tune.calibration_steps`), saying why where it is not what was asked; True
     where it is that default (its failure is then a note, not an error)."""
-    # local: numpy loads only for the command run, not for the parser or --help
-    from trainfit.tune import calibration_steps
-
     by_default = args.calibrate is None
     device = resolve_device_name(spec.probe.device)
     if not args.budgets:
@@ -202,9 +199,6 @@ def _calibration_note(line: str) -> None:
 def run_budgets(args: argparse.Namespace, spec: Any, options: TuneOptions) -> int:
     """``--budgets``: one search per budget, sharing what is measured; the matrix at the end."""
     from pathlib import Path
-
-    # local: numpy loads only for the command run, not for the parser or --help
-    from trainfit.tune.budgets import HEADER, parse_budgets, tune_budgets
 
     budgets = parse_budgets(args.budgets)
     if args.memory_gb is not None or args.storage:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 
-from trainfit.format import table
-from trainfit.format import OOM_NEED, fmt_need, fmt_num, parts_line, unit, values_line
+from trainfit.format import OOM_NEED, fmt_need, fmt_num, format_duration, parts_line, table, unit, values_line
 from trainfit.probe.events import Phase
-from trainfit.progress import format_duration
 from trainfit.search.events import (
     ConfirmEnd,
     JournalRepaired,
@@ -21,8 +19,8 @@ from trainfit.search.events import (
     TuneEvent,
     Waiting,
 )
-from trainfit.search.ranking import noise_warning
 from trainfit.search.loop import TuneResult, common_failure
+from trainfit.search.ranking import noise_warning
 from trainfit.spec import Spec
 from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary, TrainerCost
 

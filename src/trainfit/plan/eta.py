@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainfit.format import format_duration as dur
 from trainfit.json_record import Record
 from trainfit.plan.inputs import Candidate
-from trainfit.progress import format_duration as dur
 from trainfit.search.ranking import micro_batches
 
 if TYPE_CHECKING:

@@ -19,14 +19,14 @@ from trainfit.data.batching import simulate_epoch
 from trainfit.data.lengths import count_lengths
 from trainfit.data.readers import detect_format
 from trainfit.data_paths import data_files
-from trainfit.devices import resolve_device_name, torch_threads
+from trainfit.devices import resolve_device_name, synchronize, torch_threads
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Record
 from trainfit.probe.estimate import fit_error, fit_step_cost, timing_picks
 from trainfit.probe.memory import is_oom
 from trainfit.probe.timing import relative_ci95
 from trainfit.workloads import build_workload
-from trainfit.workloads.step import TrainStep, synchronize
+from trainfit.workloads.step import TrainStep
 
 if TYPE_CHECKING:
     from trainfit.params import Params

@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
+from trainfit.format import format_duration as dur
 from trainfit.format import values_line
-from trainfit.progress import format_duration as dur
 
 if TYPE_CHECKING:
     from trainfit.plan import Plan

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from trainfit.files import write_atomically
 from trainfit.format import fmt_num, table, values_line
+from trainfit.format import format_duration as dur
 from trainfit.page_slots import with_plan
 from trainfit.plan import Plan
 from trainfit.plan.html import plan_section
-from trainfit.progress import format_duration as dur
 from trainfit.trainer.command import is_trl_command
 
 PLAN_FILE = "plan.json"

@@ -11,13 +11,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainfit.devices import peak_flops
+from trainfit.devices import peak_flops, synchronize
 from trainfit.errors import TrainfitError
 from trainfit.flops import utilization
 from trainfit.probe.events import emit
 from trainfit.probe.memory import memory_micro_batches
 from trainfit.probe.timing import StepTimes, StopRule
-from trainfit.workloads.step import synchronize
 
 if TYPE_CHECKING:
     from trainfit.probe.request import ProbeRequest
@@ -202,7 +201,7 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     micro-batches (probe/estimate.py)."""
     import statistics
 
-    # local: numpy loads only where this runs, not for the CLI's parser that imports this module
+    # local: the probe worker imports this module, and binds to its parent before numpy loads
     from trainfit.probe.estimate import epoch_speed, fit_error, fit_step_cost
 
     mix = req.typical

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainfit.devices import cpu_name, peak_rss_bytes, reset_peak_rss, versions
+from trainfit.devices import cpu_name, peak_rss_bytes, reset_peak_rss, synchronize, versions
 from trainfit.errors import TrainfitError, Unsupported
 from trainfit.files import write_atomically
 from trainfit.probe.events import emit, open_channel
@@ -62,9 +62,6 @@ from trainfit.probe.phases import (
     time_steps,
 )
 from trainfit.probe.supervisor import PARENT_POLL_S, PR_SET_PDEATHSIG, supervise
-from trainfit.spec import Spec, TuneSettings
-from trainfit.workloads import build_workload
-from trainfit.workloads.step import TrainStep, check_support, synchronize
 
 if TYPE_CHECKING:
     from trainfit.probe.request import ProbeRequest
@@ -160,6 +157,11 @@ def build(req: ProbeRequest, device: Any, cache: ModelCache) -> tuple[Built, boo
     building took: the worker's
     kept model when only the batch shape differs (``req.model_key``), else a new one (kept for the
     next probe when it may be reused)."""
+    # local: the worker answers its supervisor and binds to its parent before the spec and the workloads load
+    from trainfit.spec import Spec, TuneSettings
+    from trainfit.workloads import build_workload
+    from trainfit.workloads.step import TrainStep, check_support
+
     built = cache.take(req.model_key)
     if built is not None:
         built.step.params = req.params  # only batch-shape knobs differ (the key says so)

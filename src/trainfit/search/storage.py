@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from trainfit.data.readers import fingerprint
 from trainfit.errors import TrainfitError
 from trainfit.files import FolderBusy, lock_folder
 from trainfit.params import KNOBS, Params
@@ -45,8 +46,6 @@ def data_fingerprint(spec: Spec) -> str | None:
     mix old and new measurements."""
     if spec.data is None:
         return None
-    # local: numpy loads only where this runs, not for the CLI's parser that imports this module
-    from trainfit.data.readers import fingerprint
 
     return fingerprint(spec.data.path, times=False)
 

@@ -283,11 +283,13 @@ space, its constraints and the command template are the spec file's)."""
 def with_tune(spec: Spec, **changes: Any) -> Spec:
     """``spec`` with these ``tune:`` settings (of :data:`RUN_LIMITS`), checked as the file's are:
     the one channel for a search's strategy and limits, from the CLI's flags or a library call,
-    e.g. ``with_tune(spec, max_trials=5)``.
+    e.g. ``with_tune(spec, max_trials=5)``. A setting given as None keeps the spec's (a flag not
+    passed).
 
     Raises:
         SpecError: a setting out of range or unknown (all problems listed).
     """
+    changes = {name: value for name, value in changes.items() if value is not None}
     problems = [Problem(f"tune.{name}", f"not a run limit: set it in the spec file (run limits: {', '.join(RUN_LIMITS)})")
                 for name in changes if name not in RUN_LIMITS]
     tune = None if problems else _tune_section({**dataclasses.asdict(spec.tune), **changes}, problems)

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.files import write_atomically
+from trainfit.format import format_duration as dur
 from trainfit.json_record import Record
 from trainfit.plan import Plan
 from trainfit.probe.estimate import StepCost
-from trainfit.progress import format_duration as dur
 from trainfit.search.ranking import micro_batches
 
 

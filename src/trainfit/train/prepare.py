@@ -15,8 +15,8 @@ from pathlib import Path
 
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
+from trainfit.format import format_duration as dur
 from trainfit.plan import Plan
-from trainfit.progress import format_duration as dur
 from trainfit.run_folder import COMMAND_FILE, RunFolder
 from trainfit.summary import Summary
 from trainfit.train.checkpoints import incomplete, latest_complete

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainfit.data.readers import detect_format
 from trainfit.data_paths import data_files
 from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS, Params
@@ -35,8 +36,6 @@ def trl_data_config(spec: Spec) -> dict[str, Any] | None:
     command is not a ``trl sft`` one."""
     if spec.data is None or not spec.uses_trl_sft:
         return None
-    # local: numpy loads only where this runs, not for the CLI's parser that imports this module
-    from trainfit.data.readers import detect_format
 
     loader = _LOADERS.get(detect_format(Path(spec.data.path), spec.data.format))
     files = [str(f) for f in data_files(spec.data.path)]  # shards: the very files trainfit counted, in order

@@ -14,12 +14,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trainfit.format import fmt_need, fmt_num, values_line
+from trainfit.format import fmt_need, fmt_num, format_duration, values_line
 from trainfit.page_slots import PLAN_SLOT
-from trainfit.progress import format_duration
+from trainfit.search.loop import common_failure
 from trainfit.search.ranking import noise_warning
 from trainfit.search.trials import Trial
-from trainfit.search.loop import common_failure
 from trainfit.summary import Summary
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",

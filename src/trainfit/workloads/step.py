@@ -82,13 +82,6 @@ MAX_GRAD_NORM = 1.0
 """The trainers' default ``max_grad_norm`` (transformers ``TrainingArguments``, TRL's ``SFTConfig``)."""
 
 
-def synchronize(device: Any) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
     """What a training run sets that a step's cost does not depend on: the learning rate and its
@@ -144,7 +137,9 @@ def _offloading(params: Params, model: Any) -> Any:
         return contextlib.nullcontext()
     from trl.models.activation_offloading import get_act_offloading_ctx_manager
 
-    return get_act_offloading_ctx_manager(model=model)
+    # A model with no output head TRL knows (a factory's) is offloaded whole: no warning, which TRL
+    # would log through accelerate's logger, unset up in a probe.
+    return get_act_offloading_ctx_manager(model=model, warn_if_no_head=False)
 
 
 class TrainStep:
