@@ -107,5 +107,18 @@ def test_peak_table_and_unknown_devices() -> None:
     assert peak_flops("NVIDIA H100 PCIe", "bf16", False)[0] == 756e12
     assert peak_flops("NVIDIA A100-SXM4-80GB", "fp32", True)[0] == 156e12
     assert peak_flops("Some Future GPU", "bf16", False) is None
+    # The in-house guides' cards, each its own figure; a variant with other figures is no match.
+    assert peak_flops("NVIDIA GeForce RTX 3090", "bf16", False)[0] == 71e12
+    assert peak_flops("NVIDIA GeForce RTX 3090 Ti", "bf16", False)[0] == 80e12
+    assert peak_flops("NVIDIA GeForce RTX 4090", "fp32", True)[0] == 82.6e12
+    assert peak_flops("NVIDIA RTX A6000", "fp16", False)[0] == 154.8e12
+    assert peak_flops("NVIDIA GeForce RTX 2080 Ti", "fp32", False)[0] == 13.4e12
+    assert peak_flops("Tesla V100-PCIE-32GB", "fp16", False)[0] == 112e12
+    assert peak_flops("Tesla T4", "fp16", False)[0] == 65e12 and peak_flops("NVIDIA A10", "bf16", False)[0] == 125e12
+    assert peak_flops("NVIDIA A10G", "bf16", False) is None and peak_flops("NVIDIA L40", "bf16", False) is None
+    assert peak_flops("NVIDIA L4", "bf16", False)[0] == 121e12
+    assert peak_flops("NVIDIA GeForce RTX 3080 Ti", "bf16", False) is None  # not the RTX 3080's figures
+    assert peak_flops("NVIDIA GeForce RTX 4090 Laptop GPU", "bf16", False) is None
+    assert "whitepaper" in peak_flops("NVIDIA GeForce RTX 3090", "bf16", False)[1]
     assert utilization(1e12, 2.0, None) is None
     assert utilization(1e12, 2.0, 1e12) == pytest.approx(0.5)

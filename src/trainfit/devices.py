@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +28,13 @@ class PeakFlops:
     source: str
 
 
-# Matched in order against torch.cuda.get_device_name(); the first substring that matches wins.
+GA102 = "NVIDIA Ampere GA102 GPU architecture whitepaper, appendix A (dense; FP16/BF16 with FP32 accumulate)"
+ADA = "NVIDIA Ada GPU architecture whitepaper, appendix A (dense; FP16/BF16 with FP32 accumulate)"
+TURING = "NVIDIA Turing GPU architecture whitepaper, appendix A (FP16 tensor with FP32 accumulate; no BF16, no TF32)"
+
+# Matched in order against torch.cuda.get_device_name(), each a regular expression; the first that
+# matches wins. A consumer card's name is matched to its end, so a Ti, SUPER or Laptop variant (other
+# figures) is no match rather than a wrong peak.
 PEAK_FLOPS: tuple[tuple[str, PeakFlops], ...] = (
     ("H200", PeakFlops(989e12, 494.5e12, 66.9e12,
                        "NVIDIA H200 datasheet (dense = half the sparsity figure 1,979 TFLOPS)")),
@@ -36,14 +43,27 @@ PEAK_FLOPS: tuple[tuple[str, PeakFlops], ...] = (
     ("H100", PeakFlops(989e12, 494.5e12, 66.9e12, "torchtitan get_peak_flops (H100 SXM); NVIDIA H100 datasheet")),
     ("A100", PeakFlops(312e12, 156e12, 19.5e12, "torchtitan get_peak_flops; NVIDIA A100 datasheet")),
     ("L40S", PeakFlops(362.05e12, 183e12, 91.6e12, "NVIDIA L40S datasheet (dense = half the sparsity figures)")),
-    ("L4", PeakFlops(121e12, 60e12, 30.3e12, "NVIDIA L4 datasheet (dense = half the sparsity figures)")),
+    (r"\bL4$", PeakFlops(121e12, 60e12, 30.3e12, "NVIDIA L4 datasheet (dense = half the sparsity figures)")),
+    (r"\bA10$", PeakFlops(125e12, 62.5e12, 31.2e12, "NVIDIA A10 datasheet (dense = half the sparsity figures)")),
+    (r"RTX A6000$", PeakFlops(154.8e12, 77.4e12, 38.7e12, "NVIDIA RTX A6000 datasheet (dense; BF16 with FP32 "
+                                                           "accumulate)")),
+    (r"RTX 4090$", PeakFlops(165.2e12, 82.6e12, 82.6e12, ADA + ": GeForce RTX 4090")),
+    (r"RTX 3090 Ti$", PeakFlops(80e12, 40e12, 40e12, GA102 + ": GeForce RTX 3090 Ti")),
+    (r"RTX 3090$", PeakFlops(71e12, 35.6e12, 35.6e12, GA102 + ": GeForce RTX 3090")),
+    (r"RTX 3080$", PeakFlops(59.5e12, 29.8e12, 29.8e12, GA102 + ": GeForce RTX 3080")),
+    (r"RTX 2080 Ti$", PeakFlops(53.8e12, 13.4e12, 13.4e12, TURING + ": GeForce RTX 2080 Ti")),
+    (r"V100-PCIE", PeakFlops(112e12, 14e12, 14e12, "NVIDIA V100 datasheet, PCIe (tensor FP16; no BF16, no TF32)")),
+    (r"V100", PeakFlops(125e12, 15.7e12, 15.7e12, "NVIDIA V100 datasheet, SXM2 (tensor FP16; no BF16, no TF32)")),
+    (r"\bT4$", PeakFlops(65e12, 8.1e12, 8.1e12, "NVIDIA T4 datasheet (mixed-precision FP16; no BF16, no TF32)")),
 )
+"""A card without BF16 (V100, T4, RTX 2080 Ti) gives its FP16 figure under ``bf16`` (a bf16 config is
+refused there anyway), and without TF32 its FP32 figure under ``tf32``."""
 
 
 def peak_flops(device_name: str, precision: str, tf32: bool) -> tuple[float, str] | None:
     """(peak FLOP/s, source) for the math mode a config uses, or None for an unknown device."""
-    for key, peak in PEAK_FLOPS:
-        if key in device_name:
+    for pattern, peak in PEAK_FLOPS:
+        if re.search(pattern, device_name.strip()):
             if precision in ("bf16", "fp16"):
                 return peak.bf16, peak.source
             return (peak.tf32 if tf32 else peak.fp32), peak.source
