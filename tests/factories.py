@@ -41,11 +41,14 @@ def learnable(params: trainfit.Params, device: torch.device) -> trainfit.CustomW
     if params.extra.get("hold_mb"):  # a custom knob: memory the model holds (its pages written, so resident)
         made.model.register_buffer("held", torch.ones(int(params.extra["hold_mb"]) * 2**18, device=device))
     pause = float(params.extra.get("sleep_s", 0.0))
+    nan_after = params.extra.get("nan_after")  # a custom knob: the loss is NaN from this call on
     loss = made.loss
+    calls = [0]
 
     def slow_loss(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         time.sleep(pause)
-        return loss(m, x)
+        calls[0] += 1
+        return loss(m, x) * (float("nan") if nan_after is not None and calls[0] > nan_after else 1.0)
 
     made.loss = slow_loss
 

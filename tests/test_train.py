@@ -537,3 +537,31 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):  # only train passes arguments on
         main(["probe", "x.yaml", "--", "--max_steps", "1"])
     assert "takes no arguments after --" in capsys.readouterr().err
+
+
+def test_a_loss_that_is_not_finite_stops_the_run_without_saving_the_step(tmp_path: Path) -> None:
+    """A factory model whose loss turns NaN at its 6th step, in trainfit's loop with a save due at every
+    step: the run stops at that step, keeps the checkpoints before it and saves neither the step nor
+    the model (training on would train nothing)."""
+    from trainfit.spec import load_spec
+    from trainfit.train.callbacks import RunLog, TrainControl
+    from trainfit.train.checkpoints import latest_complete
+    from trainfit.train.loop import run_loop
+
+    data = write_frames(tmp_path / "frames.jsonl", 40)
+    spec = load_spec(make_spec_file(tmp_path, model={"factory": f"{Path(__file__).parent / 'factories.py'}:learnable"},
+                                    data={"path": str(data), "length_field": "n"},
+                                    params={"batch_size": 2, "max_length": 16, "width_mul": 1, "nan_after": 5}))
+    said: list[str] = []
+    control = TrainControl(every_s=0.0, keep=10, log=RunLog(tmp_path / "log.jsonl"), started_at=time.time(),
+                           say=said.append)
+    out = tmp_path / "out"
+    out.mkdir()
+    steps, total = run_loop(spec, spec.params, samples=40, epochs=1, max_steps=None, output=out, checkpoint=None,
+                            callbacks=[control], say=said.append)
+    assert control.stopped == "diverged" and steps == 6 and total == 20
+    assert latest_complete(out).name == "checkpoint-5" and not (out / "checkpoint-6").exists()
+    assert not (out / "model.pt").exists()
+    assert any("the loss is not finite (nan) at step 6" in line for line in said)
+    stop = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines() if '"stop"' in line]
+    assert [(e["step"], e["reason"]) for e in stop] == [(6, "diverged")]

@@ -43,7 +43,7 @@ Exit status: 0 finished, 2 bad input (a clear error, nothing lost), 3 stopped by
 130/143/129 stopped by Ctrl-C/SIGTERM/SIGHUP.
 """
 
-STOP_STATUS = {"deadline": 3, **{s.name: 128 + s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}}
+STOP_STATUS = {"deadline": 3, "diverged": 4, **{s.name: 128 + s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}}
 """The exit status of a run stopped by ``TrainResult.stopped_by`` (a SIGHUP's was 1 before it was listed)."""
 
 
@@ -89,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     if result.at_once:  # no save; the resume starts from the last complete checkpoint
         print(f"\nstopped by {result.stopped_by} at once, {_lost(result)}; continue: {result.resume}")
         return STOP_STATUS.get(result.stopped_by or "", 1)
+    if result.stopped_by == "diverged":  # no save: a resume starts from the last checkpoint, before it
+        print(f"\nstopped: the loss is not finite{_steps(result)}; the last checkpoint is from before it. Lower the "
+              f"learning rate (or train in bf16 rather than fp16), then continue: {result.resume}")
+        return STOP_STATUS["diverged"]
     saved = ", with a checkpoint" if result.step is not None else " (your trainer was told; its checkpoints are its own)"
     print(f"\nstopped by {result.stopped_by}{_steps(result)}{saved}; continue: {result.resume}")
     return STOP_STATUS.get(result.stopped_by or "", 1)

@@ -70,7 +70,8 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
     newest ``keep`` complete ones, and stops cleanly (saving first) on SIGTERM or when the next
     step and save would pass ``deadline`` (epoch seconds). Logs steps, saves and stops to ``log``.
 
-    ``stopped`` says why a run stopped early (None: it did not)."""
+    ``stopped`` says why a run stopped early (None: it did not): a signal's name, ``deadline``, or
+    ``diverged`` (a logged loss that is not finite: stopped without a save)."""
 
     def __init__(self, *, every_s: float, keep: int, log: RunLog, started_at: float,
                  deadline: float | None = None, save_s: float = 0.0, say: Callable[[str], None] = print) -> None:
@@ -158,6 +159,20 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
                **kwargs: Any) -> None:
         self.log.write("log", step=int(state.global_step), max_steps=int(state.max_steps),
                        elapsed_s=round(time.time() - self.started_at, 3), **(logs or {}))
+        loss = (logs or {}).get("loss")
+        if isinstance(loss, (int, float)) and not math.isfinite(loss) and self.stopped is None:
+            self.diverged(int(state.global_step), loss, control)
+
+    def diverged(self, step: int, loss: float, control: Any) -> None:
+        """Stop at a loss that is not finite, without a save: training on would train nothing (every
+        later step's loss is NaN too), and the weights it reached are not worth keeping; the last
+        checkpoint is from before it."""
+        self.stopped = "diverged"
+        control.should_training_stop = True
+        control.should_save = False  # the step's end may have asked for one (an interval, the last step)
+        self.say(f"trainfit: the loss is not finite ({loss}) at step {step:,}: stopping without a save (the last "
+                 "checkpoint is from before it); lower the learning rate, or train in bf16 rather than fp16")
+        self.log.write("stop", step=step, reason="diverged", loss=str(loss))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"

@@ -177,7 +177,9 @@ class _Hooks:
         self.call("on_step_end")
         if self.evaluates_after_step():
             self.evaluate()
-        if state.global_step % self.log_every == 0 or state.global_step == state.max_steps:
+        # A loss that is not finite is logged at once: the callbacks stop the run there (``TrainControl``).
+        if state.global_step % self.log_every == 0 or state.global_step == state.max_steps \
+                or not math.isfinite(losses[-1]):
             self.call("on_log", logs={"loss": round(sum(losses) / len(losses), 6), "epoch": round(state.epoch, 4)})
             losses = []
         if self.control.should_save:

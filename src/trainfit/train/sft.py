@@ -88,6 +88,9 @@ def build_trainer(argv: Sequence[str], callbacks: Sequence[Any]) -> Any:
     if training_args.model_init_kwargs is not None:
         model_init_kwargs.update(training_args.model_init_kwargs)
     training_args.model_init_kwargs = model_init_kwargs
+    # The trainer logs a NaN or Inf step loss as the window's mean of the finite ones by default: here
+    # it is logged as it is, so that trainfit's control stops the run at it (``TrainControl.diverged``).
+    training_args.logging_nan_inf_filter = False
     if dataset_args.datasets:
         dataset = get_dataset(dataset_args)
     elif script_args.dataset_name:
