@@ -560,7 +560,7 @@ def test_on_track_takes_the_evaluation_passes_out_of_the_pace_and_adds_those_to_
 
 
 @pytest.mark.integration
-def test_on_track_callback_reports_from_a_real_trainer(tmp_path: Path, capsys) -> None:
+def test_on_track_callback_reports_from_a_real_trainer(tmp_path: Path, capsys, monkeypatch) -> None:
     """A real Hugging Face Trainer, a few steps of a tiny model, with the callback checking every
     step against a plan whose window it cannot miss."""
     import torch
@@ -575,12 +575,25 @@ def test_on_track_callback_reports_from_a_real_trainer(tmp_path: Path, capsys) -
     ids = torch.randint(0, 256, (16, 32))
     data = [{"input_ids": row, "labels": row} for row in ids]
     args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=4,
-                             report_to="none", save_strategy="no", use_cpu=True, logging_steps=100)
+                             report_to="tensorboard", save_strategy="no", use_cpu=True, logging_steps=100)
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))  # transformers 5's way to name the folder
     callback = trainfit.OnTrackCallback(plan=plan_path, every_s=0.0)
-    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+    callback.watch(Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])).train()
     status = json.loads((tmp_path / "on_track.json").read_text())
     assert status["step"] == 4 and status["max_steps"] == 4 and status["state"] == "on track"
     assert "trainfit: on track: step 4/4" in capsys.readouterr().err
+    # The figures reached the trainer's report_to service: TensorBoard's own reader, on its event files.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, list[float]] = {}
+    for file in sorted((tmp_path / "tb").iterdir()):  # the trainer's writer, and the one its last log opened again
+        events = EventAccumulator(str(file)).Reload()
+        for tag in events.Tags()["scalars"]:  # the trainer's services file a training log under train/
+            scalars.setdefault(tag.removeprefix("train/"), []).extend(e.value for e in events.Scalars(tag))
+    assert set(scalars["training/on_track"]) == {1.0} and len(scalars["training/remaining_hours"]) == 5  # 4 steps, end
+    estimated, actual = scalars["optimization/estimated_hours"], scalars["optimization/actual_hours"]
+    assert estimated == [pytest.approx(0.04)]  # the plan's price of a 4-step run: 4 of its 100 steps of 3,600 s
+    assert scalars["optimization/time_accuracy"] == [pytest.approx(100 * estimated[0] / actual[0], rel=1e-3)]
 
 
 def test_plan_json_of_another_schema_is_refused() -> None:

@@ -1,7 +1,8 @@
 """Is a run on track to finish inside its plan's window? ``OnTrackCallback`` answers while a
 Hugging Face ``Trainer`` runs:
 
-    trainer = Trainer(..., callbacks=[trainfit.OnTrackCallback(plan="RUN_DIR/plan.json")])
+    callback = trainfit.OnTrackCallback(plan="RUN_DIR/plan.json")
+    trainer = callback.watch(Trainer(..., callbacks=[callback]))  # watch: the batches' work, the trainer's logs
 
 Every ``every_s`` seconds it projects the finish from the steps done so far (their measured pace,
 pooled with the plan's calibrated pace, each weighed by the real steps behind it), compares it with the plan's ETA
@@ -53,6 +54,20 @@ class Status(Record):
     plan_steps: int | None = None
     """The plan's own steps where this run's ``max_steps`` differs (``train --max-steps``): its
     ETA is then priced for ``max_steps`` steps. None: the run is the plan's."""
+
+    def figures(self, *, final: bool = False) -> dict[str, float]:
+        """The run's standing as the trainer's logs carry it to every ``report_to`` service (W&B,
+        TensorBoard, MLflow...), under the in-house planner's names: ``training/elapsed_hours``,
+        ``training/remaining_hours``, ``training/on_track`` (1 or 0) as the run goes; ``final``:
+        also ``optimization/estimated_hours`` (the plan's ETA), ``optimization/actual_hours`` and
+        ``optimization/time_accuracy`` (the estimate over the actual, in percent: 100 is exact)."""
+        out = {"training/elapsed_hours": self.elapsed_s / 3600,
+               "training/remaining_hours": max(0.0, self.projected_s - self.elapsed_s) / 3600,
+               "training/on_track": float(self.state == "on track")}
+        if final:
+            out |= {"optimization/estimated_hours": self.planned_s / 3600, "optimization/actual_hours": self.elapsed_s / 3600,
+                    "optimization/time_accuracy": 100 * self.planned_s / self.elapsed_s if self.elapsed_s > 0 else 0.0}
+        return {name: round(value, 6) for name, value in out.items()}
 
     @property
     def line(self) -> str:
@@ -223,7 +238,9 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
     (``trainfit train`` does: the first start, so a resumed run counts its earlier parts and its
     start-up); None: the time counts from the trainer's start, plus the plan's start-up. The pace
     is that of the steps this process ran, so a resumed run projects from its own steps.
-    ``on_status``: also called with each :class:`Status` (``trainfit train`` logs them)."""
+    ``on_status``: also called with each :class:`Status` (``trainfit train`` logs them). Given the
+    trainer (:meth:`watch`), each status also goes into the trainer's own logs
+    (:meth:`Status.figures`), so every ``report_to`` service receives it."""
 
     def __init__(self, plan: Plan | str | Path, every_s: float = 60.0, started_at: float | None = None,
                  on_status: Callable[[Status], None] | None = None) -> None:
@@ -243,6 +260,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         self.evals = 0
         self.warm: Pace | None = None
         """What the process had done at its first step's end (see :meth:`on_step_end`)."""
+        self.trainer: Any = None
+        """The trainer whose logs get each status's figures (:meth:`watch`)."""
 
     @classmethod
     def from_environment(cls, every_s: float = 60.0) -> OnTrackCallback | None:
@@ -261,7 +280,9 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         """Weigh each batch ``trainer``'s training data loader collates by the plan's step cost
         (see :func:`observe_train_batches`), so the pace is measured against the work the batches
         held; returns ``trainer``. accelerate's data loader collates one batch ahead of the one
-        that trains: the latest seen is left out until the run ends."""
+        that trains: the latest seen is left out until the run ends. Each status then goes into the
+        trainer's logs too (:meth:`Status.figures`)."""
+        self.trainer = trainer
         return observe_train_batches(trainer, self.observe)
 
     def observe(self, padded_length: int) -> None:
@@ -323,6 +344,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         from tqdm import tqdm  # type: ignore[import-untyped]
 
         tqdm.write(f"trainfit: {self.latest.line}", file=sys.stderr)  # above the trainer's bar, not inside it
+        if self.trainer is not None:  # the trainer hands its logs to every report_to service
+            self.trainer.log(self.latest.figures(final=not ahead))
         if self.on_status is not None:
             self.on_status(self.latest)
         if self.out is not None:
