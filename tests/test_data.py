@@ -339,3 +339,49 @@ def test_compressed_line_files_read_like_plain_ones(tmp_path: Path) -> None:
     for i in range(2):
         (shards / f"part-{i}.jsonl.gz").write_bytes(gzip.compress(jsonl))
     assert count_lengths(shards, WORDS, progress=False, use_cache=False).lengths.tolist() == [3, 2, 4] * 2
+
+
+def write_wav(path: Path, seconds: float, rate: int = 16_000) -> None:
+    """A mono 16-bit WAV of ``seconds`` of silence, through the standard library."""
+    import wave
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(b"\0\0" * int(seconds * rate))
+
+
+def test_audio_lengths_are_each_files_duration_from_its_header(tmp_path: Path, capsys) -> None:
+    """A manifest naming WAV files (relative to its folder, or absolute): each length is the file's
+    duration times the frames a second, rounded up, read from the header; a missing or damaged file
+    is a bad row with its reason; the CLI says the same."""
+    seconds = [1.0, 2.5, 0.3, 4.0]
+    for i, s in enumerate(seconds):
+        write_wav(tmp_path / "wavs" / f"{i}.wav", s, rate=22_050 if i % 2 else 16_000)
+    (tmp_path / "bad.wav").write_bytes(b"RIFF not audio")
+    rows = [{"path": f"wavs/{i}.wav", "text": "x"} for i in range(4)]
+    rows.append({"path": str(tmp_path / "wavs" / "0.wav"), "text": "absolute"})
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = LengthRecipe(audio_field="path", length_scale=75)
+    table = count_lengths(manifest, recipe, cache_dir=tmp_path / "cache", progress=False)
+    assert table.lengths.tolist() == [75, 188, 23, 300, 75]  # ceil(seconds x 75)
+    assert not table.approximate and "audio file in 'path'" in table.description
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text(json.dumps({"path": "bad.wav"}) + "\n" + json.dumps({"path": "gone.wav"}) + "\n"
+                       + json.dumps({"path": "wavs/1.wav"}) + "\n")
+    skipped = count_lengths(damaged, recipe, on_bad_row="skip", cache_dir=tmp_path / "cache", progress=False)
+    assert skipped.bad_rows == 2 and skipped.valid.tolist() == [188]
+    assert "no audio file" in skipped.bad_examples[1]["reason"]
+    assert main(["analyze", str(manifest), "--audio-field", "path", "--frames-per-second", "75", "--quiet"]) == 0
+    assert "audio file in 'path'" in capsys.readouterr().out
+    from conftest import TINY_LLAMA, make_spec_file
+
+    from trainfit.data.analyze import analyze_spec
+    from trainfit.spec import load_spec
+
+    spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                                    data={"path": str(manifest), "audio_field": "path", "length_scale": 75}))
+    assert analyze_spec(spec, progress=False, cache_dir=tmp_path / "cache").max == 300

@@ -21,6 +21,7 @@ EPILOG = """\
 examples:
   trainfit analyze data/train.jsonl --text-field text --tokenizer ./tokenizer --json lengths.json
   trainfit analyze data/manifest.csv --length-field duration_s --length-scale 100   # audio frames
+  trainfit analyze data/manifest.csv --audio-field path --frames-per-second 75   # each file's header
   trainfit analyze chats.jsonl --messages-field messages --tokenizer ./model         # chat template
   trainfit analyze --spec examples/tiny-llama.yaml --plot lengths.html
 
@@ -41,8 +42,12 @@ def add_parser(sub: Any) -> None:
                    help="field holding the text; repeat to join several fields")
     p.add_argument("--messages-field", metavar="FIELD", help="chat messages, rendered with the chat template")
     p.add_argument("--length-field", metavar="FIELD", help="a numeric field that is the length (e.g. duration_s)")
-    p.add_argument("--length-scale", type=number(float, above=0), default=1.0,
-                   help="positions per unit of --length-field")
+    p.add_argument("--audio-field", metavar="FIELD",
+                   help="a field naming each sample's audio file (relative to the data file's folder): its "
+                        "duration, read from the file's header (WAV; FLAC, OGG... with soundfile), is the length")
+    p.add_argument("--length-scale", "--frames-per-second", dest="length_scale", type=number(float, above=0),
+                   default=1.0, help="positions per unit of --length-field, or frames per second of --audio-field's "
+                                     "audio (e.g. 75 codec frames; mel frames: the sample rate over the hop length)")
     p.add_argument("--tokenizer", help="tokenizer folder or tokenizer.json (default: a stated approximation)")
     p.add_argument("--format", default="auto", help="auto, jsonl, json, csv, tsv, parquet, text, hf")
     p.add_argument("--on-bad-row", choices=("stop", "skip"), default="stop",
@@ -111,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.path:
             raise TrainfitError("give a dataset path or --spec", "e.g. trainfit analyze data.jsonl --text-field text")
         recipe = LengthRecipe(text_fields=tuple(args.text_field), messages_field=args.messages_field,
-                              length_field=args.length_field, length_scale=args.length_scale,
+                              length_field=args.length_field, audio_field=args.audio_field,
+                              length_scale=args.length_scale,
                               tokenizer=args.tokenizer)
         table = count_lengths(args.path, recipe, fmt=args.format, on_bad_row=args.on_bad_row,
                               use_cache=not args.no_cache, progress=not args.quiet)

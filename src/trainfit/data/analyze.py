@@ -17,10 +17,10 @@ def recipe_for_spec(spec: Spec) -> LengthRecipe:
     d = spec.data
     text = d.text_field
     fields = (text,) if isinstance(text, str) else tuple(text or ())
-    if not (fields or d.messages_field or d.length_field):
+    if not (fields or d.messages_field or d.length_field or d.audio_field):
         fields = ("text",)
     return LengthRecipe(text_fields=fields, messages_field=d.messages_field, length_field=d.length_field,
-                        length_scale=d.length_scale, tokenizer=spec.tokenizer)
+                        audio_field=d.audio_field, length_scale=d.length_scale, tokenizer=spec.tokenizer)
 
 
 def model_max_positions(spec: Spec) -> int | None:

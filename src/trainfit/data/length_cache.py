@@ -154,6 +154,7 @@ class Checkpoint:
 def cache_key(path: Path, recipe: LengthRecipe, fp: str, fmt: str) -> str:
     """The cache folder's name: what the lengths depend on (the file, the tokenizer, the fields, the format)."""
     key_src = json.dumps([fp, _tokenizer_id(recipe.tokenizer), recipe.text_fields, recipe.messages_field,
-                          recipe.length_field, recipe.length_scale, detect_format(path, fmt)])
+                          recipe.length_field, recipe.length_scale, detect_format(path, fmt),
+                          *([recipe.audio_field, recipe.audio_root] if recipe.audio_field else [])])
     return hashlib.sha256(key_src.encode()).hexdigest()[:20]
 

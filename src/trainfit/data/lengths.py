@@ -8,6 +8,7 @@ keyed by (file fingerprint, tokenizer, fields), so a repeat is instant.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -115,6 +116,8 @@ def count_lengths(
     """
     path = Path(path)
     fp = fingerprint(path)  # first: a clear error for a missing file, an empty folder, a pattern matching nothing
+    if recipe.audio_field and recipe.audio_root is None:  # a manifest's relative paths start at its folder
+        recipe = dataclasses.replace(recipe, audio_root=str((path if path.is_dir() else path.parent).resolve()))
     ckpt = Checkpoint((cache_dir or default_cache_dir()) / cache_key(path, recipe, fp, fmt))
     if use_cache and (hit := ckpt.load_final()):
         return _cached_table(path, recipe, fp, on_bad_row, *hit)
@@ -169,7 +172,7 @@ def _start_count(path: Path, recipe: LengthRecipe, ckpt: Checkpoint, *, fmt: str
                  on_batch: Callable[[int], None] | None) -> _Count:
     """Load the tokenizer and pick the count up where an interrupted one checkpointed (a bad row it
     recorded stops a ``stop`` run, as counting it would have)."""
-    tokenizer = None if recipe.length_field else Tokenizer(recipe.tokenizer, need_chat=bool(recipe.messages_field))
+    tokenizer = None if recipe.counted else Tokenizer(recipe.tokenizer, need_chat=bool(recipe.messages_field))
     use_cache = use_cache and ckpt.check_writable()
     done, state = ckpt.load_partial() if use_cache else ([], {})
     _stop_at_recorded_bad_row(path, on_bad_row, state.get("bad_examples", []))
@@ -234,10 +237,10 @@ def _parse_batch(count: _Count, rows: list[tuple[int, Any]], first: bool) -> _Ba
             _bad_row(count, batch, index, row)
             continue
         try:
-            if recipe.length_field:
+            if recipe.counted:
                 length, value = field_length(row, recipe)
                 if length < 0:
-                    _bad_row(count, batch, index, None, f"negative length {value!r} in {recipe.length_field!r}")
+                    _bad_row(count, batch, index, None, f"negative length {value!r} in {recipe.fields[0]!r}")
                 else:
                     batch.lengths[-1] = length
                 continue

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from trainfit.data.audio import audio_seconds
 from trainfit.errors import TrainfitError
 
 
@@ -31,25 +32,39 @@ class LengthRecipe:
     text_fields: tuple[str, ...] = ()
     messages_field: str | None = None
     length_field: str | None = None
+    audio_field: str | None = None
+    """A field naming each sample's audio file: its duration, read from the file's header, is the
+    length (times ``length_scale``, the frames a second). A relative path is relative to ``audio_root``."""
     length_scale: float = 1.0
     tokenizer: str | None = None
+    audio_root: str | None = None
+    """The folder relative audio paths start at: the dataset file's."""
 
     def __post_init__(self) -> None:
-        given = sum(bool(x) for x in (self.text_fields, self.messages_field, self.length_field))
+        given = sum(bool(x) for x in (self.text_fields, self.messages_field, self.length_field, self.audio_field))
         if given != 1:
-            raise TrainfitError("say how long a sample is: give one of a text field, a messages field "
-                                "or a length field", "e.g. --text-field text or --length-field duration_s")
+            raise TrainfitError("say how long a sample is: give one of a text field, a messages field, "
+                                "a length field or an audio field",
+                                "e.g. --text-field text, --length-field duration_s or --audio-field path")
 
     @property
     def fields(self) -> list[str]:
-        return list(self.text_fields) or [self.messages_field or self.length_field]  # type: ignore[list-item]
+        return list(self.text_fields) or [self.messages_field or self.length_field or self.audio_field]  # type: ignore[list-item]
+
+    @property
+    def counted(self) -> bool:
+        """Each row's length is read from the row (a number or an audio file's header), not tokenized."""
+        return bool(self.length_field or self.audio_field)
 
     @property
     def approximate(self) -> bool:
         """Text counted without a tokenizer (regex word pieces), not as training will count it."""
-        return not self.length_field and not self.tokenizer
+        return not self.counted and not self.tokenizer
 
     def describe(self) -> str:
+        if self.audio_field:
+            return (f"the duration of the audio file in {self.audio_field!r} (its header) x {self.length_scale:g} "
+                    "frames a second, rounded up")
         if self.length_field:
             scale = f" x {self.length_scale:g}" if self.length_scale != 1 else ""
             return f"numeric field {self.length_field!r}{scale}, rounded up to whole positions"
@@ -126,11 +141,18 @@ def _null(names: list[str] | tuple[str, ...]) -> ValueError:
 
 
 def field_length(row: dict[str, Any], recipe: LengthRecipe) -> tuple[int, Any]:
-    """A row's length from its numeric field (scaled, rounded up), and the field's value."""
-    assert recipe.length_field is not None
-    value = _row_value(row, recipe.length_field)
+    """A row's length from its numeric field, or from the duration of the audio file its audio
+    field names (scaled, rounded up), and the field's value."""
+    name = recipe.length_field or recipe.audio_field
+    assert name is not None
+    value = _row_value(row, name)
     if value is None:
-        raise _null([recipe.length_field])
+        raise _null([name])
+    if recipe.audio_field:
+        if not isinstance(value, str):
+            raise TypeError(f"{name!r} holds {_shown(value)}, not the path of an audio file")
+        path = Path(value) if recipe.audio_root is None else Path(recipe.audio_root) / value  # an absolute value wins
+        return int(np.ceil(audio_seconds(path) * recipe.length_scale)), value
     return int(np.ceil(float(value) * recipe.length_scale)), value
 
 

@@ -107,9 +107,11 @@ def _data_section(typed: dict[str, Any] | None, base_dir: Path, problems: list[P
     except TrainfitError as err:
         problems.append(Problem("data.path", err.message,
                                 "check the path; a relative path starts at the spec's folder"))
-    fields_given = [k for k in ("text_field", "messages_field", "length_field") if getattr(data, k) is not None]
+    fields_given = [k for k in ("text_field", "messages_field", "length_field", "audio_field")
+                    if getattr(data, k) is not None]
     if len(fields_given) > 1:
-        problems.append(Problem("data", f"give one of text_field, messages_field, length_field (got {fields_given})"))
+        problems.append(Problem("data", f"give one of text_field, messages_field, length_field, audio_field "
+                                        f"(got {fields_given})"))
     check_one_of(data, "data", "format", _DATA_FORMATS, problems)
     if data.on_bad_row not in ("stop", "skip"):
         problems.append(Problem("data.on_bad_row", "must be stop or skip"))

@@ -53,8 +53,12 @@ class DataSpec:
     """Field holding chat messages, rendered with the tokenizer's chat template."""
     length_field: str | None = None
     """A numeric field that already is the sample's length (e.g. ``duration_s``)."""
+    audio_field: str | None = None
+    """A field naming each sample's audio file (relative to the data file's folder): its duration,
+    read from the file's header, times ``length_scale`` is the length."""
     length_scale: float = 1.0
-    """Positions per unit of ``length_field`` (e.g. 100 mel frames per second)."""
+    """Positions per unit of ``length_field``, or per second of ``audio_field``'s audio (e.g. 75
+    codec frames, or 100 mel frames: the sample rate over the hop length)."""
     format: str = "auto"
     """auto | jsonl | json | csv | tsv | parquet | text | hf."""
     on_bad_row: str = "stop"

@@ -153,7 +153,7 @@ def command_notes(spec: Spec, model_dir: Path | None = None) -> list[str]:
                      f"rename {', '.join(spec.data.text_field)}")
     if spec.data.messages_field not in (None, "messages"):
         notes.append(f"TRL reads conversations from a column named 'messages': rename {spec.data.messages_field!r}")
-    if spec.data.length_field is not None:
+    if spec.data.length_field is not None or spec.data.audio_field is not None:
         notes.append("this spec gives lengths, not text: point the command at the text of the dataset")
     return notes
 
