@@ -240,3 +240,33 @@ def test_every_knob_has_a_search_prior_or_says_why_not() -> None:
         assert set(prior) | set(NO_PRIOR) == set(KNOBS) and not set(prior) & set(NO_PRIOR), device
         for name, order in prior.items():
             assert sorted(map(str, order)) == sorted(map(str, KNOBS[name].choices or (False, True))), (device, name)
+
+
+def test_training_args_json_holds_every_flag_of_the_command_and_each_part_parses(tmp_path: Path) -> None:
+    """training_args.json is read from the command's own flags: for each knob's two values, every
+    flag the command passes is in one of its parts (none lost), and transformers' TrainingArguments
+    and TRL's SFTConfig take their parts as they are (peft's LoraConfig takes `lora`)."""
+    from peft import LoraConfig
+    from transformers import TrainingArguments
+    from trl import SFTConfig
+
+    from trainfit.params import KNOBS, Params
+    from trainfit.trainer.command import training_arguments, trl_args
+
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml")
+    for name, knob in KNOBS.items():
+        for value in two_values(knob):
+            if (name, value) in (("optimizer", "adamw_8bit"), ("compile", "max-autotune")):
+                continue  # bitsandbytes; a compile mode is only checked where it runs
+            params = Params(lora_r=8, max_length=64).replace(**{name: value})
+            out = training_arguments(spec, params, max_length=64, cpu_threads=2)
+            assert out is not None
+            flags = {w[2:] for w in trl_args(params, 64, cpu=True) if w.startswith("--")}
+            placed = {*out["training_arguments"], *out["model_init_kwargs"], *out["sft"]}
+            assert flags - placed <= {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+                                      "lora_target_parameters"}, name
+            TrainingArguments(output_dir=str(tmp_path), **out["training_arguments"])
+            SFTConfig(output_dir=str(tmp_path), **out["training_arguments"], **out["sft"])
+            LoraConfig(**out["lora"])
+    mine = load_spec(EXAMPLES / "tiny-llama.yaml", ["tune.command_template=python train.py --bs {batch_size}"])
+    assert training_arguments(mine, mine.params) is None  # a command of one's own: its settings are its own

@@ -159,6 +159,18 @@ def test_the_readme_main_job_writes_a_command_that_trains_as_written(tmp_path: P
     run_script(out / "train_command.sh", "--max_steps", "2", env=env, cwd=tmp_path)
     adapter = json.loads((tmp_path / "trainfit-run" / "adapter_config.json").read_text())
     assert (adapter["r"], adapter["lora_alpha"]) == (8, 16)
+    # The same config for a Trainer of one's own: each part read by its library's own class.
+    from peft import LoraConfig
+    from transformers import TrainingArguments
+    from trl import SFTConfig
+
+    exported = json.loads((out / "training_args.json").read_text())
+    args = TrainingArguments(output_dir=str(tmp_path / "own"), **exported["training_arguments"])
+    assert (args.per_device_train_batch_size, args.bf16, args.use_cpu) == (1, True, True)
+    sft = SFTConfig(output_dir=str(tmp_path / "own"), **exported["training_arguments"], **exported["sft"])
+    assert sft.max_length == 64 and exported["model_init_kwargs"] == {"attn_implementation": "sdpa", "dtype": "bfloat16"}
+    lora = LoraConfig(**exported["lora"])
+    assert (lora.r, lora.lora_alpha) == (adapter["r"], adapter["lora_alpha"])  # the adapters the command trained
 
 
 def test_a_config_model_without_a_tokenizer_is_saved_and_the_script_says_what_is_missing(tmp_path: Path,

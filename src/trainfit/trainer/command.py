@@ -7,6 +7,7 @@ TrainingArguments and peft), whose flags are mapped knob by knob below.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import shlex
@@ -20,7 +21,7 @@ from trainfit.params import KNOBS, Params
 from trainfit.spec import Spec
 from trainfit.template import render_template
 from trainfit.workloads.hf import save_initial_model
-from trainfit.workloads.lora import trl_lora_args
+from trainfit.workloads.lora import lora_kwargs, trl_lora_args
 
 if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats
@@ -263,3 +264,56 @@ def initial_model(output: Path, spec: Spec) -> Path | None:
     except (RuntimeError, ValueError, TypeError, ImportError):  # the search goes on; the script says what to save
         return None
     return folder if saved else None
+
+
+TRAINING_ARGS_FILE = "training_args.json"
+MODEL_ARGS = ("attn_implementation", "dtype")
+
+
+def training_arguments(spec: Spec, params: Params, *, max_length: int | None = None, cpu_threads: int | None = None,
+                       **_: Any) -> dict[str, Any] | None:
+    """The config for a Hugging Face ``Trainer`` of your own (``training_args.json``): the very
+    settings the ``trl sft`` command passes (read from its flags, so there is one mapping of the
+    knobs), split by where each goes: ``TrainingArguments(**training_arguments)``, the model's
+    ``from_pretrained(**model_init_kwargs)``, peft's ``LoraConfig(**lora)`` (null: full fine-tuning)
+    and what TRL's ``SFTConfig`` adds (``sft``: the truncation length, packing, padding). None where
+    the command is not ``trl sft`` (a template of your own, a factory model)."""
+    from transformers import TrainingArguments
+
+    if not spec.uses_trl_sft:
+        return None
+    trainer_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    out: dict[str, Any] = {"training_arguments": {}, "model_init_kwargs": {}, "sft": {},
+                           "lora": lora_kwargs(params) if params.lora_r is not None else None}
+    for name, value in _flags(trl_args(params, max_length, cpu=cpu_threads is not None)).items():
+        if name in MODEL_ARGS:
+            out["model_init_kwargs"][name] = value
+        elif name in trainer_fields:
+            out["training_arguments"][name] = value
+        elif name != "use_peft" and not name.startswith("lora_"):
+            out["sft"][name] = value
+    return out
+
+
+def _flags(words: list[str]) -> dict[str, Any]:
+    """``--name value`` words as ``{name: value}``: ``true``/``false`` as booleans, numbers as numbers."""
+    out: dict[str, Any] = {}
+    name = None
+    for word in words:
+        if word.startswith("--"):
+            name = word[2:]
+            out[name] = None
+        elif name is not None:
+            out[name] = _word_value(word)
+    return out
+
+
+def _word_value(word: str) -> Any:
+    if word in ("true", "false"):
+        return word == "true"
+    for kind in (int, float):
+        try:
+            return kind(word)
+        except ValueError:
+            continue
+    return word

@@ -43,7 +43,15 @@ from trainfit.summary import (
     TrainerCost,
     UnsupportedValue,
 )
-from trainfit.trainer.command import build_command, command_inputs, command_script, initial_model, trl_data_config
+from trainfit.trainer.command import (
+    TRAINING_ARGS_FILE,
+    build_command,
+    command_inputs,
+    command_script,
+    initial_model,
+    training_arguments,
+    trl_data_config,
+)
 from trainfit.tune.html import tune_report_html
 
 
@@ -348,7 +356,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   repeats: Repeats | None = None, trainer_cost: TrainerCost | None = None) -> Summary:
     """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run
     after every trial) and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the
-    spec's data file, and for a ``config:`` model, once a config fits, model/: the random-init model
+    spec's data file, and training_args.json: the best config for a Trainer of one's own, and for a ``config:`` model, once a config fits, model/: the random-init model
     and its tokenizer, for the command to train. ``trainer_cost``: the trainer's own cost the
     speeds and the ranking include (``tune --calibrate``; see ``RunFolder.trainer_cost``)."""
     data_config = None
@@ -376,7 +384,10 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   f"# worst-case batch probed: {len(m.worst_case_lengths)} x {max(m.worst_case_lengths or [0])}; "
                   f"{spec.budget.describe()}")
         params = space.params(trial.values)
-        write_atomically(script, command_script(spec, params, header,
-                                                **command_inputs(params, m, stats, data_config, model_dir)))
+        inputs = command_inputs(params, m, stats, data_config, model_dir)
+        write_atomically(script, command_script(spec, params, header, **inputs))
+        exported = training_arguments(spec, params, **inputs)
+        if exported is not None:  # the same config for a Trainer of one's own
+            write_atomically(output / TRAINING_ARGS_FILE, json.dumps(exported, indent=2) + "\n")
         script.chmod(0o755)
     return summary

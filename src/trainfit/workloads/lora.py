@@ -33,17 +33,22 @@ def lora_alpha(params: Params) -> float:
     return params.lora_alpha if params.lora_alpha is not None else 2 * _rank(params)
 
 
+def lora_kwargs(params: Params) -> dict[str, Any]:
+    """peft ``LoraConfig``'s arguments for ``params``: the adapters the probe trains."""
+    kwargs: dict[str, Any] = {"r": _rank(params), "lora_alpha": lora_alpha(params), "lora_dropout": params.lora_dropout,
+                              "target_modules": _names(params.lora_target_modules)}
+    targets = _names(params.lora_target_parameters)
+    if targets is not None:  # peft >= 0.17 only: passed only when asked for, as TRL does
+        kwargs["target_parameters"] = targets
+    return kwargs
+
+
 def lora_config(params: Params, **extra: Any) -> Any:
     """peft's ``LoraConfig`` for ``params`` (``extra``: e.g. ``task_type``)."""
     from peft import LoraConfig
 
-    kwargs = dict(extra)
-    targets = _names(params.lora_target_parameters)
-    if targets is not None:  # peft >= 0.17 only: passed only when asked for, as TRL does
-        kwargs["target_parameters"] = targets
     # peft annotates lora_alpha as an int, but only divides it by r: the knob's float works as it is.
-    return LoraConfig(r=_rank(params), lora_alpha=lora_alpha(params),  # type: ignore[arg-type]
-                      lora_dropout=params.lora_dropout, target_modules=_names(params.lora_target_modules), **kwargs)
+    return LoraConfig(**lora_kwargs(params), **extra)
 
 
 def trl_lora_args(params: Params) -> list[str]:
