@@ -374,7 +374,7 @@ def test_audio_lengths_are_each_files_duration_from_its_header(tmp_path: Path, c
                        + json.dumps({"path": "wavs/1.wav"}) + "\n")
     skipped = count_lengths(damaged, recipe, on_bad_row="skip", cache_dir=tmp_path / "cache", progress=False)
     assert skipped.bad_rows == 2 and skipped.valid.tolist() == [188]
-    assert "no audio file" in skipped.bad_examples[1]["reason"]
+    assert "No such file" in skipped.bad_examples[1]["reason"]
     assert main(["analyze", str(manifest), "--audio-field", "path", "--frames-per-second", "75", "--quiet"]) == 0
     assert "audio file in 'path'" in capsys.readouterr().out
     from conftest import TINY_LLAMA, make_spec_file
@@ -385,3 +385,23 @@ def test_audio_lengths_are_each_files_duration_from_its_header(tmp_path: Path, c
     spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA},
                                     data={"path": str(manifest), "audio_field": "path", "length_scale": 75}))
     assert analyze_spec(spec, progress=False, cache_dir=tmp_path / "cache").max == 300
+
+
+def test_a_wav_header_that_claims_more_than_the_file_holds_is_not_believed(tmp_path: Path) -> None:
+    """A WAV cut short keeps the header of the whole file, and a streamed one claims 4 GB: the
+    duration is what the file holds; a file of no audio is a bad row, not a length of 0."""
+    from trainfit.data.audio import audio_seconds
+
+    write_wav(tmp_path / "whole.wav", 2.0)
+    data = (tmp_path / "whole.wav").read_bytes()
+    (tmp_path / "cut.wav").write_bytes(data[: len(data) // 4])  # a quarter of it, the header saying 2 s
+    assert audio_seconds(tmp_path / "cut.wav") == pytest.approx(0.5, abs=0.01)
+    streamed = bytearray(data)
+    streamed[40:44] = (0xFFFFFFFF).to_bytes(4, "little")  # the data chunk's size: unknown when written
+    (tmp_path / "streamed.wav").write_bytes(bytes(streamed))
+    assert audio_seconds(tmp_path / "streamed.wav") == pytest.approx(2.0)
+    write_wav(tmp_path / "empty.wav", 0.0)
+    with pytest.raises(ValueError, match="holds no audio"):
+        audio_seconds(tmp_path / "empty.wav")
+    with pytest.raises(ValueError, match="cannot read"):
+        audio_seconds(tmp_path / "gone.wav")

@@ -114,6 +114,7 @@ def test_peak_table_and_unknown_devices() -> None:
     assert peak_flops("NVIDIA RTX A6000", "fp16", False)[0] == 154.8e12
     assert peak_flops("NVIDIA GeForce RTX 2080 Ti", "fp32", False)[0] == 13.4e12
     assert peak_flops("Tesla V100-PCIE-32GB", "fp16", False)[0] == 112e12
+    assert peak_flops("Tesla V100S-PCIE-32GB", "fp16", False)[0] == 130e12
     assert peak_flops("Tesla T4", "fp16", False)[0] == 65e12 and peak_flops("NVIDIA A10", "bf16", False)[0] == 125e12
     assert peak_flops("NVIDIA A10G", "bf16", False) is None and peak_flops("NVIDIA L40", "bf16", False) is None
     assert peak_flops("NVIDIA L4", "bf16", False)[0] == 121e12

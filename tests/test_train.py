@@ -565,3 +565,38 @@ def test_a_loss_that_is_not_finite_stops_the_run_without_saving_the_step(tmp_pat
     assert any("the loss is not finite (nan) at step 6" in line for line in said)
     stop = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines() if '"stop"' in line]
     assert [(e["step"], e["reason"]) for e in stop] == [(6, "diverged")]
+
+
+@pytest.mark.integration
+def test_a_hugging_face_run_whose_loss_turns_nan_keeps_only_the_checkpoints_before_it(tmp_path: Path) -> None:
+    """A real Trainer with trainfit's control saving at every step and logging every 10: the weights
+    turn NaN before step 3. The control has the loss logged before each save, so step 3's NaN stops
+    the run without its save: checkpoints 1 and 2 stay, none holds NaN weights, the run is `diverged`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+    from trainfit.train.callbacks import RunLog, TrainControl
+
+    class Poison(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
+            if state.global_step == 2:  # before step 3 runs: its loss is NaN
+                with torch.no_grad():
+                    next(model.parameters()).fill_(float("nan"))
+
+    cfg = dict(TINY_LLAMA)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    ids = torch.randint(0, 256, (32, 16))
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=8,
+                             report_to="none", save_strategy="no", use_cpu=True, logging_steps=10,
+                             logging_nan_inf_filter=False)  # as trainfit's trl trainer logs (train/sft.py)
+    control = TrainControl(every_s=0.0, keep=10, log=RunLog(tmp_path / "log.jsonl"), started_at=time.time(),
+                           say=lambda line: None)
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[control, Poison()]).train()
+    assert control.stopped == "diverged"
+    saved = sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*"))
+    assert saved == ["checkpoint-1", "checkpoint-2"]
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "out" / "checkpoint-2" / "model.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values())

@@ -5,6 +5,7 @@ trainfit saved, the bundled data, the Hub switched off)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -169,6 +170,9 @@ def test_the_readme_main_job_writes_a_command_that_trains_as_written(tmp_path: P
     assert (args.per_device_train_batch_size, args.bf16, args.use_cpu) == (1, True, True)
     sft = SFTConfig(output_dir=str(tmp_path / "own"), **exported["training_arguments"], **exported["sft"])
     assert sft.max_length == 64 and exported["model_init_kwargs"] == {"attn_implementation": "sdpa", "dtype": "bfloat16"}
+    sft_default = {f.name: f.default for f in dataclasses.fields(SFTConfig)}["learning_rate"]
+    assert args.learning_rate == sft_default != TrainingArguments.learning_rate  # trl sft's rate, not a Trainer's
+    assert exported["notes"] and "use_cpu" in exported["notes"][0]  # measured on a CPU: what to drop on a GPU
     lora = LoraConfig(**exported["lora"])
     assert (lora.r, lora.lora_alpha) == (adapter["r"], adapter["lora_alpha"])  # the adapters the command trained
 

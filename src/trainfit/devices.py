@@ -45,13 +45,16 @@ PEAK_FLOPS: tuple[tuple[str, PeakFlops], ...] = (
     ("L40S", PeakFlops(362.05e12, 183e12, 91.6e12, "NVIDIA L40S datasheet (dense = half the sparsity figures)")),
     (r"\bL4$", PeakFlops(121e12, 60e12, 30.3e12, "NVIDIA L4 datasheet (dense = half the sparsity figures)")),
     (r"\bA10$", PeakFlops(125e12, 62.5e12, 31.2e12, "NVIDIA A10 datasheet (dense = half the sparsity figures)")),
-    (r"RTX A6000$", PeakFlops(154.8e12, 77.4e12, 38.7e12, "NVIDIA RTX A6000 datasheet (dense; BF16 with FP32 "
-                                                           "accumulate)")),
+    (r"RTX A6000$", PeakFlops(154.8e12, 77.4e12, 38.7e12, GA102 + ": RTX A6000 (a workstation card: FP32 "
+                                                           "accumulate at the full rate)")),
     (r"RTX 4090$", PeakFlops(165.2e12, 82.6e12, 82.6e12, ADA + ": GeForce RTX 4090")),
-    (r"RTX 3090 Ti$", PeakFlops(80e12, 40e12, 40e12, GA102 + ": GeForce RTX 3090 Ti")),
+    (r"RTX 3090 Ti$", PeakFlops(80e12, 40e12, 40e12, "GeForce RTX 3090 Ti (after the GA102 whitepaper: its 84 SMs "
+                                                      "at 1.86 GHz, counted as the whitepaper counts the 3090)")),
     (r"RTX 3090$", PeakFlops(71e12, 35.6e12, 35.6e12, GA102 + ": GeForce RTX 3090")),
-    (r"RTX 3080$", PeakFlops(59.5e12, 29.8e12, 29.8e12, GA102 + ": GeForce RTX 3080")),
+    (r"RTX 3080$", PeakFlops(59.5e12, 29.8e12, 29.8e12, GA102 + ": GeForce RTX 3080 (10 GB; the 12 GB card, same "
+                                                        "name, has 70 SMs: about 3% more)")),
     (r"RTX 2080 Ti$", PeakFlops(53.8e12, 13.4e12, 13.4e12, TURING + ": GeForce RTX 2080 Ti")),
+    (r"V100S", PeakFlops(130e12, 16.4e12, 16.4e12, "NVIDIA V100S datasheet, PCIe (tensor FP16; no BF16, no TF32)")),
     (r"V100-PCIE", PeakFlops(112e12, 14e12, 14e12, "NVIDIA V100 datasheet, PCIe (tensor FP16; no BF16, no TF32)")),
     (r"V100", PeakFlops(125e12, 15.7e12, 15.7e12, "NVIDIA V100 datasheet, SXM2 (tensor FP16; no BF16, no TF32)")),
     (r"\bT4$", PeakFlops(65e12, 8.1e12, 8.1e12, "NVIDIA T4 datasheet (mixed-precision FP16; no BF16, no TF32)")),

@@ -40,7 +40,7 @@ Writes to the output folder: train.json, checkpoint-STEP/, train_log.jsonl (one 
 log, checkpoint and stop), the trained model, train_result.json; and RUN_DIR/actual.json (the
 actual time against the plan's ETA) when a planned run finishes.
 Exit status: 0 finished, 2 bad input (a clear error, nothing lost), 3 stopped by the deadline,
-130/143/129 stopped by Ctrl-C/SIGTERM/SIGHUP.
+4 stopped at a loss that is not finite (no save), 130/143/129 stopped by Ctrl-C/SIGTERM/SIGHUP.
 """
 
 STOP_STATUS = {"deadline": 3, "diverged": 4, **{s.name: 128 + s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}}
@@ -90,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nstopped by {result.stopped_by} at once, {_lost(result)}; continue: {result.resume}")
         return STOP_STATUS.get(result.stopped_by or "", 1)
     if result.stopped_by == "diverged":  # no save: a resume starts from the last checkpoint, before it
-        print(f"\nstopped: the loss is not finite{_steps(result)}; the last checkpoint is from before it. Lower the "
-              f"learning rate (or train in bf16 rather than fp16), then continue: {result.resume}")
+        print(f"\nstopped: the loss is not finite{_steps(result)}; the last checkpoint is from before it. Train "
+              "again into a new --output with a lower learning rate (-- --learning_rate X), or in bf16 rather than "
+              "fp16: a resume repeats the same steps")
         return STOP_STATUS["diverged"]
     saved = ", with a checkpoint" if result.step is not None else " (your trainer was told; its checkpoints are its own)"
     print(f"\nstopped by {result.stopped_by}{_steps(result)}{saved}; continue: {result.resume}")

@@ -12,21 +12,34 @@ from trainfit.errors import TrainfitError
 
 def audio_seconds(path: Path) -> float:
     """The duration of the audio file ``path`` in seconds. A file that cannot be read (missing, not
-    audio, damaged) raises ``ValueError`` with the reason: the row is bad, not the run. A format
-    only ``soundfile`` reads, without it installed, raises :class:`TrainfitError`: every row would be
-    bad alike."""
-    if not path.is_file():
-        raise ValueError(f"no audio file {path}")
-    if path.suffix.lower() == ".wav":
+    audio, damaged, empty, not ours to read) raises ``ValueError`` with the reason: the row is bad,
+    not the run. A format only ``soundfile`` reads, without it installed, raises
+    :class:`TrainfitError`: every row would be bad alike."""
+    try:
+        if path.suffix.lower() == ".wav":
+            return _wav_seconds(path)
+        return _soundfile_seconds(path)
+    except OSError as err:  # missing, a folder, no permission
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def _wav_seconds(path: Path) -> float:
+    """A WAV's frames over its rate; the frames the file holds where its header claims more (a file
+    cut short, a streamed WAV whose header says 4 GB)."""
+    with path.open("rb") as file:
         try:
-            with wave.open(str(path), "rb") as f:
-                rate = f.getframerate()
-                return f.getnframes() / rate if rate else 0.0
+            with wave.open(file, "rb") as f:
+                rate, frames, block = f.getframerate(), f.getnframes(), f.getnchannels() * f.getsampwidth()
+                data_start = file.tell()  # the header read, up to the data chunk
         except (wave.Error, EOFError) as err:  # e.g. a float WAV, which only soundfile reads
-            if not _has_soundfile():
-                raise ValueError(f"{path.name} is no WAV the standard library reads ({err}); "
-                                 "pip install soundfile to read it") from None
-    return _soundfile_seconds(path)
+            if _has_soundfile():
+                return _soundfile_seconds(path)
+            raise ValueError(f"{path.name} is no WAV the standard library reads ({err})") from None
+        held = (path.stat().st_size - data_start) // block if block else 0
+    frames = min(frames, max(0, held))
+    if rate <= 0 or frames <= 0:
+        raise ValueError(f"{path.name} holds no audio ({frames} frames at {rate} Hz)")
+    return frames / rate
 
 
 def _has_soundfile() -> bool:
@@ -43,5 +56,5 @@ def _soundfile_seconds(path: Path) -> float:
 
     try:
         return float(soundfile.info(str(path)).duration)
-    except (RuntimeError, soundfile.LibsndfileError) as err:
+    except RuntimeError as err:  # soundfile's LibsndfileError is one (0.11+), its older error too
         raise ValueError(f"{path.name} is no audio soundfile reads: {err}") from None

@@ -181,6 +181,9 @@ def _start_count(path: Path, recipe: LengthRecipe, ckpt: Checkpoint, *, fmt: str
     bar = Progress(f"counting {path.name}", total=estimate_rows(path, fmt), enabled=progress, done=resumed_at)
     if resumed_at:
         notes.append(f"resumed an interrupted count at row {resumed_at:,}")
+    if recipe.audio_field and recipe.length_scale == 1:
+        notes.append("audio lengths are in seconds (length_scale 1): give the frames a second your model makes of "
+                     "them (--frames-per-second; in a spec, data.length_scale)")
     return _Count(path=path, recipe=recipe, on_bad_row=on_bad_row, tokenizer=tokenizer, ckpt=ckpt,
                   use_cache=use_cache, checkpoint_every_s=checkpoint_every_s, on_batch=on_batch, bar=bar,
                   resumed_at=resumed_at, lengths=done, bad_rows=int(state.get("bad_rows", 0)),

@@ -149,7 +149,7 @@ def field_length(row: dict[str, Any], recipe: LengthRecipe) -> tuple[int, Any]:
     if value is None:
         raise _null([name])
     if recipe.audio_field:
-        if not isinstance(value, str):
+        if not isinstance(value, str) or not value:
             raise TypeError(f"{name!r} holds {_shown(value)}, not the path of an audio file")
         path = Path(value) if recipe.audio_root is None else Path(recipe.audio_root) / value  # an absolute value wins
         return int(np.ceil(audio_seconds(path) * recipe.length_scale)), value

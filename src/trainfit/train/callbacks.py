@@ -153,6 +153,9 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
             self.log.write("stop", step=step, reason=reason)
         if reason is not None or self.interval.due(now) or step >= state.max_steps:
             control.should_save = True
+            # The trainer logs before it saves: the loss since the last log is seen first, and a loss that is
+            # not finite cancels the save (``diverged``) rather than checkpointing the weights it reached.
+            control.should_log = True
             self.save_began = now
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
@@ -160,7 +163,7 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         self.log.write("log", step=int(state.global_step), max_steps=int(state.max_steps),
                        elapsed_s=round(time.time() - self.started_at, 3), **(logs or {}))
         loss = (logs or {}).get("loss")
-        if isinstance(loss, (int, float)) and not math.isfinite(loss) and self.stopped is None:
+        if isinstance(loss, (int, float)) and not math.isfinite(loss) and self.stopped != "diverged":
             self.diverged(int(state.global_step), loss, control)
 
     def diverged(self, step: int, loss: float, control: Any) -> None:
@@ -171,7 +174,8 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         control.should_training_stop = True
         control.should_save = False  # the step's end may have asked for one (an interval, the last step)
         self.say(f"trainfit: the loss is not finite ({loss}) at step {step:,}: stopping without a save (the last "
-                 "checkpoint is from before it); lower the learning rate, or train in bf16 rather than fp16")
+                 "checkpoint is from before it); train again into a new --output with a lower learning rate "
+                 "(-- --learning_rate X), or in bf16 rather than fp16")
         self.log.write("stop", step=step, reason="diverged", loss=str(loss))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -67,7 +67,7 @@ class Status(Record):
         if final:
             out |= {"optimization/estimated_hours": self.planned_s / 3600, "optimization/actual_hours": self.elapsed_s / 3600,
                     "optimization/time_accuracy": 100 * self.planned_s / self.elapsed_s if self.elapsed_s > 0 else 0.0}
-        return {name: round(value, 6) for name, value in out.items()}
+        return out
 
     @property
     def line(self) -> str:
@@ -239,8 +239,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
     start-up); None: the time counts from the trainer's start, plus the plan's start-up. The pace
     is that of the steps this process ran, so a resumed run projects from its own steps.
     ``on_status``: also called with each :class:`Status` (``trainfit train`` logs them). Given the
-    trainer (:meth:`watch`), each status also goes into the trainer's own logs
-    (:meth:`Status.figures`), so every ``report_to`` service receives it."""
+    trainer (:meth:`watch`), each status's figures (:meth:`Status.figures`) also reach its callbacks
+    as its own logs do, so every ``report_to`` service receives them."""
 
     def __init__(self, plan: Plan | str | Path, every_s: float = 60.0, started_at: float | None = None,
                  on_status: Callable[[Status], None] | None = None) -> None:
@@ -280,8 +280,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         """Weigh each batch ``trainer``'s training data loader collates by the plan's step cost
         (see :func:`observe_train_batches`), so the pace is measured against the work the batches
         held; returns ``trainer``. accelerate's data loader collates one batch ahead of the one
-        that trains: the latest seen is left out until the run ends. Each status then goes into the
-        trainer's logs too (:meth:`Status.figures`)."""
+        that trains: the latest seen is left out until the run ends. Each status's figures then reach
+        the trainer's ``report_to`` services too (:meth:`Status.figures`)."""
         self.trainer = trainer
         return observe_train_batches(trainer, self.observe)
 
@@ -313,12 +313,23 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
             # This process's first step carries the warm-up (allocations, lazy initialization) that the
             # plan prices once in its start-up: the pace is measured from its end.
             self.warm = self._done(state, ahead=True)
-        if time.monotonic() - self.last >= self.every_s:
+        last = int(state.global_step) >= int(state.max_steps)
+        if last or time.monotonic() - self.last >= self.every_s:
             self._report(state, ahead=True)
+            # The figures go to the trainer's services as the run goes and at its last step (not at its end:
+            # they close their runs in their own on_train_end, which the trainer calls before this callback's).
+            self._to_services(self.latest.figures(final=last) if self.latest else {})
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.start is not None:
             self._report(state, ahead=False)
+
+    def _to_services(self, figures: dict[str, float]) -> None:
+        """``figures`` to every callback of the watched trainer's ``on_log`` (its ``report_to``
+        services among them), as the trainer's own logs reach them; not through ``trainer.log``,
+        which would also take TRL's running metrics (token accuracy...) out of its next loss line."""
+        if self.trainer is not None and figures:
+            self.trainer.callback_handler.on_log(self.trainer.args, self.trainer.state, self.trainer.control, figures)
 
     def _done(self, state: Any, ahead: bool) -> Pace:
         """What this process did until now: since its start, the steps, their batches' expected
@@ -344,8 +355,6 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         from tqdm import tqdm  # type: ignore[import-untyped]
 
         tqdm.write(f"trainfit: {self.latest.line}", file=sys.stderr)  # above the trainer's bar, not inside it
-        if self.trainer is not None:  # the trainer hands its logs to every report_to service
-            self.trainer.log(self.latest.figures(final=not ahead))
         if self.on_status is not None:
             self.on_status(self.latest)
         if self.out is not None:

@@ -22,6 +22,7 @@ from trainfit.spec import Spec
 from trainfit.template import render_template
 from trainfit.workloads.hf import save_initial_model
 from trainfit.workloads.lora import lora_kwargs, trl_lora_args
+from trainfit.workloads.step import Schedule
 
 if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats
@@ -276,15 +277,25 @@ def training_arguments(spec: Spec, params: Params, *, max_length: int | None = N
     settings the ``trl sft`` command passes (read from its flags, so there is one mapping of the
     knobs), split by where each goes: ``TrainingArguments(**training_arguments)``, the model's
     ``from_pretrained(**model_init_kwargs)``, peft's ``LoraConfig(**lora)`` (null: full fine-tuning)
-    and what TRL's ``SFTConfig`` adds (``sft``: the truncation length, packing, padding). None where
-    the command is not ``trl sft`` (a template of your own, a factory model)."""
-    from transformers import TrainingArguments
-
+    and what TRL's ``SFTConfig`` adds (``sft``: the truncation length, packing, padding). The epochs
+    and the learning-rate schedule are those ``trl sft`` trains with (its ``SFTConfig``'s defaults,
+    which a plain ``TrainingArguments`` does not share), and ``notes`` what to change on another
+    machine. None where the command is not ``trl sft`` (a template of your own, a factory model)."""
     if not spec.uses_trl_sft:
         return None
+    from transformers import TrainingArguments
+
     trainer_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    out: dict[str, Any] = {"training_arguments": {}, "model_init_kwargs": {}, "sft": {},
-                           "lora": lora_kwargs(params) if params.lora_r is not None else None}
+    schedule = Schedule()  # TRL's SFTConfig defaults: what the trl sft command trains with
+    lora = None if params.lora_r is None else {**lora_kwargs(params), "task_type": "CAUSAL_LM", "bias": "none"}
+    out: dict[str, Any] = {"training_arguments": {
+        "num_train_epochs": spec.tune.epochs, "learning_rate": schedule.learning_rate,
+        "lr_scheduler_type": schedule.lr_scheduler_type, "warmup_steps": schedule.warmup_steps,
+        "weight_decay": schedule.weight_decay, "max_grad_norm": schedule.max_grad_norm},
+        "model_init_kwargs": {}, "sft": {}, "lora": lora,
+        "notes": [] if cpu_threads is None else [
+            "use_cpu: true and tf32: false: the config was measured on a CPU, so it trains on one; on a GPU machine "
+            "drop use_cpu, and probe there: speed and memory differ"]}
     for name, value in _flags(trl_args(params, max_length, cpu=cpu_threads is not None)).items():
         if name in MODEL_ARGS:
             out["model_init_kwargs"][name] = value
