@@ -70,4 +70,7 @@ def test_a_count_cut_short_leaves_no_line_in_a_log() -> None:
 def test_words() -> None:
     assert progress_words(1200, 5000, "rows", 400.0, 3.0) == "1,200/5,000 rows (24%) | 400 rows/s, ETA 10s | elapsed 3s"
     assert progress_words(6000, 5000, "rows", 0.0, 83.0, "x") == "6,000 rows, 0 rows/s | elapsed 1m23s | x"
+    # A slow count keeps its digits: a training loop's 0.17 steps/s once read "0 steps/s" (issue 34).
+    assert progress_words(3, 100, "steps", 0.17, 18.0).startswith("3/100 steps (3%) | 0.17 steps/s, ETA 9m31s")
+    assert progress_words(3, None, "steps", 2.456, 1.0) == "3 steps, 2.5 steps/s | elapsed 1s"
     assert format_duration(None) == "?" and format_duration(3700) == "1h01m"

@@ -13,7 +13,7 @@ import functools
 import sys
 from typing import Any, TextIO
 
-from trainfit.format import format_duration
+from trainfit.format import fmt_num, format_duration
 
 
 def progress_words(done: int, total: int | None, unit: str, rate: float, elapsed_s: float, note: str = "") -> str:
@@ -22,9 +22,9 @@ def progress_words(done: int, total: int | None, unit: str, rate: float, elapsed
     if total and done <= total:
         eta = (total - done) / rate if rate > 0 else None
         parts = [f"{done:,}/{total:,} {unit} ({100.0 * done / total:.0f}%)",
-                 f"{rate:,.0f} {unit}/s, ETA {format_duration(eta)}"]
+                 f"{fmt_num(rate, 2)} {unit}/s, ETA {format_duration(eta)}"]
     else:
-        parts = [f"{done:,} {unit}, {rate:,.0f} {unit}/s"]
+        parts = [f"{done:,} {unit}, {fmt_num(rate, 2)} {unit}/s"]
     parts.append(f"elapsed {format_duration(elapsed_s)}")
     if note:
         parts.append(note)
