@@ -18,6 +18,7 @@ from trainfit.ablate import (
     TOGETHER,
     Row,
     all_together,
+    as_baseline,
     helped,
     reference,
     row_of,
@@ -49,6 +50,19 @@ def test_a_row_is_its_speed_and_memory_against_the_mean_baseline_with_the_drift_
                               unsupported={"knob": "attention", "value": "flash_attention_2"})
     flash = with_ratios(row_of("flash", {"attention": "flash_attention_2"}, unsupported), ref, drift)
     assert flash.status == "unavailable" and flash.reason == "needs a CUDA GPU" and flash.speedup is None
+
+
+def test_the_baseline_is_x1_by_definition_and_an_interval_that_reaches_zero_reads_up_to() -> None:
+    """The baseline's own row is x1.00 (the ratios are against it), within its spread; a ratio whose
+    interval reaches 0 (a spread past 100%: x1.61 (-5.41-8.64) once) reads "up to HIGH", as a plan says it."""
+    from trainfit.ablate.outputs import cells
+
+    first = row_of("baseline", {}, measurement(10.0, 2.0, ci=0.03))
+    base = as_baseline(first)
+    assert (base.speedup, base.speedup_low, base.speedup_high, base.memory_change) == pytest.approx((1.0, 0.97, 1.03, 0.0))
+    noisy = with_ratios(row_of("sdpa", {"attention": "sdpa"}, measurement(16.1, 2.0, ci=4.0)), first, 0.0)
+    assert noisy.speedup_low == 0.0 and noisy.speedup_high > 1
+    assert cells(base)[2] == "x1.00 (0.97-1.03)" and cells(noisy)[2].startswith("x1.61 (up to ")
 
 
 def test_what_helped_goes_together_the_fastest_of_rival_values_first() -> None:
