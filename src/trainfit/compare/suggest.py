@@ -13,12 +13,15 @@ from trainfit.compare.configs import TRAINING_KEYS
 from trainfit.compare.runs import ConfigRun
 from trainfit.json_record import Record
 
-SAME_LOSS = 0.02
-"""Two final losses within 2% of each other are the same result."""
+SAME_LOSS = 0.1
+"""Two final losses apart by at most a tenth of the larger of the two runs' own drop (their first
+tenth's loss to their final one) are the same result: a window relative to what the runs learned,
+not to the loss's absolute value (2% of a loss of 7.6 was wider than a whole run's drop of 0.055)."""
 SLOWER = 0.9
 """A config at less than 0.9x another's speed is slower."""
-STILL_FALLING = 0.01
-"""A loss still falls when its last quarter's mean is 1% below its third quarter's."""
+STILL_FALLING = 0.05
+"""A train loss still falls when its last quarter's mean is below its third quarter's by 5% of the
+run's own drop so far; an eval loss, when it fell at each of the last two passes."""
 SAME_WORK_APART = 0.8
 """Two configs that train the same shapes (they differ only in training values, which cost no
 time) and ran with the slower under 0.8x the faster: the machine's speed changed between them."""
@@ -51,6 +54,24 @@ def final_loss(run: ConfigRun) -> float | None:
         return run.evals[-1][2]
     tail = last_tenth(run)
     return statistics.fmean(tail) if tail else None
+
+
+def loss_drop(run: ConfigRun) -> float:
+    """What a run learned: the mean of its first tenth of train losses less its final loss (0 where
+    it learned nothing, or logged too little to tell)."""
+    losses, final = train_losses(run), final_loss(run)
+    if not losses or final is None:
+        return 0.0
+    return max(0.0, statistics.fmean(losses[:max(1, len(losses) // 10)]) - final)
+
+
+def same_result(a: ConfigRun, b: ConfigRun) -> bool:
+    """Whether two runs' final losses are the same result (:data:`SAME_LOSS`)."""
+    loss_a, loss_b = final_loss(a), final_loss(b)
+    if loss_a is None or loss_b is None:
+        return False
+    drop = max(loss_drop(a), loss_drop(b))
+    return abs(loss_a - loss_b) <= SAME_LOSS * drop if drop > 0 else loss_a == loss_b
 
 
 def loss_noise(run: ConfigRun) -> float | None:
@@ -110,7 +131,7 @@ def _too_close(order: list[str], runs: dict[str, ConfigRun], given: dict[str, di
                steps: int | None) -> list[Suggestion]:
     """The best and the runner-up, where their final losses do not tell them apart: within twice
     the noise of their gap (:func:`_gap_noise`), or too few losses to know it and (for eval
-    losses) within :data:`SAME_LOSS`. Both go to the next round, and where the runner-up trained
+    losses) the same result (:func:`same_result`). Both go to the next round, and where the runner-up trained
     faster, that is said: at equal loss it is the better config."""
     if len(order) < 2:
         return []
@@ -125,8 +146,8 @@ def _too_close(order: list[str], runs: dict[str, ConfigRun], given: dict[str, di
     both = {best: dict(given[best]), second: dict(given[second])}
     losses = f"final {'eval' if evals else 'train'} losses {a:.4g} and {b:.4g}"
     if noise is None:
-        if evals and b - a > SAME_LOSS * abs(a):
-            return []  # an eval loss on a shared set, apart by more than 2%: no scatter needed to tell
+        if evals and not same_result(runs[best], runs[second]):
+            return []  # an eval loss on a shared set, apart past the runs' own window: no scatter needed to tell
         return [Suggestion(says=f"too few {'evaluations' if evals else 'steps'} to tell {best} from {second}: {how}"
                                 + _faster(runs[best], runs[second], second),
                            evidence=f"{losses}; {basis}", configs=both)]
@@ -150,12 +171,17 @@ def _faster(best: ConfigRun, second: ConfigRun, name: str) -> str:
 
 
 def still_falling(run: ConfigRun) -> bool:
-    """Its train loss's last quarter is below its third quarter by :data:`STILL_FALLING` or more."""
+    """Its eval loss fell at each of its last two passes, or its train loss's last quarter is below
+    its third quarter by :data:`STILL_FALLING` of what the run learned so far."""
+    evals = [x[2] for x in run.evals if x[2] is not None]
+    if len(evals) >= 3 and evals[-1] < evals[-2] < evals[-3]:
+        return True
     losses = train_losses(run)
     if len(losses) < 8:
         return False
     q = len(losses) // 4
-    return statistics.fmean(losses[-q:]) < (1 - STILL_FALLING) * statistics.fmean(losses[-2 * q:-q])
+    fell = statistics.fmean(losses[-2 * q:-q]) - statistics.fmean(losses[-q:])
+    return fell > 0 and fell >= STILL_FALLING * loss_drop(run)
 
 
 def ranked(runs: dict[str, ConfigRun]) -> list[str]:
@@ -173,9 +199,12 @@ def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target
     out += [_does_not_fit(name, given[name], run, defaults or {}) for name, run in runs.items()
             if run.status in ("over_budget", "out_of_memory")]
     if order:
+        capacity, kept = _capacity(given, runs, order)
+        if order[0] in kept:  # the lowest loss, matched by a smaller rank: that one is the best, as "keep" says
+            order.insert(0, order.pop(order.index(kept[order[0]])))
         best = order[0]
         out += _learning_rate_edge(best, given, runs, order)
-        out += _capacity(given, runs, order)
+        out += capacity
         if still_falling(runs[best]):
             out.append(Suggestion(says=f"train {best} longer" + (f" (e.g. --steps {2 * steps})" if steps else ""),
                                   evidence=f"its loss was still falling at the end: {_quarters(runs[best])}"))
@@ -253,9 +282,12 @@ def _learning_rate_edge(best: str, given: dict[str, dict[str, Any]], runs: dict[
     return []
 
 
-def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], order: list[str]) -> list[Suggestion]:
-    """A larger LoRA rank that matched a smaller one's loss, slower: keep the smaller."""
-    out = []
+def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun],
+              order: list[str]) -> tuple[list[Suggestion], dict[str, str]]:
+    """A larger LoRA rank that matched a smaller one's loss, slower: keep the smaller. Also which
+    config each larger one gives way to."""
+    out: list[Suggestion] = []
+    kept: dict[str, str] = {}
     for big in order:
         for small in order:
             r_big, r_small = given[big].get("lora_r"), given[small].get("lora_r")
@@ -266,12 +298,13 @@ def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], orde
             if None in (loss_big, loss_small, speed_big, speed_small):
                 continue
             ratio = speed_big / speed_small  # type: ignore[operator]
-            if abs(loss_big - loss_small) <= SAME_LOSS * loss_small and ratio < SLOWER:  # type: ignore[operator]
+            if same_result(runs[big], runs[small]) and ratio < SLOWER:
+                kept.setdefault(big, small)
                 out.append(Suggestion(says=f"r={r_big} ({big}) matched r={r_small} ({small}) at {ratio:.2f}x the "
                                            f"speed: keep {r_small}",
                                       evidence=f"final loss {loss_big:.4g} against {loss_small:.4g}; "
                                                f"{speed_big:.3g} against {speed_small:.3g} samples/s"))
-    return out
+    return out, kept
 
 
 def _machine_changed(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun]) -> list[Suggestion]:
