@@ -335,6 +335,10 @@ def _training_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def _quarters(run: ConfigRun) -> str:
+    """Why :func:`still_falling` says so: its last eval passes, else its train loss's last two quarters."""
+    evals = [x[2] for x in run.evals if x[2] is not None]
+    if len(evals) >= 3 and evals[-1] < evals[-2] < evals[-3]:
+        return "eval loss " + " -> ".join(f"{x:.4g}" for x in evals[-3:]) + " over its last passes"
     losses = train_losses(run)
     q = len(losses) // 4
     return (f"mean {statistics.fmean(losses[-2 * q:-q]):.4g} in the third quarter of its steps, "
