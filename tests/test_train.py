@@ -21,7 +21,6 @@ from conftest import EXAMPLES, TINY_LLAMA, make_spec_file, tune_one_lora_config,
 
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
-from trainfit.train.prepare import differences
 from trainfit.train.callbacks import Interval, deadline_near
 from trainfit.train.checkpoints import (
     MARK,
@@ -32,7 +31,9 @@ from trainfit.train.checkpoints import (
     mark_complete,
     rotate,
 )
-from trainfit.train.sft import flags, split_command
+from trainfit.train.prepare import differences
+from trainfit.train.sft import split_command
+from trainfit.trainer.command import flags
 
 
 def fake_checkpoint(run: Path, step: int, complete: bool = True) -> Path:
@@ -155,9 +156,9 @@ def test_trl_sft_as_train_runs_it_pads_each_batch_to_the_multiple(tmp_path: Path
     """The written command's `--pad_to_multiple_of` reaches the collator `trainfit train` trains
     with (TRL's trainer, built from the command as `trl sft` builds it): every batch of an epoch
     of long-tailed texts is a multiple of 24 long, some past the 64 the samples are truncated at."""
-    from trainfit.trainer.command import trl_command, trl_data_config
     from trainfit.spec import load_spec
     from trainfit.train.sft import build_trainer
+    from trainfit.trainer.command import trl_command, trl_data_config
     from trainfit.workloads.hf import save_initial_model
 
     data = tmp_path / "train.jsonl"

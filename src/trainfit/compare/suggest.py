@@ -173,8 +173,7 @@ def _faster(best: ConfigRun, second: ConfigRun, name: str) -> str:
 def still_falling(run: ConfigRun) -> bool:
     """Its eval loss fell at each of its last two passes, or its train loss's last quarter is below
     its third quarter by :data:`STILL_FALLING` of what the run learned so far."""
-    evals = [x[2] for x in run.evals if x[2] is not None]
-    if len(evals) >= 3 and evals[-1] < evals[-2] < evals[-3]:
+    if _evals_falling(run):
         return True
     losses = train_losses(run)
     if len(losses) < 8:
@@ -182,6 +181,13 @@ def still_falling(run: ConfigRun) -> bool:
     q = len(losses) // 4
     fell = statistics.fmean(losses[-2 * q:-q]) - statistics.fmean(losses[-q:])
     return fell > 0 and fell >= STILL_FALLING * loss_drop(run)
+
+
+def _evals_falling(run: ConfigRun) -> list[float]:
+    """The last three eval losses where each is below the one before (the loss fell at each of the
+    last two passes), else none."""
+    evals = [x[2] for x in run.evals if x[2] is not None][-3:]
+    return evals if len(evals) == 3 and evals[2] < evals[1] < evals[0] else []
 
 
 def ranked(runs: dict[str, ConfigRun]) -> list[str]:
@@ -336,9 +342,8 @@ def _training_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 def _quarters(run: ConfigRun) -> str:
     """Why :func:`still_falling` says so: its last eval passes, else its train loss's last two quarters."""
-    evals = [x[2] for x in run.evals if x[2] is not None]
-    if len(evals) >= 3 and evals[-1] < evals[-2] < evals[-3]:
-        return "eval loss " + " -> ".join(f"{x:.4g}" for x in evals[-3:]) + " over its last passes"
+    if falling := _evals_falling(run):
+        return "eval loss " + " -> ".join(f"{x:.4g}" for x in falling) + " over its last passes"
     losses = train_losses(run)
     q = len(losses) // 4
     return (f"mean {statistics.fmean(losses[-2 * q:-q]):.4g} in the third quarter of its steps, "

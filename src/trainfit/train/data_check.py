@@ -11,7 +11,7 @@ from typing import NoReturn
 from trainfit.data.readers import fingerprint
 from trainfit.errors import TrainfitError
 from trainfit.summary import RecordedSpec
-from trainfit.train.sft import flags
+from trainfit.trainer.command import flags
 
 
 def trained_files(spec: RecordedSpec, argv: Sequence[str] | None = None) -> list[str]:

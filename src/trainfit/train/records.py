@@ -22,7 +22,7 @@ from trainfit.json_record import Malformed, Record, check_schema
 from trainfit.plan.eval_pass import Evaluation
 from trainfit.summary import RecordedSpec
 from trainfit.train.data_check import trained_files
-from trainfit.train.sft import flags
+from trainfit.trainer.command import flags
 
 R = TypeVar("R", bound=Record)
 

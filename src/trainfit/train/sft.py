@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
-from trainfit.trainer.command import TRL_COMMAND
+from trainfit.trainer.command import TRL_COMMAND, flags
 
 
 def split_command(command: str) -> tuple[int | None, list[str]]:
@@ -30,19 +30,6 @@ def split_command(command: str) -> tuple[int | None, list[str]]:
                             "train from a tune folder whose train_command.sh runs `trl sft`")
     threads, rest = match.groups()
     return (int(threads) if threads else None), shlex.split(rest)
-
-
-def flags(argv: Sequence[str]) -> dict[str, str]:
-    """``--flag value`` pairs of ``argv`` (a later flag wins; a flag with no value maps to "")."""
-    out: dict[str, str] = {}
-    key = None
-    for token in argv:
-        if token.startswith("--"):
-            key = token[2:]
-            out[key] = ""
-        elif key is not None:
-            out[key] = f"{out[key]} {token}".strip()
-    return out
 
 
 def relocated(argv: Sequence[str], run_dir: Path) -> list[str]:

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -296,7 +297,8 @@ def training_arguments(spec: Spec, params: Params, *, max_length: int | None = N
         "notes": [] if cpu_threads is None else [
             "use_cpu: true and tf32: false: the config was measured on a CPU, so it trains on one; on a GPU machine "
             "drop use_cpu, and probe there: speed and memory differ"]}
-    for name, value in _flags(trl_args(params, max_length, cpu=cpu_threads is not None)).items():
+    for name, word in flags(trl_args(params, max_length, cpu=cpu_threads is not None)).items():
+        value = _word_value(word)
         if name in MODEL_ARGS:
             out["model_init_kwargs"][name] = value
         elif name in trainer_fields:
@@ -306,20 +308,21 @@ def training_arguments(spec: Spec, params: Params, *, max_length: int | None = N
     return out
 
 
-def _flags(words: list[str]) -> dict[str, Any]:
-    """``--name value`` words as ``{name: value}``: ``true``/``false`` as booleans, numbers as numbers."""
-    out: dict[str, Any] = {}
-    name = None
-    for word in words:
-        if word.startswith("--"):
-            name = word[2:]
-            out[name] = None
-        elif name is not None:
-            out[name] = _word_value(word)
+def flags(argv: Sequence[str]) -> dict[str, str]:
+    """``--flag value`` pairs of ``argv`` (a later flag wins; a flag with no value maps to "")."""
+    out: dict[str, str] = {}
+    key = None
+    for token in argv:
+        if token.startswith("--"):
+            key = token[2:]
+            out[key] = ""
+        elif key is not None:
+            out[key] = f"{out[key]} {token}".strip()
     return out
 
 
 def _word_value(word: str) -> Any:
+    """A flag's value as JSON holds it: ``true``/``false`` as booleans, numbers as numbers."""
     if word in ("true", "false"):
         return word == "true"
     for kind in (int, float):
