@@ -272,8 +272,8 @@ TRAINING_ARGS_FILE = "training_args.json"
 MODEL_ARGS = ("attn_implementation", "dtype")
 
 
-def training_arguments(spec: Spec, params: Params, *, max_length: int | None = None, cpu_threads: int | None = None,
-                       **_: Any) -> dict[str, Any] | None:
+def training_arguments(spec: Spec, params: Params, *, max_length: int | None = None,
+                       cpu_threads: int | None = None) -> dict[str, Any] | None:
     """The config for a Hugging Face ``Trainer`` of your own (``training_args.json``): the very
     settings the ``trl sft`` command passes (read from its flags, so there is one mapping of the
     knobs), split by where each goes: ``TrainingArguments(**training_arguments)``, the model's

@@ -386,7 +386,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
         params = space.params(trial.values)
         inputs = command_inputs(params, m, stats, data_config, model_dir)
         write_atomically(script, command_script(spec, params, header, **inputs))
-        exported = training_arguments(spec, params, **inputs)
+        exported = training_arguments(spec, params, max_length=inputs["max_length"], cpu_threads=inputs["cpu_threads"])
         if exported is not None:  # the same config for a Trainer of one's own
             write_atomically(output / TRAINING_ARGS_FILE, json.dumps(exported, indent=2) + "\n")
         script.chmod(0o755)
