@@ -36,7 +36,8 @@ def scaled(params: trainfit.Params, device: torch.device) -> trainfit.CustomWork
 def learnable(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
     """`scaled` that also trains on real rows: each row's `frames` (n x 8 numbers), zero-padded to
     the batch's longest. `sleep_s` (a custom knob) lengthens each micro-batch, as a larger model's
-    would, so a test can interrupt a run mid-way; `hold_mb` makes the model hold that much memory."""
+    would, so a test can interrupt a run mid-way; `collate_sleep_s` lengthens each collate, as a
+    loader decoding audio would; `hold_mb` makes the model hold that much memory."""
     made = scaled(params, device)
     if params.extra.get("hold_mb"):  # a custom knob: memory the model holds (its pages written, so resident)
         made.model.register_buffer("held", torch.ones(int(params.extra["hold_mb"]) * 2**18, device=device))
@@ -52,7 +53,10 @@ def learnable(params: trainfit.Params, device: torch.device) -> trainfit.CustomW
 
     made.loss = slow_loss
 
+    collate_pause = float(params.extra.get("collate_sleep_s", 0.0))  # a custom knob: a slow input pipeline
+
     def collate(rows: list[dict]) -> torch.Tensor:
+        time.sleep(collate_pause)
         longest = max(len(r["frames"]) for r in rows)
         x = torch.zeros(len(rows), longest, 8)
         for i, r in enumerate(rows):

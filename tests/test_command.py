@@ -214,7 +214,7 @@ def test_every_knob_reaches_the_trl_command_or_says_why_not() -> None:
     from trainfit.params import KNOBS, Params
     from trainfit.trainer.command import trl_args
 
-    base = Params(lora_r=8, max_length=64)
+    base = Params(lora_r=8, max_length=64, num_workers=2)  # the LoRA and worker options apply with these
     for name, knob in KNOBS.items():
         a, b = two_values(knob)
         written = trl_args(base.replace(**{name: a})) != trl_args(base.replace(**{name: b}))

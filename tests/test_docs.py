@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainfit.cli import build_parser, split_passed_on
-from trainfit.params import knob_table_markdown
+from trainfit.knob_table import knob_table_markdown
 from trainfit.spec import Budget, DataSpec, ModelSpec, ProbeSettings, TuneSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pi
 """
 """CI and newcomers copy these lines as they are: they change only on purpose, here too."""
 
-REGENERATE = 'python -c "from trainfit.params import knob_table_markdown; print(knob_table_markdown())"'
+REGENERATE = 'python -c "from trainfit.knob_table import knob_table_markdown; print(knob_table_markdown())"'
 
 
 def test_the_docs_are_all_there() -> None:

@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from trainfit.errors import TrainfitError
-from trainfit.params import KNOBS, Knob, Params, knob_table_markdown, parse_params
+from trainfit.knob_table import knob_table_markdown
+from trainfit.params import KNOBS, Knob, Params, parse_params
 from trainfit.workloads.knobs import apply_knobs
 
 

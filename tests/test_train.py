@@ -137,7 +137,8 @@ def test_the_data_order_is_a_reproducible_shuffle_per_epoch_that_resumes_mid_way
 
 
 def test_steps_split_epochs_as_the_loop_runs_them() -> None:
-    from trainfit.train.loop import plan_steps, steps_of
+    from trainfit.train.loading import steps_of
+    from trainfit.train.loop import plan_steps
 
     assert plan_steps(60, 4, 1.0, None) == (15, 15)
     assert plan_steps(61, 4, 2.5, None) == (16, 40) and plan_steps(61, 4, 2.5, 7) == (16, 7)

@@ -244,3 +244,23 @@ def synchronize(device: Any) -> None:
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+WORKER_RAM_GIB = 2.0
+"""Host memory set aside per data-loader worker when picking candidates: a worker is a copy of the
+training process (forked) that decodes and collates batches of its own."""
+
+
+def loader_worker_candidates(cores: int | None = None, available_gib: float | None = None) -> list[int]:
+    """The ``num_workers`` a search tries for ``search: {num_workers: auto}``: 0 (loading in the
+    training process), then powers of two up to this machine's usable cores less the one the
+    training process takes and its available memory at :data:`WORKER_RAM_GIB` a worker, and that
+    cap itself (at most 16)."""
+    import os
+
+    import psutil
+
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    available_gib = available_gib if available_gib is not None else psutil.virtual_memory().available / 2**30
+    cap = max(1, min(cores - 1, int(available_gib // WORKER_RAM_GIB), 16))
+    return [0, *sorted({2**k for k in range(5) if 2**k <= cap} | {cap})]

@@ -257,6 +257,22 @@ class Params:
             "without the full logits (trl sft); liger = Liger-Kernel's fused linear cross-entropy and layer "
             "kernels, as a transformers Trainer's use_liger_kernel applies them (CUDA; pip install liger-kernel); "
             "auto = as the training command does")
+    num_workers: int = knob(0, kind="int", minimum=0, maximum=256, batch_shape=True, trl=WITH_OTHER_KNOBS,
+        no_prior="an integer searched in the spec's order; `auto` in search: gives candidates from this "
+                 "machine's cores and RAM",
+        doc="data loader worker processes that read and collate batches while the model trains "
+            "(torch DataLoader num_workers; 0 = in the training process, between steps)")
+    pin_memory: bool = knob(True, kind="bool", batch_shape=True, trl=WITH_OTHER_KNOBS,
+        prior=on_every_device((True, False)),
+        doc="collate batches into page-locked host memory, so the copy to a GPU is faster and can "
+            "overlap (the trainers' default; nothing on a CPU)")
+    persistent_workers: bool = knob(False, kind="bool", batch_shape=True, trl=WITH_OTHER_KNOBS,
+        prior=on_every_device((True, False)),
+        doc="keep the loader's workers alive between epochs instead of starting them again "
+            "(with num_workers > 0)")
+    prefetch_factor: int | None = knob(None, kind="int", minimum=1, maximum=1024, nullable=True, batch_shape=True,
+        trl=WITH_OTHER_KNOBS, no_prior="an integer searched in the spec's order",
+        doc="batches each loader worker prepares ahead (with num_workers > 0); null = torch's 2")
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Custom keys passed through to a factory workload (e.g. ``ddpm_batch_mul``)."""
 
@@ -400,44 +416,3 @@ def parse_params(
         problems.append(Problem(f"{prefix}.padding", "padding: max_length needs max_length",
                                 "set params.max_length (see `trainfit analyze` for a recommendation)"))
     return params, problems
-
-
-def knob_table_markdown() -> str:
-    """The built-in knobs as a markdown table, rendered from ``KNOBS`` and ``Params``'s defaults:
-    name, values, default, whether two values train a different model, meaning. docs/spec.md holds
-    this output between ``<!-- knobs:start -->`` and ``<!-- knobs:end -->`` (tests/test_docs.py
-    checks that it is current)."""
-    def number(x: float) -> str:
-        return f"{x:,g}" if abs(x) < 1e6 else f"{int(x):,}"
-
-    def values(k: Knob) -> str:
-        if k.choices:
-            text = ", ".join(f"`{c}`" for c in k.choices)
-        elif k.kind == "bool":
-            text = "`true`, `false`"
-        elif k.kind == "modules":
-            text = "list of names, or one name"
-        else:
-            text = {"int": "integer", "float": "number"}[k.kind]
-            if k.minimum is not None and k.maximum is not None:
-                text += f" {number(k.minimum)} to {number(k.maximum)}"
-            elif k.minimum is not None:
-                text += f" >= {number(k.minimum)}"
-        return text + (", or `null`" if k.nullable else "")
-
-    def default(name: str) -> str:
-        value = getattr(Params(), name)
-        if value is None:
-            return "`null`"
-        if isinstance(value, bool):
-            return f"`{str(value).lower()}`"
-        if isinstance(value, float):
-            return f"`{value:g}`"
-        return f"`{value}`"
-
-    rows = ["| knob | values | default | changes what is learned | meaning |", "|---|---|---|---|---|"]
-    for k in KNOBS.values():
-        meaning = k.doc.replace("|", "\\|")
-        rows.append(f"| `{k.name}` | {values(k)} | {default(k.name)} | {'yes' if k.changes_learning else 'no'} "
-                    f"| {meaning} |")
-    return "\n".join(rows) + "\n"

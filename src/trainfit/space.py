@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainfit.devices import loader_worker_candidates
 from trainfit.errors import Problem
 from trainfit.params import KNOBS, Params, check_knob, split_modules
 
@@ -220,11 +221,14 @@ def _dimension(name: Any, spec: Any, allow_custom: bool, problems: list[Problem]
     if name not in KNOBS and not allow_custom:
         problems.append(Problem(key, "unknown knob", did_you_mean(name, KNOBS)))
         return None
+    if spec == "auto" and name == "num_workers":
+        return Dimension(name, choices=tuple(loader_worker_candidates()))
     if isinstance(spec, list):
         return _choices_dimension(name, spec, key, problems)
     if isinstance(spec, Mapping):
         return _range_dimension(name, spec, key, problems)
-    problems.append(Problem(key, "expected a list of choices or a {low, high} range"))
+    problems.append(Problem(key, "expected a list of choices or a {low, high} range"
+                            + (", or auto (this machine's cores and memory)" if name == "num_workers" else "")))
     return None
 
 

@@ -19,6 +19,13 @@ def speed_rows(m: Measurement) -> list[tuple[str, str]]:
         shapes = ", ".join(f"{s['rows']}x{s['padded_length']} {s['seconds']:.3g}s" for s in m.shape_times)
         fit = f"; the fit misses a timed shape by {m.fit_error_rel:.1%} at most" if m.fit_error_rel is not None else ""
         rows.append(("timed shapes", f"{shapes} (median seconds per step){fit}"))
+    if m.data == "real" and m.data_wait_s is not None:
+        workers = m.config.get("num_workers", 0)
+        rows.append(("data", f"the dataset's rows through a DataLoader ({workers or 'no'} worker{'s' * (workers != 1)}): "
+                             f"{m.data_wait_s * 1000:.3g} ms a step waiting for them "
+                             f"({m.input_bound_share or 0:.1%} of the timed steps' time)"))
+    elif m.data == "synthetic":
+        rows.append(("data", "synthetic inputs made on the device (nothing loaded)"))
     if m.expected_step_time_s is not None:
         rows.append(("expected step", f"{m.expected_step_time_s:.4g} s over the epoch's batches"))
     return rows

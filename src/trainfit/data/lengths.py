@@ -214,7 +214,7 @@ def _count_batches(count: _Count, batches: Iterator[list[tuple[int, Any]]]) -> N
     from concurrent.futures import ThreadPoolExecutor
 
     tokenizer = count.tokenizer
-    add_special = not count.recipe.messages_field or (tokenizer is not None and tokenizer.chat_note is not None)
+    add_special = tokenizer is None or tokenizer.adds_special_tokens(count.recipe)
     previous: _Batch | None = None
     first = count.resumed_at == 0
     with ThreadPoolExecutor(max_workers=1) as pool:

@@ -108,11 +108,21 @@ class Tokenizer:
             self.chat_note = "the tokenizer has no chat template: messages rendered as 'role: content' lines"
 
     def count(self, texts: list[str], add_special_tokens: bool = True) -> list[int]:
+        if self.fast is None and self.hf is None:
+            return [len(_WORDS.findall(t)) for t in texts]
+        return [len(ids) for ids in self.encode(texts, add_special_tokens)]
+
+    def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Each text's token ids (a tokenizer is needed: word pieces have no ids)."""
         if self.fast is not None:
-            return [len(e) for e in self.fast.encode_batch(texts, add_special_tokens=add_special_tokens)]
-        if self.hf is not None:
-            return [len(ids) for ids in self.hf(texts, add_special_tokens=add_special_tokens)["input_ids"]]
-        return [len(_WORDS.findall(t)) for t in texts]
+            return [e.ids for e in self.fast.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        assert self.hf is not None, "encode needs a tokenizer"
+        return list(self.hf(texts, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def adds_special_tokens(self, recipe: LengthRecipe) -> bool:
+        """Whether the row's text is tokenized with the tokenizer's special tokens: not a chat the
+        template rendered (which holds them already)."""
+        return not recipe.messages_field or self.chat_note is not None
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
         """The messages as the chat template renders them; a ValueError (a bad row) where the

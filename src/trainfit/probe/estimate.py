@@ -137,17 +137,19 @@ class EpochSpeed:
     tokens_per_second: float
 
 
-def epoch_speed(cost: StepCost, mix: TypicalMix, accumulation: int, max_length: int | None = None) -> EpochSpeed:
+def epoch_speed(cost: StepCost, mix: TypicalMix, accumulation: int, max_length: int | None = None,
+                wait_s: float = 0.0) -> EpochSpeed:
     """Expected speed over ``mix``'s micro-batches, ``accumulation`` of them per optimizer step.
     A step of ``accumulation`` micro-batches at mixed lengths costs the mean of ``cost`` at those
     lengths, as the cost is a fixed part plus one per micro-batch. ``max_length``: the padded length
     of the worker's longest batches where it capped them (a model with fewer positions than the
-    data's truncation: the cap rounded up to ``pad_to_multiple_of``, see ``Params.padded_length``)."""
+    data's truncation: the cap rounded up to ``pad_to_multiple_of``, see ``Params.padded_length``).
+    ``wait_s``: the seconds each optimizer step waits for its data besides (a probe's loader)."""
     lengths = np.asarray(mix.padded_lengths, dtype=float)
     if max_length is not None:
         lengths = np.minimum(lengths, max_length)
     counts = np.asarray(mix.counts, dtype=float)
-    step = float(np.sum(counts * cost(lengths)) / counts.sum())
+    step = float(np.sum(counts * cost(lengths)) / counts.sum()) + wait_s
     seconds = step * counts.sum() / accumulation
     return EpochSpeed(step_seconds=step, samples_per_second=mix.samples / seconds,
                       tokens_per_second=mix.real_tokens / seconds)

@@ -67,6 +67,18 @@ class Measurement:
     optimizer step, ``steps`` timed."""
     fit_error_rel: float | None = None
     """The step-cost fit's largest miss at a timed shape, as a share of that shape's time."""
+    data: str | None = None
+    """What the timed steps trained on: ``real`` (the dataset's rows through a ``DataLoader`` with the
+    config's loader knobs) or ``synthetic`` (inputs made on the device, nothing loaded)."""
+    data_wait_s: float | None = None
+    """The mean seconds a timed optimizer step waited for its micro-batches (0 for synthetic
+    inputs): part of ``expected_step_time_s`` and so of the speeds."""
+    input_bound_share: float | None = None
+    """The share of the timed steps' wall time spent waiting for data: from 0.1 the loader, not the
+    model, limits samples/s (a note says what to turn)."""
+    loader_start_s: float | None = None
+    """The first step's wait for data, with the loader's workers starting: paid again each epoch
+    unless ``persistent_workers``."""
     step_time_median_s: float | None = None
     step_time_mean_s: float | None = None
     step_time_std_s: float | None = None

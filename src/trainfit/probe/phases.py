@@ -15,8 +15,10 @@ from trainfit.devices import peak_flops, synchronize
 from trainfit.errors import TrainfitError
 from trainfit.flops import utilization
 from trainfit.probe.events import emit
+from trainfit.probe.loader import LoaderBatches
 from trainfit.probe.memory import memory_micro_batches
 from trainfit.probe.timing import StepTimes, StopRule
+from trainfit.workloads.base import Batch
 
 if TYPE_CHECKING:
     from trainfit.probe.request import ProbeRequest
@@ -90,6 +92,39 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
     return worst_batch.padded_len, seconds
 
 
+INPUT_BOUND = 0.1
+"""The share of a step spent waiting for data from which the loader, not the model, is said to limit samples/s."""
+
+
+def typical_batches(req: ProbeRequest, workload: Any, max_len: int, out: dict[str, Any]) -> Any:
+    """The timed micro-batches: loaded from the dataset's rows (:class:`LoaderBatches`) where the
+    parent sent them and the workload can collate them, else made on the device
+    (:class:`TypicalBatches`); ``out["data"]`` says which, a note why where ``auto`` fell back."""
+    if req.timing_rows is not None and not workload.collates_rows:
+        why = "the factory returns no collate to make the dataset's rows into inputs"
+        if req.probe.data == "real":
+            raise TrainfitError(f"probe.data: real, but {why}",
+                                "return trainfit.CustomWorkload(..., collate=...), or set probe.data: synthetic")
+        out["notes"].append(f"the timed steps ran on synthetic inputs: {why} (probe.data: auto)")
+    elif req.timing_rows is not None:
+        out["data"] = "real"
+        pool = [Batch(inputs=None, seq_lens=tuple(lens), padded_len=length, packed=req.params.packing)
+                for lens, length in timed_shapes(req, max_len)]
+        return LoaderBatches(req, workload, pool)
+    out["data"] = "synthetic"
+    return TypicalBatches(req, workload, max_len)
+
+
+def input_bound_note(fields: dict[str, Any], params: Any) -> str | None:
+    """What to do when the timed steps waited for their data a share of :data:`INPUT_BOUND` or more."""
+    share = fields.get("input_bound_share") or 0.0
+    if share < INPUT_BOUND:
+        return None
+    return (f"input-bound: each step waited {fields['data_wait_s'] * 1000:.3g} ms for its data ({share:.0%} of the "
+            f"step), so the data loader, not the model, limits samples/s: raise num_workers (now {params.num_workers}) "
+            "or make the collate cheaper")
+
+
 def micro_batch(workload: Any, req: ProbeRequest, lengths: list[int], max_len: int) -> Any:
     """A micro-batch of samples this long as the trainer collates it: rows padded to
     ``Params.batch_length``, or under ``packing`` one padding-free row of them all."""
@@ -97,17 +132,28 @@ def micro_batch(workload: Any, req: ProbeRequest, lengths: list[int], max_len: i
     return workload.make_packed_batch(lengths, length) if req.params.packing else workload.make_batch(lengths, length)
 
 
+def timed_shapes(req: ProbeRequest, max_len: int) -> list[tuple[list[int], int]]:
+    """Each timed micro-batch's sample lengths (truncated at ``max_len``) and padded length, one per
+    shape the parent picked across the epoch's padded lengths (``req.typical.timing_batches``, see
+    probe/estimate.py)."""
+    shapes = []
+    for lengths in req.typical.timing_batches:
+        lens = [min(n, max_len) for n in lengths]
+        shapes.append((lens, req.params.batch_length(lens, max_len)))
+    return shapes
+
+
 class TypicalBatches:
-    """The typical micro-batches to time, one per shape the parent picked across the epoch's padded
-    lengths (``req.typical.timing_batches``, see probe/estimate.py), cycled: each optimizer step runs
-    ``gradient_accumulation_steps`` copies of one of them, the next step the next one."""
+    """The typical micro-batches to time, one per shape (:func:`timed_shapes`), made on the device
+    (``probe.data: synthetic``) and cycled: each optimizer step runs ``gradient_accumulation_steps``
+    copies of one of them, the next step the next one. Nothing is loaded: no step waits for data."""
+
+    last_wait = 0.0
+    start_s = None
 
     def __init__(self, req: ProbeRequest, workload: Any, max_len: int) -> None:
         self.accum = req.params.gradient_accumulation_steps
-        self.pool = []
-        for lengths in req.typical.timing_batches:
-            lens = [min(n, max_len) for n in lengths]
-            self.pool.append(micro_batch(workload, req, lens, max_len))
+        self.pool = [micro_batch(workload, req, lens, max_len) for lens, _ in timed_shapes(req, max_len)]
         self.cycle = len(self.pool)
         self.cursor = 0
 
@@ -116,6 +162,9 @@ class TypicalBatches:
         shape = self.cursor % self.cycle
         self.cursor += 1
         return shape, [self.pool[shape]] * self.accum
+
+    def close(self) -> None:
+        """Nothing to stop (see ``LoaderBatches.close``)."""
 
 
 @dataclass
@@ -127,6 +176,8 @@ class TimedSteps:
     cycle: int
     shapes: list[int] = field(default_factory=list)
     """The index of each timed step's shape in the pool."""
+    waits: list[float] = field(default_factory=list)
+    """The seconds each timed step waited for its micro-batches (0 without a loader)."""
     model_flops: float = 0.0
     hardware_flops: float = 0.0
     flops_known: bool = True
@@ -143,6 +194,7 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
     while True:
         shape, micro = batches.next_step()
         timed.shapes.append(shape)
+        timed.waits.append(batches.last_wait)
         synchronize(device)
         t0 = time.perf_counter()
         loss = built.step.run(micro)
@@ -223,7 +275,8 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     cost = fit_step_cost(lengths, seconds)
     # The mix's padded lengths capped as the batches were: at the cap's own padded length.
     cap = req.params.batch_length([max_len] * req.params.batch_size, max_len)
-    speed = epoch_speed(cost, mix, req.params.gradient_accumulation_steps, cap)
+    wait = statistics.fmean(timed.waits) if timed.waits else 0.0
+    speed = epoch_speed(cost, mix, req.params.gradient_accumulation_steps, cap, wait_s=wait)
     # Per optimizer step: the samples of effective_batch_size rows, or under packing those its packed rows hold.
     step_share = (req.params.gradient_accumulation_steps / mix.micro_batches if req.params.packing
                   else req.params.effective_batch_size / mix.samples)
@@ -232,5 +285,6 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
             "padded_tokens_per_step": mix.padded_tokens * step_share,
             "expected_step_time_s": speed.step_seconds, "speed_basis": mix.batching,
             "padding_share": mix.padding_share, "shape_times": shape_times,
-            "fit_error_rel": fit_error(cost, lengths, seconds)}
+            "fit_error_rel": fit_error(cost, lengths, seconds), "data_wait_s": wait,
+            "input_bound_share": sum(timed.waits) / (sum(timed.waits) + sum(timed.times))}
 

@@ -14,7 +14,7 @@ from trainfit.probe.estimate import TypicalMix
 from trainfit.params import Params, model_values, parse_params
 from trainfit.spec import ModelSpec, ProbeSettings
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +46,10 @@ class ProbeRequest:
     """``budget.memory_gb`` as the spec gives it (None: the device's own memory)."""
     budget_headroom_gb: float
     """``budget.headroom_gb``."""
+    timing_rows: tuple[tuple[Any, ...], ...] | None = None
+    """``probe.data: real``: the dataset's rows of each timed micro-batch (one tuple per entry of
+    ``typical.timing_batches``, the same lengths), as the workload's collate takes them (a Hugging
+    Face model's: ``{"input_ids": [...]}``, tokenized); None: synthetic inputs."""
     notes: tuple[str, ...] = ()
     """What the parent noticed (approximate lengths, truncation), kept in the measurement."""
     schema_version: int = SCHEMA_VERSION
@@ -83,4 +87,6 @@ class ProbeRequest:
             raise SpecError(problems, source="probe request")
         return cls(**{**d, "model": ModelSpec(**d["model"]), "params": params, "probe": ProbeSettings(**d["probe"]),
                       "worst_lengths": tuple(d["worst_lengths"]), "typical": TypicalMix.from_dict(d["typical"]),
-                      "notes": tuple(d["notes"])})
+                      "notes": tuple(d["notes"]),
+                      "timing_rows": None if d.get("timing_rows") is None
+                      else tuple(tuple(rows) for rows in d["timing_rows"])})

@@ -26,6 +26,7 @@ from trainfit.params import Params, batches_grow
 from trainfit.probe.estimate import assumed_mix, times_longest, typical_mix
 from trainfit.probe.events import ProbeEvent, Result, parse_event
 from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
+from trainfit.probe.real_rows import timing_rows
 from trainfit.probe.request import ProbeRequest
 from trainfit.probe.strays import descendants, kill_all, pipe_writers
 from trainfit.spec import GiB, Spec
@@ -39,6 +40,7 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
     uniform sample of the data's lengths, batched as the trainer will (see probe/estimate.py)."""
     notes: list[str] = []
     truncated: int | None = None
+    rows = None
     if stats is None:
         assert params.max_length is not None, "a spec without data has params.max_length (validated)"
         max_length = params.max_length
@@ -51,6 +53,7 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
         worst = [max_length] * params.batch_size if params.packing else stats.longest_lengths(params.batch_size)
         typical = typical_mix(stats.length_sample, params, max_length, spec.probe.seed,
                               longest=times_longest(params, spec.probe.memory_steps))
+        rows = timing_rows(spec, typical.timing_batches, max_length, notes)
         truncated, exact = count_longer_than(stats, max_length)
         if stats.approximate:
             notes.append("sample lengths are approximate (no tokenizer, so word pieces were counted): "
@@ -64,7 +67,7 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
                          "and are truncated")
     return ProbeRequest(model=spec.model, command_template=spec.tune.command_template, params=params,
                         probe=spec.probe, device=device, max_length=max_length, worst_lengths=tuple(worst),
-                        typical=typical, truncated_samples=truncated,
+                        typical=typical, timing_rows=rows, truncated_samples=truncated,
                         memory_cap_bytes=int(spec.budget.memory_gb * GiB) if spec.budget.memory_gb else None,
                         budget_memory_gb=spec.budget.memory_gb, budget_headroom_gb=spec.budget.headroom_gb,
                         notes=tuple(notes))

@@ -53,13 +53,14 @@ from trainfit.probe.memory import (
 from trainfit.probe.phases import (
     Built,
     LossNotFinite,
-    TypicalBatches,
     capped_length,
     check_loss,
     epoch_fields,
+    input_bound_note,
     measure_memory,
     speed_fields,
     time_steps,
+    typical_batches,
 )
 from trainfit.probe.supervisor import PARENT_POLL_S, PR_SET_PDEATHSIG, supervise
 
@@ -112,20 +113,27 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     synchronize(device)
     phases["memory"] = time.perf_counter() - t
 
-    batches = TypicalBatches(req, built.workload, max_len)
-    emit("phase", phase="burn_in")
-    t = time.perf_counter()
-    # At least one whole cycle, so every batch shape of the pool has been seen before timing.
-    for n in range(max(req.probe.burn_in_steps, batches.cycle)):
-        check_loss(built.step.run(batches.next_step()[1]), "burn_in", n + 1)
-    synchronize(device)
-    phases["burn_in"] = time.perf_counter() - t
+    batches = typical_batches(req, built.workload, max_len, out)
+    try:
+        emit("phase", phase="burn_in")
+        t = time.perf_counter()
+        # At least one whole cycle, so every batch shape of the pool has been seen before timing.
+        for n in range(max(req.probe.burn_in_steps, batches.cycle)):
+            check_loss(built.step.run(batches.next_step()[1]), "burn_in", n + 1)
+        synchronize(device)
+        phases["burn_in"] = time.perf_counter() - t
+        out["loader_start_s"] = batches.start_s
 
-    t = time.perf_counter()
-    timed = time_steps(req, built, batches, device)
-    phases["timed"] = time.perf_counter() - t
+        t = time.perf_counter()
+        timed = time_steps(req, built, batches, device)
+        phases["timed"] = time.perf_counter() - t
+    finally:
+        batches.close()
     out.update(speed_fields(req, timed, out["device_name"], out["notes"]))
     out.update(epoch_fields(req, timed, batches, max_len, worst_step))
+    note = input_bound_note(out, req.params)
+    if note:
+        out["notes"].append(note)
 
 
 def open_device(req: ProbeRequest, out: dict[str, Any], capped_now: bool) -> Any:

@@ -18,6 +18,7 @@ from trainfit.spec.rules import batching_problems, lora_problems, loss_problems,
 from trainfit.spec.sections import (
     MAX_MEMORY_GB,
     OBJECTIVES,
+    PROBE_DATA,
     STRATEGIES,
     TOP_LEVEL,
     Budget,
@@ -162,6 +163,7 @@ def _probe_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Pro
     check_field_bounds(probe, "probe", ("burn_in_steps",), ">= 0", problems)
     check_field_bounds(probe, "probe", ("max_seconds", "timeout_s", "target_rel_ci"), "> 0", problems)
     check_field_bounds(probe, "probe", ("seed",), SEED_RANGE, problems)
+    check_one_of(probe, "probe", "data", PROBE_DATA, problems)
     dev = probe.device
     if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
         problems.append(Problem("probe.device", f"{dev!r} is not auto, cpu, cuda or cuda:N"))

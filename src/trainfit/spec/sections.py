@@ -111,6 +111,16 @@ class ProbeSettings:
     one after another in the same worker on the model it already built; a fresh worker follows
     any failure. false: a fresh process and model for every probe (e.g. a factory whose model
     depends on the batch size)."""
+    data: str = "auto"
+    """What the timed steps train on. ``real``: rows of the dataset with the typical batches'
+    lengths, made into inputs by a torch ``DataLoader`` with the config's loader knobs
+    (``num_workers``...) as the trainer makes them (a Hugging Face model: tokenized with the spec's
+    tokenizer; a factory: its ``collate``), so the time a step waits for data is measured.
+    ``synthetic``: inputs made on the device, no loader (faster to set up; the model's speed alone).
+    ``auto``: real where the data can be read so, else synthetic with a note saying why."""
+
+
+PROBE_DATA = ("auto", "real", "synthetic")
 
 
 STRATEGIES = ("auto", "grid", "random", "bayes")

@@ -17,7 +17,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from trainfit.params import Params
 from trainfit.progress import Progress
 from trainfit.spec import Spec
 from trainfit.train.checkpoints import unloadable
+from trainfit.train.loading import loaded_steps, steps_of
 from trainfit.workloads import build_workload
 from trainfit.workloads.factory import FactoryWorkload
 from trainfit.workloads.step import TrainStep
@@ -58,24 +59,6 @@ def plan_steps(samples: int, per_step: int, epochs: float, max_steps: int | None
     overrides its ``num_train_epochs``, so a factory run and a ``trl sft`` run stop alike."""
     per_epoch = max(1, math.ceil(samples / per_step))
     return per_epoch, max_steps if max_steps else max(1, math.ceil(per_epoch * epochs))
-
-
-def steps_of(rows: Iterator[dict[str, Any]], batch_size: int, accumulation: int) -> Iterator[list[list[dict[str, Any]]]]:
-    """Group rows into optimizer steps of up to ``accumulation`` micro-batches of up to ``batch_size``."""
-    step: list[list[dict[str, Any]]] = []
-    micro: list[dict[str, Any]] = []
-    for row in rows:
-        micro.append(row)
-        if len(micro) == batch_size:
-            step.append(micro)
-            micro = []
-            if len(step) == accumulation:
-                yield step
-                step = []
-    if micro:
-        step.append(micro)
-    if step:
-        yield step
 
 
 def save(folder: Path, step_runner: Any, position: Position) -> None:
@@ -222,11 +205,11 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     epoch, consumed, losses, shown = position.epoch, position.consumed, [], ""
     try:
         while state.global_step < total:
-            rows = epoch_rows(data.path, seed=spec.probe.seed, epoch=epoch, fmt=data.format, skip=consumed,
-                              on_bad_row=data.on_bad_row)
-            for micro in steps_of(rows, params.batch_size, params.gradient_accumulation_steps):
-                losses.append(runner.run_inputs([collate(m) for m in micro]))
-                consumed += sum(len(m) for m in micro)
+            rows = functools.partial(epoch_rows, data.path, seed=spec.probe.seed, epoch=epoch, fmt=data.format,
+                                     skip=consumed, on_bad_row=data.on_bad_row)
+            for count, inputs in loaded_steps(rows, params, collate, device):
+                losses.append(runner.run_inputs(inputs))
+                consumed += count
                 state.global_step += 1
                 state.epoch = epoch + consumed / samples
                 logged, losses = losses, hooks.after_step(losses, functools.partial(

@@ -75,6 +75,21 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
         args += ["--use_cpu", "true"]
     if params.lora_r is not None:
         args += trl_lora_args(params)
+    return args + loader_args(params)
+
+
+def loader_args(params: Params) -> list[str]:
+    """The data loader's flags, as transformers' ``TrainingArguments`` takes them: pinning, and the
+    workers with what applies to workers only (transformers refuses a prefetch factor without
+    them, torch persistent workers), left out at ``num_workers: 0``."""
+    args = [] if params.pin_memory else ["--dataloader_pin_memory", "false"]
+    if params.num_workers == 0:
+        return args
+    args += ["--dataloader_num_workers", str(params.num_workers)]
+    if params.persistent_workers:
+        args += ["--dataloader_persistent_workers", "true"]
+    if params.prefetch_factor is not None:
+        args += ["--dataloader_prefetch_factor", str(params.prefetch_factor)]
     return args
 
 

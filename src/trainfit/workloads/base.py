@@ -61,6 +61,25 @@ class Workload(ABC):
         raise Unsupported(f"packing: the {self.name} workload cannot pack samples into one row (TRL's packing is "
                           "for Hugging Face causal language models)", "use packing: false", knob="packing", value=True)
 
+    device: Any = None
+    """The torch device the model is on, where batches go."""
+
+    @property
+    def collates_rows(self) -> bool:
+        """Whether :meth:`collate_rows` can make the dataset's rows into inputs (``probe.data: real``)."""
+        return False
+
+    def collate_rows(self, rows: Sequence[Any], pad_to: int, packed: bool) -> Any:
+        """The inputs of a micro-batch of the dataset's ``rows`` (see probe/real_rows.py), padded
+        to ``pad_to`` positions (one row under ``packed``), on the CPU: what a data loader's worker
+        returns, moved to the device by :func:`to_device`."""
+        raise NotImplementedError(f"the {self.name} workload cannot collate the dataset's rows")
+
+    def batch_of(self, inputs: Any, lengths: Sequence[int], pad_to: int, packed: bool = False) -> Batch:
+        """A :class:`Batch` of ``inputs`` (moved to the workload's device) holding samples this long."""
+        return Batch(inputs=to_device(inputs, self.device), seq_lens=tuple(int(x) for x in lengths),
+                     padded_len=pad_to, packed=packed)
+
     @abstractmethod
     def loss(self, inputs: Any) -> Any:
         """Scalar loss tensor of one micro-batch (forward pass)."""
@@ -73,3 +92,15 @@ class Workload(ABC):
         """Bytes of the full ``(batch, length, vocab)`` logits the loss holds for ``batch`` in fp32;
         None where the loss builds no such tensor (or the workload cannot tell)."""
         return None
+
+
+def to_device(inputs: Any, device: Any, non_blocking: bool = False) -> Any:
+    """``inputs`` with every tensor in it (in dicts, lists and tuples, at any depth) on ``device``;
+    ``non_blocking`` copies from pinned memory asynchronously, as the trainers' loaders do."""
+    if hasattr(inputs, "to") and hasattr(inputs, "is_pinned"):  # a tensor
+        return inputs.to(device, non_blocking=non_blocking)
+    if isinstance(inputs, dict):
+        return {k: to_device(v, device, non_blocking) for k, v in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(to_device(v, device, non_blocking) for v in inputs)
+    return inputs

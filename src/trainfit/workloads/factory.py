@@ -52,8 +52,10 @@ class CustomWorkload:
     """Knobs the factory applied itself: any of gradient_checkpointing, lora_r, attention."""
     collate: Callable[[list[dict[str, Any]]], Any] | None = None
     """``(rows) -> inputs``: real samples (rows of the spec's ``data``, as read) made into the
-    inputs ``loss`` takes, padded as ``params.padding`` says; what ``trainfit train`` trains on.
-    None: the model can be probed and tuned, not trained by trainfit."""
+    inputs ``loss`` takes, padded as ``params.padding`` says; what ``trainfit train`` trains on,
+    and what a probe's timed steps load through a ``DataLoader`` (``probe.data``). It runs in the
+    loader's worker processes when ``num_workers`` > 0: return CPU tensors there (trainfit moves
+    them to the device). None: the model can be probed and tuned, not trained by trainfit."""
 
 
 def load_factory(target: str) -> Callable[..., CustomWorkload]:
@@ -87,6 +89,7 @@ class FactoryWorkload(Workload):
 
     def __init__(self, target: str, params: Params, device: Any) -> None:
         self.notes = []
+        self.device = device
         made = load_factory(target)(params, device)
         if not isinstance(made, CustomWorkload):
             raise TrainfitError(f"factory {target} returned {type(made).__name__}, not trainfit.CustomWorkload",
@@ -110,6 +113,15 @@ class FactoryWorkload(Workload):
     def make_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
         inputs = self.custom.make_batch(list(lengths), pad_to)
         return Batch(inputs=inputs, seq_lens=tuple(int(x) for x in lengths), padded_len=pad_to)
+
+    @property
+    def collates_rows(self) -> bool:
+        return self.custom.collate is not None
+
+    def collate_rows(self, rows: Sequence[Any], pad_to: int, packed: bool) -> Any:
+        """The factory's own ``collate`` of the rows (it pads as ``params.padding`` says)."""
+        assert self.custom.collate is not None, "collates_rows is checked first"
+        return self.custom.collate(list(rows))
 
     def loss(self, inputs: Any) -> Any:
         return self.custom.loss(self.model, inputs)

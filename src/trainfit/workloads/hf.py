@@ -298,37 +298,64 @@ class HFCausalLM(Workload):
     def make_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
         import torch
 
-        n = len(lengths)
-        ids = torch.randint(0, self.vocab_size, (n, pad_to), generator=self._generator)
-        positions = torch.arange(pad_to).unsqueeze(0)
-        real = torch.tensor(list(lengths)).unsqueeze(1)
-        mask = positions < real
-        labels = ids.masked_fill(~mask, -100)
-        inputs = {"input_ids": ids.to(self.device), "attention_mask": mask.long().to(self.device),
-                  "labels": labels.to(self.device)}
-        return Batch(inputs=inputs, seq_lens=tuple(int(x) for x in lengths), padded_len=pad_to)
+        ids = torch.randint(0, self.vocab_size, (len(lengths), pad_to), generator=self._generator)
+        return self.batch_of(self._rows_inputs(ids, lengths), lengths, pad_to)
 
     def make_packed_batch(self, lengths: Sequence[int], pad_to: int) -> Batch:
-        """As TRL's padding-free collator makes it (``DataCollatorForLanguageModeling``,
-        ``padding_free``): one row, ``position_ids`` restarting at each sample (the padding's at 0),
-        no attention mask (transformers' masking then attends within each sample: block-diagonal
-        for sdpa and eager, per sample for flash_attention_2, given the sequence boundaries as TRL
-        passes them), and no loss on a sample's first position or the padding."""
         import torch
 
-        total = sum(lengths)
         ids = torch.randint(0, self.vocab_size, (1, pad_to), generator=self._generator)
+        return self.batch_of(self._packed_inputs(ids, lengths), lengths, pad_to, packed=True)
+
+    @property
+    def collates_rows(self) -> bool:
+        return True
+
+    def collate_rows(self, rows: Sequence[Any], pad_to: int, packed: bool) -> Any:
+        """Tokenized rows (``{"input_ids": [...]}``, see probe/real_rows.py) padded into a batch on
+        the CPU, as TRL's collator pads them (:meth:`make_batch` and :meth:`make_packed_batch` with
+        the rows' own ids)."""
+        import torch
+
+        rows_ids = [row["input_ids"][:self.max_positions or None] for row in rows]  # as the probe caps max_length
+        if max(max(ids, default=0) for ids in rows_ids) >= self.vocab_size:
+            raise TrainfitError(f"the tokenizer's ids reach past the model's vocabulary of {self.vocab_size}",
+                                "give the model's own tokenizer (`tokenizer:`), or probe.data: synthetic")
+        lengths = [len(row_ids) for row_ids in rows_ids]
+        ids = torch.zeros(1 if packed else len(rows), pad_to, dtype=torch.long)
+        if packed:
+            ids[0, :sum(lengths)] = torch.tensor([t for row_ids in rows_ids for t in row_ids], dtype=torch.long)
+            return self._packed_inputs(ids, lengths)
+        for i, row_ids in enumerate(rows_ids):
+            ids[i, :lengths[i]] = torch.tensor(row_ids, dtype=torch.long)
+        return self._rows_inputs(ids, lengths)
+
+    @staticmethod
+    def _rows_inputs(ids: Any, lengths: Sequence[int]) -> dict[str, Any]:
+        """Inputs of rows of ``ids`` (one per sample, ``lengths`` real positions each), on the CPU."""
+        import torch
+
+        mask = torch.arange(ids.shape[1]).unsqueeze(0) < torch.tensor(list(lengths)).unsqueeze(1)
+        return {"input_ids": ids, "attention_mask": mask.long(), "labels": ids.masked_fill(~mask, -100)}
+
+    def _packed_inputs(self, ids: Any, lengths: Sequence[int]) -> dict[str, Any]:
+        """As TRL's padding-free collator makes one row of samples this long (``DataCollatorForLanguageModeling``,
+        ``padding_free``): ``position_ids`` restarting at each sample (the padding's at 0),
+        no attention mask (transformers' masking then attends within each sample: block-diagonal
+        for sdpa and eager, per sample for flash_attention_2, given the sequence boundaries as TRL
+        passes them), and no loss on a sample's first position or the padding. On the CPU."""
+        import torch
+
+        pad_to = ids.shape[1]
         positions = torch.zeros(1, pad_to, dtype=torch.long)
-        positions[0, :total] = torch.cat([torch.arange(n) for n in lengths])
-        labels = ids.masked_fill(positions == 0, -100)
-        inputs: dict[str, Any] = {"input_ids": ids.to(self.device), "position_ids": positions.to(self.device),
-                  "labels": labels.to(self.device)}
+        positions[0, :sum(lengths)] = torch.cat([torch.arange(n) for n in lengths])
+        inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions,
+                                  "labels": ids.masked_fill(positions == 0, -100)}
         if self.attention == "flash_attention_2":  # the varlen kernels' boundaries, computed here as TRL does
             bounds = torch.cat([(positions[0] == 0).nonzero().flatten(), torch.tensor([pad_to])]).to(torch.int32)
             longest = int(bounds.diff().max())
-            inputs.update(cu_seq_lens_q=bounds.to(self.device), cu_seq_lens_k=bounds.to(self.device),
-                          max_length_q=longest, max_length_k=longest)
-        return Batch(inputs=inputs, seq_lens=tuple(int(x) for x in lengths), padded_len=pad_to, packed=True)
+            inputs.update(cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=longest, max_length_k=longest)
+        return inputs
 
     def loss(self, inputs: Any) -> Any:
         if self.loss_kind == "fused":
