@@ -43,13 +43,14 @@ def learnable(params: trainfit.Params, device: torch.device) -> trainfit.CustomW
         made.model.register_buffer("held", torch.ones(int(params.extra["hold_mb"]) * 2**18, device=device))
     pause = float(params.extra.get("sleep_s", 0.0))
     nan_after = params.extra.get("nan_after")  # a custom knob: the loss is NaN from this call on
+    times = float(params.extra.get("loss_times", 1.0))  # a custom knob: a large, finite loss (fp16 gradients overflow)
     loss = made.loss
     calls = [0]
 
     def slow_loss(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         time.sleep(pause)
         calls[0] += 1
-        return loss(m, x) * (float("nan") if nan_after is not None and calls[0] > nan_after else 1.0)
+        return loss(m, x).float() * times * (float("nan") if nan_after is not None and calls[0] > nan_after else 1.0)
 
     made.loss = slow_loss
 

@@ -172,3 +172,17 @@ def test_num_workers_auto_searches_what_this_machine_can_run(tmp_path: Path) -> 
     spec.write_text(spec.read_text().replace("num_workers: auto", "num_workers: many"))
     with pytest.raises(TrainfitError, match="or auto"):
         load_spec(spec)
+
+
+def test_fp16_whose_scaler_skips_every_step_diverges_and_a_sound_one_counts_its_skips(tmp_path: Path) -> None:
+    """A loss of ~1e37 is finite, but scaled by fp16's loss scaler (2**16 and halving at each skip)
+    its gradients overflow at every step: the scaler skips every update, the steps train nothing and
+    run faster than real ones. The probe calls it diverged; an ordinary fp16 config counts its skips."""
+    spec = frames_spec(tmp_path, precision="fp16")
+    blown = probe(spec, "loss_times=1e37")
+    assert blown.status == "diverged", blown.message
+    assert "loss scaler skipped every timed step" in blown.headline and blown.samples_per_second is None
+    sound = probe(spec)
+    assert sound.status == "ok", sound.message
+    assert sound.scaler_skipped_steps is not None and sound.scaler_skipped_steps < sound.steps_measured
+    assert probe(spec, "precision=fp32").scaler_skipped_steps is None  # no scaler, nothing to count

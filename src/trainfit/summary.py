@@ -246,6 +246,8 @@ class Summary(Record):
     over_budget: int
     failed_error: int
     failed_timeout: int
+    failed_diverged: int = 0
+    """Configs whose loss was not finite (status ``diverged``)."""
     best_config: ConfigEntry | None
     runners_up: list[ConfigEntry]
     within_noise_of_best: list[Tie]

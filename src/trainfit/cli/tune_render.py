@@ -87,7 +87,7 @@ class TuneView:
             if self.run_samples and m.fits and m.samples_per_second:
                 result += f", full run ~{format_duration(self.run_samples / m.samples_per_second)}"
         else:
-            result = m.status.upper() + (f" ({m.headline[:120]})" if m.status == "error" else "")
+            result = m.status.upper() + (f" ({m.headline[:120]})" if m.status in ("error", "diverged") else "")
             if m.oom_needed_gb:
                 result += f" ({fmt_need(m.oom_needed_gb)})"
         remaining = event.max_trials - event.index
@@ -111,7 +111,8 @@ def print_result(result: TuneResult, spec: Spec) -> int:
     s = result.summary
     print(f"\nstopped: {result.stop_reason}")
     print(f"tested {s.total_tested}: {s.successful} fit, {s.failed_oom} OOM, {s.over_budget} over budget, "
-          f"{s.failed_error} errors, {s.failed_timeout} timeouts; probe time {s.probe_time_s:.0f} s")
+          f"{s.failed_error} errors, {s.failed_timeout} timeouts"
+          f"{f', {s.failed_diverged} diverged' if s.failed_diverged else ''}; probe time {s.probe_time_s:.0f} s")
     if (noisy := noise_warning(result.trials)) is not None:
         print(noisy)
     for n in s.notes:

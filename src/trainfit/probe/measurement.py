@@ -14,8 +14,11 @@ from typing import Any
 from trainfit.json_record import Malformed, check_bounds, check_finite, typed
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "oom", "error", "timeout")
-EXIT_CODES = {"ok": 0, "oom": 3, "error": 4, "timeout": 5}
+STATUSES = ("ok", "oom", "error", "timeout", "diverged")
+EXIT_CODES = {"ok": 0, "oom": 3, "error": 4, "timeout": 5, "diverged": 6}
+BROKEN = ("error", "timeout", "diverged")
+"""Statuses that say a config is broken for another reason than memory: a search spends no more
+probes on its family."""
 """``trainfit probe`` exit status per measurement status (2 is reserved for bad usage)."""
 MEMORY_PARTS = ("model", "optimizer", "runtime", "step", "build", "allocator_cache")
 """The keys of ``Measurement.memory_parts_bytes``, in report order."""
@@ -38,7 +41,9 @@ class Measurement:
     """
 
     status: str
-    """ok | oom | error | timeout."""
+    """ok | oom | error | timeout | diverged (the loss was NaN or infinite at a step, or fp16's loss
+    scaler skipped every timed step: the message says where; the speed of steps computing on NaNs,
+    or skipping their update, is not a speed of training and is not kept)."""
     config: dict[str, Any]
     """The full resolved configuration (every knob, custom keys included)."""
     message: str | None = None
@@ -47,9 +52,10 @@ class Measurement:
     """``{knob: value}`` when the probe failed because this device or installation cannot run
     that value (e.g. ``{"attention": "flash_attention_2"}`` without flash-attn): every config
     with it fails alike, so a search skips them."""
-    diverged: bool = False
-    """The loss was NaN or infinite at a step (status ``error``, the message says where): the
-    config diverges, and the speed of steps computing on NaNs was not kept."""
+    scaler_skipped_steps: int | None = None
+    """fp16 only: the optimizer steps (memory, burn-in and timed phases) whose update the loss
+    scaler skipped because their gradients overflowed; a few at the start, while it lowers its
+    scale from 2**16, are normal."""
     samples_per_second: float | None = None
     """Samples per second expected over an epoch of the data's own batches (``speed_basis``): the
     step cost fitted on the timed shapes, summed over the epoch's micro-batches (probe/estimate.py)."""
@@ -200,6 +206,8 @@ class Measurement:
         if data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"measurement schema {data.get('schema_version')} != {SCHEMA_VERSION}")
         names = {f.name for f in dataclasses.fields(cls)}
+        if data.get("diverged") and data.get("status") == "error":  # recorded before the status existed
+            data = {**data, "status": "diverged"}
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def write_json(self, path: str | Path) -> None:

@@ -38,7 +38,7 @@ class Built:
 
 class LossNotFinite(TrainfitError):
     """A step's loss was NaN or infinite: the config diverges, so the speed of its steps is not a
-    speed of training, and a search must not rank it (``Measurement.diverged``)."""
+    speed of training, and a search must not rank it (status ``diverged``)."""
 
 
 def check_loss(loss: float, phase: str, step: int) -> None:
@@ -178,6 +178,8 @@ class TimedSteps:
     """The index of each timed step's shape in the pool."""
     waits: list[float] = field(default_factory=list)
     """The seconds each timed step waited for its micro-batches (0 without a loader)."""
+    skipped: int = 0
+    """fp16: the timed steps whose update the loss scaler skipped."""
     model_flops: float = 0.0
     hardware_flops: float = 0.0
     flops_known: bool = True
@@ -201,6 +203,7 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
         synchronize(device)
         timed.times.append(time.perf_counter() - t0)
         check_loss(loss, "timed", len(timed.times))
+        timed.skipped += built.step.last_skipped
         for b in micro:
             f = built.workload.flops(b.seq_lens, req.params.gradient_checkpointing)
             if f is None:
@@ -212,6 +215,20 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
         emit("step", n=len(timed.times), seconds=timed.times[-1])
         if stop:
             return timed
+
+
+def check_scaler(timed: TimedSteps, skipped: int, notes: list[str]) -> None:
+    """fp16: a config whose loss scaler skipped every timed step's update diverges (each step's
+    gradients overflowed: it trains nothing, and a skipped step is faster than a real one); where it
+    skipped some (``skipped`` in the whole probe), a note says how many."""
+    if timed.skipped and timed.skipped == len(timed.times):
+        raise LossNotFinite(f"fp16's loss scaler skipped every timed step ({timed.skipped} of {len(timed.times)}): "
+                            "the gradients overflowed at each, so the config trains nothing and its speed was not kept",
+                            "use precision: bf16 (fp16's range is what overflows), or lower the learning rate")
+    if skipped:
+        notes.append(f"fp16: the loss scaler skipped {skipped} step(s) of the probe ({timed.skipped} of the "
+                     f"{len(timed.times)} timed) whose gradients overflowed; a few at the start, while it lowers "
+                     "its scale from 2**16, are normal")
 
 
 def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: list[str]) -> dict[str, Any]:

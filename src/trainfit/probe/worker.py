@@ -54,6 +54,7 @@ from trainfit.probe.phases import (
     Built,
     LossNotFinite,
     capped_length,
+    check_scaler,
     check_loss,
     epoch_fields,
     input_bound_note,
@@ -107,6 +108,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     out["notes"] += built.notes
     max_len = capped_length(req, built.workload.max_positions, out["notes"])
 
+    skipped_before = built.step.skipped_steps  # a kept model's count goes on from its last probe
     t = time.perf_counter()
     meter.start(built, reused)
     worst_step = measure_memory(req, built, max_len, out, device)
@@ -129,6 +131,9 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
         phases["timed"] = time.perf_counter() - t
     finally:
         batches.close()
+    if built.step.scaler is not None:
+        out["scaler_skipped_steps"] = built.step.skipped_steps - skipped_before
+        check_scaler(timed, out["scaler_skipped_steps"], out["notes"])
     out.update(speed_fields(req, timed, out["device_name"], out["notes"]))
     out.update(epoch_fields(req, timed, batches, max_len, worst_step))
     note = input_bound_note(out, req.params)
@@ -200,10 +205,10 @@ def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dic
         if isinstance(err, KeyboardInterrupt):
             raise
 
-        status = "oom" if is_oom(err, capped_cpu=capped_cpu) else "error"
+        status = "diverged" if isinstance(err, LossNotFinite) else "oom" if is_oom(err, capped_cpu=capped_cpu) \
+            else "error"
         if isinstance(err, Unsupported) and err.knob is not None:
             out["unsupported"] = {err.knob: err.value}
-        out["diverged"] = isinstance(err, LossNotFinite)
         if isinstance(err, TrainfitError):
             message = str(err)
         elif status == "oom":

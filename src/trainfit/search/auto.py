@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.params import KNOBS
-from trainfit.probe.measurement import recorded_budget_gb
+from trainfit.probe.measurement import BROKEN, recorded_budget_gb
 from trainfit.search.trials import Trial, can_run, config_key, unsupported_values
 from trainfit.space import SearchSpace
 
@@ -178,7 +178,7 @@ class AutoStrategy:
         """The family's next batch size, or None when it is done. ``above``: its batches up to this
         one are not worth a probe (a memory-only knob where the family without it fits them)."""
         allowed = [b for b in self.batches if b > above and self.space.allowed({**family, "batch_size": b})]
-        if any(t.measurement.status in ("error", "timeout") for t in mine.values()):
+        if any(t.measurement.status in BROKEN for t in mine.values()):
             return None  # broken for a reason other than memory: do not spend more probes here
         bad = [b for b, t in mine.items() if not t.feasible]
         upper = min(bad) if bad else float("inf")
@@ -290,7 +290,7 @@ class AutoStrategy:
         if lean is None or "batch_size" not in self.space.names:
             return 0
         trials = self._family_trials(lean, history)
-        if any(t.measurement.status in ("error", "timeout") for t in trials.values()):
+        if any(t.measurement.status in BROKEN for t in trials.values()):
             return 0  # the lean family is broken for another reason: the knob's family stands alone
         if not trials:
             return 0 if not can_run(lean, unsupported_values(history)) else None

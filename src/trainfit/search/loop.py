@@ -270,8 +270,8 @@ def common_failure(trials: Sequence[Trial]) -> CommonFailure | None:
         by_line.setdefault(t.measurement.headline or t.measurement.status, []).append(t)
     line, hit = max(by_line.items(), key=lambda item: len(item[1]))  # max keeps the first of equals
     statuses = {t.measurement.status for t in trials}
-    what = ("failed with an error" if statuses == {"error"} else "timed out" if statuses == {"timeout"}
-            else "failed with an error or timed out")
+    what = {frozenset({"error"}): "failed with an error", frozenset({"timeout"}): "timed out",
+            frozenset({"diverged"}): "diverged"}.get(frozenset(statuses), "failed with an error, timed out or diverged")
     return CommonFailure(what=what, line=line, probes=len(hit), total=len(trials), trial=hit[0].number)
 
 

@@ -303,6 +303,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, ou
         over_budget=sum(1 for t in trials if t.measurement.status == "ok" and not t.feasible),
         failed_error=statuses.count("error"),
         failed_timeout=statuses.count("timeout"),
+        failed_diverged=statuses.count("diverged"),
         best_config=entry(order[0]) if order else None,
         runners_up=[entry(t) for t in order[1:6]],
         within_noise_of_best=[] if repeats else [Tie(**tie) for tie in within_noise(order, objective, trainer_s)],

@@ -171,6 +171,9 @@ class TrainStep:
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device.type) if params.precision == "fp16" else None
         self.offloading = _offloading(params, workload.model)
+        self.skipped_steps = 0
+        """fp16: the optimizer steps whose update the loss scaler skipped (their gradients overflowed)."""
+        self.last_skipped = False
 
     def run(self, micro_batches: Sequence[Batch]) -> float:
         """One optimizer step over ``micro_batches`` (at least one); returns the mean loss (a host sync)."""
@@ -196,8 +199,11 @@ class TrainStep:
             self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.trainable, self.max_grad_norm)
         if self.scaler is not None:
+            scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            self.last_skipped = self.scaler.get_scale() < scale  # it lowers its scale exactly when it skips
+            self.skipped_steps += self.last_skipped
         else:
             self.optimizer.step()
         if self.scheduler is not None:

@@ -1,0 +1,55 @@
+"""A factory whose input pipeline decodes audio, for bench/input_pipeline.py: the tiny TTS model of
+examples/tiny_tts.py trained on mel features its ``collate`` computes from each row's WAV file
+(read in full, a short-time Fourier transform at 100 frames a second, a fixed mel-like projection),
+as a speech model's data loader does on a CPU. The features are made in the loader's workers
+(CPU tensors); trainfit moves them to the device."""
+
+from __future__ import annotations
+
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from tiny_tts import N_MELS, TinyTTS  # noqa: E402
+
+import trainfit  # noqa: E402
+
+RATE, HOP, FFT = 16_000, 160, 1024  # 100 frames a second
+
+
+def features(path: str) -> torch.Tensor:
+    """Log-magnitude spectrogram frames of the file, projected to N_MELS bins: (frames, N_MELS)."""
+    with wave.open(path, "rb") as f:
+        audio = np.frombuffer(f.readframes(f.getnframes()), dtype=np.int16).astype(np.float32) / 32768
+    spec = torch.stft(torch.from_numpy(audio), FFT, hop_length=HOP, window=torch.hann_window(FFT),
+                      return_complex=True, center=False).abs().T  # (frames, FFT // 2 + 1)
+    bank = torch.Generator().manual_seed(0)
+    projection = torch.rand(FFT // 2 + 1, N_MELS, generator=bank)
+    return torch.log1p(spec @ projection)
+
+
+def make_workload(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
+    model = TinyTTS(ddpm_batch_mul=int(params.extra.get("ddpm_batch_mul", 4))).to(device)
+    root = Path(str(params.extra["audio_root"]))
+
+    def make_batch(lengths: list[int], pad_to: int) -> dict[str, torch.Tensor]:
+        mels = torch.randn(len(lengths), pad_to, N_MELS)
+        pad_mask = torch.arange(pad_to).unsqueeze(0) >= torch.tensor(lengths).unsqueeze(1)
+        return {"mels": mels.to(device), "pad_mask": pad_mask.to(device)}
+
+    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+        feats = [features(str(root / r["path"]))[: params.max_length] for r in rows]
+        frames = [len(x) for x in feats]
+        pad_to = params.padded_length(max(frames), params.max_length)
+        mels = torch.zeros(len(rows), pad_to, N_MELS)
+        for i, x in enumerate(feats):
+            mels[i, : len(x)] = x
+        pad_mask = torch.arange(pad_to).unsqueeze(0) >= torch.tensor(frames).unsqueeze(1)
+        return {"mels": mels, "pad_mask": pad_mask}
+
+    return trainfit.CustomWorkload(model=model, make_batch=make_batch, loss=lambda m, x: m(**x), collate=collate,
+                                   handles=("gradient_checkpointing",))
