@@ -214,7 +214,7 @@ def test_every_knob_reaches_the_trl_command_or_says_why_not() -> None:
     from trainfit.params import KNOBS, Params
     from trainfit.trainer.command import trl_args
 
-    base = Params(lora_r=8, max_length=64, num_workers=2)  # the LoRA and worker options apply with these
+    base = Params(lora_r=8, max_length=64, num_workers=2, quantization="4bit")  # LoRA, loader and 4-bit options apply
     for name, knob in KNOBS.items():
         a, b = two_values(knob)
         written = trl_args(base.replace(**{name: a})) != trl_args(base.replace(**{name: b}))
@@ -247,11 +247,11 @@ def test_training_args_json_holds_every_flag_of_the_command_and_each_part_parses
     flag the command passes is in one of its parts (none lost), and transformers' TrainingArguments
     and TRL's SFTConfig take their parts as they are (peft's LoraConfig takes `lora`)."""
     from peft import LoraConfig
-    from transformers import TrainingArguments
+    from transformers import BitsAndBytesConfig, TrainingArguments
     from trl import SFTConfig
 
     from trainfit.params import KNOBS, Params
-    from trainfit.trainer.command import training_arguments, trl_args
+    from trainfit.trainer.command import QUANTIZATION_ARGS, training_arguments, trl_args
 
     spec = load_spec(EXAMPLES / "tiny-llama.yaml")
     for name, knob in KNOBS.items():
@@ -262,11 +262,15 @@ def test_training_args_json_holds_every_flag_of_the_command_and_each_part_parses
             out = training_arguments(spec, params, max_length=64, cpu_threads=2)
             assert out is not None
             flags = {w[2:] for w in trl_args(params, 64, cpu=True) if w.startswith("--")}
-            placed = {*out["training_arguments"], *out["model_init_kwargs"], *out["sft"]}
+            quantized = out["model_init_kwargs"].get("quantization_config", {})
+            placed = {*out["training_arguments"], *out["model_init_kwargs"], *out["sft"],
+                      *(flag for flag, key in QUANTIZATION_ARGS.items() if key in quantized)}
             assert flags - placed <= {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
                                       "lora_target_parameters"}, name
             TrainingArguments(output_dir=str(tmp_path), **out["training_arguments"])
             SFTConfig(output_dir=str(tmp_path), **out["training_arguments"], **out["sft"])
             LoraConfig(**out["lora"])
+            if quantized:
+                BitsAndBytesConfig(**quantized)
     mine = load_spec(EXAMPLES / "tiny-llama.yaml", ["tune.command_template=python train.py --bs {batch_size}"])
     assert training_arguments(mine, mine.params) is None  # a command of one's own: its settings are its own

@@ -64,6 +64,19 @@ def test_activation_offloading_runs_in_trls_context_and_holds_less_on_the_gpu(tm
     assert offloaded.memory_parts_bytes["step"] < plain.memory_parts_bytes["step"]
 
 
+@pytest.mark.parametrize("bits", ["4bit", "8bit"])
+def test_a_quantized_lora_base_holds_less_than_a_bf16_one(tmp_path: Path, bits: str) -> None:
+    """QLoRA as trl sft loads it: the base's linear layers in 4 (8) bits, the adapters in bf16; the
+    model part of the peak shrinks, the step still trains."""
+    pytest.importorskip("bitsandbytes")
+    base = {"batch_size": 4, "precision": "bf16", "lora_r": 16, "lora_target_modules": "all-linear"}
+    plain = run_probe(load_spec(spec(tmp_path / "bf16", base)))
+    quantized = run_probe(load_spec(spec(tmp_path / bits, {**base, "quantization": bits})))
+    assert plain.status == quantized.status == "ok", (plain.message, quantized.message)
+    assert quantized.memory_parts_bytes["model"] < 0.75 * plain.memory_parts_bytes["model"]
+    assert quantized.samples_per_second and quantized.samples_per_second > 0
+
+
 def test_a_reused_worker_measures_the_peak_a_fresh_one_does(tmp_path: Path) -> None:
     import dataclasses
 

@@ -186,3 +186,35 @@ def test_fp16_whose_scaler_skips_every_step_diverges_and_a_sound_one_counts_its_
     assert sound.status == "ok", sound.message
     assert sound.scaler_skipped_steps is not None and sound.scaler_skipped_steps < sound.steps_measured
     assert probe(spec, "precision=fp32").scaler_skipped_steps is None  # no scaler, nothing to count
+
+
+def test_qlora_on_a_cpu_is_unsupported_in_one_probe_and_its_command_loads_the_base_quantized(llama_spec) -> None:
+    """bitsandbytes' 4-bit layers run on CUDA: on this CPU a quantized config is `unsupported` (a
+    search skips every config with it); the written command and training_args.json carry TRL's
+    flags, which its own parser and BitsAndBytesConfig take."""
+    from transformers import BitsAndBytesConfig
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    from trainfit.params import Params
+    from trainfit.trainer.command import training_arguments
+
+    spec = llama_spec({"batch_size": 2, "max_length": 64, "lora_r": 8, "precision": "bf16"})
+    m = probe(spec, "quantization=4bit")
+    assert m.status == "error" and m.unsupported == {"quantization": "4bit"}
+    assert "quantization=4bit needs a CUDA GPU" in m.message
+    params = Params(lora_r=8, precision="bf16", quantization="4bit", bnb_4bit_quant_type="fp4", bnb_double_quant=True)
+    words = trl_args(params, 64, cpu=True)  # parsed here, on a CPU
+    _, model_args = TrlParser((SFTConfig, ModelConfig)).parse_args_into_dataclasses(
+        ["--model_name_or_path", "m", "--output_dir", "/tmp/x", *words])
+    assert (model_args.load_in_4bit, model_args.bnb_4bit_quant_type, model_args.use_bnb_nested_quant) == (True, "fp4", True)
+    quantized = training_arguments(load_spec(spec), params, max_length=64)["model_init_kwargs"]["quantization_config"]
+    config = BitsAndBytesConfig(**quantized)
+    assert config.load_in_4bit and config.bnb_4bit_quant_type == "fp4" and config.bnb_4bit_use_double_quant
+    assert str(config.bnb_4bit_compute_dtype) == "torch.bfloat16"
+
+
+def test_a_quantized_base_needs_a_rank_and_a_hugging_face_model(llama_spec, tmp_path: Path) -> None:
+    with pytest.raises(TrainfitError, match="quantization: 4bit holds the base in 4bit.*lora_r is null"):
+        load_spec(llama_spec({"quantization": "4bit"}))
+    with pytest.raises(TrainfitError, match="applies to Hugging Face models"):
+        load_spec(frames_spec(tmp_path, quantization="8bit"))

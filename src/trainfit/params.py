@@ -23,6 +23,8 @@ COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 OPTIMIZERS = ("adamw", "adamw_fused", "adamw_8bit")
 PADDINGS = ("longest", "max_length")
 LOSSES = ("auto", "model", "fused", "liger")
+QUANTIZATIONS = ("none", "4bit", "8bit")
+QUANT_TYPES = ("nf4", "fp4")
 LORA_OPTIONS = ("lora_alpha", "lora_target_modules", "lora_target_parameters")
 """The LoRA knobs that mean something only with a rank (``lora_r``)."""
 MAX_BATCH = 2**20
@@ -202,6 +204,14 @@ class Params:
         None, kind="modules", nullable=True, changes_learning=True, no_prior=LEARNED, trl=WITH_OTHER_KNOBS,
         doc="parameters to adapt besides modules, e.g. a mixture of experts' stacked experts "
             "[mlp.experts.gate_up_proj, mlp.experts.down_proj] (peft target_parameters)")
+    quantization: str = knob("none", kind="choice", choices=QUANTIZATIONS, changes_learning=True, off="none",
+        no_prior=LEARNED, trl=WITH_OTHER_KNOBS,
+        doc="hold the frozen LoRA base in 4 or 8 bits (QLoRA, bitsandbytes: CUDA only); adapters train on "
+            "top in the compute dtype. Needs lora_r")
+    bnb_4bit_quant_type: str = knob("nf4", kind="choice", choices=QUANT_TYPES, changes_learning=True, no_prior=LEARNED,
+        trl=WITH_OTHER_KNOBS, doc="the 4-bit data type with quantization: 4bit (NormalFloat or float)")
+    bnb_double_quant: bool = knob(False, kind="bool", changes_learning=True, no_prior=LEARNED, trl=WITH_OTHER_KNOBS,
+        doc="quantize the 4-bit quantization constants too (~0.4 bit a parameter less; TRL's use_bnb_nested_quant)")
     gradient_checkpointing: bool = knob(False, kind="bool", prior=on_every_device((False, True)), off=False,
         trl=WITH_OTHER_KNOBS, memory_only=True,
         doc="recompute activations in backward: less memory, ~20-40% more compute")

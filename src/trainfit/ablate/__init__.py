@@ -65,6 +65,9 @@ def techniques(spec: Spec, recommended_length: int | None) -> list[Technique]:
         Technique("TF32 matmuls", {"tf32": True}, "speed +10-15% (with cuDNN benchmark)"),
         Technique("fused AdamW", {"optimizer": "adamw_fused"}),
         Technique("8-bit AdamW", {"optimizer": "adamw_8bit"}),
+        Technique("4-bit base (QLoRA)", {"quantization": "4bit"}, changes_learning=True,
+                  not_applicable="a factory quantizes its own model" if factory else
+                  None if spec.params.lora_r is not None else "needs LoRA adapters to train on it (params.lora_r)"),
         Technique(FIXED, {"padding": "max_length"}, not_applicable=no_length),
         Technique("torch.compile", {"compile": "default", "padding": "max_length"}, versus=FIXED,
                   not_applicable=no_length),
@@ -98,7 +101,7 @@ class Row(Record):
     knobs: dict[str, Any]
     """What differs from the baseline."""
     status: str
-    """``ok``, ``unavailable`` (the device or model cannot run it), ``oom``, ``error`` or ``timeout``."""
+    """``ok``, ``unavailable`` (the device or model cannot run it), ``oom``, ``error``, ``timeout`` or ``diverged``."""
     reason: str | None = None
     samples_per_second: float | None = None
     spread_rel: float | None = None

@@ -35,7 +35,7 @@ Writes OUTPUT/ablation.json (after each row: --resume reuses the rows measured) 
 
 
 ONLY_WORDS = ("checkpointing", "SDPA", "flash", "precision", "bf16", "fp16", "TF32", "AdamW", "fused", "8-bit",
-              "padding", "compile", "LoRA")
+              "padding", "compile", "LoRA", "QLoRA", "4-bit")
 """Words of the techniques' names that ``--only`` takes (a test checks each picks one)."""
 
 

@@ -84,6 +84,24 @@ def lora_problems(params: Params, space: Any) -> list[Problem]:
                     "set lora_r (e.g. 16) or drop the lora_* keys")]
 
 
+def quantization_problems(model: ModelSpec | None, params: Params, space: Any) -> list[Problem]:
+    """A quantized base (QLoRA) is a Hugging Face model's, under LoRA adapters: a factory quantizes
+    its own model, and a base held in 4 or 8 bits cannot be fine-tuned whole (no config of the
+    search has a rank). A search with ranks and nulls probes its null ones as errors."""
+    quantized = [v for v in _searchable_values(params, space, "quantization") if v != "none"]
+    if not quantized:
+        return []
+    key = "search.quantization" if space is not None and space.dim("quantization") else "params.quantization"
+    if model is not None and model.factory is not None:
+        return [Problem(key, f"quantization: {quantized[0]} applies to Hugging Face models (bitsandbytes on their "
+                             "linear layers), and this is a factory model",
+                        "drop quantization, or quantize in the factory and name a custom key it reads")]
+    if all(r is None for r in _searchable_values(params, space, "lora_r")):
+        return [Problem(key, f"quantization: {quantized[0]} holds the base in {quantized[0]}, which only LoRA "
+                             "adapters can train on, and lora_r is null", "set lora_r (e.g. 16), or drop quantization")]
+    return []
+
+
 def unused_lora_note(spec: Spec) -> str | None:
     """A line for a search whose ``lora_r`` choices include null (full fine-tuning) beside set LoRA options."""
     options = _lora_options_set(spec.params, spec.search)

@@ -75,7 +75,18 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
         args += ["--use_cpu", "true"]
     if params.lora_r is not None:
         args += trl_lora_args(params)
-    return args + loader_args(params)
+    return args + quantization_args(params) + loader_args(params)
+
+
+def quantization_args(params: Params) -> list[str]:
+    """TRL's ``ModelConfig`` flags of a quantized base, which its ``get_quantization_config`` makes
+    the ``BitsAndBytesConfig`` of (the compute dtype is ``--dtype``'s)."""
+    if params.quantization == "8bit":
+        return ["--load_in_8bit", "true"]
+    if params.quantization == "4bit":
+        return ["--load_in_4bit", "true", "--bnb_4bit_quant_type", params.bnb_4bit_quant_type,
+                "--use_bnb_nested_quant", _flag(params.bnb_double_quant)]
+    return []
 
 
 def loader_args(params: Params) -> list[str]:
@@ -285,6 +296,9 @@ def initial_model(output: Path, spec: Spec) -> Path | None:
 
 TRAINING_ARGS_FILE = "training_args.json"
 MODEL_ARGS = ("attn_implementation", "dtype")
+QUANTIZATION_ARGS = {"load_in_4bit": "load_in_4bit", "load_in_8bit": "load_in_8bit",
+                     "bnb_4bit_quant_type": "bnb_4bit_quant_type", "use_bnb_nested_quant": "bnb_4bit_use_double_quant"}
+"""TRL's quantization flags, by the name ``BitsAndBytesConfig`` gives each."""
 
 
 def training_arguments(spec: Spec, params: Params, *, max_length: int | None = None,
@@ -316,10 +330,15 @@ def training_arguments(spec: Spec, params: Params, *, max_length: int | None = N
         value = _word_value(word)
         if name in MODEL_ARGS:
             out["model_init_kwargs"][name] = value
+        elif name in QUANTIZATION_ARGS:  # BitsAndBytesConfig(**quantization_config), as trl sft builds it
+            quantized = out["model_init_kwargs"].setdefault("quantization_config", {})
+            quantized[QUANTIZATION_ARGS[name]] = value
         elif name in trainer_fields:
             out["training_arguments"][name] = value
         elif name != "use_peft" and not name.startswith("lora_"):
             out["sft"][name] = value
+    if params.quantization == "4bit":  # trl sft computes in the weights' dtype
+        out["model_init_kwargs"]["quantization_config"]["bnb_4bit_compute_dtype"] = out["model_init_kwargs"]["dtype"]
     return out
 
 

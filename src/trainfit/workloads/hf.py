@@ -20,6 +20,7 @@ from trainfit.spec import ModelSpec
 from trainfit.spec.model_config import load_config, max_positions_of
 from trainfit.workloads.base import Batch, Workload
 from trainfit.workloads.knobs import apply_knobs
+from trainfit.workloads.quantized import adapters_in_bf16, load_quantized
 
 SAVED_MODEL_MAX_PARAMS = 1_000_000_000
 """The largest random-init model ``tune`` saves for its ``trl sft`` command: it is built in the
@@ -273,10 +274,13 @@ class HFCausalLM(Workload):
         # A random-init model is initialized where it trains: a 1.1B model's init took ~70 s on the
         # CPU of an H100 machine (docs/benchmarks.md) and a blink on the GPU. Its weights then come
         # from the GPU's generator, not the CPU's: the same cost and memory, other values.
-        on_accelerator = model_spec.path is None and torch.device(device).type != "cpu"
+        quantized = params.quantization != "none"  # loaded onto the device by its device_map (QLoRA)
+        on_accelerator = model_spec.path is None and torch.device(device).type != "cpu" and not quantized
         with torch.device(device) if on_accelerator else contextlib.nullcontext():
-            model = self._apply_knobs(build_model(model_spec, config, params, dtype), config, params, head)
-        self.model = model.to(device)
+            built = (load_quantized(model_spec, config, params, dtype, device) if quantized
+                     else build_model(model_spec, config, params, dtype))
+            model = self._apply_knobs(built, config, params, head)
+        self.model = adapters_in_bf16(model) if quantized else model.to(device)
         self.model.train()
         self.shape = transformer_shape(config, *matmul_params(self.model, experts_active(config)))
         self._generator = torch.Generator().manual_seed(seed)

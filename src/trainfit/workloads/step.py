@@ -49,6 +49,9 @@ def check_support(params: Params, device: Any) -> list[str]:
     if params.optimizer == "adamw_8bit":
         _needs_cuda_and(cuda, "bitsandbytes", "bitsandbytes", knob="optimizer", value="adamw_8bit",
                         instead="use adamw or adamw_fused", install="pip install bitsandbytes")
+    if params.quantization != "none":  # bitsandbytes' 4- and 8-bit linear layers run on CUDA
+        _needs_cuda_and(cuda, "bitsandbytes", "bitsandbytes", knob="quantization", value=params.quantization,
+                        instead="use quantization: none (LoRA over a bf16 or fp16 base)", install="pip install bitsandbytes")
     if params.activation_offloading:  # TRL's: it moves a GPU's activations to CPU memory and back
         _needs_cuda_and(cuda, "trl", "trl", knob="activation_offloading", value=True,
                         instead="use gradient_checkpointing to save activation memory", install="pip install trl")
