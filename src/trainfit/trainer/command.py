@@ -303,23 +303,33 @@ QUANTIZATION_ARGS = {"load_in_4bit": "load_in_4bit", "load_in_8bit": "load_in_8b
 
 def training_arguments(spec: Spec, params: Params, *, max_length: int | None = None,
                        cpu_threads: int | None = None) -> dict[str, Any] | None:
-    """The config for a Hugging Face ``Trainer`` of your own (``training_args.json``): the very
-    settings the ``trl sft`` command passes (read from its flags, so there is one mapping of the
-    knobs), split by where each goes: ``TrainingArguments(**training_arguments)``, the model's
-    ``from_pretrained(**model_init_kwargs)``, peft's ``LoraConfig(**lora)`` (null: full fine-tuning)
-    and what TRL's ``SFTConfig`` adds (``sft``: the truncation length, packing, padding). The epochs
-    and the learning-rate schedule are those ``trl sft`` trains with (its ``SFTConfig``'s defaults,
-    which a plain ``TrainingArguments`` does not share), and ``notes`` what to change on another
-    machine. None where the command is not ``trl sft`` (a template of your own, a factory model)."""
+    """The config for a Hugging Face ``Trainer`` of your own (``training_args.json``): the
+    :func:`trainer_settings` of ``params`` with the spec's epochs. None where the command is not
+    ``trl sft`` (a template of your own, a factory model): its settings are its own."""
     if not spec.uses_trl_sft:
         return None
+    return trainer_settings(params, spec.tune.epochs, max_length=max_length, cpu_threads=cpu_threads)
+
+
+def trainer_settings(params: Params, epochs: float, *, max_length: int | None = None,
+                     cpu_threads: int | None = None) -> dict[str, Any]:
+    """The trainer settings of ``params``: the very settings the ``trl sft`` command passes (read
+    from its flags, so there is one mapping of the knobs), split by where each goes:
+    ``TrainingArguments(**training_arguments)``, the model's ``from_pretrained(**model_init_kwargs)``,
+    peft's ``LoraConfig(**lora)`` (null: full fine-tuning) and what TRL's ``SFTConfig`` adds
+    (``sft``: the truncation length, packing, padding). ``epochs``: what the runtime estimate is for
+    (``tune.epochs``); the learning-rate schedule is the one ``trl sft`` trains with (its
+    ``SFTConfig``'s defaults, which a plain ``TrainingArguments`` does not share); ``notes``: what to
+    change on another machine. ``max_length`` and ``cpu_threads``: as for :func:`trl_args` (see
+    :func:`command_inputs`). Every other export (``training_args.json``, ``axolotl.yaml``) is read
+    from this."""
     from transformers import TrainingArguments
 
     trainer_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     schedule = Schedule()  # TRL's SFTConfig defaults: what the trl sft command trains with
     lora = None if params.lora_r is None else {**lora_kwargs(params), "task_type": "CAUSAL_LM", "bias": "none"}
     out: dict[str, Any] = {"training_arguments": {
-        "num_train_epochs": spec.tune.epochs, "learning_rate": schedule.learning_rate,
+        "num_train_epochs": epochs, "learning_rate": schedule.learning_rate,
         "lr_scheduler_type": schedule.lr_scheduler_type, "warmup_steps": schedule.warmup_steps,
         "weight_decay": schedule.weight_decay, "max_grad_norm": schedule.max_grad_norm},
         "model_init_kwargs": {}, "sft": {}, "lora": lora,

@@ -43,6 +43,7 @@ from trainfit.summary import (
     TrainerCost,
     UnsupportedValue,
 )
+from trainfit.trainer.axolotl import AXOLOTL_FILE, axolotl_fragment
 from trainfit.trainer.command import (
     TRAINING_ARGS_FILE,
     build_command,
@@ -357,9 +358,11 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                   repeats: Repeats | None = None, trainer_cost: TrainerCost | None = None) -> Summary:
     """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run
     after every trial) and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the
-    spec's data file, and training_args.json: the best config for a Trainer of one's own, and for a ``config:`` model, once a config fits, model/: the random-init model
-    and its tokenizer, for the command to train. ``trainer_cost``: the trainer's own cost the
-    speeds and the ranking include (``tune --calibrate``; see ``RunFolder.trainer_cost``)."""
+    spec's data file, and training_args.json: the best config for a Trainer of one's own; for a
+    Hugging Face model, axolotl.yaml: the best config in Axolotl's keys; and for a ``config:``
+    model, once a config fits, model/: the random-init model and its tokenizer, for the command to
+    train. ``trainer_cost``: the trainer's own cost the speeds and the ranking include (``tune
+    --calibrate``; see ``RunFolder.trainer_cost``)."""
     data_config = None
     trl_data = trl_data_config(spec)
     if trl_data is not None:
@@ -390,5 +393,9 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
         exported = training_arguments(spec, params, max_length=inputs["max_length"], cpu_threads=inputs["cpu_threads"])
         if exported is not None:  # the same config for a Trainer of one's own
             write_atomically(output / TRAINING_ARGS_FILE, json.dumps(exported, indent=2) + "\n")
+        fragment = axolotl_fragment(spec, params, max_length=inputs["max_length"], cpu_threads=inputs["cpu_threads"],
+                                    model_dir=model_dir)
+        if fragment is not None:  # the same config for Axolotl
+            write_atomically(output / AXOLOTL_FILE, fragment.to_yaml(header))
         script.chmod(0o755)
     return summary
