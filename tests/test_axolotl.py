@@ -28,6 +28,7 @@ from trainfit.tune import tune
 LORA_PACKED = Params(batch_size=4, gradient_accumulation_steps=2, max_length=64, lora_r=8, lora_alpha=16,
                      precision="bf16", packing=True, attention="flash_attention_2", tf32=True,
                      gradient_checkpointing=True)
+QLORA = Params(max_length=64, precision="bf16", lora_r=8, quantization="4bit", num_workers=2, prefetch_factor=4)
 FULL_FP32 = Params(batch_size=2, max_length=64, padding="max_length", pad_to_multiple_of=48)
 LIGER = Params(max_length=64, precision="bf16", loss="liger", lora_r=8, lora_target_modules="all-linear",
                compile="max-autotune", optimizer="adamw_8bit", group_by_length=True, gradient_checkpointing=True,
@@ -55,7 +56,7 @@ def test_lora_bf16_packing_flash_attention_in_axolotls_keys(tmp_path: Path) -> N
         "pad_to_sequence_len": False, "micro_batch_size": 4, "gradient_accumulation_steps": 2,
         "group_by_length": False, "bf16": True, "fp16": False, "tf32": True, "gradient_checkpointing": True,
         "attn_implementation": "flash_attention_2", "torch_compile": False, "optimizer": "adamw_torch",
-        "adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
+        "dataloader_num_workers": 0, "dataloader_pin_memory": True, "adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
         "lora_target_modules": ["q_proj", "v_proj"], **SCHEDULE}
     assert list(fragment.keys)[:3] == ["base_model", "sequence_len", "sample_packing"]  # written in ORDER
     # lora_target_modules: null is peft's default for llama, which Axolotl would not apply (it adapts nothing)
@@ -75,7 +76,7 @@ def test_a_full_fine_tune_in_fp32_measured_on_a_cpu(tmp_path: Path) -> None:
         "pad_to_sequence_len": True, "pad_to_multiple_of": 48, "micro_batch_size": 2,
         "gradient_accumulation_steps": 1, "group_by_length": False, "bf16": False, "fp16": False, "tf32": False,
         "gradient_checkpointing": False, "attn_implementation": "sdpa", "torch_compile": False,
-        "optimizer": "adamw_torch", **SCHEDULE}
+        "optimizer": "adamw_torch", "dataloader_num_workers": 0, "dataloader_pin_memory": True, **SCHEDULE}
     assert "measured on a CPU" in fragment.comments["tf32"][0]  # use_cpu: no Axolotl key, said here
     text = fragment.to_yaml("# trainfit: a header")
     assert text.startswith("# trainfit: a header\n# The config above in Axolotl's keys")
@@ -111,10 +112,27 @@ def test_what_axolotl_has_no_key_for_is_said_not_dropped() -> None:
     assert axolotl_fragment(factory, factory.params) is None
 
 
+def test_a_4bit_base_is_qlora_with_its_type_written_out_and_the_loader_too() -> None:
+    """Axolotl's own 4-bit default (nf4, double quantization) and loader default (a worker per GPU,
+    256 batches ahead) differ from what was measured: both are written out."""
+    params = Params(lora_r=8, quantization="4bit", bnb_4bit_quant_type="fp4", num_workers=3, prefetch_factor=4,
+                    persistent_workers=True)
+    fragment = axolotl_fragment(trl_spec(), params)
+    assert fragment is not None
+    assert {k: fragment.keys.get(k) for k in ("adapter", "load_in_4bit", "bnb_config_kwargs", "dataloader_num_workers",
+                                              "dataloader_prefetch_factor", "dataloader_pin_memory")} == {
+        "adapter": "qlora", "load_in_4bit": True,
+        "bnb_config_kwargs": {"bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": False},
+        "dataloader_num_workers": 3, "dataloader_prefetch_factor": 4, "dataloader_pin_memory": True}
+    assert any(n.startswith("dataloader_persistent_workers: true was measured") for n in fragment.notes)
+    eight = axolotl_fragment(trl_spec(), Params(lora_r=8, quantization="8bit"))
+    assert eight is not None and (eight.keys["adapter"], eight.keys["load_in_8bit"]) == ("lora", True)
+
+
 def test_every_knob_reaches_the_fragment() -> None:
     """A knob the fragment left out would train something else than was measured: each knob's
     two values write two different files (a key or a comment)."""
-    base = Params(lora_r=8, max_length=64)
+    base = Params(lora_r=8, max_length=64, num_workers=2, quantization="4bit")  # LoRA, loader and 4-bit options apply
     checked = 0
     for spec in (trl_spec(), template_spec()):
         for name, knob in KNOBS.items():
@@ -185,7 +203,7 @@ def test_axolotl_reads_each_fragment_as_written(tmp_path: Path) -> None:
     tune(synthetic_spec(tmp_path, "grid", max_trials=2), TuneOptions(output=run, probe_fn=Surface()))
     paths = [run / AXOLOTL_FILE]
     for name, spec, params in (("lora", trl_spec(), LORA_PACKED), ("full", trl_spec(), FULL_FP32),
-                               ("liger", template_spec(), LIGER)):
+                               ("liger", template_spec(), LIGER), ("qlora", trl_spec(), QLORA)):
         fragment = axolotl_fragment(spec, params, max_length=64, model_dir=model)
         assert fragment is not None
         paths.append(tmp_path / f"{name}.yaml")
@@ -196,7 +214,7 @@ def test_axolotl_reads_each_fragment_as_written(tmp_path: Path) -> None:
         pytest.skip(done.stdout.strip())
     assert done.returncode == 0, done.stderr[-3000:]
     read = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(read) == 4
+    assert len(read) == 5
     for path in paths:
         written = yaml.safe_load(path.read_text())
         assert read[str(path)]["unknown"] == [], path.name

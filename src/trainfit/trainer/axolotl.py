@@ -38,18 +38,22 @@ RENAMED = {
     "learning_rate": "learning_rate", "lr_scheduler_type": "lr_scheduler", "warmup_steps": "warmup_steps",
     "weight_decay": "weight_decay", "max_grad_norm": "max_grad_norm", "num_train_epochs": "num_epochs",
     "r": "lora_r", "lora_dropout": "lora_dropout", "target_parameters": "lora_target_parameters",
+    "dataloader_num_workers": "dataloader_num_workers", "dataloader_pin_memory": "dataloader_pin_memory",
+    "dataloader_prefetch_factor": "dataloader_prefetch_factor",
 }
 """A trainer setting (``training_args.json``'s name, peft's for LoRA) -> the Axolotl key of the same value."""
 
 HANDLED = {"train_sampling_strategy", "pad_to_multiple_of", "packing_strategy", "dtype", "use_cpu",
-           "activation_offloading", "lora_alpha", "target_modules", "task_type", "bias"}
+           "activation_offloading", "lora_alpha", "target_modules", "task_type", "bias", "quantization_config",
+           "dataloader_persistent_workers"}
 """Settings written by a rule of their own below (``task_type`` and ``bias`` are Axolotl's own:
 the model's task, no bias trained)."""
 
 ORDER = ("base_model", "sequence_len", "sample_packing", "pad_to_sequence_len", "pad_to_multiple_of",
          "micro_batch_size", "gradient_accumulation_steps", "group_by_length", "bf16", "fp16", "tf32",
          "gradient_checkpointing", "activation_offloading", "attn_implementation", "torch_compile",
-         "torch_compile_mode", "optimizer", "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+         "torch_compile_mode", "optimizer", "dataloader_num_workers", "dataloader_pin_memory",
+         "dataloader_prefetch_factor", "adapter", "load_in_4bit", "load_in_8bit", "bnb_config_kwargs", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
          "lora_target_linear", "lora_target_parameters", "plugins", "liger_rope", "liger_rms_norm",
          "liger_glu_activation", "liger_layer_norm", "liger_fused_linear_cross_entropy", "learning_rate",
          "lr_scheduler", "warmup_steps", "weight_decay", "max_grad_norm", "num_epochs")
@@ -123,6 +127,8 @@ def axolotl_fragment(spec: Spec, params: Params, *, max_length: int | None = Non
     _precision(params, merged, cpu_threads, comments)
     if settings["lora"] is not None:
         _lora(spec, params, settings["lora"], keys, comments)
+        _quantization(params, keys)
+    _loader(params, keys, notes)
     _loss(spec, params, keys, notes)
     if params.packing:
         comments["sample_packing"] = ["Axolotl packs each batch into one row of up to micro_batch_size x "
@@ -199,6 +205,28 @@ def _lora(spec: Spec, params: Params, lora: dict[str, Any], keys: dict[str, Any]
             keys["lora_target_modules"] = default
             comments["lora_target_modules"] = ["peft's default for the model (lora_target_modules: null), "
                                                "which Axolotl does not apply"]
+
+
+def _quantization(params: Params, keys: dict[str, Any]) -> None:
+    """A 4-bit base is Axolotl's ``adapter: qlora`` with ``load_in_4bit``, its data type and double
+    quantization written out (Axolotl's own default is nf4 with double quantization); an 8-bit
+    base is ``adapter: lora`` with ``load_in_8bit``."""
+    if params.quantization == "8bit":
+        keys["load_in_8bit"] = True
+    elif params.quantization == "4bit":
+        keys.update(adapter="qlora", load_in_4bit=True,
+                    bnb_config_kwargs={"bnb_4bit_quant_type": params.bnb_4bit_quant_type,
+                                       "bnb_4bit_use_double_quant": params.bnb_double_quant})
+
+
+def _loader(params: Params, keys: dict[str, Any], notes: list[str]) -> None:
+    """The loader's settings, written even where they are the trainers' defaults: Axolotl sets its
+    own when none is given (a worker per GPU, 256 batches prefetched each)."""
+    keys["dataloader_num_workers"] = params.num_workers
+    keys["dataloader_pin_memory"] = params.pin_memory
+    if params.num_workers and params.persistent_workers:
+        notes.append("dataloader_persistent_workers: true was measured: Axolotl has no key for it (its workers "
+                     "start again each epoch)")
 
 
 def _peft_default_modules(spec: Spec) -> list[str] | None:
