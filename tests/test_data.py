@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -405,3 +406,30 @@ def test_a_wav_header_that_claims_more_than_the_file_holds_is_not_believed(tmp_p
         audio_seconds(tmp_path / "empty.wav")
     with pytest.raises(ValueError, match="cannot read"):
         audio_seconds(tmp_path / "gone.wav")
+
+
+def test_text_and_audio_lengths_are_both_kept_and_the_one_that_drives_memory_decides(tmp_path: Path, capsys) -> None:
+    """A TTS manifest with each sample's text and its audio file: both lengths are counted (each
+    cached on its own), and a sample is as long as its text tokens and audio frames together (a
+    TTS language model holds them in one sequence), or as ``length_by`` says."""
+    seconds, texts = [1.0, 0.2, 3.0], ["one two three", "a b c d e f g h i j k l m n o p q r s t u v w x y z", "hi"]
+    for i, s in enumerate(seconds):
+        write_wav(tmp_path / f"{i}.wav", s)
+    manifest = tmp_path / "tts.jsonl"
+    manifest.write_text("".join(json.dumps({"path": f"{i}.wav", "text": t}) + "\n" for i, t in enumerate(texts)))
+    words = [3, 26, 1]  # word pieces: no tokenizer
+    frames = [75, 15, 225]  # ceil(seconds x 75)
+    for by, expected in (("sum", [w + f for w, f in zip(words, frames)]), ("max", [75, 26, 225]),
+                         ("text", words), ("audio", frames)):
+        recipe = LengthRecipe(text_fields=("text",), audio_field="path", length_scale=75, length_by=by)
+        table = count_lengths(manifest, recipe, cache_dir=tmp_path / "cache", progress=False)
+        assert table.lengths.tolist() == expected, by
+        assert table.parts["text"].tolist() == words and table.parts["audio"].tolist() == frames
+    assert "the sum of text in 'text'" in LengthRecipe(text_fields=("text",), audio_field="path").describe()
+    assert main(["analyze", str(manifest), "--text-field", "text", "--audio-field", "path", "--frames-per-second",
+                 "75", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "41 / 115.0 / 226" in out  # min / mean / max of the sums 78, 41 and 226
+    assert re.search(r"text\s+median 3, p99 26, max 26", out) and re.search(r"audio\s+median 75, p99 222, max 225", out)
+    with pytest.raises(TrainfitError, match="length_by 'longest' is not one of"):
+        LengthRecipe(text_fields=("text",), audio_field="path", length_by="longest")

@@ -12,6 +12,7 @@ from trainfit.data.analyze import analyze_spec
 from trainfit.data.lengths import count_lengths
 from trainfit.data.plot import histogram_html
 from trainfit.data.row_length import LengthRecipe
+from trainfit.spec import LENGTH_BY
 from trainfit.data.stats import summarize
 from trainfit.errors import TrainfitError
 from trainfit.format import table
@@ -48,6 +49,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--length-scale", "--frames-per-second", dest="length_scale", type=number(float, above=0),
                    default=1.0, help="positions per unit of --length-field, or frames per second of --audio-field's "
                                      "audio (e.g. 75 codec frames; mel frames: the sample rate over the hop length)")
+    p.add_argument("--length-by", choices=LENGTH_BY, default="sum",
+                   help="with a text field and --audio-field both: the length that drives memory, so each "
+                        "sample's: sum (text tokens and audio frames in one sequence, as a TTS language model "
+                        "holds them; default), max, text or audio; both are shown")
     p.add_argument("--tokenizer", help="tokenizer folder or tokenizer.json (default: a stated approximation)")
     p.add_argument("--format", default="auto", help="auto, jsonl, json, csv, tsv, parquet, text, hf")
     p.add_argument("--on-bad-row", choices=("stop", "skip"), default="stop",
@@ -93,6 +98,8 @@ def render(stats) -> str:
          f"pad to longest in batch {stats.waste['pad_to_longest_in_batch']:.1%}, "
          f"fixed length {stats.waste['pad_to_fixed_length']:.1%}, packing {stats.waste['packing']:.1%}"),
         ("lengths", stats.description),
+        *((f"  {name}", f"median {p['p50']:,.0f}, p99 {p['p99']:,.0f}, max {p['max']:,.0f}")
+          for name, p in stats.parts.items()),
     ]
     if stats.over_max_positions is not None:
         rows.append(("over max positions", f"{stats.over_max_positions:,} samples longer than the model's "
@@ -117,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             raise TrainfitError("give a dataset path or --spec", "e.g. trainfit analyze data.jsonl --text-field text")
         recipe = LengthRecipe(text_fields=tuple(args.text_field), messages_field=args.messages_field,
                               length_field=args.length_field, audio_field=args.audio_field,
-                              length_scale=args.length_scale,
+                              length_scale=args.length_scale, length_by=args.length_by,
                               tokenizer=args.tokenizer)
         table = count_lengths(args.path, recipe, fmt=args.format, on_bad_row=args.on_bad_row,
                               use_cache=not args.no_cache, progress=not args.quiet)

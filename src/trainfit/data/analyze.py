@@ -20,7 +20,8 @@ def recipe_for_spec(spec: Spec) -> LengthRecipe:
     if not (fields or d.messages_field or d.length_field or d.audio_field):
         fields = ("text",)
     return LengthRecipe(text_fields=fields, messages_field=d.messages_field, length_field=d.length_field,
-                        audio_field=d.audio_field, length_scale=d.length_scale, tokenizer=spec.tokenizer)
+                        audio_field=d.audio_field, length_scale=d.length_scale, tokenizer=spec.tokenizer,
+                        length_by=d.length_by)
 
 
 def model_max_positions(spec: Spec) -> int | None:

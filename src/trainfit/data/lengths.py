@@ -42,6 +42,9 @@ class LengthTable:
     bad_examples: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     from_cache: bool = False
+    parts: dict[str, np.ndarray] = field(default_factory=dict)
+    """Text and audio both (``LengthRecipe.combined``): each row's ``text`` tokens and ``audio``
+    frames (``BAD`` where that part could not be read), of which ``lengths`` is made."""
 
     @property
     def valid(self) -> np.ndarray:
@@ -116,6 +119,12 @@ def count_lengths(
     """
     path = Path(path)
     fp = fingerprint(path)  # first: a clear error for a missing file, an empty folder, a pattern matching nothing
+    if recipe.combined:
+        parts = {name: count_lengths(path, part, fmt=fmt, on_bad_row=on_bad_row, cache_dir=cache_dir,
+                                     use_cache=use_cache, batch_rows=batch_rows, checkpoint_every_s=checkpoint_every_s,
+                                     progress=progress, on_batch=on_batch)
+                 for name, part in recipe.parts().items()}
+        return combined_table(recipe, parts)
     if recipe.audio_field and recipe.audio_root is None:  # a manifest's relative paths start at its folder
         recipe = dataclasses.replace(recipe, audio_root=str((path if path.is_dir() else path.parent).resolve()))
     ckpt = Checkpoint((cache_dir or default_cache_dir()) / cache_key(path, recipe, fp, fmt))
@@ -126,6 +135,21 @@ def count_lengths(
     rows = iter_rows(path, fmt, columns=recipe.fields, skip=count.resumed_at)
     _count_batches(count, _batches(rows, batch_rows))
     return _finish_count(count, fp)
+
+
+def combined_table(recipe: LengthRecipe, parts: dict[str, LengthTable]) -> LengthTable:
+    """One table of the text and audio counts of the same rows, each row's length made of its two
+    as ``recipe.length_by`` says (``BAD`` where either part is)."""
+    text, audio = parts["text"].lengths.astype(np.int64), parts["audio"].lengths.astype(np.int64)
+    made = {"sum": text + audio, "max": np.maximum(text, audio), "text": text, "audio": audio}[recipe.length_by]
+    lengths = np.where((text == BAD) | (audio == BAD), BAD, made).astype(np.int32)
+    bad = [e for t in parts.values() for e in t.bad_examples]
+    return LengthTable(lengths=lengths, description=recipe.describe(), source=parts["text"].source,
+                       source_fingerprint=parts["text"].source_fingerprint, approximate=recipe.approximate,
+                       bad_rows=int(np.count_nonzero(lengths == BAD)), bad_examples=bad[:20],
+                       notes=[n for t in parts.values() for n in t.notes],
+                       from_cache=all(t.from_cache for t in parts.values()),
+                       parts={name: t.lengths for name, t in parts.items()})
 
 
 def _cached_table(path: Path, recipe: LengthRecipe, fp: str, on_bad_row: str, cached: np.ndarray,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 
 from trainfit.data.audio import audio_seconds
 from trainfit.errors import TrainfitError
+from trainfit.spec import LENGTH_BY
 
 
 BAD = -1  # length recorded for a row that could not be read
@@ -39,22 +41,42 @@ class LengthRecipe:
     tokenizer: str | None = None
     audio_root: str | None = None
     """The folder relative audio paths start at: the dataset file's."""
+    length_by: str = "sum"
+    """With text and an audio field both: which length drives memory, so is the sample's length:
+    ``sum`` (text tokens and audio frames in one sequence, as a TTS language model holds them),
+    ``max`` (the longer of the two), ``text`` or ``audio``. Both stay in ``LengthTable.parts``."""
 
     def __post_init__(self) -> None:
+        text = bool(self.text_fields or self.messages_field)
         given = sum(bool(x) for x in (self.text_fields, self.messages_field, self.length_field, self.audio_field))
-        if given != 1:
+        if given != 1 and not (given == 2 and text and self.audio_field):
             raise TrainfitError("say how long a sample is: give one of a text field, a messages field, "
-                                "a length field or an audio field",
+                                "a length field or an audio field (or text and an audio field together)",
                                 "e.g. --text-field text, --length-field duration_s or --audio-field path")
+        if self.length_by not in LENGTH_BY:
+            raise TrainfitError(f"length_by {self.length_by!r} is not one of {', '.join(LENGTH_BY)}",
+                                "sum: text tokens and audio frames in one sequence; max: the longer")
+
+    @property
+    def combined(self) -> bool:
+        """A sample's length is made of its text's tokens and its audio's frames (:attr:`length_by`)."""
+        return bool(self.audio_field and (self.text_fields or self.messages_field))
+
+    def parts(self) -> dict[str, LengthRecipe]:
+        """A combined recipe's two, each counted (and cached) on its own: ``text`` and ``audio``."""
+        return {"text": dataclasses.replace(self, audio_field=None, audio_root=None),
+                "audio": dataclasses.replace(self, text_fields=(), messages_field=None, tokenizer=None)}
 
     @property
     def fields(self) -> list[str]:
+        if self.combined:
+            return [*self.parts()["text"].fields, *self.parts()["audio"].fields]
         return list(self.text_fields) or [self.messages_field or self.length_field or self.audio_field]  # type: ignore[list-item]
 
     @property
     def counted(self) -> bool:
         """Each row's length is read from the row (a number or an audio file's header), not tokenized."""
-        return bool(self.length_field or self.audio_field)
+        return bool(self.length_field or self.audio_field) and not self.combined
 
     @property
     def approximate(self) -> bool:
@@ -62,6 +84,9 @@ class LengthRecipe:
         return not self.counted and not self.tokenizer
 
     def describe(self) -> str:
+        if self.combined:
+            how = {"sum": "the sum", "max": "the longer"}.get(self.length_by, f"the {self.length_by} part")
+            return f"{how} of {self.parts()['text'].describe()} and {self.parts()['audio'].describe()}"
         if self.audio_field:
             return (f"the duration of the audio file in {self.audio_field!r} (its header) x {self.length_scale:g} "
                     "frames a second, rounded up")

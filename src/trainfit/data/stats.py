@@ -85,6 +85,9 @@ class LengthStats:
     max_positions: int | None = None
     bad_examples: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    parts: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Text and audio both: each part's ``p50``, ``p99`` and ``max`` over the samples (the lengths
+    above are made of them, ``LengthRecipe.length_by``)."""
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,6 +180,8 @@ def summarize(
         max_positions=max_positions,
         bad_examples=table.bad_examples,
         notes=list(table.notes),
+        parts={name: {"p50": float(np.percentile(part[ok], 50)), "p99": float(np.percentile(part[ok], 99)),
+                      "max": float(part[ok].max())} for name, part in table.parts.items()},
     )
 
 

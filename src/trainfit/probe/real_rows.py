@@ -59,7 +59,7 @@ def _why_not_real(spec: Spec, recipe: LengthRecipe) -> str | None:
     """Why the timed steps cannot run on the dataset's rows (None: they can)."""
     if spec.model.factory is not None:
         return None  # the worker checks the factory has a collate
-    if recipe.counted:
+    if recipe.counted or recipe.combined:
         return "a Hugging Face model needs text to tokenize, and the data's lengths are read from a field"
     if recipe.tokenizer is None:
         return "no tokenizer to make token ids of the rows (give `tokenizer:`)"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from trainfit.spec.build import RUN_LIMITS, build_spec, load_spec, model_folder_tokenizer, with_tune
 from trainfit.spec.rules import unused_lora_note
 from trainfit.spec.sections import (
+    LENGTH_BY,
     MAX_MEMORY_GB,
     MAX_SEED,
     OBJECTIVES,
@@ -28,6 +29,6 @@ from trainfit.spec.sections import (
 )
 from trainfit.spec.yaml_input import load_yaml, merge_overrides, parse_override
 
-__all__ = ["Budget", "DataSpec", "GiB", "MAX_MEMORY_GB", "MAX_SEED", "ModelSpec", "OBJECTIVES", "ProbeSettings",
+__all__ = ["Budget", "DataSpec", "GiB", "LENGTH_BY", "MAX_MEMORY_GB", "MAX_SEED", "ModelSpec", "OBJECTIVES", "ProbeSettings",
            "RUN_LIMITS", "STRATEGIES", "Spec", "TuneSettings", "build_spec", "is_trl_command", "load_spec", "load_yaml",
            "merge_overrides", "model_folder_tokenizer", "parse_override", "unused_lora_note", "with_tune"]

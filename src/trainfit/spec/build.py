@@ -23,6 +23,7 @@ from trainfit.spec.rules import (
     trl_problems,
 )
 from trainfit.spec.sections import (
+    LENGTH_BY,
     MAX_MEMORY_GB,
     OBJECTIVES,
     PROBE_DATA,
@@ -117,10 +118,12 @@ def _data_section(typed: dict[str, Any] | None, base_dir: Path, problems: list[P
                                 "check the path; a relative path starts at the spec's folder"))
     fields_given = [k for k in ("text_field", "messages_field", "length_field", "audio_field")
                     if getattr(data, k) is not None]
-    if len(fields_given) > 1:
-        problems.append(Problem("data", f"give one of text_field, messages_field, length_field, audio_field "
-                                        f"(got {fields_given})"))
+    text_and_audio = len(fields_given) == 2 and "audio_field" in fields_given and "length_field" not in fields_given
+    if len(fields_given) > 1 and not text_and_audio:
+        problems.append(Problem("data", f"give one of text_field, messages_field, length_field, audio_field, or a "
+                                        f"text (or messages) field with an audio field (got {fields_given})"))
     check_one_of(data, "data", "format", _DATA_FORMATS, problems)
+    check_one_of(data, "data", "length_by", LENGTH_BY, problems)
     if data.on_bad_row not in ("stop", "skip"):
         problems.append(Problem("data.on_bad_row", "must be stop or skip"))
     if data.length_scale <= 0:

@@ -59,6 +59,10 @@ class DataSpec:
     length_scale: float = 1.0
     """Positions per unit of ``length_field``, or per second of ``audio_field``'s audio (e.g. 75
     codec frames, or 100 mel frames: the sample rate over the hop length)."""
+    length_by: str = "sum"
+    """With a text field (or messages) and an audio field both: the length that drives memory, and so
+    is each sample's: ``sum`` (text tokens and audio frames in one sequence), ``max``, ``text`` or
+    ``audio``. Both are kept and shown by ``trainfit analyze``."""
     format: str = "auto"
     """auto | jsonl | json | csv | tsv | parquet | text | hf."""
     on_bad_row: str = "stop"
@@ -121,6 +125,8 @@ class ProbeSettings:
 
 
 PROBE_DATA = ("auto", "real", "synthetic")
+LENGTH_BY = ("sum", "max", "text", "audio")
+"""How a sample with text and audio both is as long (``DataSpec.length_by``)."""
 
 
 STRATEGIES = ("auto", "grid", "random", "bayes")
