@@ -73,6 +73,12 @@ def peak_flops(device_name: str, precision: str, tf32: bool) -> tuple[float, str
     return None
 
 
+def known_devices() -> list[str]:
+    """The devices with a peak on record, by the names a user gives them (``H100``, ``RTX 4090``):
+    each matches its own entry of :data:`PEAK_FLOPS` first."""
+    return [re.sub(r"\\b|\$", "", pattern) for pattern, _ in PEAK_FLOPS]
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:

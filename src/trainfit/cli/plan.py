@@ -1,8 +1,11 @@
-"""``trainfit plan``: fit a training run into a time window, from a tune output folder."""
+"""``trainfit plan``: fit a training run into a time window, from a tune output folder; or, before the
+hardware, from your own figure (``--spec --throughput``) or a tune folder scaled to another device
+(``--like --device``), estimated, not measured."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import sys
 from pathlib import Path
@@ -10,11 +13,14 @@ from typing import Any
 
 from trainfit.cli import COMMANDS
 from trainfit.cli.common import check_eval_flags, number
-from trainfit.plan import MAX_EPOCHS, make_plan
+from trainfit.data.analyze import analyze_spec
+from trainfit.errors import TrainfitError
+from trainfit.plan import MAX_EPOCHS, Plan, make_plan, plan_from_throughput
 from trainfit.plan.choose import PRIORITIES
 from trainfit.plan.inputs import best_step_cost
 from trainfit.plan.outputs import PLAN_FILE, TEXT_FILE, write_plan
-from trainfit.run_folder import RunFolder
+from trainfit.run_folder import SUMMARY_FILE, RunFolder
+from trainfit.spec import load_spec
 from trainfit.trainer.calibration import calibrate
 
 EPILOG = """\
@@ -23,6 +29,10 @@ examples:
   trainfit plan RUN_DIR --max-hours 8 --priority quality --calibrate 50   # real trainer steps first
   trainfit plan RUN_DIR --max-hours 2 --json                              # plan.json on stdout
   trainfit plan RUN_DIR --max-hours 12 --eval-data val.jsonl --eval-every 500   # with evaluation passes
+
+before the hardware (estimated, not measured; written to --output):
+  trainfit plan --spec spec.yaml --throughput 800 --max-hours 12 --epochs 3   # your figure, tokens/s
+  trainfit plan --like RUN_DIR --device H100 --max-hours 12                   # a tune's run, scaled to an H100
 
 Priorities are rules over the configs tune measured, never fixed numbers:
   fast              the fastest config that fits
@@ -38,6 +48,10 @@ the plan reuses that); a tune.command_template with {max_steps} runs twice itsel
 where you ran tune: its relative paths); --eval-data adds the evaluation passes, one timed forward-only on the chosen config
 (and the planned command evaluates on that set). Writes RUN_DIR/plan.json and RUN_DIR/plan.txt. Exit status: 0
 when the run fits the window, 1 when it does not (the plan then lists what would, each with its ETA).
+
+--throughput takes your figure as given: the ETA's interval is the data side's alone. --like scales each
+measured config's step time by the peak FLOP/s of its device over --device's, at the MFU it measured, and
+widens the training time by +-30% for the MFU the other device may reach (docs/plan.md).
 """
 
 
@@ -45,9 +59,23 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("plan", help=COMMANDS["plan"],
                        description="Plan a training run from what `trainfit tune` measured: the config a priority "
                                    "picks, its ETA with an interval, checkpoints, and what to change when it does "
-                                   "not fit the window.",
+                                   "not fit the window. Before the hardware: from your own figure (--spec with "
+                                   "--throughput), or a tune folder scaled to another device (--like with --device); "
+                                   "such a plan says it is estimated, not measured.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a `trainfit tune` output folder (holds summary.json)")
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
+                   help="a `trainfit tune` output folder (holds summary.json): plan what it measured")
+    p.add_argument("--like", metavar="RUN_DIR",
+                   help="plan a tune folder's run on another device (--device), scaled by peak FLOP/s at its MFU")
+    p.add_argument("--device", metavar="NAME", help="with --like: the device to plan for, e.g. H100, A100, L4")
+    p.add_argument("--spec", metavar="SPEC", help="with --throughput or --samples-per-second: the spec whose data "
+                                                  "and params the run trains (no tune needed)")
+    p.add_argument("--throughput", type=number(float, above=0), metavar="TOKENS_PER_S",
+                   help="with --spec: your figure in real (not padding) tokens per second, taken as given")
+    p.add_argument("--samples-per-second", type=number(float, above=0), metavar="N",
+                   help="with --spec: your figure in samples per second, taken as given")
+    p.add_argument("--output", metavar="DIR", help="with --spec or --like: where plan.json and plan.txt go "
+                                                   "(default: a new trainfit-runs/SPEC_NAME/plan-TIMESTAMP)")
     p.add_argument("--max-hours", type=number(float, above=0, at_most=24 * 366), required=True,
                    help="the time window, in hours (at most a year)")
     p.add_argument("--epochs", type=number(float, above=0, at_most=MAX_EPOCHS),
@@ -85,20 +113,13 @@ def _every(text: str) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
 
-    folder = Path(args.run_dir)
-    run = RunFolder(folder)  # read once, whatever asks
     check_eval_flags(args)
-    calibration = None
-    if args.calibrate:
-        what = "your tune.command_template" if run.summary.command_template else folder / "train_command.sh"
-        print(f"calibrating: {args.calibrate} real trainer steps of {what} ...", file=sys.stderr,
-              flush=True)  # stderr: --json keeps stdout for the plan
-        calibration = calibrate(run, args.calibrate, step_cost=best_step_cost(run),
-                                on_progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-    plan = make_plan(run, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority,
-                     margin_minutes=args.margin_minutes, checkpoint_minutes=args.checkpoint_minutes,
-                     calibration=calibration, eval_data=args.eval_data, eval_every=args.eval_every,
-                     eval_batch_size=args.eval_batch_size)
+    _check_source(args)
+    if args.run_dir is None:
+        folder, plan = _estimated_plan(args)
+    else:
+        folder = Path(args.run_dir)
+        plan = _measured_plan(args, RunFolder(folder))  # read once, whatever asks
     text = write_plan(folder, plan, epochs_given=args.epochs is not None)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
@@ -106,3 +127,80 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         print(f"\nwritten: {folder / PLAN_FILE}, {folder / TEXT_FILE}")
     return 0 if plan.fits else 1
+
+
+def _check_source(args: argparse.Namespace) -> None:
+    """One source of speed: RUN_DIR, --like RUN_DIR --device NAME, or --spec SPEC with one figure; a
+    clear error naming what is wrong and the way on otherwise."""
+    figure = args.throughput is not None or args.samples_per_second is not None
+    ways = "give RUN_DIR (a tune folder), --like RUN_DIR --device NAME, or --spec SPEC --throughput TOKENS_PER_S"
+    problems = [
+        (args.throughput is not None and args.samples_per_second is not None,
+         "--throughput and --samples-per-second are two figures for one speed", "give one of them"),
+        (sum(x is not None for x in (args.run_dir, args.like, args.spec)) > 1,
+         "give one source of the speed: RUN_DIR, --like RUN_DIR or --spec SPEC", ways),
+        (args.like is not None and not args.device,
+         "--like plans the run on another device, and --device names none", "add --device NAME, e.g. --device H100"),
+        (args.device is not None and args.like is None,
+         "--device names the device --like plans a tune folder's run for", "add --like RUN_DIR, or drop --device"),
+        (args.spec is not None and not figure, "--spec plans its data at your figure, and none was given",
+         "add --throughput TOKENS_PER_S or --samples-per-second N"),
+        (figure and args.spec is None, "--throughput and --samples-per-second plan a spec's data at your figure",
+         "add --spec SPEC (a tune folder has measured speeds: plan RUN_DIR without a figure)"),
+        (args.run_dir is None and (args.calibrate or args.eval_data),
+         "--calibrate and --eval-data time this machine's trainer and model, not the run's device",
+         "drop them from a plan before the hardware"),
+        (args.run_dir is None and args.like is None and args.spec is None, "nothing to plan from", ways),
+        (args.run_dir is not None and args.output is not None,
+         "a plan of RUN_DIR is written into it, where `trainfit train` reads it", "drop --output"),
+    ]
+    for wrong, problem, fix in problems:
+        if wrong:
+            raise TrainfitError(problem, fix)
+
+
+def _estimated_plan(args: argparse.Namespace) -> tuple[Path, Plan]:
+    """A plan before the hardware (--spec with a figure, or --like), and the folder it goes to."""
+    common = {"max_hours": args.max_hours, "epochs": args.epochs, "priority": args.priority,
+              "margin_minutes": args.margin_minutes, "checkpoint_minutes": args.checkpoint_minutes}
+    if args.like is not None:
+        run = RunFolder(args.like)
+        folder = _output(args, run.summary.spec.source or args.like)
+        plan = make_plan(run, device=args.device, **common)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder, plan
+    spec = load_spec(args.spec)
+    if spec.data is None:
+        raise TrainfitError(f"{args.spec} has no data section: a plan counts the samples and lengths it trains",
+                            "add data: {path: ..., text_field: ...} to the spec (docs/spec.md)")
+    stats = analyze_spec(spec, progress=not args.json)
+    folder = _output(args, args.spec)
+    return folder, plan_from_throughput(spec, stats, folder, tokens_per_second=args.throughput,
+                                        samples_per_second=args.samples_per_second, **common)  # it makes the folder
+
+
+def _output(args: argparse.Namespace, spec_path: str) -> Path:
+    """--output, or a new trainfit-runs/SPEC_NAME/plan-TIMESTAMP (not made here); never a tune folder,
+    whose plan.json `trainfit train` runs against."""
+    folder = Path(args.output) if args.output else (
+        Path("trainfit-runs") / Path(spec_path).stem / _dt.datetime.now().strftime("plan-%Y%m%d-%H%M%S"))
+    if (folder / SUMMARY_FILE).is_file():
+        raise TrainfitError(f"{folder} is a tune folder: an estimated plan there would stand in for its measured "
+                            "one, which `trainfit train` runs against", "give another --output")
+    return folder
+
+
+def _measured_plan(args: argparse.Namespace, run: RunFolder) -> Plan:
+    """The plan of what the tune folder ``run`` measured (calibrated first with --calibrate)."""
+    folder = run.path
+    calibration = None
+    if args.calibrate:
+        what = "your tune.command_template" if run.summary.command_template else folder / "train_command.sh"
+        print(f"calibrating: {args.calibrate} real trainer steps of {what} ...", file=sys.stderr,
+              flush=True)  # stderr: --json keeps stdout for the plan
+        calibration = calibrate(run, args.calibrate, step_cost=best_step_cost(run),
+                                on_progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    return make_plan(run, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority,
+                     margin_minutes=args.margin_minutes, checkpoint_minutes=args.checkpoint_minutes,
+                     calibration=calibration, eval_data=args.eval_data, eval_every=args.eval_every,
+                     eval_batch_size=args.eval_batch_size)

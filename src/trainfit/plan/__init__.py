@@ -4,7 +4,9 @@ A plan never guesses a throughput: the ETA is the epoch's real work at the speed
 measured over the data's own batches (``inputs``), plus the trainer's per-step cost where
 ``--calibrate`` measured it and the checkpoint saves timed on the output disk (``eta``). The
 priorities are rules over the measured configs (``choose``); a run that does not fit gets ranked
-options, each with its own ETA (``options``)."""
+options, each with its own ETA (``options``). Before the hardware, a plan takes the user's figure or
+a measured run scaled to another device, and says in all it writes that it is estimated, not
+measured (``estimated``)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from trainfit.errors import TrainfitError
 from trainfit.json_record import Record, check_schema
 from trainfit.params import parse_params
 from trainfit.plan.choose import PRIORITIES, RULES, choose
+from trainfit.plan.estimated import Estimated, from_throughput, like_estimated, like_lines, scaled_to, throughput_lines
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_speed
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
 from trainfit.plan.inputs import Candidate, TuneRun, load_run
@@ -45,7 +48,7 @@ MAX_EPOCHS = 1_000_000
 """The most epochs a plan takes: past any run (a window is a year at most), and a bound that keeps
 every figure a plan computes from them finite (a count of samples beyond 1e308 is no number)."""
 
-__all__ = ["MAX_EPOCHS", "PRIORITIES", "Plan", "make_plan"]
+__all__ = ["MAX_EPOCHS", "PRIORITIES", "Plan", "make_plan", "plan_from_throughput"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +70,7 @@ class Plan(Record):
     schema_version: int = SCHEMA_VERSION
     created_at: str
     run_dir: str
+    """The tune folder the plan rests on; for a plan from the user's figure, which rests on none, the spec."""
     max_hours: float
     margin_minutes: float
     window_s: float
@@ -75,7 +79,8 @@ class Plan(Record):
     dataset_samples: int
     priority: str
     rule: str
-    trial: int
+    trial: int | None
+    """The chosen config's trial; None: a plan from the user's figure, of the spec's config."""
     searched: dict[str, Any]
     config: dict[str, Any]
     samples_per_second: float
@@ -108,6 +113,9 @@ class Plan(Record):
     calibrated cost)."""
     evaluation: Evaluation | None = None
     """The eval set, its schedule and one pass's measured cost; None: the run evaluates nothing."""
+    estimated: Estimated | None = field(default=None, metadata={"omit_none": True})
+    """A plan before the hardware (``--throughput``, ``--like``): where its speed comes from and the
+    interval it can claim; absent from a plan of what was measured on the device."""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Plan:
@@ -128,27 +136,26 @@ class Plan(Record):
 def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | None = None, priority: str = "balanced",
               margin_minutes: float = 30.0, checkpoint_minutes: float = 30.0,
               calibration: Calibration | None = None, eval_data: str | Path | None = None,
-              eval_every: int | None = None, eval_batch_size: int | None = None) -> Plan:
+              eval_every: int | None = None, eval_batch_size: int | None = None, device: str | None = None) -> Plan:
     """The plan of a run of ``epochs`` (default: the tune's ``tune.epochs``) over the tune
     folder ``folder``'s dataset in ``max_hours``, less ``margin_minutes``, with ``priority``'s config.
 
     ``eval_data``: an eval set (the training data's format and fields), evaluated every
     ``eval_every`` optimizer steps (None: at each epoch's end) in batches of ``eval_batch_size``
     (default: the config's batch size); one pass is timed forward-only on the config the priority
-    picks without it, and the passes join every config's ETA."""
-    _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
-    run = load_run(folder)
+    picks without it, and the passes join every config's ETA.
+
+    ``device``: plan the run on that device instead (by name: ``H100``), each config's speed scaled
+    by the two devices' peak FLOP/s at its measured MFU (``estimated.scaled_to``): estimated, not
+    measured. Neither a calibration nor an eval pass can be timed for it here."""
+    window = _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
+    run, calibration = _inputs(folder, calibration, device, eval_data)
     run_dir = run.folder
     summary = run.summary
-    calibration = calibration or _tunes_calibration(run_dir, summary)
-    _check_candidates(run)
-    if not summary.dataset_samples:
-        raise TrainfitError(f"the tune in {run_dir} had no dataset: there is no epoch to plan",
-                            "give the spec a data.path and tune again")
-    epochs = _epochs(epochs, summary)
+    epochs = _epochs(epochs, summary.epochs_for_estimate)
     samples = summary.dataset_samples
+    assert samples  # _inputs refuses a tune without a dataset
     total = round(samples * epochs)
-    window = max_hours * 3600 - margin_minutes * 60
     _check_one_step(run.candidates, window, max_hours, margin_minutes)
     every = checkpoint_minutes * 60
     speed = write_speed(run_dir, max(checkpoint_bytes(c) for c in run.candidates))
@@ -170,6 +177,7 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
     save_steps = max(1, int(every // run_eta.step_time_s))
     fits = run_eta.fits(window)
     options = [] if fits else _options(run, rebuilt, chosen, samples, epochs, total, window, eta)
+    estimated = like_estimated(chosen, device, run) if device is not None else None
     return Plan(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_dir=str(run_dir),
                 max_hours=max_hours, margin_minutes=margin_minutes, window_s=window, epochs=epochs,
                 dataset_samples=samples, priority=priority, rule=RULES[priority], trial=chosen.trial,
@@ -180,10 +188,64 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
                                         evaluation=_trl_evaluation(run, rebuilt, evaluation)),
                 checkpoint_every_s=every, checkpoint_bytes=checkpoint_bytes(chosen), write_bytes_per_s=speed,
                 calibration=calibration.to_json() if calibration else None,
-                rests_on=rests_on(run, chosen, calibration, evaluation),
+                rests_on=rests_on(run, chosen, calibration, evaluation, estimated)
+                + (like_lines(chosen, estimated) if estimated else []),
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
                 options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s,
-                evaluation=evaluation)
+                evaluation=evaluation, estimated=estimated)
+
+
+def _inputs(folder: Path | RunFolder, calibration: Calibration | None, device: str | None,
+            eval_data: str | Path | None) -> tuple[TuneRun, Calibration | None]:
+    """The tune folder's run (scaled to ``device`` where given) and the calibration the plan uses:
+    the one given, else the tune's own (none for another device: it timed this machine's trainer)."""
+    if device is not None and (calibration is not None or eval_data is not None):
+        raise TrainfitError(f"a calibration and an eval pass are timed on this machine, not on {device}",
+                            "plan for another device without --calibrate and --eval-data (or tune on it)")
+    run = load_run(folder)
+    calibration = calibration or (_tunes_calibration(run.folder, run.summary) if device is None else None)
+    _check_candidates(run)
+    if not run.summary.dataset_samples:
+        raise TrainfitError(f"the tune in {run.folder} had no dataset: there is no epoch to plan",
+                            "give the spec a data.path and tune again")
+    return (run if device is None else scaled_to(run, device)), calibration
+
+
+def plan_from_throughput(spec: Spec, stats: LengthStats, folder: Path, *, max_hours: float,
+                         tokens_per_second: float | None = None, samples_per_second: float | None = None,
+                         epochs: float | None = None, priority: str = "balanced", margin_minutes: float = 30.0,
+                         checkpoint_minutes: float = 30.0) -> Plan:
+    """A plan before the hardware: a run of the spec's config over its data (``stats``, its length
+    analysis) at the user's figure, ``tokens_per_second`` or ``samples_per_second``, taken as given
+    (``estimated.from_throughput``), priced as a measured config is: its steps, the window less the
+    margin, and what would fit when it does not. Nothing measured a checkpoint's size, a trainer's
+    start-up or another config: none is in it. ``folder``: where it is written (its disk is timed)."""
+    window = _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
+    chosen, estimated = from_throughput(spec.params, stats, tokens_per_second=tokens_per_second,
+                                        samples_per_second=samples_per_second)
+    epochs = _epochs(epochs, spec.tune.epochs)
+    samples = stats.samples
+    total = round(samples * epochs)
+    _check_one_step([chosen], window, max_hours, margin_minutes)
+    every = checkpoint_minutes * 60
+    speed = write_speed(folder, 0)  # a checkpoint of no measured size costs nothing at any speed
+
+    def eta(c: Candidate, n: int = total) -> Eta:
+        return estimate(c, n, write_bytes_per_s=speed, checkpoint_every_s=every, epochs=n / samples)
+
+    run_eta = eta(chosen)
+    fits = run_eta.fits(window)
+    options = [] if fits else ranked([fewer_epochs(chosen, samples, epochs, window, eta),
+                                      subset(chosen, samples, epochs, window, eta)])
+    return Plan(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_dir=spec.source or "",
+                max_hours=max_hours, margin_minutes=margin_minutes, window_s=window, epochs=epochs,
+                dataset_samples=samples, priority=priority, rule="the spec's config at your figure (the priorities "
+                "choose among measured configs, and none was measured)", trial=None, searched={},
+                config=chosen.config, samples_per_second=chosen.samples_per_second, peak_gb=0.0, command=None,
+                save_steps=max(1, int(every // run_eta.step_time_s)), eta=run_eta, fits=fits, checkpoint_every_s=every,
+                checkpoint_bytes=0, write_bytes_per_s=speed, calibration=None,
+                rests_on=throughput_lines(stats), priorities=[], options=options,
+                model_step_s=chosen.step_time_s, estimated=estimated)
 
 
 def _check_candidates(run: TuneRun) -> None:
@@ -201,9 +263,9 @@ def _check_candidates(run: TuneRun) -> None:
                         "tune again into a new folder with this trainfit (an older one kept no epoch speed)")
 
 
-def _epochs(given: float | None, summary: Summary) -> float:
+def _epochs(given: float | None, spec_epochs: float) -> float:
     """The plan's epochs: ``given``, else the spec's ``tune.epochs``; refused past :data:`MAX_EPOCHS`."""
-    epochs = float(given if given is not None else summary.epochs_for_estimate)
+    epochs = float(given if given is not None else spec_epochs)
     if not epochs <= MAX_EPOCHS:
         raise TrainfitError(f"{epochs:g} epochs is past any run: a plan takes at most {MAX_EPOCHS:,} epochs",
                             "give --epochs N with fewer (the plan then says how many fit the window)")
@@ -237,6 +299,7 @@ def _evaluation(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, path: 
         raise TrainfitError(f"the config of trial {chosen.trial} does not parse: {problems[0]}", "tune again")
     m = chosen.measurement
     stats = rebuilt.stats
+    assert chosen.trial is not None  # a tune's config: a measured trial
     return measure_eval_pass(rebuilt.spec, params, path=path, every=every, batch_size=batch_size or params.batch_size,
                              max_length=stats.truncation_length(params.max_length) if stats else params.max_length,
                              trial=chosen.trial, threads=m.cpu_threads if m is not None else None)
@@ -254,7 +317,8 @@ def _coefficients(c: Candidate) -> list[float] | None:
     return None if cost is None else [cost.a, cost.b, cost.c]
 
 
-def _check(max_hours: float, epochs: float | None, margin: float, checkpoint: float, priority: str) -> None:
+def _check(max_hours: float, epochs: float | None, margin: float, checkpoint: float, priority: str) -> float:
+    """The time the run may take (s): the window less the margin; a clear error for an input out of range."""
     if priority not in PRIORITIES:
         raise TrainfitError(f"unknown priority {priority!r}", f"use one of: {', '.join(PRIORITIES)}")
     if not max_hours > 0:
@@ -267,6 +331,7 @@ def _check(max_hours: float, epochs: float | None, margin: float, checkpoint: fl
     if not checkpoint > 0:
         raise TrainfitError(f"--checkpoint-minutes must be positive, got {checkpoint:g}",
                             "e.g. --checkpoint-minutes 30")
+    return max_hours * 3600 - margin * 60
 
 
 def _check_one_step(candidates: list[Candidate], window_s: float, max_hours: float, margin_minutes: float) -> None:
@@ -350,4 +415,5 @@ def _command(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate) -> str | 
 
 def _choice(priority: str, c: Candidate, eta: EtaOf, window: float) -> Choice:
     e = eta(c)
+    assert c.trial is not None  # a tune's config: a measured trial
     return Choice(priority=priority, trial=c.trial, searched=c.searched, eta_s=e.total_s, fits=e.fits(window))

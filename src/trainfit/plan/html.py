@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from trainfit.format import format_duration as dur
 from trainfit.format import values_line
+from trainfit.plan.estimated import ESTIMATED
 
 if TYPE_CHECKING:
     from trainfit.plan import Plan
@@ -24,12 +25,17 @@ def plan_section(plan: Plan) -> str:
     command = ("" if e.command_total_s is None else
                f" (by <code>trainfit train</code>; the written command: {dur(e.command_total_s)})")
     rests = "".join(f"<li>{html.escape(line)}</li>" for line in plan.rests_on)
+    estimated = ("" if plan.estimated is None else f"<p><b>{ESTIMATED.capitalize()}</b>: "
+                 f"{html.escape(plan.estimated.speed)}; its interval: {html.escape(plan.estimated.interval)}.</p>\n")
+    chosen = "the spec's config" if plan.trial is None else f"trial {plan.trial}"
+    marked = f", {ESTIMATED}" if plan.estimated else ""
+    table = ("" if not picks else '<table style="font-size: 12px; border-collapse: collapse" border="1" cellpadding="3">'
+             f"\n<tr><th>priority</th><th>trial</th><th>config</th><th>ETA</th><th></th></tr>{picks}</table>")
     return f"""<h3>Plan: {plan.epochs:g} epoch(s) in {plan.max_hours:g} h ({dur(plan.window_s)} after the margin)</h3>
-<p>Priority <b>{plan.priority}</b> ({html.escape(plan.rule)}): trial {plan.trial},
-{html.escape(values_line(plan.searched))}. <b>ETA {dur(e.total_s)}</b> ({html.escape(e.interval)}): {verdict}{command}.
+{estimated}<p>Priority <b>{plan.priority}</b> ({html.escape(plan.rule)}): {chosen},
+{html.escape(values_line(plan.searched))}. <b>ETA {dur(e.total_s)}</b> ({html.escape(e.interval)}){marked}: {verdict}{command}.
 Training {e.steps:,} steps x {e.step_time_s:.3g} s; {e.checkpoints} checkpoint(s) every
 {dur(plan.checkpoint_every_s)}, {dur(e.checkpoint_s)} in all.</p>
 <ul style="font-size: 12px">{rests}</ul>
-<table style="font-size: 12px; border-collapse: collapse" border="1" cellpadding="3">
-<tr><th>priority</th><th>trial</th><th>config</th><th>ETA</th><th></th></tr>{picks}</table>
+{table}
 {f"<p>To fit the window:</p><ol>{options}</ol>" if options else ""}"""

@@ -24,7 +24,8 @@ from trainfit.summary import Summary
 class Candidate:
     """One config the search measured and found to fit the budget, as a plan can use it."""
 
-    trial: int
+    trial: int | None
+    """Its trial; None: the spec's config at the user's figure (``estimated.from_throughput``), measured by none."""
     searched: dict[str, Any]
     """The searched knobs' values (the config's name in the search)."""
     config: dict[str, Any]
@@ -170,17 +171,22 @@ def _measured(studies: list[Any], names: list[str],
             yield t.number, t.user_attrs.get("values", t.params), Measurement.from_dict(t.user_attrs["measurement"])
 
 
+def probe_spread(m: Measurement) -> float:
+    """How far a probe's speed may be off by measurement: its step time's 95% relative half-width and
+    the epoch fit's largest miss, combined (root of the sum of squares)."""
+    return ((m.step_time_ci95_rel or 0.0) ** 2 + (m.fit_error_rel or 0.0) ** 2) ** 0.5
+
+
 def _candidate(runs: list[tuple[int, Measurement]], searched: list[str]) -> Candidate:
     """A config from its probes (a confirmed config has several): the median speed, the first
     probe's shapes and memory."""
     trial, m = runs[0]
     sps = statistics.median(r.samples_per_second or 0.0 for _, r in runs)
     step = statistics.median(r.expected_step_time_s or 0.0 for _, r in runs)
-    spread = ((m.step_time_ci95_rel or 0.0) ** 2 + (m.fit_error_rel or 0.0) ** 2) ** 0.5
     parts = m.memory_parts_bytes
     return Candidate(trial=trial, searched={k: m.config.get(k) for k in searched}, config=dict(m.config),
                      samples_per_second=sps, step_time_s=step,
                      samples_per_step=float(m.samples_per_step or m.config.get("batch_size", 1)),
-                     spread_rel=spread, peak_gb=float(m.peak_memory_gb or 0.0),
+                     spread_rel=probe_spread(m), peak_gb=float(m.peak_memory_gb or 0.0),
                      optimizer_gb=parts.get("optimizer", 0) / 2**30, model_gb=parts.get("model", 0) / 2**30,
                      shape_times=list(m.shape_times), measurement=m)

@@ -31,8 +31,8 @@ class Option(Record):
     basis: str
     """What its ETA rests on."""
     eta: Eta
-    trial: int
-    """The measured config it starts from."""
+    trial: int | None
+    """The measured config it starts from (None: a plan from the user's figure)."""
     flags: str = ""
     """The flags of the written ``trl sft`` command that make the change (empty: another config,
     whose own command applies)."""

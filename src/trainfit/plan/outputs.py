@@ -12,6 +12,7 @@ from trainfit.format import fmt_num, table, values_line
 from trainfit.format import format_duration as dur
 from trainfit.page_slots import with_plan
 from trainfit.plan import Plan
+from trainfit.plan.estimated import ESTIMATED
 from trainfit.plan.html import plan_section
 from trainfit.trainer.command import is_trl_command
 
@@ -47,12 +48,13 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
              f"{plan.max_hours:g} h, less a {plan.margin_minutes:g} min safety margin: {dur(plan.window_s)} to use",
              *([] if epochs_given else
                [f"  ({plan.epochs:g}: the spec's tune.epochs; --epochs N plans another count)"]),
+             *([] if plan.estimated is None else
+               [f"{ESTIMATED.upper()}: {plan.estimated.speed}", f"  its interval: {plan.estimated.interval}"]),
              "",
              f"priority {plan.priority}: {plan.rule}",
-             f"config: trial {plan.trial}: {values_line(plan.searched)} ({fmt_num(plan.samples_per_second)} samples/s "
-             f"by its probe, peak {plan.peak_gb:.2f} GiB)",
+             f"config: {_config_words(plan)}",
              "",
-             f"ETA {dur(e.total_s)} ({e.interval}): {verdict}"]
+             f"ETA {dur(e.total_s)} ({e.interval}){', ' + ESTIMATED if plan.estimated else ''}: {verdict}"]
     if e.command_total_s is not None:
         lines.append(f"  (run by `trainfit train`; the written command, with its own start-up: ETA {dur(e.command_total_s)})")
     rows = [("training", f"{e.steps:,} steps x {fmt_num(e.step_time_s)} s = {dur(e.train_s)} (+-{e.spread_rel:.1%})"),
@@ -61,15 +63,17 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
             ("start-up", "not calibrated" if e.startup_s is None
              else f"{dur(e.startup_s)} (launch to first step and last step to exit, measured)"
              + (f"; the written command: {dur(e.command_startup_s)}" if e.command_startup_s is not None else "")),
-            ("checkpoints", f"{e.checkpoints} save{'s' * (e.checkpoints != 1)}, every {dur(plan.checkpoint_every_s)}, "
-                            f"{plan.checkpoint_bytes / 2**20:,.0f} MiB each = {dur(e.checkpoint_s)}"),
+            ("checkpoints", "not priced: no probe measured the memory that gives a checkpoint's size"
+             if plan.trial is None else f"{e.checkpoints} save{'s' * (e.checkpoints != 1)}, every "
+             f"{dur(plan.checkpoint_every_s)}, {plan.checkpoint_bytes / 2**20:,.0f} MiB each = {dur(e.checkpoint_s)}"),
             ("evaluation", "none (--eval-data prices it)" if plan.evaluation is None else
              f"{e.evals} pass{'es' * (e.evals != 1)} ({_schedule(plan.evaluation.every)}) x "
              f"{fmt_num(plan.evaluation.pass_s)} s = {dur(e.eval_s)} (timed forward-only)")]
-    lines += ["", table(rows), "", "what it rests on:", *(f"  - {line}" for line in plan.rests_on), "",
-              "each priority's pick:",
-              table([(c.priority, f"trial {c.trial}", values_line(c.searched), dur(c.eta_s),
-                      "fits" if c.fits else "does not fit") for c in plan.priorities])]
+    lines += ["", table(rows), "", "what it rests on:", *(f"  - {line}" for line in plan.rests_on)]
+    if plan.priorities:
+        lines += ["", "each priority's pick:",
+                  table([(c.priority, f"trial {c.trial}", values_line(c.searched), dur(c.eta_s),
+                          "fits" if c.fits else "does not fit") for c in plan.priorities])]
     if plan.options:
         lines += ["", "to fit the window (most kept first):"]
         lines += [f"  {i}. {o.change}: ETA {dur(o.eta.total_s)} (up to {dur(o.eta.high_s)}); {o.cost}; from {o.basis}"
@@ -80,10 +84,26 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
         lines += ["", "train it:" if plan.fits else "its command (as planned, it does not fit the window):",
                   f"  {plan.command}"]
 
-        if is_trl_command(plan.command):
+        if plan.estimated is not None:
+            lines += [f"(`trainfit train` runs a measured plan: tune on {plan.estimated.device}, then plan that folder)"]
+        elif is_trl_command(plan.command):
             lines += ["or, checkpointed, resumable and watched against this plan: "
                       f"trainfit train {shlex.quote(plan.run_dir)}"]
+    elif plan.trial is None:
+        lines += ["", (f"no command: nothing was measured; `trainfit tune {shlex.quote(plan.run_dir)}` on the device "
+                       "measures the configs and writes one, and `trainfit plan RUN_DIR` then plans what it measured")]
     else:
         lines += ["", f"tune wrote no command for trial {plan.trial}: set its values ({values_line(plan.searched)}) in "
                       "the spec and tune or probe it for one"]
     return "\n".join(lines)
+
+
+def _config_words(plan: Plan) -> str:
+    """The chosen config and its speed, and where the speed comes from."""
+    speed = fmt_num(plan.samples_per_second)
+    if plan.trial is None:
+        shown = {k: plan.config.get(k) for k in ("batch_size", "gradient_accumulation_steps", "max_length")}
+        return f"the spec's: {values_line(shown)} ({speed} samples/s at your figure)"
+    where = (f"by its probe, peak {plan.peak_gb:.2f} GiB" if plan.estimated is None else
+             f"on {plan.estimated.device}, {ESTIMATED}; peak {plan.peak_gb:.2f} GiB as measured")
+    return f"trial {plan.trial}: {values_line(plan.searched)} ({speed} samples/s {where})"

@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from trainfit.trainer.calibration import Calibration
+from trainfit.plan.estimated import Estimated
 from trainfit.plan.eval_pass import Evaluation
-from trainfit.plan.inputs import Candidate, TuneRun
+from trainfit.plan.inputs import Candidate, TuneRun, probe_spread
 from trainfit.summary import Summary
 from trainfit.template import placeholders
+from trainfit.trainer.calibration import Calibration
 from trainfit.trainer.written_command import NO_MAX_STEPS_HINT
 
 
@@ -24,19 +25,21 @@ UNSETTLED = 0.25
 
 
 def rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
-              evaluation: Evaluation | None = None) -> list[str]:
+              evaluation: Evaluation | None = None, estimated: Estimated | None = None) -> list[str]:
     s = run.summary
+    measured = chosen.spread_rel if estimated is None or chosen.measurement is None else probe_spread(chosen.measurement)
     lines = [f"speed: trial {chosen.trial}'s probe over the epoch's own batches ({s.device or 'this device'}), "
-             f"measured to +-{chosen.spread_rel:.1%} (its step time's 95% interval and the epoch fit's largest miss)"]
-    if chosen.spread_rel > UNSETTLED:
-        lines.append(f"trial {chosen.trial}'s probe did not settle (+-{chosen.spread_rel:.0%}), so its ETA's interval is "
+             f"measured to +-{measured:.1%} (its step time's 95% interval and the epoch fit's largest miss)"]
+    if measured > UNSETTLED:
+        lines.append(f"trial {chosen.trial}'s probe did not settle (+-{measured:.0%}), so its ETA's interval is "
                      "as wide: `trainfit tune SPEC --output RUN_DIR --resume --confirm 3` re-probes the leaders "
                      "(or raise probe.max_seconds and tune again)")
     if calibration is None:
         template = s.command_template
         calibratable = bool(s.best_config and s.best_config.command) and (not template or
                                                                           "max_steps" in placeholders(template))
-        how = ("run with --calibrate 50 to measure it" if calibratable else
+        how = (f"--calibrate times the trainer on this machine, not on {estimated.device}: tune there to measure "
+               "it" if estimated else "run with --calibrate 50 to measure it" if calibratable else
                f"--calibrate stops your tune.command_template by its {{max_steps}}, which it lacks: {NO_MAX_STEPS_HINT}"
                if template else "--calibrate runs only the `trl sft` command trainfit writes, so here the ETA rests "
                                 "on the probe alone")
@@ -56,7 +59,10 @@ def rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
         lines.append(f"left out: {left_out(run.left_out)}: damaged record(s) in {run.folder / 'study.journal'}, "
                      "which tune leaves out too (`tune --resume` into this folder probes such a config again "
                      "where no other trial measured it)")
-    if calibration is None or evaluation is None:
+    if estimated is not None:
+        lines.append("not included: evaluation passes, start-up (model load, tokenization) and the trained model's "
+                     f"save as the run exits: they are timed on this machine, not on {estimated.device}")
+    elif calibration is None or evaluation is None:
         lines.append("not included: " + ", ".join(
             ([] if evaluation else ["evaluation passes (--eval-data prices them)"])
             + ([] if calibration else ["start-up (model load, tokenization) and the trained model's save as the run "

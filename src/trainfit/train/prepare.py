@@ -32,7 +32,12 @@ def _plan(run_dir: Path) -> Plan | None:
     path = run_dir / "plan.json"
     if not path.is_file():
         return None
-    return load_record(Plan, path, "the plan", f"plan again: trainfit plan {shlex.quote(str(run_dir))} --max-hours H")
+    plan = load_record(Plan, path, "the plan", f"plan again: trainfit plan {shlex.quote(str(run_dir))} --max-hours H")
+    if plan.estimated is not None or plan.trial is None:
+        raise TrainfitError(f"{path} is estimated, not measured (a plan before the hardware, `trainfit plan --like` "
+                            "or `--throughput`): `trainfit train` runs a plan of what tune measured",
+                            f"plan the folder again: trainfit plan {shlex.quote(str(run_dir))} --max-hours H")
+    return plan
 
 
 def training_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
@@ -43,6 +48,7 @@ def training_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
         if plan.command is None or not is_trl_command(plan.command):
             raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, which has no `trl sft` command "
                                 "trainfit wrote: `trainfit train` runs only that command, for now", fallback)
+        assert plan.trial is not None  # _plan refuses an estimated plan
         return plan.command, "plan.json", plan.trial
     script, best, _ = written_command(run, fallback, use="`trainfit train`",
                                       without_it="tune again into a new folder")
@@ -57,6 +63,7 @@ def template_command(run: RunFolder, plan: Plan | None) -> tuple[str, str, int]:
         if plan.command is None:
             raise TrainfitError(f"{run_dir / 'plan.json'} chose trial {plan.trial}, for which tune wrote no command",
                                 "plan again with another priority, or fill its values into your command yourself")
+        assert plan.trial is not None  # _plan refuses an estimated plan
         return plan.command, "plan.json", plan.trial
     best, script_path, script = run.summary.best_config, run_dir / COMMAND_FILE, run.command_script
     if best is None or script is None:
@@ -143,6 +150,7 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
                                 "see its summary.json's all_failed advice, then tune again")
         chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (
             best.trial, best.config, float(summary.epochs_for_estimate or 1))  # type: ignore[union-attr]
+        assert chosen[0] is not None  # _plan refuses an estimated plan
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
                       config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None), plan
     command, source, trial = training_command(run, plan)
