@@ -23,7 +23,7 @@ COMMANDS = {
     "tune": "search for the fastest config that fits in memory",
     "ablate": "measure what each speed/memory technique buys, alone and together",
     "compare": "train named configs for K steps each and compare loss, speed and memory",
-    "plan": "fit a training run into a time window, from a tune folder",
+    "plan": "fit a training run into a time window: from a tune folder, or before the hardware (--throughput, --like)",
     "train": "train the measured config, checkpointed and resumable",
     "dashboard": "watch a run's study and pages in a browser (optuna-dashboard)",
     "env": "devices, memory and library versions",
