@@ -90,3 +90,17 @@ def environment(params: trainfit.Params, device: torch.device) -> trainfit.Custo
 def bare_memory_error(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
     """An allocation failure with no message, as Python raises when a cap is hit mid-import."""
     raise MemoryError()
+
+
+def rank_fails(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
+    """`scaled`, except on rank 1 of a multi-process probe, which does what `rank_failure` says:
+    `abort` (a crash), `oom` (torch's CPU allocator refusing), or `hang`."""
+    if os.environ.get("RANK") == "1":
+        failure = params.extra["rank_failure"]
+        if failure == "abort":
+            os.abort()
+        if failure == "oom":
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: "
+                               "you tried to allocate 1099511627776 bytes. Error code 12 (Cannot allocate memory)")
+        time.sleep(3600)
+    return scaled(params, device)

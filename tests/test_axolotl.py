@@ -132,7 +132,8 @@ def test_a_4bit_base_is_qlora_with_its_type_written_out_and_the_loader_too() -> 
 def test_every_knob_reaches_the_fragment() -> None:
     """A knob the fragment left out would train something else than was measured: each knob's
     two values write two different files (a key or a comment)."""
-    base = Params(lora_r=8, max_length=64, num_workers=2, quantization="4bit")  # LoRA, loader and 4-bit options apply
+    # LoRA, loader, 4-bit and FSDP options apply with these
+    base = Params(lora_r=8, max_length=64, num_workers=2, quantization="4bit", nproc_per_node=2, parallel="fsdp")
     checked = 0
     for spec in (trl_spec(), template_spec()):
         for name, knob in KNOBS.items():

@@ -214,7 +214,8 @@ def test_every_knob_reaches_the_trl_command_or_says_why_not() -> None:
     from trainfit.params import KNOBS, Params
     from trainfit.trainer.command import trl_args
 
-    base = Params(lora_r=8, max_length=64, num_workers=2, quantization="4bit")  # LoRA, loader and 4-bit options apply
+    # LoRA, loader, 4-bit and FSDP options apply with these
+    base = Params(lora_r=8, max_length=64, num_workers=2, quantization="4bit", nproc_per_node=2, parallel="fsdp")
     for name, knob in KNOBS.items():
         a, b = two_values(knob)
         written = trl_args(base.replace(**{name: a})) != trl_args(base.replace(**{name: b}))
@@ -222,7 +223,8 @@ def test_every_knob_reaches_the_trl_command_or_says_why_not() -> None:
 
 
 def test_a_knob_declares_its_trl_flags_or_why_none() -> None:
-    from trainfit.params import knob, trl_flag
+    from trainfit.params import knob
+    from trainfit.trl_words import trl_flag
 
     with pytest.raises(TypeError, match="no_trl"):
         knob(1, kind="int", doc="d", no_prior="x")
@@ -263,7 +265,7 @@ def test_training_args_json_holds_every_flag_of_the_command_and_each_part_parses
             assert out is not None
             flags = {w[2:] for w in trl_args(params, 64, cpu=True) if w.startswith("--")}
             quantized = out["model_init_kwargs"].get("quantization_config", {})
-            placed = {*out["training_arguments"], *out["model_init_kwargs"], *out["sft"],
+            placed = {*out["training_arguments"], *out["model_init_kwargs"], *out["sft"], *out.get("launch", {}),
                       *(flag for flag, key in QUANTIZATION_ARGS.items() if key in quantized)}
             assert flags - placed <= {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
                                       "lora_target_parameters"}, name

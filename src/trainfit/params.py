@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from trainfit.errors import Problem, SpecError
+from trainfit.trl_words import WITH_OTHER_KNOBS, TrlWords, trl_compile, trl_flag, trl_mapped, trl_when_on
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTIONS = ("eager", "sdpa", "flash_attention_2")
@@ -24,6 +25,7 @@ OPTIMIZERS = ("adamw", "adamw_fused", "adamw_8bit")
 PADDINGS = ("longest", "max_length")
 LOSSES = ("auto", "model", "fused", "liger")
 QUANTIZATIONS = ("none", "4bit", "8bit")
+PARALLELS = ("none", "ddp", "fsdp")
 QUANT_TYPES = ("nf4", "fp4")
 LORA_OPTIONS = ("lora_alpha", "lora_target_modules", "lora_target_parameters")
 """The LoRA knobs that mean something only with a rank (``lora_r``)."""
@@ -74,40 +76,6 @@ def split_modules(text: str) -> str | tuple[str, ...]:
 
 
 T = TypeVar("T")
-
-TrlWords = Callable[[Any], list[str]]
-"""A knob's value to its ``trl sft`` words."""
-
-WITH_OTHER_KNOBS = "written by trainer/command.trl_args with the knobs or facts its flags depend on"
-"""A knob's ``trl=`` when its flags depend on more than its own value (the precision's weight dtype
-on LoRA, the truncation length on the data, TF32 on the device...)."""
-
-
-def trl_flag(flag: str) -> TrlWords:
-    """``flag`` and the value (``true``/``false`` for a bool); nothing for null."""
-    def words(value: Any) -> list[str]:
-        if value is None:
-            return []
-        return [flag, ("true" if value else "false") if isinstance(value, bool) else str(value)]
-    return words
-
-
-def trl_when_on(*flags: str) -> TrlWords:
-    """``flags`` when the (bool) knob is on, nothing when off."""
-    return lambda on: list(flags) if on else []
-
-
-def trl_mapped(flag: str, names: Mapping[Any, str]) -> TrlWords:
-    """``flag`` and the trainer's name of the value (``names[value]``)."""
-    return lambda value: [flag, names[value]]
-
-
-def _trl_compile(mode: str) -> list[str]:
-    """``--torch_compile`` for any mode but off, and the mode unless it is torch's default."""
-    if mode == "off":
-        return []
-    return ["--torch_compile", "true", *(["--torch_compile_mode", mode] if mode != "default" else [])]
-
 
 _OFF_UNSET = object()
 
@@ -227,7 +195,7 @@ class Params:
     attention: str = knob("sdpa", kind="choice", choices=ATTENTIONS, off="eager", trl=trl_flag("--attn_implementation"),
         prior={"cuda": ("flash_attention_2", "sdpa", "eager"), "cpu": ("sdpa", "eager", "flash_attention_2")},
         doc="attention kernel (Hugging Face attn_implementation)")
-    compile: str = knob("off", kind="choice", choices=COMPILE_MODES, off="off", trl=_trl_compile,
+    compile: str = knob("off", kind="choice", choices=COMPILE_MODES, off="off", trl=trl_compile,
         prior=on_every_device(("off", "default", "max-autotune", "reduce-overhead")),
         doc="torch.compile mode; pair with padding: max_length to avoid recompiles")
     tf32: bool = knob(False, kind="bool", off=False, prior={"cuda": (True, False), "cpu": (False, True)},
@@ -267,6 +235,18 @@ class Params:
             "without the full logits (trl sft); liger = Liger-Kernel's fused linear cross-entropy and layer "
             "kernels, as a transformers Trainer's use_liger_kernel applies them (CUDA; pip install liger-kernel); "
             "auto = as the training command does")
+    nproc_per_node: int = knob(1, kind="int", minimum=1, maximum=64, trl=WITH_OTHER_KNOBS,
+        no_prior="the devices the run may use: searched values keep the spec's order",
+        doc="processes (one a device) the run trains on, started by torchrun; more than 1 needs parallel")
+    parallel: str = knob("none", kind="choice", choices=PARALLELS, trl=WITH_OTHER_KNOBS,
+        no_prior="whether the model's weights, gradients and optimizer state fit one device decides: measured",
+        doc="how nproc_per_node processes share the training: ddp (a whole copy of the model each, "
+            "gradients all-reduced), fsdp (FSDP2's fully_shard: each process holds a shard of the "
+            "weights, gradients and optimizer state, gathered per layer)")
+    fsdp_reshard_after_forward: bool = knob(True, kind="bool", trl=WITH_OTHER_KNOBS, memory_only=True,
+        prior=on_every_device((False, True)),
+        doc="with parallel: fsdp, free each layer's gathered weights after its forward and gather them "
+            "again for backward: less memory, more communication")
     num_workers: int = knob(0, kind="int", minimum=0, maximum=256, batch_shape=True, trl=WITH_OTHER_KNOBS,
         no_prior="an integer searched in the spec's order; `auto` in search: gives candidates from this "
                  "machine's cores and RAM",

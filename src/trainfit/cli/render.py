@@ -50,6 +50,10 @@ def measurement_report(m: Measurement) -> str:
         verdict = "fits" if m.fits else "does NOT fit"
         mem += f"; budget {m.budget_memory_gb:g} GiB - headroom {m.budget_headroom_gb:g} GiB: {verdict}"
     rows.append(("peak memory", mem))
+    if m.world_size > 1:
+        peaks = ", ".join(fmt_bytes(p) for p in m.rank_peak_memory_bytes)
+        rows.append(("processes", f"{m.world_size} ({m.config.get('parallel')}); speeds are all of theirs; "
+                                  f"peak per rank {peaks} (the largest decides)"))
     if m.memory_parts_bytes:
         rows.append(("of which", parts_line(m.memory_parts_bytes)))
     if m.oom_needed_bytes:

@@ -129,6 +129,11 @@ class Measurement:
     address space, which the CPU cap counts). None where the error does not give the size."""
     memory_cap_bytes: int | None = None
     """The hard cap the child ran under (None = no cap)."""
+    world_size: int = 1
+    """The processes the config trains on (``nproc_per_node``): the speeds are all of theirs."""
+    rank_peak_memory_bytes: list[int] = field(default_factory=list)
+    """Several processes: each rank's peak (``peak_memory_bytes`` is the largest, which decides
+    whether the config fits; ``memory_parts_bytes`` are that rank's)."""
     model_flops_per_step: float | None = None
     mfu: float | None = None
     """Model FLOPs utilisation (PaLM formula, real tokens); None when the device's peak is unknown."""

@@ -128,6 +128,7 @@ def _tensor_bytes(values: Sequence[Any]) -> int:
     seen: set[int] = set()
     total = 0
     for v in values:
+        v = v.to_local() if hasattr(v, "to_local") else v  # an FSDP2 DTensor: this rank's shard
         if isinstance(v, torch.Tensor) and v.device.type != "meta":
             storage = v.untyped_storage()
             if storage.data_ptr() not in seen:

@@ -17,6 +17,7 @@ from trainfit.flops import utilization
 from trainfit.probe.events import emit
 from trainfit.probe.loader import LoaderBatches
 from trainfit.probe.memory import memory_micro_batches
+from trainfit.probe.ranks import agreed
 from trainfit.probe.timing import StepTimes, StopRule
 from trainfit.workloads.base import Batch
 
@@ -201,7 +202,7 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
         t0 = time.perf_counter()
         loss = built.step.run(micro)
         synchronize(device)
-        timed.times.append(time.perf_counter() - t0)
+        timed.times.append(agreed(time.perf_counter() - t0))
         check_loss(loss, "timed", len(timed.times))
         timed.skipped += built.step.last_skipped
         for b in micro:
@@ -243,11 +244,12 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
         step_time_median_s=st.median, step_time_mean_s=st.mean, step_time_std_s=st.std,
         step_time_ci95_rel=st.ci95_rel if st.n > 1 else None,
         steps_measured=st.n, stable=timed.stable, step_times_s=[round(x, 6) for x in timed.times],
-        samples_per_step=params.effective_batch_size,
+        samples_per_step=params.effective_batch_size * params.nproc_per_node,
     )
     if params.packing:  # a packed row holds several samples: the epoch's mean per optimizer step
         mix = req.typical
-        fields["samples_per_step"] = mix.samples * params.gradient_accumulation_steps / mix.micro_batches
+        fields["samples_per_step"] = (mix.samples * params.gradient_accumulation_steps * params.nproc_per_node
+                                      / mix.micro_batches)
     peak = peak_flops(device_name, params.precision, params.tf32) if cuda else None
     if timed.flops_known:
         fields["model_flops_per_step"] = timed.model_flops / st.n
@@ -293,10 +295,12 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     # The mix's padded lengths capped as the batches were: at the cap's own padded length.
     cap = req.params.batch_length([max_len] * req.params.batch_size, max_len)
     wait = statistics.fmean(timed.waits) if timed.waits else 0.0
-    speed = epoch_speed(cost, mix, req.params.gradient_accumulation_steps, cap, wait_s=wait)
-    # Per optimizer step: the samples of effective_batch_size rows, or under packing those its packed rows hold.
-    step_share = (req.params.gradient_accumulation_steps / mix.micro_batches if req.params.packing
-                  else req.params.effective_batch_size / mix.samples)
+    # Each optimizer step takes gradient_accumulation_steps micro-batches on each of nproc_per_node ranks.
+    per_step = req.params.gradient_accumulation_steps * req.params.nproc_per_node
+    speed = epoch_speed(cost, mix, per_step, cap, wait_s=wait)
+    # Per optimizer step: the samples of effective_batch_size rows a rank, or under packing those its packed rows hold.
+    step_share = (per_step / mix.micro_batches if req.params.packing
+                  else req.params.effective_batch_size * req.params.nproc_per_node / mix.samples)
     return {"samples_per_second": speed.samples_per_second, "tokens_per_second": speed.tokens_per_second,
             "real_tokens_per_step": mix.real_tokens * step_share,
             "padded_tokens_per_step": mix.padded_tokens * step_share,

@@ -63,6 +63,7 @@ from trainfit.probe.phases import (
     time_steps,
     typical_batches,
 )
+from trainfit.probe.ranks import distribute, is_distributed, run_ranks
 from trainfit.probe.supervisor import PARENT_POLL_S, PR_SET_PDEATHSIG, supervise
 
 if TYPE_CHECKING:
@@ -185,6 +186,7 @@ def build(req: ProbeRequest, device: Any, cache: ModelCache) -> tuple[Built, boo
     spec = Spec(model=req.model, data=None, params=req.params, probe=req.probe,
                 tune=TuneSettings(command_template=req.command_template))
     workload = build_workload(spec, req.params, device)
+    workload.model = distribute(workload.model, req.params, device)  # a rank's share of a multi-process run
     step = TrainStep(workload, req.params, device)
     built = Built(req.model_key, workload, step, notes + workload.notes,
                   0 if device.type == "cuda" else peak_rss_bytes())
@@ -199,8 +201,12 @@ def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dic
     out: dict[str, Any] = {"device": req.device, "notes": list(req.notes)}
     meter = MemoryMeter(req.device)
     capped_cpu = bool(req.memory_cap_bytes) and req.device == "cpu"
+    ranks = req.params.nproc_per_node > 1 and not is_distributed()  # this worker starts the ranks
     try:
-        run(req, out, cache, meter, spawned_at)
+        if ranks:
+            run_ranks(req, out)
+        else:
+            run(req, out, cache, meter, spawned_at)
     except BaseException as err:  # every failure becomes a status, never a crash of the tuner
         if isinstance(err, KeyboardInterrupt):
             raise
@@ -222,7 +228,8 @@ def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dic
         else:
             message = "".join(traceback.format_exception(err)[-6:]).strip()
         out.update(status=status, message=message)
-    out.update(meter.fields())
+    if not ranks:
+        out.update(meter.fields())
     out.update(started_at=started, finished_at=_now(), config=req.params.to_dict(),
                memory_cap_bytes=req.memory_cap_bytes,
                budget_memory_gb=req.budget_memory_gb or out.get("budget_memory_gb"),

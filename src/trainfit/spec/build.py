@@ -18,6 +18,7 @@ from trainfit.spec.rules import (
     batching_problems,
     lora_problems,
     loss_problems,
+    parallel_problems,
     quantization_problems,
     template_problems,
     trl_problems,
@@ -253,6 +254,7 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
     problems += batching_problems(model, tune, params, space)
     problems += lora_problems(params, space)
     problems += quantization_problems(model, params, space)
+    problems += parallel_problems(params, space)
     problems += trl_problems(model, tune, params, space)
     tokenizer = _tokenizer(raw.get("tokenizer"), model, base_dir, problems)
     if problems:

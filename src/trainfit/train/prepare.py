@@ -24,7 +24,7 @@ from trainfit.train.data_check import identity, refuse_changed
 from trainfit.train.rebuild import rebuilt
 from trainfit.train.records import Damaged, TrainRun, load_record
 from trainfit.train.sft import parse, relocated, split_command
-from trainfit.trainer.command import is_trl_command, script_command
+from trainfit.trainer.command import flags, is_trl_command, script_command
 from trainfit.trainer.written_command import as_one_line, template_for_steps, written_command
 
 
@@ -151,14 +151,27 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
         chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (
             best.trial, best.config, float(summary.epochs_for_estimate or 1))  # type: ignore[union-attr]
         assert chosen[0] is not None  # _plan refuses an estimated plan
+        _one_process(int(chosen[1].get("nproc_per_node", 1)),
+                     "train it with a loop of your own under torchrun (a tune.command_template), or plan a config of "
+                     "one process")
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
                       config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None), plan
     command, source, trial = training_command(run, plan)
 
     threads, argv = split_command(command)
+    _one_process(int(flags(argv).get("num_processes") or 1),
+                 f"run {run_dir / 'train_command.sh'}: trl sft launches them through accelerate (--num_processes), "
+                 "or plan a config of one process")
     argv = [*relocated(argv, run_dir), *extra_args, *(["--max_steps", str(max_steps)] if max_steps else []),
             "--output_dir", str(output), "--save_strategy", "no", "--disable_tqdm", "false"]
     return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv), plan
+
+
+def _one_process(processes: int, fix: str) -> None:
+    """``trainfit train`` trains in one process: a config measured on several is refused, saying what runs it."""
+    if processes > 1:
+        raise TrainfitError(f"this config trains on {processes} processes (nproc_per_node), and trainfit train runs "
+                            "one", fix)
 
 
 def resume_command(run_dir: str | Path, output: str | Path, *, max_steps: int | None = None, loop: bool = False,

@@ -129,6 +129,7 @@ def axolotl_fragment(spec: Spec, params: Params, *, max_length: int | None = Non
         _lora(spec, params, settings["lora"], keys, comments)
         _quantization(params, keys)
     _loader(params, keys, notes)
+    _processes(params, notes)
     _loss(spec, params, keys, notes)
     if params.packing:
         comments["sample_packing"] = ["Axolotl packs each batch into one row of up to micro_batch_size x "
@@ -227,6 +228,17 @@ def _loader(params: Params, keys: dict[str, Any], notes: list[str]) -> None:
     if params.num_workers and params.persistent_workers:
         notes.append("dataloader_persistent_workers: true was measured: Axolotl has no key for it (its workers "
                      "start again each epoch)")
+
+
+def _processes(params: Params, notes: list[str]) -> None:
+    """Several processes, which an Axolotl config does not launch: the command that does, as a note."""
+    if params.nproc_per_node == 1:
+        return
+    how = (f"FSDP2, each transformer block sharded, reshard_after_forward {str(params.fsdp_reshard_after_forward).lower()} "
+           "(Axolotl's fsdp_version: 2 and fsdp_config)" if params.parallel == "fsdp" else "DDP")
+    notes.append(f"nproc_per_node: {params.nproc_per_node} with parallel: {params.parallel} was measured: launch "
+                 f"Axolotl on {params.nproc_per_node} processes (accelerate launch --num_processes "
+                 f"{params.nproc_per_node} -m axolotl.cli.train axolotl.yaml) with {how}")
 
 
 def _peft_default_modules(spec: Spec) -> list[str] | None:

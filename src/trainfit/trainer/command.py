@@ -75,7 +75,25 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
         args += ["--use_cpu", "true"]
     if params.lora_r is not None:
         args += trl_lora_args(params)
-    return args + quantization_args(params) + loader_args(params)
+    return args + quantization_args(params) + loader_args(params) + launch_args(params)
+
+
+def launch_args(params: Params) -> list[str]:
+    """``accelerate launch``'s flags for the processes a config trains on, which ``trl sft`` passes
+    to it (the flags its own parser does not take): DDP on ``nproc_per_node`` GPUs, or FSDP2 with
+    each transformer block sharded, as the probe shards it."""
+    if params.nproc_per_node == 1 or params.parallel == "none":  # the spec refuses processes that share nothing
+        return []
+    words = ["--num_processes", str(params.nproc_per_node)]
+    if params.parallel == "fsdp":
+        return words + ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
+                        "--fsdp_reshard_after_forward", _flag(params.fsdp_reshard_after_forward)]
+    return words + ["--multi_gpu"]
+
+
+LAUNCH_FLAGS = {"num_processes", "multi_gpu", "use_fsdp", "fsdp_version", "fsdp_auto_wrap_policy",
+                "fsdp_reshard_after_forward"}
+"""The flags of :func:`launch_args`: ``accelerate launch``'s, not the trainer's."""
 
 
 def quantization_args(params: Params) -> list[str]:
@@ -340,6 +358,8 @@ def trainer_settings(params: Params, epochs: float, *, max_length: int | None = 
         value = _word_value(word)
         if name in MODEL_ARGS:
             out["model_init_kwargs"][name] = value
+        elif name in LAUNCH_FLAGS:  # accelerate launch's: the processes, not the trainer
+            out.setdefault("launch", {})[name] = value if word else True
         elif name in QUANTIZATION_ARGS:  # BitsAndBytesConfig(**quantization_config), as trl sft builds it
             quantized = out["model_init_kwargs"].setdefault("quantization_config", {})
             quantized[QUANTIZATION_ARGS[name]] = value

@@ -1,0 +1,43 @@
+"""One rank of a multi-process probe (``probe/ranks.py``), as torchrun starts it:
+``python -m trainfit.probe.rank_main REQUEST FOLDER``. It joins the process group (gloo on a CPU,
+NCCL on GPUs, a GPU a rank), runs the worker's probe of the request on its device and writes its
+result to ``FOLDER/rank-K.json``; it exits non-zero when its probe failed, so torchrun ends the
+other ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from trainfit.files import write_atomically
+from trainfit.probe.events import open_channel
+from trainfit.probe.ranks import RANK_FILE
+from trainfit.probe.request import ProbeRequest
+from trainfit.probe.worker import ModelCache, probe
+
+
+def main(argv: list[str]) -> int:
+    started = time.time()
+    import torch.distributed as dist
+
+    request, folder = Path(argv[0]), Path(argv[1])
+    req = ProbeRequest.from_json(request.read_text())
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    if req.device.startswith("cuda"):
+        req = replace(req, device=f"cuda:{local}")
+    dist.init_process_group("nccl" if req.device.startswith("cuda") else "gloo")
+    open_channel(os.open(os.devnull, os.O_WRONLY))  # the worker's events channel is not a rank's
+    out = {**probe(req, ModelCache(), spawned_at=started), "rank": rank}
+    write_atomically(folder / RANK_FILE.format(rank=rank), json.dumps(out))
+    ok = out.get("status", "ok") == "ok"
+    if ok:
+        dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

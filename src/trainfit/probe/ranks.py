@@ -1,0 +1,120 @@
+"""A probe of a config that trains on several processes (``nproc_per_node`` > 1): its ranks started
+through torchrun (``torch.distributed.run``, standalone) by the worker, as one job in the worker's
+process group (a timeout or a crash of the worker takes every rank with it; torchrun ends the other
+ranks when one fails), and their results made into one measurement.
+
+Each rank (``probe/rank_main.py``) runs the probe's phases on its own device with the model under
+DDP or FSDP2 (:func:`distribute`), every rank on the worst-case batch (each rank of a real run may
+draw the longest samples), the step times agreed between the ranks (the slowest rank's, so every
+rank stops timing at the same step). Memory is per rank: the largest peak decides whether the config
+fits. A rank that runs out of memory makes the config's status ``oom``.
+
+Imports are light (no torch at the top), as the worker's are."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainfit.errors import TrainfitError, Unsupported
+
+if TYPE_CHECKING:
+    from trainfit.params import Params
+    from trainfit.probe.request import ProbeRequest
+
+RANK_FILE = "rank-{rank}.json"
+
+
+def is_distributed() -> bool:
+    """Whether this process is one rank of a multi-process probe."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def run_ranks(req: ProbeRequest, out: dict[str, Any]) -> None:
+    """Start ``req``'s ranks through torchrun, wait for them, and put their merged result in ``out``."""
+    n = req.params.nproc_per_node
+    if req.device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.device_count() < n:
+            raise Unsupported(f"nproc_per_node={n} needs {n} GPUs, and this machine has {torch.cuda.device_count()}",
+                              "probe on a machine with as many, or lower nproc_per_node", knob="nproc_per_node",
+                              value=n)
+    with tempfile.TemporaryDirectory(prefix="trainfit-ranks-") as tmp:
+        folder = Path(tmp)
+        (folder / "request.json").write_text(req.to_json())
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc_per_node={n}", "-m", "trainfit.probe.rank_main",
+                               str(folder / "request.json"), str(folder)], check=False)
+        ranks = [json.loads(p.read_text()) for p in sorted(folder.glob("rank-*.json"))]
+    if not ranks:
+        raise TrainfitError(f"torchrun ended (exit {done.returncode}) before any of its {n} ranks wrote a result",
+                            "see the probe's log for its output")
+    merge_ranks(ranks, n, out)
+
+
+def merge_ranks(ranks: list[dict[str, Any]], n: int, out: dict[str, Any]) -> None:
+    """One measurement of the ranks' results: a failing rank's (an OOM first), else rank 0's with
+    the largest peak and each rank's (``rank_peak_memory_bytes``)."""
+    failed = [r for r in ranks if r.get("status", "ok") != "ok"]
+    if failed or len(ranks) < n:
+        worst = next((r for r in failed if r["status"] == "oom"), failed[0] if failed else None)
+        if worst is None:
+            raise TrainfitError(f"only {len(ranks)} of the {n} ranks wrote a result: another one died",
+                                "see the probe's log for its output")
+        out.update({k: v for k, v in worst.items() if k not in ("notes", "config", "rank")})
+        out["notes"] += [n for n in worst.get("notes", []) if n not in out["notes"]]
+        out["message"] = f"rank {worst['rank']} of {n}: {worst.get('message', '')}"
+        return
+    first = min(ranks, key=lambda r: r["rank"])
+    peaks = [int(r.get("peak_memory_bytes") or 0) for r in ranks]
+    largest = ranks[peaks.index(max(peaks))]
+    out.update({k: v for k, v in first.items() if k not in ("notes", "rank")})
+    out["notes"] += [n for n in first.get("notes", []) if n not in out["notes"]]
+    out.update(peak_memory_bytes=max(peaks), rank_peak_memory_bytes=peaks,
+               memory_parts_bytes=largest.get("memory_parts_bytes", {}), world_size=n)
+
+
+def agreed(seconds: float) -> float:
+    """The slowest rank's ``seconds`` (every rank gets the same), or ``seconds`` in a single process:
+    every rank then decides alike when to stop timing."""
+    if not is_distributed():
+        return seconds
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([seconds], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        value = value.cuda()
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
+def distribute(model: Any, params: Params, device: Any) -> Any:
+    """``model`` as its rank trains it: under DDP (a whole copy, gradients all-reduced in backward),
+    or FSDP2 (``fully_shard`` on each transformer block the model names in ``_no_split_modules``,
+    then on the whole), as accelerate's ``TRANSFORMER_BASED_WRAP`` shards it. The model in a single
+    process, unchanged."""
+    if not is_distributed():
+        return model
+    if params.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if params.parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        blocks = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or ())}
+        for module in model.modules():
+            if type(module).__name__ in blocks:
+                fully_shard(module, reshard_after_forward=params.fsdp_reshard_after_forward)
+        fully_shard(model, reshard_after_forward=params.fsdp_reshard_after_forward)
+        return model
+    raise TrainfitError(f"nproc_per_node={params.nproc_per_node} with parallel: none: the processes would train "
+                        "apart", "set parallel: ddp or fsdp")

@@ -1,0 +1,114 @@
+"""Probes of configs that train on several processes (``nproc_per_node``, ``parallel``): the ranks
+started through torchrun with the gloo backend on this CPU, as on GPUs with NCCL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import make_spec_file, write_texts
+
+from trainfit.errors import TrainfitError
+from trainfit.probe import Measurement, run_probe
+from trainfit.spec import load_spec
+from trainfit.trainer.command import trl_args
+
+pytestmark = pytest.mark.integration
+FAILS = f"{Path(__file__).parent / 'factories.py'}:rank_fails"
+
+
+def probe(path: Path, *overrides: str) -> Measurement:
+    return run_probe(load_spec(path, list(overrides)))
+
+
+def test_ddp_and_fsdp_probes_on_two_processes(llama_spec) -> None:
+    """Both train on two ranks: the speeds are the two ranks' (an optimizer step takes a batch on
+    each), each rank's peak is kept, and FSDP holds half of DDP's weights and optimizer state a rank."""
+    spec = llama_spec({"batch_size": 2, "gradient_accumulation_steps": 2, "max_length": 64, "nproc_per_node": 2,
+                       "parallel": "ddp"})
+    ddp, fsdp = probe(spec), probe(spec, "parallel=fsdp")
+    for m in (ddp, fsdp):
+        assert m.status == "ok", m.message
+        assert m.world_size == 2 and len(m.rank_peak_memory_bytes) == 2
+        assert m.peak_memory_bytes == max(m.rank_peak_memory_bytes)
+        assert m.samples_per_step == 2 * 2 * 2  # batch x accumulation x ranks
+    for part in ("model", "optimizer"):
+        assert fsdp.memory_parts_bytes[part] == pytest.approx(ddp.memory_parts_bytes[part] / 2, rel=0.05), part
+
+
+@pytest.mark.parametrize(("failure", "status"), [("abort", "error"), ("oom", "oom")])
+def test_a_rank_that_fails_fails_the_probe(tmp_path: Path, failure: str, status: str) -> None:
+    """A rank that crashes makes the probe an error, one that runs out of memory makes it an OOM
+    (the config does not fit, whichever rank found out); torchrun ends the other rank."""
+    spec = make_spec_file(tmp_path, model={"factory": FAILS},
+                          params={"max_length": 16, "width_mul": 1, "rank_failure": failure, "nproc_per_node": 2,
+                                  "parallel": "ddp"})
+    m = probe(spec)
+    assert m.status == status, m.message
+    if failure == "oom":
+        assert m.message.startswith("rank 1 of 2: out of memory")
+
+
+@pytest.mark.slow
+def test_a_rank_that_hangs_is_a_timeout_and_leaves_nothing(tmp_path: Path) -> None:
+    import psutil
+
+    spec = make_spec_file(tmp_path, model={"factory": FAILS},
+                          params={"max_length": 16, "width_mul": 1, "rank_failure": "hang", "nproc_per_node": 2,
+                                  "parallel": "ddp"}, probe={"timeout_s": 30})
+    m = probe(spec)
+    assert m.status == "timeout", m.message
+    left = [p for p in psutil.Process().children(recursive=True) if "rank_main" in " ".join(p.cmdline())]
+    assert left == []
+
+
+def test_processes_need_something_to_share(tmp_path: Path) -> None:
+    spec = make_spec_file(tmp_path, model={"factory": FAILS}, params={"max_length": 16, "nproc_per_node": 2})
+    with pytest.raises(TrainfitError, match="parallel: none gives them nothing to share"):
+        load_spec(spec)
+
+
+def test_the_command_launches_the_processes_as_accelerate_reads_them() -> None:
+    """trl sft hands the flags its own parser does not take to accelerate launch: its parser reads them."""
+    from accelerate.commands.launch import launch_command_parser
+
+    from trainfit.params import Params
+    from trainfit.trainer.command import LAUNCH_FLAGS
+
+    for params, expected in ((Params(nproc_per_node=4, parallel="ddp"), {"multi_gpu": True}),
+                             (Params(nproc_per_node=4, parallel="fsdp", fsdp_reshard_after_forward=False),
+                              {"use_fsdp": True, "fsdp_version": "2", "fsdp_reshard_after_forward": "false",
+                               "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"})):
+        words = trl_args(params)
+        launch = words[words.index("--num_processes"):]
+        assert {w[2:] for w in launch if w.startswith("--")} <= LAUNCH_FLAGS
+        args = launch_command_parser().parse_args([*launch, "sft.py"])
+        assert args.num_processes == 4
+        for name, value in expected.items():
+            assert str(getattr(args, name)).lower() == str(value).lower(), name
+    assert "--num_processes" not in trl_args(Params())
+
+
+def test_trainfit_train_refuses_a_config_of_several_processes_and_says_what_runs_it(tmp_path: Path, capsys) -> None:
+    """trainfit train trains in one process: a config measured on two is refused, naming the written
+    command, which launches them through accelerate (a tune whose probes are not probes, for speed)."""
+    from tune_helpers import fixed_speed
+
+    from trainfit.cli import main
+    from trainfit.search.tune_options import TuneOptions
+    from trainfit.tune import tune
+
+    write_texts(texts := tmp_path / "train.jsonl")
+    path = make_spec_file(tmp_path, model={"config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                                                      "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                      "num_key_value_heads": 2, "vocab_size": 256}},
+                          data={"path": str(texts), "text_field": "text"},
+                          params={"max_length": 64, "nproc_per_node": 2, "parallel": "ddp"})
+    out = tmp_path / "run"
+    tune(load_spec(path), TuneOptions(output=out, probe_fn=fixed_speed()))
+    written = (out / "train_command.sh").read_text()
+    assert "--num_processes 2 \\\n    --multi_gpu" in written
+    assert main(["train", str(out), "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "trains on 2 processes (nproc_per_node), and trainfit train runs one" in err
+    assert "train_command.sh" in err and "Traceback" not in err
