@@ -46,7 +46,7 @@ if [ "${GPU_SESSION_SMOKE:-0}" = 1 ]; then
     race=(--tiny --cpu --samples 200 --budget-gb 4 --calibrate 6 --packing)  # a GPU calibrates by default
     epoch=(--samples 40 --batches 1,2 --modes longest)
     planeta=(--samples 40 --modes longest --calibrate 4); trajectory=(--samples 40); warmup=(--stride 64)
-    ablate=(--device cpu --only checkpointing,sdpa)
+    ablate=(--device cpu --only checkpointing,sdpa); loader=(--device cpu --files 40 --rounds 1)
 else
     gpu=(); fidelity=(--cuda --model-1b --steps 5,20); tests=(-m gpu); workload=llama1b
     race=(--liger --packing --samples 2000)  # 2,000 samples: the tune and three epochs in one ~9-minute call
@@ -55,11 +55,12 @@ else
     trajectory=(--cuda --model-1b); warmup=(--cuda --model-1b)
     ablate=(--device cuda $(python3 -c "import sys; sys.path.insert(0, 'bench')
 from gpu_sweep import LLAMA_1B_OVERRIDES; print(' '.join('--set ' + o for o in LLAMA_1B_OVERRIDES))"))
+    loader=(--device cuda --files 240 --rounds 2)
 fi
 
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(tests epoch_race shape_warmup step_trajectory plan_eta epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
+steps=(tests epoch_race input_pipeline shape_warmup step_trajectory plan_eta epoch_fidelity sweep_lora sweep_full tune_compare search_efficiency sweep_logits trl_fidelity ablate)
 
 save() {  # everything measured so far, in one file, and a line per step for the reader
     tar -czf "$out/gpu-state.tar.gz" -C /tmp/gpu-session gpu
@@ -100,6 +101,9 @@ step tests 120 python3 -m pytest -q -p no:cacheprovider "${tests[@]}"
 # same Trainer under a 24 GiB cap, on a ~0.5B Qwen2 shape with LoRA; results.json keeps each part
 # as it ends (the tune, then each epoch), so a cut call goes on where it stopped.
 step epoch_race 420 bash -c "python3 bench/epoch_race.py ${race[*]} --work $state/race > $state/epoch_race.json"
+# Issue 32: a loader-bound workload (a collate decoding WAVs) with its model on the GPU: num_workers 0
+# against the tune's pick of num_workers: auto, and probe.data real against synthetic.
+step input_pipeline 150 bash -c "python3 bench/input_pipeline.py ${loader[*]} > $state/input_pipeline.json"
 # Issue 20: what a step pays the first time it meets a padded length, without a trainer (the probe's
 # model and step at 57 lengths, twice), in four fresh processes: shuffled, longest first (not the
 # allocator's growth), SDPA held to flash (not the attention backend's choice), cuDNN benchmark off.

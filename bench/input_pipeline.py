@@ -51,21 +51,21 @@ def write_audio(folder: Path, files: int, rate: int = 16_000) -> Path:
     return manifest
 
 
-def audio_spec(folder: Path, manifest: Path, repeats: int) -> Path:
+def audio_spec(folder: Path, manifest: Path, repeats: int, device: str) -> Path:
     spec = {"model": {"factory": f"{HERE / 'audio_factory.py'}:make_workload"},
             "data": {"path": str(manifest), "audio_field": "path", "length_scale": 100},
             "params": {"batch_size": 8, "max_length": 600, "audio_root": str(folder), "decode_repeats": repeats},
-            "probe": {"device": "cpu", "max_seconds": 15, "max_steps": 40},
+            "probe": {"device": device, "max_seconds": 15, "max_steps": 40},
             "search": {"num_workers": "auto"}}
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
 
-def loader_bound(files: int, repeats: int) -> dict[str, object]:
+def loader_bound(files: int, repeats: int, device: str) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        spec = audio_spec(folder, write_audio(folder, files), repeats)
+        spec = audio_spec(folder, write_audio(folder, files), repeats, device)
         rows = {}
         for label, overrides in (("synthetic", ["probe.data=synthetic"]), ("workers_0", [])):
             m = run_probe(load_spec(spec, overrides))
@@ -81,12 +81,12 @@ def loader_bound(files: int, repeats: int) -> dict[str, object]:
         return rows
 
 
-def overhead(rounds: int) -> dict[str, object]:
+def overhead(rounds: int, device: str) -> dict[str, object]:
     spec = HERE.parent / "examples" / "tiny-llama.yaml"
     walls: dict[str, list[float]] = {"real": [], "synthetic": []}
     for _ in range(rounds):
         for mode in ("real", "synthetic"):
-            m = run_probe(load_spec(spec, [f"probe.data={mode}", "probe.device=cpu"]))
+            m = run_probe(load_spec(spec, [f"probe.data={mode}", f"probe.device={device}"]))
             assert m.status == "ok" and m.data == mode, m.message
             walls[mode].append(m.wall_time_s or 0.0)
     ratio = statistics.median(walls["real"]) / statistics.median(walls["synthetic"])
@@ -100,10 +100,13 @@ def main() -> None:
     ap.add_argument("--decode-repeats", type=int, default=8,
                     help="spectrograms computed per clip: a heavier input pipeline at the same model cost")
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--device", default="cpu", help="the probes' device (cuda: the model on the GPU, the loader on "
+                                                     "the host's cores)")
     args = ap.parse_args()
-    result = {"decode_repeats": args.decode_repeats, "loader_bound": loader_bound(args.files, args.decode_repeats)}
+    result = {"decode_repeats": args.decode_repeats, "device": args.device,
+              "loader_bound": loader_bound(args.files, args.decode_repeats, args.device)}
     if not args.skip_overhead:
-        result["overhead"] = overhead(args.rounds)
+        result["overhead"] = overhead(args.rounds, args.device)
     dump("input_pipeline", result)
 
 
