@@ -77,7 +77,7 @@ def make_workload(params: trainfit.Params, device: torch.device) -> trainfit.Cus
             g = torch.Generator().manual_seed(int(str(r["utt_id"]).removeprefix("utt")))
             mels[i, :n] = torch.randn(n, N_MELS, generator=g)
         pad_mask = torch.arange(pad_to).unsqueeze(0) >= torch.tensor(frames).unsqueeze(1)
-        return {"mels": mels.to(device), "pad_mask": pad_mask.to(device)}
+        return {"mels": mels, "pad_mask": pad_mask}  # on the CPU: trainfit moves them (loader workers can't use CUDA)
 
     return trainfit.CustomWorkload(
         model=model,

@@ -47,8 +47,11 @@ def learnable(params: trainfit.Params, device: torch.device) -> trainfit.CustomW
     loss = made.loss
     calls = [0]
 
+    dropout = float(params.extra.get("dropout", 0.0))  # a custom knob: random numbers drawn at every step
+
     def slow_loss(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         time.sleep(pause)
+        x = torch.nn.functional.dropout(x, dropout) if dropout else x
         calls[0] += 1
         return loss(m, x).float() * times * (float("nan") if nan_after is not None and calls[0] > nan_after else 1.0)
 
@@ -62,7 +65,7 @@ def learnable(params: trainfit.Params, device: torch.device) -> trainfit.CustomW
         x = torch.zeros(len(rows), longest, 8)
         for i, r in enumerate(rows):
             x[i, : len(r["frames"])] = torch.tensor(r["frames"])
-        return x.to(device)
+        return x.to(params.extra.get("collate_device", "cpu"))  # on the CPU (a custom knob: elsewhere): trainfit moves it
 
     made.collate = collate
     return made

@@ -105,8 +105,8 @@ def test_rows_are_picked_by_length_first_in_the_file_each_once() -> None:
     lengths = np.array([5, 3, BAD, 3, 9, 5, 3, 12])
     # max_length 9 cuts row 7 (12) to 9: rows 4 and 7 both stand for a 9.
     assert pick_rows(lengths, [(3, 3), (5, 9), (9, 3)], max_length=9) == [[1, 3], [0, 4], [7, 6]]
-    # No 4 anywhere: the nearest lengths not taken (3s and 5s, ties in file order); BAD never.
-    assert pick_rows(lengths, [(4, 4, 4)], max_length=9) == [[0, 1, 3]]
+    # No 4 anywhere: the nearest lengths not taken, a shorter before a longer (the 3s, then a 5); BAD never.
+    assert pick_rows(lengths, [(4, 4, 4, 4)], max_length=9) == [[1, 3, 6, 0]]
 
 
 def test_the_loader_knobs_reach_the_written_command() -> None:
@@ -133,7 +133,8 @@ def test_num_workers_is_searched_and_the_faster_loader_wins(tmp_path: Path) -> N
 def test_a_factory_run_with_loader_workers_trains_the_same_steps_as_without(tmp_path: Path,
                                                                             accumulation: int) -> None:
     """trainfit's loop collates in the loader's workers as the probe timed it: each worker takes
-    every n-th micro-batch and the loader returns them in order, so the weights match a run that
+    every n-th micro-batch and the loader returns them in order, and the loader's seeds come from a
+    generator of its own, not the one the model's dropout draws from: the weights match a run that
     collates in the training process, bit for bit (the epoch's partial last step included)."""
     import torch
 
@@ -145,7 +146,8 @@ def test_a_factory_run_with_loader_workers_trains_the_same_steps_as_without(tmp_
         spec = load_spec(make_spec_file(tmp_path / f"w{workers}", model={"factory": FACTORY},
                                         data={"path": str(data), "length_field": "n"},
                                         params={"batch_size": 2, "gradient_accumulation_steps": accumulation,
-                                                "max_length": 16, "width_mul": 1, "num_workers": workers}))
+                                                "max_length": 16, "width_mul": 1, "num_workers": workers,
+                                                "dropout": 0.5}))
         out = tmp_path / f"out{workers}"
         out.mkdir()
         steps, total = run_loop(spec, spec.params, samples=23, epochs=2, max_steps=None, output=out, checkpoint=None,
@@ -218,3 +220,15 @@ def test_a_quantized_base_needs_a_rank_and_a_hugging_face_model(llama_spec, tmp_
         load_spec(llama_spec({"quantization": "4bit"}))
     with pytest.raises(TrainfitError, match="applies to Hugging Face models"):
         load_spec(frames_spec(tmp_path, quantization="8bit"))
+
+
+def test_a_collate_that_returns_device_tensors_is_not_loaded(tmp_path: Path) -> None:
+    """A loader's workers cannot make CUDA tensors (a forked process) nor pin them: a collate whose
+    tensors are not on the CPU (here on torch's meta device, standing in for a GPU) is collated once
+    in the probe's process and found out: synthetic inputs under auto, saying why; an error under real."""
+    spec = frames_spec(tmp_path, collate_device="meta")
+    m = probe(spec)
+    assert m.status == "ok" and m.data == "synthetic", m.message
+    assert any("collate returns tensors on the device" in n and "probe.data: auto" in n for n in m.notes), m.notes
+    refused = probe(spec, "probe.data=real")
+    assert refused.status == "error" and "return CPU tensors from collate" in refused.message

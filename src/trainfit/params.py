@@ -257,7 +257,7 @@ class Params:
         doc="collate batches into page-locked host memory, so the copy to a GPU is faster and can "
             "overlap (the trainers' default; nothing on a CPU)")
     persistent_workers: bool = knob(False, kind="bool", batch_shape=True, trl=WITH_OTHER_KNOBS,
-        prior=on_every_device((True, False)),
+        no_prior="it pays at each epoch's start, which a probe does not time: searched values keep the spec's order",
         doc="keep the loader's workers alive between epochs instead of starting them again "
             "(with num_workers > 0)")
     prefetch_factor: int | None = knob(None, kind="int", minimum=1, maximum=1024, nullable=True, batch_shape=True,

@@ -18,10 +18,22 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trainfit.devices import synchronize
 from trainfit.workloads.base import Batch, to_device
 
 if TYPE_CHECKING:
     from trainfit.probe.request import ProbeRequest
+
+
+def tensors_on_cpu(inputs: Any) -> bool:
+    """Whether every tensor in ``inputs`` (in dicts, lists and tuples, at any depth) is on the CPU."""
+    if hasattr(inputs, "device") and hasattr(inputs, "is_pinned"):
+        return bool(inputs.device.type == "cpu")
+    if isinstance(inputs, dict):
+        return all(tensors_on_cpu(v) for v in inputs.values())
+    if isinstance(inputs, (list, tuple)):
+        return all(tensors_on_cpu(v) for v in inputs)
+    return True
 
 
 class _Shapes:
@@ -70,7 +82,8 @@ class LoaderBatches:
         self.loader: Any = torch.utils.data.DataLoader(
             shapes, batch_size=None, sampler=_Forever(self.cycle, self.accum),
             num_workers=workers, pin_memory=self.non_blocking, persistent_workers=params.persistent_workers and workers > 0,
-            prefetch_factor=params.prefetch_factor if workers > 0 else None)
+            prefetch_factor=params.prefetch_factor if workers > 0 else None,
+            generator=torch.Generator().manual_seed(req.probe.seed))  # not torch's global one, the model's
         self.iterator: Iterator[Any] | None = None
 
     def next_step(self) -> tuple[int, list[Batch]]:
@@ -83,6 +96,7 @@ class LoaderBatches:
         meta = self.pool[shape]
         micro = [Batch(inputs=to_device(next(self.iterator), self.device, self.non_blocking), seq_lens=meta.seq_lens,
                        padded_len=meta.padded_len, packed=meta.packed) for _ in range(self.accum)]
+        synchronize(self.device)  # a pinned copy is asynchronous: the wait ends when the inputs are there
         self.last_wait = time.perf_counter() - t
         if self.start_s is None:
             self.start_s = self.last_wait  # the first step's wait: the workers' start and first batches

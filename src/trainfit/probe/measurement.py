@@ -16,10 +16,10 @@ from trainfit.json_record import Malformed, check_bounds, check_finite, typed
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout", "diverged")
 EXIT_CODES = {"ok": 0, "oom": 3, "error": 4, "timeout": 5, "diverged": 6}
+"""``trainfit probe`` exit status per measurement status (2 is reserved for bad usage)."""
 BROKEN = ("error", "timeout", "diverged")
 """Statuses that say a config is broken for another reason than memory: a search spends no more
 probes on its family."""
-"""``trainfit probe`` exit status per measurement status (2 is reserved for bad usage)."""
 MEMORY_PARTS = ("model", "optimizer", "runtime", "step", "build", "allocator_cache")
 """The keys of ``Measurement.memory_parts_bytes``, in report order."""
 RANKED_FIGURES = ("samples_per_second", "tokens_per_second", "expected_step_time_s", "peak_memory_bytes")

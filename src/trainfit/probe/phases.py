@@ -15,7 +15,7 @@ from trainfit.devices import peak_flops, synchronize
 from trainfit.errors import TrainfitError
 from trainfit.flops import utilization
 from trainfit.probe.events import emit
-from trainfit.probe.loader import LoaderBatches
+from trainfit.probe.loader import LoaderBatches, tensors_on_cpu
 from trainfit.probe.memory import memory_micro_batches
 from trainfit.probe.ranks import agreed
 from trainfit.probe.timing import StepTimes, StopRule
@@ -101,19 +101,32 @@ def typical_batches(req: ProbeRequest, workload: Any, max_len: int, out: dict[st
     """The timed micro-batches: loaded from the dataset's rows (:class:`LoaderBatches`) where the
     parent sent them and the workload can collate them, else made on the device
     (:class:`TypicalBatches`); ``out["data"]`` says which, a note why where ``auto`` fell back."""
-    if req.timing_rows is not None and not workload.collates_rows:
-        why = "the factory returns no collate to make the dataset's rows into inputs"
-        if req.probe.data == "real":
-            raise TrainfitError(f"probe.data: real, but {why}",
-                                "return trainfit.CustomWorkload(..., collate=...), or set probe.data: synthetic")
-        out["notes"].append(f"the timed steps ran on synthetic inputs: {why} (probe.data: auto)")
-    elif req.timing_rows is not None:
-        out["data"] = "real"
+    if req.timing_rows is not None:
         pool = [Batch(inputs=None, seq_lens=tuple(lens), padded_len=length, packed=req.params.packing)
                 for lens, length in timed_shapes(req, max_len)]
-        return LoaderBatches(req, workload, pool)
+        why, fix = _why_not_loaded(req, workload, pool[0])
+        if why is None:
+            out["data"] = "real"
+            return LoaderBatches(req, workload, pool)
+        if req.probe.data == "real":
+            raise TrainfitError(f"probe.data: real, but {why}", f"{fix}, or set probe.data: synthetic")
+        out["notes"].append(f"the timed steps ran on synthetic inputs: {why} (probe.data: auto)")
     out["data"] = "synthetic"
     return TypicalBatches(req, workload, max_len)
+
+
+def _why_not_loaded(req: ProbeRequest, workload: Any, first: Batch) -> tuple[str | None, str]:
+    """Why the dataset's rows cannot go through a loader here, and the fix (None: they can). The
+    first shape is collated here once: a collate returning tensors on a GPU would fail in a
+    loader's workers (CUDA in a forked process) and in pinning."""
+    if not workload.collates_rows:
+        return ("the factory returns no collate to make the dataset's rows into inputs",
+                "return trainfit.CustomWorkload(..., collate=...)")
+    assert req.timing_rows is not None
+    if not tensors_on_cpu(workload.collate_rows(req.timing_rows[0], first.padded_len, first.packed)):
+        return ("the factory's collate returns tensors on the device, which a DataLoader cannot make in its "
+                "workers or pin", "return CPU tensors from collate: trainfit moves them to the device")
+    return None, ""
 
 
 def input_bound_note(fields: dict[str, Any], params: Any) -> str | None:
@@ -197,7 +210,7 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
     while True:
         shape, micro = batches.next_step()
         timed.shapes.append(shape)
-        timed.waits.append(batches.last_wait)
+        timed.waits.append(agreed(batches.last_wait))
         synchronize(device)
         t0 = time.perf_counter()
         loss = built.step.run(micro)

@@ -33,10 +33,10 @@ def main(argv: list[str]) -> int:
     open_channel(os.open(os.devnull, os.O_WRONLY))  # the worker's events channel is not a rank's
     out = {**probe(req, ModelCache(), spawned_at=started), "rank": rank}
     write_atomically(folder / RANK_FILE.format(rank=rank), json.dumps(out))
-    ok = out.get("status", "ok") == "ok"
-    if ok:
-        dist.destroy_process_group()
-    return 0 if ok else 1
+    if out.get("status", "ok") != "ok":
+        os._exit(1)  # at once: a process group's teardown may wait on the peers this rank left in a collective
+    dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A probe of a config that trains on several processes (``nproc_per_node`` > 1): its ranks started
-through torchrun (``torch.distributed.run``, standalone) by the worker, as one job in the worker's
-process group (a timeout or a crash of the worker takes every rank with it; torchrun ends the other
-ranks when one fails), and their results made into one measurement.
+through torchrun (``torch.distributed.run``, standalone) by the worker, and their results made into
+one measurement. torchrun puts each rank in a session of its own; they stay the worker's
+descendants, which a timeout or the worker's end takes with it (the supervisor, a subreaper, ends
+what is left), and torchrun ends the other ranks when one fails.
 
 Each rank (``probe/rank_main.py``) runs the probe's phases on its own device with the model under
 DDP or FSDP2 (:func:`distribute`), every rank on the worst-case batch (each rank of a real run may

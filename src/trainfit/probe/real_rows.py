@@ -11,6 +11,7 @@ its own ``collate`` (which may decode audio: that is the input pipeline measured
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from trainfit.data.analyze import recipe_for_spec
 from trainfit.data.lengths import count_lengths
-from trainfit.data.readers import BadRow, iter_rows
+from trainfit.data.readers import BadRow, fingerprint, iter_rows
 from trainfit.data.row_length import BAD, LengthRecipe, Tokenizer, row_text
 from trainfit.errors import TrainfitError
 from trainfit.spec import Spec
@@ -47,7 +48,16 @@ def timing_rows(spec: Spec, timing_batches: Sequence[Sequence[int]], max_length:
     picked = pick_rows(table.lengths, timing_batches, max_length)
     rows = _read_rows(spec.data.path, spec.data.format, {i for batch in picked for i in batch})
     if spec.model.factory is not None:
-        return tuple(tuple(rows[i] for i in batch) for batch in picked)
+        made = tuple(tuple(rows[i] for i in batch) for batch in picked)
+        try:
+            json.dumps(made)  # they travel to the worker in its request
+        except (TypeError, ValueError):
+            why = "the dataset's rows hold values JSON cannot carry to the probe's process (bytes, timestamps)"
+            if mode == "real":
+                raise TrainfitError(f"probe.data: real, but {why}", "set probe.data: synthetic") from None
+            notes.append(f"the timed steps ran on synthetic inputs: {why} (probe.data: auto)")
+            return None
+        return made
     tokenizer = Tokenizer(recipe.tokenizer, need_chat=bool(recipe.messages_field))
     add_special = tokenizer.adds_special_tokens(recipe)
     return tuple(tuple({"input_ids": ids[:max_length]}
@@ -69,7 +79,7 @@ def _why_not_real(spec: Spec, recipe: LengthRecipe) -> str | None:
 def pick_rows(lengths: np.ndarray, timing_batches: Sequence[Sequence[int]], max_length: int) -> list[list[int]]:
     """For each sample length of each batch, the index of a row that long once truncated at
     ``max_length``: the first in the file not yet taken, or, where none is left, the nearest in
-    length (unreadable rows, ``BAD``, are never taken)."""
+    length, a shorter one before a longer (unreadable rows, ``BAD``, are never taken)."""
     cut = np.where(lengths == BAD, -(10**9), np.minimum(lengths, max_length))
     exact: dict[int, list[int]] = {}  # per length, its rows not yet taken, last in the file first
     taken: set[int] = set()
@@ -82,21 +92,27 @@ def pick_rows(lengths: np.ndarray, timing_batches: Sequence[Sequence[int]], max_
                 left.pop()
             if left:
                 index = left.pop()
-            else:  # rare: no row of this length is left; the nearest one (a slow pass, once)
-                order = np.argsort(np.abs(cut - length), kind="stable")
-                index = next((int(i) for i in order if int(i) not in taken), int(order[0]))
+            else:  # rare: no row of this length is left; the nearest, a shorter one first (a slow pass, once)
+                order = [int(i) for i in np.lexsort((np.abs(cut - length), cut > length)) if lengths[i] != BAD]
+                index = next((i for i in order if i not in taken), order[0])
             taken.add(index)
             chosen.append(index)
         picked.append(chosen)
     return picked
 
 
+_READ: dict[tuple[str, str, str], dict[int, Any]] = {}
+"""The rows read so far, per data file (its fingerprint: changed, it is read again): a tune's
+probes want mostly the same rows, each read once."""
+
+
 def _read_rows(path: str, fmt: str, wanted: set[int]) -> dict[int, Any]:
-    """The rows at ``wanted`` indices, read in one pass that stops at the last of them."""
-    rows: dict[int, Any] = {}
-    last = max(wanted)
-    for index, row in iter_rows(path, fmt):
-        if index in wanted and not isinstance(row, BadRow):
+    """The rows at ``wanted`` indices: those not read before, in one pass that stops at the last of them."""
+    rows = _READ.setdefault((path, fmt, fingerprint(path)), {})
+    missing = wanted - rows.keys()
+    last = max(missing, default=-1)
+    for index, row in iter_rows(path, fmt) if missing else ():
+        if index in missing and not isinstance(row, BadRow):
             rows[index] = row
         if index >= last:
             break

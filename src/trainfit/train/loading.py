@@ -45,13 +45,16 @@ def loaded_steps(rows: Rows, params: Params, collate: Callable[[list[Any]], Any]
     inputs, on ``device``."""
     if params.num_workers == 0:
         for step in steps_of(rows(), params.batch_size, params.gradient_accumulation_steps):
-            yield sum(len(m) for m in step), [collate(m) for m in step]
+            yield sum(len(m) for m in step), [to_device(collate(m), device) for m in step]
         return
     import torch
 
     pinned = device.type == "cuda" and params.pin_memory
+    # Its own generator: the workers' seeds are drawn from it, not from torch's global one, which
+    # the model's dropout and noise draw from: the run's random numbers stay those of num_workers 0.
     loader = torch.utils.data.DataLoader(_shares(rows, params, collate), batch_size=None, num_workers=params.num_workers,
-                                         pin_memory=pinned, prefetch_factor=params.prefetch_factor)
+                                         pin_memory=pinned, prefetch_factor=params.prefetch_factor,
+                                         generator=torch.Generator().manual_seed(0))
     current, held, inputs = -1, 0, list[Any]()
     for step, count, micro in loader:
         if step != current and inputs:

@@ -321,7 +321,8 @@ class HFCausalLM(Workload):
         the rows' own ids)."""
         import torch
 
-        rows_ids = [row["input_ids"][:self.max_positions or None] for row in rows]  # as the probe caps max_length
+        longest = pad_to if not packed else self.max_positions  # as the probe caps max_length
+        rows_ids = [row["input_ids"][:longest or None] for row in rows]
         if max(max(ids, default=0) for ids in rows_ids) >= self.vocab_size:
             raise TrainfitError(f"the tokenizer's ids reach past the model's vocabulary of {self.vocab_size}",
                                 "give the model's own tokenizer (`tokenizer:`), or probe.data: synthetic")

@@ -145,6 +145,17 @@ def _offloading(params: Params, model: Any) -> Any:
     return get_act_offloading_ctx_manager(model=model, warn_if_no_head=False)
 
 
+def _gradient_sync(model: Any, sync: bool) -> Any:
+    """The context a micro-batch's backward runs in: under DDP or FSDP2, the gradients synced across
+    the ranks only at the step's last micro-batch, as accelerate's ``no_sync`` does for the trainers
+    (FSDP2 then holds the unsharded gradients between micro-batches, as the real run does)."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2's fully_shard
+        model.set_requires_gradient_sync(sync)
+    elif not sync and hasattr(model, "no_sync"):  # DDP
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
 class TrainStep:
     """Runs optimizer steps of ``gradient_accumulation_steps`` micro-batches each. ``schedule``:
     the learning rate, its schedule, weight decay and clipping of a real run (None: a probe's,
@@ -186,8 +197,8 @@ class TrainStep:
         """:meth:`run` over each micro-batch's inputs (what the workload's ``loss`` takes)."""
         n = len(micro_inputs)
         total = None
-        for inputs in micro_inputs:
-            with self.offloading:  # around forward and backward, as TRL's training_step
+        for i, inputs in enumerate(micro_inputs):
+            with _gradient_sync(self.workload.model, i == n - 1), self.offloading:  # as TRL's training_step
                 with self.autocast():
                     loss = self.workload.loss(inputs) / n
                 if self.scaler is not None:
