@@ -32,6 +32,7 @@ from trainfit.train.checkpoints import unloadable
 from trainfit.train.loading import loaded_steps, steps_of
 from trainfit.workloads import build_workload
 from trainfit.workloads.factory import FactoryWorkload
+from trainfit.workloads.base import to_device
 from trainfit.workloads.step import TrainStep
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def evaluate(runner: Any, collate: Callable[[list[Any]], Any], evaluation: EvalS
     total, seen = 0.0, 0
     for micro in steps_of(file_rows(evaluation.path, fmt=fmt, on_bad_row=on_bad_row), evaluation.batch_size, 1):
         rows = micro[0]
-        total += runner.evaluate(collate(rows)) * len(rows)
+        total += runner.evaluate(to_device(collate(rows), runner.device)) * len(rows)
         seen += len(rows)
     if seen == 0:
         raise TrainfitError(f"the eval set {evaluation.path} gave no rows", "check the plan's --eval-data")

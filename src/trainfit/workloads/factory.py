@@ -54,8 +54,9 @@ class CustomWorkload:
     """``(rows) -> inputs``: real samples (rows of the spec's ``data``, as read) made into the
     inputs ``loss`` takes, padded as ``params.padding`` says; what ``trainfit train`` trains on,
     and what a probe's timed steps load through a ``DataLoader`` (``probe.data``). It runs in the
-    loader's worker processes when ``num_workers`` > 0: return CPU tensors there (trainfit moves
-    them to the device). None: the model can be probed and tuned, not trained by trainfit."""
+    loader's worker processes when ``num_workers`` > 0, where CUDA cannot be used: return CPU
+    tensors (trainfit moves them to the device; a probe whose collate returns device tensors runs
+    on synthetic inputs, saying why). None: the model can be probed and tuned, not trained by trainfit."""
 
 
 def load_factory(target: str) -> Callable[..., CustomWorkload]:
