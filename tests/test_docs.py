@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS, ROOT / "bench" / "README.md"]
-EXPECTED_DOCS = {"ablate.md", "architecture.md", "compare.md", "benchmarks.md", "outputs.md", "plan.md", "probe.md", "search.md", "spec.md",
-                 "train.md"}
+EXPECTED_DOCS = {"ablate.md", "architecture.md", "cluster.md", "compare.md", "benchmarks.md", "outputs.md", "plan.md",
+                 "probe.md", "search.md", "spec.md", "train.md"}
 
 TWO_COMMANDS = """\
 ```bash

@@ -39,8 +39,12 @@ def test_bad_tune_options_are_usage_errors_that_name_the_bound(tmp_path: Path, c
 
 @pytest.mark.parametrize(("option", "message"), [
     (["--storage", "nonsense"], "--storage 'nonsense' is not a database URL"),
-    (["--storage", "postgresql://me:secret@db.invalid/trainfit"],  # no driver, or no such host
+    (["--storage", "postgresql://me:secret@db.invalid/trainfit"],  # no such host
      "--storage postgresql://me:***@db.invalid/trainfit"),
+    # no server on that socket (the dev extra installs the driver): the URL masked, the fix
+    (["--storage", "postgresql://me:secret@/trainfit?host=/no/such/folder"],
+     "cannot open --storage postgresql://me:***@/trainfit?host=%2Fno%2Fsuch%2Ffolder: "),
+    (["--storage", "/no/such/folder/study.journal"], "the folder /no/such/folder does not exist"),
     (["--join"], "--join is for runs sharing a --storage"),
 ])
 def test_bad_storage_options_are_clear_errors(tmp_path: Path, capsys: Any, option: list[str], message: str) -> None:
@@ -48,6 +52,20 @@ def test_bad_storage_options_are_clear_errors(tmp_path: Path, capsys: Any, optio
     assert main(["tune", str(path), "--output", str(tmp_path / "out"), *option]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and "secret" not in err
+
+
+def test_a_postgresql_url_without_its_driver_names_the_extra(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    """As where ``trainfit[postgres]`` is not installed: psycopg cannot be imported."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # None in sys.modules: its import raises ImportError
+    path = synthetic_spec(tmp_path, "grid").source
+    assert main(["tune", str(path), "--output", str(tmp_path / "out"),
+                 "--storage", "postgresql://me:secret@localhost/trainfit"]) == 2
+    err = capsys.readouterr().err
+    assert ("no database driver installed for --storage postgresql://me:***@localhost/trainfit "
+            "(no module 'psycopg')") in err
+    assert "fix: pip install 'trainfit[postgres]'" in err and "Traceback" not in err and "secret" not in err
 
 
 def test_commands_come_from_the_probed_params(tmp_path: Path) -> None:

@@ -98,14 +98,19 @@ class Slow(Surface):
         self.rendezvous = rendezvous
         self.parties = parties
 
+    def arrive(self) -> None:
+        """Mark this run's arrival at the rendezvous, and wait for the other runs' (see the class)."""
+        assert self.rendezvous is not None
+        self.rendezvous.mkdir(parents=True, exist_ok=True)
+        (self.rendezvous / str(os.getpid())).touch()
+        deadline = time.monotonic() + RENDEZVOUS_GUARD_S
+        while len(list(self.rendezvous.iterdir())) < self.parties:
+            assert time.monotonic() < deadline, f"the other runs never started a probe ({self.rendezvous})"
+            time.sleep(0.01)
+
     def __call__(self, p: Params, number: int) -> Measurement:
         if self.rendezvous is not None and not self.calls:
-            self.rendezvous.mkdir(parents=True, exist_ok=True)
-            (self.rendezvous / str(os.getpid())).touch()
-            deadline = time.monotonic() + RENDEZVOUS_GUARD_S
-            while len(list(self.rendezvous.iterdir())) < self.parties:
-                assert time.monotonic() < deadline, f"the other runs never started a probe ({self.rendezvous})"
-                time.sleep(0.01)
+            self.arrive()
         time.sleep(PROBE_S)
         m = super().__call__(p, number)
         self.log.write_text(json.dumps(self.calls))

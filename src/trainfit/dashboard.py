@@ -17,6 +17,7 @@ from typing import Any
 
 from trainfit.errors import TrainfitError
 from trainfit.search.journal import journal_storage
+from trainfit.search.storage import is_journal
 
 PAGES = "/trainfit"
 """Where the run folder's own pages are served."""
@@ -25,10 +26,10 @@ StartResponse = Callable[..., Any]
 
 
 def storage_for(run_dir: Path, storage_url: str | None) -> Any:
-    """The study's storage: ``storage_url`` as given, else the folder's journal; None: the folder
-    holds no study."""
+    """The study's storage: ``storage_url`` as given (a shared journal file opened as one), else the
+    folder's journal; None: the folder holds no study."""
     if storage_url:
-        return storage_url
+        return journal_storage(Path(storage_url)) if is_journal(storage_url) else storage_url
     journal = run_dir / "study.journal"
     if not journal.is_file():
         return None

@@ -61,9 +61,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the study in --output (default: the latest run of this spec)")
     p.add_argument("--storage", metavar="URL",
-                   help="an Optuna storage URL (e.g. postgresql://...) instead of the output folder's journal "
-                        "file; runs on several machines that share it split the search and never probe a "
-                        "config twice (see --join)")
+                   help="a database URL (postgresql://..., with trainfit[postgres]) or a PATH.journal file (runs "
+                        "on one machine) instead of the output folder's journal file; runs that share it split "
+                        "the search and never probe a config twice (see --join)")
     p.add_argument("--join", action="store_true",
                    help="with --storage: start the study, or join it if another machine already did "
                         "(one command for every machine of a job array)")

@@ -13,6 +13,8 @@ from trainfit.search.events import (
     ProbeProgress,
     Resumed,
     SharedStudy,
+    StorageBack,
+    StorageLost,
     TrialEnd,
     TrialsLost,
     TrialStart,
@@ -21,6 +23,7 @@ from trainfit.search.events import (
 )
 from trainfit.search.loop import TuneResult, common_failure
 from trainfit.search.ranking import noise_warning
+from trainfit.search.reconnect import outage_line
 from trainfit.spec import Spec
 from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary, TrainerCost
 
@@ -61,6 +64,10 @@ class TuneView:
                    else "the summary waits for their results")
             print(f"waiting: {event.busy} config(s) in flight on other runs sharing the storage; {why}",
                   flush=True)
+        elif isinstance(event, (StorageLost, StorageBack)):
+            if self.tty:
+                sys.stderr.write("\r\033[K")  # the live line of the probe in flight
+            print(outage_line(event), file=sys.stderr, flush=True)
         elif isinstance(event, TrialStart) and self.tty:
             sys.stderr.write(f"\r\033[K{counter(event)} probing {values_line(event.values)} ...")
             sys.stderr.flush()

@@ -36,6 +36,7 @@ from trainfit.errors import TrainfitError
 from trainfit.files import held_folder, set_aside, write_atomically
 from trainfit.json_record import Record, check_schema
 from trainfit.plan.eval_pass import EvalSchedule, eval_set
+from trainfit.search.reconnect import outage_line
 from trainfit.spec import Spec, load_spec
 
 SCHEMA_VERSION = 1
@@ -287,7 +288,7 @@ def _shared(state: Comparison, url: str, configs: list[NamedConfig], jobs: Confi
 
     key = json.dumps({**state.setup(), "configs": state.configs}, sort_keys=True, default=str)
     shared = SharedConfigs(url, "trainfit-compare-" + hashlib.sha256(key.encode()).hexdigest()[:12],
-                           [c.name for c in configs])
+                           [c.name for c in configs], on_outage=lambda event: say(outage_line(event)))
     by_name = {c.name: c for c in configs}
     waiting_for: list[str] = []
     while True:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trainfit.compare.runs import ConfigRun
@@ -28,11 +28,13 @@ is waited for: see ``SharedConfigs._first``.)"""
 class SharedConfigs:
     """The configs ``names`` of the study ``name`` in the storage at ``url`` (see the module)."""
 
-    def __init__(self, url: str, name: str, names: Sequence[str]) -> None:
+    def __init__(self, url: str, name: str, names: Sequence[str],
+                 on_outage: Callable[[Any], None] | None = None) -> None:
+        """``on_outage``: told when the storage stops answering and answers again (see ``open_storage``)."""
         import optuna
         from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-        self.storage = open_storage(url)
+        self.storage = open_storage(url, on_outage=on_outage)
         self.names = list(names)
         self.distributions: dict[str, BaseDistribution] = {"config": CategoricalDistribution(self.names)}
         optuna.logging.set_verbosity(optuna.logging.WARNING)

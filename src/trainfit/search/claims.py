@@ -51,6 +51,15 @@ def abandoned(trial: Any) -> bool:
     return host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
 
 
+def beat(storage: Any, trial: Any) -> None:
+    """Record ``trial``'s heartbeat where ``storage`` keeps them: a database does (Optuna's
+    ``RDBStorage``); a journal file does not, and its runs, all on one machine, are told alive by
+    their process (:func:`abandoned`)."""
+    record = getattr(storage, "record_heartbeat", None)
+    if record is not None:
+        record(trial._trial_id)  # the storage API takes its id, not its number
+
+
 R = TypeVar("R")
 
 
@@ -65,7 +74,7 @@ def wait_beside(storage: Any, trial: Any, look: Callable[[], R | None], *, gone:
     while (answer := look()) is None:
         if closed_elsewhere(storage, trial) or time.monotonic() > give_up:
             return gone
-        storage.record_heartbeat(trial._trial_id)
+        beat(storage, trial)
         time.sleep(0.1)
     return answer
 
@@ -85,14 +94,14 @@ def heartbeat(storage: Any, trial: Any) -> Iterator[None]:
     from one whose machine died (stale after three missed beats)."""
     stop = threading.Event()
 
-    def beat() -> None:
+    def beats() -> None:
         while True:
             with contextlib.suppress(Exception):  # the storage is unreachable: the work goes on; next beat
-                storage.record_heartbeat(trial._trial_id)  # the storage API takes its id, not its number
+                beat(storage, trial)
             if stop.wait(HEARTBEAT_S):
                 return
 
-    thread = threading.Thread(target=beat, name="trainfit-heartbeat", daemon=True)
+    thread = threading.Thread(target=beats, name="trainfit-heartbeat", daemon=True)
     thread.start()
     try:
         yield

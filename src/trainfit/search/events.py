@@ -64,6 +64,27 @@ class Waiting:
 
 
 @dataclass(frozen=True)
+class StorageLost:
+    """The shared ``--storage`` stopped answering (its database server restarting, the network to it
+    cut): the run waits and retries the call that failed, at most ``patience_s``; what it measured
+    meanwhile is kept and recorded once the storage answers."""
+
+    storage: str
+    """The --storage URL, its password hidden."""
+    reason: str
+    """The driver's first line about it."""
+    patience_s: float
+
+
+@dataclass(frozen=True)
+class StorageBack:
+    """The shared ``--storage`` answers again after ``waited_s`` seconds: the run goes on where it was."""
+
+    storage: str
+    waited_s: float
+
+
+@dataclass(frozen=True)
 class TrialStart:
     """A probe of ``values`` begins: the ``index``-th trial of at most ``max_trials``."""
 
@@ -115,5 +136,5 @@ class ConfirmEnd:
     measurement: Measurement
 
 
-TuneEvent = Union[SharedStudy, Resumed, JournalRepaired, TrialsLost, Waiting, TrialStart, ProbeProgress, TrialEnd,
-                  ConfirmStart, ConfirmEnd]
+TuneEvent = Union[SharedStudy, Resumed, JournalRepaired, TrialsLost, Waiting, StorageLost, StorageBack, TrialStart,
+                  ProbeProgress, TrialEnd, ConfirmStart, ConfirmEnd]

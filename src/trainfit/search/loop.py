@@ -32,7 +32,15 @@ from trainfit.search.events import (
     Waiting,
 )
 from trainfit.search.ranking import Repeats, ranked
-from trainfit.search.stops import SEARCH_COMPLETE, Limits, converged_stop, search_limits, search_stop, time_stop
+from trainfit.search.stops import (
+    SEARCH_COMPLETE,
+    Limits,
+    budget_reached,
+    converged_stop,
+    search_limits,
+    search_stop,
+    time_stop,
+)
 from trainfit.search.strategies import make_strategy
 from trainfit.search.study import TrialStore
 from trainfit.search.trial_records import trial_values
@@ -210,15 +218,19 @@ class SearchLoop:
             self.emit(Waiting(busy=len(s.busy), searching=searching, elapsed_s=s.elapsed()))
         time.sleep(BUSY_WAIT_S)
 
-    def settle(self) -> None:
+    def settle(self) -> bool:
         """The study's trials, for the confirmation and the summary. Beside other runs of a shared
         storage, first wait for the trials they probe within ``max_trials`` (the run that ended
         first wrote a summary without them), but not past the time budget. Nothing in flight is
         taken as the end once two looks a wait apart find it so and the same measured: another run
-        may have read the history a moment before this one ended, and be about to ask for a trial."""
+        may have read the history a moment before this one ended, and be about to ask for a trial.
+
+        True: search on. The run stopped on a trial budget that counted trials in flight elsewhere,
+        and one of them ended unmeasured (its run died, and its trial was closed as stale), so the
+        budget is not spent and that config is open again."""
         s = self.state
         if not self.store.shared:
-            return
+            return False
         quiet: int | None = None  # the measured count at the last look that found nothing in flight
         while True:
             s.busy = self.store.last_trials(self.limits.max_trials)
@@ -228,6 +240,8 @@ class SearchLoop:
             quiet = None if s.busy else measured
             self.wait_for_others(searching=False)
         s.history = self.store.history()
+        return (s.stop_reason == budget_reached(self.limits) and not s.refining
+                and search_stop(self.limits, s.history, set()) is None and time_stop(self.limits, s.elapsed()) is None)
 
 
 def probe_folder(output: Path, number: int) -> Path:
@@ -315,7 +329,8 @@ def run_search(spec: Spec, options: TuneOptions, *, outputs: OutputWriter,
                        stop_reason=reason, elapsed_s=state.elapsed(), repeats=store.repeats())
 
     store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=options.resume,
-                       storage=options.storage, seed=spec.tune.seed, sampler=options.sampler, join=options.join)
+                       storage=options.storage, seed=spec.tune.seed, sampler=options.sampler, join=options.join,
+                       on_event=emit)
     with contextlib.closing(store):  # releases the output folder for the next run
         strat = make_strategy(limits.strategy, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
                               headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
@@ -323,7 +338,8 @@ def run_search(spec: Spec, options: TuneOptions, *, outputs: OutputWriter,
         announce(store, loop.state.history, emit)
         try:
             loop.run()
-            loop.settle()
+            while loop.settle():  # a dead run's trial, counted against the budget, was closed unmeasured
+                loop.run()
             confirm(spec, space, store, loop.state.history, probe_fn, emit)
         finally:
             if session is not None:

@@ -54,11 +54,16 @@ def time_stop(limits: Limits, elapsed_s: float) -> str | None:
     return None
 
 
+def budget_reached(limits: Limits) -> str:
+    """The stop reason of a spent trial budget."""
+    return f"trial budget reached ({limits.max_trials})"
+
+
 def search_stop(limits: Limits, history: list[Trial], busy: set[str]) -> str | None:
     """Why the search proper ends before another config is asked for, or None: the trial budget
     (a trial another run of the storage probes counts), or no better config within the patience."""
     if len(history) + len(busy) >= limits.max_trials:
-        return f"trial budget reached ({limits.max_trials})"
+        return budget_reached(limits)
     if limits.strategy in ("random", "bayes") and trials_since_best(history) >= limits.patience:
         return f"no better config in the last {limits.patience} trials"
     return None

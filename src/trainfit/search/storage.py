@@ -1,5 +1,6 @@
 """Which study a spec is and where it lives: its name and data fingerprint, the output folder's
-lock, the storage opened (a journal file or a database URL, its password masked in messages), and
+lock, the storage opened (a journal file or a database URL, its password masked in messages, a
+database waited for while it cannot be reached), and
 the refusals when a folder or storage holds another study."""
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from trainfit.errors import TrainfitError
 from trainfit.files import FolderBusy, lock_folder
 from trainfit.params import KNOBS, Params
 from trainfit.search import claims
+from trainfit.search.journal import journal_storage
+from trainfit.search.reconnect import reconnecting, unreachable
 from trainfit.spec import RUN_LIMITS, Spec
 
 
@@ -59,14 +62,27 @@ def lock_study_folder(output: Path) -> IO[str]:
                             "wait for it to finish (or stop it), or use --output NEW_FOLDER") from None
 
 
+JOURNAL_SUFFIX = ".journal"
+"""``--storage PATH`` ending in this (no ``scheme://``) is a journal file that several runs on one
+machine share (Optuna's ``JournalFileBackend``, its appends under a file lock)."""
+
+
+def is_journal(url: str) -> bool:
+    """Does ``--storage url`` name a journal file, not a database?"""
+    return "://" not in url and url.endswith(JOURNAL_SUFFIX)
+
+
 def masked(url: str) -> str:
-    """A database URL fit to print: its password hidden."""
+    """A database URL fit to print: its password hidden (a journal file's path as it is)."""
+    if is_journal(url):
+        return url
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
 
 
-def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None) -> Any:
+def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None,
+                 on_outage: Callable[[Any], None] | None = None) -> Any:
     """The Optuna storage behind ``--storage URL``: a clear error for a bad URL, a missing driver
     or an unreachable server, and a retry while several runs create a new database's tables at
     the same moment (the loser's insert fails).
@@ -74,32 +90,106 @@ def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None) -
     Its heartbeat is on (every ``HEARTBEAT_S`` seconds, stale after three missed): runs on other
     machines tell a trial that a live run is probing from one whose machine died by the heartbeats
     recorded in the database, on the database's clock. ``on_stale(study, trial)`` is called for each
-    stale trial this process closes; it does not queue the trial again (see :meth:`~trainfit.search.study.TrialStore.ask`)."""
-    import optuna
+    stale trial this process closes; it does not queue the trial again (see :meth:`~trainfit.search.study.TrialStore.ask`).
+    Once open, a database that stops answering is waited for (:func:`~trainfit.search.reconnect.reconnecting`;
+    ``on_outage`` gets its ``StorageLost`` and ``StorageBack``).
+
+    A journal file (``*.journal``) has no heartbeat: the runs sharing it are told alive by their
+    process, so they must run on one machine (see :func:`~trainfit.search.claims.abandoned`)."""
     import sqlalchemy.exc
 
+    if is_journal(url):
+        if not Path(url).parent.is_dir():
+            raise TrainfitError(f"--storage {url}: the folder {Path(url).parent} does not exist",
+                                "create it, or give a journal file in a folder that exists")
+        return journal_storage(Path(url))
     try:
         shown = masked(url)
     except sqlalchemy.exc.ArgumentError:
-        raise TrainfitError(f"--storage {url!r} is not a database URL",
-                            "e.g. postgresql://user:password@host/db, or sqlite:///study.db on one machine") from None
+        raise TrainfitError(f"--storage {url!r} is not a database URL or a journal file",
+                            "e.g. postgresql://user:password@host/db across machines, or PATH.journal (or "
+                            "sqlite:///study.db) on one machine") from None
     for attempt in range(5):
         try:
-            with warnings.catch_warnings():  # the heartbeat is "experimental" since optuna 2.9
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, heartbeat_interval=claims.HEARTBEAT_S,
-                                                  grace_period=3 * claims.HEARTBEAT_S,
-                                                  heartbeat_stale_trial_callback=on_stale)
-        except ImportError:
-            raise TrainfitError(f"no database driver installed for --storage {shown}",
-                                "install one, e.g. pip install psycopg2-binary (PostgreSQL) or pymysql (MySQL)"
-                                ) from None
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
+            storage = _rdb_storage(url, on_stale)
+            return reconnecting(storage, shown, on_outage or (lambda event: None))
+        except ImportError as err:
+            raise TrainfitError(f"no database driver installed for --storage {shown} ({_missing(err)})",
+                                _driver_hint(url)) from None
+        except Exception as err:  # a race over the new tables, or no server: tried again
+            reason = unreachable(err)
+            if reason is None and not _lost_race(err):
+                raise
             if attempt == 4:
-                raise TrainfitError(f"cannot open --storage {shown}: {str(err.orig).splitlines()[0]}",
+                raise TrainfitError(f"cannot open --storage {shown}: {reason or _first_line(err)}",
                                     "check that the database server is up and the URL is right") from None
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def _rdb_storage(url: str, on_stale: Callable[[Any, Any], None] | None) -> Any:
+    """Optuna's ``RDBStorage`` of ``url``, its heartbeat on. A server database's connections are
+    checked before each use (``pool_pre_ping``: one closed by a server's restart or an idle timeout
+    is replaced, not failed on), and PostgreSQL's connecting gives up after ``CONNECT_TIMEOUT_S``
+    (libpq waits for ever on a host that drops its packets) unless the URL says otherwise."""
+    import optuna
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    engine: dict[str, Any] = {}
+    if parsed.get_backend_name() != "sqlite":
+        engine["pool_pre_ping"] = True
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        engine["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    with warnings.catch_warnings():  # the heartbeat is "experimental" since optuna 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=claims.HEARTBEAT_S,
+                                          grace_period=3 * claims.HEARTBEAT_S, heartbeat_stale_trial_callback=on_stale)
+
+
+CONNECT_TIMEOUT_S = 10
+"""Seconds PostgreSQL's driver tries to connect before it gives up (and the call is retried)."""
+
+
+DUPLICATE = ("42P07", "42710")
+"""PostgreSQL's codes of a table (``duplicate_table``) or a type (``duplicate_object``) that exists
+already: what a run that creates a new database's tables meets when another run created them first."""
+
+
+def _lost_race(err: Exception) -> bool:
+    """Did creating a new database's tables fail because another run created them at the same
+    moment? (A unique key of the catalogue, or PostgreSQL's table or type that exists already.)"""
+    import sqlalchemy.exc
+
+    if isinstance(err, sqlalchemy.exc.IntegrityError):
+        return True
+    orig = getattr(err, "orig", None)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)  # psycopg 3, psycopg2
+    return isinstance(err, sqlalchemy.exc.ProgrammingError) and code in DUPLICATE
+
+
+def _first_line(err: Exception) -> str:
+    lines = str(getattr(err, "orig", err)).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def _missing(err: ImportError) -> str:
+    """The module a failed import of a database driver lacked (Optuna wraps the driver's ImportError)."""
+    cause = err.__cause__ if isinstance(err.__cause__, ImportError) else err
+    return f"no module {cause.name!r}" if cause.name else str(cause)
+
+
+def _driver_hint(url: str) -> str:
+    """How to install the driver ``url`` names."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgresql+psycopg"):  # psycopg 3: SQLAlchemy 2.1's for postgresql://
+        return "pip install 'trainfit[postgres]'"
+    if parsed.get_backend_name() == "postgresql":
+        return (f"install the driver {parsed.get_driver_name()}, or use a postgresql:// URL with "
+                "pip install 'trainfit[postgres]'")
+    return "install the URL's database driver, e.g. pip install pymysql (MySQL)"
 
 
 def other_studies(summaries: Sequence[Any], name: str, doc: dict[str, Any]) -> list[dict[str, Any]]:

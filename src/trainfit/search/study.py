@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,7 +44,10 @@ from trainfit.spec import Spec
 
 class TrialStore:
     def __init__(self, *, output: Path, spec: Spec, space: SearchSpace, objective: str, resume: bool,
-                 storage: str | None, seed: int, sampler: Any = None, join: bool = False) -> None:
+                 storage: str | None, seed: int, sampler: Any = None, join: bool = False,
+                 on_event: Callable[[Any], None] | None = None) -> None:
+        """``on_event``: what the storage reports while the run goes on (a database that stopped
+        answering, and when it answers again: ``StorageLost``, ``StorageBack``)."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -57,7 +60,7 @@ class TrialStore:
                                 "choose another --output") from None
         self._lock: IO[str] | None = lock_study_folder(output)
         try:
-            self._open(output, spec, resume, storage, seed, sampler, join)
+            self._open(output, spec, resume, storage, seed, sampler, join, on_event)
         except BaseException:
             self.close()
             raise
@@ -69,7 +72,7 @@ class TrialStore:
             self._lock = None
 
     def _open(self, output: Path, spec: Spec, resume: bool, storage: str | None, seed: int, sampler: Any,
-              join: bool) -> None:
+              join: bool, on_event: Callable[[Any], None] | None) -> None:
         import optuna
 
         self.shared = storage is not None
@@ -87,8 +90,8 @@ class TrialStore:
         no longer lost (see :meth:`lost`)."""
         self._stale: list[int] = []
         """Trials this run closed because Optuna's heartbeat found them stale (their numbers)."""
-        self.storage = (open_storage(storage, lambda study, trial: self._stale.append(trial.number)) if storage
-                        else journal_storage(journal))
+        self.storage = (open_storage(storage, lambda study, trial: self._stale.append(trial.number), on_event)
+                        if storage else journal_storage(journal))
         self.where = masked(storage) if storage else str(journal)  # a URL open_storage has checked
         """The study's storage, in words: the journal, or the --storage URL with its password hidden."""
         self.name = study_name(spec)

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainfit.json_record import Malformed, check_bounds, check_finite, typed
 from trainfit.probe.measurement import Measurement, read_measurement
-from trainfit.search.claims import owner_id
+from trainfit.search.claims import beat, owner_id
 from trainfit.search.trials import config_key
 
 CONSTRAINT = "memory"
@@ -161,7 +161,7 @@ def ask_trial(study: Any, distributions: Mapping[str, Any], values: Mapping[str,
         try:
             trial = _ask(study, distributions, values)
             if heartbeat_in is not None:
-                heartbeat_in.record_heartbeat(trial._trial_id)
+                beat(heartbeat_in, trial)
             trial.set_user_attr("owner", owner_id())
             return trial
         except optuna.exceptions.UpdateFinishedTrialError:
