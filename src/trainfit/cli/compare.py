@@ -69,9 +69,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--output", help="output folder (default: a new trainfit-runs/SPEC_NAME/compare-TIMESTAMP)")
     p.add_argument("--resume", action="store_true", help="keep the configs --output's compare.json finished")
     p.add_argument("--storage", metavar="URL",
-                   help="a database shared by several machines running this same command: they split the configs "
-                        "(each trained once; a dead machine's config is trained again) and each one's compare.json "
-                        "ends with all of them, e.g. postgresql://user:pw@host/db")
+                   help="a database shared by several machines running this same command (postgresql://user:pw@host/db, "
+                        "with trainfit[postgres]), or a PATH.journal file shared by runs on one machine: they split "
+                        "the configs (each trained once; a dead run's config is trained again) and each one's "
+                        "compare.json ends with all of them")
     p.set_defaults(run=run)
 
 

@@ -37,8 +37,10 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def run_ranks(req: ProbeRequest, out: dict[str, Any]) -> None:
-    """Start ``req``'s ranks through torchrun, wait for them, and put their merged result in ``out``."""
+def run_ranks(req: ProbeRequest, out: dict[str, Any], scratch: Path | None = None) -> None:
+    """Start ``req``'s ranks through torchrun, wait for them, and put their merged result in ``out``.
+    Their files go to a folder in ``scratch`` (the probe's own, which its runner owns: a probe killed
+    mid-way leaves nothing in the system's temp folder)."""
     n = req.params.nproc_per_node
     if req.device.startswith("cuda"):
         import torch
@@ -47,7 +49,7 @@ def run_ranks(req: ProbeRequest, out: dict[str, Any]) -> None:
             raise Unsupported(f"nproc_per_node={n} needs {n} GPUs, and this machine has {torch.cuda.device_count()}",
                               "probe on a machine with as many, or lower nproc_per_node", knob="nproc_per_node",
                               value=n)
-    with tempfile.TemporaryDirectory(prefix="trainfit-ranks-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="trainfit-ranks-", dir=scratch) as tmp:
         folder = Path(tmp)
         (folder / "request.json").write_text(req.to_json())
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",

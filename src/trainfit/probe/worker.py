@@ -195,8 +195,10 @@ def build(req: ProbeRequest, device: Any, cache: ModelCache) -> tuple[Built, boo
     return built, False, time.perf_counter() - t
 
 
-def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dict[str, Any]:
-    """One job: the Measurement fields of ``req``, whatever happens."""
+def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None,
+          scratch: Path | None = None) -> dict[str, Any]:
+    """One job: the Measurement fields of ``req``, whatever happens. ``scratch``: the probe's own
+    folder, where a multi-process probe's ranks leave their results (None: the system's temp folder)."""
     started = _now()
     out: dict[str, Any] = {"device": req.device, "notes": list(req.notes)}
     meter = MemoryMeter(req.device)
@@ -204,7 +206,7 @@ def probe(req: ProbeRequest, cache: ModelCache, spawned_at: float | None) -> dic
     ranks = req.params.nproc_per_node > 1 and not is_distributed()  # this worker starts the ranks
     try:
         if ranks:
-            run_ranks(req, out)
+            run_ranks(req, out, scratch)
         else:
             run(req, out, cache, meter, spawned_at)
     except BaseException as err:  # every failure becomes a status, never a crash of the tuner
@@ -254,7 +256,7 @@ def serve(spawned_at: float, jobs: Any) -> int:
         if first:
             # A CPU peak can only be measured per probe where it can be restarted.
             reusable = req.device.startswith("cuda") or reset_peak_rss()
-        out = probe(req, cache, spawned_at if first else None)
+        out = probe(req, cache, spawned_at if first else None, scratch=Path(job["request"]).parent)
         first = False
         write_atomically(Path(job["result"]), json.dumps(out))
         emit("result", path=job["result"])
