@@ -18,6 +18,17 @@ def environment() -> dict[str, object]:
             "torch_threads": torch.get_num_threads(), "versions": versions()}
 
 
+def write_wav(path: Path, samples: bytes, rate: int = 16_000) -> None:
+    """A mono 16-bit WAV file of ``samples`` (little-endian int16), through the standard library."""
+    import wave
+
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(samples)
+
+
 def dump(name: str, result: dict[str, object]) -> None:
     out = {"benchmark": name, "environment": environment(), **result}
     print(json.dumps(out, indent=2, default=str))

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from tiny_tts import N_MELS, TinyTTS  # noqa: E402
+from tiny_tts import N_MELS  # noqa: E402
+from tiny_tts import make_workload as tiny_tts  # noqa: E402
 
 import trainfit  # noqa: E402
 
@@ -37,14 +38,10 @@ def features(path: str, repeats: int = 1) -> torch.Tensor:
 
 
 def make_workload(params: trainfit.Params, device: torch.device) -> trainfit.CustomWorkload:
-    model = TinyTTS(ddpm_batch_mul=int(params.extra.get("ddpm_batch_mul", 4))).to(device)
+    """examples/tiny_tts.py's workload, its collate making the features from each row's file."""
+    made = tiny_tts(params, device)
     root = Path(str(params.extra["audio_root"]))
     repeats = int(params.extra.get("decode_repeats", 1))
-
-    def make_batch(lengths: list[int], pad_to: int) -> dict[str, torch.Tensor]:
-        mels = torch.randn(len(lengths), pad_to, N_MELS)
-        pad_mask = torch.arange(pad_to).unsqueeze(0) >= torch.tensor(lengths).unsqueeze(1)
-        return {"mels": mels.to(device), "pad_mask": pad_mask.to(device)}
 
     def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
         feats = [features(str(root / r["path"]), repeats)[: params.max_length] for r in rows]
@@ -56,5 +53,5 @@ def make_workload(params: trainfit.Params, device: torch.device) -> trainfit.Cus
         pad_mask = torch.arange(pad_to).unsqueeze(0) >= torch.tensor(frames).unsqueeze(1)
         return {"mels": mels, "pad_mask": pad_mask}
 
-    return trainfit.CustomWorkload(model=model, make_batch=make_batch, loss=lambda m, x: m(**x), collate=collate,
-                                   handles=("gradient_checkpointing",))
+    made.collate = collate
+    return made

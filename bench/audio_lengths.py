@@ -18,7 +18,7 @@ import wave
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import dump  # noqa: E402
+from _common import dump, write_wav  # noqa: E402
 
 from trainfit.data import LengthRecipe, count_lengths  # noqa: E402
 
@@ -26,11 +26,7 @@ from trainfit.data import LengthRecipe, count_lengths  # noqa: E402
 def write_wavs(folder: Path, files: int, seconds: float, rate: int = 16_000) -> Path:
     silence = b"\0\0" * int(seconds * rate)
     for i in range(files):
-        with wave.open(str(folder / f"{i}.wav"), "wb") as f:
-            f.setnchannels(1)
-            f.setsampwidth(2)
-            f.setframerate(rate)
-            f.writeframes(silence)
+        write_wav(folder / f"{i}.wav", silence, rate)
     manifest = folder / "manifest.jsonl"
     manifest.write_text("".join(json.dumps({"path": f"{i}.wav"}) + "\n" for i in range(files)))
     return manifest

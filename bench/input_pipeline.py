@@ -19,7 +19,6 @@ import random
 import statistics
 import sys
 import tempfile
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import dump  # noqa: E402
+from _common import dump, write_wav  # noqa: E402
 
 from trainfit.cli import main as cli  # noqa: E402
 from trainfit.probe import run_probe  # noqa: E402
@@ -40,11 +39,7 @@ def write_audio(folder: Path, files: int, rate: int = 16_000) -> Path:
     rows = []
     for i in range(files):
         samples = np.random.default_rng(i).integers(-3000, 3000, int(rng.uniform(1, 6) * rate), dtype=np.int16)
-        with wave.open(str(folder / f"{i}.wav"), "wb") as f:
-            f.setnchannels(1)
-            f.setsampwidth(2)
-            f.setframerate(rate)
-            f.writeframes(samples.tobytes())
+        write_wav(folder / f"{i}.wav", samples.tobytes(), rate)
         rows.append(json.dumps({"path": f"{i}.wav"}))
     manifest = folder / "manifest.jsonl"
     manifest.write_text("\n".join(rows) + "\n")

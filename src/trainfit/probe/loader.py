@@ -19,10 +19,19 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainfit.devices import synchronize
+from trainfit.errors import TrainfitError
 from trainfit.workloads.base import Batch, to_device
 
 if TYPE_CHECKING:
     from trainfit.probe.request import ProbeRequest
+
+
+def synthetic_instead(mode: str, why: str, fix: str, notes: list[str]) -> None:
+    """The dataset's rows cannot be the timed steps' inputs, for ``why``: under ``probe.data: real``
+    an error with ``fix``; under ``auto`` a note, the probe going on with synthetic inputs."""
+    if mode == "real":
+        raise TrainfitError(f"probe.data: real, but {why}", f"{fix}, or set probe.data: synthetic")
+    notes.append(f"the timed steps ran on synthetic inputs: {why} (probe.data: auto)")
 
 
 def tensors_on_cpu(inputs: Any) -> bool:

@@ -15,7 +15,7 @@ from trainfit.devices import peak_flops, synchronize
 from trainfit.errors import TrainfitError
 from trainfit.flops import utilization
 from trainfit.probe.events import emit
-from trainfit.probe.loader import LoaderBatches, tensors_on_cpu
+from trainfit.probe.loader import LoaderBatches, synthetic_instead, tensors_on_cpu
 from trainfit.probe.memory import memory_micro_batches
 from trainfit.probe.ranks import agreed
 from trainfit.probe.timing import StepTimes, StopRule
@@ -108,9 +108,7 @@ def typical_batches(req: ProbeRequest, workload: Any, max_len: int, out: dict[st
         if why is None:
             out["data"] = "real"
             return LoaderBatches(req, workload, pool)
-        if req.probe.data == "real":
-            raise TrainfitError(f"probe.data: real, but {why}", f"{fix}, or set probe.data: synthetic")
-        out["notes"].append(f"the timed steps ran on synthetic inputs: {why} (probe.data: auto)")
+        synthetic_instead(req.probe.data, why, fix, out["notes"])
     out["data"] = "synthetic"
     return TypicalBatches(req, workload, max_len)
 

@@ -71,17 +71,20 @@ def merge_ranks(ranks: list[dict[str, Any]], n: int, out: dict[str, Any]) -> Non
         if worst is None:
             raise TrainfitError(f"only {len(ranks)} of the {n} ranks wrote a result: another one died",
                                 "see the probe's log for its output")
-        out.update({k: v for k, v in worst.items() if k not in ("notes", "config", "rank")})
-        out["notes"] += [n for n in worst.get("notes", []) if n not in out["notes"]]
+        _take(worst, out)
         out["message"] = f"rank {worst['rank']} of {n}: {worst.get('message', '')}"
         return
-    first = min(ranks, key=lambda r: r["rank"])
+    _take(min(ranks, key=lambda r: r["rank"]), out)
     peaks = [int(r.get("peak_memory_bytes") or 0) for r in ranks]
     largest = ranks[peaks.index(max(peaks))]
-    out.update({k: v for k, v in first.items() if k not in ("notes", "rank")})
-    out["notes"] += [n for n in first.get("notes", []) if n not in out["notes"]]
     out.update(peak_memory_bytes=max(peaks), rank_peak_memory_bytes=peaks,
                memory_parts_bytes=largest.get("memory_parts_bytes", {}), world_size=n)
+
+
+def _take(rank: dict[str, Any], out: dict[str, Any]) -> None:
+    """``rank``'s fields into ``out``, its notes after ``out``'s (each once); the config stays the request's."""
+    out.update({k: v for k, v in rank.items() if k not in ("notes", "config", "rank")})
+    out["notes"] += [note for note in rank.get("notes", []) if note not in out["notes"]]
 
 
 def agreed(seconds: float) -> float:

@@ -22,6 +22,7 @@ from trainfit.data.lengths import count_lengths
 from trainfit.data.readers import BadRow, fingerprint, iter_rows
 from trainfit.data.row_length import BAD, LengthRecipe, Tokenizer, row_text
 from trainfit.errors import TrainfitError
+from trainfit.probe.loader import synthetic_instead
 from trainfit.spec import Spec
 
 Rows = tuple[tuple[Any, ...], ...]
@@ -38,9 +39,7 @@ def timing_rows(spec: Spec, timing_batches: Sequence[Sequence[int]], max_length:
     recipe = recipe_for_spec(spec)
     why_not = _why_not_real(spec, recipe)
     if why_not is not None:
-        if mode == "real":
-            raise TrainfitError(f"probe.data: real, but {why_not}", "fix that, or set probe.data: synthetic")
-        notes.append(f"the timed steps ran on synthetic inputs: {why_not} (probe.data: auto)")
+        synthetic_instead(mode, why_not, "fix that", notes)
         return None
     assert spec.data is not None
     table = count_lengths(spec.data.path, recipe, fmt=spec.data.format, on_bad_row=spec.data.on_bad_row,
@@ -52,10 +51,8 @@ def timing_rows(spec: Spec, timing_batches: Sequence[Sequence[int]], max_length:
         try:
             json.dumps(made)  # they travel to the worker in its request
         except (TypeError, ValueError):
-            why = "the dataset's rows hold values JSON cannot carry to the probe's process (bytes, timestamps)"
-            if mode == "real":
-                raise TrainfitError(f"probe.data: real, but {why}", "set probe.data: synthetic") from None
-            notes.append(f"the timed steps ran on synthetic inputs: {why} (probe.data: auto)")
+            synthetic_instead(mode, "the dataset's rows hold values JSON cannot carry to the probe's process "
+                                    "(bytes, timestamps)", "keep such values out of the data file", notes)
             return None
         return made
     tokenizer = Tokenizer(recipe.tokenizer, need_chat=bool(recipe.messages_field))
