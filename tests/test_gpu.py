@@ -87,13 +87,34 @@ def test_a_reused_worker_measures_the_peak_a_fresh_one_does(tmp_path: Path) -> N
     with ProbeSession() as session:
         first = run_probe(s, session=session)
         reused = run_probe(s, big, session=session)
+        smaller = run_probe(s, session=session)  # on CUDA a kept model serves smaller batches too
     fresh = run_probe(s, big)
-    assert first.status == reused.status == fresh.status == "ok"
-    assert reused.model_reused and not fresh.model_reused
+    assert first.status == reused.status == fresh.status == smaller.status == "ok"
+    assert reused.model_reused and smaller.model_reused and not fresh.model_reused
+    assert smaller.peak_memory_bytes == pytest.approx(first.peak_memory_bytes, rel=0.05)
     assert reused.peak_memory_bytes == pytest.approx(fresh.peak_memory_bytes, rel=0.05)
     assert reused.peak_allocated_bytes == pytest.approx(fresh.peak_allocated_bytes, rel=0.02)
     assert reused.memory_parts_bytes["model"] == fresh.memory_parts_bytes["model"] > 0
     assert reused.memory_parts_bytes["step"] == pytest.approx(fresh.memory_parts_bytes["step"], rel=0.05)
+
+
+def test_another_model_in_a_kept_process_measures_the_peak_a_fresh_one_does(tmp_path: Path) -> None:
+    """On CUDA the runner builds a new model in the worker's process (no start, no CUDA context):
+    the old model dropped first, its peak the one a fresh process measures."""
+    import dataclasses
+
+    from trainfit.probe.runner import ProbeSession
+
+    s = load_spec(spec(tmp_path, {"batch_size": 4, "precision": "bf16", "padding": "max_length"}))
+    lora = dataclasses.replace(s.params, lora_r=16, lora_target_modules="all-linear")
+    with ProbeSession() as session:
+        first = run_probe(s, session=session)
+        kept = run_probe(s, lora, session=session)
+    fresh = run_probe(s, lora)
+    assert first.status == kept.status == fresh.status == "ok", (kept.message, fresh.message)
+    assert not kept.model_reused and kept.phases_s["start"] == 0 and fresh.phases_s["start"] > 0
+    assert kept.peak_memory_bytes == pytest.approx(fresh.peak_memory_bytes, rel=0.05)
+    assert kept.memory_parts_bytes["model"] == fresh.memory_parts_bytes["model"] > 0
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")

@@ -52,7 +52,7 @@ def test_full_finetune_llama_measures_real_tokens(llama_spec) -> None:
     assert m.tokens_per_second == pytest.approx(m.samples_per_second * m.real_tokens_per_step / 4, rel=1e-6)
     assert m.worst_case_lengths == [64, 64]  # the two longest samples, truncated to max_length
     assert m.truncated_samples > 0 and any("truncated" in n for n in m.notes)
-    assert set(m.phases_s) == {"start", "build", "memory", "burn_in", "timed"}
+    assert set(m.phases_s) == {"start", "device", "build", "memory", "burn_in", "timed"}
     # No budget.memory_gb: the machine's own memory is the budget, less the headroom (default 1 GiB).
     import psutil
 
@@ -556,6 +556,52 @@ def test_a_worker_is_reused_only_for_batches_padded_no_shorter() -> None:
     assert not batches_grow({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": None})
     # A packed batch holds full rows: unpacked batches after it are no larger.
     assert batches_grow({"packing": False}, {"packing": True}) and not batches_grow({"packing": True}, {})
+
+
+def test_a_worker_told_not_to_reuse_its_model_builds_a_new_one_in_the_same_process(tmp_path: Path) -> None:
+    """The runner keeps a CUDA worker's process for another model (``reuse_model: false`` in the job):
+    here a real worker on the CPU, three jobs of one config: built, reused, then built again, in the
+    process that ran the first (no start time paid)."""
+    import os
+    import subprocess
+
+    from trainfit.probe.runner import worker_command
+
+    spec = load_spec(scaled_spec(tmp_path))
+    params = dataclasses.replace(spec.params, batch_size=8, max_length=64)
+    request = tmp_path / "request.json"
+    request.write_text(build_request(spec, params, None, "cpu").to_json())
+    jobs = [{"request": str(request), "result": str(tmp_path / f"result{n}.json"), "reuse_model": reuse}
+            for n, reuse in enumerate((True, True, False))]
+    events_r, events_w = os.pipe()
+    with (tmp_path / "worker.log").open("w") as log:
+        proc = subprocess.Popen(worker_command(time.time(), os.getpid(), True, events_w), stdin=subprocess.PIPE,
+                                stdout=log, stderr=subprocess.STDOUT, pass_fds=(events_w,), text=True)
+        os.close(events_w)
+        proc.communicate("".join(json.dumps(job) + "\n" for job in jobs), timeout=300)
+    os.close(events_r)
+    assert proc.returncode == 0, (tmp_path / "worker.log").read_text()[-2000:]
+    built, reused, rebuilt = (json.loads(Path(job["result"]).read_text()) for job in jobs)
+    assert built["status"] == reused["status"] == rebuilt["status"] == "ok", rebuilt.get("message")
+    assert not built["model_reused"] and reused["model_reused"] and not rebuilt["model_reused"]
+    assert rebuilt["phases_s"]["start"] == 0 and rebuilt["phases_s"]["build"] > 0
+
+
+def test_only_a_cuda_worker_builds_another_model_in_its_process(tmp_path: Path) -> None:
+    from trainfit.probe.runner import process_outlives_model
+
+    spec = load_spec(scaled_spec(tmp_path))
+
+    def request(device: str, **changes: object):
+        return build_request(spec, dataclasses.replace(spec.params, **changes), None, device)
+
+    last = request("cuda")
+    assert process_outlives_model(last.params.to_dict(), last.model_key, request("cuda", extra={"width_mul": 4}))
+    # A CPU's peak RSS never falls back; Liger patches the process; a compiled model is never kept.
+    assert not process_outlives_model(last.params.to_dict(), last.model_key, request("cpu", extra={"width_mul": 4}))
+    assert not process_outlives_model({**last.params.to_dict(), "loss": "liger"}, last.model_key, request("cuda"))
+    assert not process_outlives_model(last.params.to_dict(), last.model_key, request("cuda", compile="default"))
+    assert not process_outlives_model(last.params.to_dict(), None, request("cuda"))
 
 
 def test_model_key_ignores_only_the_batch_shape(tmp_path: Path) -> None:

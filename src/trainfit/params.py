@@ -122,7 +122,7 @@ def model_values(values: Mapping[str, Any]) -> dict[str, Any]:
 def batches_grow(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
     """True when ``after`` asks for batches no smaller than ``before`` (batch size, max_length
     (None = the dataset's longest), the multiple lengths are padded to, and packing: a packed batch
-    holds full rows). A worker reuses its model only in this direction: after a
+    holds full rows). A CPU worker reuses its model only in this direction: after a
     larger batch, a CPU process measured up to 6% more peak memory than a fresh one
     (docs/benchmarks.md, model reuse)."""
     def length(v: Mapping[str, Any]) -> float:

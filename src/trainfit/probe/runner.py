@@ -163,9 +163,11 @@ class ProbeSession:
     (:mod:`trainfit.probe.supervisor`), which ends what the worker leaves behind.
 
     The worker stays alive after a successful probe; the next probe with the same
-    :func:`model_key` and batches no smaller (:func:`~trainfit.params.batches_grow`) runs on the
-    model it already built (no process start, no model build). Any other probe, and any probe
-    after a failure, gets a fresh worker. Never raises for
+    :func:`model_key` runs on the model it already built (no process start, no model build): on
+    CUDA whatever its batches (the caching allocator is emptied and the peak restarts), on a CPU
+    only for batches no smaller (:func:`~trainfit.params.batches_grow`). On CUDA another model may
+    be built in the same process (:func:`process_outlives_model`). Any other probe, and any probe after a
+    failure, gets a fresh worker. Never raises for
     anything a worker does; use as a context manager (or call :meth:`close`) so no worker
     outlives its caller (a caller killed outright takes its worker with it, see
     :func:`trainfit.probe.worker.die_with_parent`).
@@ -325,8 +327,11 @@ class ProbeSession:
         req_path.write_text(request.to_json())
         key = request.model_key
         start = time.perf_counter()
-        reusable = key is not None and key == self._key and batches_grow(self._params, request.params.to_dict())
-        if self._proc is not None and (not reusable or self._proc.poll() is not None):
+        # A CPU keeps its model only for batches no smaller: its peak RSS after a larger batch stays high.
+        same_model = key is not None and key == self._key and (
+            request.device.startswith("cuda") or batches_grow(self._params, request.params.to_dict()))
+        keep = same_model or process_outlives_model(self._params, self._key, request)
+        if self._proc is not None and (not keep or self._proc.poll() is not None):
             self.close()
         if self._proc is None:
             self._proc = self._spawn()
@@ -335,7 +340,8 @@ class ProbeSession:
             job = self._job = _Job(log=log, on_event=on_event)
             try:
                 assert proc.stdin is not None
-                proc.stdin.write((json.dumps({"request": str(req_path), "result": str(res_path)}) + "\n").encode())
+                proc.stdin.write((json.dumps({"request": str(req_path), "result": str(res_path),
+                                              "reuse_model": same_model}) + "\n").encode())
                 proc.stdin.flush()
             except OSError:
                 pass  # the worker is gone: its exit status says why, below
@@ -363,6 +369,19 @@ class ProbeSession:
         if output:
             message += "\nlast output:\n" + output
         return Measurement(status=status, message=message, **base)
+
+
+def process_outlives_model(before: dict[str, Any], before_key: str | None, request: ProbeRequest) -> bool:
+    """Whether a CUDA worker builds ``request``'s model in the process that probed the last one
+    (``before``, its params; ``before_key``, its model key) rather than in a fresh process: no
+    process start, no imports and no CUDA context to pay again (a fresh process took 14-17 s before
+    a 0.5B model's memory phase on an H100, docs/benchmarks.md). The old model is dropped and the
+    caching allocator emptied first, and the peak counts from the memory phase on, as in a fresh
+    process. Not on a CPU (a process's peak RSS never falls back: its freed heap would count), not
+    after Liger's kernels (they replace the model classes' functions for the whole process, so a
+    later ``loss: model`` would run them), and not for a model that may not be kept at all."""
+    return (request.device.startswith("cuda") and before_key is not None and request.model_key is not None
+            and before.get("loss") != "liger")
 
 
 def run_probe(

@@ -99,11 +99,14 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     leaving in ``out`` what was learned before it. ``spawned_at``: when this process was started
     for this probe (None when the worker was already running: no start time to pay).
 
-    The phases, in order: build (or reuse) the model, the memory phase on the worst-case batch,
-    burn-in on typical batches, then timed steps until the estimate is stable."""
+    The phases, in order: open the device (a fresh process's CUDA context), build (or reuse) the
+    model, the memory phase on the worst-case batch, burn-in on typical batches, then timed steps
+    until the estimate is stable."""
     phases: dict[str, float] = {"start": 0.0 if spawned_at is None else time.time() - spawned_at}
     out.update(phases_s=phases, versions=versions())
+    t = time.perf_counter()
     device = open_device(req, out, capped_now=spawned_at is not None)
+    phases["device"] = time.perf_counter() - t
     built, reused, phases["build"] = build(req, device, cache)
     out["model_reused"] = reused
     out["notes"] += built.notes
@@ -253,6 +256,8 @@ def serve(spawned_at: float, jobs: Any) -> int:
         job = json.loads(line)
         with open(job["request"]) as f:
             req = ProbeRequest.from_json(f.read())
+        if not job.get("reuse_model", True):  # the runner's call: a new model in this process
+            cache.take(None)
         if first:
             # A CPU peak can only be measured per probe where it can be restarted.
             reusable = req.device.startswith("cuda") or reset_peak_rss()
