@@ -32,7 +32,7 @@ def live(spec, rounds: int, label: str) -> dict[str, Any]:
 
     spec = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, confirm_rounds=rounds))
     with tempfile.TemporaryDirectory() as tmp:
-        res = tune(with_tune(spec, strategy="auto", max_trials=10**6), TuneOptions(output=tmp,
+        res = tune(with_tune(spec, strategy="auto", max_trials=10**6), TuneOptions(output=tmp, calibrate_steps=0,
                                                                                    on_event=progress(label)))
     summary = res.summary.to_json()
     confirmed = summary["confirmation"]  # with repeats, the near-ties are the confirmed configs

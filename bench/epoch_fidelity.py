@@ -105,7 +105,7 @@ def tuned(spec: Any, stats: Any, folder: Path, calibrate: int) -> dict[str, Any]
     from trainfit.tune import tune
 
     started = time.perf_counter()
-    options = TuneOptions(output=folder, stats=stats, calibrate_steps=calibrate or None,
+    options = TuneOptions(output=folder, stats=stats, calibrate_steps=calibrate,
                           on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True))
     result = tune(with_tune(spec, strategy="grid"), options)
     s = result.summary

@@ -61,7 +61,7 @@ def write_lengths(path: Path, n: int, max_len: int, seed: int = 0) -> None:
 def run_tune(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
     from trainfit.search.events import TrialEnd
     from trainfit.spec import build_spec
-    from trainfit.tune import calibration_steps, tune
+    from trainfit.tune import tune
 
     doc = {"model": {"config": args.config}, "data": {"path": str(data), "length_field": "length"},
            # The pick trains in the Hugging Face Trainer, whose loss is the model's own over the full logits.
@@ -77,18 +77,13 @@ def run_tune(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
                       # TRL's packing: fewer, fuller padding-free steps (a step then holds more samples)
                       **({"packing": [False, True]} if args.packing else {})}}
     spec = build_spec(doc, base_dir=Path.cwd())
-    # As `trainfit tune` does: on a GPU, 30 real Trainer steps of the pick unless --calibrate says otherwise
-    # (the library's tune() calibrates only when told; the 2026-11-27 H100 race ran without one).
-    steps, why = calibration_steps(spec, "cpu" if args.cpu else "cuda", args.calibrate)
-    if why:
-        print(f"  note: {why}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     res = tune(spec, TuneOptions(
         output=out, resume=(out / "study.journal").exists(),
         on_event=lambda e: isinstance(e, TrialEnd) and print(
             f"  trial {e.index}: {e.values} -> {e.measurement.status} {e.measurement.samples_per_second}",
             file=sys.stderr, flush=True),
-        calibrate_steps=steps, calibration_optional=args.calibrate is None,
+        calibrate_steps=args.calibrate, calibration_optional=args.calibrate is None,  # None: tune's default
         on_calibration=lambda line: print(f"  calibration: {line}", file=sys.stderr, flush=True)))
     best = res.summary.best_config
     assert best is not None, "trainfit found no config that fits"

@@ -68,7 +68,7 @@ def run_trainfit(config: dict, data: Path, args: argparse.Namespace, out: Path) 
         output=out, resume=(out / "study.journal").exists(),
         on_event=lambda e: isinstance(e, TrialEnd) and print(
             f"  trainfit trial {e.index}: {e.values} -> {e.measurement.status} "
-            f"{e.measurement.samples_per_second}", file=sys.stderr, flush=True)))
+            f"{e.measurement.samples_per_second}", file=sys.stderr, flush=True), calibrate_steps=0))
     assert res.best is not None, "trainfit found no config that fits"
     best = res.best.measurement
     return {"search_wall_s_this_call": time.perf_counter() - start, "probe_time_s": res.summary.probe_time_s,

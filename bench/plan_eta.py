@@ -119,7 +119,7 @@ def one_mode(mode: str, args: argparse.Namespace, data: Path, work: Path) -> dic
     spec = load_spec(ROOT / "examples" / "tiny-llama.yaml", overrides)
     run_dir = work / mode
     start = time.perf_counter()
-    tune(with_tune(spec, strategy="grid"), TuneOptions(output=run_dir))
+    tune(with_tune(spec, strategy="grid"), TuneOptions(output=run_dir, calibrate_steps=0))
     tune_s = time.perf_counter() - start
     evaluate = {}
     if args.eval_samples:

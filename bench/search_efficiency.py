@@ -98,7 +98,7 @@ def replay(spec, strategy: str, table: dict[str, Any], seed: int, sampler: Any =
     with tempfile.TemporaryDirectory() as tmp:
         res = tune(with_tune(spec, max_trials=len(table)), TuneOptions(
             output=tmp, probe_fn=lambda p, n: table[config_key({k: p.to_dict()[k] for k in spec.search.names})],
-            sampler=sampler, device_type=spec.probe.device))
+            sampler=sampler, device_type=spec.probe.device, calibrate_steps=0))
     return sorted(res.trials, key=lambda t: t.number)
 
 
@@ -151,7 +151,8 @@ def measure(spec, strategy: str, folder: Path | None, label: str, time_budget_s:
     with contextlib.ExitStack() as stack:
         out = folder or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         res = tune(with_tune(spec, strategy=strategy, max_trials=10**6, time_budget_s=time_budget_s),
-                             TuneOptions(output=out, resume=(out / "study.journal").exists(), on_event=progress(label)))
+                             TuneOptions(output=out, resume=(out / "study.journal").exists(), on_event=progress(label),
+                                         calibrate_steps=0))
     return None if res.stop_reason.startswith("time budget") else res
 
 

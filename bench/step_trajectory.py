@@ -64,7 +64,7 @@ def trajectory(args: argparse.Namespace, work: Path) -> dict:
     run_dir = work / "run"
     start = time.perf_counter()
     tune(with_tune(load_spec(ROOT / "examples" / "tiny-llama.yaml", overrides), strategy="grid"),
-         TuneOptions(output=run_dir))
+         TuneOptions(output=run_dir, calibrate_steps=0))
     tune_s = time.perf_counter() - start
     plan = make_plan(run_dir, max_hours=10, epochs=args.epochs, priority="fast")
     (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")

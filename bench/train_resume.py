@@ -71,7 +71,7 @@ def main() -> None:
                       "search.batch_size=[1]", "search.gradient_checkpointing=[false]", "search.lora_r=[16]",
                       "tune.target_effective_batch=null"])
     run_dir = work / "tune"
-    tune(with_tune(spec, strategy="grid"), TuneOptions(output=run_dir))
+    tune(with_tune(spec, strategy="grid"), TuneOptions(output=run_dir, calibrate_steps=0))
 
     fresh_launched = time.time()
     start = time.perf_counter()

@@ -56,7 +56,8 @@ class TuneOptions:
     sampler: Any = None
     """An Optuna sampler in place of the bayes strategy's (GPSampler), e.g. TPE to compare."""
     calibrate_steps: int | None = None
-    """Then time that many real steps of the written command and rank with the trainer's own cost."""
+    """Then time that many real steps of the written command and rank with the trainer's own cost
+    (None: 30 on a GPU where the written command can run, none on a CPU; 0: none)."""
     calibration_optional: bool = False
     """A calibration nobody asked for (a GPU's default) whose failure leaves the probes' ranking."""
     on_calibration: Callable[[str], None] | None = None

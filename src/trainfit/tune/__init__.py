@@ -20,6 +20,7 @@ from trainfit.search.loop import TuneResult, best_trial, run_search
 from trainfit.search.tune_options import TuneOptions
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
+from trainfit.devices import resolve_device_name
 from trainfit.space import default_batch_sizes, default_space
 from trainfit.spec import Spec
 from trainfit.summary import Summary, TrainerCost
@@ -108,7 +109,8 @@ def tune(spec: Spec, options: TuneOptions) -> TuneResult:
     :func:`trainfit.spec.with_tune`), and write summary.json, trials.csv, report.html and
     train_command.sh to ``options.output`` (see :class:`TuneOptions` for the rest).
 
-    ``options.calibrate_steps``: then time that many real steps of the written command (see
+    ``options.calibrate_steps``: then time that many real steps of the written command (None, the
+    default: :func:`calibration_steps`' choice, 30 on a GPU where the command can run; 0: none; see
     :func:`trainfit.trainer.calibration.calibrate`), add the trainer's own cost per micro-batch it
     measured to every config's steps, rank again and write the outputs for the new pick (the cost is
     kept in ``trainer_cost.json``, so a later ``resume`` ranks with it too). A spec whose command a
@@ -128,7 +130,14 @@ def tune(spec: Spec, options: TuneOptions) -> TuneResult:
             and takes_grouping(spec):  # whether grouping joins the default search depends on the data's lengths
         options = dataclasses.replace(options, stats=analyze_spec(spec, progress=False))
     spec = with_default_search(spec, options.stats)
-    steps, say = options.calibrate_steps, options.on_calibration
+    say = options.on_calibration
+    if options.calibrate_steps is None:  # the default: on a GPU where it can run, as `trainfit tune`'s
+        steps, why = calibration_steps(spec, resolve_device_name(spec.probe.device), None)
+        options = dataclasses.replace(options, calibration_optional=True)
+        if why is not None and say is not None:
+            say(f"note: {why}")
+    else:
+        steps = options.calibrate_steps or None
     if steps:
         check_can_calibrate(spec)
     # Calibrating: the search's outputs rank by the probes alone, so that the calibration runs the probes' pick.

@@ -122,7 +122,8 @@ def tune_budgets(spec: Spec, budgets: Sequence[float], options: TuneOptions, *,
         probe_fn = _sharing(real, dict(known), budget, counts)
         try:
             result = tune(spec_b, dataclasses.replace(options, output=folder, stats=stats, probe_fn=probe_fn,
-                                                      device_type=device_type))
+                                                      device_type=device_type,  # one folder's command is
+                                                      calibrate_steps=0))  # calibrated by `plan FOLDER --calibrate`
         finally:
             if session is not None:
                 session.close()
