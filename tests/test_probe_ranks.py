@@ -62,6 +62,46 @@ def test_a_rank_that_hangs_is_a_timeout_and_leaves_nothing(tmp_path: Path) -> No
     assert left == []
 
 
+@pytest.mark.parametrize(("precision", "gathered"), [("bf16", "bfloat16"), ("fp32", "float32")])
+def test_fsdp_gathers_the_weights_in_the_runs_mixed_precision(tmp_path: Path, precision: str, gathered: str) -> None:
+    """Under bf16 a run's FSDP2 (accelerate's, from the trainer's --bf16) gathers each block's weights in
+    bf16: the probe shards alike (a one-process gloo group here), so a layer computes with bf16 weights."""
+    import torch
+    import torch.distributed as dist
+
+    from trainfit.params import Params
+    from trainfit.probe.ranks import distribute
+
+    layers = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    layers._no_split_modules = ["Linear"]  # type: ignore[assignment]  # each Linear a block, as a transformer's
+    seen: list[torch.dtype] = []
+    layers[0].register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = distribute(layers, Params(nproc_per_node=2, parallel="fsdp", precision=precision), torch.device("cpu"))
+        model(torch.randn(4, 8)).float().sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert seen == [getattr(torch, gathered)]
+    assert all(p.dtype == torch.float32 for p in layers.parameters())  # the shards stay as built
+
+
+def test_fsdp_cpu_offload_is_refused_on_a_cpu_and_written_for_accelerate(tmp_path: Path) -> None:
+    from accelerate.commands.launch import launch_command_parser
+
+    from trainfit.params import Params
+
+    spec = make_spec_file(tmp_path, model={"factory": FAILS},
+                          params={"max_length": 16, "width_mul": 1, "nproc_per_node": 2, "parallel": "fsdp",
+                                  "fsdp_cpu_offload": True})
+    m = probe(spec)
+    assert m.unsupported == {"fsdp_cpu_offload": True} and "nothing to offload" in m.message, m.message
+    assert not m.message.startswith("rank")  # refused before any rank started
+    words = trl_args(Params(nproc_per_node=2, parallel="fsdp", fsdp_cpu_offload=True))
+    args = launch_command_parser().parse_args([*words[words.index("--num_processes"):], "sft.py"])
+    assert args.fsdp_offload_params == "true"
+
+
 def test_processes_need_something_to_share(tmp_path: Path) -> None:
     spec = make_spec_file(tmp_path, model={"factory": FAILS}, params={"max_length": 16, "nproc_per_node": 2})
     with pytest.raises(TrainfitError, match="parallel: none gives them nothing to share"):

@@ -247,6 +247,11 @@ class Params:
         prior=on_every_device((False, True)),
         doc="with parallel: fsdp, free each layer's gathered weights after its forward and gather them "
             "again for backward: less memory, more communication")
+    fsdp_cpu_offload: bool = knob(False, kind="bool", trl=WITH_OTHER_KNOBS, memory_only=True,
+        prior=on_every_device((False, True)),
+        doc="with parallel: fsdp, keep each process's shard of the weights, gradients and optimizer state in "
+            "host memory and step the optimizer on the CPU (FSDP2's CPUOffloadPolicy; CUDA): the least GPU "
+            "memory, the slowest steps")
     num_workers: int = knob(0, kind="int", minimum=0, maximum=256, batch_shape=True, trl=WITH_OTHER_KNOBS,
         no_prior="an integer searched in the spec's order; `auto` in search: gives candidates from this "
                  "machine's cores and RAM",

@@ -41,10 +41,13 @@ def run_ranks(req: ProbeRequest, out: dict[str, Any], scratch: Path | None = Non
     """Start ``req``'s ranks through torchrun, wait for them, and put their merged result in ``out``.
     Their files go to a folder in ``scratch`` (the probe's own, which its runner owns: a probe killed
     mid-way leaves nothing in the system's temp folder)."""
-    n = req.params.nproc_per_node
-    if req.device.startswith("cuda"):
-        import torch
+    import torch
 
+    from trainfit.workloads.step import check_support  # local: the workloads load in the worker's process only
+
+    n = req.params.nproc_per_node
+    check_support(req.params, torch.device(req.device))  # a knob no rank can run: refused before torchrun starts
+    if req.device.startswith("cuda"):
         if torch.cuda.device_count() < n:
             raise Unsupported(f"nproc_per_node={n} needs {n} GPUs, and this machine has {torch.cuda.device_count()}",
                               "probe on a machine with as many, or lower nproc_per_node", knob="nproc_per_node",
@@ -117,10 +120,30 @@ def distribute(model: Any, params: Params, device: Any) -> Any:
         from torch.distributed.fsdp import fully_shard
 
         blocks = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or ())}
+        policies = fsdp_policies(params)
         for module in model.modules():
             if type(module).__name__ in blocks:
-                fully_shard(module, reshard_after_forward=params.fsdp_reshard_after_forward)
-        fully_shard(model, reshard_after_forward=params.fsdp_reshard_after_forward)
+                fully_shard(module, **policies)
+        fully_shard(model, **policies)
         return model
     raise TrainfitError(f"nproc_per_node={params.nproc_per_node} with parallel: none: the processes would train "
                         "apart", "set parallel: ddp or fsdp")
+
+
+def fsdp_policies(params: Params) -> dict[str, Any]:
+    """``fully_shard``'s settings for a config, as accelerate (1.15) makes them from the run's flags:
+    resharding after forward; with ``precision`` bf16 or fp16 (the trainer's ``--bf16``/``--fp16``,
+    accelerate's mixed precision) a ``MixedPrecisionPolicy`` that gathers the weights, reduces the
+    gradients and returns the outputs in that dtype (the sharded weights stay as built, and LoRA's
+    fp32 adapters beside a bf16 base may share a block); ``fsdp_cpu_offload`` (accelerate's
+    ``--fsdp_offload_params``): ``CPUOffloadPolicy``."""
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    out: dict[str, Any] = {"reshard_after_forward": params.fsdp_reshard_after_forward}
+    if params.precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if params.precision == "bf16" else torch.float16
+        out["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+    if params.fsdp_cpu_offload:
+        out["offload_policy"] = CPUOffloadPolicy()
+    return out

@@ -87,12 +87,13 @@ def launch_args(params: Params) -> list[str]:
     words = ["--num_processes", str(params.nproc_per_node)]
     if params.parallel == "fsdp":
         return words + ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
-                        "--fsdp_reshard_after_forward", _flag(params.fsdp_reshard_after_forward)]
+                        "--fsdp_reshard_after_forward", _flag(params.fsdp_reshard_after_forward),
+                        *(["--fsdp_offload_params", "true"] if params.fsdp_cpu_offload else [])]
     return words + ["--multi_gpu"]
 
 
 LAUNCH_FLAGS = {"num_processes", "multi_gpu", "use_fsdp", "fsdp_version", "fsdp_auto_wrap_policy",
-                "fsdp_reshard_after_forward"}
+                "fsdp_reshard_after_forward", "fsdp_offload_params"}
 """The flags of :func:`launch_args`: ``accelerate launch``'s, not the trainer's."""
 
 

@@ -130,16 +130,8 @@ def tune(spec: Spec, options: TuneOptions) -> TuneResult:
             and takes_grouping(spec):  # whether grouping joins the default search depends on the data's lengths
         options = dataclasses.replace(options, stats=analyze_spec(spec, progress=False))
     spec = with_default_search(spec, options.stats)
+    steps, options = _calibration_plan(spec, options)
     say = options.on_calibration
-    if options.calibrate_steps is None:  # the default: on a GPU where it can run, as `trainfit tune`'s
-        steps, why = calibration_steps(spec, resolve_device_name(spec.probe.device), None)
-        options = dataclasses.replace(options, calibration_optional=True)
-        if why is not None and say is not None:
-            say(f"note: {why}")
-    else:
-        steps = options.calibrate_steps or None
-    if steps:
-        check_can_calibrate(spec)
     # Calibrating: the search's outputs rank by the probes alone, so that the calibration runs the probes' pick.
     stored = None if steps else RunFolder(options.output).trainer_cost
     last: dict[str, Any] = {}
@@ -165,6 +157,23 @@ def tune(spec: Spec, options: TuneOptions) -> TuneResult:
         return dataclasses.replace(result, summary=summary, best=best_trial(result.trials, summary))
 
     return run_search(spec, options, outputs=outputs, then=calibrated)
+
+
+def _calibration_plan(spec: Spec, options: TuneOptions) -> tuple[int | None, TuneOptions]:
+    """The real steps to calibrate with (None: none) and the options to search with: without
+    ``calibrate_steps``, :func:`calibration_steps`' default (30 on a GPU where the command can run,
+    optional: its failure leaves the probes' ranking), said in ``on_calibration`` where it is none; a
+    spec whose command cannot be calibrated is refused here, before the search."""
+    if options.calibrate_steps is None:  # as `trainfit tune` decides it
+        steps, why = calibration_steps(spec, resolve_device_name(spec.probe.device), None)
+        options = dataclasses.replace(options, calibration_optional=True)
+        if why is not None and options.on_calibration is not None:
+            options.on_calibration(f"note: {why}")
+    else:
+        steps = options.calibrate_steps or None
+    if steps:
+        check_can_calibrate(spec)
+    return steps, options
 
 
 def _reused(result: TuneResult, say: Callable[[str], None] | None) -> TrainerCost | None:

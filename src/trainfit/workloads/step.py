@@ -55,6 +55,10 @@ def check_support(params: Params, device: Any) -> list[str]:
     if params.activation_offloading:  # TRL's: it moves a GPU's activations to CPU memory and back
         _needs_cuda_and(cuda, "trl", "trl", knob="activation_offloading", value=True,
                         instead="use gradient_checkpointing to save activation memory", install="pip install trl")
+    if params.fsdp_cpu_offload and params.parallel == "fsdp" and not cuda:
+        raise Unsupported("fsdp_cpu_offload=true moves a GPU's shards to host memory: on a CPU there is nothing "
+                          "to offload", "use fsdp_cpu_offload: false on this device", knob="fsdp_cpu_offload",
+                          value=True)
     if params.tf32 and not cuda:
         notes.append("tf32 has no effect on CPU")
     if params.compile != "off" and not cuda:
