@@ -34,6 +34,9 @@ def test_ddp_and_fsdp_probes_on_two_processes(llama_spec) -> None:
         assert m.samples_per_step == 2 * 2 * 2  # batch x accumulation x ranks
     for part in ("model", "optimizer"):
         assert fsdp.memory_parts_bytes[part] == pytest.approx(ddp.memory_parts_bytes[part] / 2, rel=0.05), part
+    # DDP's all-reduce can be left out of a step to see what it adds; FSDP's gathers are the step.
+    assert ddp.communication_share is not None and 0 <= ddp.communication_share < 1
+    assert fsdp.communication_share is None
 
 
 @pytest.mark.parametrize(("failure", "status"), [("abort", "error"), ("oom", "oom")])

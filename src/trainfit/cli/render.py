@@ -52,8 +52,10 @@ def measurement_report(m: Measurement) -> str:
     rows.append(("peak memory", mem))
     if m.world_size > 1:
         peaks = ", ".join(fmt_bytes(p) for p in m.rank_peak_memory_bytes)
+        comm = "" if m.communication_share is None else \
+            f"; syncing the gradients {m.communication_share:.0%} of a step"
         rows.append(("processes", f"{m.world_size} ({m.config.get('parallel')}); speeds are all of theirs; "
-                                  f"peak per rank {peaks} (the largest decides)"))
+                                  f"peak per rank {peaks} (the largest decides){comm}"))
     if m.memory_parts_bytes:
         rows.append(("of which", parts_line(m.memory_parts_bytes)))
     if m.oom_needed_bytes:

@@ -134,6 +134,9 @@ class Measurement:
     rank_peak_memory_bytes: list[int] = field(default_factory=list)
     """Several processes: each rank's peak (``peak_memory_bytes`` is the largest, which decides
     whether the config fits; ``memory_parts_bytes`` are that rank's)."""
+    communication_share: float | None = None
+    """DDP: the share of a step's time its gradients' all-reduce adds, the slowest rank's (1 - the same
+    steps without syncing / with); None in one process and under FSDP, whose gathers cannot be left out."""
     model_flops_per_step: float | None = None
     mfu: float | None = None
     """Model FLOPs utilisation (PaLM formula, real tokens); None when the device's peak is unknown."""

@@ -7,6 +7,7 @@ Imports are light (no torch at the top), as the worker's are."""
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from trainfit.flops import utilization
 from trainfit.probe.events import emit
 from trainfit.probe.loader import LoaderBatches, synthetic_instead, tensors_on_cpu
 from trainfit.probe.memory import memory_micro_batches
-from trainfit.probe.ranks import agreed
+from trainfit.probe.ranks import agreed, is_distributed
 from trainfit.probe.timing import StepTimes, StopRule
 from trainfit.workloads.base import Batch
 
@@ -227,6 +228,34 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
         emit("step", n=len(timed.times), seconds=timed.times[-1])
         if stop:
             return timed
+
+
+def communication_share(req: ProbeRequest, built: Built, batches: TypicalBatches, timed: TimedSteps,
+                        device: Any) -> float | None:
+    """Under DDP, the share of a step's time its gradients' all-reduce adds: one cycle of the timed
+    shapes again with no micro-batch syncing, each against the median of the timed steps of its
+    shape (every rank agrees on the slowest's seconds); 0 where the difference is within noise
+    below it. None in one process and under FSDP (its gathers are the step, not an addition)."""
+    if req.params.parallel != "ddp" or not is_distributed():
+        return None
+    by_shape: dict[int, list[float]] = {}
+    for shape, seconds in zip(timed.shapes, timed.times):
+        by_shape.setdefault(shape, []).append(seconds)
+    synced = unsynced = 0.0
+    built.step.sync_gradients = False
+    try:
+        for _ in range(batches.cycle):
+            shape, micro = batches.next_step()
+            synchronize(device)
+            t0 = time.perf_counter()
+            built.step.run(micro)
+            synchronize(device)
+            seconds = agreed(time.perf_counter() - t0)
+            if shape in by_shape:  # a timed phase cut short by its time cap may not have met every shape
+                unsynced, synced = unsynced + seconds, synced + statistics.median(by_shape[shape])
+    finally:
+        built.step.sync_gradients = True
+    return max(0.0, 1.0 - unsynced / synced) if synced else None
 
 
 def check_scaler(timed: TimedSteps, skipped: int, notes: list[str]) -> None:

@@ -55,6 +55,7 @@ from trainfit.probe.phases import (
     LossNotFinite,
     capped_length,
     check_scaler,
+    communication_share,
     check_loss,
     epoch_fields,
     input_bound_note,
@@ -132,6 +133,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
 
         t = time.perf_counter()
         timed = time_steps(req, built, batches, device)
+        out["communication_share"] = communication_share(req, built, batches, timed, device)
         phases["timed"] = time.perf_counter() - t
     finally:
         batches.close()

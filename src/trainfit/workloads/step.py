@@ -189,6 +189,8 @@ class TrainStep:
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device.type) if params.precision == "fp16" else None
         self.offloading = _offloading(params, workload.model)
+        self.sync_gradients = True
+        """False: no micro-batch syncs its gradients across the ranks (the probe's communication share)."""
         self.skipped_steps = 0
         """fp16: the optimizer steps whose update the loss scaler skipped (their gradients overflowed)."""
         self.last_skipped = False
@@ -202,7 +204,8 @@ class TrainStep:
         n = len(micro_inputs)
         total = None
         for i, inputs in enumerate(micro_inputs):
-            with _gradient_sync(self.workload.model, i == n - 1), self.offloading:  # as TRL's training_step
+            with _gradient_sync(self.workload.model, self.sync_gradients and i == n - 1), \
+                    self.offloading:  # as TRL's training_step
                 with self.autocast():
                     loss = self.workload.loss(inputs) / n
                 if self.scaler is not None:
