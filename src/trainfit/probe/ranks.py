@@ -43,7 +43,8 @@ def run_ranks(req: ProbeRequest, out: dict[str, Any], scratch: Path | None = Non
     mid-way leaves nothing in the system's temp folder)."""
     import torch
 
-    from trainfit.workloads.step import check_support  # local: the workloads load in the worker's process only
+    # local: the workloads load in the worker's process only, after it answers its supervisor
+    from trainfit.workloads.step import check_support
 
     n = req.params.nproc_per_node
     check_support(req.params, torch.device(req.device))  # a knob no rank can run: refused before torchrun starts
