@@ -132,6 +132,39 @@ def test_the_command_launches_the_processes_as_accelerate_reads_them() -> None:
     assert "--num_processes" not in trl_args(Params())
 
 
+def test_a_run_over_several_machines_is_launched_on_each_and_counted_over_all(tmp_path: Path) -> None:
+    """nnodes: the command accelerate launches on each machine (its rank and rank 0's address left to the
+    machine's job), the processes counted over all machines, and the probe's speeds over all of them."""
+    import subprocess
+
+    from accelerate.commands.launch import launch_command_parser
+
+    from trainfit.params import Params
+    from trainfit.trainer.calibration import check_can_calibrate
+    from trainfit.trainer.command import _split_flags
+
+    words = trl_args(Params(nproc_per_node=4, nnodes=2, parallel="fsdp"))
+    script = " ".join(_split_flags(words[words.index("--num_processes"):]))  # as train_command.sh quotes them
+    shown = subprocess.run(["bash", "-c", f"printf '%s\\n' {script}"], capture_output=True, text=True,
+                           env={"MACHINE_RANK": "1", "MAIN_PROCESS_IP": "10.0.0.7", "PATH": "/usr/bin:/bin"})
+    assert shown.returncode == 0, shown.stderr
+    args = launch_command_parser().parse_args([*shown.stdout.split(), "sft.py"])
+    assert (args.num_processes, args.num_machines, args.machine_rank) == (8, 2, 1)
+    assert args.main_process_ip == "10.0.0.7" and args.main_process_port == 29500  # the default where none is set
+    unset = subprocess.run(["bash", "-c", f"printf '%s\\n' {script}"], capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin"})
+    assert unset.returncode != 0 and "the rank of this machine" in unset.stderr  # a machine that forgot its rank stops
+    # One process on each of two machines: the probe runs one, its samples per step count both.
+    path = make_spec_file(tmp_path, model={"factory": FAILS}, params={"max_length": 16, "width_mul": 1, "batch_size": 2,
+                                                                     "nnodes": 2, "parallel": "ddp"})
+    with pytest.raises(TrainfitError, match="nnodes: 2 trains on 2 machines"):
+        check_can_calibrate(load_spec(path))  # a calibration runs on this machine alone
+    m = probe(path)
+    assert m.status == "ok", m.message
+    assert m.world_size == 1 and m.samples_per_step == 2 * 2
+    assert any("measured on one machine" in note for note in m.notes)
+
+
 def test_trainfit_train_refuses_a_config_of_several_processes_and_says_what_runs_it(tmp_path: Path, capsys) -> None:
     """trainfit train trains in one process: a config measured on two is refused, naming the written
     command, which launches them through accelerate (a tune whose probes are not probes, for speed)."""
@@ -153,5 +186,5 @@ def test_trainfit_train_refuses_a_config_of_several_processes_and_says_what_runs
     assert "--num_processes 2 \\\n    --multi_gpu" in written
     assert main(["train", str(out), "--max-steps", "1"]) == 2
     err = capsys.readouterr().err
-    assert "trains on 2 processes (nproc_per_node), and trainfit train runs one" in err
+    assert "trains on 2 processes (nproc_per_node x nnodes), and trainfit train runs one" in err
     assert "train_command.sh" in err and "Traceback" not in err

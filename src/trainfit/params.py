@@ -238,6 +238,10 @@ class Params:
     nproc_per_node: int = knob(1, kind="int", minimum=1, maximum=64, trl=WITH_OTHER_KNOBS,
         no_prior="the devices the run may use: searched values keep the spec's order",
         doc="processes (one a device) the run trains on, started by torchrun; more than 1 needs parallel")
+    nnodes: int = knob(1, kind="int", minimum=1, maximum=1024, trl=WITH_OTHER_KNOBS,
+        no_prior="the machines the run may use: searched values keep the spec's order",
+        doc="machines the run trains on, nproc_per_node processes each (accelerate launch --num_machines); "
+            "the probe measures one machine, and the speeds assume the others add theirs alike")
     parallel: str = knob("none", kind="choice", choices=PARALLELS, trl=WITH_OTHER_KNOBS,
         no_prior="whether the model's weights, gradients and optimizer state fit one device decides: measured",
         doc="how nproc_per_node processes share the training: ddp (a whole copy of the model each, "
@@ -275,6 +279,11 @@ class Params:
     def effective_batch_size(self) -> int:
         """Samples per optimizer step on one device."""
         return self.batch_size * self.gradient_accumulation_steps
+
+    @property
+    def processes(self) -> int:
+        """The processes the run trains on over all its machines: ``nproc_per_node`` x ``nnodes``."""
+        return self.nproc_per_node * self.nnodes
 
     def padded_length(self, longest: int, max_length: int | None) -> int:
         """Positions each row of a micro-batch is padded to, as the trainer's collator pads it: the

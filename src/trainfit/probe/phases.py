@@ -284,11 +284,11 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
         step_time_median_s=st.median, step_time_mean_s=st.mean, step_time_std_s=st.std,
         step_time_ci95_rel=st.ci95_rel if st.n > 1 else None,
         steps_measured=st.n, stable=timed.stable, step_times_s=[round(x, 6) for x in timed.times],
-        samples_per_step=params.effective_batch_size * params.nproc_per_node,
+        samples_per_step=params.effective_batch_size * params.processes,
     )
     if params.packing:  # a packed row holds several samples: the epoch's mean per optimizer step
         mix = req.typical
-        fields["samples_per_step"] = (mix.samples * params.gradient_accumulation_steps * params.nproc_per_node
+        fields["samples_per_step"] = (mix.samples * params.gradient_accumulation_steps * params.processes
                                       / mix.micro_batches)
     peak = peak_flops(device_name, params.precision, params.tf32) if cuda else None
     if timed.flops_known:
@@ -335,12 +335,12 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     # The mix's padded lengths capped as the batches were: at the cap's own padded length.
     cap = req.params.batch_length([max_len] * req.params.batch_size, max_len)
     wait = statistics.fmean(timed.waits) if timed.waits else 0.0
-    # Each optimizer step takes gradient_accumulation_steps micro-batches on each of nproc_per_node ranks.
-    per_step = req.params.gradient_accumulation_steps * req.params.nproc_per_node
+    # Each optimizer step takes gradient_accumulation_steps micro-batches on each process of each machine.
+    per_step = req.params.gradient_accumulation_steps * req.params.processes
     speed = epoch_speed(cost, mix, per_step, cap, wait_s=wait)
     # Per optimizer step: the samples of effective_batch_size rows a rank, or under packing those its packed rows hold.
     step_share = (per_step / mix.micro_batches if req.params.packing
-                  else req.params.effective_batch_size * req.params.nproc_per_node / mix.samples)
+                  else req.params.effective_batch_size * req.params.processes / mix.samples)
     return {"samples_per_second": speed.samples_per_second, "tokens_per_second": speed.tokens_per_second,
             "real_tokens_per_step": mix.real_tokens * step_share,
             "padded_tokens_per_step": mix.padded_tokens * step_share,

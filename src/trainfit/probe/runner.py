@@ -65,6 +65,10 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
             notes.append(f"{'' if exact else '~'}{truncated:,} of {stats.samples:,} samples "
                          f"({truncated / stats.samples:.2%}) are longer than max_length={max_length} "
                          "and are truncated")
+    if params.nnodes > 1:
+        notes.append(f"nnodes: {params.nnodes}: measured on one machine ({params.nproc_per_node} process"
+                     f"{'es' if params.nproc_per_node > 1 else ''}); the speeds count all {params.processes}, assuming "
+                     "each machine steps as this one did (the network between machines is not measured)")
     return ProbeRequest(model=spec.model, command_template=spec.tune.command_template, params=params,
                         probe=spec.probe, device=device, max_length=max_length, worst_lengths=tuple(worst),
                         typical=typical, timing_rows=rows, truncated_samples=truncated,

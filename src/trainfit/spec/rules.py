@@ -105,10 +105,11 @@ def quantization_problems(model: ModelSpec | None, params: Params, space: Any) -
 def parallel_problems(params: Params, space: Any) -> list[Problem]:
     """Processes need a way to share the training: ``nproc_per_node`` above 1 with ``parallel:
     none`` everywhere would train N copies apart. A search with both probes its unshared ones as errors."""
-    many = [n for n in _searchable_values(params, space, "nproc_per_node") if n > 1]
+    many = [f"{knob}: {n} starts {n} {what}" for knob, what in (("nproc_per_node", "processes"), ("nnodes", "machines"))
+            for n in _searchable_values(params, space, knob) if n > 1]
     if many and all(p == "none" for p in _searchable_values(params, space, "parallel")):
-        return [Problem("params.parallel", f"nproc_per_node: {many[0]} starts {many[0]} processes, and parallel: none "
-                                           "gives them nothing to share", "set parallel: ddp or fsdp")]
+        return [Problem("params.parallel", f"{many[0]}, and parallel: none gives them nothing to share",
+                        "set parallel: ddp or fsdp")]
     return []
 
 

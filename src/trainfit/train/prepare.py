@@ -151,7 +151,7 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
         chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (
             best.trial, best.config, float(summary.epochs_for_estimate or 1))  # type: ignore[union-attr]
         assert chosen[0] is not None  # _plan refuses an estimated plan
-        _one_process(int(chosen[1].get("nproc_per_node", 1)),
+        _one_process(int(chosen[1].get("nproc_per_node", 1)) * int(chosen[1].get("nnodes", 1)),
                      "train it with a loop of your own under torchrun (a tune.command_template), or plan a config of "
                      "one process")
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
@@ -170,8 +170,8 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
 def _one_process(processes: int, fix: str) -> None:
     """``trainfit train`` trains in one process: a config measured on several is refused, saying what runs it."""
     if processes > 1:
-        raise TrainfitError(f"this config trains on {processes} processes (nproc_per_node), and trainfit train runs "
-                            "one", fix)
+        raise TrainfitError(f"this config trains on {processes} processes (nproc_per_node x nnodes), and trainfit "
+                            "train runs one", fix)
 
 
 def resume_command(run_dir: str | Path, output: str | Path, *, max_steps: int | None = None, loop: bool = False,

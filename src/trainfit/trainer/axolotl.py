@@ -232,14 +232,16 @@ def _loader(params: Params, keys: dict[str, Any], notes: list[str]) -> None:
 
 def _processes(params: Params, notes: list[str]) -> None:
     """Several processes, which an Axolotl config does not launch: the command that does, as a note."""
-    if params.nproc_per_node == 1:
+    if params.processes == 1:
         return
     how = (f"FSDP2, each transformer block sharded, reshard_after_forward {str(params.fsdp_reshard_after_forward).lower()}"
            f"{', offload_params true' if params.fsdp_cpu_offload else ''} (Axolotl's fsdp_version: 2 and fsdp_config)"
            if params.parallel == "fsdp" else "DDP")
+    machines = "" if params.nnodes == 1 else (f" on each of {params.nnodes} machines (--num_machines {params.nnodes} "
+                                              "--machine_rank ... --main_process_ip ..., docs/cluster.md)")
     notes.append(f"nproc_per_node: {params.nproc_per_node} with parallel: {params.parallel} was measured: launch "
-                 f"Axolotl on {params.nproc_per_node} processes (accelerate launch --num_processes "
-                 f"{params.nproc_per_node} -m axolotl.cli.train axolotl.yaml) with {how}")
+                 f"Axolotl on {params.processes} processes (accelerate launch --num_processes "
+                 f"{params.processes} -m axolotl.cli.train axolotl.yaml){machines} with {how}")
 
 
 def _peft_default_modules(spec: Spec) -> list[str] | None:

@@ -404,7 +404,13 @@ def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
 def check_can_calibrate(spec: Spec) -> None:
     """Refuse, before a search spends its time, a spec whose training command a calibration cannot
     run (``tune --calibrate``): a ``tune.command_template`` without ``{max_steps}``, a custom model
-    trained by ``trainfit train``'s own loop, no ``trl`` command."""
+    trained by ``trainfit train``'s own loop, no ``trl`` command, a run over several machines."""
+    searched = [d for d in (spec.search.dims if spec.search else ()) if d.name == "nnodes"]
+    machines = max([spec.params.nnodes, *(int(v) for d in searched for v in d.grid_values())])
+    if machines > 1:
+        raise TrainfitError(f"--calibrate runs the training command on this machine, and nnodes: {machines} trains on "
+                            f"{machines} machines", "calibrate on the cluster (bash train_command.sh --max_steps N on "
+                            "each machine), or drop --calibrate: the ranking then rests on the probes")
     if spec.tune.command_template:
         if "max_steps" not in placeholders(spec.tune.command_template):
             raise TrainfitError("--calibrate runs your tune.command_template for a few steps, and it has no {max_steps} "

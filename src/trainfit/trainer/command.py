@@ -82,9 +82,9 @@ def launch_args(params: Params) -> list[str]:
     """``accelerate launch``'s flags for the processes a config trains on, which ``trl sft`` passes
     to it (the flags its own parser does not take): DDP on ``nproc_per_node`` GPUs, or FSDP2 with
     each transformer block sharded, as the probe shards it."""
-    if params.nproc_per_node == 1 or params.parallel == "none":  # the spec refuses processes that share nothing
+    if params.processes == 1 or params.parallel == "none":  # the spec refuses processes that share nothing
         return []
-    words = ["--num_processes", str(params.nproc_per_node)]
+    words = ["--num_processes", str(params.processes), *machine_args(params.nnodes)]
     if params.parallel == "fsdp":
         return words + ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
                         "--fsdp_reshard_after_forward", _flag(params.fsdp_reshard_after_forward),
@@ -92,8 +92,25 @@ def launch_args(params: Params) -> list[str]:
     return words + ["--multi_gpu"]
 
 
+def machine_args(nnodes: int) -> list[str]:
+    """accelerate launch's flags for a run over ``nnodes`` machines (none for one): how many, and
+    where each finds the first, from variables the machine's job sets (``docs/cluster.md``: SLURM's)."""
+    if nnodes == 1:
+        return []
+    return ["--num_machines", str(nnodes), "--machine_rank", MACHINE_RANK, "--main_process_ip", MAIN_PROCESS_IP,
+            "--main_process_port", MAIN_PROCESS_PORT]
+
+
+MACHINE_RANK = "${MACHINE_RANK:?the rank of this machine, 0 to nnodes-1 (docs/cluster.md)}"
+MAIN_PROCESS_IP = "${MAIN_PROCESS_IP:?the address of the machine of rank 0}"
+MAIN_PROCESS_PORT = "${MAIN_PROCESS_PORT:-29500}"
+SHELL_VALUES = (MACHINE_RANK, MAIN_PROCESS_IP, MAIN_PROCESS_PORT)
+"""Words the script leaves to the shell (in double quotes): each machine sets its own. No apostrophe in
+them: bash reads one inside a double-quoted ``${...:?...}`` as an open quote."""
+
 LAUNCH_FLAGS = {"num_processes", "multi_gpu", "use_fsdp", "fsdp_version", "fsdp_auto_wrap_policy",
-                "fsdp_reshard_after_forward", "fsdp_offload_params"}
+                "fsdp_reshard_after_forward", "fsdp_offload_params", "num_machines", "machine_rank", "main_process_ip",
+                "main_process_port"}
 """The flags of :func:`launch_args`: ``accelerate launch``'s, not the trainer's."""
 
 
@@ -227,6 +244,10 @@ def command_script(spec: Spec, params: Params, header: str, *, max_length: int |
     if not template:
         notes.append("arguments given to this script go to `trl sft` after the ones here (a later flag wins), "
                      "e.g. bash train_command.sh --max_steps 2 --output_dir /tmp/try")
+        if params.nnodes > 1:
+            notes.append(f"run this script on each of the {params.nnodes} machines, with MACHINE_RANK (0 to "
+                         f"{params.nnodes - 1}), MAIN_PROCESS_IP (rank 0's address) and MAIN_PROCESS_PORT set; "
+                         "docs/cluster.md's SLURM job sets them")
         if cpu_threads:
             notes.append(f"OMP_NUM_THREADS={cpu_threads}: the CPU threads the probe used; `accelerate launch` "
                          "(which `trl sft` starts) would give the run one")
@@ -245,7 +266,7 @@ def _split_flags(words: list[str]) -> list[str]:
     """One flag and its values per line, quoted, for a readable script."""
     out: list[str] = []
     for word in words:
-        quoted = shlex.quote(word)
+        quoted = f'"{word}"' if word in SHELL_VALUES else shlex.quote(word)
         if word.startswith("--") or not out:
             out.append(quoted)
         else:
