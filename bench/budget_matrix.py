@@ -48,7 +48,8 @@ def main() -> None:
         spec_b = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, memory_gb=row.budget_gb))
         start = time.perf_counter()
         alone = tune(with_tune(spec_b, max_trials=args.max_trials),
-                     TuneOptions(output=work / f"alone-{row.budget_gb:g}"))
+                     TuneOptions(output=work / f"alone-{row.budget_gb:g}",
+                                                                    calibrate_steps=0))
         separate_s += time.perf_counter() - start
         separate_probes += alone.new_trials
         best = alone.summary.best_config

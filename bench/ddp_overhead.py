@@ -30,7 +30,8 @@ BATCH, LENGTH, RANKS = 4, 512, 2
 
 
 def overrides(steps: int) -> list[str]:
-    return [f"batch_size={BATCH}", f"max_length={LENGTH}", "padding=max_length", "loss=model", "precision=fp32",
+    return [f"batch_size={BATCH}", "gradient_accumulation_steps=1", f"max_length={LENGTH}", "padding=max_length",
+            "loss=model", "precision=fp32",
             f"nproc_per_node={RANKS}", "parallel=ddp", "probe.burn_in_steps=5", f"probe.min_steps={steps}",
             f"probe.max_steps={steps}", "probe.max_seconds=600", "probe.target_rel_ci=0.0000001"]
 

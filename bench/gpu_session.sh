@@ -99,8 +99,8 @@ step() {
 step tests 120 python3 -m pytest -q -p no:cacheprovider "${tests[@]}"
 # Issue 30: trainfit's pick against Hugging Face's auto_find_batch_size, one whole epoch each in the
 # same Trainer under a 24 GiB cap, on a ~0.5B Qwen2 shape with LoRA; results.json keeps each part
-# as it ends (the tune, then each epoch), so a cut call goes on where it stopped: 240 s is enough
-# for a part (HF's epoch took 190 s on an H100), not for the whole (~10 minutes).
+# as it ends (the tune, then each epoch), so a cut call goes on where it stopped (a cut tune from its
+# study, an epoch anew): 240 s holds an epoch (HF's took 190 s on an H100), not the whole (~10 minutes).
 step epoch_race 240 bash -c "python3 bench/epoch_race.py ${race[*]} --work $state/race > $state/epoch_race.json"
 # Issue 32: a loader-bound workload (a collate decoding WAVs) with its model on the GPU: num_workers 0
 # against the tune's pick of num_workers: auto, and probe.data real against synthetic.

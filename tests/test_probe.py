@@ -590,18 +590,22 @@ def test_a_worker_told_not_to_reuse_its_model_builds_a_new_one_in_the_same_proce
 def test_only_a_cuda_worker_builds_another_model_in_its_process(tmp_path: Path) -> None:
     from trainfit.probe.runner import process_outlives_model
 
-    spec = load_spec(scaled_spec(tmp_path))
+    hf = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64}))
+    factory = load_spec(scaled_spec(tmp_path))
 
-    def request(device: str, **changes: object):
+    def request(device: str = "cuda", spec=hf, **changes: object):
         return build_request(spec, dataclasses.replace(spec.params, **changes), None, device)
 
-    last = request("cuda")
-    assert process_outlives_model(last.params.to_dict(), last.model_key, request("cuda", extra={"width_mul": 4}))
-    # A CPU's peak RSS never falls back; Liger patches the process; a compiled model is never kept.
-    assert not process_outlives_model(last.params.to_dict(), last.model_key, request("cpu", extra={"width_mul": 4}))
-    assert not process_outlives_model({**last.params.to_dict(), "loss": "liger"}, last.model_key, request("cuda"))
-    assert not process_outlives_model(last.params.to_dict(), last.model_key, request("cuda", compile="default"))
-    assert not process_outlives_model(last.params.to_dict(), None, request("cuda"))
+    last = request()
+    assert process_outlives_model(last, request(lora_r=8))
+    # A CPU's peak RSS never falls back; Liger patches the process; a compiled model is never kept;
+    # a factory may patch anything; a multi-process probe's ranks would share the GPU with this process.
+    assert not process_outlives_model(last, request("cpu", lora_r=8))
+    assert not process_outlives_model(request(loss="liger"), request())
+    assert not process_outlives_model(last, request(compile="default"))
+    assert not process_outlives_model(request(compile="default"), last)
+    assert not process_outlives_model(request(spec=factory), request())
+    assert not process_outlives_model(last, request(nproc_per_node=2, parallel="ddp"))
 
 
 def test_model_key_ignores_only_the_batch_shape(tmp_path: Path) -> None:

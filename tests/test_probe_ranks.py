@@ -154,6 +154,17 @@ def test_a_run_over_several_machines_is_launched_on_each_and_counted_over_all(tm
     unset = subprocess.run(["bash", "-c", f"printf '%s\\n' {script}"], capture_output=True, text=True,
                            env={"PATH": "/usr/bin:/bin"})
     assert unset.returncode != 0 and "the rank of this machine" in unset.stderr  # a machine that forgot its rank stops
+    # The one-line command (summary.json, plan.json, `plan`'s "train it:") leaves them to the shell too.
+    from conftest import TINY_LLAMA
+
+    from trainfit.trainer.command import build_command
+
+    hf = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64, "nnodes": 2,
+                                                                                  "parallel": "ddp"}, name="hf.yaml"))
+    assert '--machine_rank "${MACHINE_RANK:?' in build_command(hf, hf.params)
+    with pytest.raises(TrainfitError, match="nnodes is searched"):  # every value would be probed on one machine
+        load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64, "parallel": "ddp"},
+                                 name="searched.yaml"), ["search={nnodes: [1, 2]}"])
     # One process on each of two machines: the probe runs one, its samples per step count both.
     path = make_spec_file(tmp_path, model={"factory": FAILS}, params={"max_length": 16, "width_mul": 1, "batch_size": 2,
                                                                      "nnodes": 2, "parallel": "ddp"})
@@ -188,3 +199,24 @@ def test_trainfit_train_refuses_a_config_of_several_processes_and_says_what_runs
     err = capsys.readouterr().err
     assert "trains on 2 processes (nproc_per_node x nnodes), and trainfit train runs one" in err
     assert "train_command.sh" in err and "Traceback" not in err
+
+
+def test_plan_calibrate_refuses_a_config_of_several_machines(tmp_path: Path) -> None:
+    """`trainfit plan FOLDER --calibrate` on a tune folder whose pick trains over two machines: refused in
+    words before anything runs (its command here alone would wait for the other machine)."""
+    from tune_helpers import fixed_speed
+
+    from trainfit.search.tune_options import TuneOptions
+    from trainfit.trainer.calibration import calibrate
+    from trainfit.tune import tune
+
+    write_texts(texts := tmp_path / "train.jsonl")
+    path = make_spec_file(tmp_path, model={"config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                                                      "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                      "num_key_value_heads": 2, "vocab_size": 256}},
+                          data={"path": str(texts), "text_field": "text"},
+                          params={"max_length": 64, "nnodes": 2, "parallel": "ddp"})
+    tune(load_spec(path), TuneOptions(output=tmp_path / "run", probe_fn=fixed_speed()))
+    with pytest.raises(TrainfitError, match="nnodes: 2 trains on 2 machines"):
+        calibrate(tmp_path / "run", 4, work=tmp_path / "work")
+    assert not (tmp_path / "work").exists()

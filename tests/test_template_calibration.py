@@ -102,17 +102,19 @@ def test_the_written_command_drops_max_steps_and_a_calibration_fills_it(in_tmp: 
 def test_the_library_calibrates_by_default_on_a_gpu_as_the_cli_does(in_tmp: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """``tune()`` with no ``calibrate_steps``: none on a CPU, 30 real steps on a GPU (the H100 epoch race
-    of 2026-11-27 ran the library uncalibrated, its estimate a lower bound); 0: none anywhere."""
+    of 2026-11-27 ran the library uncalibrated, its estimate a lower bound); 0, or a stand-in for the
+    probes: none."""
     import trainfit.tune as tune_module
 
     spec = template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}")
     tune(spec, TuneOptions(output=in_tmp / "cpu", probe_fn=fixed))
     assert not (in_tmp / "steps-run.txt").exists() and not (in_tmp / "cpu" / "trainer_cost.json").exists()
     monkeypatch.setattr(tune_module, "resolve_device_name", lambda device: "cuda:0")  # what a GPU machine resolves
-    tune(spec, TuneOptions(output=in_tmp / "none", probe_fn=fixed, calibrate_steps=0))
+    tune(spec, TuneOptions(output=in_tmp / "none", calibrate_steps=0))  # real probes (this CPU's), none asked
+    tune(spec, TuneOptions(output=in_tmp / "stand-in", probe_fn=fixed))  # nothing real to calibrate against
     assert not (in_tmp / "steps-run.txt").exists()
     lines: list[str] = []
-    result = tune(spec, TuneOptions(output=in_tmp / "gpu", probe_fn=fixed, on_calibration=lines.append))
+    result = tune(spec, TuneOptions(output=in_tmp / "gpu", on_calibration=lines.append))
     short, long = map(int, (in_tmp / "steps-run.txt").read_text().split())
     assert long - short == 30  # the default's real steps, past the short run's start-up
     assert result.summary.trainer_cost is not None and (in_tmp / "gpu" / "trainer_cost.json").exists()

@@ -130,7 +130,8 @@ class Measurement:
     memory_cap_bytes: int | None = None
     """The hard cap the child ran under (None = no cap)."""
     world_size: int = 1
-    """The processes the config trains on (``nproc_per_node``): the speeds are all of theirs."""
+    """The processes the probe ran (``nproc_per_node``, one machine's); the speeds are those of all
+    ``nproc_per_node x nnodes`` processes the config trains on."""
     rank_peak_memory_bytes: list[int] = field(default_factory=list)
     """Several processes: each rank's peak (``peak_memory_bytes`` is the largest, which decides
     whether the config fits; ``memory_parts_bytes`` are that rank's)."""

@@ -121,15 +121,16 @@ def cap_memory(cap: int, device: Any, out: dict[str, Any], *, cpu: bool = True) 
         cap_cpu_memory(cap, out)
 
 
-def _tensor_bytes(values: Sequence[Any]) -> int:
-    """Bytes held by the tensors among ``values`` (each storage once: tied weights count once)."""
+def _tensor_bytes(values: Sequence[Any], device_type: str) -> int:
+    """Bytes held on ``device_type`` by the tensors among ``values`` (each storage once: tied weights
+    count once; FSDP's CPU offload keeps a GPU run's shards on the host, which its peak does not hold)."""
     import torch
 
     seen: set[int] = set()
     total = 0
     for v in values:
         v = v.to_local() if hasattr(v, "to_local") else v  # an FSDP2 DTensor: this rank's shard
-        if isinstance(v, torch.Tensor) and v.device.type != "meta":
+        if isinstance(v, torch.Tensor) and v.device.type == device_type:
             storage = v.untyped_storage()
             if storage.data_ptr() not in seen:
                 seen.add(storage.data_ptr())
@@ -199,8 +200,9 @@ class MemoryMeter:
             return {}
         model, optimizer = self.built.workload.model, self.built.step.optimizer
         try:
-            weights = _tensor_bytes([*model.parameters(), *model.buffers()])
-            state = _tensor_bytes([v for per_param in optimizer.state.values() for v in per_param.values()])
+            device = "cuda" if self.cuda else "cpu"
+            weights = _tensor_bytes([*model.parameters(), *model.buffers()], device)
+            state = _tensor_bytes([v for per_param in optimizer.state.values() for v in per_param.values()], device)
         except Exception:  # a model left unusable by its failure: the peak is still reported
             return {}
         return {"model": weights, "optimizer": state, "runtime": max(0, held - weights - state),

@@ -234,8 +234,8 @@ def communication_share(req: ProbeRequest, built: Built, batches: TypicalBatches
                         device: Any) -> float | None:
     """Under DDP, the share of a step's time its gradients' all-reduce adds: one cycle of the timed
     shapes again with no micro-batch syncing, each against the median of the timed steps of its
-    shape (every rank agrees on the slowest's seconds); 0 where the difference is within noise
-    below it. None in one process and under FSDP (its gathers are the step, not an addition)."""
+    shape (every rank agrees on the slowest's seconds); clamped at 0 (noise can make the unsynced
+    steps the slower). None in one process and under FSDP (its gathers are the step, not an addition)."""
     if req.params.parallel != "ddp" or not is_distributed():
         return None
     by_shape: dict[int, list[float]] = {}

@@ -29,7 +29,11 @@ def main(argv: list[str]) -> int:
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     if req.device.startswith("cuda"):
         req = replace(req, device=f"cuda:{local}")
-    dist.init_process_group("nccl" if req.device.startswith("cuda") else "gloo")
+    # FSDP's CPU offload keeps the shards on the host, where clipping reduces over them: gloo beside NCCL,
+    # as accelerate's state sets it up for FSDP_OFFLOAD_PARAMS.
+    backend = "gloo" if not req.device.startswith("cuda") else \
+        "cuda:nccl,cpu:gloo" if req.params.fsdp_cpu_offload else "nccl"
+    dist.init_process_group(backend)
     open_channel(os.open(os.devnull, os.O_WRONLY))  # the worker's events channel is not a rank's
     out = {**probe(req, ModelCache(), spawned_at=started), "rank": rank}
     write_atomically(folder / RANK_FILE.format(rank=rank), json.dumps(out))

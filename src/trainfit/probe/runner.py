@@ -68,7 +68,10 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
     if params.nnodes > 1:
         notes.append(f"nnodes: {params.nnodes}: measured on one machine ({params.nproc_per_node} process"
                      f"{'es' if params.nproc_per_node > 1 else ''}); the speeds count all {params.processes}, assuming "
-                     "each machine steps as this one did (the network between machines is not measured)")
+                     "each machine steps as this one did (the network between machines is not measured)"
+                     + (f"; FSDP's shards here are 1/{params.nproc_per_node} of the model, in the run "
+                        f"1/{params.processes}: the memory measured is an upper bound" if params.parallel == "fsdp"
+                        else ""))
     return ProbeRequest(model=spec.model, command_template=spec.tune.command_template, params=params,
                         probe=spec.probe, device=device, max_length=max_length, worst_lengths=tuple(worst),
                         typical=typical, timing_rows=rows, truncated_samples=truncated,
@@ -184,6 +187,8 @@ class ProbeSession:
         self._reader: threading.Thread | None = None
         self._key: str | None = None
         self._params: dict[str, Any] = {}
+        self._last: ProbeRequest | None = None
+        """The request the worker ran last."""
         self._job: _Job | None = None
         self._stop = threading.Event()
 
@@ -334,12 +339,12 @@ class ProbeSession:
         # A CPU keeps its model only for batches no smaller: its peak RSS after a larger batch stays high.
         same_model = key is not None and key == self._key and (
             request.device.startswith("cuda") or batches_grow(self._params, request.params.to_dict()))
-        keep = same_model or process_outlives_model(self._params, self._key, request)
+        keep = same_model or (self._last is not None and process_outlives_model(self._last, request))
         if self._proc is not None and (not keep or self._proc.poll() is not None):
             self.close()
         if self._proc is None:
             self._proc = self._spawn()
-        proc, self._key, self._params = self._proc, key, request.params.to_dict()
+        proc, self._key, self._params, self._last = self._proc, key, request.params.to_dict(), request
         with (workdir / "probe.log").open("w") as log:
             job = self._job = _Job(log=log, on_event=on_event)
             try:
@@ -375,17 +380,19 @@ class ProbeSession:
         return Measurement(status=status, message=message, **base)
 
 
-def process_outlives_model(before: dict[str, Any], before_key: str | None, request: ProbeRequest) -> bool:
-    """Whether a CUDA worker builds ``request``'s model in the process that probed the last one
-    (``before``, its params; ``before_key``, its model key) rather than in a fresh process: no
-    process start, no imports and no CUDA context to pay again (a fresh process took 14-17 s before
-    a 0.5B model's memory phase on an H100, docs/benchmarks.md). The old model is dropped and the
-    caching allocator emptied first, and the peak counts from the memory phase on, as in a fresh
-    process. Not on a CPU (a process's peak RSS never falls back: its freed heap would count), not
-    after Liger's kernels (they replace the model classes' functions for the whole process, so a
-    later ``loss: model`` would run them), and not for a model that may not be kept at all."""
-    return (request.device.startswith("cuda") and before_key is not None and request.model_key is not None
-            and before.get("loss") != "liger")
+def process_outlives_model(before: ProbeRequest, request: ProbeRequest) -> bool:
+    """Whether a CUDA worker builds ``request``'s model in the process that probed ``before``
+    rather than in a fresh process: no process start, no imports and no CUDA context to pay again
+    (a fresh process took 14-17 s before a 0.5B model's memory phase on an H100,
+    docs/benchmarks.md). The old model is dropped and the caching allocator emptied first, and the
+    peak counts from the memory phase on, as in a fresh process. Only between Hugging Face models
+    of one process each (a factory may patch what it likes; a multi-process probe's ranks would share
+    the GPU with this process's CUDA context), not on a CPU (a process's peak RSS never falls back:
+    its freed heap would count), not after Liger's kernels (they replace the model classes'
+    functions for the whole process, so a later ``loss: model`` would run them), and not for a
+    model that may not be kept at all."""
+    return all(r.device.startswith("cuda") and r.model_key is not None and r.model.factory is None
+               and r.params.nproc_per_node == 1 for r in (before, request)) and before.params.loss != "liger"
 
 
 def run_probe(

@@ -2,7 +2,8 @@
 
 Started by the runner (:func:`trainfit.probe.runner.worker_command`) with ``SPAWNED_AT PARENT_PID
 PDEATHSIG EVENTS_FD`` (see :func:`main`); each line on stdin is a job,
-``{"request": REQUEST.json, "result": RESULT.json}``. Whatever happens here (an OOM, a segfault
+``{"request": REQUEST.json, "result": RESULT.json, "reuse_model": true}`` (false: build the
+request's model anew, the kept one dropped first). Whatever happens here (an OOM, a segfault
 in a kernel, a hang) stays here: the parent reads RESULT.json or, when there is none, classifies
 the exit. Progress goes to the event channel, a pipe of its own (:mod:`trainfit.probe.events`);
 ``result`` ends a job. The process the runner started stays behind as the worker's supervisor
@@ -104,8 +105,8 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     model, the memory phase on the worst-case batch, burn-in on typical batches, then timed steps
     until the estimate is stable."""
     phases: dict[str, float] = {"start": 0.0 if spawned_at is None else time.time() - spawned_at}
+    t = time.perf_counter()  # the device's opening: importing torch (versions() does) and its context
     out.update(phases_s=phases, versions=versions())
-    t = time.perf_counter()
     device = open_device(req, out, capped_now=spawned_at is not None)
     phases["device"] = time.perf_counter() - t
     built, reused, phases["build"] = build(req, device, cache)

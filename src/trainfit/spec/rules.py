@@ -103,8 +103,13 @@ def quantization_problems(model: ModelSpec | None, params: Params, space: Any) -
 
 
 def parallel_problems(params: Params, space: Any) -> list[Problem]:
-    """Processes need a way to share the training: ``nproc_per_node`` above 1 with ``parallel:
-    none`` everywhere would train N copies apart. A search with both probes its unshared ones as errors."""
+    """Processes need a way to share the training: ``nproc_per_node`` (or ``nnodes``) above 1 with
+    ``parallel: none`` everywhere would train N copies apart. A search with both probes its unshared
+    ones as errors. ``nnodes`` is not searched: every value would be probed on the same one machine."""
+    if space is not None and space.dim("nnodes") is not None:
+        return [Problem("search.nnodes", "nnodes is searched, and a probe measures one machine whatever it says: "
+                                         "its values would differ by assumption, not by measurement",
+                        "set params.nnodes to the machines the run will have")]
     many = [f"{knob}: {n} starts {n} {what}" for knob, what in (("nproc_per_node", "processes"), ("nnodes", "machines"))
             for n in _searchable_values(params, space, knob) if n > 1]
     if many and all(p == "none" for p in _searchable_values(params, space, "parallel")):

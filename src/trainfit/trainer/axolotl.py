@@ -237,8 +237,9 @@ def _processes(params: Params, notes: list[str]) -> None:
     how = (f"FSDP2, each transformer block sharded, reshard_after_forward {str(params.fsdp_reshard_after_forward).lower()}"
            f"{', offload_params true' if params.fsdp_cpu_offload else ''} (Axolotl's fsdp_version: 2 and fsdp_config)"
            if params.parallel == "fsdp" else "DDP")
-    machines = "" if params.nnodes == 1 else (f" on each of {params.nnodes} machines (--num_machines {params.nnodes} "
-                                              "--machine_rank ... --main_process_ip ..., docs/cluster.md)")
+    machines = "" if params.nnodes == 1 else (f", {params.nproc_per_node} on each of {params.nnodes} machines "
+                                              f"(--num_machines {params.nnodes} --machine_rank ... --main_process_ip "
+                                              "..., docs/cluster.md)")
     notes.append(f"nproc_per_node: {params.nproc_per_node} with parallel: {params.parallel} was measured: launch "
                  f"Axolotl on {params.processes} processes (accelerate launch --num_processes "
                  f"{params.processes} -m axolotl.cli.train axolotl.yaml){machines} with {how}")

@@ -231,7 +231,10 @@ def calibrate(run_dir: Path | RunFolder, steps: int, *, work: Path | None = None
                             "e.g. 50 steps: more give a tighter figure, each costs one step of the config")
     say = on_progress or (lambda line: None)
     short = short_steps(steps)
-    timed = _timed_runs(RunFolder.of(run_dir), short, steps, work, say)
+    run = RunFolder.of(run_dir)
+    best = run.summary.best_config
+    _one_machine(int((best.config if best is not None else {}).get("nnodes", 1)))
+    timed = _timed_runs(run, short, steps, work, say)
     runs, best = timed.runs, timed.best
     seconds = _seconds_per_step(runs, short, steps, timed.folder, say)
     probe = float(best.probe_speed or 0.0)  # the best config is a fitting, timed one
@@ -253,6 +256,15 @@ def calibrate(run_dir: Path | RunFolder, steps: int, *, work: Path | None = None
     if timed.scratch:
         shutil.rmtree(timed.folder, ignore_errors=True)
     return calibration
+
+
+def _one_machine(machines: int) -> None:
+    """Refuse a config that trains over several machines (``nnodes``): its command on this machine
+    alone would wait for the others (or stop at once, without its rank)."""
+    if machines > 1:
+        raise TrainfitError(f"--calibrate runs the training command on this machine, and nnodes: {machines} trains on "
+                            f"{machines} machines", "time it on the cluster (bash train_command.sh --max_steps N on "
+                            "each machine), or drop --calibrate: the ranking then rests on the probes")
 
 
 def _samples_per_step(best: ConfigEntry) -> float:
@@ -405,12 +417,7 @@ def check_can_calibrate(spec: Spec) -> None:
     """Refuse, before a search spends its time, a spec whose training command a calibration cannot
     run (``tune --calibrate``): a ``tune.command_template`` without ``{max_steps}``, a custom model
     trained by ``trainfit train``'s own loop, no ``trl`` command, a run over several machines."""
-    searched = [d for d in (spec.search.dims if spec.search else ()) if d.name == "nnodes"]
-    machines = max([spec.params.nnodes, *(int(v) for d in searched for v in d.grid_values())])
-    if machines > 1:
-        raise TrainfitError(f"--calibrate runs the training command on this machine, and nnodes: {machines} trains on "
-                            f"{machines} machines", "calibrate on the cluster (bash train_command.sh --max_steps N on "
-                            "each machine), or drop --calibrate: the ranking then rests on the probes")
+    _one_machine(spec.params.nnodes)  # not searched (spec.rules)
     if spec.tune.command_template:
         if "max_steps" not in placeholders(spec.tune.command_template):
             raise TrainfitError("--calibrate runs your tune.command_template for a few steps, and it has no {max_steps} "

@@ -108,6 +108,12 @@ SHELL_VALUES = (MACHINE_RANK, MAIN_PROCESS_IP, MAIN_PROCESS_PORT)
 """Words the script leaves to the shell (in double quotes): each machine sets its own. No apostrophe in
 them: bash reads one inside a double-quoted ``${...:?...}`` as an open quote."""
 
+def shell_word(word: str) -> str:
+    """``word`` as a command line writes it: quoted, except that a machine's own value
+    (:data:`SHELL_VALUES`) is left for its shell to fill, in double quotes."""
+    return f'"{word}"' if word in SHELL_VALUES else shlex.quote(word)
+
+
 LAUNCH_FLAGS = {"num_processes", "multi_gpu", "use_fsdp", "fsdp_version", "fsdp_auto_wrap_policy",
                 "fsdp_reshard_after_forward", "fsdp_offload_params", "num_machines", "machine_rank", "main_process_ip",
                 "main_process_port"}
@@ -166,7 +172,7 @@ def build_command(spec: Spec, params: Params, *, max_length: int | None = None, 
     :func:`trl_command`)."""
     if spec.tune.command_template:
         return render_template(spec.tune.command_template, params, spec.tune.epochs, max_length)
-    return " ".join(shlex.quote(word) for word in trl_command(
+    return " ".join(shell_word(word) for word in trl_command(
         spec, params, max_length=max_length, data_config=data_config, cpu_threads=cpu_threads, model_dir=model_dir))
 
 
@@ -266,7 +272,7 @@ def _split_flags(words: list[str]) -> list[str]:
     """One flag and its values per line, quoted, for a readable script."""
     out: list[str] = []
     for word in words:
-        quoted = f'"{word}"' if word in SHELL_VALUES else shlex.quote(word)
+        quoted = shell_word(word)
         if word.startswith("--") or not out:
             out.append(quoted)
         else:
@@ -381,7 +387,8 @@ def trainer_settings(params: Params, epochs: float, *, max_length: int | None = 
         if name in MODEL_ARGS:
             out["model_init_kwargs"][name] = value
         elif name in LAUNCH_FLAGS:  # accelerate launch's: the processes, not the trainer
-            out.setdefault("launch", {})[name] = value if word else True
+            # a machine's own value (its rank, rank 0's address) is null here: each machine's job sets it
+            out.setdefault("launch", {})[name] = None if word in SHELL_VALUES else value if word else True
         elif name in QUANTIZATION_ARGS:  # BitsAndBytesConfig(**quantization_config), as trl sft builds it
             quantized = out["model_init_kwargs"].setdefault("quantization_config", {})
             quantized[QUANTIZATION_ARGS[name]] = value
@@ -389,6 +396,9 @@ def trainer_settings(params: Params, epochs: float, *, max_length: int | None = 
             out["training_arguments"][name] = value
         elif name != "use_peft" and not name.startswith("lora_"):
             out["sft"][name] = value
+    if params.nnodes > 1:
+        out["notes"].append("launch.machine_rank and launch.main_process_ip are null: each machine's own, which "
+                            "train_command.sh reads from MACHINE_RANK and MAIN_PROCESS_IP (docs/cluster.md)")
     if params.quantization == "4bit":  # trl sft computes in the weights' dtype
         out["model_init_kwargs"]["quantization_config"]["bnb_4bit_compute_dtype"] = out["model_init_kwargs"]["dtype"]
     return out

@@ -110,7 +110,8 @@ def tune(spec: Spec, options: TuneOptions) -> TuneResult:
     train_command.sh to ``options.output`` (see :class:`TuneOptions` for the rest).
 
     ``options.calibrate_steps``: then time that many real steps of the written command (None, the
-    default: :func:`calibration_steps`' choice, 30 on a GPU where the command can run; 0: none; see
+    default: :func:`calibration_steps`' choice, 30 on a GPU where the command can run, none with a
+    stand-in ``probe_fn``; 0: none; see
     :func:`trainfit.trainer.calibration.calibrate`), add the trainer's own cost per micro-batch it
     measured to every config's steps, rank again and write the outputs for the new pick (the cost is
     kept in ``trainer_cost.json``, so a later ``resume`` ranks with it too). A spec whose command a
@@ -164,12 +165,12 @@ def _calibration_plan(spec: Spec, options: TuneOptions) -> tuple[int | None, Tun
     ``calibrate_steps``, :func:`calibration_steps`' default (30 on a GPU where the command can run,
     optional: its failure leaves the probes' ranking), said in ``on_calibration`` where it is none; a
     spec whose command cannot be calibrated is refused here, before the search."""
-    if options.calibrate_steps is None:  # as `trainfit tune` decides it
+    if options.calibrate_steps is None and options.probe_fn is None:  # real probes: as `trainfit tune` decides it
         steps, why = calibration_steps(spec, resolve_device_name(spec.probe.device), None)
         options = dataclasses.replace(options, calibration_optional=True)
         if why is not None and options.on_calibration is not None:
             options.on_calibration(f"note: {why}")
-    else:
+    else:  # asked for, or a stand-in for the probes (nothing real to calibrate against by default)
         steps = options.calibrate_steps or None
     if steps:
         check_can_calibrate(spec)

@@ -122,8 +122,9 @@ def tune_budgets(spec: Spec, budgets: Sequence[float], options: TuneOptions, *,
         probe_fn = _sharing(real, dict(known), budget, counts)
         try:
             result = tune(spec_b, dataclasses.replace(options, output=folder, stats=stats, probe_fn=probe_fn,
-                                                      device_type=device_type,  # one folder's command is
-                                                      calibrate_steps=0))  # calibrated by `plan FOLDER --calibrate`
+                                                      device_type=device_type,
+                                                      # not by default: `plan FOLDER --calibrate` times one folder's
+                                                      calibrate_steps=options.calibrate_steps or 0))
         finally:
             if session is not None:
                 session.close()
