@@ -109,8 +109,10 @@ def agreed(seconds: float) -> float:
 def distribute(model: Any, params: Params, device: Any) -> Any:
     """``model`` as its rank trains it: under DDP (a whole copy, gradients all-reduced in backward),
     or FSDP2 (``fully_shard`` on each transformer block the model names in ``_no_split_modules``,
-    then on the whole), as accelerate's ``TRANSFORMER_BASED_WRAP`` shards it. The model in a single
-    process, unchanged."""
+    then on the whole), as accelerate's ``TRANSFORMER_BASED_WRAP`` shards the blocks (accelerate 1.15
+    also makes the input embedding, and the final norm with the LM head, units of their own, the
+    head's kept gathered after its forward: not yet here, so with a large vocabulary the real run may
+    hold more between forward and backward than measured). The model in a single process, unchanged."""
     if not is_distributed():
         return model
     if params.parallel == "ddp":
