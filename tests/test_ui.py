@@ -43,7 +43,8 @@ def root(tmp_path: Path) -> Iterator[Path]:
 
 
 def spec_form(root: Path, **fields: str) -> dict[str, str]:
-    return {"path": SPEC, "yaml": (root / SPEC).read_text(), **fields}
+    """The spec editor's form as a browser posts it (a textarea's lines end in CRLF)."""
+    return {"path": SPEC, "yaml": (root / SPEC).read_text().replace("\n", "\r\n"), **fields}
 
 
 def wait_for(jobs: Jobs, job_id: str, status: str, timeout_s: float = 90) -> None:
@@ -131,7 +132,7 @@ def test_saving_writes_a_new_spec_beside_the_old_and_never_over_a_file(root: Pat
 
     assert reply.status_code == 303 and reply.headers["Location"].endswith("path=examples/bigger.yaml")
     saved = (root / "examples" / "bigger.yaml").read_text()
-    assert "batch_size: 8" in saved and "tokenizer: data/tokenizer.json" in saved
+    assert "\r" not in saved and "batch_size: 8" in saved and "tokenizer: data/tokenizer.json" in saved
     assert again.status_code == 409 and "exists already" in again.get_data(as_text=True)
     assert client.post("/api/validate", data={**spec_form(root), "path": "examples/bigger.yaml",
                                               "yaml": saved}).get_json()["ok"]

@@ -60,6 +60,7 @@ def create_app(root: Path | str, *, token: str | None = None) -> Flask:
     app.add_url_rule("/run", view_func=run_page)
     app.add_url_rule("/compare", view_func=compare_page)
     app.add_url_rule("/files/<path:relative>", view_func=serve_file)
+    app.add_url_rule("/favicon.ico", view_func=lambda: ("", 204))  # none: a browser's asking is not an error
     return app
 
 

@@ -52,7 +52,7 @@ def find_runs(root: Root, jobs: Jobs) -> list[Run]:
     """Every run folder under the root, newest first."""
     latest: dict[str, tuple[Job, State]] = {}
     for job in reversed(jobs.all()):  # oldest first: the newest job of a folder stays
-        if job.output is not None:
+        if job.output is not None and job.command != "plan":  # a plan that does not fit (exit 1) fails no tune
             latest[job.output] = (job, jobs.state(job))
     found = []
     for folder, dirs, files in walk(root.path):

@@ -38,7 +38,7 @@ def _spec(relative: str) -> tuple[Path, str]:
 def _checked(form: Mapping[str, str]) -> tuple[Path, str, list[str], list[dict[str, str | None]]]:
     """The spec a form names, the form's YAML text, its knob overrides, and the spec loader's problems."""
     path, saved = _spec(form.get("path", ""))
-    text = form.get("yaml", saved)
+    text = form.get("yaml", saved).replace("\r\n", "\n")  # a browser sends a textarea's lines ending in CRLF
     overrides = forms.overrides(form, params_of(saved))
     result = check(text, overrides, folder=path.parent, source=ui().root.relative(path))
     return path, text, overrides, result.problems
