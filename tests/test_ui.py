@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -235,3 +237,24 @@ def test_the_command_prints_an_install_hint_without_flask(tmp_path: Path) -> Non
                           capture_output=True, text=True, timeout=60, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2
     assert "pip install 'trainfit[ui]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_served_beyond_this_machine_the_printed_url_carries_the_token(root: Path) -> None:
+    server = subprocess.Popen([sys.executable, "-m", "trainfit", "ui", "--root", str(root), "--host", "0.0.0.0",
+                               "--port", "0", "--no-browser"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        url = re.search(r"at (http://\S+)", server.stderr.readline())
+        assert url and "?token=" in url.group(1), url
+        port = re.search(r":(\d+)/", url.group(1)).group(1)  # type: ignore[union-attr]
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
+        with urllib.request.urlopen(url.group(1).replace("0.0.0.0", "127.0.0.1"), timeout=10) as reply:
+            assert reply.status == 200 and "Runs under" in reply.read().decode()
+        taken = subprocess.run([sys.executable, "-m", "trainfit", "ui", "--root", str(root), "--port", port,
+                                "--host", "0.0.0.0", "--no-browser"], capture_output=True, text=True, timeout=60)
+        assert taken.returncode == 2 and "cannot serve on 0.0.0.0:" in taken.stderr and "--port" in taken.stderr
+        assert "Traceback" not in taken.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

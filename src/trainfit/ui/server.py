@@ -4,6 +4,7 @@ needed) printed, and a browser opened on it unless asked not to."""
 from __future__ import annotations
 
 import logging
+import socket
 import webbrowser
 from collections.abc import Callable
 from pathlib import Path
@@ -26,12 +27,15 @@ def serve_forever(root: Path, *, host: str, port: int, open_browser: bool, on_re
     token = new_token(host)
     app = create_app(root, token=token)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request: the job pages poll
-    try:
-        server = make_server(host, port, app, threaded=True)
-    except (OSError, SystemExit) as err:  # Werkzeug exits on a port in use
-        raise TrainfitError(f"cannot serve on {host}:{port}: {getattr(err, 'strerror', None) or err}",
+    try:  # bound here, not by Werkzeug, which prints its own lines and exits where the port is taken
+        listening = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as err:
+        raise TrainfitError(f"cannot serve on {host}:{port}: {err.strerror or err}",
                             "pick another --port (0: any free one)") from None
-    url = url_of(host, server.server_port, token)
+    with listening:  # Werkzeug serves on a copy of it
+        port = listening.getsockname()[1]
+        server = make_server(host, port, app, threaded=True, fd=listening.fileno())
+    url = url_of(host, port, token)
     on_ready(url)
     if open_browser:
         webbrowser.open(url)

@@ -88,7 +88,16 @@ function jobLog(pre) {
   poll();
 }
 
+function refreshWhileRunning() {
+  // The run list and a run's page show a running job's status: look again every 5 s until none runs,
+  // unless the reader has started picking runs to compare.
+  let touched = false;
+  for (const event of ["change", "input", "focusin"]) document.addEventListener(event, () => { touched = true; });
+  if (document.querySelector(".status.running")) setTimeout(() => { if (!touched) location.reload(); }, 5000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  if (document.getElementById("jobs") || document.getElementById("figures")) refreshWhileRunning();
   const form = document.getElementById("spec-form");
   if (form) specEditor(form);
   const pre = document.getElementById("log");
