@@ -21,8 +21,12 @@ import pytest
 pytest.importorskip("flask")
 
 from conftest import EXAMPLES  # noqa: E402
+from tune_helpers import fixed_speed  # noqa: E402
 
 from trainfit.params import KNOBS  # noqa: E402
+from trainfit.search.tune_options import TuneOptions  # noqa: E402
+from trainfit.spec import load_spec  # noqa: E402
+from trainfit.tune import tune  # noqa: E402
 from trainfit.ui import forms  # noqa: E402
 from trainfit.ui.app import create_app, is_loopback, new_token  # noqa: E402
 from trainfit.ui.commands import resumed  # noqa: E402
@@ -83,6 +87,22 @@ def test_the_index_lists_every_run_folder_under_the_root(root: Path) -> None:
                               "trainfit-runs/tiny/20261127-101500/train"]
     assert "/files/trainfit-runs/tiny/20261127-101500/report.html" in page
     assert SPEC in page and "examples/compare-configs.yaml" not in page  # a spec has a model: key
+
+
+def test_two_tune_runs_side_by_side_show_their_summaries_figures(root: Path) -> None:
+    for name, speed in (("slow", 20.0), ("fast", 80.0)):  # real tune folders; the probe's figure is given
+        tune(load_spec(root / "examples" / "tiny-tts.yaml", ["tune.max_trials=1"]),
+             TuneOptions(output=root / "runs" / name, probe_fn=fixed_speed(speed)))
+    client = create_app(root).test_client()
+
+    page = client.get("/compare?a=runs/slow&b=runs/fast").get_data(as_text=True)
+    run = client.get("/run?path=runs/fast").get_data(as_text=True)
+
+    speeds = re.search(r"<th>samples/s</th><td>([^<]*)</td><td>([^<]*)</td>", page)
+    assert speeds and float(speeds.group(1)) < float(speeds.group(2)), page
+    assert "<th>best config</th>" in page and "<th>peak memory (GiB)</th>" in page
+    assert 'id="run-plan"' in run and 'id="run-train"' in run and "report.html" in run
+    assert "trainfit dashboard runs/fast" in run
 
 
 def test_every_knob_has_a_control_of_its_kind(root: Path) -> None:
