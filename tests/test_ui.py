@@ -172,6 +172,10 @@ def test_a_path_outside_the_root_is_refused(root: Path, tmp_path_factory: pytest
         assert reply.status_code == 403, url
         assert "outside the UI's root" in reply.get_data(as_text=True).replace("&#39;", "'"), url
     assert client.get("/spec?path=examples/missing.yaml").status_code == 404
+    (root / ".env").write_text("SECRET=1\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "config").write_text("[core]\n")
+    assert client.get("/files/.env").status_code == 403 and client.get("/files/.git/config").status_code == 403
     assert client.post("/run/action", data={"path": "/etc", "command": "plan"}).status_code == 403
 
 

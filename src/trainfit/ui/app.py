@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException
 from trainfit.errors import TrainfitError
 from trainfit.ui.jobs import Jobs
 from trainfit.ui.job_views import jobs_views
-from trainfit.ui.paths import Refused, Root
+from trainfit.ui.paths import UI_FOLDER, Refused, Root
 from trainfit.ui.runs import figures, find_runs
 from trainfit.ui.spec_views import spec_views
 from trainfit.ui.specs import spec_files
@@ -136,6 +136,9 @@ def compare_page() -> str:
 def serve_file(relative: str) -> Response:
     """A file under the root, as it is (a run's pages, its JSON, a job's log)."""
     path = ui().root.inside(relative)
+    hidden = [part for part in Path(ui().root.relative(path)).parts[:-1] if part.startswith(".")]
+    if Path(relative).name.startswith(".") or hidden not in ([], [UI_FOLDER]):
+        raise Refused(f"{relative} is a hidden file", "the UI serves run folders' files, not dot-files (.env, .git)")
     if not path.is_file():
         abort(404, f"{relative} is not a file")
     return send_file(path, max_age=0)
