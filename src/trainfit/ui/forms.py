@@ -6,7 +6,6 @@ type."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,7 +97,3 @@ def _given(form: Mapping[str, str], control: Control) -> str | None:
         return None
     return form[field].strip()
 
-
-def as_json(items: list[Control]) -> str:
-    """The controls' names and shown values, for the page's script (it marks a changed control)."""
-    return json.dumps({c.name: c.shown for c in items})

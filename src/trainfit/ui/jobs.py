@@ -184,9 +184,6 @@ class Jobs:
         threading.Thread(target=then_terminate, daemon=True).start()
         return True
 
-    def folder(self, job: Job) -> Path:
-        return self.root.jobs / job.id
-
 
 def _write(folder: Path, job: Job) -> None:
     write_atomically(folder / JOB_FILE, json.dumps(dataclasses.asdict(job), indent=1))
