@@ -214,7 +214,7 @@ def test_a_real_job_records_its_log_and_exit_and_a_new_ui_lists_it(root: Path) -
 
     job_id = started_job(client.post("/spec/run", data=spec_form(root, command="analyze")))
     jobs = Jobs(Root(root))
-    wait_for(jobs, job_id, "finished", timeout_s=60)
+    wait_for(jobs, job_id, "finished", timeout_s=120)
 
     job = jobs.get(job_id)
     assert job.argv[:4] == [sys.executable, "-m", "trainfit", "analyze"]
@@ -234,22 +234,22 @@ def test_a_running_job_outlives_its_ui_and_stops_on_request(root: Path) -> None:
     second = create_app(root).test_client()  # the UI restarted: the job goes on, this one sees and stops it
     jobs = Jobs(Root(root))
     assert jobs.state(jobs.get(job_id)).status == "running"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # its start-up: torch imported, the lengths counted, on a loaded machine
     while "space: " not in jobs.log(jobs.get(job_id))[0]:  # the search has begun
         assert time.monotonic() < deadline and jobs.state(jobs.get(job_id)).status == "running", jobs.log(jobs.get(job_id))
         time.sleep(0.2)
 
     assert second.post(f"/jobs/{job_id}/stop").status_code == 303
-    wait_for(jobs, job_id, "interrupted", timeout_s=30)
+    wait_for(jobs, job_id, "interrupted", timeout_s=60)
 
     state = jobs.state(jobs.get(job_id))
-    assert state.returncode == 130
+    assert state.returncode in (130, 143)  # Ctrl-C; SIGTERM where it took over 10 s to stop (a loaded machine)
     assert "interrupted" in jobs.log(jobs.get(job_id))[0]
     again = started_job(second.post(f"/jobs/{job_id}/resume"))
     assert jobs.get(again).argv[-1] == "--resume" and jobs.get(again).output == jobs.get(job_id).output
     assert second.post(f"/jobs/{again}/resume").status_code == 409  # still running
     second.post(f"/jobs/{again}/stop")
-    wait_for(jobs, again, "interrupted", timeout_s=30)
+    wait_for(jobs, again, "interrupted", timeout_s=60)
 
 
 def test_the_command_prints_an_install_hint_without_flask(tmp_path: Path) -> None:
