@@ -94,8 +94,11 @@ class Jobs:
         _write(folder, job)
         with (folder / "supervisor.log").open("wb") as errors:  # the supervisor's own troubles, if any
             child = subprocess.Popen([sys.executable, "-m", "trainfit.ui.supervise", str(folder)], cwd=self.root.path,
-                                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=errors)
+        assert child.stdout is not None
+        with child.stdout:  # its "ready": from here a Stop cannot end it before it records the exit
+            child.stdout.readline()
         job = dataclasses.replace(job, pid=child.pid)
         _write(folder, job)
         self._children[job_id] = child

@@ -28,11 +28,22 @@ def _wait_through_signals(signum: int, frame: Any) -> None:
     """A handler, not SIG_IGN: an ignored signal would stay ignored in the command this starts."""
 
 
+def _ready() -> None:
+    """Tell the UI this process now outlives a stop signal (until then, one would end it with no
+    record): a line on stdout, a pipe the UI reads, then stdout is let go."""
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def supervise(job_dir: Path) -> int:
     """Run the job in ``job_dir`` to its end; its exit status."""
     job = json.loads((job_dir / JOB_FILE).read_text())
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _wait_through_signals)
+    _ready()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the log is read while it is written
     with (job_dir / LOG_FILE).open("ab") as log:
         try:
