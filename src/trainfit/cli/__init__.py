@@ -26,6 +26,7 @@ COMMANDS = {
     "plan": "fit a training run into a time window: from a tune folder, or before the hardware (--throughput, --like)",
     "train": "train the measured config, checkpointed and resumable",
     "dashboard": "watch a run's study and pages in a browser (optuna-dashboard)",
+    "ui": "a local web app: edit a spec, start and watch runs, compare them",
     "env": "devices, memory and library versions",
 }
 """Each command's line in ``trainfit --help`` (its module's parser takes it from here, so the top
@@ -42,6 +43,7 @@ Find the fastest training configuration that fits in memory, prove it by measure
   trainfit plan RUN_DIR --max-hours 12 --epochs 3                   fit the run into a time window, with an ETA
   trainfit train RUN_DIR --resume                                   train it, checkpointed and resumable
   trainfit dashboard RUN_DIR                                        watch a search in a browser (optuna-dashboard)
+  trainfit ui                                                       edit specs, start and watch runs in a browser
   trainfit env                                                      devices and versions
 
 Run `trainfit COMMAND --help` for the options of each command.

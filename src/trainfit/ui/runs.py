@@ -1,0 +1,156 @@
+"""Run folders under the root, found by the file each command writes, with their status, pages and
+key figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from trainfit.errors import TrainfitError
+from trainfit.run_folder import SUMMARY_FILE, RunFolder
+from trainfit.ui.jobs import Job, Jobs, State
+from trainfit.ui.paths import Root
+from trainfit.ui.specs import walk
+
+MARKERS = (
+    (SUMMARY_FILE, "tune"),
+    ("ablation.json", "ablate"),
+    ("compare.json", "compare"),
+    ("train.json", "train"),
+    ("plan.json", "plan"),  # a plan made before the hardware (--spec, --like); a tune folder's plan is its own
+    ("lengths.json", "analyze"),
+    ("measurement.json", "probe"),
+)
+"""The file that makes a folder a run of each kind, in the order they are tried."""
+INSIDE_RUNS = ("train", "budget-")
+"""Folders inside a run that are runs of their own (a tune folder's ``train/``, a budget matrix's
+``budget-<N>gb/``); the rest of a run's inside (probes, a comparison's configs) is not searched."""
+MAX_RUNS = 500
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    """One run folder as the list shows it."""
+
+    path: str
+    """Root-relative."""
+    kind: str
+    status: str
+    """``running``, ``finished``, ``failed`` or ``interrupted``."""
+    pages: list[str]
+    """Its HTML pages, by name."""
+    modified: float
+    job: str | None = None
+    """The id of the UI job that wrote it last, where one did."""
+
+
+def find_runs(root: Root, jobs: Jobs) -> list[Run]:
+    """Every run folder under the root, newest first."""
+    latest: dict[str, tuple[Job, State]] = {}
+    for job in reversed(jobs.all()):  # oldest first: the newest job of a folder stays
+        if job.output is not None and job.command != "plan":  # a plan that does not fit (exit 1) fails no tune
+            latest[job.output] = (job, jobs.state(job))
+    found = []
+    for folder, dirs, files in walk(root.path):
+        kind = next((k for marker, k in MARKERS if marker in files), None)
+        if kind is None:
+            continue
+        dirs[:] = [d for d in dirs if d.startswith(INSIDE_RUNS)]
+        found.append(_run(root, folder, kind, latest.get(root.relative(folder))))
+        if len(found) >= MAX_RUNS:
+            break
+    return sorted(found, key=lambda r: r.modified, reverse=True)
+
+
+def _run(root: Root, folder: Path, kind: str, job: tuple[Job, State] | None) -> Run:
+    status = job[1].status if job else None
+    if status != "running" and held(folder):
+        status = "running"  # started outside the UI, or by an earlier one
+    if status is None:
+        status = _status_from_files(folder, kind)
+    return Run(path=root.relative(folder), kind=kind, status=status, job=job[0].id if job else None,
+               pages=sorted(p.name for p in folder.glob("*.html")), modified=_modified(folder))
+
+
+def _status_from_files(folder: Path, kind: str) -> str:
+    """A run the UI did not start: finished where its last file is there (a tune's summary says why it stopped)."""
+    if kind == "train":
+        return "finished" if (folder / "train_result.json").is_file() else "interrupted"
+    if kind == "tune":
+        try:
+            reason = json.loads((folder / SUMMARY_FILE).read_text()).get("stop_reason", "")
+        except (OSError, ValueError, AttributeError):
+            return "failed"
+        return "interrupted" if "interrupt" in str(reason).lower() else "finished"
+    return "finished"
+
+
+def held(folder: Path) -> bool:
+    """A live process holds ``folder/.lock`` (a tune, a comparison or a training runs in it). Read
+    only: the lock is tried shared and let go at once, the file left as it is."""
+    try:
+        with (folder / ".lock").open("r") as f:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_UN)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _modified(folder: Path) -> float:
+    try:
+        return max((os.stat(p).st_mtime for p in folder.iterdir() if p.is_file()), default=folder.stat().st_mtime)
+    except OSError:
+        return 0.0
+
+
+def figures(folder: Path) -> list[tuple[str, str]]:
+    """A run's key figures as (name, value) rows: a tune folder's best config and counts from its
+    ``summary.json``; for another kind, its record's top-level numbers and words."""
+    if (folder / SUMMARY_FILE).is_file():
+        try:
+            return _summary_figures(RunFolder(folder))
+        except TrainfitError as err:
+            return [("error", str(err))]
+    for marker, _ in MARKERS[1:]:
+        if (folder / marker).is_file():
+            try:
+                raw = json.loads((folder / marker).read_text())
+            except (OSError, ValueError) as err:
+                return [("error", f"cannot read {marker}: {err}")]
+            return [(k, _text(v)) for k, v in (raw.items() if isinstance(raw, dict) else ()) if _plain(v)][:30]
+    return []
+
+
+def _summary_figures(run: RunFolder) -> list[tuple[str, str]]:
+    s = run.summary
+    rows = [("device", _text(s.device)), ("strategy", s.strategy), ("stopped", s.stop_reason),
+            ("probed", f"{s.total_tested} ({s.successful} ok, {s.failed_oom} OOM, {s.failed_error} error, "
+                       f"{s.failed_timeout} timeout)"), ("tuning time", f"{s.tuning_time_s:.0f} s")]
+    best = s.best_config
+    if best is None:
+        return [*rows, ("best config", "none fits")]
+    return [*rows, ("best config", " ".join(f"{k}={_text(v)}" for k, v in best.searched.items())),
+            ("samples/s", _text(best.samples_per_second)), ("tokens/s", _text(best.tokens_per_second)),
+            ("peak memory (GiB)", _text(best.memory_peak_gb)), ("MFU", _text(best.mfu)),
+            ("effective batch", str(best.effective_batch_size)),
+            ("full run (hours)", _text(best.estimated_full_runtime_hours)), ("command", _text(best.command))]
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.4g}"
+    return str(value)
+

@@ -1,0 +1,295 @@
+"""``trainfit ui``: its routes through Flask's test client over a root made in a temp folder, and real
+``trainfit`` jobs started, read, stopped and resumed by it (no part of the UI is mocked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flask")
+
+from conftest import EXAMPLES  # noqa: E402
+from tune_helpers import fixed_speed  # noqa: E402
+
+from trainfit.params import KNOBS  # noqa: E402
+from trainfit.search.tune_options import TuneOptions  # noqa: E402
+from trainfit.spec import load_spec  # noqa: E402
+from trainfit.tune import tune  # noqa: E402
+from trainfit.ui import forms  # noqa: E402
+from trainfit.ui.app import create_app, is_loopback, new_token  # noqa: E402
+from trainfit.ui.commands import resumed  # noqa: E402
+from trainfit.ui.jobs import Jobs  # noqa: E402
+from trainfit.ui.paths import Root  # noqa: E402
+
+SPEC = "examples/tiny-llama.yaml"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    """A root holding the bundled examples (specs, data, tokenizer); a job a test left running is
+    killed at its end (its whole process group)."""
+    shutil.copytree(EXAMPLES, tmp_path / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    yield tmp_path
+    jobs = Jobs(Root(tmp_path))
+    for job in jobs.all():
+        if jobs.state(job).status == "running":
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+def spec_form(root: Path, **fields: str) -> dict[str, str]:
+    """The spec editor's form as a browser posts it (a textarea's lines end in CRLF)."""
+    return {"path": SPEC, "yaml": (root / SPEC).read_text().replace("\n", "\r\n"), **fields}
+
+
+def wait_for(jobs: Jobs, job_id: str, status: str, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (now := jobs.state(jobs.get(job_id)).status) != status:
+        assert time.monotonic() < deadline, f"job {job_id} still {now}, not {status}: {jobs.log(jobs.get(job_id))[0]}"
+        time.sleep(0.2)
+
+
+def wait_for_output(jobs: Jobs, job_id: str, text: str, timeout_s: float = 120) -> None:
+    """Until the job's log holds ``text`` (its start-up imports torch: long on a loaded machine)."""
+    deadline = time.monotonic() + timeout_s
+    while text not in (log := jobs.log(jobs.get(job_id))[0]):
+        assert time.monotonic() < deadline and jobs.state(jobs.get(job_id)).status == "running", log
+        time.sleep(0.2)
+
+
+def started_job(reply) -> str:
+    assert reply.status_code == 303, reply.get_data(as_text=True)
+    match = re.fullmatch(r"/jobs/([\w-]+)", reply.headers["Location"])
+    assert match, reply.headers["Location"]
+    return match.group(1)
+
+
+def test_the_index_lists_every_run_folder_under_the_root(root: Path) -> None:
+    tune = root / "trainfit-runs" / "tiny" / "20261127-101500"
+    (tune / "probes" / "trial-0001").mkdir(parents=True)
+    (tune / "summary.json").write_text("{}")
+    (tune / "report.html").write_text("<html></html>")
+    (tune / "probes" / "trial-0001" / "measurement.json").write_text("{}")  # inside a run: not a run
+    (tune / "train").mkdir()
+    (tune / "train" / "train.json").write_text("{}")  # a tune folder's training: a run of its own
+    ablation = root / "elsewhere" / "abl"
+    ablation.mkdir(parents=True)
+    (ablation / "ablation.json").write_text(json.dumps({"baseline_samples_per_second": 12.5}))
+    (root / "not-a-run").mkdir()
+
+    page = create_app(root).test_client().get("/").get_data(as_text=True)
+
+    listed = re.findall(r'<tr class="run" data-path="([^"]+)"', page)
+    assert sorted(listed) == ["elsewhere/abl", "trainfit-runs/tiny/20261127-101500",
+                              "trainfit-runs/tiny/20261127-101500/train"]
+    assert "/files/trainfit-runs/tiny/20261127-101500/report.html" in page
+    assert SPEC in page and "examples/compare-configs.yaml" not in page  # a spec has a model: key
+
+
+def test_two_tune_runs_side_by_side_show_their_summaries_figures(root: Path) -> None:
+    for name, speed in (("slow", 20.0), ("fast", 80.0)):  # real tune folders; the probe's figure is given
+        tune(load_spec(root / "examples" / "tiny-tts.yaml", ["tune.max_trials=1"]),
+             TuneOptions(output=root / "runs" / name, probe_fn=fixed_speed(speed)))
+    client = create_app(root).test_client()
+
+    page = client.get("/compare?a=runs/slow&b=runs/fast").get_data(as_text=True)
+    run = client.get("/run?path=runs/fast").get_data(as_text=True)
+
+    speeds = re.search(r"<th>samples/s</th><td>([^<]*)</td><td>([^<]*)</td>", page)
+    assert speeds and float(speeds.group(1)) < float(speeds.group(2)), page
+    assert "<th>best config</th>" in page and "<th>peak memory (GiB)</th>" in page
+    assert 'id="run-plan"' in run and 'id="run-train"' in run and "report.html" in run
+    assert "trainfit dashboard runs/fast" in run
+
+
+def test_every_knob_has_a_control_of_its_kind(root: Path) -> None:
+    page = create_app(root).test_client().get(f"/spec?path={SPEC}").get_data(as_text=True)
+
+    controls = {name: kind for kind, name in re.findall(r'<(?:input|select) (?:type="(\w+)" )?id="knob-(\w+)"', page)}
+    assert set(controls) == set(KNOBS)
+    for name, knob in KNOBS.items():
+        expected = {"bool": "checkbox", "int": "number", "float": "number", "choice": "", "modules": "text"}[knob.kind]
+        assert controls[name] == expected, name
+        if knob.kind == "choice":
+            select = page[page.index(f'id="knob-{name}"'):].split("</select>")[0]
+            assert re.findall(r'<option value="([^"]+)"', select) == [forms.word(c) for c in knob.choices]
+    assert re.search(r'id="knob-batch_size"[^>]*value="4"', page)  # the spec's own value, not the default
+
+
+def test_a_changed_control_is_an_override_and_the_rest_are_not(root: Path) -> None:
+    params = {"batch_size": 4, "precision": "fp32"}
+    form = {"knob.batch_size": "8", "knob.precision": "fp32", "knob.gradient_checkpointing.present": "1",
+            "knob.gradient_checkpointing": "on", "knob.tf32.present": "1", "knob.lora_r": ""}
+    assert forms.overrides(form, params) == ["batch_size=8", "gradient_checkpointing=true"]
+
+    reply = create_app(root).test_client().post("/api/validate", data=spec_form(root, **form)).get_json()
+    assert reply == {"ok": True, "problems": [], "overrides": ["batch_size=8", "gradient_checkpointing=true"]}
+
+
+def test_a_bad_spec_returns_its_problems_and_starts_nothing(root: Path) -> None:
+    client = create_app(root).test_client()
+    bad = spec_form(root, **{"knob.batch_size": "0", "knob.precision": "fp17", "command": "tune"})
+
+    checked = client.post("/api/validate", data=bad).get_json()
+    reply = client.post("/spec/run", data=bad)
+
+    assert not checked["ok"]
+    assert [p["key"] for p in checked["problems"]] == ["params.batch_size", "params.precision"]
+    assert reply.status_code == 400
+    text = reply.get_data(as_text=True)
+    assert "must be &gt;= 1, got 0" in text and "is not one of fp32, bf16, fp16" in text
+    broken = client.post("/spec/run", data={**spec_form(root, command="tune"), "yaml": "model: [unclosed"})
+    assert broken.status_code == 400 and "unsaved edits" in broken.get_data(as_text=True)
+    assert not (root / ".trainfit-ui").exists() and not (root / "trainfit-runs").exists()
+
+
+def test_saving_writes_a_new_spec_beside_the_old_and_never_over_a_file(root: Path) -> None:
+    client = create_app(root).test_client()
+
+    reply = client.post("/spec/save", data=spec_form(root, name="bigger", **{"knob.batch_size": "8"}))
+    again = client.post("/spec/save", data=spec_form(root, name="bigger"))
+
+    assert reply.status_code == 303 and reply.headers["Location"].endswith("path=examples/bigger.yaml")
+    saved = (root / "examples" / "bigger.yaml").read_text()
+    assert "\r" not in saved and "batch_size: 8" in saved and "tokenizer: data/tokenizer.json" in saved
+    assert again.status_code == 409 and "exists already" in again.get_data(as_text=True)
+    assert client.post("/api/validate", data={**spec_form(root), "path": "examples/bigger.yaml",
+                                              "yaml": saved}).get_json()["ok"]
+
+
+def test_a_path_outside_the_root_is_refused(root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "secret.yaml").write_text("model: {}\n")
+    (root / "link").symlink_to(outside)
+    client = create_app(root).test_client()
+
+    for url in ("/spec?path=../outside/secret.yaml", f"/spec?path={outside}/secret.yaml", "/spec?path=link/secret.yaml",
+                "/run?path=..", "/files/link/secret.yaml", "/compare?a=examples&b=/etc"):
+        reply = client.get(url)
+        assert reply.status_code == 403, url
+        assert "outside the UI's root" in reply.get_data(as_text=True).replace("&#39;", "'"), url
+    assert client.get("/spec?path=examples/missing.yaml").status_code == 404
+    (root / ".env").write_text("SECRET=1\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "config").write_text("[core]\n")
+    assert client.get("/files/.env").status_code == 403 and client.get("/files/.git/config").status_code == 403
+    assert client.post("/run/action", data={"path": "/etc", "command": "plan"}).status_code == 403
+
+
+def test_a_token_is_required_when_served_beyond_this_machine(root: Path) -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert new_token("127.0.0.1") is None and len(new_token("0.0.0.0") or "") >= 24
+    client = create_app(root, token="s3cret-token").test_client()
+
+    refused = client.get("/")
+    wrong = client.get("/?token=guess")
+    given = client.get("/?token=s3cret-token")
+    later = client.get(f"/spec?path={SPEC}")  # the cookie carries it now
+
+    assert refused.status_code == 403 and "needs its token" in refused.get_data(as_text=True)
+    assert wrong.status_code == 403
+    assert given.status_code == 200 and later.status_code == 200
+    assert create_app(root).test_client().get("/").status_code == 200  # loopback: no token
+
+
+def test_a_post_from_another_site_is_refused(root: Path) -> None:
+    reply = create_app(root).test_client().post("/spec/run", data=spec_form(root, command="analyze"),
+                                                headers={"Origin": "http://evil.example"})
+    assert reply.status_code == 403 and not (root / ".trainfit-ui").exists()
+
+
+def test_resume_adds_the_flag_once_and_only_where_the_command_has_it() -> None:
+    assert resumed("tune", ["s.yaml", "--output", "o"]) == ["s.yaml", "--output", "o", "--resume"]
+    assert resumed("train", ["r", "--resume"]) == ["r", "--resume"]
+    with pytest.raises(Exception, match="cannot resume"):
+        resumed("plan", ["r"])
+
+
+@pytest.mark.integration
+def test_a_real_job_records_its_log_and_exit_and_a_new_ui_lists_it(root: Path) -> None:
+    client = create_app(root).test_client()
+
+    job_id = started_job(client.post("/spec/run", data=spec_form(root, command="analyze")))
+    jobs = Jobs(Root(root))
+    wait_for(jobs, job_id, "finished", timeout_s=120)
+
+    job = jobs.get(job_id)
+    assert job.argv[:4] == [sys.executable, "-m", "trainfit", "analyze"]
+    assert json.loads((root / ".trainfit-ui" / "jobs" / job_id / "exit.json").read_text())["returncode"] == 0
+    reply = create_app(root).test_client().get(f"/api/jobs/{job_id}").get_json()  # a new UI over the same root
+    assert reply["status"] == "finished" and reply["returncode"] == 0
+    assert "samples              1,500" in reply["log"]
+    assert any(link["name"] == "lengths.html" for link in reply["links"])
+    index = create_app(root).test_client().get("/").get_data(as_text=True)
+    assert f'data-id="{job_id}"' in index and f'data-path="{job.output}"' in index
+
+
+@pytest.mark.integration
+def test_a_running_job_outlives_its_ui_and_stops_on_request(root: Path) -> None:
+    # An ablation: its Ctrl-C keeps the rows measured and exits 130 wherever it lands. (A tune's may land
+    # in the study journal's file lock and exit 2: seen once in ~15 runs on a loaded machine.)
+    first = create_app(root).test_client()
+    job_id = started_job(first.post("/spec/run", data=spec_form(root, command="ablate", only="checkpointing")))
+    second = create_app(root).test_client()  # the UI restarted: the job goes on, this one sees and stops it
+    jobs = Jobs(Root(root))
+    assert jobs.state(jobs.get(job_id)).status == "running"
+    wait_for_output(jobs, job_id, "trainfit ablate: ")  # it has begun
+
+    assert second.post(f"/jobs/{job_id}/stop").status_code == 303
+    wait_for(jobs, job_id, "interrupted", timeout_s=60)
+
+    state = jobs.state(jobs.get(job_id))
+    assert state.returncode in (130, 143)  # Ctrl-C; SIGTERM where it took over 10 s to stop (a loaded machine)
+    assert "interrupted" in jobs.log(jobs.get(job_id))[0]
+    again = started_job(second.post(f"/jobs/{job_id}/resume"))
+    assert jobs.get(again).argv[-1] == "--resume" and jobs.get(again).output == jobs.get(job_id).output
+    assert second.post(f"/jobs/{again}/resume").status_code == 409  # still running
+    second.post(f"/jobs/{again}/stop")  # (where no row was measured yet, the resume ends at once: nothing to resume)
+    deadline = time.monotonic() + 60
+    while (ended := jobs.state(jobs.get(again))).status == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert ended.returncode is not None  # whichever way it ended, its supervisor recorded it
+
+
+def test_the_command_prints_an_install_hint_without_flask(tmp_path: Path) -> None:
+    blocker = tmp_path / "block" / "flask"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('No module named flask (blocked by the test)')\n")
+    env_path = f"{tmp_path / 'block'}:{Path(__file__).resolve().parent.parent / 'src'}"
+    done = subprocess.run([sys.executable, "-m", "trainfit", "ui", "--no-browser", "--root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2
+    assert "pip install 'trainfit[ui]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_served_beyond_this_machine_the_printed_url_carries_the_token(root: Path) -> None:
+    server = subprocess.Popen([sys.executable, "-m", "trainfit", "ui", "--root", str(root), "--host", "0.0.0.0",
+                               "--port", "0", "--no-browser"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        url = re.search(r"at (http://\S+)", server.stderr.readline())
+        assert url and "?token=" in url.group(1), url
+        port = re.search(r":(\d+)/", url.group(1)).group(1)  # type: ignore[union-attr]
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
+        with urllib.request.urlopen(url.group(1).replace("0.0.0.0", "127.0.0.1"), timeout=10) as reply:
+            assert reply.status == 200 and "Runs under" in reply.read().decode()
+        taken = subprocess.run([sys.executable, "-m", "trainfit", "ui", "--root", str(root), "--port", port,
+                                "--host", "0.0.0.0", "--no-browser"], capture_output=True, text=True, timeout=60)
+        assert taken.returncode == 2 and "cannot serve on 0.0.0.0:" in taken.stderr and "--port" in taken.stderr
+        assert "Traceback" not in taken.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

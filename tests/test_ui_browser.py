@@ -1,0 +1,118 @@
+"""``trainfit ui`` in a real browser (headless Chromium driven by Selenium), served by a real
+``trainfit ui`` process: a knob toggled and validated live, ``tune --quick`` of the bundled tiny
+model watched to its report, ``train --max-steps 3`` found still running after a reload. Skips
+where Selenium or chromedriver is absent (.ci/run installs chromium-driver; selenium is in dev)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import EXAMPLES
+
+webdriver = pytest.importorskip("selenium.webdriver")
+pytest.importorskip("flask")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as seen  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+DRIVER = shutil.which("chromedriver")
+BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+DOCS_SHOT = Path(__file__).resolve().parent.parent / "docs" / "ui.png"
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(DRIVER is None or BROWSER is None,
+                                 reason="no chromedriver or Chromium here (.ci/run installs chromium chromium-driver)")]
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A ``trainfit ui`` process over a root holding the examples: its URL and the root."""
+    root = tmp_path / "root"
+    shutil.copytree(EXAMPLES, root / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    server = subprocess.Popen([sys.executable, "-m", "trainfit", "ui", "--root", str(root), "--port", "0",
+                               "--no-browser"], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        url = re.search(r"at (http://\S+)", line)
+        assert url, line
+        yield url.group(1), root
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        for record in (root / ".trainfit-ui" / "jobs").glob("*/job.json"):  # jobs outlive the UI: end ours
+            pid = int(re.search(r'"pid": (\d+)', record.read_text()).group(1))  # type: ignore[union-attr]
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which(BROWSER or "") or ""
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def status_is(driver: Any, *words: str) -> Any:
+    return lambda _: driver.find_element(By.ID, "status").text.split(" ")[0] in words
+
+
+def test_edit_a_knob_tune_and_train_in_the_browser(served: tuple[str, Path], browser: Any, tmp_path: Path) -> None:
+    url, root = served
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    browser.get(url)
+    browser.find_element(By.LINK_TEXT, "examples/tiny-llama.yaml").click()
+
+    checkpointing = browser.find_element(By.ID, "knob-gradient_checkpointing")
+    checkpointing.click()  # on: validated live, shown as the override it adds
+    WebDriverWait(browser, 15).until(seen.text_to_be_present_in_element(
+        (By.ID, "overrides"), "--set gradient_checkpointing=true"))
+    assert "changed" in checkpointing.find_element(By.XPATH, "./ancestor::tr").get_attribute("class")
+    browser.save_screenshot(str(shots / "spec.png"))
+    shutil.copyfile(shots / "spec.png", DOCS_SHOT)
+    checkpointing.click()  # off again: the tune below is the README's
+    WebDriverWait(browser, 15).until(lambda d: d.find_element(By.ID, "overrides").text == "")
+
+    assert browser.find_element(By.ID, "tune-quick").is_selected()
+    browser.find_element(By.ID, "run-tune").click()
+    WebDriverWait(browser, 60).until(seen.text_to_be_present_in_element((By.ID, "log"), "space: "))
+    WebDriverWait(browser, 300).until(seen.text_to_be_present_in_element((By.ID, "log"), "[1/"))  # a probe's line, live
+    browser.save_screenshot(str(shots / "tune-running.png"))
+    WebDriverWait(browser, 600).until(status_is(browser, "finished", "failed", "interrupted"))
+    assert browser.find_element(By.ID, "status").text == "finished (exit 0)", browser.find_element(By.ID, "log").text
+    WebDriverWait(browser, 10).until(seen.presence_of_element_located((By.LINK_TEXT, "report.html")))
+    browser.save_screenshot(str(shots / "tune-finished.png"))
+    browser.find_element(By.PARTIAL_LINK_TEXT, "run folder").click()
+
+    browser.find_element(By.ID, "train-max-steps").send_keys("3")
+    browser.find_element(By.ID, "run-train").click()
+    WebDriverWait(browser, 30).until(status_is(browser, "running"))
+    job_url = browser.current_url
+    browser.refresh()  # mid-run: the job goes on, the page finds it
+    assert browser.current_url == job_url
+    WebDriverWait(browser, 10).until(status_is(browser, "running", "finished"))
+    was = browser.find_element(By.ID, "status").text
+    browser.save_screenshot(str(shots / "train-after-reload.png"))
+    WebDriverWait(browser, 300).until(status_is(browser, "finished", "failed", "interrupted"))
+    assert browser.find_element(By.ID, "status").text == "finished (exit 0)", browser.find_element(By.ID, "log").text
+    assert was == "running", "train ended before the reload: nothing was shown of a running job"
+    assert (root / "trainfit-runs" / "tiny-llama").is_dir()
