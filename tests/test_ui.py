@@ -30,7 +30,7 @@ from trainfit.tune import tune  # noqa: E402
 from trainfit.ui import forms  # noqa: E402
 from trainfit.ui.app import create_app, is_loopback, new_token  # noqa: E402
 from trainfit.ui.commands import resumed  # noqa: E402
-from trainfit.ui.jobs import Jobs  # noqa: E402
+from trainfit.ui.jobs import Jobs, run_module  # noqa: E402
 from trainfit.ui.paths import Root  # noqa: E402
 
 SPEC = "examples/tiny-llama.yaml"
@@ -184,12 +184,26 @@ def test_a_path_outside_the_root_is_refused(root: Path, tmp_path_factory: pytest
     (root / ".git").mkdir()
     (root / ".git" / "config").write_text("[core]\n")
     assert client.get("/files/.env").status_code == 403 and client.get("/files/.git/config").status_code == 403
+    (root / "notes.txt").symlink_to(root / ".env")  # a link leads where it points
+    assert client.get("/files/notes.txt").status_code == 403 and client.get("/spec?path=.env").status_code == 403
     assert client.post("/run/action", data={"path": "/etc", "command": "plan"}).status_code == 403
 
 
-def test_a_token_is_required_when_served_beyond_this_machine(root: Path) -> None:
+def test_every_request_needs_the_token_and_names_this_machine(root: Path) -> None:
+    """`trainfit ui` always sets a token (another user of a shared machine reaches 127.0.0.1 too); served on
+    127.0.0.1, a request naming another host (a site whose name was pointed here: DNS rebinding) is refused;
+    no other site may frame a page, and a file served from the root runs no script."""
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
-    assert new_token("127.0.0.1") is None and len(new_token("0.0.0.0") or "") >= 24
+    assert len(new_token()) >= 24 and new_token() != new_token()
+    rebound = create_app(root).test_client()
+    assert rebound.get("/", headers={"Host": "evil.example:8765"}).status_code == 403
+    assert rebound.post("/api/validate", headers={"Host": "evil.example:8765", "Origin": "http://evil.example:8765"},
+                        data={"path": SPEC}).status_code == 403
+    assert rebound.get("/", headers={"Host": "localhost:8765"}).status_code == 200
+    page = rebound.get("/")
+    assert page.headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    (root / "page.html").write_text("<script>fetch('/spec/save', {method: 'POST'})</script>")
+    assert "sandbox" in rebound.get("/files/page.html").headers["Content-Security-Policy"]
     client = create_app(root, token="s3cret-token").test_client()
 
     refused = client.get("/")
@@ -200,7 +214,7 @@ def test_a_token_is_required_when_served_beyond_this_machine(root: Path) -> None
     assert refused.status_code == 403 and "needs its token" in refused.get_data(as_text=True)
     assert wrong.status_code == 403
     assert given.status_code == 200 and later.status_code == 200
-    assert create_app(root).test_client().get("/").status_code == 200  # loopback: no token
+    assert create_app(root).test_client().get("/").status_code == 200  # an app made without one (these tests)
 
 
 def test_a_post_from_another_site_is_refused(root: Path) -> None:
@@ -219,13 +233,14 @@ def test_resume_adds_the_flag_once_and_only_where_the_command_has_it() -> None:
 @pytest.mark.integration
 def test_a_real_job_records_its_log_and_exit_and_a_new_ui_lists_it(root: Path) -> None:
     client = create_app(root).test_client()
+    (root / "json.py").write_text("raise SystemExit(99)\n")  # a project's own module in the root shadows nothing
 
     job_id = started_job(client.post("/spec/run", data=spec_form(root, command="analyze")))
     jobs = Jobs(Root(root))
     wait_for(jobs, job_id, "finished", timeout_s=120)
 
     job = jobs.get(job_id)
-    assert job.argv[:4] == [sys.executable, "-m", "trainfit", "analyze"]
+    assert job.argv[:5] == [*run_module("trainfit"), "analyze"] and job.args[0] != "analyze"
     assert json.loads((root / ".trainfit-ui" / "jobs" / job_id / "exit.json").read_text())["returncode"] == 0
     reply = create_app(root).test_client().get(f"/api/jobs/{job_id}").get_json()  # a new UI over the same root
     assert reply["status"] == "finished" and reply["returncode"] == 0

@@ -21,7 +21,7 @@ The page edits a spec (its knobs as controls, its YAML, checked as you type), st
 tune, ablate, compare, plan and train as `trainfit` child processes that outlive the page and the UI
 (records and logs in ROOT/.trainfit-ui/jobs/), streams their logs, stops and resumes them, and lists
 every run folder under the root with its status and pages. Serves on 127.0.0.1 only unless --host says
-otherwise; then every request needs the random token printed in the URL. Only files under --root are
+otherwise; every request needs the random token in the URL it prints (and opens). Only files under --root are
 served or written. Needs the extra: pip install 'trainfit[ui]'. Ctrl-C stops the server, not the jobs.
 """
 
@@ -31,8 +31,7 @@ def add_parser(sub: Any) -> None:
                        description="A local web app over trainfit's commands: edit a spec, start and watch runs, "
                                    "compare their results.")
     p.add_argument("--root", metavar="DIR", default=".", help="the folder of specs and runs it works in (default: .)")
-    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only; "
-                                                       "another needs the printed token)")
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=number(int, at_least=0, at_most=65535), default=8765,
                    help="port to serve on (default 8765; 0: any free port)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser")

@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException
 from trainfit.errors import TrainfitError
 from trainfit.ui.jobs import Jobs
 from trainfit.ui.job_views import jobs_views
-from trainfit.ui.paths import UI_FOLDER, Refused, Root
+from trainfit.ui.paths import Refused, Root
 from trainfit.ui.runs import figures, find_runs
 from trainfit.ui.spec_views import spec_views
 from trainfit.ui.specs import spec_files
@@ -40,20 +40,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def new_token(host: str) -> str | None:
-    """A random token for a UI served on ``host`` beyond this machine, None on a loopback address."""
-    return None if is_loopback(host) else secrets.token_urlsafe(24)
+def new_token() -> str:
+    """A random token every request must carry, as Jupyter's: on a shared machine (a login node, a GPU
+    server) another user reaches 127.0.0.1 too, and a spec's command_template runs what it says."""
+    return secrets.token_urlsafe(24)
 
 
-def create_app(root: Path | str, *, token: str | None = None) -> Flask:
-    """The UI over ``root`` (its runs, specs and jobs); with ``token``, every request must carry it."""
+def create_app(root: Path | str, *, token: str | None = None, host: str = "127.0.0.1") -> Flask:
+    """The UI over ``root`` (its runs, specs and jobs); with ``token``, every request must carry it.
+    Served on a loopback ``host``, a request naming another host is refused (a page of another site
+    whose name was made to point here: DNS rebinding)."""
     app = Flask(__name__)
-    app.extensions["trainfit_ui"] = UiState(root=Root(root), jobs=Jobs(Root(root)), token=token)
+    app.extensions["trainfit_ui"] = UiState(root=Root(root), jobs=Jobs(Root(root)), token=token, host=host)
     app.register_blueprint(spec_views)
     app.register_blueprint(jobs_views)
     app.context_processor(lambda: {"ui_root": ui().root.path})
     app.before_request(_guard)
     app.after_request(_remember_token)
+    app.after_request(_no_framing)
     app.register_error_handler(TrainfitError, _refused)
     app.register_error_handler(HTTPException, _http_error)
     app.add_url_rule("/", view_func=index)
@@ -65,8 +69,13 @@ def create_app(root: Path | str, *, token: str | None = None) -> Flask:
 
 
 def _guard() -> Any:
-    """Refuse a request without the token (where one is set), and a POST another site's page sent."""
-    token = ui().token
+    """Refuse a request without the token (where one is set), one naming another host where the UI
+    serves this machine only, and a POST another site's page sent."""
+    token, host = ui().token, ui().host
+    named = urlsplit("//" + request.host).hostname or ""
+    if is_loopback(host) and not (is_loopback(named) or named == host):
+        return _page_error(403, f"a request for {named} is refused: this UI serves {host} only",
+                           "open the URL `trainfit ui` printed")
     if token is not None:
         given = request.args.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
         if not hmac.compare_digest(given.encode(), token.encode()):
@@ -82,6 +91,16 @@ def _remember_token(response: Response) -> Response:
     token = ui().token
     if token is not None and request.args.get("token") == token:
         response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict")
+    return response
+
+
+def _no_framing(response: Response) -> Response:
+    """No page of another site may frame the UI (a click on Stop or Save made for it); a file served
+    from the root runs no script as the UI (an HTML or SVG file of a cloned repository)."""
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    policy = "frame-ancestors 'none'" + ("; sandbox" if request.path.startswith("/files/") else "")
+    response.headers["Content-Security-Policy"] = policy
     return response
 
 
@@ -136,9 +155,6 @@ def compare_page() -> str:
 def serve_file(relative: str) -> Response:
     """A file under the root, as it is (a run's pages, its JSON, a job's log)."""
     path = ui().root.inside(relative)
-    hidden = [part for part in Path(ui().root.relative(path)).parts[:-1] if part.startswith(".")]
-    if Path(relative).name.startswith(".") or hidden not in ([], [UI_FOLDER]):
-        raise Refused(f"{relative} is a hidden file", "the UI serves run folders' files, not dot-files (.env, .git)")
     if not path.is_file():
         abort(404, f"{relative} is not a file")
     return send_file(path, max_age=0)

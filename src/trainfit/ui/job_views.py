@@ -79,7 +79,7 @@ def resume(job_id: str) -> Response:
     job = state.jobs.get(job_id)
     if state.jobs.state(job).status == "running":
         raise Refused(f"job {job_id} is still running", "stop it first, or wait for it to end", status=409)
-    args = commands.resumed(job.command, job.argv[4:])  # after `python -m trainfit COMMAND`
+    args = commands.resumed(job.command, job.args)
     output = None if job.output is None else state.root.path / job.output
     spec = None if job.spec is None else state.root.path / job.spec
     return start(commands.Planned(command=job.command, args=args, output=output), spec=spec)

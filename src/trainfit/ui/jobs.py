@@ -57,6 +57,11 @@ class Job:
     pid: int = 0
     """The supervisor's pid, which leads the job's process group."""
 
+    @property
+    def args(self) -> list[str]:
+        """The command's own arguments: the words after ``trainfit COMMAND``."""
+        return self.argv[self.argv.index(self.command, len(run_module("trainfit"))) + 1:]
+
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Job:
         if raw.get("schema_version") != SCHEMA_VERSION:
@@ -75,6 +80,16 @@ class State:
     finished_at: float | None
 
 
+RUN_MODULE = "import runpy, sys; del sys.path[0]; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+"""``python -m MODULE`` without the working folder first on ``sys.path``: a job runs in the root,
+where a project's own ``json.py`` or ``datasets.py`` would otherwise shadow the library's."""
+
+
+def run_module(module: str) -> list[str]:
+    """The command line that runs ``module`` as ``python -m`` would, the root kept off ``sys.path``."""
+    return [sys.executable, "-c", RUN_MODULE, module]
+
+
 class Jobs:
     """The jobs under one root: started, listed, read, stopped."""
 
@@ -87,13 +102,13 @@ class Jobs:
         job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{command}-{secrets.token_hex(3)}"
         folder = self.root.jobs / job_id
         folder.mkdir(parents=True)
-        job = Job(id=job_id, command=command, argv=[sys.executable, "-m", "trainfit", command, *argv],
+        job = Job(id=job_id, command=command, argv=[*run_module("trainfit"), command, *argv],
                   cwd=str(self.root.path), started_at=time.time(),
                   spec=None if spec is None else self.root.relative(spec),
                   output=None if output is None else self.root.relative(output))
         _write(folder, job)
         with (folder / "supervisor.log").open("wb") as errors:  # the supervisor's own troubles, if any
-            child = subprocess.Popen([sys.executable, "-m", "trainfit.ui.supervise", str(folder)], cwd=self.root.path,
+            child = subprocess.Popen([*run_module("trainfit.ui.supervise"), str(folder)], cwd=self.root.path,
                                      start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=errors)
         assert child.stdout is not None

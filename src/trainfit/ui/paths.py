@@ -41,6 +41,10 @@ class Root:
         if path != self.path and self.path not in path.parents:
             raise Refused(f"{relative} is outside the UI's root {self.path}",
                           "only files and folders under the root can be opened; start `trainfit ui --root` higher up")
+        hidden = [part for part in path.relative_to(self.path).parts if part.startswith(".")]
+        if hidden not in ([], [UI_FOLDER]):  # checked where the path leads: a link to .env is .env
+            raise Refused(f"{relative} is a hidden file or lies in a hidden folder",
+                          "the UI opens run folders and specs, not dot-files (.env, .git, .ssh)")
         if must_exist and not path.exists():
             raise Refused(f"{relative} does not exist under {self.path}", "pick one the page lists", status=404)
         return path

@@ -85,7 +85,8 @@ def _status_from_files(folder: Path, kind: str) -> str:
             reason = json.loads((folder / SUMMARY_FILE).read_text()).get("stop_reason", "")
         except (OSError, ValueError, AttributeError):
             return "failed"
-        return "interrupted" if "interrupt" in str(reason).lower() else "finished"
+        # a tune writes "running" as it goes: still so, with no process holding the folder, it was stopped
+        return "interrupted" if "interrupt" in str(reason).lower() or reason == "running" else "finished"
     return "finished"
 
 

@@ -24,8 +24,8 @@ def url_of(host: str, port: int, token: str | None) -> str:
 def serve_forever(root: Path, *, host: str, port: int, open_browser: bool, on_ready: Callable[[str], None]) -> None:
     """Serve the UI over ``root`` on ``host:port`` (0: a free port) until interrupted; ``on_ready``
     gets the URL once the port is open."""
-    token = new_token(host)
-    app = create_app(root, token=token)
+    token = new_token()
+    app = create_app(root, token=token, host=host)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request: the job pages poll
     try:  # bound here, not by Werkzeug, which prints its own lines and exits where the port is taken
         listening = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)

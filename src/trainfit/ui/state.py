@@ -16,7 +16,9 @@ class UiState:
     root: Root
     jobs: Jobs
     token: str | None
-    """Required of every request (``?token=`` once, then a cookie) where set: the UI serves beyond this machine."""
+    """Required of every request (``?token=`` once, then a cookie) where set (``trainfit ui`` always sets one)."""
+    host: str = "127.0.0.1"
+    """The address served: on a loopback one, requests naming another host are refused."""
 
 
 def ui() -> UiState:

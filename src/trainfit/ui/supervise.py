@@ -54,6 +54,8 @@ def supervise(job_dir: Path) -> int:
             returncode = 127
         else:
             returncode = child.wait()
+            if returncode < 0:  # killed by a signal before the command's own handler: as a shell says it
+                returncode = 128 - returncode
     write_atomically(job_dir / EXIT_FILE, json.dumps({"returncode": returncode, "finished_at": time.time()}))
     return 0
 
