@@ -82,8 +82,8 @@ def _status_from_files(folder: Path, kind: str) -> str:
         return "finished" if (folder / "train_result.json").is_file() else "interrupted"
     if kind == "tune":
         try:
-            reason = json.loads((folder / SUMMARY_FILE).read_text()).get("stop_reason", "")
-        except (OSError, ValueError, AttributeError):
+            reason = RunFolder(folder).summary.stop_reason  # the one reader of summary.json
+        except TrainfitError:  # unreadable, or of another schema
             return "failed"
         # a tune writes "running" as it goes: still so, with no process holding the folder, it was stopped
         return "interrupted" if "interrupt" in str(reason).lower() or reason == "running" else "finished"
