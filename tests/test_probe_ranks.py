@@ -105,6 +105,24 @@ def test_fsdp_cpu_offload_is_refused_on_a_cpu_and_written_for_accelerate(tmp_pat
     assert args.fsdp_offload_params == "true"
 
 
+def tuned_folder(tmp_path: Path, **params: object) -> Path:
+    """A tune folder of a small Llama sharing its training as ``params`` say (``parallel: ddp``),
+    written by a tune whose probes are not probes (these tests are about what it leaves)."""
+    from tune_helpers import fixed_speed
+
+    from trainfit.search.tune_options import TuneOptions
+    from trainfit.tune import tune
+
+    write_texts(texts := tmp_path / "train.jsonl")
+    path = make_spec_file(tmp_path, model={"config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                                                      "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                      "num_key_value_heads": 2, "vocab_size": 256}},
+                          data={"path": str(texts), "text_field": "text"},
+                          params={"max_length": 64, "parallel": "ddp", **params})
+    tune(load_spec(path), TuneOptions(output=tmp_path / "run", probe_fn=fixed_speed()))
+    return tmp_path / "run"
+
+
 def test_processes_need_something_to_share(tmp_path: Path) -> None:
     spec = make_spec_file(tmp_path, model={"factory": FAILS}, params={"max_length": 16, "nproc_per_node": 2})
     with pytest.raises(TrainfitError, match="parallel: none gives them nothing to share"):
@@ -179,20 +197,9 @@ def test_a_run_over_several_machines_is_launched_on_each_and_counted_over_all(tm
 def test_trainfit_train_refuses_a_config_of_several_processes_and_says_what_runs_it(tmp_path: Path, capsys) -> None:
     """trainfit train trains in one process: a config measured on two is refused, naming the written
     command, which launches them through accelerate (a tune whose probes are not probes, for speed)."""
-    from tune_helpers import fixed_speed
-
     from trainfit.cli import main
-    from trainfit.search.tune_options import TuneOptions
-    from trainfit.tune import tune
 
-    write_texts(texts := tmp_path / "train.jsonl")
-    path = make_spec_file(tmp_path, model={"config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
-                                                      "num_hidden_layers": 2, "num_attention_heads": 4,
-                                                      "num_key_value_heads": 2, "vocab_size": 256}},
-                          data={"path": str(texts), "text_field": "text"},
-                          params={"max_length": 64, "nproc_per_node": 2, "parallel": "ddp"})
-    out = tmp_path / "run"
-    tune(load_spec(path), TuneOptions(output=out, probe_fn=fixed_speed()))
+    out = tuned_folder(tmp_path, nproc_per_node=2)
     written = (out / "train_command.sh").read_text()
     assert "--num_processes 2 \\\n    --multi_gpu" in written
     assert main(["train", str(out), "--max-steps", "1"]) == 2
@@ -204,19 +211,9 @@ def test_trainfit_train_refuses_a_config_of_several_processes_and_says_what_runs
 def test_plan_calibrate_refuses_a_config_of_several_machines(tmp_path: Path) -> None:
     """`trainfit plan FOLDER --calibrate` on a tune folder whose pick trains over two machines: refused in
     words before anything runs (its command here alone would wait for the other machine)."""
-    from tune_helpers import fixed_speed
-
-    from trainfit.search.tune_options import TuneOptions
     from trainfit.trainer.calibration import calibrate
-    from trainfit.tune import tune
 
-    write_texts(texts := tmp_path / "train.jsonl")
-    path = make_spec_file(tmp_path, model={"config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
-                                                      "num_hidden_layers": 2, "num_attention_heads": 4,
-                                                      "num_key_value_heads": 2, "vocab_size": 256}},
-                          data={"path": str(texts), "text_field": "text"},
-                          params={"max_length": 64, "nnodes": 2, "parallel": "ddp"})
-    tune(load_spec(path), TuneOptions(output=tmp_path / "run", probe_fn=fixed_speed()))
+    out = tuned_folder(tmp_path, nnodes=2)
     with pytest.raises(TrainfitError, match="nnodes: 2 trains on 2 machines"):
-        calibrate(tmp_path / "run", 4, work=tmp_path / "work")
+        calibrate(out, 4, work=tmp_path / "work")
     assert not (tmp_path / "work").exists()
