@@ -276,3 +276,50 @@ def test_training_args_json_holds_every_flag_of_the_command_and_each_part_parses
                 BitsAndBytesConfig(**quantized)
     mine = load_spec(EXAMPLES / "tiny-llama.yaml", ["tune.command_template=python train.py --bs {batch_size}"])
     assert training_arguments(mine, mine.params) is None  # a command of one's own: its settings are its own
+
+
+@pytest.mark.parametrize("knobs", [
+    {"nproc_per_node": 4, "parallel": "ddp"},
+    {"nproc_per_node": 8, "parallel": "fsdp", "fsdp_reshard_after_forward": False, "precision": "bf16"},
+    {"nproc_per_node": 2, "parallel": "fsdp", "fsdp_cpu_offload": True, "precision": "fp16"},
+    {"nproc_per_node": 4, "nnodes": 2, "parallel": "fsdp", "precision": "fp32"},
+])
+def test_accelerate_config_yaml_launches_what_the_command_s_flags_launch(tmp_path: Path, monkeypatch,
+                                                                         knobs: dict[str, Any]) -> None:
+    """accelerate_config.yaml, read by accelerate's own loader and launch checks, resolves to the same
+    processes and sharding as the flags of the written command (one set of settings, two forms)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    from trainfit.params import Params
+    from trainfit.trainer.accelerate_launch import launch_args, accelerate_config_yaml
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no accelerate default config of this machine's
+    params = Params(**knobs)
+    path = tmp_path / "accelerate_config.yaml"
+    path.write_text(accelerate_config_yaml(params, "# a test") or "")
+    loaded = load_config_from_file(str(path))  # unknown keys would raise
+    assert loaded.mixed_precision == {"bf16": "bf16", "fp16": "fp16"}.get(params.precision, "no")
+    machine = ["--machine_rank", "1", "--main_process_ip", "10.0.0.7"] if params.nnodes > 1 else []
+    flags = [w if not w.startswith("${") else {"MACHINE_RANK": "1", "MAIN_PROCESS_IP": "10.0.0.7"}.get(
+        w[2:].split(":")[0], "29500") for w in launch_args(params)]
+    by_flags = launch_command_parser().parse_args([*flags, "train.py"])
+    by_file = launch_command_parser().parse_args(["--config_file", str(path), *machine, "train.py"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for args in (by_flags, by_file):
+            _validate_launch_command(args)
+    names = ["num_processes", "num_machines", "main_process_ip", "multi_gpu", "use_fsdp", "fsdp_version",
+             "fsdp_auto_wrap_policy", "fsdp_reshard_after_forward", "fsdp_offload_params",
+             *(["machine_rank"] if params.nnodes > 1 else [])]  # one machine: rank 0 by the file, None (0) by flags
+    assert {n: str(getattr(by_file, n)).lower() for n in names} == {n: str(getattr(by_flags, n)).lower() for n in names}
+    assert by_file.num_processes == params.processes
+    assert (by_file.use_fsdp, by_file.multi_gpu) == ((True, False) if params.parallel == "fsdp" else (False, True))
+
+
+def test_one_process_has_no_accelerate_config() -> None:
+    from trainfit.params import Params
+    from trainfit.trainer.accelerate_launch import accelerate_config_yaml
+
+    assert accelerate_config_yaml(Params(), "# a test") is None
+    assert accelerate_config_yaml(Params(nproc_per_node=1, parallel="ddp"), "# a test") is None

@@ -197,11 +197,16 @@ def test_a_run_over_several_machines_is_launched_on_each_and_counted_over_all(tm
 def test_trainfit_train_refuses_a_config_of_several_processes_and_says_what_runs_it(tmp_path: Path, capsys) -> None:
     """trainfit train trains in one process: a config measured on two is refused, naming the written
     command, which launches them through accelerate (a tune whose probes are not probes, for speed)."""
+    import yaml
+
     from trainfit.cli import main
 
     out = tuned_folder(tmp_path, nproc_per_node=2)
     written = (out / "train_command.sh").read_text()
     assert "--num_processes 2 \\\n    --multi_gpu" in written
+    launch = yaml.safe_load((out / "accelerate_config.yaml").read_text())  # the same launch, for a script of one's own
+    assert (launch["distributed_type"], launch["num_processes"]) == ("MULTI_GPU", 2)
+    assert "accelerate_config.yaml" in written
     assert main(["train", str(out), "--max-steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "trains on 2 processes (nproc_per_node x nnodes), and trainfit train runs one" in err

@@ -166,6 +166,7 @@ def test_the_readme_main_job_writes_a_command_that_trains_as_written(tmp_path: P
     from trl import SFTConfig
 
     exported = json.loads((out / "training_args.json").read_text())
+    assert not (out / "accelerate_config.yaml").exists()  # one process: nothing to launch
     args = TrainingArguments(output_dir=str(tmp_path / "own"), **exported["training_arguments"])
     assert (args.per_device_train_batch_size, args.bf16, args.use_cpu) == (1, True, True)
     sft = SFTConfig(output_dir=str(tmp_path / "own"), **exported["training_arguments"], **exported["sft"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS, Params
 from trainfit.spec import Spec
 from trainfit.template import render_template
+from trainfit.trainer.accelerate_launch import LAUNCH_FLAGS, SHELL_VALUES, launch_args, shell_word
 from trainfit.workloads.hf import save_initial_model
 from trainfit.workloads.lora import lora_kwargs, trl_lora_args
 from trainfit.workloads.step import Schedule
@@ -76,48 +76,6 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
     if params.lora_r is not None:
         args += trl_lora_args(params)
     return args + quantization_args(params) + loader_args(params) + launch_args(params)
-
-
-def launch_args(params: Params) -> list[str]:
-    """``accelerate launch``'s flags for the processes a config trains on, which ``trl sft`` passes
-    to it (the flags its own parser does not take): DDP on ``nproc_per_node`` GPUs, or FSDP2 with
-    each transformer block sharded, as the probe shards it."""
-    if params.processes == 1 or params.parallel == "none":  # the spec refuses processes that share nothing
-        return []
-    words = ["--num_processes", str(params.processes), *machine_args(params.nnodes)]
-    if params.parallel == "fsdp":
-        return words + ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
-                        "--fsdp_reshard_after_forward", _flag(params.fsdp_reshard_after_forward),
-                        *(["--fsdp_offload_params", "true"] if params.fsdp_cpu_offload else [])]
-    return words + ["--multi_gpu"]
-
-
-def machine_args(nnodes: int) -> list[str]:
-    """accelerate launch's flags for a run over ``nnodes`` machines (none for one): how many, and
-    where each finds the first, from variables the machine's job sets (``docs/cluster.md``: SLURM's)."""
-    if nnodes == 1:
-        return []
-    return ["--num_machines", str(nnodes), "--machine_rank", MACHINE_RANK, "--main_process_ip", MAIN_PROCESS_IP,
-            "--main_process_port", MAIN_PROCESS_PORT]
-
-
-MACHINE_RANK = "${MACHINE_RANK:?the rank of this machine, 0 to nnodes-1 (docs/cluster.md)}"
-MAIN_PROCESS_IP = "${MAIN_PROCESS_IP:?the address of the machine of rank 0}"
-MAIN_PROCESS_PORT = "${MAIN_PROCESS_PORT:-29500}"
-SHELL_VALUES = (MACHINE_RANK, MAIN_PROCESS_IP, MAIN_PROCESS_PORT)
-"""Words the script leaves to the shell (in double quotes): each machine sets its own. No apostrophe in
-them: bash reads one inside a double-quoted ``${...:?...}`` as an open quote."""
-
-def shell_word(word: str) -> str:
-    """``word`` as a command line writes it: quoted, except that a machine's own value
-    (:data:`SHELL_VALUES`) is left for its shell to fill, in double quotes."""
-    return f'"{word}"' if word in SHELL_VALUES else shlex.quote(word)
-
-
-LAUNCH_FLAGS = {"num_processes", "multi_gpu", "use_fsdp", "fsdp_version", "fsdp_auto_wrap_policy",
-                "fsdp_reshard_after_forward", "fsdp_offload_params", "num_machines", "machine_rank", "main_process_ip",
-                "main_process_port"}
-"""The flags of :func:`launch_args`: ``accelerate launch``'s, not the trainer's."""
 
 
 def quantization_args(params: Params) -> list[str]:
@@ -247,6 +205,9 @@ def command_script(spec: Spec, params: Params, header: str, *, max_length: int |
         reason = str(err).replace("\n", "\n# ")
         return f"#!/usr/bin/env bash\n{header}\n# No command: {reason}\nexit 1\n"
     notes = command_notes(spec, model_dir)
+    if launch_args(params):
+        notes.append("accelerate_config.yaml, beside this script, holds the same launch for a script of your own: "
+                     "accelerate launch --config_file accelerate_config.yaml train.py")
     if not template:
         notes.append("arguments given to this script go to `trl sft` after the ones here (a later flag wins), "
                      "e.g. bash train_command.sh --max_steps 2 --output_dir /tmp/try")

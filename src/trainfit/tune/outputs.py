@@ -43,6 +43,7 @@ from trainfit.summary import (
     TrainerCost,
     UnsupportedValue,
 )
+from trainfit.trainer.accelerate_launch import ACCELERATE_CONFIG_FILE, accelerate_config_yaml
 from trainfit.trainer.axolotl import AXOLOTL_FILE, axolotl_fragment
 from trainfit.trainer.command import (
     TRAINING_ARGS_FILE,
@@ -359,7 +360,8 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run
     after every trial) and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the
     spec's data file, and training_args.json: the best config for a Trainer of one's own; for a
-    Hugging Face model, axolotl.yaml: the best config in Axolotl's keys; and for a ``config:``
+    Hugging Face model, axolotl.yaml: the best config in Axolotl's keys; for a config of several
+    processes, accelerate_config.yaml: its launch as a config file; and for a ``config:``
     model, once a config fits, model/: the random-init model and its tokenizer, for the command to
     train. ``trainer_cost``: the trainer's own cost the speeds and the ranking include (``tune
     --calibrate``; see ``RunFolder.trainer_cost``)."""
@@ -397,5 +399,10 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                                     model_dir=model_dir)
         if fragment is not None:  # the same config for Axolotl
             write_atomically(output / AXOLOTL_FILE, fragment.to_yaml(header))
+        launch = accelerate_config_yaml(params, header)
+        if launch is not None:  # the same processes for a script of one's own under accelerate launch
+            write_atomically(output / ACCELERATE_CONFIG_FILE, launch)
+        else:  # a best config of one process now: no earlier best's launch left behind
+            (output / ACCELERATE_CONFIG_FILE).unlink(missing_ok=True)
         script.chmod(0o755)
     return summary
