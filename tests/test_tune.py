@@ -415,3 +415,35 @@ def test_the_default_search_groups_by_length_where_random_batches_are_mostly_pad
     tune(with_tune(spec, max_trials=1), TuneOptions(output=tmp_path / "run", probe_fn=fixed_speed()))
     with (tmp_path / "run" / "trials.csv").open() as f:
         assert "group_by_length" in next(csv.reader(f))
+
+
+@pytest.mark.parametrize("state_gb, ddp_probed", [(5.0, False), (3.0, True)])
+def test_auto_skips_a_layout_whose_weights_and_optimizer_state_alone_cannot_fit(
+        tmp_path: Path, state_gb: float, ddp_probed: bool) -> None:
+    """FSDP over 2 processes measured first: its per-process shard of the weights and optimizer state
+    (state_gb) doubles in a DDP process, which holds them whole. Past the budget less headroom (8 GiB),
+    no DDP batch can fit, and auto says so instead of probing one; below it, DDP is probed."""
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                          params={"max_length": 64, "nproc_per_node": 2, "parallel": "fsdp"},
+                          budget={"memory_gb": 10.0, "headroom_gb": HEADROOM})
+    path.write_text(path.read_text() + "search:\n  parallel: [fsdp, ddp]\n  batch_size: [1, 2, 4]\n")
+    calls: list[tuple[str, int]] = []
+
+    def layouts(p: Params, number: int) -> Measurement:
+        calls.append((p.parallel, p.batch_size))
+        whole = 2 if p.parallel == "ddp" else 1  # DDP holds what FSDP splits in two
+        parts = {"model": int(state_gb / 3 * whole * GiB), "optimizer": int(state_gb * 2 / 3 * whole * GiB),
+                 "runtime": GiB // 4, "step": p.batch_size * GiB // 8}
+        return Measurement(status="ok", config=p.to_dict(), samples_per_second=10.0 * p.batch_size,
+                           tokens_per_second=1e3, peak_memory_bytes=sum(parts.values()), memory_parts_bytes=parts,
+                           budget_memory_gb=10.0, budget_headroom_gb=HEADROOM, steps_measured=5, stable=True)
+
+    summary = tune(load_spec(path), TuneOptions(output=tmp_path / "out", probe_fn=layouts)).summary.to_json()
+    assert [c for c in calls if c[0] == "fsdp"] == [("fsdp", 1), ("fsdp", 2), ("fsdp", 4)]
+    assert any(c[0] == "ddp" for c in calls) == ddp_probed
+    pruned = [p for p in summary["pruned"] if p["config"].get("parallel") == "ddp"]
+    if ddp_probed:
+        assert not pruned
+    else:
+        assert len(pruned) == 1 and pruned[0]["up_to_batch"] is None
+        assert "10 GiB a process" in pruned[0]["reason"] and "parallel: fsdp over 2 processes" in pruned[0]["reason"]

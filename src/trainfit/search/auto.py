@@ -13,6 +13,7 @@ from typing import Any
 
 from trainfit.params import KNOBS
 from trainfit.probe.measurement import BROKEN, recorded_budget_gb
+from trainfit.search.layouts import same_but_layout, state_bytes_as
 from trainfit.search.trials import Trial, can_run, config_key, unsupported_values
 from trainfit.space import SearchSpace
 
@@ -265,6 +266,8 @@ class AutoStrategy:
             above = self._lean_limit(family, history)
             if above is None:
                 continue
+            if self._outgrown_layout(family, history) is not None:
+                continue  # its weights and optimizer state alone cannot fit, by another layout's parts
             mine = self._family_trials(family, history)
             if self._dominated(family, mine, history):
                 continue
@@ -272,6 +275,23 @@ class AutoStrategy:
                                  self._sibling_slope(family, history), above=above)
             if b is not None:
                 return {**family, "batch_size": b} if "batch_size" in self.space.names else dict(family)
+        return None
+
+    def _outgrown_layout(self, family: Mapping[str, Any], history: Sequence[Trial]) -> tuple[float, Trial] | None:
+        """A measured config of another process layout (the same but for how processes share the
+        training) by whose memory parts ``family``'s weights and optimizer state alone, a lower bound
+        of its peak, exceed the budget: those bytes and that trial (:mod:`trainfit.search.layouts`);
+        None where none does, or ``family`` has measurements of its own, which speak for it."""
+        if self._family_trials(family, history):
+            return None
+        target = self.space.params({**family, "batch_size": self.batches[0]})
+        for t in history:
+            if not same_but_layout(t.values, family):
+                continue
+            need = state_bytes_as(self.space.params(t.values), t.measurement.memory_parts_bytes, target)
+            limit = self._limit_bytes([t], margin=0.0)
+            if need is not None and limit is not None and need > limit:
+                return need, t
         return None
 
     def _lean(self, family: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -328,6 +348,15 @@ class AutoStrategy:
         """What ``auto`` leaves unprobed for a memory-only knob value, and why (for the summary)."""
         out = []
         for family in self.families:
+            outgrown = self._outgrown_layout(family, history)
+            if outgrown is not None:
+                need, t = outgrown
+                out.append(Pruned(family=dict(family), below_batch=None, reason=(
+                    f"its weights and optimizer state alone would take {need / 1024**3:.3g} GiB a process (from "
+                    f"trial {t.number}'s measured parts, {_layout(self.space.params(t.values))}), past the "
+                    f"{(self._limit_bytes([t], margin=0.0) or 0) / 1024**3:.3g} GiB budget less headroom: "
+                    "no batch can fit")))
+                continue
             lean = self._lean(family)
             if lean is None or "batch_size" not in self.space.names or not self._family_trials(lean, history):
                 continue
@@ -346,6 +375,13 @@ class AutoStrategy:
 def _memory_only(knob: str, value: Any) -> bool:
     """Is ``value`` of ``knob`` one that only trades speed for memory (:data:`MEMORY_ONLY`)?"""
     return knob in MEMORY_ONLY and MEMORY_ONLY[knob] == value and type(MEMORY_ONLY[knob]) is type(value)
+
+
+def _layout(params: Any) -> str:
+    """How a config's processes share the training, in words for a pruning's reason."""
+    if params.parallel == "none" or params.nproc_per_node == 1:
+        return "one process"
+    return f"parallel: {params.parallel} over {params.nproc_per_node} processes"
 
 
 def _batches(family: Mapping[str, Any], strategy: AutoStrategy, history: Sequence[Trial]) -> str:
