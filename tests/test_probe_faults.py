@@ -169,3 +169,38 @@ def test_a_budget_below_what_the_worker_needs_to_start_is_an_oom_that_says_so(tm
     assert "Traceback" not in m.message and "budget.memory_gb" in m.message and "0.01 GiB" in m.message
     assert m.oom_needed_bytes > 100 * 2**20  # the interpreter and torch, before any model
     assert f"{m.oom_needed_bytes / 2**30:.2f} GiB" in m.message
+
+
+def test_a_quantized_model_s_folder_left_by_a_killed_worker_goes_with_the_next_load(tmp_path: Path) -> None:
+    """A QLoRA probe of a random-init model saves it to a temporary folder first; a worker killed at its
+    timeout (SIGKILL) skips every cleanup. The next load removes such a folder, and keeps one a live
+    process holds and one just made (not held yet)."""
+    import os
+
+    from trainfit.workloads.quantized import model_folder, remove_abandoned
+
+    def holder() -> tuple[subprocess.Popen[str], Path]:
+        code = ("import sys, time; from pathlib import Path; from trainfit.workloads.quantized import model_folder\n"
+                "with model_folder(Path(sys.argv[1])) as folder:\n"
+                "    (folder / 'model.safetensors').write_bytes(b'0' * 4096); print(folder, flush=True); time.sleep(120)")
+        proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        return proc, Path(proc.stdout.readline().strip())
+
+    killed, left = holder()
+    killed.kill()
+    killed.wait()
+    living, held = holder()
+    try:
+        fresh = tmp_path / "trainfit-qlora-fresh"
+        fresh.mkdir()
+        for folder in (left, held):
+            os.utime(folder, (time.time() - 3600, time.time() - 3600))
+        assert left.is_dir()  # the kill left it
+        with model_folder(tmp_path) as mine:  # the next load
+            assert mine.is_dir()
+        assert not left.exists() and held.is_dir() and fresh.is_dir() and not mine.exists()
+        assert remove_abandoned(tmp_path) == []
+    finally:
+        living.kill()
+        living.wait()
