@@ -248,3 +248,18 @@ def test_the_summarys_spec_is_the_spec_a_tune_ran_key_for_key(name: str) -> None
     assert recorded.command_template == spec.tune.command_template and recorded.source == spec.source
     assert (recorded.factory is not None) == (spec.model.factory is not None)
     assert recorded.data_path == (spec.data.path if spec.data else None)
+
+
+def test_report_html_counts_the_diverged_configs(tmp_path: Path) -> None:
+    """A config whose loss went non-finite is counted apart from errors, in the page as at the run's end."""
+    def probe(p: Params, number: int) -> Measurement:
+        m = Surface()(p, number)
+        if p.batch_size == 24 and p.gradient_checkpointing:
+            return Measurement(status="diverged", config=p.to_dict(), message="loss nan at step 3", device="cpu",
+                               device_name="synthetic", budget_memory_gb=BUDGET, budget_headroom_gb=HEADROOM)
+        return m
+
+    result = tune(synthetic_spec(tmp_path, "grid", max_trials=64), TuneOptions(output=tmp_path / "out", probe_fn=probe))
+    diverged = result.summary.to_json()["failed_diverged"]
+    assert diverged == 2  # lora_r 8 and 16
+    assert f"{diverged} diverged" in (tmp_path / "out" / "report.html").read_text()

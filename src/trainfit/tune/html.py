@@ -171,7 +171,8 @@ def tune_report_html(summary: Summary, trials: Sequence[Trial], source: str) -> 
 <body style="font-family: sans-serif; max-width: 760px">
 <h2>trainfit tune: {html.escape(source)}</h2>
 <p>{summary.total_tested} probed: {summary.successful} fit, {summary.failed_oom} OOM,
-{summary.over_budget} over budget, {summary.failed_error} errors, {summary.failed_timeout} timeouts;
+{summary.over_budget} over budget, {summary.failed_error} errors, {summary.failed_timeout} timeouts{
+    f', {summary.failed_diverged} diverged' if summary.failed_diverged else ''};
 strategy {html.escape(summary.strategy)}; {html.escape(summary.stop_reason)}; device
 {html.escape(str(summary.device))}.</p>
 {best_html}
