@@ -250,3 +250,18 @@ def test_a_throughput_that_is_no_speed_is_refused(tmp_path: Path, capsys: Any) -
     stats = analyze_spec(load_spec(spec), progress=False)
     with pytest.raises(TrainfitError, match="a throughput must be a positive number, got -800"):
         from_throughput(load_spec(spec).params, stats, tokens_per_second=-800.0)  # the library checks it too
+
+
+def test_a_scaled_step_keeps_its_wait_for_data_as_measured() -> None:
+    """The wait for the loader is the host's, not the device's arithmetic: scaling to another GPU by peak
+    FLOP/s moves the model's part of the step only (the timed shapes are that part alone)."""
+    m = dataclasses.replace(on_an_h100(Params(batch_size=4, precision="bf16"), 0), data_wait_s=0.1, mfu=0.35)
+    shapes = [{"rows": 4, "padded_length": 64, "seconds": 0.3, "steps": 5}]
+    c = Candidate(trial=0, searched={"batch_size": 4}, config=m.config, samples_per_second=10.0, step_time_s=0.4,
+                  samples_per_step=4.0, spread_rel=0.02, peak_gb=2.0, optimizer_gb=0.25, model_gb=0.5,
+                  shape_times=shapes, measurement=m)
+    scaled = scaled_to(TuneRun(folder=Path("run"), summary=None, candidates=[c], spec_doc=None), "A100").candidates[0]
+    ratio = H100 / A100
+    assert scaled.step_time_s == pytest.approx(0.3 * ratio + 0.1)  # not 0.4 x ratio
+    assert scaled.samples_per_second == pytest.approx(4.0 / (0.3 * ratio + 0.1))
+    assert scaled.shape_times[0]["seconds"] == pytest.approx(0.3 * ratio)

@@ -105,12 +105,16 @@ def _mean_spread(lengths: np.ndarray, population: int) -> float:
 def scaled_to(run: TuneRun, device: str) -> TuneRun:
     """``run`` with each config's speed (its step time, its timed shapes) scaled to ``device`` by
     the two devices' peak FLOP/s at the config's precision, at the MFU measured, and its spread
-    widened by :data:`MFU_SPREAD`. A clear error where the run has no MFU or ``device`` no peak."""
+    widened by :data:`MFU_SPREAD`. The step's wait for its data (``Measurement.data_wait_s``: the
+    host's loader, not the device's arithmetic) stays as measured; the timed shapes are the model's
+    alone. A clear error where the run has no MFU or ``device`` no peak."""
     scaled = []
     for c in run.candidates:
         ratio = _peaks(c, device, run)[2]
+        wait = min(c.measurement.data_wait_s or 0.0, c.step_time_s) if c.measurement is not None else 0.0
+        step = (c.step_time_s - wait) * ratio + wait
         scaled.append(dataclasses.replace(
-            c, samples_per_second=c.samples_per_second / ratio, step_time_s=c.step_time_s * ratio,
+            c, samples_per_second=c.samples_per_second * c.step_time_s / step, step_time_s=step,
             spread_rel=math.hypot(c.spread_rel, MFU_SPREAD),
             shape_times=[{**s, "seconds": s["seconds"] * ratio} for s in c.shape_times]))
     return dataclasses.replace(run, candidates=scaled)
