@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import make_spec_file, write_texts
+from conftest import TINY_GPT2, TINY_LLAMA, make_spec_file, write_texts
 
 from trainfit.errors import TrainfitError
 from trainfit.probe import Measurement, run_probe
@@ -65,12 +65,21 @@ def test_a_rank_that_hangs_is_a_timeout_and_leaves_nothing(tmp_path: Path) -> No
     assert left == []
 
 
+@pytest.fixture
+def one_rank(tmp_path: Path):
+    """A one-process gloo group: ``fully_shard`` shards over it as over several, in this process."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 @pytest.mark.parametrize(("precision", "gathered"), [("bf16", "bfloat16"), ("fp32", "float32")])
-def test_fsdp_gathers_the_weights_in_the_runs_mixed_precision(tmp_path: Path, precision: str, gathered: str) -> None:
+def test_fsdp_gathers_the_weights_in_the_runs_mixed_precision(one_rank, precision: str, gathered: str) -> None:
     """Under bf16 a run's FSDP2 (accelerate's, from the trainer's --bf16) gathers each block's weights in
     bf16: the probe shards alike (a one-process gloo group here), so a layer computes with bf16 weights."""
     import torch
-    import torch.distributed as dist
 
     from trainfit.params import Params
     from trainfit.probe.ranks import distribute
@@ -79,14 +88,101 @@ def test_fsdp_gathers_the_weights_in_the_runs_mixed_precision(tmp_path: Path, pr
     layers._no_split_modules = ["Linear"]  # type: ignore[assignment]  # each Linear a block, as a transformer's
     seen: list[torch.dtype] = []
     layers[0].register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        model = distribute(layers, Params(nproc_per_node=2, parallel="fsdp", precision=precision), torch.device("cpu"))
-        model(torch.randn(4, 8)).float().sum().backward()
-    finally:
-        dist.destroy_process_group()
+    model = distribute(layers, Params(nproc_per_node=2, parallel="fsdp", precision=precision), torch.device("cpu"))
+    model(torch.randn(4, 8)).float().sum().backward()
     assert seen == [getattr(torch, gathered)]
     assert all(p.dtype == torch.float32 for p in layers.parameters())  # the shards stay as built
+
+
+def fsdp_units(model) -> tuple[list[tuple], list[str]]:
+    """A sharded model's FSDP units, each its modules' and parameters' names, whether it reshards after
+    forward and its mixed precision (from torch's FSDP state, read after a forward, where torch settles
+    the root's), and the parameters left gathered (not sharded DTensors) after the forward."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.tensor import DTensor
+
+    names = {id(m): n for n, m in model.named_modules()}
+    units = {}
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            state = fully_shard.state(module)
+            groups = state._fsdp_param_groups
+            units[id(state)] = (tuple(names[id(m)] for m in state._modules),
+                                sorted(f"{names[id(p._module_info.module)]}.{p._module_info.param_name}"
+                                       for g in groups for p in g.fsdp_params),
+                                [g.post_forward_mesh_info is not None for g in groups], state._mp_policy)
+    gathered = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
+    return sorted(units.values(), key=lambda unit: unit[0]), gathered
+
+
+def accelerate_prepare(model, params) -> None:
+    """accelerate's own ``fsdp2_prepare_model`` on ``model``, its FSDP plugin made from the environment
+    ``accelerate launch`` gives the processes for the flags the trainer's command passes it, and the
+    mixed precision the trainer's --bf16/--fp16 sets (as AcceleratorState sets it). The accelerator
+    itself is what the function reads of it: an Accelerator on a CPU would not use FSDP."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    from trainfit.trainer.command import launch_args
+
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args([*launch_args(params), "sft.py"]))
+    env = {k: v for k, v in prepare_multi_gpu_env(args).items() if k.startswith(("FSDP_", "ACCELERATE_"))}
+    assert env["FSDP_AUTO_WRAP_POLICY"] == "TRANSFORMER_BASED_WRAP" and env["FSDP_VERSION"] == "2"
+    before = dict(os.environ)
+    os.environ.update(env)
+    try:
+        plugin = FullyShardedDataParallelPlugin()
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    mixed = params.precision if params.precision in ("bf16", "fp16") else "no"
+    if mixed != "no":
+        plugin.set_mixed_precision(mixed)
+    accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), mixed_precision=mixed,
+                                  is_main_process=True, device=torch.device("cpu"))
+    fsdp2_prepare_model(accelerator, model)
+
+
+@pytest.mark.parametrize(("model", "params"), [
+    ({"config": TINY_LLAMA}, {}),
+    ({"config": {**TINY_LLAMA, "tie_word_embeddings": True}}, {"fsdp_reshard_after_forward": False}),
+    ({"config": TINY_GPT2}, {"precision": "bf16"}),  # tied, a LayerNorm, position embeddings left in the root
+    ({"config": TINY_LLAMA}, {"lora_r": 4, "precision": "bf16"}),  # peft's wrapper: its final norm stays in the root
+    ({"factory": f"{Path(__file__).parent / 'factories.py'}:scaled"}, {"width_mul": 1}),  # no blocks, no embedding
+], ids=["llama", "llama-tied", "gpt2", "llama-lora", "factory"])
+def test_fsdp_shards_the_units_accelerate_shards(tmp_path: Path, one_rank, model: dict, params: dict) -> None:
+    """The probe's FSDP2 units are accelerate's (fsdp2_prepare_model under TRANSFORMER_BASED_WRAP, from the
+    flags the written command launches with): each block, the input embedding, the final norm with the
+    LM head kept gathered after forward (the tied embedding with them), the root; each with the same
+    resharding and mixed precision, so a rank holds in the probe what it holds in the run."""
+    import torch
+
+    from trainfit.probe.ranks import distribute
+    from trainfit.workloads import build_workload
+
+    spec = load_spec(make_spec_file(tmp_path, model=model, params={"max_length": 16, "nproc_per_node": 2,
+                                                                  "parallel": "fsdp", **params}),
+                     ["tune.command_template=python train.py"])
+    cpu = torch.device("cpu")
+    ours, theirs = build_workload(spec, spec.params, cpu), build_workload(spec, spec.params, cpu)
+    ours.model = distribute(ours.model, spec.params, cpu)
+    accelerate_prepare(theirs.model, spec.params)
+    seen = []
+    for workload in (ours, theirs):
+        loss = workload.loss(workload.make_batch([16, 9], 16).inputs)
+        seen.append(fsdp_units(workload.model))
+        loss.float().backward()
+    assert seen[0] == seen[1]
+    units, gathered = seen[0]
+    if "config" in model:  # the LM head a unit of its own, gathered from forward to backward
+        assert any(unit[0][-1].endswith("lm_head") and unit[2] == [False] for unit in units), units
+    assert all(p in gathered for unit in units if unit[2] == [False] for p in unit[1])
 
 
 def test_fsdp_cpu_offload_is_refused_on_a_cpu_and_written_for_accelerate(tmp_path: Path) -> None:
@@ -222,3 +318,34 @@ def test_plan_calibrate_refuses_a_config_of_several_machines(tmp_path: Path) -> 
     with pytest.raises(TrainfitError, match="nnodes: 2 trains on 2 machines"):
         calibrate(out, 4, work=tmp_path / "work")
     assert not (tmp_path / "work").exists()
+
+
+def test_fsdp_shards_a_models_own_blocks_and_norm_as_accelerate_and_stops_where_it_stops(one_rank) -> None:
+    """A model of one's own (no embeddings, its blocks named in _no_split_modules): its blocks, its
+    "Norm" child alone as the gathered tail, the root, as accelerate shards it; a block name the model
+    has no module of stops both."""
+    import torch
+
+    from trainfit.params import Params
+    from trainfit.probe.ranks import distribute
+
+    params = Params(nproc_per_node=2, parallel="fsdp")
+    seen = []
+    for shard in (lambda m: distribute(m, params, torch.device("cpu")), lambda m: accelerate_prepare(m, params)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+        model._no_split_modules = ["Linear"]  # type: ignore[assignment]
+        shard(model)
+        loss = model(torch.randn(4, 8)).sum()
+        seen.append(fsdp_units(model))
+        loss.backward()
+    assert seen[0] == seen[1]
+    # The root holds nothing (no parameter group); the norm its own unit, kept gathered; each block resharded.
+    assert [(unit[0], unit[2]) for unit in seen[0][0]] == [(("",), []), (("0",), [True]), (("1",), [False]),
+                                                          (("2",), [True])]
+    unnamed = torch.nn.Sequential(torch.nn.Linear(8, 2))
+    unnamed._no_split_modules = ["Block"]  # type: ignore[assignment]
+    with pytest.raises(TrainfitError, match="Could not find the transformer layer class"):
+        distribute(unnamed, params, torch.device("cpu"))
+    with pytest.raises(ValueError, match="Could not find the transformer layer class Block"):
+        accelerate_prepare(unnamed, params)

@@ -108,11 +108,10 @@ def agreed(seconds: float) -> float:
 
 def distribute(model: Any, params: Params, device: Any) -> Any:
     """``model`` as its rank trains it: under DDP (a whole copy, gradients all-reduced in backward),
-    or FSDP2 (``fully_shard`` on each transformer block the model names in ``_no_split_modules``,
-    then on the whole), as accelerate's ``TRANSFORMER_BASED_WRAP`` shards the blocks (accelerate 1.15
-    also makes the input embedding, and the final norm with the LM head, units of their own, the
-    head's kept gathered after its forward: not yet here, so with a large vocabulary the real run may
-    hold more between forward and backward than measured). The model in a single process, unchanged."""
+    or FSDP2 on the units accelerate 1.15's ``fsdp2_prepare_model`` shards under ``TRANSFORMER_BASED_WRAP``
+    (:func:`shard_units`: the blocks, the input embedding, the final norm with the LM head kept gathered
+    after forward, the root), so a rank's peak is the one ``accelerate launch --use_fsdp --fsdp_version 2``
+    trains with. The model in a single process, unchanged."""
     if not is_distributed():
         return model
     if params.parallel == "ddp":
@@ -120,17 +119,90 @@ def distribute(model: Any, params: Params, device: Any) -> Any:
 
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if params.parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        blocks = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or ())}
-        policies = fsdp_policies(params)
-        for module in model.modules():
-            if type(module).__name__ in blocks:
-                fully_shard(module, **policies)
-        fully_shard(model, **policies)
+        shard_units(model, fsdp_policies(params))
         return model
     raise TrainfitError(f"nproc_per_node={params.nproc_per_node} with parallel: none: the processes would train "
                         "apart", "set parallel: ddp or fsdp")
+
+
+def shard_units(model: Any, policies: dict[str, Any]) -> None:
+    """``fully_shard`` on ``model``'s units in place, as accelerate 1.15's ``fsdp2_prepare_model``
+    (accelerate/utils/fsdp_utils.py) makes them under ``TRANSFORMER_BASED_WRAP``, in its order:
+
+    1. each module, children before parents (``get_module_children_bottom_up``), that is an instance of
+       a class named in the model's own ``_no_split_modules`` (``fsdp2_prepare_auto_wrap_policy``;
+       transformers gathers its submodels' there), with ``policies``;
+    2. the input embedding (``get_input_embeddings``), unless the LM head shares its weight, with ``policies``;
+    3. one unit of the final norm (``_find_final_norm``: the last direct child of the base model whose
+       class name holds "Norm") and the LM head (``get_output_embeddings``), with the input embedding
+       when the head shares its weight, kept gathered from forward to backward
+       (``reshard_after_forward=False``, whatever ``policies`` say);
+    4. the whole model, its ``reshard_after_forward`` left to torch (None: the root keeps what no unit
+       took, e.g. GPT-2's position embedding, gathered from forward to backward).
+
+    A factory model without those methods or names gets step 4, and step 3 with a "Norm" child."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    blocks = _block_classes(model)
+    for module in _bottom_up(model)[:-1]:
+        inner = getattr(module, "_checkpoint_wrapped_module", module)  # as accelerate, through a checkpoint wrapper
+        if blocks and isinstance(inner, blocks) and not isinstance(module, FSDPModule):
+            fully_shard(module, **policies)
+    embed = getattr(model, "get_input_embeddings", lambda: None)()
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    weight = getattr(embed, "weight", None)
+    tied = weight is not None and weight is getattr(head, "weight", None)
+    if not tied and embed is not None and not isinstance(embed, FSDPModule):
+        fully_shard(embed, **policies)
+    # Tied: the embedding comes first, so the unit gathers at the forward's start, where it is used first;
+    # the head stays in the unit, as torch refuses a parameter two units see.
+    tail = [m for m in ((_final_norm(model), embed, head) if tied else (_final_norm(model), head))
+            if m is not None and not isinstance(m, FSDPModule)]
+    if tail:
+        fully_shard(tail, **{**policies, "reshard_after_forward": False})
+    if not isinstance(model, FSDPModule):
+        fully_shard(model, **{**policies, "reshard_after_forward": None})
+
+
+def _block_classes(model: Any) -> tuple[type, ...]:
+    """The classes named in ``model._no_split_modules``, each the first module of that name's in
+    ``model`` (accelerate's ``get_module_class_from_name``); an error for a name none has, where
+    accelerate stops the run."""
+    found: dict[str, type] = {}
+    for module in model.modules():
+        found.setdefault(type(module).__name__, type(module))
+    names = list(getattr(model, "_no_split_modules", None) or ())
+    if missing := [name for name in names if name not in found]:
+        raise TrainfitError(f"the model's _no_split_modules names {', '.join(missing)}, which it has no module of: "
+                            "accelerate's TRANSFORMER_BASED_WRAP stops there (\"Could not find the transformer layer "
+                            "class\")", "name only the model's own block classes in _no_split_modules")
+    return tuple(found[name] for name in names)
+
+
+def _bottom_up(model: Any) -> list[Any]:
+    """``model``'s modules in accelerate's ``get_module_children_bottom_up`` order (``model`` last): a
+    depth-first walk's, children pushed on a stack in order, reversed."""
+    stack: list[Any] = [model]
+    ordered: list[Any] = []
+    while stack:
+        module = stack.pop()
+        stack.extend(module.children())
+        ordered.append(module)
+    return ordered[::-1]
+
+
+def _final_norm(model: Any) -> Any:
+    """The final norm as accelerate's ``_find_final_norm`` finds it: the last direct child of the base
+    model (``base_model_prefix``'s attribute, the model itself without one) whose class name holds
+    "Norm"; None for none (peft's wrapper, whose prefix names the causal LM: its norm stays in the root)."""
+    import torch
+
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None) if prefix else model
+    if not isinstance(base, torch.nn.Module):
+        return None
+    norms = [child for child in base.children() if "Norm" in type(child).__name__]
+    return norms[-1] if norms else None
 
 
 def fsdp_policies(params: Params) -> dict[str, Any]:
