@@ -27,8 +27,9 @@ LAUNCH_FLAGS = {"num_processes", "multi_gpu", "use_fsdp", "fsdp_version", "fsdp_
 
 def launch_settings(params: Params) -> dict[str, str | None]:
     """``accelerate launch``'s settings for the processes a config trains on, by flag name (None: a
-    switch without a value): DDP on ``nproc_per_node`` GPUs a machine, or FSDP2 with each transformer
-    block sharded, as the probe shards it; none for one process. Over several machines, each
+    switch without a value): DDP on ``nproc_per_node`` GPUs a machine, or FSDP2 on the units
+    accelerate's TRANSFORMER_BASED_WRAP makes, as the probe shards them (``probe.ranks.shard_units``);
+    none for one process. Over several machines, each
     machine's rank and rank 0's address are left to its shell (:data:`SHELL_VALUES`)."""
     if params.processes == 1 or params.parallel == "none":  # the spec refuses processes that share nothing
         return {}
