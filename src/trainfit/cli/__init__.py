@@ -79,6 +79,16 @@ def interrupted_status(err: KeyboardInterrupt) -> int:
     return 128 + (err.signum if isinstance(err, Terminated) else signal.SIGINT)
 
 
+def interrupt_behind(err: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or stop signal) an error was raised while handling, if any: one that lands inside a
+    file operation (Optuna's journal lock, between its rename and its unlink) leaves that operation's
+    cleanup to fail, and the failure, not the interrupt, reaches the top. It is still an interrupt."""
+    seen = err.__context__
+    while seen is not None and not isinstance(seen, KeyboardInterrupt):
+        seen = seen.__context__
+    return seen
+
+
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     def terminate(signum: int, frame: Any) -> None:
@@ -130,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # before OSError, its base: output piped into `head` and closed early
         return output_closed()
     except OSError as err:  # a path too long, a full disk, a read-only folder: the file and the cause
+        if (interrupt := interrupt_behind(err)) is not None:
+            print(f"\ntrainfit {args.command}: interrupted", file=sys.stderr)
+            return interrupted_status(interrupt)
         print(f"trainfit {args.command}: error: {os_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:

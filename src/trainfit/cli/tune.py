@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from trainfit.cli import COMMANDS
+from trainfit.cli import COMMANDS, interrupt_behind
 from trainfit.cli.common import (
     add_spec_arguments,
     interrupted,
@@ -165,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as err:
         return interrupted(err, args.argv, args.output, saved_where(args))
     except OSError as err:  # a full disk mid-run: the study keeps every trial that ended
+        if (interrupt := interrupt_behind(err)) is not None:  # a Ctrl-C inside the journal's lock
+            return interrupted(interrupt, args.argv, args.output, saved_where(args))
         print(f"trainfit tune: error: {os_error(err)}\n{resume_hint(args)}", file=sys.stderr)
         return 2
     return print_result(result, spec)
