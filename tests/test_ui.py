@@ -168,6 +168,23 @@ def test_saving_writes_a_new_spec_beside_the_old_and_never_over_a_file(root: Pat
                                               "yaml": saved}).get_json()["ok"]
 
 
+def test_a_yaml_date_is_checked_and_saved_as_the_loader_reads_it(root: Path) -> None:
+    """A date (``2024-01-01``, a ``datetime.date`` to PyYAML) made the check and the save a 500: a
+    TypeError from the overrides' JSON copy."""
+    client = create_app(root).test_client()
+    dated = (root / SPEC).read_text().replace("text_field: text", "text_field: 2024-01-01")  # a string is fine
+    wrong = dated.replace("memory_gb: 4", "memory_gb: 2024-01-01")  # a number expected
+
+    bad = client.post("/api/validate", data={**spec_form(root), "yaml": wrong})
+    reply = client.post("/spec/save", data={**spec_form(root, name="dated", **{"knob.batch_size": "8"}), "yaml": dated})
+
+    assert bad.get_json()["problems"] == [{"key": "budget.memory_gb", "hint": None,
+                                           "message": "expected a number (or null), got '2024-01-01'"}]
+    assert reply.status_code == 303, reply.get_data(as_text=True)
+    saved = load_spec(root / "examples" / "dated.yaml").data
+    assert saved is not None and saved.text_field == "2024-01-01"
+
+
 def test_a_path_outside_the_root_is_refused(root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     outside = tmp_path_factory.mktemp("outside")
     (outside / "secret.yaml").write_text("model: {}\n")
