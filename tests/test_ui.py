@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from trainfit.params import KNOBS  # noqa: E402
 from trainfit.search.tune_options import TuneOptions  # noqa: E402
 from trainfit.spec import load_spec  # noqa: E402
 from trainfit.tune import tune  # noqa: E402
-from trainfit.ui import forms  # noqa: E402
+from trainfit.ui import commands, forms  # noqa: E402
 from trainfit.ui.app import create_app, is_loopback, new_token  # noqa: E402
 from trainfit.ui.commands import resumed  # noqa: E402
 from trainfit.ui.jobs import Jobs, run_module  # noqa: E402
@@ -238,6 +239,21 @@ def test_a_post_from_another_site_is_refused(root: Path) -> None:
     reply = create_app(root).test_client().post("/spec/run", data=spec_form(root, command="analyze"),
                                                 headers={"Origin": "http://evil.example"})
     assert reply.status_code == 403 and not (root / ".trainfit-ui").exists()
+
+
+def test_two_starts_within_one_second_get_two_run_folders(root: Path) -> None:
+    """A new run folder was found free but not made (a tune makes it once its process is up): two starts
+    within one second (two tabs, a double click) were given the same folder and wrote into it."""
+    (root / "run").mkdir()
+    tunes = [commands.spec_command("tune", root / SPEC, [], {}, Root(root)) for _ in range(2)]
+    trains = [commands.run_command("train", root / "run", {}) for _ in range(2)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        raced = list(pool.map(lambda _: commands.new_folder(root / "race", "probe"), range(8)))
+
+    folders = [p.output for p in tunes + trains]
+    assert len(set(folders)) == 4 and all(f is not None and f.is_dir() for f in folders)
+    assert folders[2] == root / "run" / "train" and folders[3] is not None and folders[3].name.startswith("train-")
+    assert len(set(raced)) == 8 and all(f.is_dir() for f in raced)
 
 
 def test_resume_adds_the_flag_once_and_only_where_the_command_has_it() -> None:

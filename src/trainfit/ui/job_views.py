@@ -20,8 +20,6 @@ jobs_views = Blueprint("jobs", __name__)
 
 def start(planned: commands.Planned, spec: Path | None = None) -> Response:
     """Start ``planned`` as a job and send the browser to its page."""
-    if planned.make_output and planned.output is not None:
-        planned.output.mkdir(parents=True, exist_ok=True)
     job = ui().jobs.start(planned.command, planned.args, output=planned.output, spec=spec)
     return redirect(url_for("jobs.job_page", job_id=job.id), code=303)
 
