@@ -98,6 +98,21 @@ def test_the_index_lists_every_run_folder_under_the_root(root: Path) -> None:
     assert SPEC in page and "examples/compare-configs.yaml" not in page  # a spec has a model: key
 
 
+def test_the_runs_below_a_stray_record_are_found(root: Path) -> None:
+    """A folder holding a probe's ``measurement.json`` (``trainfit probe --json`` run in a project's own
+    folder) was taken for a run with an inside of its own: nothing below it was searched."""
+    project = root / "project"
+    (project / "runs" / "abl").mkdir(parents=True)
+    (project / "measurement.json").write_text("{}")
+    (project / "runs" / "abl" / "ablation.json").write_text("{}")
+    (project / "runs" / "abl" / "configs").mkdir()
+    (project / "runs" / "abl" / "configs" / "lengths.json").write_text("{}")  # an ablation's inside: not a run
+
+    page = create_app(root).test_client().get("/").get_data(as_text=True)
+
+    assert sorted(re.findall(r'<tr class="run" data-path="([^"]+)"', page)) == ["project", "project/runs/abl"]
+
+
 def test_two_tune_runs_side_by_side_show_their_summaries_figures(root: Path) -> None:
     for name, speed in (("slow", 20.0), ("fast", 80.0)):  # real tune folders; the probe's figure is given
         tune(load_spec(root / "examples" / "tiny-tts.yaml", ["tune.max_trials=1"]),
