@@ -299,6 +299,7 @@ def test_a_real_job_records_its_log_and_exit_and_a_new_ui_lists_it(root: Path) -
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # an ablate stopped and resumed: the slow tier's kind of run (pyproject's markers)
 def test_a_running_job_outlives_its_ui_and_stops_on_request(root: Path) -> None:
     # An ablation: its Ctrl-C keeps the rows measured and exits 130 wherever it lands. (A tune's may land
     # in the study journal's file lock and exit 2: seen once in ~15 runs on a loaded machine.)
