@@ -31,7 +31,7 @@ from trainfit.tune import tune  # noqa: E402
 from trainfit.ui import commands, forms  # noqa: E402
 from trainfit.ui.app import create_app, is_loopback, new_token  # noqa: E402
 from trainfit.ui.commands import resumed  # noqa: E402
-from trainfit.ui.jobs import Jobs, run_module  # noqa: E402
+from trainfit.ui.jobs import LOG_CHUNK, Job, Jobs, run_module, whole_characters  # noqa: E402
 from trainfit.ui.paths import Root  # noqa: E402
 
 SPEC = "examples/tiny-llama.yaml"
@@ -269,6 +269,27 @@ def test_two_starts_within_one_second_get_two_run_folders(root: Path) -> None:
     assert len(set(folders)) == 4 and all(f is not None and f.is_dir() for f in folders)
     assert folders[2] == root / "run" / "train" and folders[3] is not None and folders[3].name.startswith("train-")
     assert len(set(raced)) == 8 and all(f.is_dir() for f in raced)
+
+
+def test_a_log_is_read_in_whole_characters_across_its_chunks(root: Path) -> None:
+    """The log is read in chunks of ``LOG_CHUNK`` bytes: a character split at a chunk's end was decoded as
+    U+FFFD at the end of one chunk and again at the start of the next."""
+    job = Job(id="20260101-000000-tune-abc123", command="tune", argv=[], cwd=str(root), started_at=0.0, output=None)
+    text = "a" + "é" * (LOG_CHUNK // 2) + "€🙂 — done\n"  # byte LOG_CHUNK is the second of an é
+    (root / ".trainfit-ui" / "jobs" / job.id).mkdir(parents=True)
+    (root / ".trainfit-ui" / "jobs" / job.id / "output.log").write_bytes(text.encode())
+    jobs = Jobs(Root(root))
+
+    chunks, offset = [], 0
+    while (read := jobs.log(job, offset))[0]:
+        chunks.append(read[0])
+        offset = read[1]
+
+    assert len(chunks) == 2 and "".join(chunks) == text and offset == len(text.encode())
+    inside, after = jobs.log(job, 2)  # from inside the first é: on from the next character
+    assert inside == text[2:2 + len(inside)] and after == len(text[:2 + len(inside)].encode())
+    for cut in range(1, 4):  # a writer part-way through the 🙂 (4 bytes): nothing of it yet
+        assert whole_characters("🙂".encode()[:cut], at_start=False) == (0, 0)
 
 
 def test_resume_adds_the_flag_once_and_only_where_the_command_has_it() -> None:

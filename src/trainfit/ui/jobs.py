@@ -168,15 +168,18 @@ class Jobs:
             return False
 
     def log(self, job: Job, offset: int = 0) -> tuple[str, int]:
-        """The job's output from byte ``offset`` (at most :data:`LOG_CHUNK`), and the offset after it."""
+        """The job's output from byte ``offset`` (at most :data:`LOG_CHUNK`), and the offset after it:
+        whole UTF-8 characters only (:func:`whole_characters`), so none is broken at either end."""
         path = self.root.jobs / job.id / LOG_FILE
+        offset = max(0, offset)
         try:
             with path.open("rb") as f:
-                f.seek(max(0, offset))
+                f.seek(offset)
                 data = f.read(LOG_CHUNK)
         except FileNotFoundError:
             return "", offset
-        return data.decode(errors="replace"), max(0, offset) + len(data)
+        start, end = whole_characters(data, at_start=offset == 0)
+        return data[start:end].decode(errors="replace"), offset + end
 
     def stop(self, job: Job, grace_s: float = STOP_GRACE_S) -> bool:
         """SIGINT to the job's process group (the command stops as after Ctrl-C: a checkpoint, its
@@ -201,6 +204,25 @@ class Jobs:
 
         threading.Thread(target=then_terminate, daemon=True).start()
         return True
+
+
+def whole_characters(data: bytes, *, at_start: bool) -> tuple[int, int]:
+    """Where the whole UTF-8 characters of ``data`` (bytes read from a byte offset) begin and end. A
+    read stops at :data:`LOG_CHUNK` bytes or where the writer is, which may be inside a character: its
+    first bytes, decoded alone, were U+FFFD, and so were its last ones at the start of the next read.
+    The end is put before a character begun but not complete (the next read starts with it); a start
+    inside a character (not ``at_start``: the file's first byte) moves past its last bytes. Bytes that
+    are no UTF-8 at all are left to the decoder's replacement character."""
+    start = 0
+    if not at_start:
+        while start < min(3, len(data)) and data[start] & 0xC0 == 0x80:  # 10xxxxxx: inside a character
+            start += 1
+    for back in range(1, min(4, len(data) - start) + 1):  # a character is at most 4 bytes
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation: ASCII, or the first byte of the last character
+            length = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return start, len(data) - back if length > back else len(data)
+    return start, len(data)
 
 
 def _write(folder: Path, job: Job) -> None:
