@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytest.importorskip("flask")
 
-from conftest import EXAMPLES  # noqa: E402
+from conftest import EXAMPLES, alive, gone_within  # noqa: E402
 from tune_helpers import fixed_speed  # noqa: E402
 
 from trainfit.params import KNOBS  # noqa: E402
@@ -31,7 +32,7 @@ from trainfit.tune import tune  # noqa: E402
 from trainfit.ui import commands, forms  # noqa: E402
 from trainfit.ui.app import create_app, is_loopback, new_token  # noqa: E402
 from trainfit.ui.commands import resumed  # noqa: E402
-from trainfit.ui.jobs import LOG_CHUNK, Job, Jobs, run_module, whole_characters  # noqa: E402
+from trainfit.ui.jobs import LOG_CHUNK, Job, Jobs, State, run_module, whole_characters  # noqa: E402
 from trainfit.ui.paths import Root  # noqa: E402
 
 SPEC = "examples/tiny-llama.yaml"
@@ -346,6 +347,36 @@ def test_a_running_job_outlives_its_ui_and_stops_on_request(root: Path) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert ended.returncode is not None  # whichever way it ended, its supervisor recorded it
+
+
+@pytest.mark.integration
+def test_a_command_outliving_its_killed_supervisor_runs_on_and_is_not_resumed(root: Path) -> None:
+    """A supervisor killed outright (SIGKILL) records no exit: its job read as interrupted while its command
+    ran on, and Resume would start a second run over the same folder. The command here is a `trainfit ui`
+    (it runs until stopped, and starts in a second: no torch)."""
+    jobs = Jobs(Root(root))
+    job = jobs.start("ui", ["--root", str(root / "examples"), "--port", "0", "--no-browser"], output=None)
+    wait_for_output(jobs, job.id, "trainfit ui: serving")
+    (command,) = psutil.Process(job.pid).children()
+    command_pid = command.pid
+    os.kill(job.pid, signal.SIGKILL)
+    assert gone_within(job.pid, 10)
+    client = create_app(root).test_client()
+    try:
+        state = jobs.state(job)
+        refused = client.post(f"/jobs/{job.id}/resume")
+        page = client.get(f"/jobs/{job.id}").get_data(as_text=True)
+
+        assert (state.status, state.command_pid) == ("running", command_pid)
+        said = refused.get_data(as_text=True)
+        assert refused.status_code == 409 and f"command still runs (pid {command_pid}) though its supervisor" in said
+        assert f"its supervisor was killed: pid {command_pid} runs on" in page
+        assert client.post(f"/jobs/{job.id}/stop").status_code == 303  # Ctrl-C to its process group reaches it
+        assert gone_within(command_pid, 30)
+        assert jobs.state(job) == State(status="interrupted", returncode=None, finished_at=None)
+    finally:
+        if alive(command_pid):  # read as ended before the fix: the root's clean-up would leave it
+            command.kill()
 
 
 def test_the_command_prints_an_install_hint_without_flask(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import psutil
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.ui.paths import Refused, Root
-from trainfit.ui.supervise import EXIT_FILE, JOB_FILE, LOG_FILE
+from trainfit.ui.supervise import COMMAND_FILE, EXIT_FILE, JOB_FILE, LOG_FILE
 
 SCHEMA_VERSION = 1
 INTERRUPTED = {130, 143, 129}
@@ -75,9 +75,13 @@ class State:
 
     status: str
     """``running``, ``finished`` (exit 0), ``failed`` (another exit status), ``interrupted`` (stopped by a
-    signal, or its supervisor gone without a word: then ``returncode`` is None)."""
+    signal, or its supervisor and command gone without a word: then ``returncode`` is None)."""
     returncode: int | None
     finished_at: float | None
+    command_pid: int | None = None
+    """Set where the command still runs though its supervisor was killed outright (SIGKILL): the
+    command's pid. The job is ``running`` (a Resume would start a second run over its folder, and
+    Stop still reaches it through its process group), but its exit will not be recorded."""
 
 
 RUN_MODULE = "import runpy, sys; del sys.path[0]; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
@@ -157,6 +161,8 @@ class Jobs:
             return State(status=status, returncode=code, finished_at=ended.get("finished_at"))
         if self._alive(job):
             return State(status="running", returncode=None, finished_at=None)
+        if (left := self._command_left(job)) is not None:
+            return State(status="running", returncode=None, finished_at=None, command_pid=left)
         return State(status="interrupted", returncode=None, finished_at=None)
 
     def _alive(self, job: Job) -> bool:
@@ -166,6 +172,19 @@ class Jobs:
             return process.status() != psutil.STATUS_ZOMBIE and str(self.root.jobs / job.id) in process.cmdline()
         except (psutil.Error, ValueError):
             return False
+
+    def _command_left(self, job: Job) -> int | None:
+        """The pid of the job's command where it runs on with its supervisor gone, from the
+        supervisor's :data:`COMMAND_FILE`; checked to be that process by its start time (a pid is
+        reused), within a second (psutil's boot time moves with the clock)."""
+        try:
+            recorded = json.loads((self.root.jobs / job.id / COMMAND_FILE).read_text())
+            process = psutil.Process(int(recorded["pid"]))
+            if process.status() != psutil.STATUS_ZOMBIE and abs(process.create_time() - recorded["create_time"]) < 1:
+                return process.pid
+        except (OSError, ValueError, TypeError, KeyError, psutil.Error):
+            pass
+        return None
 
     def log(self, job: Job, offset: int = 0) -> tuple[str, int]:
         """The job's output from byte ``offset`` (at most :data:`LOG_CHUNK`), and the offset after it:
