@@ -152,6 +152,30 @@ def test_scientific_notation_is_a_number_as_yaml_1_2_reads_it(tmp_path: Path) ->
     assert (spec.budget.memory_gb, spec.budget.headroom_gb) == (20.0, 0.5)
 
 
+def test_a_yaml_date_is_the_text_written_and_a_wrong_type_is_a_problem_under_its_key(
+        llama_spec, capsys: pytest.CaptureFixture[str]) -> None:
+    """PyYAML (YAML 1.1) read ``2024-01-01`` as a ``datetime.date``, which the overrides' JSON copy
+    could not hold: ``load_spec`` raised a TypeError, a traceback from the CLI, wherever a date was."""
+    assert load_yaml("a: 2024-01-01\nb: 2024-01-01 10:00:00\n2024-01-02: x\nc: !!timestamp 2024-01-03\n", "t") == {
+        "a": "2024-01-01", "b": "2024-01-01 10:00:00", "2024-01-02": "x", "c": "2024-01-03"}
+    with pytest.raises(TrainfitError, match="not 'binary' values: write the value out"):
+        load_yaml("a: !!binary aGk=\n", "t")  # bytes and sets are refused where written: no JSON holds them
+    path = llama_spec()
+    path.write_text(path.read_text().replace("text_field: text", "text_field: 2024-01-01"))
+    data = load_spec(path).data
+    assert data is not None and data.text_field == "2024-01-01"  # a string field takes the text
+    path.write_text(path.read_text() + "budget: {memory_gb: 2024-01-01}\nnotes: 2024-01-01\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path, ["lora_alpha=2024-01-02"])
+    assert [str(p) for p in info.value.problems] == [
+        "notes: unknown section (sections are: model, tokenizer, data, params, budget, probe, search, tune)",
+        "budget.memory_gb: expected a number (or null), got '2024-01-01'",
+        "params.lora_alpha: expected a number, got '2024-01-02'"]
+    assert main(["probe", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "budget.memory_gb: expected a number (or null), got '2024-01-01'" in err and "Traceback" not in err
+
+
 def test_a_budget_past_any_machine_is_refused_with_its_bound(tmp_path: Path) -> None:
     """``memory_gb: 1.0e308`` overflowed when made bytes (``int(inf)``) in the probe's parent."""
     path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})

@@ -14,23 +14,25 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytest.importorskip("flask")
 
-from conftest import EXAMPLES  # noqa: E402
+from conftest import EXAMPLES, alive, gone_within  # noqa: E402
 from tune_helpers import fixed_speed  # noqa: E402
 
 from trainfit.params import KNOBS  # noqa: E402
 from trainfit.search.tune_options import TuneOptions  # noqa: E402
 from trainfit.spec import load_spec  # noqa: E402
 from trainfit.tune import tune  # noqa: E402
-from trainfit.ui import forms  # noqa: E402
+from trainfit.ui import commands, forms  # noqa: E402
 from trainfit.ui.app import create_app, is_loopback, new_token  # noqa: E402
 from trainfit.ui.commands import resumed  # noqa: E402
-from trainfit.ui.jobs import Jobs, run_module  # noqa: E402
+from trainfit.ui.jobs import LOG_CHUNK, Job, Jobs, State, run_module, whole_characters  # noqa: E402
 from trainfit.ui.paths import Root  # noqa: E402
 
 SPEC = "examples/tiny-llama.yaml"
@@ -95,6 +97,21 @@ def test_the_index_lists_every_run_folder_under_the_root(root: Path) -> None:
                               "trainfit-runs/tiny/20261127-101500/train"]
     assert "/files/trainfit-runs/tiny/20261127-101500/report.html" in page
     assert SPEC in page and "examples/compare-configs.yaml" not in page  # a spec has a model: key
+
+
+def test_the_runs_below_a_stray_record_are_found(root: Path) -> None:
+    """A folder holding a probe's ``measurement.json`` (``trainfit probe --json`` run in a project's own
+    folder) was taken for a run with an inside of its own: nothing below it was searched."""
+    project = root / "project"
+    (project / "runs" / "abl").mkdir(parents=True)
+    (project / "measurement.json").write_text("{}")
+    (project / "runs" / "abl" / "ablation.json").write_text("{}")
+    (project / "runs" / "abl" / "configs").mkdir()
+    (project / "runs" / "abl" / "configs" / "lengths.json").write_text("{}")  # an ablation's inside: not a run
+
+    page = create_app(root).test_client().get("/").get_data(as_text=True)
+
+    assert sorted(re.findall(r'<tr class="run" data-path="([^"]+)"', page)) == ["project", "project/runs/abl"]
 
 
 def test_two_tune_runs_side_by_side_show_their_summaries_figures(root: Path) -> None:
@@ -168,6 +185,23 @@ def test_saving_writes_a_new_spec_beside_the_old_and_never_over_a_file(root: Pat
                                               "yaml": saved}).get_json()["ok"]
 
 
+def test_a_yaml_date_is_checked_and_saved_as_the_loader_reads_it(root: Path) -> None:
+    """A date (``2024-01-01``, a ``datetime.date`` to PyYAML) made the check and the save a 500: a
+    TypeError from the overrides' JSON copy."""
+    client = create_app(root).test_client()
+    dated = (root / SPEC).read_text().replace("text_field: text", "text_field: 2024-01-01")  # a string is fine
+    wrong = dated.replace("memory_gb: 4", "memory_gb: 2024-01-01")  # a number expected
+
+    bad = client.post("/api/validate", data={**spec_form(root), "yaml": wrong})
+    reply = client.post("/spec/save", data={**spec_form(root, name="dated", **{"knob.batch_size": "8"}), "yaml": dated})
+
+    assert bad.get_json()["problems"] == [{"key": "budget.memory_gb", "hint": None,
+                                           "message": "expected a number (or null), got '2024-01-01'"}]
+    assert reply.status_code == 303, reply.get_data(as_text=True)
+    saved = load_spec(root / "examples" / "dated.yaml").data
+    assert saved is not None and saved.text_field == "2024-01-01"
+
+
 def test_a_path_outside_the_root_is_refused(root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     outside = tmp_path_factory.mktemp("outside")
     (outside / "secret.yaml").write_text("model: {}\n")
@@ -223,6 +257,42 @@ def test_a_post_from_another_site_is_refused(root: Path) -> None:
     assert reply.status_code == 403 and not (root / ".trainfit-ui").exists()
 
 
+def test_two_starts_within_one_second_get_two_run_folders(root: Path) -> None:
+    """A new run folder was found free but not made (a tune makes it once its process is up): two starts
+    within one second (two tabs, a double click) were given the same folder and wrote into it."""
+    (root / "run").mkdir()
+    tunes = [commands.spec_command("tune", root / SPEC, [], {}, Root(root)) for _ in range(2)]
+    trains = [commands.run_command("train", root / "run", {}) for _ in range(2)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        raced = list(pool.map(lambda _: commands.new_folder(root / "race", "probe"), range(8)))
+
+    folders = [p.output for p in tunes + trains]
+    assert len(set(folders)) == 4 and all(f is not None and f.is_dir() for f in folders)
+    assert folders[2] == root / "run" / "train" and folders[3] is not None and folders[3].name.startswith("train-")
+    assert len(set(raced)) == 8 and all(f.is_dir() for f in raced)
+
+
+def test_a_log_is_read_in_whole_characters_across_its_chunks(root: Path) -> None:
+    """The log is read in chunks of ``LOG_CHUNK`` bytes: a character split at a chunk's end was decoded as
+    U+FFFD at the end of one chunk and again at the start of the next."""
+    job = Job(id="20260101-000000-tune-abc123", command="tune", argv=[], cwd=str(root), started_at=0.0, output=None)
+    text = "a" + "é" * (LOG_CHUNK // 2) + "€🙂 — done\n"  # byte LOG_CHUNK is the second of an é
+    (root / ".trainfit-ui" / "jobs" / job.id).mkdir(parents=True)
+    (root / ".trainfit-ui" / "jobs" / job.id / "output.log").write_bytes(text.encode())
+    jobs = Jobs(Root(root))
+
+    chunks, offset = [], 0
+    while (read := jobs.log(job, offset))[0]:
+        chunks.append(read[0])
+        offset = read[1]
+
+    assert len(chunks) == 2 and "".join(chunks) == text and offset == len(text.encode())
+    inside, after = jobs.log(job, 2)  # from inside the first é: on from the next character
+    assert inside == text[2:2 + len(inside)] and after == len(text[:2 + len(inside)].encode())
+    for cut in range(1, 4):  # a writer part-way through the 🙂 (4 bytes): nothing of it yet
+        assert whole_characters("🙂".encode()[:cut], at_start=False) == (0, 0)
+
+
 def test_resume_adds_the_flag_once_and_only_where_the_command_has_it() -> None:
     assert resumed("tune", ["s.yaml", "--output", "o"]) == ["s.yaml", "--output", "o", "--resume"]
     assert resumed("train", ["r", "--resume"]) == ["r", "--resume"]
@@ -251,6 +321,7 @@ def test_a_real_job_records_its_log_and_exit_and_a_new_ui_lists_it(root: Path) -
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # an ablate stopped and resumed: the slow tier's kind of run (pyproject's markers)
 def test_a_running_job_outlives_its_ui_and_stops_on_request(root: Path) -> None:
     # An ablation: its Ctrl-C keeps the rows measured and exits 130 wherever it lands. (A tune's may land
     # in the study journal's file lock and exit 2: seen once in ~15 runs on a loaded machine.)
@@ -276,6 +347,36 @@ def test_a_running_job_outlives_its_ui_and_stops_on_request(root: Path) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert ended.returncode is not None  # whichever way it ended, its supervisor recorded it
+
+
+@pytest.mark.integration
+def test_a_command_outliving_its_killed_supervisor_runs_on_and_is_not_resumed(root: Path) -> None:
+    """A supervisor killed outright (SIGKILL) records no exit: its job read as interrupted while its command
+    ran on, and Resume would start a second run over the same folder. The command here is a `trainfit ui`
+    (it runs until stopped, and starts in a second: no torch)."""
+    jobs = Jobs(Root(root))
+    job = jobs.start("ui", ["--root", str(root / "examples"), "--port", "0", "--no-browser"], output=None)
+    wait_for_output(jobs, job.id, "trainfit ui: serving")
+    (command,) = psutil.Process(job.pid).children()
+    command_pid = command.pid
+    os.kill(job.pid, signal.SIGKILL)
+    assert gone_within(job.pid, 10)
+    client = create_app(root).test_client()
+    try:
+        state = jobs.state(job)
+        refused = client.post(f"/jobs/{job.id}/resume")
+        page = client.get(f"/jobs/{job.id}").get_data(as_text=True)
+
+        assert (state.status, state.command_pid) == ("running", command_pid)
+        said = refused.get_data(as_text=True)
+        assert refused.status_code == 409 and f"command still runs (pid {command_pid}) though its supervisor" in said
+        assert f"its supervisor was killed: pid {command_pid} runs on" in page
+        assert client.post(f"/jobs/{job.id}/stop").status_code == 303  # Ctrl-C to its process group reaches it
+        assert gone_within(command_pid, 30)
+        assert jobs.state(job) == State(status="interrupted", returncode=None, finished_at=None)
+    finally:
+        if alive(command_pid):  # read as ended before the fix: the root's clean-up would leave it
+            command.kill()
 
 
 def test_the_command_prints_an_install_hint_without_flask(tmp_path: Path) -> None:

@@ -49,9 +49,31 @@ _UniqueKeys.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _timestamp_as_written(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> str:
+    """A YAML 1.1 timestamp (``notes: 2024-01-01``) as the text written: PyYAML would make it a
+    ``datetime.date``, which no spec field holds and JSON cannot copy (``load_spec`` raised a
+    TypeError). YAML 1.2 has no timestamp type; a string field takes the text, and a number field
+    reports "expected a number, got '2024-01-01'" under its key."""
+    return str(loader.construct_scalar(node))
+
+
+def _refuse_tag(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    """``!!binary`` and ``!!set`` make bytes and a set, which no spec field holds and JSON cannot
+    copy: refused where they are written (line and column), as invalid YAML is."""
+    raise yaml.constructor.ConstructorError(
+        None, None, f"a spec holds strings, numbers, lists and mappings, not {node.tag.rpartition(':')[2]!r} "
+        "values: write the value out as one of those", node.start_mark)
+
+
+_UniqueKeys.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_written)
+_UniqueKeys.add_constructor("tag:yaml.org,2002:binary", _refuse_tag)
+_UniqueKeys.add_constructor("tag:yaml.org,2002:set", _refuse_tag)
+
+
 def load_yaml(text: str, where: str) -> Any:
     """YAML text -> plain data, refusing what is not YAML, a mapping with a key twice, and aliases
-    that expand past ``MAX_YAML_VALUES`` values (or into themselves); ``1e9`` is a number."""
+    that expand past ``MAX_YAML_VALUES`` values (or into themselves); ``1e9`` is a number and
+    ``2024-01-01`` the text written (plain data: what JSON holds)."""
     try:
         data = yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:

@@ -30,18 +30,29 @@ class Planned:
     command: str
     args: list[str]
     output: Path | None
-    """Its run folder (made before the start where ``make_output``)."""
-    make_output: bool = False
+    """Its run folder (a new one made already: :func:`new_folder`)."""
 
 
 def new_folder(base: Path, name: str) -> Path:
-    """``base/name-TIMESTAMP``, a folder that does not exist yet (``-2``, ``-3``... within one second)."""
+    """``base/name-TIMESTAMP``, made here and now (``-2``, ``-3``... after it where taken). Made, not
+    just found free: two starts within one second (two tabs, a double click) both found the same name
+    free, as a tune makes its folder only once its process is up, and the two runs wrote into one."""
     stem = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}" if name else time.strftime("%Y%m%d-%H%M%S")
-    path, n = base / stem, 1
-    while path.exists():
+    base.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while not _made(path := base / (stem if n == 1 else f"{stem}-{n}")):
         n += 1
-        path = base / f"{stem}-{n}"
     return path
+
+
+def _made(path: Path) -> bool:
+    """Make the folder ``path``; False where it exists already (mkdir is one step: of two processes
+    making it, one is told it exists)."""
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return False
+    return True
 
 
 def number(form: Mapping[str, str], name: str, kind: type, *, required: bool = False,
@@ -73,15 +84,15 @@ def spec_command(command: str, spec: Path, overrides: list[str], form: Mapping[s
     runs = root.path / RUNS / spec.stem
     if command == "analyze":
         out = new_folder(runs, "analyze")
-        return Planned(command=command, output=out, make_output=True,
+        return Planned(command=command, output=out,
                        args=["--spec", str(spec), "--json", str(out / "lengths.json"), "--plot", str(out / "lengths.html")])
     if command == "probe":
         out = new_folder(runs, "probe")
-        return Planned(command=command, output=out, make_output=True,
+        return Planned(command=command, output=out,
                        args=[str(spec), *sets(overrides), "--json", str(out / "measurement.json")])
     if command == "tune":
+        trials = number(form, "max_trials", int, at_least=1)  # checked before its folder is made
         out = new_folder(runs, "")
-        trials = number(form, "max_trials", int, at_least=1)
         return Planned(command=command, output=out, args=[
             str(spec), *sets(overrides), "--output", str(out), *(["--quick"] if form.get("quick") else []),
             *(["--max-trials", str(trials)] if trials is not None else [])])
@@ -112,7 +123,9 @@ def run_command(command: str, run: Path, form: Mapping[str, str]) -> Planned:
             str(run), "--max-hours", str(hours), *(["--epochs", str(epochs)] if epochs is not None else [])])
     if command == "train":
         steps = number(form, "max_steps", int, at_least=1)
-        out = run / "train" if not (run / "train").exists() else new_folder(run, "train")
+        if not run.is_dir():  # its training folder is made in it below
+            raise Refused(f"{run.name} is not a folder", "pick a tune's run folder", status=400)
+        out = run / "train" if _made(run / "train") else new_folder(run, "train")
         return Planned(command=command, output=out, args=[
             str(run), "--output", str(out), *(["--max-steps", str(steps)] if steps is not None else [])])
     raise Refused(f"{command!r} is not an action on a run folder", f"one of {', '.join(RUN_COMMANDS)}", status=400)

@@ -20,8 +20,6 @@ jobs_views = Blueprint("jobs", __name__)
 
 def start(planned: commands.Planned, spec: Path | None = None) -> Response:
     """Start ``planned`` as a job and send the browser to its page."""
-    if planned.make_output and planned.output is not None:
-        planned.output.mkdir(parents=True, exist_ok=True)
     job = ui().jobs.start(planned.command, planned.args, output=planned.output, spec=spec)
     return redirect(url_for("jobs.job_page", job_id=job.id), code=303)
 
@@ -77,7 +75,11 @@ def resume(job_id: str) -> Response:
     """The stopped job again with ``--resume``, into the same folder, as a new job."""
     state = ui()
     job = state.jobs.get(job_id)
-    if state.jobs.state(job).status == "running":
+    if (now := state.jobs.state(job)).command_pid is not None:
+        raise Refused(f"job {job_id}'s command still runs (pid {now.command_pid}) though its supervisor was killed: "
+                      f"a resume would be a second run over {job.output or 'its folder'}",
+                      "stop it first (Stop reaches it), or wait for it to end", status=409)
+    if now.status == "running":
         raise Refused(f"job {job_id} is still running", "stop it first, or wait for it to end", status=409)
     args = commands.resumed(job.command, job.args)
     output = None if job.output is None else state.root.path / job.output

@@ -23,7 +23,7 @@ import psutil
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.ui.paths import Refused, Root
-from trainfit.ui.supervise import EXIT_FILE, JOB_FILE, LOG_FILE
+from trainfit.ui.supervise import COMMAND_FILE, EXIT_FILE, JOB_FILE, LOG_FILE
 
 SCHEMA_VERSION = 1
 INTERRUPTED = {130, 143, 129}
@@ -75,9 +75,13 @@ class State:
 
     status: str
     """``running``, ``finished`` (exit 0), ``failed`` (another exit status), ``interrupted`` (stopped by a
-    signal, or its supervisor gone without a word: then ``returncode`` is None)."""
+    signal, or its supervisor and command gone without a word: then ``returncode`` is None)."""
     returncode: int | None
     finished_at: float | None
+    command_pid: int | None = None
+    """Set where the command still runs though its supervisor was killed outright (SIGKILL): the
+    command's pid. The job is ``running`` (a Resume would start a second run over its folder, and
+    Stop still reaches it through its process group), but its exit will not be recorded."""
 
 
 RUN_MODULE = "import runpy, sys; del sys.path[0]; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
@@ -157,6 +161,8 @@ class Jobs:
             return State(status=status, returncode=code, finished_at=ended.get("finished_at"))
         if self._alive(job):
             return State(status="running", returncode=None, finished_at=None)
+        if (left := self._command_left(job)) is not None:
+            return State(status="running", returncode=None, finished_at=None, command_pid=left)
         return State(status="interrupted", returncode=None, finished_at=None)
 
     def _alive(self, job: Job) -> bool:
@@ -167,16 +173,32 @@ class Jobs:
         except (psutil.Error, ValueError):
             return False
 
+    def _command_left(self, job: Job) -> int | None:
+        """The pid of the job's command where it runs on with its supervisor gone, from the
+        supervisor's :data:`COMMAND_FILE`; checked to be that process by its start time (a pid is
+        reused), within a second (psutil's boot time moves with the clock)."""
+        try:
+            recorded = json.loads((self.root.jobs / job.id / COMMAND_FILE).read_text())
+            process = psutil.Process(int(recorded["pid"]))
+            if process.status() != psutil.STATUS_ZOMBIE and abs(process.create_time() - recorded["create_time"]) < 1:
+                return process.pid
+        except (OSError, ValueError, TypeError, KeyError, psutil.Error):
+            pass
+        return None
+
     def log(self, job: Job, offset: int = 0) -> tuple[str, int]:
-        """The job's output from byte ``offset`` (at most :data:`LOG_CHUNK`), and the offset after it."""
+        """The job's output from byte ``offset`` (at most :data:`LOG_CHUNK`), and the offset after it:
+        whole UTF-8 characters only (:func:`whole_characters`), so none is broken at either end."""
         path = self.root.jobs / job.id / LOG_FILE
+        offset = max(0, offset)
         try:
             with path.open("rb") as f:
-                f.seek(max(0, offset))
+                f.seek(offset)
                 data = f.read(LOG_CHUNK)
         except FileNotFoundError:
             return "", offset
-        return data.decode(errors="replace"), max(0, offset) + len(data)
+        start, end = whole_characters(data, at_start=offset == 0)
+        return data[start:end].decode(errors="replace"), offset + end
 
     def stop(self, job: Job, grace_s: float = STOP_GRACE_S) -> bool:
         """SIGINT to the job's process group (the command stops as after Ctrl-C: a checkpoint, its
@@ -201,6 +223,25 @@ class Jobs:
 
         threading.Thread(target=then_terminate, daemon=True).start()
         return True
+
+
+def whole_characters(data: bytes, *, at_start: bool) -> tuple[int, int]:
+    """Where the whole UTF-8 characters of ``data`` (bytes read from a byte offset) begin and end. A
+    read stops at :data:`LOG_CHUNK` bytes or where the writer is, which may be inside a character: its
+    first bytes, decoded alone, were U+FFFD, and so were its last ones at the start of the next read.
+    The end is put before a character begun but not complete (the next read starts with it); a start
+    inside a character (not ``at_start``: the file's first byte) moves past its last bytes. Bytes that
+    are no UTF-8 at all are left to the decoder's replacement character."""
+    start = 0
+    if not at_start:
+        while start < min(3, len(data)) and data[start] & 0xC0 == 0x80:  # 10xxxxxx: inside a character
+            start += 1
+    for back in range(1, min(4, len(data) - start) + 1):  # a character is at most 4 bytes
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation: ASCII, or the first byte of the last character
+            length = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return start, len(data) - back if length > back else len(data)
+    return start, len(data)
 
 
 def _write(folder: Path, job: Job) -> None:

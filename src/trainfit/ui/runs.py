@@ -29,6 +29,11 @@ MARKERS = (
 INSIDE_RUNS = ("train", "budget-")
 """Folders inside a run that are runs of their own (a tune folder's ``train/``, a budget matrix's
 ``budget-<N>gb/``); the rest of a run's inside (probes, a comparison's configs) is not searched."""
+WITH_INSIDES = ("tune", "ablate", "compare", "train")
+"""The kinds whose folder holds their own working files (a tune's probes, a comparison's configs, a
+training's checkpoints): below one, only :data:`INSIDE_RUNS` are searched. A probe's, an analysis's
+or a plan's record is one file that may lie in any folder (``trainfit probe --json measurement.json``
+in a project's own): the search goes on below it, where it stopped and lost every run under it."""
 MAX_RUNS = 500
 
 
@@ -59,7 +64,8 @@ def find_runs(root: Root, jobs: Jobs) -> list[Run]:
         kind = next((k for marker, k in MARKERS if marker in files), None)
         if kind is None:
             continue
-        dirs[:] = [d for d in dirs if d.startswith(INSIDE_RUNS)]
+        if kind in WITH_INSIDES:
+            dirs[:] = [d for d in dirs if d.startswith(INSIDE_RUNS)]
         found.append(_run(root, folder, kind, latest.get(root.relative(folder))))
         if len(found) >= MAX_RUNS:
             break

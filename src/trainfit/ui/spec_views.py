@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from flask import Blueprint, jsonify, redirect, render_template, request, url_for
 
-from trainfit.spec import merge_overrides, parse_override
+from trainfit.spec import load_yaml, merge_overrides, parse_override
 from trainfit.ui import commands, forms
 from trainfit.ui.job_views import start
 from trainfit.ui.paths import Refused
@@ -71,7 +71,8 @@ def save_spec() -> Any:
     if problems:
         return render_template("problems.html", path=ui().root.relative(path), problems=problems), 400
     if overrides:  # the controls folded into the text (its comments are not kept then)
-        merged = merge_overrides(yaml.safe_load(text) or {}, [parse_override(o) for o in overrides])
+        # the loader's read (a date the text written), as the check just made: yaml.safe_load's date is no JSON
+        merged = merge_overrides(load_yaml(text, "the spec") or {}, [parse_override(o) for o in overrides])
         text = yaml.safe_dump(merged, sort_keys=False)
     new = save(ui().root, path, text, request.form.get("name", ""))
     return redirect(url_for("specs.spec_page", path=ui().root.relative(new)), code=303)

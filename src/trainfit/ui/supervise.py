@@ -17,11 +17,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from trainfit.files import write_atomically
 
 EXIT_FILE = "exit.json"
 LOG_FILE = "output.log"
 JOB_FILE = "job.json"
+COMMAND_FILE = "command.json"
+"""The command's pid and start time (psutil's ``create_time``), written once it is started: a
+supervisor killed outright (SIGKILL) records no exit, and the UI reads here whether the command it
+left still runs (see ``Jobs.state``)."""
 
 
 def _wait_through_signals(signum: int, frame: Any) -> None:
@@ -36,6 +42,16 @@ def _ready() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
+
+
+def _record_command(job_dir: Path, pid: int) -> None:
+    """Write :data:`COMMAND_FILE` for the command just started as ``pid`` (nothing where it has ended
+    already: there is nothing left to find)."""
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return
+    write_atomically(job_dir / COMMAND_FILE, json.dumps({"pid": pid, "create_time": started}))
 
 
 def supervise(job_dir: Path) -> int:
@@ -53,6 +69,7 @@ def supervise(job_dir: Path) -> int:
             log.write(f"trainfit ui: cannot start {job['argv'][0]}: {err}\n".encode())
             returncode = 127
         else:
+            _record_command(job_dir, child.pid)
             returncode = child.wait()
             if returncode < 0:  # killed by a signal before the command's own handler: as a shell says it
                 returncode = 128 - returncode

@@ -77,7 +77,9 @@ function jobLog(pre) {
       if (atBottom) pre.scrollTop = pre.scrollHeight;
     }
     offset = result.offset;
-    status.textContent = result.status + (result.returncode !== null ? " (exit " + result.returncode + ")" : "");
+    status.textContent = result.status + (result.returncode !== null ? " (exit " + result.returncode + ")" : "")
+      + (result.command_pid !== null
+        ? " (its supervisor was killed: pid " + result.command_pid + " runs on, its exit unrecorded)" : "");
     status.className = "status " + result.status;
     links.replaceChildren(...result.links.map((l) => { const li = document.createElement("li"); const a = document.createElement("a"); a.href = l.href; a.textContent = l.name; li.append(a); return li; }));
     const stop = document.getElementById("stop"), resume = document.getElementById("resume");
