@@ -289,3 +289,26 @@ def test_an_off_grid_value_stands_in_as_the_grid_choice_on_the_side_its_outcome_
     assert stand_in(optuna.distributions.CategoricalDistribution(["a", "b"]), 3, fits=True) is None
     assert stand_in(grid, "15", fits=True) is None
     assert stand_in(optuna.distributions.IntDistribution(1, 64), 15, fits=True) is None  # it holds 15 itself
+
+
+def test_the_effective_batch_counts_every_process(tmp_path: Path) -> None:
+    """Two DDP processes each take a micro-batch: the target effective batch is the optimizer step's
+    samples over both (Hugging Face's total train batch), so the accumulation halves, the batches past
+    the grid keep it exactly, and the default search stops at the target's share of a process."""
+    from trainfit.space import default_space
+    from trainfit.trainer.command import trl_args
+
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                          params={"max_length": 64, "nproc_per_node": 2, "parallel": "ddp"})
+    path.write_text(path.read_text() + "search:\n  batch_size: [1, 2, 4, 8, 16]\ntune:\n  target_effective_batch: 32\n")
+    spec = load_spec(path)
+    assert spec.search is not None
+    params = spec.search.params({"batch_size": 2})
+    assert (params.gradient_accumulation_steps, params.effective_batch_size) == (8, 32)  # 2 x 8 x 2 processes
+    words = trl_args(params)
+    assert words[words.index("--gradient_accumulation_steps") + 1] == "8"
+    assert _integers_between(spec.search, 2, 16, processes=2) == [4, 8]  # 2 x 4 x 4 and 2 x 8 x 2 make 32
+    space, problems = default_space(Params(nproc_per_node=2, parallel="ddp", batch_size=4,
+                                           gradient_accumulation_steps=2))
+    assert not problems and space.target_effective_batch == 16
+    assert list(space.dim("batch_size").grid_values()) == [1, 2, 4, 8]  # 8 a process is the 16 of two

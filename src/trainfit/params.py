@@ -150,7 +150,7 @@ class Params:
     gradient_accumulation_steps: int = knob(1, kind="int", minimum=1, maximum=MAX_BATCH, batch_shape=True,
         trl=trl_flag("--gradient_accumulation_steps"),
         no_prior="derived from tune.target_effective_batch, or the user's: it sets what is learned",
-        doc="micro-batches per optimizer step; effective batch = batch_size x this")
+        doc="micro-batches per optimizer step; effective batch = batch_size x this x the processes (nproc_per_node x nnodes)")
     max_length: int | None = knob(None, kind="int", minimum=1, nullable=True, changes_learning=True, batch_shape=True,
         trl=WITH_OTHER_KNOBS,
         no_prior="changes what is learned: the user's choice, not a speed preference",
@@ -277,8 +277,10 @@ class Params:
 
     @property
     def effective_batch_size(self) -> int:
-        """Samples per optimizer step on one device."""
-        return self.batch_size * self.gradient_accumulation_steps
+        """Samples per optimizer step over every process: ``batch_size x gradient_accumulation_steps
+        x processes`` (Hugging Face's "total train batch size"; under packing, packed rows). What is
+        learned depends on it, so ``tune.target_effective_batch`` derives the accumulation from it."""
+        return self.batch_size * self.gradient_accumulation_steps * self.processes
 
     @property
     def processes(self) -> int:

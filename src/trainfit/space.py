@@ -132,10 +132,12 @@ class SearchSpace:
         for name, value in values.items():
             if name in KNOBS and KNOBS[name].kind == "modules" and isinstance(value, str):
                 changes[name] = split_modules(value)
-        if self.target_effective_batch is not None:
-            bs = int(changes.get("batch_size", self.base.batch_size))
-            changes["gradient_accumulation_steps"] = max(1, round(self.target_effective_batch / bs))
-        return self.base.replace(**changes)
+        params = self.base.replace(**changes)
+        if self.target_effective_batch is not None:  # over every process: each takes batch_size a micro-batch
+            per_micro_batch = params.batch_size * params.processes
+            params = params.replace(gradient_accumulation_steps=max(1, round(self.target_effective_batch
+                                                                             / per_micro_batch)))
+        return params
 
     def distributions(self) -> dict[str, Any]:
         return {d.name: d.distribution() for d in self.dims}
@@ -268,9 +270,10 @@ def parse_space(raw: Mapping[str, Any] | None, base: Params, *, allow_custom: bo
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def default_batch_sizes(target_effective_batch: int) -> list[int]:
-    """The default search's batch sizes: the powers of two up to the effective batch."""
-    return [b for b in DEFAULT_BATCH_SIZES if b <= target_effective_batch] or [1]
+def default_batch_sizes(target_effective_batch: int, processes: int = 1) -> list[int]:
+    """The default search's batch sizes: the powers of two up to the effective batch's share of each
+    of ``processes``."""
+    return [b for b in DEFAULT_BATCH_SIZES if b * processes <= target_effective_batch] or [1]
 
 
 def default_space(base: Params, target_effective_batch: int | None = None, *, constraints: Sequence[str] = (),
@@ -284,7 +287,8 @@ def default_space(base: Params, target_effective_batch: int | None = None, *, co
     takes ``group_by_length``, on data padded heavily) length-grouped batches beside random ones. No
     knob of these changes what is learned: the answer is the fastest way to train what the spec describes."""
     target = target_effective_batch or base.effective_batch_size
-    knobs: dict[str, list[Any]] = {"batch_size": default_batch_sizes(target), "gradient_checkpointing": [False, True]}
+    knobs: dict[str, list[Any]] = {"batch_size": default_batch_sizes(target, base.processes),
+                                   "gradient_checkpointing": [False, True]}
     if liger and base.loss != "liger":
         knobs["loss"] = [base.loss, "liger"]
     if grouping and not base.group_by_length:

@@ -84,7 +84,7 @@ def from_throughput(params: Params, stats: LengthStats, *, tokens_per_second: fl
             spread = _mean_spread(lengths, stats.samples)
             words = (f"the mean tokens a sample cut at {cut:,} comes from {len(lengths):,} of the {stats.samples:,} "
                      f"samples' lengths, drawn uniformly: +-{spread:.2%} (95%)")
-    per_step = params.effective_batch_size * params.processes  # a batch on each process of each machine
+    per_step = params.effective_batch_size  # a batch on each process of each machine
     candidate = Candidate(trial=None, searched={}, config=params.to_dict(), samples_per_second=sps,
                           step_time_s=per_step / sps, samples_per_step=float(per_step), spread_rel=spread,
                           peak_gb=0.0, optimizer_gb=0.0, model_gb=0.0, shape_times=[])

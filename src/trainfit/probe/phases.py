@@ -284,7 +284,7 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
         step_time_median_s=st.median, step_time_mean_s=st.mean, step_time_std_s=st.std,
         step_time_ci95_rel=st.ci95_rel if st.n > 1 else None,
         steps_measured=st.n, stable=timed.stable, step_times_s=[round(x, 6) for x in timed.times],
-        samples_per_step=params.effective_batch_size * params.processes,
+        samples_per_step=params.effective_batch_size,
     )
     if params.packing:  # a packed row holds several samples: the epoch's mean per optimizer step
         mix = req.typical
@@ -338,9 +338,9 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     # Each optimizer step takes gradient_accumulation_steps micro-batches on each process of each machine.
     per_step = req.params.gradient_accumulation_steps * req.params.processes
     speed = epoch_speed(cost, mix, per_step, cap, wait_s=wait)
-    # Per optimizer step: the samples of effective_batch_size rows a rank, or under packing those its packed rows hold.
+    # Per optimizer step: the samples of effective_batch_size rows over the ranks, or under packing those their packed rows hold.
     step_share = (per_step / mix.micro_batches if req.params.packing
-                  else req.params.effective_batch_size * req.params.processes / mix.samples)
+                  else req.params.effective_batch_size / mix.samples)
     return {"samples_per_second": speed.samples_per_second, "tokens_per_second": speed.tokens_per_second,
             "real_tokens_per_step": mix.real_tokens * step_share,
             "padded_tokens_per_step": mix.padded_tokens * step_share,

@@ -211,7 +211,8 @@ class AutoStrategy:
         # integer search goes on up to the memory line's prediction.
         reach = max(candidates)
         if predicted != float("inf"):
-            reach = max([reach, *_integers_between(self.space, reach, int(min(predicted, upper - 1)) + 1)])
+            reach = max([reach, *_integers_between(self.space, reach, int(min(predicted, upper - 1)) + 1,
+                                                   self._processes(family))])
         if len(fits) >= 2 and not self._can_win(fits, reach, rival_best):
             return None
         # One step up at a time: a worker reuses its model for growing batches, so the climb costs
@@ -233,7 +234,7 @@ class AutoStrategy:
             return None  # the grid's largest batch fits: nothing above it is asked for
         top = int(upper) if upper != float("inf") else next_grid
         assert top is not None
-        between = [b for b in _integers_between(self.space, largest, top) if b not in mine
+        between = [b for b in _integers_between(self.space, largest, top, self._processes(family)) if b not in mine
                    and self.space.allowed({**family, "batch_size": b})]
         if upper == float("inf") and top not in mine and self.space.allowed({**family, "batch_size": top}):
             between.append(top)  # predicted not to fit within the margin: it may fit without it
@@ -243,6 +244,10 @@ class AutoStrategy:
         if largest < guess < top:
             return max((b for b in between if b <= guess), default=min(between))
         return between[(len(between) - 1) // 2]  # the line says nothing useful here: bisect
+
+    def _processes(self, family: Mapping[str, Any]) -> int:
+        """The processes a family's configs train on (each takes a batch a micro-batch)."""
+        return self.space.params({**family, "batch_size": 1}).processes
 
     def _rival_best(self, family: Mapping[str, Any], history: Sequence[Trial]) -> float | None:
         """Best feasible objective of the *other* families with the same learning-relevant knobs."""
@@ -393,11 +398,12 @@ MAX_SPAN = 4096
 """Past this many integers between two batch sizes the bisection visits a subset (64 points)."""
 
 
-def _integers_between(space: SearchSpace, low: int, high: int) -> list[int]:
+def _integers_between(space: SearchSpace, low: int, high: int, processes: int = 1) -> list[int]:
     """The batch sizes ``auto`` may probe strictly between ``low`` and ``high``, past the grid:
     integers within the searched span (its choices' lowest to highest, or its range), and where
-    ``tune.target_effective_batch`` derives the accumulation only its divisors, so every config
-    keeps what is learned exactly (the accumulation is derived by rounding)."""
+    ``tune.target_effective_batch`` derives the accumulation only those whose micro-batch over
+    ``processes`` divides it, so every config keeps what is learned exactly (the accumulation is
+    derived by rounding)."""
     dim = space.dim("batch_size")
     if dim is None:
         return []
@@ -414,7 +420,7 @@ def _integers_between(space: SearchSpace, low: int, high: int) -> list[int]:
         return []
     target = space.target_effective_batch
     if target is not None:
-        return [b for b in range(first, min(last, target) + 1, step) if target % b == 0]
+        return [b for b in range(first, min(last, target // processes) + 1, step) if target % (b * processes) == 0]
     points = range(first, last + 1, step)
     if len(points) <= MAX_SPAN:
         return list(points)

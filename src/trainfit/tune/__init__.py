@@ -75,7 +75,7 @@ def grouping_pays(spec: Spec, stats: LengthStats | None, target_effective_batch:
     data alone, so a resumed study searches the same space."""
     if stats is None or spec.params.padding != "longest" or spec.params.packing or not takes_grouping(spec):
         return False
-    largest = default_batch_sizes(target_effective_batch)[-1]
+    largest = default_batch_sizes(target_effective_batch, spec.params.processes)[-1]
     return stats.padding_share(largest, spec.params.max_length) > GROUPING_PADDING_SHARE
 
 
