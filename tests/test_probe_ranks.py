@@ -349,3 +349,17 @@ def test_fsdp_shards_a_models_own_blocks_and_norm_as_accelerate_and_stops_where_
         distribute(unnamed, params, torch.device("cpu"))
     with pytest.raises(ValueError, match="Could not find the transformer layer class Block"):
         accelerate_prepare(unnamed, params)
+
+
+def test_an_fsdp_config_measured_on_a_cpu_says_what_its_command_runs_there(tmp_path: Path) -> None:
+    """accelerate shards with FSDP only on GPUs: the written command of an FSDP config measured on a CPU
+    (gloo ranks) says it trains as multi-CPU DDP there, and accelerate_config.yaml that it launches GPU
+    processes."""
+    import yaml
+
+    out = tuned_folder(tmp_path, nproc_per_node=2, parallel="fsdp")
+    script = (out / "train_command.sh").read_text()
+    assert "--use_fsdp" in script and "on a CPU this command trains as multi-CPU DDP" in script
+    text = (out / "accelerate_config.yaml").read_text()
+    assert "measured on a CPU (gloo ranks); this file launches GPU processes" in text
+    assert yaml.safe_load(text)["distributed_type"] == "FSDP"

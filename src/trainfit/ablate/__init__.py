@@ -32,7 +32,8 @@ FIXED = "fixed padding at max_length"
 BASELINE: dict[str, Any] = {k.name: k.off for k in KNOBS.values() if k.ablated}
 """Every technique off: each knob's ``off`` value (its declaration in params.py)."""
 
-CLAIM_SOURCE = "the in-house guide trainfit replaces (seed 004: an RTX 4090, a TTS fine-tune, batch 8)"
+CLAIM_SOURCE = ("a speed and memory guide's rules of thumb, not measured by trainfit (taken on an RTX 4090, a TTS "
+                "fine-tune at batch 8): for comparison only")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
             ("ram", f"{info['ram_gb']} GiB")]
     gpus = info["gpus"]
     if not gpus:
-        rows.append(("gpu", "none visible (probes run on CPU)"))
+        rows.append(("gpu", "none visible (probes run on CPU, whose peak FLOP/s are not on record: no MFU)"))
     for g in gpus:
         peak = f", peak bf16 {g['peak_bf16_tflops']:g} TFLOP/s" if g["peak_bf16_tflops"] else ", peak FLOP/s unknown"
         rows.append((f"gpu {g['index']}", f"{g['name']}, {g['memory_gb']} GiB, sm {g['capability']}, "

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from trainfit.probe.events import ProbeEvent
 
 EPILOG = """\
-exit status: 0 ok, 3 out of memory, 4 error (crash, unsupported knob), 5 timeout, 2 bad usage/spec.
+exit status: 0 ok, 3 out of memory, 4 error (crash, unsupported knob), 5 timeout, 6 diverged (a loss
+that is not finite), 2 bad usage/spec, 130/143/129 stopped by Ctrl-C/SIGTERM/SIGHUP.
 
 examples:
   trainfit probe examples/tiny-llama.yaml

@@ -217,7 +217,13 @@ def print_best(result: TuneResult, s: Summary, best: ConfigEntry) -> None:
     for knob, by_value in s.fastest_per_value.items():
         if len(by_value) > 1:
             print_fastest_per_value(knob, by_value.values(), objective_unit)
-    print(f"\nwrote {result.output}/summary.json, trials.csv, report.html, train_command.sh")
+    written = [name for name in TUNE_FILES if (result.output / name).exists()]
+    print(f"\nwrote {result.output}/: {', '.join(written)} (docs/outputs.md says what each holds)")
+
+
+TUNE_FILES = ("summary.json", "trials.csv", "report.html", "train_command.sh", "training_args.json", "axolotl.yaml",
+              "accelerate_config.yaml", "trl_data.yaml", "model/")
+"""What a tune folder may hold for the user, in the order the end of the run names them (what is there)."""
 
 
 def trainer_cost_line(cost: TrainerCost, best: ConfigEntry) -> str:

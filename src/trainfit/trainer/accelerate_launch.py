@@ -72,14 +72,19 @@ def accelerate_config(params: Params) -> dict[str, Any] | None:
     return config
 
 
-def accelerate_config_yaml(params: Params, header: str) -> str | None:
-    """:func:`accelerate_config` as ``accelerate_config.yaml``'s text under ``header`` (comment lines)."""
+def accelerate_config_yaml(params: Params, header: str, cpu: bool = False) -> str | None:
+    """:func:`accelerate_config` as ``accelerate_config.yaml``'s text under ``header`` (comment lines);
+    ``cpu``: the config was measured on a CPU, which the file says (it launches GPU processes)."""
     import yaml
 
     config = accelerate_config(params)
     if config is None:
         return None
     how = ("# launch a script of your own with it: accelerate launch --config_file accelerate_config.yaml train.py")
+    if cpu:
+        how += ("\n# note: measured on a CPU (gloo ranks); this file launches GPU processes. On a CPU, accelerate "
+                "starts them apart\n# unless the script makes Accelerator(cpu=True), and shards with FSDP only on "
+                "GPUs: probe on the GPU machine")
     if params.nnodes > 1:
         how += ("\n# on each machine, adding --machine_rank N --main_process_ip ADDRESS_OF_RANK_0 "
                 "[--main_process_port 29500] (docs/cluster.md)")

@@ -221,6 +221,10 @@ def command_script(spec: Spec, params: Params, header: str, *, max_length: int |
         if checkpointing_flag() == "--activation_checkpointing":
             notes.append("--activation_checkpointing: the installed transformers' name for it; an older one (before "
                          "the rename) takes --gradient_checkpointing")
+        if cpu_threads is not None and params.parallel == "fsdp" and params.processes > 1:
+            notes.append("parallel: fsdp was measured on a CPU (gloo ranks), but accelerate shards with FSDP only on "
+                         "GPUs: on a CPU this command trains as multi-CPU DDP, each process a whole copy (more memory "
+                         "than measured)")
         if cpu_threads is not None:
             notes.append("--use_cpu true: the config was measured on a CPU, so it trains on one (transformers "
                          "refuses bf16 without a GPU unless told); on a GPU machine drop it and OMP_NUM_THREADS, "

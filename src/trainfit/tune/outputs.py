@@ -399,7 +399,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
                                     model_dir=model_dir)
         if fragment is not None:  # the same config for Axolotl
             write_atomically(output / AXOLOTL_FILE, fragment.to_yaml(header))
-        launch = accelerate_config_yaml(params, header)
+        launch = accelerate_config_yaml(params, header, cpu=inputs["cpu_threads"] is not None)
         if launch is not None:  # the same processes for a script of one's own under accelerate launch
             write_atomically(output / ACCELERATE_CONFIG_FILE, launch)
         else:  # a best config of one process now: no earlier best's launch left behind
