@@ -648,3 +648,17 @@ def test_a_probe_request_crosses_into_the_worker_unchanged(tmp_path: Path) -> No
     assert again.params.lora_target_modules == ("q_proj",) and again.worst_lengths == (16,)
     with pytest.raises(ValueError, match="probe request schema 0"):
         ProbeRequest.from_json(json.dumps({**request.to_dict(), "schema_version": 0}))
+
+
+@pytest.mark.integration
+def test_a_probe_cut_before_any_shape_repeats_gives_its_fit_s_miss_as_its_spread(llama_spec) -> None:
+    """Four steps over the epoch's timed shapes, each of another length: the spread of the four would
+    call their lengths' own costs noise (+-100% and more); their scatter about the fitted cost curve
+    stands for it, and no shape's second timing is needed to say how far the speed may be off."""
+    from trainfit.probe.timing import relative_ci95
+
+    m = probe(llama_spec(probe={"max_steps": 4, "min_steps": 1}))
+    assert m.status == "ok", m.message
+    assert all(s["steps"] == 1 for s in m.shape_times) and len({s["padded_length"] for s in m.shape_times}) >= 4
+    assert m.step_time_ci95_rel == m.fit_error_rel
+    assert m.step_time_ci95_rel < relative_ci95(m.step_times_s)

@@ -105,7 +105,7 @@ def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
     assert [p["batch_size"] for p in first] == [2, 2, 4, 4, 8, 8]
 
 
-def test_auto_climbs_on_when_a_small_gain_is_within_measurement_noise() -> None:
+def test_auto_climbs_on_when_a_small_gain_or_a_fall_is_within_measurement_noise() -> None:
     from trainfit.search.auto import AutoStrategy
     from trainfit.search.trials import Trial
     from trainfit.space import parse_space
@@ -123,6 +123,10 @@ def test_auto_climbs_on_when_a_small_gain_is_within_measurement_noise() -> None:
     assert auto.propose([trial(0, 1, 100.0, 0.001), trial(1, 2, 101.5, 0.001)]) is None
     # ... but one more step when each probe's CI is 5%: the true gain may well be larger.
     assert auto.propose([trial(0, 1, 100.0, 0.05), trial(1, 2, 101.5, 0.05)]) == {"batch_size": 4}
+    # A larger batch measured slower ends the climb only past the two probes' CIs: a 5% fall is the
+    # end where each probe is precise, and noise where each is +-5%.
+    assert auto.propose([trial(0, 1, 100.0, 0.001), trial(1, 2, 95.0, 0.001)]) is None
+    assert auto.propose([trial(0, 1, 100.0, 0.05), trial(1, 2, 95.0, 0.05)]) == {"batch_size": 4}
 
 
 def test_ranges_constraints_refine_and_module_lists(tmp_path: Path) -> None:

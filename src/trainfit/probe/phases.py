@@ -309,7 +309,8 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     """The speed of an epoch of the data's own batches (``req.typical``): the step cost fitted on
     the median time of each timed shape (and the memory phase's worst-case step, the tail, when
     the parent left the longest batch out of the timed ones), summed over the epoch's
-    micro-batches (probe/estimate.py)."""
+    micro-batches (probe/estimate.py). Where no shape was timed twice, its miss at the shapes
+    (``fit_error_rel``) is the speed's spread (``step_time_ci95_rel``)."""
     import statistics
 
     # local: the probe worker imports this module, and binds to its parent before numpy loads
@@ -341,11 +342,16 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     # Per optimizer step: the samples of effective_batch_size rows over the ranks, or under packing those their packed rows hold.
     step_share = (per_step / mix.micro_batches if req.params.packing
                   else req.params.effective_batch_size / mix.samples)
-    return {"samples_per_second": speed.samples_per_second, "tokens_per_second": speed.tokens_per_second,
+    fields = {"samples_per_second": speed.samples_per_second, "tokens_per_second": speed.tokens_per_second,
             "real_tokens_per_step": mix.real_tokens * step_share,
             "padded_tokens_per_step": mix.padded_tokens * step_share,
             "expected_step_time_s": speed.step_seconds, "speed_basis": mix.batching,
             "padding_share": mix.padding_share, "shape_times": shape_times,
             "fit_error_rel": fit_error(cost, lengths, seconds), "data_wait_s": wait,
             "input_bound_share": sum(timed.waits) / (sum(timed.waits) + sum(timed.times))}
+    if len(set(lengths)) >= 4 and all(s["steps"] == 1 for s in shape_times):
+        # No shape timed twice (one cycle, cut by max_seconds): the spread of all steps would call the
+        # shapes' own differences noise (probe.timing); their scatter about the cost curve stands for it.
+        fields["step_time_ci95_rel"] = fields["fit_error_rel"]
+    return fields
 

@@ -189,7 +189,7 @@ class AutoStrategy:
             return min(open_) if open_ else None
         best_b = max(fits, key=lambda b: fits[b].objective or 0.0)
         largest = max(fits)
-        if best_b < largest:
+        if self._fell(fits):
             # Throughput fell at the larger batch: a peak may lie between. Worth a probe only if
             # this family could still beat the other families (its best is within 2% of theirs).
             if rival_best is not None and fits[best_b].measured_objective * (1 + self.saturation) < rival_best:
@@ -335,12 +335,23 @@ class AutoStrategy:
         # back wherever it cannot reach the grid's largest batch.
         return self._memory_bound(family, history)
 
+    @staticmethod
+    def _fell(fits: dict[int, Trial]) -> bool:
+        """Is the largest fitting batch slower than the fastest one by more than the two probes' 95%
+        CIs (a fall within them is noise, which does not end a climb)?"""
+        largest = max(fits)
+        best = max(fits, key=lambda b: fits[b].objective or 0.0)
+        if best == largest:
+            return False
+        noise = sum(fits[b].measurement.step_time_ci95_rel or 0.0 for b in (best, largest))
+        return fits[largest].measured_objective * (1 + noise) < fits[best].measured_objective
+
     def _saturated(self, fits: dict[int, Trial]) -> bool:
         """Did a larger batch of these fitting trials stop being faster (fell, or gained less than
         ``saturation`` even at the upper end of the measured gain: a gain hidden by measurement
         noise is worth one more, reused so cheap, step)?"""
         largest = max(fits)
-        if max(fits, key=lambda b: fits[b].objective or 0.0) < largest:
+        if self._fell(fits):
             return True
         if len(fits) < 2:
             return False
