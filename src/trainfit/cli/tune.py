@@ -44,8 +44,9 @@ examples:
 The search space is the spec's `search:` section (same keys as `params:`; a list = choices,
 {low, high, log} = a range). Outputs in --output (default trainfit-runs/SPEC_NAME/TIMESTAMP):
 summary.json, trials.csv, report.html (speed and memory by batch size, per family), train_command.sh
-(with trl_data.yaml, the data config of its `trl sft`), study.journal (every trial, as it ends) and
-probes/ (each probe's request, log and result).
+(with trl_data.yaml, the data config of its `trl sft`), the same config as training_args.json (your
+own Trainer), axolotl.yaml and, for several GPUs, accelerate_config.yaml; study.journal (every trial,
+as it ends) and probes/ (each probe's request, log and result).
 --resume without --output continues the latest run.
 """
 
