@@ -3,6 +3,7 @@ started through torchrun with the gloo backend on this CPU, as on GPUs with NCCL
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -363,3 +364,32 @@ def test_an_fsdp_config_measured_on_a_cpu_says_what_its_command_runs_there(tmp_p
     text = (out / "accelerate_config.yaml").read_text()
     assert "measured on a CPU (gloo ranks); this file launches GPU processes" in text
     assert yaml.safe_load(text)["distributed_type"] == "FSDP"
+
+
+def test_fsdp_leaves_frozen_4bit_weights_whole_on_each_rank_as_accelerate(one_rank) -> None:
+    """QLoRA under FSDP: accelerate 1.15 keeps bitsandbytes' frozen 4-bit weights (Params4bit, uint8
+    storage) out of every unit, whole on each rank; so does the probe, so a rank's measured peak holds
+    them whole too. (A Parameter named as bitsandbytes names it stands in: both match by that name.)"""
+    import torch
+
+    from trainfit.params import Params
+    from trainfit.probe.ranks import distribute
+
+    class Params4bit(torch.nn.Parameter):
+        pass
+
+    params = Params(nproc_per_node=2, parallel="fsdp")
+    seen = []
+    for shard in (lambda m: distribute(m, params, torch.device("cpu")), lambda m: accelerate_prepare(m, params)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+        model._no_split_modules = ["Linear"]  # type: ignore[assignment]
+        model[0].packed = Params4bit(torch.zeros(16, dtype=torch.uint8), requires_grad=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # accelerate says it excludes them
+            shard(model)
+        loss = model(torch.randn(4, 8)).sum()
+        seen.append(fsdp_units(model))
+        loss.backward()
+    assert seen[0] == seen[1]
+    assert "0.packed" in seen[0][1]  # left whole (not a sharded DTensor)

@@ -140,9 +140,17 @@ def shard_units(model: Any, policies: dict[str, Any]) -> None:
     4. the whole model, its ``reshard_after_forward`` left to torch (None: the root keeps what no unit
        took, e.g. GPT-2's position embedding, gathered from forward to backward).
 
-    A factory model without those methods or names gets step 4, and step 3 with a "Norm" child."""
+    A factory model without those methods or names gets step 4, and step 3 with a "Norm" child. Frozen
+    bitsandbytes 4-bit weights (``Params4bit`` of integer storage: QLoRA's base) are left out of every
+    unit (``ignored_params``), whole on each rank, as accelerate leaves them."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    # bitsandbytes' frozen 4-bit weights (uint8 storage) stay whole on every rank, as accelerate leaves them
+    # (its quantization state would not survive the conversion to a sharded DTensor).
+    frozen_4bit = {p for p in model.parameters() if type(p).__name__ == "Params4bit" and not p.requires_grad
+                   and not p.is_floating_point() and not p.is_complex()}
+    if frozen_4bit:
+        policies = {**policies, "ignored_params": frozen_4bit}
     blocks = _block_classes(model)
     for module in _bottom_up(model)[:-1]:
         inner = getattr(module, "_checkpoint_wrapped_module", module)  # as accelerate, through a checkpoint wrapper
