@@ -312,3 +312,18 @@ def test_the_effective_batch_counts_every_process(tmp_path: Path) -> None:
                                            gradient_accumulation_steps=2))
     assert not problems and space.target_effective_batch == 16
     assert list(space.dim("batch_size").grid_values()) == [1, 2, 4, 8]  # 8 a process is the 16 of two
+
+
+def test_configs_that_differ_in_effective_batch_by_their_processes_are_ranked_per_effective_batch() -> None:
+    """The processes make the effective batch too: searched without a target, or with one that some
+    batch sizes over their processes cannot keep, the summary ranks per effective batch."""
+    from trainfit.space import parse_space
+    from trainfit.tune.outputs import EFFECTIVE_BATCH, learning_knobs
+
+    base = Params(parallel="ddp")
+    for search, target, differs in (({"nproc_per_node": [1, 2]}, None, True),
+                                    ({"nproc_per_node": [1, 2], "batch_size": [8, 16, 32]}, 32, True),  # 2 x 32
+                                    ({"nproc_per_node": [1, 2], "batch_size": [1, 2, 4]}, 32, False)):
+        space, problems = parse_space(search, base, allow_custom=False, target_effective_batch=target)
+        assert not problems
+        assert (EFFECTIVE_BATCH in learning_knobs(space)) == differs, (search, target)

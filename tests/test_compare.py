@@ -89,6 +89,9 @@ def test_every_problem_of_a_configs_file_is_named_with_its_config_and_key(llama:
     (tmp_path / "packed.yaml").write_text("packed: {packing: true}\n")
     with pytest.raises(SpecError, match="packed.packing: compare counts each step as batch_size x accumulation"):
         read_configs(tmp_path / "packed.yaml", spec)
+    (tmp_path / "two.yaml").write_text("two: {nproc_per_node: 2, parallel: ddp}\n")  # trained in one process here
+    with pytest.raises(SpecError, match="two.nproc_per_node: compare trains each config in one process"):
+        read_configs(tmp_path / "two.yaml", spec)
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     with pytest.raises(TrainfitError, match="mapping of config names"):
         read_configs(tmp_path / "list.yaml", spec)

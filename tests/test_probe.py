@@ -651,14 +651,22 @@ def test_a_probe_request_crosses_into_the_worker_unchanged(tmp_path: Path) -> No
 
 
 @pytest.mark.integration
-def test_a_probe_cut_before_any_shape_repeats_gives_its_fit_s_miss_as_its_spread(llama_spec) -> None:
-    """Four steps over the epoch's timed shapes, each of another length: the spread of the four would
-    call their lengths' own costs noise (+-100% and more); their scatter about the fitted cost curve
-    stands for it, and no shape's second timing is needed to say how far the speed may be off."""
+def test_a_probe_cut_before_any_shape_repeats_takes_its_spread_from_its_cost_fit(llama_spec) -> None:
+    """Four steps over the epoch's timed shapes (and the memory phase's worst case), each of another
+    length: the spread of the steps would call their lengths' own costs noise (+-100% and more); the
+    residuals of the cost curve through the five stand for it (Student's t on 2 degrees of freedom),
+    and the plan does not add the fit's miss to it a second time."""
+    from trainfit.plan.inputs import probe_spread
+    from trainfit.probe.estimate import fit_noise_ci95, shapes_step_cost
     from trainfit.probe.timing import relative_ci95
 
     m = probe(llama_spec(probe={"max_steps": 4, "min_steps": 1}))
     assert m.status == "ok", m.message
-    assert all(s["steps"] == 1 for s in m.shape_times) and len({s["padded_length"] for s in m.shape_times}) >= 4
-    assert m.step_time_ci95_rel == m.fit_error_rel
-    assert m.step_time_ci95_rel < relative_ci95(m.step_times_s)
+    lengths = [s["padded_length"] for s in m.shape_times]
+    assert all(s["steps"] == 1 for s in m.shape_times) and len(set(lengths)) == 5, m.shape_times
+    cost = shapes_step_cost(m.shape_times)
+    assert cost is not None and m.step_time_ci95_basis == "fit"
+    assert m.step_time_ci95_rel == pytest.approx(fit_noise_ci95(cost, lengths, [s["seconds"] for s in m.shape_times]),
+                                                 rel=0.01)  # the shapes' seconds are kept rounded to 1 us
+    assert m.step_time_ci95_rel < relative_ci95(m.step_times_s) and probe_spread(m) == m.step_time_ci95_rel
+    assert fit_noise_ci95(cost, lengths[:4], [s["seconds"] for s in m.shape_times][:4]) is None  # 1 dof: too few

@@ -60,7 +60,7 @@ def template_problem(template: str, names: Iterable[str]) -> str | None:
 
 
 TEMPLATE_EXTRAS = ("effective_batch_size", "epochs", "use_liger_kernel", "max_steps")
-"""Placeholders besides the knobs: ``batch_size x gradient_accumulation_steps``, ``tune.epochs``
+"""Placeholders besides the knobs: ``batch_size x gradient_accumulation_steps x processes``, ``tune.epochs``
 (the epochs the runtime estimate is for), ``loss == liger`` (``true``/``false``, as a transformers
 Trainer script takes ``--use_liger_kernel {use_liger_kernel}``) and ``max_steps``: null in the
 written command (so ``--max_steps {max_steps}`` drops out and the trainer runs its epochs), a step

@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # before OSError, its base: output piped into `head` and closed early
         return output_closed()
     except OSError as err:  # a path too long, a full disk, a read-only folder: the file and the cause
-        if (interrupt := interrupt_behind(err)) is not None:
-            print(f"\ntrainfit {args.command}: interrupted", file=sys.stderr)
+        if (interrupt := interrupt_behind(err)) is not None:  # stopping as asked; what failed on the way said too
+            print(f"\ntrainfit {args.command}: interrupted (while stopping: {os_error(err)})", file=sys.stderr)
             return interrupted_status(interrupt)
         print(f"trainfit {args.command}: error: {os_error(err)}", file=sys.stderr)
         return 2

@@ -146,9 +146,10 @@ def run(args: argparse.Namespace) -> int:
     if (lora_note := unused_lora_note(spec)) is not None:
         print(f"note: {lora_note}")
     if EFFECTIVE_BATCH in learning_knobs(spec.search):
-        print("effective batch: differs between configs (no tune.target_effective_batch) and changes what is "
-              "learned; the summary gives the fastest per effective batch (set tune.target_effective_batch to "
-              "compare every config at one)")
+        print("effective batch: differs between configs (no tune.target_effective_batch, or one that a batch size "
+              "over its processes passes) and changes what is learned; the summary gives the fastest per effective "
+              "batch (set tune.target_effective_batch, at least every batch size x processes, to compare every "
+              "config at one)")
     by_default = _calibration(args, spec)
     if args.calibrate and args.budgets:
         raise TrainfitError("--calibrate and --budgets together: a calibration times one folder's written command",
@@ -167,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         return interrupted(err, args.argv, args.output, saved_where(args))
     except OSError as err:  # a full disk mid-run: the study keeps every trial that ended
         if (interrupt := interrupt_behind(err)) is not None:  # a Ctrl-C inside the journal's lock
+            print(f"while stopping: {os_error(err)}", file=sys.stderr)
             return interrupted(interrupt, args.argv, args.output, saved_where(args))
         print(f"trainfit tune: error: {os_error(err)}\n{resume_hint(args)}", file=sys.stderr)
         return 2

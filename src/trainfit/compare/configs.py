@@ -167,6 +167,10 @@ def _config(name: str, values: Any, spec: Spec, problems: list[Problem]) -> Name
     if params.packing:  # its runs count a step's samples as its effective batch; a packed step holds more
         problems.append(Problem(f"{name}.packing", "compare counts each step as batch_size x accumulation samples, and "
                                 "a packed step holds more", "compare configs unpacked (tune measures packing)"))
+    if params.processes > 1:  # its runs train in one process, which would count the others' samples too
+        problems.append(Problem(f"{name}.nproc_per_node", f"compare trains each config in one process, and this one "
+                                f"trains on {params.processes} (nproc_per_node x nnodes)",
+                                "compare configs of one process; `trainfit tune` probes several"))
     return NamedConfig(name=name, params=params, training=training, given=dict(values))
 
 

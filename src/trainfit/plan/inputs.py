@@ -173,7 +173,10 @@ def _measured(studies: list[Any], names: list[str],
 
 def probe_spread(m: Measurement) -> float:
     """How far a probe's speed may be off by measurement: its step time's 95% relative half-width and
-    the epoch fit's largest miss, combined (root of the sum of squares)."""
+    the epoch fit's largest miss, combined (root of the sum of squares); the half-width alone where
+    it comes from the fit's residuals (``step_time_ci95_basis: fit``), which hold the miss already."""
+    if m.step_time_ci95_basis == "fit":
+        return m.step_time_ci95_rel or 0.0
     return ((m.step_time_ci95_rel or 0.0) ** 2 + (m.fit_error_rel or 0.0) ** 2) ** 0.5
 
 

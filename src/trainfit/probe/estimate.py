@@ -26,6 +26,7 @@ import numpy as np
 from trainfit.data.batching import simulate_epoch
 from trainfit.data.packing import packed_epoch
 from trainfit.params import Params
+from trainfit.probe.timing import t95
 
 QUANTILES = (0.125, 0.375, 0.625, 0.875)
 """Where the timed shapes sit in the distribution of the epoch's padded lengths: the midpoints of
@@ -126,6 +127,20 @@ def shapes_step_cost(shape_times: Sequence[Mapping[str, Any]]) -> StepCost | Non
 def fit_error(cost: StepCost, lengths: Sequence[float], seconds: Sequence[float]) -> float:
     """The fit's largest miss at a timed shape, as a share of that shape's measured time."""
     return max(abs(float(cost(x)) - y) / y for x, y in zip(lengths, seconds, strict=True))
+
+
+def fit_noise_ci95(cost: StepCost, lengths: Sequence[float], seconds: Sequence[float]) -> float | None:
+    """95% CI half-width of the fitted cost at the timed lengths, as a share, from the fit's own
+    residuals (relative, as it is fitted) where each shape was timed once: their spread on the
+    residual degrees of freedom (Student's t), times the root of the mean leverage (parameters over
+    points). None with fewer than 2 residual degrees of freedom (5 lengths for the quadratic)."""
+    n = len(lengths)
+    parameters = 3 if len(set(lengths)) >= 3 else 2
+    dof = n - parameters
+    if dof < 2:
+        return None
+    spread = math.sqrt(sum(((float(cost(x)) - y) / y) ** 2 for x, y in zip(lengths, seconds, strict=True)) / dof)
+    return t95(dof) * spread * math.sqrt(parameters / n)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -90,6 +90,11 @@ class Measurement:
     step_time_std_s: float | None = None
     step_time_ci95_rel: float | None = None
     """95% confidence half-width of the mean step time, as a share of the mean."""
+    step_time_ci95_basis: str | None = None
+    """What ``step_time_ci95_rel`` comes from: ``cycles`` (two or more whole cycles of the timed
+    shapes), ``repeats`` (each shape's repeats), ``fit`` (no shape timed twice: the cost fit's
+    residuals, which ``fit_error_rel`` then holds too) or ``steps`` (the spread of all steps, their
+    shapes' own differences with it: an upper bound)."""
     steps_measured: int = 0
     step_times_s: list[float] = field(default_factory=list)
     """Every timed step, in order (cycles over the timed shapes)."""

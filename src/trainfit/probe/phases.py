@@ -282,7 +282,7 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
     fields: dict[str, Any] = dict(
         status="ok",
         step_time_median_s=st.median, step_time_mean_s=st.mean, step_time_std_s=st.std,
-        step_time_ci95_rel=st.ci95_rel if st.n > 1 else None,
+        step_time_ci95_rel=st.ci95_rel if st.n > 1 else None, step_time_ci95_basis=st.basis if st.n > 1 else None,
         steps_measured=st.n, stable=timed.stable, step_times_s=[round(x, 6) for x in timed.times],
         samples_per_step=params.effective_batch_size,
     )
@@ -309,12 +309,12 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     """The speed of an epoch of the data's own batches (``req.typical``): the step cost fitted on
     the median time of each timed shape (and the memory phase's worst-case step, the tail, when
     the parent left the longest batch out of the timed ones), summed over the epoch's
-    micro-batches (probe/estimate.py). Where no shape was timed twice, its miss at the shapes
-    (``fit_error_rel``) is the speed's spread (``step_time_ci95_rel``)."""
+    micro-batches (probe/estimate.py). Where no shape was timed twice, the fit's residuals give the
+    speed's spread (``step_time_ci95_rel``, :func:`~trainfit.probe.estimate.fit_noise_ci95`)."""
     import statistics
 
     # local: the probe worker imports this module, and binds to its parent before numpy loads
-    from trainfit.probe.estimate import epoch_speed, fit_error, fit_step_cost
+    from trainfit.probe.estimate import epoch_speed, fit_error, fit_noise_ci95, fit_step_cost
 
     mix = req.typical
     lengths, seconds, shape_times = [], [], []
@@ -349,9 +349,9 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
             "padding_share": mix.padding_share, "shape_times": shape_times,
             "fit_error_rel": fit_error(cost, lengths, seconds), "data_wait_s": wait,
             "input_bound_share": sum(timed.waits) / (sum(timed.waits) + sum(timed.times))}
-    if len(set(lengths)) >= 4 and all(s["steps"] == 1 for s in shape_times):
+    if all(s["steps"] == 1 for s in shape_times) and (noise := fit_noise_ci95(cost, lengths, seconds)) is not None:
         # No shape timed twice (one cycle, cut by max_seconds): the spread of all steps would call the
         # shapes' own differences noise (probe.timing); their scatter about the cost curve stands for it.
-        fields["step_time_ci95_rel"] = fields["fit_error_rel"]
+        fields |= {"step_time_ci95_rel": noise, "step_time_ci95_basis": "fit"}
     return fields
 

@@ -87,19 +87,20 @@ class StepTimes:
     every step, shapes and all: an upper bound, not a figure of the noise."""
     total: float
     n: int
+    basis: str = "cycles"
+    """What ``ci95_rel`` comes from: ``cycles``, ``repeats`` or ``steps`` (see :func:`_ci95`)."""
 
     @classmethod
     def of(cls, times: Sequence[float], cycle: int = 1) -> StepTimes:
-        cycles = cycle_times(times, cycle)
+        ci, basis = _ci95(times, cycle, cycle_times(times, cycle))
         return cls(median=statistics.median(times), mean=statistics.fmean(times),
-                   std=statistics.stdev(times) if len(times) > 1 else 0.0,
-                   ci95_rel=_ci95(times, cycle, cycles),
-                   total=float(sum(times)), n=len(times))
+                   std=statistics.stdev(times) if len(times) > 1 else 0.0, ci95_rel=ci,
+                   total=float(sum(times)), n=len(times), basis=basis)
 
 
-def _ci95(times: Sequence[float], cycle: int, cycles: Sequence[float]) -> float:
-    """:attr:`StepTimes.ci95_rel` of ``times``, whose whole cycles are ``cycles``."""
+def _ci95(times: Sequence[float], cycle: int, cycles: Sequence[float]) -> tuple[float, str]:
+    """:attr:`StepTimes.ci95_rel` of ``times``, whose whole cycles are ``cycles``, and its basis."""
     if len(cycles) >= 2:
-        return relative_ci95(cycles)
+        return relative_ci95(cycles), "cycles"
     repeats = shape_repeats_ci95(times, cycle)
-    return repeats if math.isfinite(repeats) else relative_ci95(times)
+    return (repeats, "repeats") if math.isfinite(repeats) else (relative_ci95(times), "steps")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -141,11 +142,19 @@ EFFECTIVE_BATCH = "effective_batch_size"
 
 def learning_knobs(space: SearchSpace) -> list[str]:
     """Searched knobs whose values train a different model (custom knobs count: we cannot tell),
-    and the effective batch where configs differ in it (no ``tune.target_effective_batch`` while
-    the batch size or gradient accumulation is searched)."""
+    and the effective batch where configs differ in it: no ``tune.target_effective_batch`` while the
+    batch size, the accumulation or the processes are searched, or a target that a micro-batch over
+    every process of some config of the grid already passes (the accumulation cannot go below 1;
+    a target the batch sizes do not divide is kept to the nearest accumulation, as documented)."""
     knobs = [d.name for d in space.dims if d.name not in KNOBS or KNOBS[d.name].changes_learning]
-    batch_knobs = {"batch_size", "gradient_accumulation_steps"}
-    if space.target_effective_batch is None and any(d.name in batch_knobs for d in space.dims):
+    batch_knobs = {"batch_size", "gradient_accumulation_steps", "nproc_per_node", "nnodes"}
+    searched = [d for d in space.dims if d.name in batch_knobs]
+    if not searched:
+        return knobs
+    target = space.target_effective_batch
+    if target is None or any(
+            (p := space.params(dict(zip([d.name for d in searched], combo)))).batch_size * p.processes > target
+            for combo in itertools.product(*(d.grid_values() for d in searched))):
         knobs.append(EFFECTIVE_BATCH)
     return knobs
 
