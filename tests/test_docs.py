@@ -28,7 +28,7 @@ TWO_COMMANDS = """\
 # 1. set up and run the main job: tune the bundled tiny model on the bundled dataset (CPU, ~2 minutes)
 python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e '.[dev]' && trainfit tune examples/tiny-llama.yaml --quick
 
-# 2. run the tests (same set-up; ~8 minutes on 2 cores; CI runs this, then the slow tier: -m slow)
+# 2. run the tests (same set-up; ~12 minutes on 2 cores; CI runs this, then the slow tier: -m slow)
 python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e '.[dev]' && python -m pytest -q
 ```
 """
