@@ -13,12 +13,29 @@ WITH_OTHER_KNOBS = "written by trainer/command.trl_args with the knobs or facts 
 on LoRA, the truncation length on the data, TF32 on the device...)."""
 
 
+def bool_word(on: bool) -> str:
+    """A bool as a trainer's flag takes it: ``true`` or ``false``."""
+    return "true" if on else "false"
+
+
+def word_value(word: str) -> Any:
+    """A flag's word as JSON or YAML holds it: ``true``/``false`` as booleans, numbers as numbers."""
+    if word in ("true", "false"):
+        return word == "true"
+    for kind in (int, float):
+        try:
+            return kind(word)
+        except ValueError:
+            continue
+    return word
+
+
 def trl_flag(flag: str) -> TrlWords:
     """``flag`` and the value (``true``/``false`` for a bool); nothing for null."""
     def words(value: Any) -> list[str]:
         if value is None:
             return []
-        return [flag, ("true" if value else "false") if isinstance(value, bool) else str(value)]
+        return [flag, bool_word(value) if isinstance(value, bool) else str(value)]
     return words
 
 

@@ -9,6 +9,7 @@ import shlex
 from typing import Any
 
 from trainfit.params import Params
+from trainfit.trl_words import bool_word, word_value
 
 ACCELERATE_CONFIG_FILE = "accelerate_config.yaml"
 
@@ -39,8 +40,8 @@ def launch_settings(params: Params) -> dict[str, str | None]:
                 "main_process_port": MAIN_PROCESS_PORT}
     if params.parallel == "fsdp":
         return out | {"use_fsdp": None, "fsdp_version": "2", "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                      "fsdp_reshard_after_forward": _flag(params.fsdp_reshard_after_forward),
-                      "fsdp_offload_params": _flag(params.fsdp_cpu_offload)}
+                      "fsdp_reshard_after_forward": bool_word(params.fsdp_reshard_after_forward),
+                      "fsdp_offload_params": bool_word(params.fsdp_cpu_offload)}
     return out | {"multi_gpu": None}
 
 
@@ -62,12 +63,12 @@ def accelerate_config(params: Params) -> dict[str, Any] | None:
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP" if fsdp else "MULTI_GPU",
         "mixed_precision": params.precision if params.precision in ("bf16", "fp16") else "no",
-        "num_processes": int(settings["num_processes"] or 0), "num_machines": params.nnodes,
+        "num_processes": params.processes, "num_machines": params.nnodes,
         "use_cpu": False, "debug": False}
     if params.nnodes > 1:
         config |= {"rdzv_backend": "static", "same_network": True}
     if fsdp:
-        config["fsdp_config"] = {name: _config_value(value) for name, value in settings.items()
+        config["fsdp_config"] = {name: word_value(value or "") for name, value in settings.items()
                                  if name.startswith("fsdp_")}
     return config
 
@@ -95,14 +96,3 @@ def shell_word(word: str) -> str:
     """``word`` as a command line writes it: quoted, except that a machine's own value
     (:data:`SHELL_VALUES`) is left for its shell to fill, in double quotes."""
     return f'"{word}"' if word in SHELL_VALUES else shlex.quote(word)
-
-
-def _flag(on: bool) -> str:
-    return "true" if on else "false"
-
-
-def _config_value(word: str | None) -> Any:
-    """A flag's word as the config file holds it: ``true``/``false`` as booleans, digits as a number."""
-    if word in ("true", "false"):
-        return word == "true"
-    return int(word) if word is not None and word.isdigit() else word

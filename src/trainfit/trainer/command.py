@@ -20,6 +20,7 @@ from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS, Params
 from trainfit.spec import Spec
 from trainfit.template import render_template
+from trainfit.trl_words import bool_word, word_value
 from trainfit.trainer.accelerate_launch import LAUNCH_FLAGS, SHELL_VALUES, launch_args, shell_word
 from trainfit.workloads.hf import save_initial_model
 from trainfit.workloads.lora import lora_kwargs, trl_lora_args
@@ -68,9 +69,9 @@ def trl_args(params: Params, max_length: int | None = None, cpu: bool = False) -
     half = params.precision in ("bf16", "fp16")
     # LoRA trains adapters over a frozen base held in the compute dtype; full fine-tuning keeps fp32 weights.
     dtype = {"bf16": "bfloat16", "fp16": "float16"}[params.precision] if half and params.lora_r else "float32"
-    args += ["--bf16", _flag(params.precision == "bf16"), "--fp16", _flag(params.precision == "fp16"),
-             "--dtype", dtype, "--tf32", _flag(params.tf32 and not cpu),
-             checkpointing_flag(), _flag(params.gradient_checkpointing)]
+    args += ["--bf16", bool_word(params.precision == "bf16"), "--fp16", bool_word(params.precision == "fp16"),
+             "--dtype", dtype, "--tf32", bool_word(params.tf32 and not cpu),
+             checkpointing_flag(), bool_word(params.gradient_checkpointing)]
     if cpu:
         args += ["--use_cpu", "true"]
     if params.lora_r is not None:
@@ -85,7 +86,7 @@ def quantization_args(params: Params) -> list[str]:
         return ["--load_in_8bit", "true"]
     if params.quantization == "4bit":
         return ["--load_in_4bit", "true", "--bnb_4bit_quant_type", params.bnb_4bit_quant_type,
-                "--use_bnb_nested_quant", _flag(params.bnb_double_quant)]
+                "--use_bnb_nested_quant", bool_word(params.bnb_double_quant)]
     return []
 
 
@@ -102,10 +103,6 @@ def loader_args(params: Params) -> list[str]:
     if params.prefetch_factor is not None:
         args += ["--dataloader_prefetch_factor", str(params.prefetch_factor)]
     return args
-
-
-def _flag(on: bool) -> str:
-    return "true" if on else "false"
 
 
 @functools.cache
@@ -348,7 +345,7 @@ def trainer_settings(params: Params, epochs: float, *, max_length: int | None = 
             "use_cpu: true and tf32: false: the config was measured on a CPU, so it trains on one; on a GPU machine "
             "drop use_cpu, and probe there: speed and memory differ"]}
     for name, word in flags(trl_args(params, max_length, cpu=cpu_threads is not None)).items():
-        value = _word_value(word)
+        value = word_value(word)
         if name in MODEL_ARGS:
             out["model_init_kwargs"][name] = value
         elif name in LAUNCH_FLAGS:  # accelerate launch's: the processes, not the trainer
@@ -380,15 +377,3 @@ def flags(argv: Sequence[str]) -> dict[str, str]:
         elif key is not None:
             out[key] = f"{out[key]} {token}".strip()
     return out
-
-
-def _word_value(word: str) -> Any:
-    """A flag's value as JSON holds it: ``true``/``false`` as booleans, numbers as numbers."""
-    if word in ("true", "false"):
-        return word == "true"
-    for kind in (int, float):
-        try:
-            return kind(word)
-        except ValueError:
-            continue
-    return word
