@@ -658,7 +658,6 @@ def test_a_probe_cut_before_any_shape_repeats_takes_its_spread_from_its_cost_fit
     and the plan does not add the fit's miss to it a second time."""
     from trainfit.plan.inputs import probe_spread
     from trainfit.probe.estimate import fit_noise_ci95, shapes_step_cost
-    from trainfit.probe.timing import relative_ci95
 
     m = probe(llama_spec(probe={"max_steps": 4, "min_steps": 1}))
     assert m.status == "ok", m.message
@@ -668,5 +667,5 @@ def test_a_probe_cut_before_any_shape_repeats_takes_its_spread_from_its_cost_fit
     assert cost is not None and m.step_time_ci95_basis == "fit"
     assert m.step_time_ci95_rel == pytest.approx(fit_noise_ci95(cost, lengths, [s["seconds"] for s in m.shape_times]),
                                                  rel=0.01)  # the shapes' seconds are kept rounded to 1 us
-    assert m.step_time_ci95_rel < relative_ci95(m.step_times_s) and probe_spread(m) == m.step_time_ci95_rel
+    assert probe_spread(m) == m.step_time_ci95_rel  # no timing decides this test: which spread is larger is the machine's
     assert fit_noise_ci95(cost, lengths[:4], [s["seconds"] for s in m.shape_times][:4]) is None  # 1 dof: too few
