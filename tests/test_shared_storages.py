@@ -32,6 +32,7 @@ import pytest
 from postgres_server import PostgresServer, wait_until
 from tune_helpers import Slow, synthetic_spec
 
+from trainfit.files import write_atomically
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search import claims
@@ -105,7 +106,7 @@ class Hangs(Slow):
 
     def __call__(self, p: Params, number: int) -> Measurement:
         self.arrive()
-        self.holds.write_text(json.dumps(p.to_dict()))
+        write_atomically(self.holds, json.dumps(p.to_dict()))
         time.sleep(GUARD_S)
         raise AssertionError("the run was never killed")
 
@@ -133,7 +134,7 @@ def _machine(spec: Spec, url: str, folder: Path, *, parties: int, host: str | No
     def on_event(event: Any) -> None:
         if isinstance(event, (StorageLost, StorageBack)):
             said.append(outage_line(event))
-            (folder / "outages.txt").write_text("\n".join(said))
+            write_atomically(folder / "outages.txt", "\n".join(said))
 
     result = tune(spec, TuneOptions(output=folder / "out", probe_fn=probe, storage=url, join=True, on_event=on_event))
     (folder / "best.json").write_text(json.dumps(result.summary.to_json()["best_config"]["searched"]))

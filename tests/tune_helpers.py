@@ -17,6 +17,7 @@ from typing import Any
 
 from conftest import TINY_LLAMA, make_spec_file
 
+from trainfit.files import write_atomically
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.spec import Spec, load_spec
@@ -113,7 +114,7 @@ class Slow(Surface):
             self.arrive()
         time.sleep(PROBE_S)
         m = super().__call__(p, number)
-        self.log.write_text(json.dumps(self.calls))
+        write_atomically(self.log, json.dumps(self.calls))  # read while the runs go on: never half of it
         return m
 
 
