@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import make_spec_file, write_frames
+from conftest import gone_within, make_spec_file, write_frames
 
 from trainfit.cli import main
 from trainfit.compare.configs import read_configs
@@ -106,8 +106,7 @@ def test_a_config_process_dies_with_its_comparison_even_while_it_starts(
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     # Gone once its imports end (seconds; a loaded machine gets a minute), where it would train 400 s.
-    gone, alive = psutil.wait_procs([child], timeout=60)
-    assert gone and not alive, f"config process {child.pid} outlived its comparison"
+    assert gone_within(child.pid, 60), f"config process {child.pid} outlived its comparison"
     assert not list(out.rglob("result.json"))
 
 

@@ -87,7 +87,8 @@ def test_the_written_command_drops_max_steps_and_a_calibration_fills_it(in_tmp: 
     cost = json.loads((in_tmp / "run" / "trainer_cost.json").read_text())
     c = cost["calibration"]
     assert c["command"] == "bash trainer.sh --bs 4 --max_steps 10"
-    assert c["steps"] == 8 and c["seconds_per_step"] >= STEP_S  # timed by the bar: each step sleeps that long
+    assert c["steps"] == 8 and c["seconds_per_step"] >= 0.9 * STEP_S  # timed by the bar: each step sleeps that long (read when the
+    # tune process sees the bar move: a late reading of the first step would shorten the window by a little)
     best = result.summary.best_config
     assert best is not None and c["samples_per_second"] == pytest.approx(best.effective_batch_size / c["seconds_per_step"])
     assert c["train_startup_s"] is None and c["model_step_s"] is None  # no `trainfit train` run, no batches seen

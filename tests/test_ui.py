@@ -399,8 +399,8 @@ def test_served_beyond_this_machine_the_printed_url_carries_the_token(root: Path
         assert url and "?token=" in url.group(1), url
         port = re.search(r":(\d+)/", url.group(1)).group(1)  # type: ignore[union-attr]
         with pytest.raises(urllib.error.HTTPError, match="403"):
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
-        with urllib.request.urlopen(url.group(1).replace("0.0.0.0", "127.0.0.1"), timeout=10) as reply:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30)
+        with urllib.request.urlopen(url.group(1).replace("0.0.0.0", "127.0.0.1"), timeout=30) as reply:
             assert reply.status == 200 and "Runs under" in reply.read().decode()
         taken = subprocess.run([sys.executable, "-m", "trainfit", "ui", "--root", str(root), "--port", port,
                                 "--host", "0.0.0.0", "--no-browser"], capture_output=True, text=True, timeout=60)

@@ -1,6 +1,6 @@
 """``trainfit ui`` in a real browser (headless Chromium driven by Selenium), served by a real
 ``trainfit ui`` process: a knob toggled and validated live, ``tune --quick`` of the bundled tiny
-model watched to its report, ``train --max-steps 3`` found still running after a reload. Skips
+model watched to its report, ``train --max-steps 10`` found still running after a reload. Skips
 where Selenium or chromedriver is absent (.ci/run installs chromium-driver; selenium is in dev)."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_edit_a_knob_tune_and_train_in_the_browser(served: tuple[str, Path], bro
     browser.save_screenshot(str(shots / "tune-finished.png"))
     browser.find_element(By.PARTIAL_LINK_TEXT, "run folder").click()
 
-    browser.find_element(By.ID, "train-max-steps").send_keys("3")
+    browser.find_element(By.ID, "train-max-steps").send_keys("10")
     browser.find_element(By.ID, "run-train").click()
     WebDriverWait(browser, 30).until(status_is(browser, "running"))
     job_url = browser.current_url
