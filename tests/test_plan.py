@@ -557,6 +557,44 @@ def test_on_track_takes_the_evaluation_passes_out_of_the_pace_and_adds_those_to_
     assert status.projected_s == pytest.approx(26.0 + 60 * 0.5 + 3 * 3.0)  # the steps' pace; 3 passes left at 3 s
     before = check.status(10, 100, 5.0, Pace(5.0, 10))  # no pass yet: the plan's 2 s each, 5 to come
     assert before.projected_s == pytest.approx(5.0 + 90 * 0.5 + 5 * 2.0)
+    # A trainer's 101 steps (the plan's run): the pass after the last step is still to come at its end,
+    # and once the training ended, nothing is.
+    assert check.status(101, 101, 62.0, Pace(62.0, 101, eval_s=10.0, evals=5)).projected_s == pytest.approx(64.0)
+    assert check.status(101, 101, 64.0, Pace(64.0, 101, eval_s=12.0, evals=6), ended=True).projected_s == 64.0
+
+
+def test_on_track_counts_the_plans_passes_in_its_run_as_a_trainer_counts_the_steps() -> None:
+    """3 epochs with a pass at each epoch's end; the plan counts 100 steps, the trainer 102 (a
+    partial last step an epoch): still 3 passes, not the 4 that 3 x 102 / 100 epochs would make."""
+    import dataclasses
+
+    from trainfit.train.monitor import OnTrack, Pace
+
+    plan = dataclasses.replace(a_plan(60.0, 0.05, 120.0), epochs=3.0, evaluation=evaluation(None, pass_s=2.0))
+    check = OnTrack(plan)
+    assert check.status(50, 102, 25.0, Pace(25.0, 50, eval_s=2.0, evals=1)).projected_s == pytest.approx(
+        25.0 + 52 * 23.0 / 50 + 2 * 2.0)  # the steps at their pace; 1 pass of 3 done: 2 to come
+
+
+def test_on_track_says_nothing_from_the_warm_up_step_alone(monkeypatch) -> None:
+    """A first step of 90 s (compiling, a loaded machine) on a plan of 0.5 s steps: projected over
+    the run, it would say the run will miss its window. The monitor waits for a step after it."""
+    from types import SimpleNamespace
+
+    import trainfit.train.monitor
+    from trainfit.train.monitor import OnTrackCallback
+
+    now = [100.0]
+    monkeypatch.setattr(trainfit.train.monitor.time, "monotonic", lambda: now[0])
+    callback = OnTrackCallback(a_plan(50.0, 0.05, 300.0), every_s=0.0)
+    state = SimpleNamespace(global_step=0, max_steps=100)
+    callback.on_train_begin(None, state, None)
+    now[0], state.global_step = now[0] + 90.0, 1
+    callback.on_step_end(None, state, None)
+    assert callback.latest is None
+    now[0], state.global_step = now[0] + 0.5, 2
+    callback.on_step_end(None, state, None)
+    assert callback.latest is not None and callback.latest.state == "slower than planned"  # 139.5 s, not 4,500
 
 
 @pytest.mark.integration
@@ -589,7 +627,8 @@ def test_on_track_callback_reports_from_a_real_trainer(tmp_path: Path, capsys, m
     events = EventAccumulator(str(file)).Reload()
     scalars = {tag.removeprefix("train/"): [e.value for e in events.Scalars(tag)]  # the services' train/ prefix
                for tag in events.Tags()["scalars"]}
-    assert set(scalars["training/on_track"]) == {1.0} and len(scalars["training/remaining_hours"]) == 4  # each step
+    # each step's but the first's (the warm-up step alone tells no pace)
+    assert set(scalars["training/on_track"]) == {1.0} and len(scalars["training/remaining_hours"]) == 3
     estimated, actual = scalars["optimization/estimated_hours"], scalars["optimization/actual_hours"]
     assert estimated == [pytest.approx(0.04)]  # the plan's price of a 4-step run: 4 of its 100 steps of 3,600 s
     assert scalars["optimization/time_accuracy"] == [pytest.approx(100 * estimated[0] / actual[0], rel=1e-3)]

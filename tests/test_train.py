@@ -394,17 +394,24 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
     stopped = json.loads((late / "train_result.json").read_text())
     assert stopped["stopped_by"] == "deadline" and stopped["step"] == 1
     assert latest_complete(late) == late / "checkpoint-1"
-    # The command it prints to continue carries what decides the run (--max-steps): it resumes, not refused.
+    # The command it prints to continue carries what decides the run (--max-steps), not the deadline it passed.
     [again] = [line.split("continue: ", 1)[1] for line in capsys.readouterr().out.splitlines() if "continue: " in line]
-    assert stopped["resume"] == again and "--deadline 1e-05" in again  # kept with the result, too
-    assert main(shlex.split(again)[1:]) == 3  # its --deadline kept too: one more step, then stopped again
+    assert stopped["resume"] == again and "--max-steps 30" in again and "--deadline" not in again
+    # Resumed with that spent deadline, it would train one step and stop again: refused, naming the way on.
+    spent = ["train", str(plan_dir), "--output", str(late), "--max-steps", "30", "--deadline", "0.00001", "--resume"]
+    assert main(spent) == 2
+    assert "passed" in (err := capsys.readouterr().err) and again in err and "Traceback" not in err
+    assert json.loads((late / "train_result.json").read_text()) == stopped  # nothing touched
+    assert main(shlex.split(again)[1:]) == 0  # past the window, to its end
     resumed = json.loads((late / "train_result.json").read_text())
-    assert resumed["resumed_from"] == "checkpoint-1" and resumed["step"] == 2
+    assert resumed["resumed_from"] == "checkpoint-1" and resumed["step"] == 30
     # A 30-step run that finishes is not the plan's 50 steps: the plan's actual.json is not written for it.
     assert main(["train", str(plan_dir), "--output", str(tmp_path / "short"), "--max-steps", "30"]) == 0
     assert not (plan_dir / "actual.json").exists()
     # A plan that does not fit its window is trained with a warning and the ways on.
-    assert main(["plan", str(plan_dir), "--max-hours", "0.0001", "--margin-minutes", "0", "--epochs", "1"]) == 1
+    three_steps_h = 3 * plan["eta"]["step_time_s"] / 3600  # longer than a step (else refused), not the run
+    assert main(["plan", str(plan_dir), "--max-hours", f"{three_steps_h:.8f}", "--margin-minutes", "0",
+                 "--epochs", "1"]) == 1
     capsys.readouterr()
     assert main(["train", str(plan_dir), "--output", str(tmp_path / "over"), "--deadline", "0.00001"]) == 3
     assert "plan.json does not fit its window" in capsys.readouterr().err

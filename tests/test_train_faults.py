@@ -127,7 +127,7 @@ def test_a_damaged_or_lost_train_json_is_rebuilt_from_the_log_so_the_checkpoints
         factory_tune: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     run = ["train", str(factory_tune), "--output", str(out), "--max-steps", "6", *SAVE_EACH_STEP]
-    late = ["--deadline", "0.00001"]  # since the first start: each start trains one step, saves, stops
+    late = ["--deadline", "0.00001"]  # since the first start: it trains one step, saves, stops
     assert main([*run, *late]) == 3
     record_path = out / "train.json"
     original = json.loads(record_path.read_text())
@@ -135,21 +135,23 @@ def test_a_damaged_or_lost_train_json_is_rebuilt_from_the_log_so_the_checkpoints
     damages = {"not JSON": lambda: record_path.write_text('{"schema_version": 1, "run_dir'),
                "lost": record_path.unlink,
                "of the wrong type": lambda: record_path.write_text(json.dumps({**original, "trial": "one"}))}
-    for step, (damage, make) in enumerate(damages.items(), start=2):
+    for damage, make in damages.items():
         make()
-        assert main([*run, "--resume", *late]) == 3, damage
+        assert main([*run, "--resume", *late]) == 2, damage  # rebuilt, then refused: its deadline has passed
         err = capsys.readouterr().err
+        assert "so a resume with it would train one step and stop" in err
         assert f"rebuilt {record_path} from this command and {out / 'train_log.jsonl'} (its first start)" in err
         assert "cannot check that the arguments and the data are those of the first start" in err
         assert ("train.json.damaged" in err) == (damage != "lost"), damage
-        assert json.loads((out / "train_result.json").read_text())["step"] == step  # resumed, not restarted
+        assert json.loads((out / "train_result.json").read_text())["step"] == 1  # nothing trained
         rebuilt = json.loads(record_path.read_text())
         assert rebuilt["started_at"] == first_start  # the deadline still counts from the first start
         assert {k: v for k, v in rebuilt.items() if k != "started_at"} == \
             {k: v for k, v in original.items() if k != "started_at"}
     assert '"trial": "one"' in (out / "train.json.damaged").read_text()
-    assert main([*run, "--resume"]) == 0
-    assert json.loads((out / "train_result.json").read_text())["step"] == 6
+    assert main([*run, "--resume"]) == 0  # from the rebuilt record: resumed, not restarted
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["step"] == 6 and result["resumed_from"] == "checkpoint-1"
     # A log that says the run trained something else: refused, naming both; nothing is rebuilt.
     other = tmp_path / "other"
     assert main(["train", str(factory_tune), "--output", str(other), "--max-steps", "6", *SAVE_EACH_STEP, *late]) == 3

@@ -122,12 +122,18 @@ class Plan(Record):
         check_schema(raw, SCHEMA_VERSION, "plan.json", "plan again with this trainfit")
         return super().from_json(raw)
 
+    def counts_its_run(self, steps: int) -> bool:
+        """Whether a run of ``steps`` optimizer steps is this plan's whole run as a trainer counts
+        it: the plan counts the epochs' samples together (``ceil(samples x epochs / effective
+        batch)``), a trainer each epoch's last partial step apart, up to one step an epoch more."""
+        return 0 <= steps - self.eta.steps <= math.ceil(self.epochs)
+
     def eta_for(self, steps: int) -> Eta:
         """The ETA of this plan's run cut to (or stretched to) ``steps`` optimizer steps, as
         ``train --max-steps`` runs it: what a run of that length is checked against. The plan's own
         ETA where ``steps`` is its run counted as a trainer counts it (a partial last step in each
         epoch: up to one step an epoch more than the plan's whole-run count)."""
-        if 0 <= steps - self.eta.steps <= math.ceil(self.epochs):
+        if self.counts_its_run(steps):
             return self.eta
         return self.eta.for_steps(steps, checkpoint_every_s=self.checkpoint_every_s, evaluation=self.evaluation,
                                   epochs=self.epochs)

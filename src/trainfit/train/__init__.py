@@ -23,6 +23,7 @@ import json
 import shlex
 import shutil
 import time
+from datetime import datetime
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 from trainfit.devices import torch_threads
 from trainfit.errors import Terminated, TrainfitError, os_error
 from trainfit.files import held_folder, write_atomically
+from trainfit.format import format_duration
 from trainfit.params import parse_params
 from trainfit.plan import Plan
 from trainfit.plan.inputs import load_run
@@ -57,6 +59,7 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
     _check_inputs(run, keep, record_batches)
     deadline = ["--deadline"] if use_plan_deadline else ["--deadline", f"{deadline_hours:g}"] if deadline_hours else []
     again = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args, options=deadline)
+    past = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args)  # the window spent
     with held_folder(output, functools.partial(_running, output)):
         if resume and (done := _finished(output, say)) is not None:
             return done
@@ -69,6 +72,8 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
                                     f"{shlex.quote(str(run_dir))} "
                                     "--max-hours H")
             deadline_hours = plan.max_hours
+        if checkpoint is not None and deadline_hours:
+            _refuse_a_passed_deadline(record.started_at, deadline_hours, past)
         every_s = options.checkpoint_minutes * 60 if options.checkpoint_minutes is not None else (
             plan.checkpoint_every_s if plan is not None else 30 * 60)
         log, control, callbacks = _watchers(run_dir, output, record, plan, every_s=every_s, keep=keep,
@@ -89,11 +94,26 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
             process_s=time.monotonic() - began, elapsed_s=time.time() - record.started_at,
             planned_s=planned.total_s if planned else None, planned_low_s=planned.low_s if planned else None,
             planned_high_s=planned.high_s if planned else None, output=str(output),
-            resume=again if control.stopped else None, at_once=control.at_once,
+            resume=(past if control.stopped == "deadline" else again) if control.stopped else None,
+            at_once=control.at_once,
             before_first_step=control.at_once and control.first_step is None)
         _write_result(result, run_dir, output, record, plan)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+def _refuse_a_passed_deadline(started_at: float, hours: float, past: str) -> None:
+    """A resume whose deadline (``hours`` from the first start) has passed would load the model,
+    train one step and stop again: refused, with the ways on."""
+    over_s = time.time() - (started_at + hours * 3600)
+    if over_s < 0:
+        return
+    began = datetime.fromtimestamp(started_at).isoformat(sep=" ", timespec="minutes")
+    raise TrainfitError(
+        f"--deadline {hours:g} h counts from the run's first start ({began}): it passed {format_duration(over_s)} ago, "
+        "so a resume with it would train one step and stop",
+        f"continue past the window without it: {past}; or give the hours the run may take in all, counted from "
+        f"its first start: more than the {hours + over_s / 3600:.2f} gone (--deadline HOURS)")
 
 
 def _stopped_at_once(err: KeyboardInterrupt, record: TrainRun, output: Path, control: Any,
@@ -147,7 +167,7 @@ def _write_result(result: TrainResult, run_dir: Path, output: Path, record: Trai
     text = json.dumps(result.to_json(), indent=2) + "\n"
     write_atomically(output / "train_result.json", text)
     if plan is not None and result.status == "finished" and record.max_steps is None \
-            and result.max_steps in (None, plan.eta.steps):
+            and (result.max_steps is None or plan.counts_its_run(result.max_steps)):
         write_atomically(run_dir / "actual.json", text)
 
 
@@ -164,7 +184,7 @@ def _watchers(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, 
     one_save = plan.eta.checkpoint_s / plan.eta.checkpoints if plan is not None and plan.eta.checkpoints else 0.0
     control = TrainControl(every_s=every_s, keep=keep, log=log, started_at=record.started_at, say=say,
                            deadline=record.started_at + deadline_hours * 3600 if deadline_hours else None,
-                           save_s=one_save)
+                           save_s=one_save, eval_s=plan.evaluation.pass_s if plan is not None and plan.evaluation else 0.0)
     callbacks: list[Any] = [control]
     if plan is not None:
         callbacks.append(OnTrackCallback(run_dir / "plan.json", every_s=monitor_every_s,

@@ -36,10 +36,11 @@ class Interval:
         return now - self.last >= self.every_s
 
 
-def deadline_near(now: float, deadline: float, step_s: float, save_s: float) -> bool:
-    """Whether one more step and a checkpoint save (``step_s``, ``save_s``: their times so far)
-    would end past ``deadline`` (all in seconds on one clock): then stop now, with a save."""
-    return now + step_s + save_s >= deadline
+def deadline_near(now: float, deadline: float, step_s: float, save_s: float, eval_s: float = 0.0) -> bool:
+    """Whether one more step and a checkpoint save (``step_s``, ``save_s``: their times so far),
+    after the evaluation pass due first (``eval_s``: its time; 0: none is due), would end past
+    ``deadline`` (all in seconds on one clock): then stop now, with a save and no evaluation."""
+    return now + eval_s + step_s + save_s >= deadline
 
 
 def past_epochs(args: Any, state: Any) -> int | None:
@@ -68,13 +69,17 @@ class RunLog:
 class TrainControl(trainer_callback_base()):  # type: ignore[misc]
     """Saves a checkpoint into the trainer's ``output_dir`` every ``every_s`` seconds and at the last step, keeps the
     newest ``keep`` complete ones, and stops cleanly (saving first) on SIGTERM or when the next
-    step and save would pass ``deadline`` (epoch seconds). Logs steps, saves and stops to ``log``.
+    step and save would pass ``deadline`` (epoch seconds), counting the evaluation pass due before
+    them (``eval_s``: one pass's time, the plan's until this process has run one). A stop cancels
+    the evaluation due at its step or epoch end, so the save comes first. Logs steps, saves and
+    stops to ``log``.
 
     ``stopped`` says why a run stopped early (None: it did not): a signal's name, ``deadline``, or
     ``diverged`` (a logged loss that is not finite: stopped without a save)."""
 
     def __init__(self, *, every_s: float, keep: int, log: RunLog, started_at: float,
-                 deadline: float | None = None, save_s: float = 0.0, say: Callable[[str], None] = print) -> None:
+                 deadline: float | None = None, save_s: float = 0.0, eval_s: float = 0.0,
+                 say: Callable[[str], None] = print) -> None:
         self.keep, self.log, self.say = keep, log, say
         self.started_at, self.deadline = started_at, deadline
         self.interval = Interval(every_s, time.monotonic())
@@ -85,6 +90,12 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         self.save_s = save_s
         """One save's time: the last one this process made (before it, the caller's estimate)."""
         self.save_began = 0.0
+        self.saved_step: int | None = None
+        self.eval_s = eval_s
+        """One evaluation pass's time: the mean of this process's passes (before one, the caller's estimate)."""
+        self.evals: list[float] = []
+        """This process's evaluation passes' times (s): not the steps' pace."""
+        self.step_s = 0.0
         self.first_step: int | None = None
         self.max_steps: int | None = None
         """The run's total steps, as the trainer counted them at its start (None: it has not started)."""
@@ -123,6 +134,7 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.interval.last = self.segment_began = time.monotonic()
+        self.evals = []
         self.first_step, self.max_steps = int(state.global_step), int(state.max_steps)
         self.log.write("train_begin", step=self.first_step, max_steps=self.max_steps)
         epochs = past_epochs(args, state)
@@ -140,23 +152,55 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         done = step - (self.first_step or 0)
         if done == 1:  # what a resume costs: its launch to here
             self.log.write("first_step", step=step, elapsed_s=round(time.time() - self.started_at, 3))
-        step_s = (now - self.segment_began) / done if done else 0.0
-        reason = None
-        if self.signal is not None:
-            reason = self.signal
-        elif self.deadline is not None and deadline_near(time.time(), self.deadline, step_s, self.save_s):
+        self.step_s = max(0.0, now - self.segment_began - sum(self.evals)) / done if done else 0.0
+        stopping = step < state.max_steps and self._stops(step, control)  # a signal at the last step: it ends
+        if stopping or self.signal is not None or self.interval.due(now) or step >= state.max_steps:
+            self._save(control, now)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """An epoch ended: the epoch strategy's evaluation pass runs now, before the next step, so
+        the deadline is checked again with it counted; a run that stopped skips it."""
+        step = int(state.global_step)
+        if self.stopped is None and step < state.max_steps and getattr(control, "should_evaluate", False) \
+                and self._stops(step, control) and self.saved_step != step:
+            self._save(control, time.monotonic())
+        if self.stopped is not None:
+            control.should_evaluate = False
+
+    def _stops(self, step: int, control: Any) -> bool:
+        """Stop at ``step`` (a signal caught, or the deadline near: the evaluation pass due now, the
+        next step and a save would pass it), cancelling the evaluation due: the save comes first."""
+        evaluating = bool(getattr(control, "should_evaluate", False))
+        reason = self.signal
+        if reason is None and self.deadline is not None and deadline_near(
+                time.time(), self.deadline, self.step_s, self.save_s, self.eval_s if evaluating else 0.0):
             reason = "deadline"
-        if reason is not None and step < state.max_steps:
-            self.stopped = reason
-            control.should_training_stop = True
-            self.say(f"trainfit: {reason}: saving a checkpoint at step {step:,} and stopping")
-            self.log.write("stop", step=step, reason=reason)
-        if reason is not None or self.interval.due(now) or step >= state.max_steps:
-            control.should_save = True
-            # The trainer logs before it saves: the loss since the last log is seen first, and a loss that is
-            # not finite cancels the save (``diverged``) rather than checkpointing the weights it reached.
-            control.should_log = True
-            self.save_began = now
+        if reason is None:
+            return False
+        self.stopped = reason
+        control.should_training_stop = True
+        control.should_evaluate = False
+        self.say(f"trainfit: {reason}: saving a checkpoint at step {step:,} and stopping")
+        self.log.write("stop", step=step, reason=reason)
+        return True
+
+    def _save(self, control: Any, now: float) -> None:
+        control.should_save = True
+        # The trainer logs before it saves: the loss since the last log is seen first, and a loss that is
+        # not finite cancels the save (``diverged``) rather than checkpointing the weights it reached.
+        control.should_log = True
+        self.save_began = now
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
+                    **kwargs: Any) -> None:
+        """An evaluation pass ended (its ``eval_runtime``): the next deadline check counts one at
+        this process's mean, and a save it held up is timed from now."""
+        runtime = (metrics or {}).get("eval_runtime")
+        if isinstance(runtime, (int, float)) and runtime >= 0:
+            self.evals.append(float(runtime))
+            self.eval_s = sum(self.evals) / len(self.evals)
+        if getattr(control, "should_save", False):
+            self.save_began = time.monotonic()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
@@ -184,6 +228,7 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         removed = rotate(folder.parent, self.keep)
         now = time.monotonic()
         self.save_s = now - self.save_began
+        self.saved_step = int(state.global_step)
         self.interval.last = now
         self.say(f"trainfit: checkpoint at step {state.global_step:,} ({self.save_s:.1f} s): {folder}")
         self.log.write("checkpoint", step=int(state.global_step), path=str(folder), save_s=round(self.save_s, 3),

@@ -141,39 +141,52 @@ class _Hooks:
         self.args = SimpleNamespace(output_dir=str(output), num_train_epochs=epochs, max_steps=max_steps or -1)
         self.state = SimpleNamespace(global_step=position.step, max_steps=total, epoch=position.epoch,
                                      num_train_epochs=math.ceil(total / per_epoch))
-        self.control = SimpleNamespace(should_save=False, should_training_stop=False)
+        self.control = SimpleNamespace(should_save=False, should_training_stop=False, should_evaluate=False)
 
     def call(self, event: str, **kwargs: Any) -> None:
         for cb in self.callbacks:
             getattr(cb, event)(self.args, self.state, self.control, **kwargs)
 
-    def evaluates_after_step(self) -> bool:
-        return self.evaluation is not None and self.evaluation.due(self.state.global_step, self.state.max_steps)
-
     def evaluates_at_epoch_end(self) -> bool:
         return self.evaluation is not None and not self.evaluation.every
 
     def after_step(self, losses: list[float], save_now: Callable[[], None]) -> list[float]:
-        """What the trainer does after a step, in its order: the step's callbacks, an evaluation
-        when one is due, the loss line every ``log_every`` steps, a save when the control
-        asks for one. Returns the losses not yet logged."""
+        """What the trainer does after a step, in its order: the step's callbacks (told of the
+        evaluation due, which they may cancel: ``control.should_evaluate``), that evaluation, the
+        loss line every ``log_every`` steps, a save when the control asks for one. Returns the
+        losses not yet logged."""
         state = self.state
+        self.control.should_evaluate = self.evaluation is not None and self.evaluation.due(state.global_step,
+                                                                                           state.max_steps)
         self.call("on_step_end")
-        if self.evaluates_after_step():
+        if self.control.should_evaluate:
             self.evaluate()
         # A loss that is not finite is logged at once: the callbacks stop the run there (``TrainControl``).
         if state.global_step % self.log_every == 0 or state.global_step == state.max_steps \
                 or not math.isfinite(losses[-1]):
             self.call("on_log", logs={"loss": round(sum(losses) / len(losses), 6), "epoch": round(state.epoch, 4)})
             losses = []
+        self.saved(save_now)
+        return losses
+
+    def at_epoch_end(self, save_now: Callable[[], None]) -> None:
+        """What the trainer does at an epoch's end: the callbacks' ``on_epoch_end`` (told of the
+        epoch strategy's evaluation, which they may cancel), that evaluation, a save they ask for."""
+        self.control.should_evaluate = self.evaluates_at_epoch_end()
+        self.call("on_epoch_end")
+        if self.control.should_evaluate:
+            self.evaluate()
+        self.saved(save_now)
+
+    def saved(self, save_now: Callable[[], None]) -> None:
         if self.control.should_save:
             save_now()
             self.call("on_save")
             self.control.should_save = False
-        return losses
 
     def evaluate(self) -> None:
         assert self.evaluation is not None
+        self.control.should_evaluate = False
         metrics = self.run_eval(self.evaluation)
         self.call("on_evaluate", metrics=metrics)
         self.call("on_log", logs={**metrics, "epoch": round(self.state.epoch, 4)})
@@ -222,10 +235,12 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
                     break
             else:  # the epoch's rows are all read
                 _refuse_empty(consumed, data.path, epoch)
-                if hooks.evaluates_at_epoch_end():
-                    hooks.evaluate()
-                epoch, consumed = epoch + 1, 0
-                continue
+                # A stop here saves where a resume runs the epoch's end again: the evaluation it cancelled.
+                hooks.at_epoch_end(functools.partial(save, output / f"checkpoint-{state.global_step}", runner,
+                                                     Position(state.global_step, epoch, consumed)))
+                if not control.should_training_stop:
+                    epoch, consumed = epoch + 1, 0
+                    continue
             break
         if hooks.evaluates_at_epoch_end() and state.global_step >= total and consumed:
             hooks.evaluate()  # the last epoch's end (a partial one), as the trainer's epoch strategy does

@@ -133,16 +133,20 @@ class OnTrack:
         return None if self.cost is None else float(self.cost(float(padded_length))) / self.accumulation
 
     def status(self, step: int, max_steps: int, elapsed_s: float, pace: Pace | None = None, *,
-               startup_counted: bool = False) -> Status:
+               startup_counted: bool = False, ended: bool = False) -> Status:
         """At ``step`` of ``max_steps``, ``elapsed_s`` into the run: the time of the steps still
         to come at ``pace`` (default: ``elapsed_s`` over ``step`` steps), the checkpoint saves
-        still to come, and the start-up the plan measured unless ``elapsed_s`` counts it already
-        (``startup_counted``: timed from the process start), against the plan."""
+        and evaluation passes still to come, and the start-up the plan measured unless
+        ``elapsed_s`` counts it already (``startup_counted``: timed from the process start),
+        against the plan. ``ended``: the training is over (its last pass and save done): nothing
+        is left."""
         pace = pace if pace is not None else Pace(elapsed_s, step)
         e = self.plan.eta_for(max_steps) if max_steps else self.plan.eta
         rest = (e.checkpoint_s * (1 - step / max_steps) if max_steps else 0.0)  # the saves to come (done: in the pace)
         rest += self._evals_left(step, max_steps, pace) + (0.0 if startup_counted else e.startup_s or 0.0)
         own_left, pooled_left = self._remaining_s(step, max_steps, pace)
+        if ended:
+            rest, own_left, pooled_left = 0.0, 0.0, None
         own = elapsed_s + own_left + rest
         projected = own if pooled_left is None else elapsed_s + pooled_left + rest
         state = ("on track" if projected <= e.high_s else "slower than planned" if projected <= self.plan.window_s
@@ -165,7 +169,7 @@ class OnTrack:
         left = max(0, max_steps - step)
         model_step = self.plan.model_step_s
         seconds = max(0.0, pace.seconds - pace.eval_s)
-        if pace.steps <= 0:
+        if pace.steps <= 0 or left == 0:
             return 0.0, None
         if pace.work_s is None or model_step is None:
             own_step, planned_step = seconds / pace.steps, self.plan.eta.step_time_s
@@ -184,7 +188,8 @@ class OnTrack:
         ev = self.plan.evaluation
         if ev is None or not max_steps:
             return 0.0
-        epochs = self.plan.epochs * max_steps / self.plan.eta.steps if self.plan.eta.steps else self.plan.epochs
+        epochs = (self.plan.epochs * max_steps / self.plan.eta.steps
+                  if self.plan.eta.steps and not self.plan.counts_its_run(max_steps) else self.plan.epochs)
         done = step // ev.every if ev.every else int(epochs * step / max_steps)
         left = max(0, ev.passes(max_steps, epochs) - done)
         return left * (pace.eval_s / pace.evals if pace.evals else ev.pass_s)
@@ -314,7 +319,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
             # plan prices once in its start-up: the pace is measured from its end.
             self.warm = self._done(state, ahead=True)
         last = int(state.global_step) >= int(state.max_steps)
-        if last or time.monotonic() - self.last >= self.every_s:
+        past_warm_up = int(state.global_step) > self.first_step + 1  # the warm-up step alone tells no pace
+        if last or (past_warm_up and time.monotonic() - self.last >= self.every_s):
             self._report(state, ahead=True)
             # The figures go to the trainer's services as the run goes and at its last step (not at its end:
             # they close their runs in their own on_train_end, which the trainer calls before this callback's).
@@ -322,7 +328,7 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.start is not None:
-            self._report(state, ahead=False)
+            self._report(state, ahead=False, ended=True)
 
     def _to_services(self, figures: dict[str, float]) -> None:
         """``figures`` to every callback of the watched trainer's ``on_log`` (its ``report_to``
@@ -339,7 +345,7 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         return Pace(time.monotonic() - self.start, int(state.global_step) - self.first_step, work,
                     eval_s=self.eval_s, evals=self.evals)
 
-    def _report(self, state: Any, ahead: bool) -> None:
+    def _report(self, state: Any, ahead: bool, ended: bool = False) -> None:
         assert self.start is not None
         self.last = time.monotonic()
         step = int(state.global_step)
@@ -351,7 +357,7 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         else:  # this process's time, and a resumed run's earlier steps at the plan's step time
             elapsed = self.last - self.start + self.first_step * self.check.plan.eta.step_time_s
         self.latest = self.check.status(step, int(state.max_steps), elapsed, pace,
-                                        startup_counted=self.started_at is not None)
+                                        startup_counted=self.started_at is not None, ended=ended)
         from tqdm import tqdm  # type: ignore[import-untyped]
 
         tqdm.write(f"trainfit: {self.latest.line}", file=sys.stderr)  # above the trainer's bar, not inside it
