@@ -467,6 +467,8 @@ def test_on_track_weighs_the_steps_so_far_by_the_work_their_batches_held() -> No
     # A resumed run: 40 earlier steps (at the plan's mean), then 10 in this process; 70 s so far in all.
     resumed = check.status(50, 100, 70.0, Pace(3.0, 10, work_s=3.0))
     assert resumed.projected_s == pytest.approx(70.0 + (50.0 - 40 * 0.5 - 3.0))
+    # No work seen (the one batch seen was taken for one collated ahead, at an epoch's end): the steps' count.
+    assert check.status(2, 100, 0.6, Pace(0.6, 1, work_s=0.0)).projected_s == pytest.approx(0.6 + 98 * 0.6)
 
 
 def test_on_track_pools_the_runs_pace_with_the_calibrated_one_by_the_steps_behind_each() -> None:

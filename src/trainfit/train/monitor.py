@@ -171,7 +171,7 @@ class OnTrack:
         seconds = max(0.0, pace.seconds - pace.eval_s)
         if pace.steps <= 0 or left == 0:
             return 0.0, None
-        if pace.work_s is None or model_step is None:
+        if not pace.work_s or model_step is None:  # 0: the batches seen were taken for one collated ahead
             own_step, planned_step = seconds / pace.steps, self.plan.eta.step_time_s
             if not self.calibrated_steps or planned_step <= 0:
                 return own_step * left, None
