@@ -130,6 +130,19 @@ def test_an_unknown_model_type_names_the_closest_and_the_fix() -> None:
     assert len(message) < 300 and message.count("\n") <= 1, message
 
 
+def test_a_misspelled_model_config_key_is_refused_not_built_at_the_default_width() -> None:
+    """transformers keeps an unknown key as an attribute no model reads and builds the default in its
+    place (``hiden_size``: a 4096-wide Llama, 121M parameters for a 0.35M spec); a legacy name it
+    converts (``rope_theta`` into ``rope_parameters``) and a class's alias (GPT-2's ``hidden_size``) pass."""
+    from trainfit.workloads.hf import load_config
+
+    with pytest.raises(TrainfitError, match=r"model\.config\.hiden_size is no setting of .*LlamaConfig.*did you mean "
+                                            r"hidden_size"):
+        load_config(ModelSpec(config={"model_type": "llama", "hiden_size": 32}))
+    assert load_config(ModelSpec(config={"model_type": "llama", "rope_theta": 5e5})).rope_parameters["rope_theta"] == 5e5
+    assert load_config(ModelSpec(config={"model_type": "gpt2", "hidden_size": 32})).n_embd == 32
+
+
 MIXTRAL = {"model_type": "mixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "num_local_experts": 4,
            "num_experts_per_tok": 2}

@@ -19,7 +19,9 @@ def load_config(model: ModelSpec) -> Any:
             cfg = dict(model.config)
             model_type = cfg.pop("model_type")
             _check_model_type(model_type)
-            return AutoConfig.for_model(model_type, **cfg)
+            built = AutoConfig.for_model(model_type, **cfg)
+            _check_keys(model_type, cfg, built)
+            return built
         if model.path is None:  # a factory's model: no transformers config to read
             raise ValueError("the spec gives neither model.path nor model.config")
         return AutoConfig.from_pretrained(model.path, local_files_only=True)
@@ -40,6 +42,28 @@ def _check_model_type(model_type: Any) -> None:
     raise TrainfitError(f"model.config.model_type {model_type!r} is not a model type transformers {__version__} knows"
                         + (f" (closest: {', '.join(close)})" if close else ""),
                         "fix model.config.model_type, as a model's config.json spells it (e.g. llama)")
+
+
+def _check_keys(model_type: str, cfg: dict[str, Any], built: Any) -> None:
+    """A key of ``model.config`` that the config class neither takes nor turns into another
+    setting (a legacy name, as ``rope_theta`` into ``rope_parameters``) is refused: transformers
+    keeps it as an attribute no model reads, and builds the default in its place (a misspelled
+    ``hidden_size``: 4096 wide)."""
+    import inspect
+
+    from transformers import AutoConfig
+
+    cls = type(built)
+    taken = set(inspect.signature(cls.__init__).parameters) | set(getattr(cls, "attribute_map", {}))
+    for key in sorted(set(cfg) - taken):
+        without = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != key}).to_dict()
+        if {k: v for k, v in built.to_dict().items() if k != key} != without:
+            continue  # it changed another setting: a name the class converts
+        close = difflib.get_close_matches(key, sorted(taken | set(without)), n=3)
+        raise TrainfitError(
+            f"model.config.{key} is no setting of transformers' {cls.__name__}: it would be ignored and the model "
+            "built with the default in its place" + (f" (did you mean {', '.join(close)}?)" if close else ""),
+            "spell it as the model's config.json does, or remove it")
 
 
 def max_positions_of(config: Any) -> int | None:
