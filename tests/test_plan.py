@@ -247,6 +247,12 @@ def test_plan_of_a_real_tune_writes_a_plan_that_reads_back_and_fits(tune_dir: Pa
     assert "not calibrated" in " ".join(plan.rests_on)
     assert plan.command is not None and "--num_train_epochs 2" in plan.command and "--save_steps" in plan.command
     assert "FITS" in printed and (tune_dir / "plan.txt").read_text().startswith("PLAN: 2 epochs of 200 samples")
+    assert "note: this plan trains trial" not in printed  # the tune's pick: train_command.sh runs it
+    for priority in ("quality", "memory_efficient"):  # where a priority picks another, the plan says which to run
+        assert main(["plan", str(tune_dir), "--max-hours", "10", "--priority", priority]) == 0
+        other = json.loads((tune_dir / "plan.json").read_text())["trial"]
+        note = f"note: this plan trains trial {other}; train_command.sh and the tune's other files are its pick, trial "
+        assert (note in capsys.readouterr().out) == (other != summary["best_config"]["trial"]), priority
     # report.html gains the plan's section; a second plan replaces it
     assert main(["plan", str(tune_dir), "--max-hours", "5", "--epochs", "1"]) == 0
     page = (tune_dir / "report.html").read_text()

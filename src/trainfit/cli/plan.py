@@ -115,16 +115,22 @@ def run(args: argparse.Namespace) -> int:
 
     check_eval_flags(args)
     _check_source(args)
+    tunes_pick = None
     if args.run_dir is None:
         folder, plan = _estimated_plan(args)
     else:
         folder = Path(args.run_dir)
-        plan = _measured_plan(args, RunFolder(folder))  # read once, whatever asks
+        run_folder = RunFolder(folder)  # read once, whatever asks
+        plan = _measured_plan(args, run_folder)
+        tunes_pick = run_folder.summary.best_config
     text = write_plan(folder, plan, epochs_given=args.epochs is not None)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     else:
         print(text)
+        if tunes_pick is not None and plan.trial is not None and plan.trial != tunes_pick.trial:
+            print(f"\nnote: this plan trains trial {plan.trial}; train_command.sh and the tune's other files are its "
+                  f"pick, trial {tunes_pick.trial}: run the command above, or `trainfit train`, for the planned run")
         print(f"\nwritten: {folder / PLAN_FILE}, {folder / TEXT_FILE}")
     return 0 if plan.fits else 1
 
