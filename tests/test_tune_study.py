@@ -81,6 +81,17 @@ def test_a_changed_spec_does_not_resume_a_foreign_study(tmp_path: Path) -> None:
     assert "budget.memory_gb" in str(info.value)  # it names what changed
 
 
+def test_a_resume_of_a_folder_that_holds_no_study_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Refused before anything is made there: no folder, lock or empty journal that a later plain
+    run would take for a study (a newcomer's typo in --output, then the same command again)."""
+    spec = with_tune(synthetic_spec(tmp_path, "grid"), max_trials=2)
+    for folder in (tmp_path / "typo", tmp_path):  # missing, and a folder of other files
+        before = sorted(p.name for p in tmp_path.rglob("*"))
+        with pytest.raises(TrainfitError, match=r"nothing to resume in .*: it holds no study\.journal"):
+            tune(spec, TuneOptions(output=folder, probe_fn=Surface(), resume=True))
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
 def test_a_running_tune_holds_its_output_folder(tmp_path: Path) -> None:
     spec = synthetic_spec(tmp_path, "grid")
     running = store_for(spec, tmp_path / "out")  # as a tune in another terminal holds it

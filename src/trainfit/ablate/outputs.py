@@ -29,7 +29,6 @@ def ablate_into(output: Path, spec: Spec, *, resume: bool = False, only: Sequenc
     path = output / ABLATION_FILE
     baseline = baseline_params(spec).to_dict()
     done = {r.name: r for r in earlier_rows(path, baseline)} if resume else {}
-    output.mkdir(parents=True, exist_ok=True)
     measured: list[Row] = []
 
     def kept(rows: list[Row]) -> list[Row]:  # this run's rows, then earlier ones it did not measure again
@@ -40,12 +39,14 @@ def ablate_into(output: Path, spec: Spec, *, resume: bool = False, only: Sequenc
         measured.append(row)
         partial = {"schema_version": 1, "created_at": "", "device": measured[0].device, "baseline": baseline,
                    "rows": [r.to_json() for r in kept(measured)]}
+        output.mkdir(parents=True, exist_ok=True)  # made with the first row: a refusal before it leaves nothing
         write_atomically(path, json.dumps(partial, indent=2) + "\n")  # kept as it comes, before it is said
         if on_row is not None:
             on_row(row)
 
     result = ablate(spec, stats=stats, done=done, only=only, on_row=keep)
     result = dataclasses.replace(result, rows=kept(result.rows))
+    output.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps(result.to_json(), indent=2) + "\n")
     write_atomically(output / PAGE_FILE, page(result, str(spec.source)))
     return result

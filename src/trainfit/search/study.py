@@ -53,6 +53,9 @@ class TrialStore:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.space, self.objective = space, objective
         self.distributions = space.distributions()
+        if resume and storage is None and not (output / "study.journal").exists():  # before making anything there
+            raise TrainfitError(f"nothing to resume in {output}: it holds no study.journal",
+                                "drop --resume to start a new study there")
         try:
             output.mkdir(parents=True, exist_ok=True)
         except OSError as err:
