@@ -52,14 +52,18 @@ def test_a_row_is_its_speed_and_memory_against_the_mean_baseline_with_the_drift_
     assert flash.status == "unavailable" and flash.reason == "needs a CUDA GPU" and flash.speedup is None
 
 
-def test_the_baseline_is_x1_by_definition_and_an_interval_that_reaches_zero_reads_up_to() -> None:
-    """The baseline's own row is x1.00 (the ratios are against it), within its spread; a ratio whose
-    interval reaches 0 (a spread past 100%: x1.61 (-5.41-8.64) once) reads "up to HIGH", as a plan says it."""
+def test_the_baseline_is_against_the_reference_and_an_interval_that_reaches_zero_reads_up_to() -> None:
+    """The baseline's row is x1.00 against itself alone, within its spread; against the mean of its two
+    probes, its ratio is its own (a newcomer saw "x1.00" beside "x4.14" at 48.8 / 21.4, the ratios being
+    against a mean of 11.8). A ratio whose interval reaches 0 (a spread past 100%: x1.61 (-5.41-8.64)
+    once) reads "up to HIGH", as a plan says it."""
     from trainfit.ablate.outputs import cells
 
     first = row_of("baseline", {}, measurement(10.0, 2.0, ci=0.03))
-    base = as_baseline(first)
+    base = as_baseline(first, first)
     assert (base.speedup, base.speedup_low, base.speedup_high, base.memory_change) == pytest.approx((1.0, 0.97, 1.03, 0.0))
+    ref, _, _ = reference(first, row_of(AGAIN, {}, measurement(6.0, 2.0, ci=0.03)))  # the mean: 8 samples/s
+    assert as_baseline(first, ref).speedup == pytest.approx(1.25)
     noisy = with_ratios(row_of("sdpa", {"attention": "sdpa"}, measurement(16.1, 2.0, ci=4.0)), first, 0.0)
     assert noisy.speedup_low == 0.0 and noisy.speedup_high > 1
     assert cells(base)[2] == "x1.00 (0.97-1.03)" and cells(noisy)[2].startswith("x1.61 (up to ")

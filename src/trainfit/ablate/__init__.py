@@ -186,13 +186,16 @@ def with_ratios(row: Row, ref: Row, drift: float) -> Row:
                                speedup_high=speedup * (1 + spread), memory_change=change)
 
 
-def as_baseline(row: Row) -> Row:
-    """The baseline's own row: x1.00 by definition (the ratios are against it), within its probe's spread."""
-    if row.status != "ok" or not row.samples_per_second:
+def as_baseline(row: Row, ref: Row) -> Row:
+    """The baseline's first probe against ``ref``, the reference every ratio is against (the mean
+    of its two probes; the probe itself where there is one): x1.00 with one probe, beside its
+    second probe's ratio with two, each within its own probe's spread."""
+    if row.status != "ok" or not row.samples_per_second or not ref.samples_per_second:
         return row
-    spread = row.spread_rel or 0.0
-    return dataclasses.replace(row, speedup=1.0, speedup_low=max(0.0, 1 - spread), speedup_high=1 + spread,
-                               memory_change=0.0 if row.peak_gb else None)
+    speedup, spread = row.samples_per_second / ref.samples_per_second, row.spread_rel or 0.0
+    return dataclasses.replace(row, speedup=speedup, speedup_low=max(0.0, speedup * (1 - spread)),
+                               speedup_high=speedup * (1 + spread),
+                               memory_change=row.peak_gb / ref.peak_gb - 1 if row.peak_gb and ref.peak_gb else None)
 
 
 def helped(row: Row, memory_noise: float = 0.0, versus: Row | None = None) -> bool:
@@ -279,7 +282,7 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
         rows.append(measure(AGAIN, {}))
         ref, drift, memory_noise = reference(rows[0], rows[-1])
         by_name = {r.name: r for r in rows}
-        rows = [as_baseline(rows[0]), *(with_ratios(r, by_name[r.versus] if r.versus else ref, drift) for r in rows[1:])]
+        rows = [as_baseline(rows[0], ref), *(with_ratios(r, by_name[r.versus] if r.versus else ref, drift) for r in rows[1:])]
         together = all_together(rows[1:-1], memory_noise)
         if len(helpful(rows[1:-1], memory_noise)) >= 2:
             rows.append(with_ratios(measure(TOGETHER, together, claim="speed 2.1x, memory -58% (checkpointing, SDPA, "
