@@ -43,6 +43,9 @@ def test_cli_tune_end_to_end_on_a_tiny_model_under_a_real_cap(tmp_path: Path, te
     assert len(loss_notes) == 1 and loss_notes[0]["trials"] == [0, 1, 2, 3]
     best = summary["best_config"]
     assert best["memory_peak_gb"] + 0.2 <= 1.5
+    assert best["spread_rel"] >= 0  # the probe's 95% interval of its step time
+    if best["spread_rel"] >= 0.005:  # the box says how far the probe's own noise may put its speed
+        assert f"{best['spread_rel']:.0%} (the probe's 95% interval)" in printed
     script = (out / "train_command.sh").read_text()
     assert f"--per_device_train_batch_size {best['config']['batch_size']}" in script
     assert len(list((out / "probes").iterdir())) == 4  # each probe's request, log and result kept

@@ -50,6 +50,9 @@ class ConfigEntry(Record):
     ``samples_per_second``, ``tokens_per_second``, ``confirmed_median`` and
     ``estimated_full_runtime_hours`` include the trainer's cost; without one they are the probe's.
     Absent from a summary written before it was kept."""
+    spread_rel: float | None = field(default=None, metadata={"omit_none": True})
+    """The probe's 95% interval of its step time, relative (``Measurement.step_time_ci95_rel``):
+    how far ``samples_per_second`` may be off by the probe's own noise. Absent where unknown."""
     samples_per_step: float | None = field(default=None, metadata={"omit_none": True})
     """Under ``packing`` (a row holds several samples): the samples an optimizer step trains, the
     epoch's mean (``Measurement.samples_per_step``); absent otherwise, where it is

@@ -186,6 +186,8 @@ def print_best(result: TuneResult, s: Summary, best: ConfigEntry) -> None:
     objective_unit = unit(s.objective)
     rows = [("config", values_line(best.searched)),
             ("samples/s", fmt_num(best.samples_per_second)
+             + (f" ±{best.spread_rel:.0%} (the probe's 95% interval)" if best.spread_rel and best.spread_rel >= 0.005
+                else "")
              + (f" (confirmation median: {fmt_num(best.confirmed_median)} {objective_unit})"
                 if best.confirmed_median is not None else "")),
             ("tokens/s", f"{fmt_num(best.tokens_per_second)} (real tokens)"),

@@ -96,6 +96,7 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
         config=params.to_dict(),
         command=command,
         probe_samples_per_second=probe_samples_per_second(t, repeats or {}),
+        spread_rel=m.step_time_ci95_rel,
         samples_per_step=m.samples_per_step if params.packing else None,
     )
 
