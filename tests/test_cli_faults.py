@@ -214,6 +214,18 @@ def test_a_full_disk_mid_tune_says_so_and_resumes_with_every_trial(tmp_path: Pat
     assert summary["total_tested"] == 2 and "resuming: 1 trials already measured" in capsys.readouterr().out
 
 
+def test_a_missing_dataset_is_named_before_the_fields_are_asked_for(tmp_path: Path, capsys: Any) -> None:
+    """A typo in the path, no field flag given: the missing file first (it once asked for a text field);
+    a pattern is left to the reader, which says it matches nothing. A bad --lengths file says the fix."""
+    assert main(["analyze", str(tmp_path / "trian.jsonl")]) == 2
+    assert f"{tmp_path / 'trian.jsonl'} not found" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path / "*.jsonl"), "--text-field", "text"]) == 2
+    assert "matches no file" in capsys.readouterr().err
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 16})
+    assert main(["probe", str(path), "--lengths", str(path)]) == 2
+    assert "is not a trainfit length analysis" in (err := capsys.readouterr().err) and "fix: give the file" in err
+
+
 def test_a_path_longer_than_the_filesystem_allows_is_one_line(tmp_path: Path, capsys: Any) -> None:
     """A spec, a --lengths file or a dataset path no filesystem takes: one line naming the cause and
     the fix (each was an OSError traceback)."""

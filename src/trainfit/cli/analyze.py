@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from trainfit.cli import COMMANDS
@@ -122,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         if not args.path:
             raise TrainfitError("give a dataset path or --spec", "e.g. trainfit analyze data.jsonl --text-field text")
+        if not any(c in args.path for c in "*?[") and not Path(args.path).exists():  # a pattern is the reader's
+            raise TrainfitError(f"{args.path} not found", "give the path of your dataset: a file, a folder of shards "
+                                "or a pattern (data/*.parquet)")
         recipe = LengthRecipe(text_fields=tuple(args.text_field), messages_field=args.messages_field,
                               length_field=args.length_field, audio_field=args.audio_field,
                               length_scale=args.length_scale, length_by=args.length_by,

@@ -110,7 +110,9 @@ def stats_from_args(args: argparse.Namespace, spec, progress: bool = True):
         try:
             stats = LengthStats.from_dict(json.loads(path.read_text()))
         except (ValueError, TypeError) as err:
-            raise TrainfitError(f"{path} is not a trainfit length analysis ({err})") from None
+            raise TrainfitError(f"{path} is not a trainfit length analysis ({err})",
+                                "give the file `trainfit analyze ... --json FILE` wrote, or leave --lengths out "
+                                "to count the lengths now") from None
         if spec.data is not None and Path(stats.source).resolve() != Path(spec.data.path).resolve():
             print(f"warning: {path} analyzed {stats.source}, but the spec's data is {spec.data.path}")
         return stats
