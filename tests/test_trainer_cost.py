@@ -132,6 +132,10 @@ def test_a_plan_says_when_its_calibrations_steps_were_still_speeding_up(tmp_path
     assert "calibrated (by `trainfit tune --calibrate`)" not in settling  # not the tune's own any more
     slowing = " ".join(make_plan(out, max_hours=10, epochs=1, calibration=replace(tunes, pace_change_rel=0.12)).rests_on)
     assert "ran 12% slower" in slowing and "the ETA may be short" in slowing
+    # A noisy calibration widens the training time's interval past the probe's: the plan says whose spread it is.
+    noisy = make_plan(out, max_hours=10, epochs=1, calibration=replace(tunes, spread_rel=0.8))
+    assert "the calibration's own spread, +-80.0%, joins the probe's" in " ".join(noisy.rests_on)
+    assert noisy.eta.spread_rel >= 0.8
 
 
 def test_a_plan_on_a_probe_that_did_not_settle_says_so_with_the_way_on(tmp_path: Path) -> None:

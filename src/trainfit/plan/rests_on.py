@@ -99,6 +99,9 @@ def _calibration_lines(calibration: Calibration, s: Summary, chosen: Candidate) 
     if not math.isfinite(calibration.spread_rel):
         lines.append("the calibration's own spread could not be measured (too few steps shown): the interval "
                      "holds the probe's alone; calibrate over more steps for it")
+    elif calibration.spread_rel >= 0.005:
+        lines.append(f"the calibration's own spread, +-{calibration.spread_rel:.1%}, joins the probe's in the training "
+                     "time's interval (the two as independent errors)")
     change = calibration.pace_change_rel
     if change is not None:
         lines.append(f"the calibration's later steps ran {abs(change):.0%} {'faster' if change < 0 else 'slower'} "
