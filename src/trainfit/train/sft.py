@@ -13,6 +13,7 @@ import contextlib
 import io
 import os
 import shlex
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -86,12 +87,14 @@ def build_trainer(argv: Sequence[str], callbacks: Sequence[Any]) -> Any:
     else:
         raise TrainfitError("the command names no dataset (`--dataset_name` or a `--config` with datasets)",
                             "train from a tune folder whose train_command.sh names its data")
-    return SFTTrainer(
-        model=model_args.model_name_or_path,
-        args=training_args,
-        train_dataset=dataset[script_args.dataset_train_split],
-        eval_dataset=dataset[script_args.dataset_test_split] if training_args.eval_strategy != "no" else None,
-        quantization_config=get_quantization_config(model_args),
-        peft_config=get_peft_config(model_args),
-        callbacks=list(callbacks),
-    )
+    with warnings.catch_warnings():  # peft reads transformers' deprecated property: noise in every run's log
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        return SFTTrainer(
+            model=model_args.model_name_or_path,
+            args=training_args,
+            train_dataset=dataset[script_args.dataset_train_split],
+            eval_dataset=dataset[script_args.dataset_test_split] if training_args.eval_strategy != "no" else None,
+            quantization_config=get_quantization_config(model_args),
+            peft_config=get_peft_config(model_args),
+            callbacks=list(callbacks),
+        )
