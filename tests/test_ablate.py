@@ -178,6 +178,30 @@ def test_a_resume_of_an_ablation_written_before_a_knob_was_added_goes_on(tmp_pat
         earlier_rows(path, baseline)
 
 
+def test_an_ablation_is_resumed_only_on_what_it_measured_and_never_written_over(tmp_path: Path) -> None:
+    """Rows of another model or budget are refused on --resume, naming what changed (their knobs
+    alone matched: a reviewer's 512-wide model resumed the 64-wide one's rows in 5 s); a folder that
+    holds an ablation is refused without --resume, its rows kept."""
+    from conftest import EXAMPLES
+
+    from trainfit.ablate import baseline_params, measured_on
+    from trainfit.ablate.outputs import ablate_into, earlier_rows
+    from trainfit.errors import TrainfitError
+
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml")
+    wider = load_spec(EXAMPLES / "tiny-llama.yaml", ["model.config.hidden_size=512", "budget.memory_gb=1"])
+    path = tmp_path / "ablation.json"
+    text = json.dumps({"schema_version": 1, "created_at": "", "device": "cpu", "rows": [],
+                       "baseline": baseline_params(spec).to_dict(), "measured_on": measured_on(spec)})
+    path.write_text(text)
+    assert earlier_rows(path, baseline_params(spec).to_dict(), measured_on(spec)) == []
+    with pytest.raises(TrainfitError, match=r"measured another config: budget\.memory_gb, model\.config differ"):
+        earlier_rows(path, baseline_params(wider).to_dict(), measured_on(wider))
+    with pytest.raises(TrainfitError, match="already holds an ablation"):
+        ablate_into(tmp_path, spec)
+    assert path.read_text() == text
+
+
 def test_a_factory_model_keeps_its_own_attention_and_names_its_lora_targets(tmp_path: Path) -> None:
     spec = load_spec(make_spec_file(tmp_path, model={"factory": f"{Path(__file__).parent / 'factories.py'}:scaled"},
                                     params={"width_mul": 1, "max_length": 16}))

@@ -142,6 +142,19 @@ class Ablation(Record):
     drift: float = 0.0
     """How far the baseline's two probes (first and after the techniques) differ, relative: the
     machine's drift over the ablation, in every ratio's interval."""
+    measured_on: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    """What the rows were measured on besides the baseline's knobs (:func:`measured_on`): a resume
+    checks it. Absent from an ablation written before it was kept."""
+
+
+MEASURED_ON = ("model", "data", "tokenizer", "budget", "probe")
+"""The spec's sections a row's figures depend on, besides the knobs (``params``)."""
+
+
+def measured_on(spec: Spec) -> dict[str, Any]:
+    """The spec's model, data, tokenizer, memory budget and probe settings, as it writes them."""
+    whole = spec.to_dict()
+    return {k: whole.get(k) for k in MEASURED_ON}
 
 
 def row_of(name: str, knobs: Mapping[str, Any], m: Any, *, claim: str | None = None,
@@ -270,7 +283,8 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
         rows.append(measure("baseline", {}))
         if rows[0].status != "ok":  # nothing to compare with: the techniques are not probed
             return Ablation(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                            device=rows[0].device, baseline=base_params.to_dict(), rows=rows)
+                            device=rows[0].device, baseline=base_params.to_dict(), rows=rows,
+                            measured_on=measured_on(spec))
         for t in chosen:
             if t.not_applicable:
                 rows.append(Row(name=t.name, knobs=dict(t.knobs), status="unavailable", reason=t.not_applicable,
@@ -289,7 +303,8 @@ def ablate(spec: Spec, *, stats: Any = None, done: Mapping[str, Row] | None = No
                                                                         "mixed precision: their 'all optimizations')"),
                                     ref, drift))
     return Ablation(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                    device=rows[0].device, baseline=base_params.to_dict(), rows=rows, drift=drift)
+                    device=rows[0].device, baseline=base_params.to_dict(), rows=rows, drift=drift,
+                    measured_on=measured_on(spec))
 
 
 def _chosen(everything: Sequence[Technique], only: Sequence[str]) -> list[Technique]:

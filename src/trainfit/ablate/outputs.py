@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainfit.ablate import AGAIN, TOGETHER, Ablation, Row, ablate, baseline_params, helpful, reference
+from trainfit.ablate import AGAIN, TOGETHER, Ablation, Row, ablate, baseline_params, helpful, measured_on, reference
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.format import fmt_num
@@ -27,8 +27,11 @@ def ablate_into(output: Path, spec: Spec, *, resume: bool = False, only: Sequenc
     (``resume``: the rows it already holds are reused, once checked to be of this baseline config),
     then ``ablation.html``. ``on_row`` hears each row once it is kept."""
     path = output / ABLATION_FILE
-    baseline = baseline_params(spec).to_dict()
-    done = {r.name: r for r in earlier_rows(path, baseline)} if resume else {}
+    baseline, scope = baseline_params(spec).to_dict(), measured_on(spec)
+    if not resume and path.exists():  # its rows are another run's: kept, not written over
+        raise TrainfitError(f"{output} already holds an ablation ({ABLATION_FILE})",
+                            "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
+    done = {r.name: r for r in earlier_rows(path, baseline, scope)} if resume else {}
     measured: list[Row] = []
 
     def kept(rows: list[Row]) -> list[Row]:  # this run's rows, then earlier ones it did not measure again
@@ -38,7 +41,7 @@ def ablate_into(output: Path, spec: Spec, *, resume: bool = False, only: Sequenc
     def keep(row: Row) -> None:
         measured.append(row)
         partial = {"schema_version": 1, "created_at": "", "device": measured[0].device, "baseline": baseline,
-                   "rows": [r.to_json() for r in kept(measured)]}
+                   "rows": [r.to_json() for r in kept(measured)], "measured_on": scope}
         output.mkdir(parents=True, exist_ok=True)  # made with the first row: a refusal before it leaves nothing
         write_atomically(path, json.dumps(partial, indent=2) + "\n")  # kept as it comes, before it is said
         if on_row is not None:
@@ -52,8 +55,10 @@ def ablate_into(output: Path, spec: Spec, *, resume: bool = False, only: Sequenc
     return result
 
 
-def earlier_rows(path: Path, baseline: dict[str, Any]) -> list[Row]:
-    """The rows of the ablation in ``path``, once it is checked to be of this baseline config."""
+def earlier_rows(path: Path, baseline: dict[str, Any], scope: dict[str, Any] | None = None) -> list[Row]:
+    """The rows of the ablation in ``path``, once it is checked to be of this baseline config and,
+    where both say, measured on the same model, data, budget and probe settings (``scope``:
+    :func:`~trainfit.ablate.measured_on`)."""
     if not path.is_file():
         raise TrainfitError(f"nothing to resume: {path} does not exist",
                             "drop --resume, or give the --output of the interrupted ablation")
@@ -67,10 +72,26 @@ def earlier_rows(path: Path, baseline: dict[str, Any]) -> list[Row]:
     defaults = Params().to_dict()
     was = {**{k: defaults[k] for k in baseline.keys() - earlier.baseline.keys() if k in defaults}, **earlier.baseline}
     differ = sorted(k for k in baseline.keys() | was.keys() if baseline.get(k) != was.get(k))
+    if scope is not None and earlier.measured_on is not None:
+        differ += _changed(scope, earlier.measured_on)
     if differ:
         raise TrainfitError(f"{path} measured another config: {', '.join(differ)} differ",
                             "resume with the same spec and --set, or ablate into a new --output")
     return earlier.rows
+
+
+def _changed(now: dict[str, Any], then: dict[str, Any]) -> list[str]:
+    """Where two :func:`~trainfit.ablate.measured_on` records differ: ``section.key``, or the section."""
+    out: list[str] = []
+    for section in sorted(now.keys() | then.keys()):
+        a, b = now.get(section), then.get(section)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{section}.{k}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+        else:
+            out.append(section)
+    return out
 
 
 def cells(row: Row) -> list[str]:
