@@ -121,6 +121,30 @@ def test_a_loss_that_is_not_finite_or_rises_past_its_start_diverged() -> None:
     assert diverged([3.0, 2.9, float("nan")])
     assert diverged([3.0] * 5 + [3.0, 3.2, 3.4, 3.6, 3.8])  # the last five's mean 3.4 > 1.1 x 3.0
     assert not diverged([3.0] * 5 + [2.9, 2.8, 2.7, 2.6, 2.5]) and not diverged([3.0, 9.0])
+    assert diverged([7.6, 20910.0]) and not diverged([7.6, 700.0])  # a blow-up, however few the losses
+
+
+def test_a_train_loss_is_not_ranked_against_eval_losses() -> None:
+    """A config stopped before its first eval pass (its final loss a train loss) ranks after those
+    with an eval loss, and the standing says which is which (a reviewer saw "final eval loss: fast
+    7.019, slow 7.607", 7.607 being slow's train loss at its one step)."""
+    runs = {"fast": a_run("fast", curve(8.0, 7.5), evals=[[15, 1.5, 7.019]]),
+            "slow": a_run("slow", [[1, 0.1, 6.5]])}  # lower, but a train loss
+    best = next(s for s in suggest({"fast": {}, "slow": {}}, runs) if s.says.endswith("is the best so far"))
+    assert best.says == "fast is the best so far"
+    assert best.evidence == "final loss: fast 7.019 (eval), slow 6.5 (train: no eval pass ran)"
+
+
+def test_configs_of_different_effective_batches_are_said_to_have_seen_different_data() -> None:
+    import dataclasses
+
+    runs = {"big": dataclasses.replace(a_run("big", curve(8.0, 7.1)), samples_per_step=64),
+            "ok": dataclasses.replace(a_run("ok", curve(8.0, 7.2)), samples_per_step=8)}
+    said = [s.says for s in suggest({"big": {}, "ok": {}}, runs)]
+    assert any(s.startswith("big and ok trained 64 and 8 samples a step: at equal steps big saw 8x the data")
+               for s in said), said
+    same = {n: dataclasses.replace(r, samples_per_step=8) for n, r in runs.items()}
+    assert not any("samples a step" in s.says for s in suggest({"big": {}, "ok": {}}, same))
 
 
 def curve(start: float, end: float, n: int = 40, seconds_per_step: float = 0.1) -> list[list[float]]:
@@ -146,10 +170,17 @@ def test_the_suggestions_follow_the_curves_and_say_why() -> None:
     stable = said["wild diverged at step 12: lower its learning rate or add warmup"]
     assert stable.configs == {"wild_stable": {"learning_rate": 0.00333, "lora_r": 16, "warmup_ratio": 0.1}}
     x2 = said["the highest learning rate tried (0.001) was the best and its loss still fell: try 2x (0.002)"]
-    assert x2.configs == {"high_lr_x2": {"learning_rate": 0.002, "lora_r": 16}} and x2.evidence.endswith("low (0.0001): 2.807")
+    assert x2.configs == {"high_lr_x2": {"learning_rate": 0.002, "lora_r": 16}}
+    assert x2.evidence.endswith("low (0.0001): 2.807; 0.01 diverged")
     assert "r=64 (wide) matched r=16 (high) at 0.60x the speed: keep 16" in said
     assert "train high longer (e.g. --steps 80)" in said
     assert "no config reached the target loss 1.5" in said
+    # A rate under 2x the best's diverged: the next is short of it (a reviewer saw 2x proposed, the rate that
+    # had diverged); one at or under the best's diverged too: nothing proposed higher.
+    for wild_lr, says in [(1.5e-3, "try 0.00122 (short of 0.0015, which diverged)"), (1e-3, None)]:
+        near = suggest({**given, "wild": {**given["wild"], "learning_rate": wild_lr}}, runs)
+        up = [s for s in near if s.says.startswith("the highest learning rate tried")]
+        assert [s.says.split(": ", 1)[1] for s in up] == ([f"{says}"] if says else []), wild_lr
     # the lowest rate best: try half; nothing falls any more: no "longer"
     flat = {"low": a_run("low", [[i, i, 2.0] for i in range(1, 41)]), "high": a_run("high", curve(3.0, 2.5))}
     said = {s.says for s in suggest({k: given[k] for k in flat}, flat)}

@@ -191,9 +191,11 @@ def _evals_falling(run: ConfigRun) -> list[float]:
 
 
 def ranked(runs: dict[str, ConfigRun]) -> list[str]:
-    """The configs that finished, best (lowest final loss) first."""
+    """The configs that finished, best (lowest final loss) first: those with an eval loss before
+    those without (a train loss is no rival of an eval loss: a run stopped before its first pass
+    ranks after every run that had one)."""
     done = [name for name, r in runs.items() if r.status == "finished" and final_loss(r) is not None]
-    return sorted(done, key=lambda name: final_loss(runs[name]))  # type: ignore[arg-type, return-value]
+    return sorted(done, key=lambda name: (not runs[name].evals, final_loss(runs[name])))
 
 
 def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target_loss: float | None = None,
@@ -216,6 +218,7 @@ def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target
                                   evidence=f"its loss was still falling at the end: {_quarters(runs[best])}"))
         out.insert(0, Suggestion(says=f"{best} is the best so far", evidence=_standing(order, runs),
                                  configs={best: dict(given[best])}))
+        out += _unequal_samples(order, runs)
         out[1:1] = _too_close(order, runs, given, steps)
     out += _machine_changed(given, runs)
     if target_loss is not None and not any(reached(r, target_loss) for r in runs.values()):
@@ -270,17 +273,24 @@ def _does_not_fit(name: str, given: dict[str, Any], run: ConfigRun, defaults: di
 
 def _learning_rate_edge(best: str, given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun],
                         order: list[str]) -> list[Suggestion]:
-    """The best config had the highest (lowest) learning rate tried: try past it."""
+    """The best config had the highest (lowest) learning rate tried: try past it, short of the
+    lowest rate that diverged (a rate that diverged was tried too)."""
     rates = {name: float(given[name].get("learning_rate", 2e-5)) for name in order}
     if len(set(rates.values())) < 2:
         return []
     lr = rates[best]
     others = ", ".join(f"{n} ({rates[n]:g}): {final_loss(runs[n]):.4g}" for n in order[1:4])
-    if lr == max(rates.values()) and still_falling(runs[best]):
+    blew = min((float(given[n].get("learning_rate", 2e-5)) for n, r in runs.items() if r.status == "diverged"),
+               default=math.inf)
+    if lr == max(rates.values()) and still_falling(runs[best]) and blew > lr:
+        higher = 2 * lr if blew > 2 * lr else math.sqrt(lr * blew)  # between the best and the lowest that diverged
+        below = f"; {blew:g} diverged" if math.isfinite(blew) else ""
         return [Suggestion(says=f"the highest learning rate tried ({lr:g}) was the best and its loss still fell: "
-                                f"try 2x ({2 * lr:g})",
-                           evidence=f"final loss {best} ({lr:g}): {final_loss(runs[best]):.4g}; {others}",
-                           configs={f"{best}_lr_x2": {**given[best], "learning_rate": float(f"{2 * lr:.3g}")}})]
+                                + (f"try 2x ({higher:g})" if higher == 2 * lr else
+                                   f"try {higher:.3g} (short of {blew:g}, which diverged)"),
+                           evidence=f"final loss {best} ({lr:g}): {final_loss(runs[best]):.4g}; {others}{below}",
+                           configs={f"{best}_lr_{'x2' if higher == 2 * lr else 'up'}": {
+                               **given[best], "learning_rate": float(f"{higher:.3g}")}})]
     if lr == min(rates.values()):
         return [Suggestion(says=f"the lowest learning rate tried ({lr:g}) was the best: try half of it ({lr / 2:g})",
                            evidence=f"final loss {best} ({lr:g}): {final_loss(runs[best]):.4g}; {others}",
@@ -350,6 +360,25 @@ def _quarters(run: ConfigRun) -> str:
             f"{statistics.fmean(losses[-q:]):.4g} in the last")
 
 
+def _unequal_samples(order: list[str], runs: dict[str, ConfigRun]) -> list[Suggestion]:
+    """Ranked configs whose optimizer steps train different numbers of samples: at equal steps, the
+    larger effective batch has seen more data, and its lower loss may be only that."""
+    per_step = {n: runs[n].samples_per_step for n in order if runs[n].samples_per_step}
+    if len(set(per_step.values())) < 2:
+        return []
+    most, least = max(per_step, key=per_step.__getitem__), min(per_step, key=per_step.__getitem__)
+    return [Suggestion(
+        says=f"{most} and {least} trained {per_step[most]} and {per_step[least]} samples a step: at equal steps "
+             f"{most} saw {per_step[most] / per_step[least]:.3g}x the data, so their losses compare data seen, not "
+             "only the configs; compare them at equal samples (--target-loss: the samples each needed) or at "
+             "the same effective batch",
+        evidence=", ".join(f"{n}: {per_step[n]} samples a step, {runs[n].steps} steps" for n in order if n in per_step))]
+
+
 def _standing(order: list[str], runs: dict[str, ConfigRun]) -> str:
-    kind = "eval" if runs[order[0]].evals else "train"
-    return f"final {kind} loss: " + ", ".join(f"{n} {final_loss(runs[n]):.4g}" for n in order)
+    kinds = {bool(runs[n].evals) for n in order}
+    if len(kinds) == 1:
+        return f"final {'eval' if kinds.pop() else 'train'} loss: " + ", ".join(
+            f"{n} {final_loss(runs[n]):.4g}" for n in order)
+    return "final loss: " + ", ".join(
+        f"{n} {final_loss(runs[n]):.4g} ({'eval' if runs[n].evals else 'train: no eval pass ran'})" for n in order)
