@@ -95,6 +95,16 @@ def test_every_problem_of_a_configs_file_is_named_with_its_config_and_key(llama:
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     with pytest.raises(TrainfitError, match="mapping of config names"):
         read_configs(tmp_path / "list.yaml", spec)
+    # The spec's rules across sections, as loading a spec checks them (each was accepted, then trained as
+    # something else or refused by TRL in the config's own process).
+    (tmp_path / "rules.yaml").write_text("fused: {loss: model}\nalpha: {lora_r: null, lora_alpha: 64}\n"
+                                         "frac: {lora_alpha: 12.5}\nq4: {lora_r: null, quantization: 4bit}\n")
+    with pytest.raises(SpecError) as err:
+        read_configs(tmp_path / "rules.yaml", spec)
+    text = str(err.value)
+    assert "fused.loss: loss: model, but the training command is `trl sft`" in text
+    assert "alpha.lora_r: LoRA options are set (lora_alpha) but lora_r is null" in text
+    assert "frac.lora_alpha: 12.5: not a whole number" in text and "q4.quantization: quantization: 4bit" in text
 
 
 def test_a_resume_into_a_folder_that_does_not_exist_is_refused(llama: Path, tmp_path: Path, capsys) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from trainfit.errors import Problem, SpecError, TrainfitError
 from trainfit.params import Params, parse_params
 from trainfit.spec import Spec, load_yaml, parse_override
+from trainfit.spec.rules import params_problems
 from trainfit.workloads.step import SCHEDULERS, Schedule
 
 TRAINING_KEYS: dict[str, str] = {
@@ -164,6 +165,9 @@ def _config(name: str, values: Any, spec: Spec, problems: list[Problem]) -> Name
             del knobs[key]  # a misspelt training value: said once, not again as an unknown knob
     params, found = parse_params({**spec.params.to_dict(), **knobs}, allow_custom=factory, prefix=name)
     problems.extend(found)
+    if not found:  # the spec's rules across sections, as loading it checks them: named by this config's keys
+        problems.extend(Problem(f"{name}.{p.key.split('.', 1)[-1]}", p.message, p.hint)
+                        for p in params_problems(spec.model, spec.tune, params, None))
     if params.packing:  # its runs count a step's samples as its effective batch; a packed step holds more
         problems.append(Problem(f"{name}.packing", "compare counts each step as batch_size x accumulation samples, and "
                                 "a packed step holds more", "compare configs unpacked (tune measures packing)"))

@@ -14,15 +14,7 @@ from trainfit.errors import Problem, SpecError, TrainfitError
 from trainfit.params import Params, parse_params
 from trainfit.space import SearchSpace, parse_space
 from trainfit.spec.fields import SEED_RANGE, check_field_bounds, check_one_of, typed_sections, unknown
-from trainfit.spec.rules import (
-    batching_problems,
-    lora_problems,
-    loss_problems,
-    parallel_problems,
-    quantization_problems,
-    template_problems,
-    trl_problems,
-)
+from trainfit.spec.rules import params_problems
 from trainfit.spec.sections import (
     LENGTH_BY,
     MAX_MEMORY_GB,
@@ -249,13 +241,7 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
     probe = _probe_section(sections["probe"], problems)
     tune = _tune_section(sections["tune"], problems)
     space = _search_section(raw.get("search"), tune, model, params, problems)
-    problems += template_problems(tune, params, space)
-    problems += loss_problems(model, tune, params, space)
-    problems += batching_problems(model, tune, params, space)
-    problems += lora_problems(params, space)
-    problems += quantization_problems(model, params, space)
-    problems += parallel_problems(params, space)
-    problems += trl_problems(model, tune, params, space)
+    problems += params_problems(model, tune, params, space)
     tokenizer = _tokenizer(raw.get("tokenizer"), model, base_dir, problems)
     if problems:
         raise SpecError(problems, source=source or "spec")

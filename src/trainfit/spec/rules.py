@@ -172,3 +172,15 @@ def batching_problems(model: ModelSpec | None, tune: TuneSettings | None, params
         if True in (getattr(params, knob), *(dim.choices if dim else ())):
             problems.append(Problem(f"search.{knob}" if dim is not None else f"params.{knob}", why, way))
     return problems
+
+
+def params_problems(model: ModelSpec | None, tune: TuneSettings | None, params: Params | None,
+                    space: SearchSpace | None) -> list[Problem]:
+    """Every rule across sections on ``params`` (and the search ``space``, if any): what the spec
+    is checked against when loaded, and each config of a comparison's configs file."""
+    if params is None:
+        return []
+    return [*template_problems(tune, params, space), *loss_problems(model, tune, params, space),
+            *batching_problems(model, tune, params, space), *lora_problems(params, space),
+            *quantization_problems(model, params, space), *parallel_problems(params, space),
+            *trl_problems(model, tune, params, space)]
