@@ -179,6 +179,8 @@ def test_the_suggestions_follow_the_curves_and_say_why() -> None:
     assert "high is the best so far" in said and said["high is the best so far"].configs == {"high": given["high"]}
     stable = said["wild diverged at step 12: lower its learning rate or add warmup"]
     assert stable.configs == {"wild_stable": {"learning_rate": 0.00333, "lora_r": 16, "warmup_ratio": 0.1}}
+    own = suggest({**given, "wild": {**given["wild"], "warmup_steps": 8}}, runs)  # its steps win over a ratio
+    assert {"wild_stable": {"learning_rate": 0.00333, "lora_r": 16, "warmup_steps": 16}} in [s.configs for s in own]
     x2 = said["the highest learning rate tried (0.001) was the best and its loss still fell: try 2x (0.002)"]
     assert x2.configs == {"high_lr_x2": {"learning_rate": 0.002, "lora_r": 16}}
     assert x2.evidence.endswith("low (0.0001): 2.807; 0.01 diverged")

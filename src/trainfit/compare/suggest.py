@@ -245,8 +245,16 @@ def _diverged(name: str, given: dict[str, Any], run: ConfigRun) -> Suggestion:
     return Suggestion(says=f"{name} diverged at step {run.diverged_at}: lower its learning rate or add warmup",
                       evidence=f"its loss went from {start} at the start to "
                                f"{'not a number' if last is None else f'{last:.4g}'} at step {run.diverged_at}",
-                      configs={f"{name}_stable": {**given, "learning_rate": float(f"{lr / 3:.3g}"),
-                                                  "warmup_ratio": 0.1}})
+                      configs={f"{name}_stable": {**given, "learning_rate": float(f"{lr / 3:.3g}"), **_more_warmup(given)}})
+
+
+def _more_warmup(given: dict[str, Any]) -> dict[str, Any]:
+    """A tenth of the run as warmup, or more than the config had: its ``warmup_steps`` (which win over a
+    ratio, as in TRL) doubled, at least 10."""
+    steps = given.get("warmup_steps")
+    if isinstance(steps, int) and steps > 0:
+        return {"warmup_steps": max(10, 2 * steps)}
+    return {"warmup_ratio": max(0.1, 2 * float(given.get("warmup_ratio") or 0.0))}
 
 
 def _does_not_fit(name: str, given: dict[str, Any], run: ConfigRun, defaults: dict[str, Any]) -> Suggestion:
