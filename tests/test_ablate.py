@@ -195,6 +195,8 @@ def test_an_ablation_is_resumed_only_on_what_it_measured_and_never_written_over(
                        "baseline": baseline_params(spec).to_dict(), "measured_on": measured_on(spec)})
     path.write_text(text)
     assert earlier_rows(path, baseline_params(spec).to_dict(), measured_on(spec)) == []
+    patient = load_spec(EXAMPLES / "tiny-llama.yaml", ["probe.timeout_s=1800"])  # changes no figure: resumed
+    assert earlier_rows(path, baseline_params(patient).to_dict(), measured_on(patient)) == []
     with pytest.raises(TrainfitError, match=r"measured another config: budget\.memory_gb, model\.config differ"):
         earlier_rows(path, baseline_params(wider).to_dict(), measured_on(wider))
     with pytest.raises(TrainfitError, match="already holds an ablation"):

@@ -141,6 +141,10 @@ def test_a_misspelled_model_config_key_is_refused_not_built_at_the_default_width
         load_config(ModelSpec(config={"model_type": "llama", "hiden_size": 32}))
     assert load_config(ModelSpec(config={"model_type": "llama", "rope_theta": 5e5})).rope_parameters["rope_theta"] == 5e5
     assert load_config(ModelSpec(config={"model_type": "gpt2", "hidden_size": 32})).n_embd == 32
+    # Keys config.json files carry that the class takes at their default, or keeps as they are: not refused.
+    for extra in ({"rope_theta": 10000.0}, {"rope_scaling": None}, {"attn_implementation": "eager"},
+                  {"auto_map": {"AutoConfig": "x"}}, {"tokenizer_class": "LlamaTokenizer"}, {"torch_dtype": "bfloat16"}):
+        load_config(ModelSpec(config={"model_type": "llama", **extra}))
 
 
 MIXTRAL = {"model_type": "mixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,

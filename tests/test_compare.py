@@ -140,8 +140,10 @@ def test_a_train_loss_is_not_ranked_against_eval_losses() -> None:
     7.019, slow 7.607", 7.607 being slow's train loss at its one step)."""
     runs = {"fast": a_run("fast", curve(8.0, 7.5), evals=[[15, 1.5, 7.019]]),
             "slow": a_run("slow", [[1, 0.1, 6.5]])}  # lower, but a train loss
-    best = next(s for s in suggest({"fast": {}, "slow": {}}, runs) if s.says.endswith("is the best so far"))
+    said = suggest({"fast": {}, "slow": {}}, runs)
+    best = next(s for s in said if s.says.endswith("is the best so far"))
     assert best.says == "fast is the best so far"
+    assert not any("to tell fast from slow" in s.says or "within the noise" in s.says for s in said)  # not weighed
     assert best.evidence == "final loss: fast 7.019 (eval), slow 6.5 (train: no eval pass ran)"
 
 

@@ -603,6 +603,8 @@ def test_on_track_says_nothing_from_the_warm_up_step_alone(monkeypatch) -> None:
     now[0], state.global_step = now[0] + 0.5, 2
     callback.on_step_end(None, state, None)
     assert callback.latest is not None and callback.latest.state == "slower than planned"  # 139.5 s, not 4,500
+    callback.on_train_end(None, state, None)  # stopped at step 2 of 100 (a deadline, a signal): not finished
+    assert callback.latest.projected_s > callback.latest.elapsed_s + 40
 
 
 @pytest.mark.integration

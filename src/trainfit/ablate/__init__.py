@@ -149,12 +149,17 @@ class Ablation(Record):
 
 MEASURED_ON = ("model", "data", "tokenizer", "budget", "probe")
 """The spec's sections a row's figures depend on, besides the knobs (``params``)."""
+PROBE_FIGURES = ("device", "memory_steps", "burn_in_steps", "seed", "data")
+"""Of the probe settings, those that change a row's figures (a timeout or a time limit does not)."""
 
 
 def measured_on(spec: Spec) -> dict[str, Any]:
-    """The spec's model, data, tokenizer, memory budget and probe settings, as it writes them."""
+    """The spec's model, data, tokenizer, memory budget and the probe settings that change a figure."""
     whole = spec.to_dict()
-    return {k: whole.get(k) for k in MEASURED_ON}
+    scope = {k: whole.get(k) for k in MEASURED_ON}
+    if isinstance(scope["probe"], dict):
+        scope["probe"] = {k: v for k, v in scope["probe"].items() if k in PROBE_FIGURES}
+    return scope
 
 
 def row_of(name: str, knobs: Mapping[str, Any], m: Any, *, claim: str | None = None,

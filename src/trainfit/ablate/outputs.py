@@ -28,10 +28,7 @@ def ablate_into(output: Path, spec: Spec, *, resume: bool = False, only: Sequenc
     then ``ablation.html``. ``on_row`` hears each row once it is kept."""
     path = output / ABLATION_FILE
     baseline, scope = baseline_params(spec).to_dict(), measured_on(spec)
-    if not resume and path.exists():  # its rows are another run's: kept, not written over
-        raise TrainfitError(f"{output} already holds an ablation ({ABLATION_FILE})",
-                            "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
-    done = {r.name: r for r in earlier_rows(path, baseline, scope)} if resume else {}
+    done = {r.name: r for r in rows_to_reuse(output, spec, resume)}
     measured: list[Row] = []
 
     def kept(rows: list[Row]) -> list[Row]:  # this run's rows, then earlier ones it did not measure again
@@ -53,6 +50,19 @@ def ablate_into(output: Path, spec: Spec, *, resume: bool = False, only: Sequenc
     write_atomically(path, json.dumps(result.to_json(), indent=2) + "\n")
     write_atomically(output / PAGE_FILE, page(result, str(spec.source)))
     return result
+
+
+def rows_to_reuse(output: Path, spec: Spec, resume: bool) -> list[Row]:
+    """The rows an ablation into ``output`` reuses: with ``resume``, those its ``ablation.json``
+    holds (checked by :func:`earlier_rows`); without, none, and an ablation already there is
+    refused rather than written over."""
+    path = output / ABLATION_FILE
+    if not resume:
+        if path.exists():
+            raise TrainfitError(f"{output} already holds an ablation ({ABLATION_FILE})",
+                                "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
+        return []
+    return earlier_rows(path, baseline_params(spec).to_dict(), measured_on(spec))
 
 
 def earlier_rows(path: Path, baseline: dict[str, Any], scope: dict[str, Any] | None = None) -> list[Row]:

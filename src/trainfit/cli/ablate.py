@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainfit.ablate import AGAIN, baseline_params, measured_on
-from trainfit.ablate.outputs import ABLATION_FILE, HEADER, PAGE_FILE, ablate_into, cells, earlier_rows, together_notes
+from trainfit.ablate import AGAIN
+from trainfit.ablate.outputs import ABLATION_FILE, HEADER, PAGE_FILE, ablate_into, cells, rows_to_reuse, together_notes
 from trainfit.cli import COMMANDS
 from trainfit.cli.common import add_spec_arguments, interrupted, spec_from_args, stats_from_args
 from trainfit.errors import TrainfitError
@@ -64,8 +64,7 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     out = Path(args.output) if args.output else \
         Path("trainfit-runs") / Path(args.spec).stem / datetime.now().strftime("ablate-%Y%m%d-%H%M%S")
-    if args.resume:  # what cannot be resumed is refused before the lengths are counted
-        earlier_rows(out / ABLATION_FILE, baseline_params(spec).to_dict(), measured_on(spec))
+    rows_to_reuse(out, spec, args.resume)  # what cannot be resumed, or written over, is refused before counting
     stats = stats_from_args(args, spec)
     print(f"trainfit ablate: {spec.source} -> {out}")
     try:

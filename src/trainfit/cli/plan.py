@@ -129,8 +129,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(text)
         if tunes_pick is not None and plan.trial is not None and plan.trial != tunes_pick.trial:
+            how = "run the command above, or `trainfit train`," if plan.command else "run `trainfit train`"
             print(f"\nnote: this plan trains trial {plan.trial}; train_command.sh and the tune's other files are its "
-                  f"pick, trial {tunes_pick.trial}: run the command above, or `trainfit train`, for the planned run")
+                  f"pick, trial {tunes_pick.trial}: {how} for the planned run")
         print(f"\nwritten: {folder / PLAN_FILE}, {folder / TEXT_FILE}")
     return 0 if plan.fits else 1
 

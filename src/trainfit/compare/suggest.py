@@ -66,9 +66,10 @@ def loss_drop(run: ConfigRun) -> float:
 
 
 def same_result(a: ConfigRun, b: ConfigRun) -> bool:
-    """Whether two runs' final losses are the same result (:data:`SAME_LOSS`)."""
+    """Whether two runs' final losses are the same result (:data:`SAME_LOSS`); an eval loss and a
+    train loss never are (they are not measured on the same samples)."""
     loss_a, loss_b = final_loss(a), final_loss(b)
-    if loss_a is None or loss_b is None:
+    if loss_a is None or loss_b is None or bool(a.evals) != bool(b.evals):
         return False
     drop = max(loss_drop(a), loss_drop(b))
     return abs(loss_a - loss_b) <= SAME_LOSS * drop if drop > 0 else loss_a == loss_b
@@ -133,8 +134,8 @@ def _too_close(order: list[str], runs: dict[str, ConfigRun], given: dict[str, di
     the noise of their gap (:func:`_gap_noise`), or too few losses to know it and (for eval
     losses) the same result (:func:`same_result`). Both go to the next round, and where the runner-up trained
     faster, that is said: at equal loss it is the better config."""
-    if len(order) < 2:
-        return []
+    if len(order) < 2 or bool(runs[order[0]].evals) != bool(runs[order[1]].evals):
+        return []  # an eval loss and a train loss: ranked apart, not weighed against each other
     best, second = order[0], order[1]
     a, b = final_loss(runs[best]), final_loss(runs[second])
     assert a is not None and b is not None  # ranked runs have a final loss
@@ -292,6 +293,8 @@ def _learning_rate_edge(best: str, given: dict[str, dict[str, Any]], runs: dict[
                default=math.inf)
     if lr == max(rates.values()) and still_falling(runs[best]) and blew > lr:
         higher = 2 * lr if blew > 2 * lr else math.sqrt(lr * blew)  # between the best and the lowest that diverged
+        if float(f"{higher:.3g}") <= lr:
+            return []  # the rate that diverged is as good as the best's: nothing between them to try
         below = f"; {blew:g} diverged" if math.isfinite(blew) else ""
         return [Suggestion(says=f"the highest learning rate tried ({lr:g}) was the best and its loss still fell: "
                                 + (f"try 2x ({higher:g})" if higher == 2 * lr else

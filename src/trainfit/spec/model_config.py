@@ -45,10 +45,11 @@ def _check_model_type(model_type: Any) -> None:
 
 
 def _check_keys(model_type: str, cfg: dict[str, Any], built: Any) -> None:
-    """A key of ``model.config`` that the config class neither takes nor turns into another
-    setting (a legacy name, as ``rope_theta`` into ``rope_parameters``) is refused: transformers
-    keeps it as an attribute no model reads, and builds the default in its place (a misspelled
-    ``hidden_size``: 4096 wide)."""
+    """A key of ``model.config`` spelled like one of the config class's settings but none of them
+    is refused: transformers keeps it as an attribute no model reads, and builds the default in
+    its place (a misspelled ``hidden_size``: 4096 wide). A key the class took (``rope_theta`` into
+    ``rope_parameters``, ``attn_implementation``), or one like no setting (``auto_map``, a custom
+    model's own), is left to transformers."""
     import inspect
 
     from transformers import AutoConfig
@@ -56,13 +57,17 @@ def _check_keys(model_type: str, cfg: dict[str, Any], built: Any) -> None:
     cls = type(built)
     taken = set(inspect.signature(cls.__init__).parameters) | set(getattr(cls, "attribute_map", {}))
     for key in sorted(set(cfg) - taken):
+        if key not in vars(built):
+            continue  # consumed: converted into another setting
         without = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != key}).to_dict()
         if {k: v for k, v in built.to_dict().items() if k != key} != without:
             continue  # it changed another setting: a name the class converts
-        close = difflib.get_close_matches(key, sorted(taken | set(without)), n=3)
+        close = difflib.get_close_matches(key, sorted(taken | set(without)), n=3, cutoff=0.8)
+        if not close:
+            continue  # no misspelling of a setting: an extra attribute, as config.json files carry
         raise TrainfitError(
             f"model.config.{key} is no setting of transformers' {cls.__name__}: it would be ignored and the model "
-            "built with the default in its place" + (f" (did you mean {', '.join(close)}?)" if close else ""),
+            f"built with the default in its place (did you mean {', '.join(close)}?)",
             "spell it as the model's config.json does, or remove it")
 
 

@@ -72,7 +72,7 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
                                     f"{shlex.quote(str(run_dir))} "
                                     "--max-hours H")
             deadline_hours = plan.max_hours
-        if checkpoint is not None and deadline_hours:
+        if resume and deadline_hours:
             _refuse_a_passed_deadline(record.started_at, deadline_hours, past)
         every_s = options.checkpoint_minutes * 60 if options.checkpoint_minutes is not None else (
             plan.checkpoint_every_s if plan is not None else 30 * 60)

@@ -136,6 +136,7 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         self.interval.last = self.segment_began = time.monotonic()
         self.evals = []
         self.first_step, self.max_steps = int(state.global_step), int(state.max_steps)
+        self.saved_step = self.first_step or None  # a resume's checkpoint: never saved over in place
         self.log.write("train_begin", step=self.first_step, max_steps=self.max_steps)
         epochs = past_epochs(args, state)
         if epochs is not None:

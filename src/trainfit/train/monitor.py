@@ -328,7 +328,7 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.start is not None:
-            self._report(state, ahead=False, ended=True)
+            self._report(state, ahead=False, ended=int(state.global_step) >= int(state.max_steps))  # else stopped
 
     def _to_services(self, figures: dict[str, float]) -> None:
         """``figures`` to every callback of the watched trainer's ``on_log`` (its ``report_to``
