@@ -202,6 +202,18 @@ def test_an_ablation_is_resumed_only_on_what_it_measured_and_never_written_over(
     with pytest.raises(TrainfitError, match="already holds an ablation"):
         ablate_into(tmp_path, spec)
     assert path.read_text() == text
+    # Rows measured on another device (probe.device: auto matches any machine): refused by the device's name.
+    from trainfit.ablate.outputs import rows_to_reuse
+    from trainfit.devices import device_label, resolve_device_name
+
+    for device, refused in (("A Device Of Another Machine", True), (device_label(resolve_device_name("auto")), False)):
+        row = Row(name="baseline", knobs={}, status="ok", samples_per_second=10.0, device=device)
+        path.write_text(json.dumps({**json.loads(text), "rows": [row.to_json()]}))
+        if refused:
+            with pytest.raises(TrainfitError, match=r"was measured on A Device Of Another Machine, and this run is on "):
+                rows_to_reuse(tmp_path, spec, True)
+        else:
+            assert rows_to_reuse(tmp_path, spec, True) == [row]
 
 
 def test_a_factory_model_keeps_its_own_attention_and_names_its_lora_targets(tmp_path: Path) -> None:

@@ -244,6 +244,14 @@ def resolve_device_name(name: str) -> str:
     return "cuda:0" if name == "cuda" else name
 
 
+def device_label(device: str) -> str:
+    """The name a measurement records for ``device`` (a resolved name: ``cuda:0``, ``cpu``): the
+    GPU's model, or the CPU's."""
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else cpu_name()
+
+
 def synchronize(device: Any) -> None:
     """Wait for a CUDA device's queued work (a timing's end); nothing on a CPU."""
     import torch

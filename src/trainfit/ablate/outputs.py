@@ -62,7 +62,16 @@ def rows_to_reuse(output: Path, spec: Spec, resume: bool) -> list[Row]:
             raise TrainfitError(f"{output} already holds an ablation ({ABLATION_FILE})",
                                 "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
         return []
-    return earlier_rows(path, baseline_params(spec).to_dict(), measured_on(spec))
+    rows = earlier_rows(path, baseline_params(spec).to_dict(), measured_on(spec))
+    # local: torch loads only for a resume, to name this machine's device as a probe names it
+    from trainfit.devices import device_label, resolve_device_name
+
+    here = device_label(resolve_device_name(spec.probe.device))
+    there = {r.device for r in rows if r.status == "ok" and r.device}
+    if there - {here}:
+        raise TrainfitError(f"{path} was measured on {', '.join(sorted(there))}, and this run is on {here}",
+                            "resume on that machine, or ablate into a new --output here")
+    return rows
 
 
 def earlier_rows(path: Path, baseline: dict[str, Any], scope: dict[str, Any] | None = None) -> list[Row]:

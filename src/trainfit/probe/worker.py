@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainfit.devices import cpu_name, peak_rss_bytes, reset_peak_rss, synchronize, versions
+from trainfit.devices import device_label, peak_rss_bytes, reset_peak_rss, synchronize, versions
 from trainfit.errors import TrainfitError, Unsupported
 from trainfit.files import write_atomically
 from trainfit.probe.events import emit, open_channel
@@ -163,7 +163,7 @@ def open_device(req: ProbeRequest, out: dict[str, Any], capped_now: bool) -> Any
     if cap:
         cap_memory(cap, device, out, cpu=capped_now)
     out["device"] = str(device)
-    out["device_name"] = torch.cuda.get_device_name(device) if cuda else cpu_name()
+    out["device_name"] = device_label(str(device))
     out["cpu_threads"] = torch.get_num_threads()
     if req.budget_memory_gb is None:
         out["budget_memory_gb"] = own = device_memory_gb(device)
