@@ -242,6 +242,39 @@ def test_a_trial_whose_run_died_before_its_first_heartbeat_is_retried(tmp_path: 
     assert {t.number: t for t in machine_a.study.get_trials()}[asking.number].state.name == "FAIL"
 
 
+def test_a_trials_first_heartbeat_waits_out_an_outage_so_its_run_dying_frees_it(tmp_path: Path,
+                                                                                   monkeypatch: Any) -> None:
+    """The first beat, recorded before the trial gets its owner, meets a database that does not
+    answer: it is retried, not skipped. Skipped, the trial would carry an owner and no beat: Optuna
+    calls no such trial stale and another machine cannot check the owner's process, so once its run
+    died its config would be in flight for ever."""
+    import optuna
+    import sqlalchemy.exc
+
+    from trainfit.search import claims
+
+    record = optuna.storages.RDBStorage.record_heartbeat
+    failures: list[int] = []
+
+    def lost_once(self: Any, trial_id: int) -> None:
+        if not failures:
+            failures.append(trial_id)
+            raise sqlalchemy.exc.OperationalError("INSERT", {}, Exception("server closed the connection"))
+        record(self, trial_id)
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "record_heartbeat", lost_once)
+    db = tmp_path / "shared.db"
+    url = f"sqlite:///{db}"
+    spec = synthetic_spec(tmp_path, "grid")
+    machine_a = store_for(spec, tmp_path / "a", storage=url)
+    trial = machine_a.ask(VALUES)
+    assert failures == [trial._trial_id] and "owner" in trial.user_attrs  # the first try failed
+    trial.set_user_attr("owner", "another-host:1")  # its run on a machine this host cannot check ...
+    age_heartbeat(db, trial, 3 * claims.HEARTBEAT_S + 10)  # ... died: no beat since
+    assert store_for(spec, tmp_path / "b", storage=url, resume=True).retried == 1
+    assert machine_a.storage.get_trial(trial._trial_id).state.name == "FAIL"
+
+
 def _join(spec: Any, url: str, output: Path, log: Path, summary: Path, rendezvous: Path) -> None:
     """One machine of several started with the same command (run in a child process)."""
     import importlib

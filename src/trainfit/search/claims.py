@@ -51,11 +51,15 @@ def abandoned(trial: Any) -> bool:
     return host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
 
 
-def beat(storage: Any, trial: Any) -> None:
+def beat(storage: Any, trial: Any, *, first: bool = False) -> None:
     """Record ``trial``'s heartbeat where ``storage`` keeps them: a database does (Optuna's
     ``RDBStorage``); a journal file does not, and its runs, all on one machine, are told alive by
-    their process (:func:`abandoned`)."""
-    record = getattr(storage, "record_heartbeat", None)
+    their process (:func:`abandoned`). A ``first`` beat, the one before a trial gets its owner,
+    waits out an unreachable database as a transaction does; a later one is skipped (see
+    :func:`~trainfit.search.reconnect.reconnecting`)."""
+    record = getattr(storage, "record_first_heartbeat" if first else "record_heartbeat", None)
+    if record is None:
+        record = getattr(storage, "record_heartbeat", None)
     if record is not None:
         record(trial._trial_id)  # the storage API takes its id, not its number
 

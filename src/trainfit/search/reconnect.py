@@ -73,10 +73,15 @@ def reconnecting(storage: Any, where: str, on_outage: Callable[[Any], None]) -> 
     """``storage`` (an ``RDBStorage``), its transactions retried while its database cannot be
     reached; ``on_outage`` gets a :class:`StorageLost` when a wait begins and a :class:`StorageBack`
     when it ends (``where``: the URL to name, its password hidden). Its heartbeat is not retried:
-    a beat that cannot be recorded is skipped, and the next one (``HEARTBEAT_S`` later) records it."""
+    a beat that cannot be recorded is skipped, and the next one (``HEARTBEAT_S`` later) records it.
+    A trial's first beat is (``record_first_heartbeat``, repeated safely: a second try updates the
+    beat the first recorded): a trial stamped with its owner and no beat on record, its run then
+    dead, would be in flight for ever to the runs on other machines (Optuna calls no trial without
+    a beat stale, and they cannot check the owner's process)."""
     for name in TRANSACTIONS:
         setattr(storage, name, _retried(getattr(storage, name), where, on_outage))
     storage.set_trial_state_values = _state_set(storage, storage.set_trial_state_values)
+    storage.record_first_heartbeat = _retried(storage.record_heartbeat, where, on_outage)
     storage.record_heartbeat = _skipped_when_unreachable(storage.record_heartbeat)
     return storage
 

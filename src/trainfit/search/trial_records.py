@@ -161,7 +161,7 @@ def ask_trial(study: Any, distributions: Mapping[str, Any], values: Mapping[str,
         try:
             trial = _ask(study, distributions, values)
             if heartbeat_in is not None:
-                beat(heartbeat_in, trial)
+                beat(heartbeat_in, trial, first=True)  # recorded before the owner, whatever the outage
             trial.set_user_attr("owner", owner_id())
             return trial
         except optuna.exceptions.UpdateFinishedTrialError:
