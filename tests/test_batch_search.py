@@ -54,6 +54,39 @@ def test_the_search_reaches_the_largest_batch_that_fits_at_an_integer_off_the_gr
     assert again.summary.to_json()["best_config"]["config"]["batch_size"] == truth
 
 
+class Leaner(Surface):
+    """1.7 GiB a sample (0.6 with checkpointing): batch 16 fits the budget less headroom (37.2 of
+    38 GiB), though not within the line's 5% margin; a step costs 6 s + 1 s a sample (1.15 with
+    checkpointing), so samples/s keeps growing slowly with the batch."""
+
+    def memory_gb(self, p: Params) -> float:
+        return 10.0 + p.batch_size * (0.6 if p.gradient_checkpointing else 1.7)
+
+    def throughput(self, p: Params) -> float:
+        return p.batch_size / (6.0 + p.batch_size * (1.15 if p.gradient_checkpointing else 1.0))
+
+
+def test_the_grids_next_step_is_probed_where_the_line_puts_it_short_only_of_the_margin(tmp_path: Path) -> None:
+    surface = Leaner()
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32, 64]\n")
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
+    assert largest_fitting(surface) == 16
+    assert result.summary.to_json()["best_config"]["config"]["batch_size"] == 16
+    assert probed(surface) == [1, 2, 4, 8, 16, 17]  # no bisection below a step the line says fits
+
+
+def test_checkpointing_is_probed_where_the_family_without_it_climbed_to_its_memory_limit(tmp_path: Path) -> None:
+    """Without checkpointing the climb ends at 16, its memory limit, each step still gaining for its
+    size; checkpointing fits far larger batches, and the largest is the fastest config."""
+    surface = Leaner()
+    spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32, 64]\n  gradient_checkpointing: [false, true]\n")
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
+    best = result.summary.to_json()["best_config"]["config"]
+    truth = largest_fitting(surface, gradient_checkpointing=True)
+    assert best["gradient_checkpointing"] is True and best["batch_size"] == truth
+    assert min(probed(surface, gradient_checkpointing=True)) > largest_fitting(surface, gradient_checkpointing=False)
+
+
 def test_an_oom_between_two_grid_steps_is_bisected_to_adjacent_batches(tmp_path: Path) -> None:
     """The line's guess is off (memory rises faster past batch 8): each OOM halves the gap, and
     the search ends with the largest fit and the smallest failure one apart."""
@@ -312,6 +345,22 @@ def test_the_effective_batch_counts_every_process(tmp_path: Path) -> None:
                                            gradient_accumulation_steps=2))
     assert not problems and space.target_effective_batch == 16
     assert list(space.dim("batch_size").grid_values()) == [1, 2, 4, 8]  # 8 a process is the 16 of two
+
+
+def test_the_default_search_keeps_an_effective_batch_that_is_no_power_of_two_exactly() -> None:
+    """Batch 8 x 3 accumulated: 24. A batch of 16 would accumulate 2 (32, not 24: another run); the
+    default grid holds the powers of two that divide it and 24 itself, and every config trains 24.
+    Over 2 processes: 12 each. A target no batch over the processes divides keeps the powers of two."""
+    from trainfit.space import default_batch_sizes, default_space
+
+    space, problems = default_space(Params(batch_size=8, gradient_accumulation_steps=3))
+    assert not problems and space.target_effective_batch == 24
+    batches = list(space.dim("batch_size").grid_values())
+    assert batches == [1, 2, 4, 8, 24]
+    assert {space.params({"batch_size": b}).effective_batch_size for b in batches} == {24}
+    assert _integers_between(space, 8, 24) == [12]
+    assert default_batch_sizes(32) == [1, 2, 4, 8, 16, 32] and default_batch_sizes(24, processes=2) == [1, 2, 4, 12]
+    assert default_batch_sizes(10, processes=4) == [1, 2] and default_batch_sizes(512) == [1, 2, 4, 8, 16, 32, 64, 128]
 
 
 def test_configs_that_differ_in_effective_batch_by_their_processes_are_ranked_per_effective_batch() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import EXAMPLES, TINY_LLAMA, make_spec_file
@@ -16,6 +17,7 @@ from trainfit.errors import SpecError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.tune_options import TuneOptions
+from trainfit.space import parse_space
 from trainfit.spec import load_spec, with_tune
 from trainfit.tune import tune
 
@@ -92,7 +94,6 @@ def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
     from trainfit.params import Params
     from trainfit.search.strategies import GridStrategy
     from trainfit.search.trials import model_family
-    from trainfit.space import parse_space
 
     space, problems = parse_space({"batch_size": [8, 2, 4], "lora_r": [None, 8], "padding": ["longest", "max_length"]},
                                   Params(), allow_custom=False)
@@ -105,18 +106,28 @@ def test_grid_probes_each_model_family_in_a_row_smaller_batches_first() -> None:
     assert [p["batch_size"] for p in first] == [2, 2, 4, 4, 8, 8]
 
 
+def auto_trial(number: int, values: dict[str, Any], sps: float | None, ci: float = 0.001,
+               memory_gb: float | None = None) -> Any:
+    """A trial as ``auto`` reads it: a probe at ``sps`` samples/s (None: out of memory)."""
+    from trainfit.search.trials import Trial
+
+    peak = int((memory_gb if memory_gb is not None else 1 + values["batch_size"]) * GiB)
+    if sps is None:
+        m = Measurement(status="oom", config=values, peak_memory_bytes=peak)
+    else:
+        m = Measurement(status="ok", config=values, samples_per_second=sps, step_time_ci95_rel=ci,
+                        peak_memory_bytes=peak)
+    return Trial(number=number, values=values, measurement=m, objective=sps)
+
+
 def test_auto_climbs_on_when_a_small_gain_or_a_fall_is_within_measurement_noise() -> None:
     from trainfit.search.auto import AutoStrategy
-    from trainfit.search.trials import Trial
-    from trainfit.space import parse_space
 
     space, problems = parse_space({"batch_size": [1, 2, 4, 8]}, Params(), allow_custom=False)
     assert not problems
 
-    def trial(n: int, b: int, sps: float, ci: float) -> Trial:
-        m = Measurement(status="ok", config={"batch_size": b}, samples_per_second=sps, step_time_ci95_rel=ci,
-                        peak_memory_bytes=(1 + b) * GiB)
-        return Trial(number=n, values={"batch_size": b}, measurement=m, objective=sps)
+    def trial(n: int, b: int, sps: float, ci: float) -> Any:
+        return auto_trial(n, {"batch_size": b}, sps, ci)
 
     auto = AutoStrategy(space, budget_gb=None, headroom_gb=0.0, device_type="cpu")
     # +1.5% from batch 1 to 2: saturated when the probes were precise ...
@@ -127,6 +138,68 @@ def test_auto_climbs_on_when_a_small_gain_or_a_fall_is_within_measurement_noise(
     # end where each probe is precise, and noise where each is +-5%.
     assert auto.propose([trial(0, 1, 100.0, 0.001), trial(1, 2, 95.0, 0.001)]) is None
     assert auto.propose([trial(0, 1, 100.0, 0.05), trial(1, 2, 95.0, 0.05)]) == {"batch_size": 4}
+
+
+def test_auto_judges_a_small_step_past_the_grid_by_its_size() -> None:
+    """16 to 17 gains 1.5%: a doubling's worth of 18%, far from saturated (the threshold is 2% a
+    doubling), so the climb goes on."""
+    from trainfit.search.auto import AutoStrategy
+
+    space, problems = parse_space({"batch_size": [1, 2, 4, 8, 16, 32]}, Params(), allow_custom=False)
+    assert not problems
+    auto = AutoStrategy(space, budget_gb=None, headroom_gb=0.0, device_type="cpu")
+    assert auto.propose([auto_trial(0, {"batch_size": 16}, 100.0), auto_trial(1, {"batch_size": 17}, 101.5)]) == {
+        "batch_size": 32}
+    assert auto.propose([auto_trial(0, {"batch_size": 16}, 100.0), auto_trial(1, {"batch_size": 32}, 101.5)]) is None
+
+
+def test_auto_drops_a_family_after_one_probe_only_beyond_the_probes_noise() -> None:
+    """Family B (num_workers 1) slower than A by 3% at batch 1 where each probe is +-2%: noise, it
+    climbs on; where each is precise: dropped. With two probes, slower at batch 1 but faster at 2,
+    its own line decides (it can win): it climbs on. (A is in another run's hands, so B's turn comes.)"""
+    from trainfit.search.auto import AutoStrategy
+    from trainfit.search.trials import config_key
+
+    space, problems = parse_space({"batch_size": [1, 2, 4, 8], "num_workers": [0, 1]}, Params(), allow_custom=False)
+    assert not problems
+    auto = AutoStrategy(space, budget_gb=None, headroom_gb=0.0, device_type="cpu")
+    busy = [config_key({"batch_size": 4, "num_workers": 0})]
+
+    def a_and_b(b_speeds: dict[int, float], ci: float = 0.001) -> list[Any]:
+        a = [auto_trial(n, {"batch_size": b, "num_workers": 0}, 100.0 * b / (1 + 0.1 * b)) for n, b in enumerate((1, 2))]
+        return a + [auto_trial(10 + n, {"batch_size": b, "num_workers": 1}, s, ci) for n, (b, s) in
+                    enumerate(b_speeds.items())]
+
+    a1, a2 = 100 / 1.1, 200 / 1.2
+    assert auto.propose(a_and_b({1: 0.95 * a1, 2: 1.05 * a2}), busy) == {"batch_size": 4, "num_workers": 1}
+    assert auto.propose(a_and_b({1: 0.97 * a1}, ci=0.02), busy) == {"batch_size": 2, "num_workers": 1}
+    assert auto.propose(a_and_b({1: 0.97 * a1}), busy) is None
+
+
+def test_auto_climbs_a_family_whose_reach_comes_within_two_percent_of_its_rival() -> None:
+    """A (num_workers 0) ran out of memory at 16, best at 15; B, leaner, predicts 1% above A's best
+    at 64 from its two probes: the benefit of the doubt is B's, so it climbs on."""
+    from trainfit.search.auto import AutoStrategy
+
+    space, problems = parse_space({"batch_size": [1, 2, 4, 8, 16, 32, 64], "num_workers": [0, 1]}, Params(),
+                                  allow_custom=False)
+    assert not problems
+    auto = AutoStrategy(space, budget_gb=40.0, headroom_gb=0.0, device_type="cpu")
+
+    def speed_a(b: int) -> float:
+        return b / (0.5 + 0.1 * b)
+
+    c = (64 / (1.01 * speed_a(15)) - 0.6) / 64  # B at 64: 1% above A's best
+
+    def speed_b(b: int) -> float:
+        return b / (0.6 + c * b)
+
+    history = [auto_trial(n, {"batch_size": b, "num_workers": 0}, speed_a(b), memory_gb=1 + b)
+               for n, b in enumerate((1, 2, 4, 8, 15))]
+    history.append(auto_trial(5, {"batch_size": 16, "num_workers": 0}, None, memory_gb=40))
+    history += [auto_trial(6 + n, {"batch_size": b, "num_workers": 1}, speed_b(b), memory_gb=1 + b / 2)
+                for n, b in enumerate((1, 2))]
+    assert speed_b(2) < speed_a(2) and auto.propose(history) == {"batch_size": 4, "num_workers": 1}
 
 
 def test_ranges_constraints_refine_and_module_lists(tmp_path: Path) -> None:
@@ -451,3 +524,29 @@ def test_auto_skips_a_layout_whose_weights_and_optimizer_state_alone_cannot_fit(
     else:
         assert len(pruned) == 1 and pruned[0]["up_to_batch"] is None
         assert "10 GiB a process" in pruned[0]["reason"] and "parallel: fsdp over 2 processes" in pruned[0]["reason"]
+
+
+def test_auto_probes_cpu_offload_where_the_same_layout_without_it_cannot_fit() -> None:
+    """FSDP over 4 processes measured: over 2 its shard of the weights and optimizer state passes the
+    budget, so that layout is not probed; with CPU offload (the shards in host memory) it can fit,
+    and its turn comes, not waiting for ever on the family without offload that is never probed."""
+    from trainfit.search.auto import AutoStrategy
+
+    base = Params(parallel="fsdp", nproc_per_node=4, precision="bf16")
+    space, problems = parse_space({"nproc_per_node": [4, 2], "fsdp_cpu_offload": [False, True],
+                                   "batch_size": [1, 2]}, base, allow_custom=False)
+    assert not problems
+    auto = AutoStrategy(space, budget_gb=10.0, headroom_gb=0.0, device_type="cuda")
+
+    def measured(number: int, nproc: int, offload: bool, batch: int) -> Any:
+        trial = auto_trial(number, {"nproc_per_node": nproc, "fsdp_cpu_offload": offload, "batch_size": batch},
+                           10.0 * batch, memory_gb=7.0 + batch)
+        parts = {"model": 2 * GiB, "optimizer": 4 * GiB, "step": batch * GiB}  # 24 GiB of state over 4
+        trial.measurement.memory_parts_bytes.update(parts)
+        return trial
+
+    history = [measured(0, 4, False, 1), measured(1, 4, False, 2)]
+    assert auto.propose(history) == {"nproc_per_node": 2, "fsdp_cpu_offload": True, "batch_size": 1}
+    reasons = {json.dumps(p.family, sort_keys=True): p.reason for p in auto.pruned(history)}
+    assert "12 GiB a process" in reasons[json.dumps({"fsdp_cpu_offload": False, "nproc_per_node": 2})]
+    assert json.dumps({"fsdp_cpu_offload": True, "nproc_per_node": 2}) not in reasons

@@ -271,16 +271,22 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def default_batch_sizes(target_effective_batch: int, processes: int = 1) -> list[int]:
-    """The default search's batch sizes: the powers of two up to the effective batch's share of each
-    of ``processes``."""
-    return [b for b in DEFAULT_BATCH_SIZES if b * processes <= target_effective_batch] or [1]
+    """The default search's batch sizes: those of :data:`DEFAULT_BATCH_SIZES` whose micro-batch over
+    ``processes`` divides the effective batch (each keeps it exactly, with a whole accumulation),
+    and the effective batch's own share of each process (a target of 24: 1, 2, 4, 8 and 24; the
+    search's integers past the grid, 12 among them, are divisors too)."""
+    share, rest = divmod(target_effective_batch, processes)
+    if rest or not share:  # no batch keeps it exactly: the powers of two up to it, the accumulation rounded
+        return [b for b in DEFAULT_BATCH_SIZES if b * processes <= target_effective_batch] or [1]
+    return sorted({b for b in DEFAULT_BATCH_SIZES if share % b == 0} | ({share} if share <= DEFAULT_BATCH_SIZES[-1]
+                                                                        else set()))
 
 
 def default_space(base: Params, target_effective_batch: int | None = None, *, constraints: Sequence[str] = (),
                   allow_custom: bool = False, liger: bool = False,
                   grouping: bool = False) -> tuple[SearchSpace, list[Problem]]:
-    """What ``tune`` searches when the spec has no ``search:`` section: batch sizes (powers of two
-    up to the effective batch) and gradient checkpointing, with gradient accumulation derived so
+    """What ``tune`` searches when the spec has no ``search:`` section: batch sizes (see
+    :func:`default_batch_sizes`) and gradient checkpointing, with gradient accumulation derived so
     every config trains with one effective batch (``tune.target_effective_batch``, else the spec's
     ``batch_size x gradient_accumulation_steps``); with ``liger`` (a trainer that takes
     ``use_liger_kernel``) the spec's loss and ``loss: liger`` too; with ``grouping`` (a trainer that

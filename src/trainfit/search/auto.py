@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -132,17 +133,24 @@ class AutoStrategy:
         return statistics.median(slopes) if slopes else None
 
     def _dominated(self, family: Mapping[str, Any], mine: dict[int, Trial], history: Sequence[Trial]) -> bool:
+        """After its first probe: is ``family`` slower at that batch than a rival with the same
+        learning-relevant knobs (beyond the two probes' CIs and the saturation's tolerance), while
+        using no less memory there, or than a rival that memory does not hold back (fitting a larger
+        batch cannot make it win)? With two probes its own line says whether it can win
+        (:meth:`_can_win`): a kernel with a large cost a step and a small one a sample loses at small
+        batches and wins at large ones."""
         ok_mine = {b: t for b, t in mine.items() if t.objective is not None}
-        if not ok_mine:
+        if len(ok_mine) != 1:
             return False
-        b, t = min(ok_mine.items())
+        [(b, t)] = ok_mine.items()
         for other in self.families:
             if other == family or self._learning_part(other) != self._learning_part(family):
                 continue
             theirs = self._family_trials(other, history).get(b)
             if theirs is None or theirs.objective is None or not theirs.feasible:
                 continue
-            slower = t.measured_objective < theirs.measured_objective * (1 - self.saturation)
+            noise = sum(x.measurement.step_time_ci95_rel or 0.0 for x in (t, theirs))
+            slower = t.measured_objective * (1 + noise) < theirs.measured_objective * (1 - self.saturation)
             no_smaller = (t.measurement.peak_memory_bytes or 0) >= (theirs.measurement.peak_memory_bytes or 0) * 0.98
             if slower and (no_smaller or not self._memory_bound(other, history)):
                 return True
@@ -157,11 +165,11 @@ class AutoStrategy:
         fits = {b: t for b, t in trials.items() if t.feasible}
         return self._predicted_max_batch(fits, self._sibling_slope(family, history)) < max(self.batches)
 
-    @staticmethod
-    def _can_win(fits: dict[int, Trial], batch: int, rival_best: float | None) -> bool:
+    def _can_win(self, fits: dict[int, Trial], batch: int, rival_best: float | None) -> bool:
         """Could a larger batch of this family beat ``rival_best``? Step time is about
         ``overhead + per_sample * batch``, so samples/s = b / (a + c*b) saturates at 1/c; fit a, c
-        on the two largest fitting batches and predict ``batch`` (2% benefit of the doubt)."""
+        on the two largest fitting batches and predict ``batch`` (within ``saturation`` of the
+        rival: the benefit of the doubt is the family's)."""
         if rival_best is None:
             return True
         (b0, t0), (b1, t1) = sorted(fits.items())[-2:]
@@ -171,7 +179,7 @@ class AutoStrategy:
         c = inv1 - a / b1
         if a <= 0 or c <= 0:
             return True  # not the saturating shape: no basis to prune
-        return batch / (a + c * batch) > rival_best * 1.02
+        return batch / (a + c * batch) > rival_best * (1 - self.saturation)
 
     def _next_batch(self, family: Mapping[str, Any], mine: dict[int, Trial],
                     rival_best: float | None = None, sibling_slope: float | None = None,
@@ -224,7 +232,8 @@ class AutoStrategy:
                       upper: float, sibling_slope: float | None) -> int | None:
         """Past the grid, toward the largest batch that fits: between the largest fitting batch and
         the smallest that does not (measured, or else the grid's next step, which the line predicts
-        will not fit), probe the memory line's prediction without the safety margin, then bisect on
+        will not fit within its margin: probed where it fits without, or where the line is a sibling
+        family's), probe the memory line's prediction without the safety margin, then bisect on
         each OOM, until the two are adjacent (Lightning's binsearch; DeepSpeed probes around its
         predicted maximum). Integers only where the effective batch can be kept
         (:func:`_integers_between`); None when none is left between."""
@@ -234,13 +243,16 @@ class AutoStrategy:
             return None  # the grid's largest batch fits: nothing above it is asked for
         top = int(upper) if upper != float("inf") else next_grid
         assert top is not None
+        guess = self._predicted_max_batch(fits, sibling_slope, margin=0.0)
         between = [b for b in _integers_between(self.space, largest, top, self._processes(family)) if b not in mine
                    and self.space.allowed({**family, "batch_size": b})]
         if upper == float("inf") and top not in mine and self.space.allowed({**family, "batch_size": top}):
-            between.append(top)  # predicted not to fit within the margin: it may fit without it
+            if guess >= top:
+                return top  # the line puts the grid's next step within the budget, short only of the margin
+            if len(fits) < 2:
+                between.append(top)  # a sibling family's slope stood in for the line: it may be off here
         if not between:
             return None
-        guess = self._predicted_max_batch(fits, sibling_slope, margin=0.0)
         if largest < guess < top:
             return max((b for b in between if b <= guess), default=min(between))
         return between[(len(between) - 1) // 2]  # the line says nothing useful here: bisect
@@ -317,8 +329,10 @@ class AutoStrategy:
         trials = self._family_trials(lean, history)
         if any(t.measurement.status in BROKEN for t in trials.values()):
             return 0  # the lean family is broken for another reason: the knob's family stands alone
-        if not trials:
-            return 0 if not can_run(lean, unsupported_values(history)) else None
+        if not trials:  # a lean family that cannot run here, or cannot fit at all: the knob's stands alone
+            if not can_run(lean, unsupported_values(history)) or self._outgrown_layout(lean, history) is not None:
+                return 0
+            return None
         if not self._stopped_by_memory(lean, trials, history):
             return None
         return max((b for b, t in trials.items() if t.feasible), default=0)
@@ -348,8 +362,9 @@ class AutoStrategy:
 
     def _saturated(self, fits: dict[int, Trial]) -> bool:
         """Did a larger batch of these fitting trials stop being faster (fell, or gained less than
-        ``saturation`` even at the upper end of the measured gain: a gain hidden by measurement
-        noise is worth one more, reused so cheap, step)?"""
+        ``saturation`` a doubling of the batch even at the upper end of the measured gain: a gain
+        hidden by measurement noise is worth one more, reused so cheap, step)? Per doubling: the
+        integer steps past the grid (15 to 16) gain little each even far from saturation."""
         largest = max(fits)
         if self._fell(fits):
             return True
@@ -358,7 +373,7 @@ class AutoStrategy:
         below = max(b for b in fits if b < largest)
         gain = fits[largest].measured_objective / max(fits[below].measured_objective, 1e-12) - 1
         noise = sum(fits[b].measurement.step_time_ci95_rel or 0.0 for b in (below, largest))
-        return gain + noise < self.saturation
+        return gain + noise < self.saturation * math.log2(largest / below)
 
     def pruned(self, history: Sequence[Trial]) -> list[Pruned]:
         """What ``auto`` leaves unprobed for a memory-only knob value, and why (for the summary)."""
