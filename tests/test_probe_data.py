@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -160,17 +161,27 @@ def test_a_factory_run_with_loader_workers_trains_the_same_steps_as_without(tmp_
     assert all(torch.equal(alone[k], workers[k]) for k in alone)
 
 
-def test_num_workers_auto_searches_what_this_machine_can_run(tmp_path: Path) -> None:
+def test_num_workers_auto_searches_what_this_machine_can_run(tmp_path: Path, monkeypatch: Any) -> None:
     from trainfit.devices import loader_worker_candidates
 
-    assert loader_worker_candidates(cores=2, available_gib=20) == [0, 1]
-    assert loader_worker_candidates(cores=16, available_gib=100) == [0, 1, 2, 4, 8, 15]
-    assert loader_worker_candidates(cores=64, available_gib=9) == [0, 1, 2, 4]  # memory caps it: 2 GiB a worker
-    assert loader_worker_candidates(cores=64, available_gib=500) == [0, 1, 2, 4, 8, 16]
+    assert loader_worker_candidates(cores=2, memory_gib=20) == [0, 1]
+    assert loader_worker_candidates(cores=16, memory_gib=100) == [0, 1, 2, 4, 8, 15]
+    assert loader_worker_candidates(cores=64, memory_gib=9) == [0, 1, 2, 4]  # memory caps it: 2 GiB a worker
+    assert loader_worker_candidates(cores=64, memory_gib=500) == [0, 1, 2, 4, 8, 16]
     spec = frames_spec(tmp_path)
     spec.write_text(spec.read_text() + "search:\n  num_workers: auto\n")
     loaded = load_spec(spec)
     assert loaded.search.dim("num_workers").choices == tuple(loader_worker_candidates())
+    # The choices name the study: a resume finds it however much memory is free then.
+    import psutil
+
+    from trainfit.search.storage import study_name
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))  # cores enough for memory to cap it
+    many = load_spec(spec)
+    free = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free._replace(available=free.total // 64))
+    assert study_name(load_spec(spec)) == study_name(many)
     spec.write_text(spec.read_text().replace("num_workers: auto", "num_workers: many"))
     with pytest.raises(TrainfitError, match="or auto"):
         load_spec(spec)

@@ -265,16 +265,17 @@ WORKER_RAM_GIB = 2.0
 training process (forked) that decodes and collates batches of its own."""
 
 
-def loader_worker_candidates(cores: int | None = None, available_gib: float | None = None) -> list[int]:
+def loader_worker_candidates(cores: int | None = None, memory_gib: float | None = None) -> list[int]:
     """The ``num_workers`` a search tries for ``search: {num_workers: auto}``: 0 (loading in the
     training process), then powers of two up to this machine's usable cores less the one the
-    training process takes and its available memory at :data:`WORKER_RAM_GIB` a worker, and that
-    cap itself (at most 16)."""
+    training process takes and its memory at :data:`WORKER_RAM_GIB` a worker, and that cap itself
+    (at most 16). The machine's total memory, not what is free now: the choices are part of the
+    study's identity, and a ``--resume`` must find the same study whatever else runs meanwhile."""
     import os
 
     import psutil
 
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
-    available_gib = available_gib if available_gib is not None else psutil.virtual_memory().available / 2**30
-    cap = max(1, min(cores - 1, int(available_gib // WORKER_RAM_GIB), 16))
+    memory_gib = memory_gib if memory_gib is not None else psutil.virtual_memory().total / 2**30
+    cap = max(1, min(cores - 1, int(memory_gib // WORKER_RAM_GIB), 16))
     return [0, *sorted({2**k for k in range(5) if 2**k <= cap} | {cap})]
