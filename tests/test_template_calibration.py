@@ -134,6 +134,21 @@ def test_a_summary_whose_best_config_no_longer_fills_the_template_is_refused(in_
     assert not (in_tmp / "work").exists()
 
 
+def test_a_bar_that_arrives_in_one_piece_is_no_bar_and_the_runs_time_the_steps(in_tmp: Path) -> None:
+    """A trainer whose output is buffered prints every bar update at its end, in one write: they
+    share one arrival, which times no step (it divided by zero); the two runs' launch-to-exit
+    difference times them instead."""
+    buffered = TRAINER.replace("steps=50\n", "steps=50\nbar=\n").replace("printf '", "bar=$bar$(printf '")
+    buffered = buffered.replace('"$i" "$steps"\n', '"$i" "$steps")\n').replace("done\necho", 'done\necho "$bar"')
+    (in_tmp / "trainer.sh").write_text(buffered)
+    tune(template_spec("bash trainer.sh --bs {batch_size} --max_steps {max_steps}"),
+         TuneOptions(output=in_tmp / "run", probe_fn=fixed, calibrate_steps=0))
+    lines: list[str] = []
+    c = calibrate(in_tmp / "run", 6, work=in_tmp / "work", on_progress=lines.append)
+    assert c.seconds_per_step >= 0.5 * STEP_S  # each step sleeps that long; two launches' noise besides
+    assert not any("progress bar (the figure)" in line for line in lines)
+
+
 def test_a_template_whose_trainer_ignores_max_steps_is_stopped_with_the_fix(in_tmp: Path) -> None:
     """A trainer that does not stop at the steps asked for would train its whole run, twice: its bar
     counting past them stops it at once."""

@@ -207,6 +207,7 @@ def test_a_trainer_cost_file_of_another_version_is_refused_with_the_way_on(tmp_p
 @pytest.mark.parametrize("overrides, words", [
     (["tune.command_template=python train.py --bs {batch_size}"], "tune.command_template"),
     (["model.factory=trainfit.workloads.mlp:build", "model.config=null", "tokenizer=null"], "a custom model"),
+    (["params.nproc_per_node=2", "params.parallel=ddp"], "nproc_per_node: 2 trains on 2"),  # trainfit train runs one
 ])
 def test_tune_calibrate_refuses_a_command_it_cannot_time_before_the_search(
         tmp_path: Path, capsys: Any, overrides: list[str], words: str) -> None:
@@ -390,3 +391,37 @@ def test_tune_budgets_on_a_gpu_says_it_is_not_calibrated(tmp_path: Path, monkeyp
     assert "not calibrated (--budgets" in capsys.readouterr().out
     _calibration(argparse.Namespace(budgets="8,16", calibrate=0), spec)  # --calibrate 0: nothing to say
     assert capsys.readouterr().out == ""
+
+
+def test_a_calibration_prices_the_timed_steps_with_the_probes_wait_for_data(tmp_path: Path, monkeypatch: Any) -> None:
+    """The trainer's own cost is the timed step less what the pick's probe priced it at: the model's
+    step and its wait for data. Every config's expected step holds its wait already, so a price of
+    the model's step alone counted the wait twice (once in the trainer's cost)."""
+    import trainfit.tune as tune_module
+    from trainfit.plan.inputs import best_step_cost
+
+    priced_with: list[Any] = []
+
+    def calibrate(output: Path, steps: int, **kwargs: Any) -> Any:  # stops where the price is given
+        priced_with.append(kwargs["step_cost"])
+        raise TrainfitError("stopped after the price", "")
+
+    def probe(params: Params, number: int) -> Measurement:
+        shapes = [{"rows": 1, "padded_length": n, "real_tokens": n, "seconds": n / 640, "steps": 2, "phase": "timed"}
+                  for n in (64, 128, 256)]
+        return Measurement.from_dict({**measured(params, number).to_dict(), "shape_times": shapes,
+                                      "data_wait_s": 0.02})
+
+    monkeypatch.setattr(tune_module, "calibrate", calibrate)
+    spec = load_spec(EXAMPLES / "tiny-llama.yaml", TWO_SPLITS)
+    tune(spec, TuneOptions(output=tmp_path / "run", probe_fn=probe, calibrate_steps=5, calibration_optional=True))
+    [cost] = priced_with
+    assert float(cost(128)) == pytest.approx(128 / 640 + 0.02, rel=1e-6)
+    assert float(best_step_cost(tmp_path / "run")(128)) == pytest.approx(128 / 640 + 0.02, rel=1e-6)  # plan's too
+
+
+def test_calibrate_0_ranks_by_the_probes_alone_and_keeps_the_stored_cost(tmp_path: Path) -> None:
+    """An explicit --calibrate 0 on a resume: no stored trainer cost applied this time; the file stays."""
+    spec, out, _, _, _ = probed(tmp_path)
+    assert again(spec, out).summary.trainer_cost is not None  # a resume without the flag applies it
+    assert again(spec, out, calibrate_steps=0).summary.trainer_cost is None and (out / TRAINER_COST_FILE).is_file()

@@ -90,13 +90,16 @@ class TuneRun:
 
 
 def best_step_cost(folder: Path | RunFolder) -> StepCost | None:
-    """The fitted step cost of the tune folder's best config (the one its command trains), by which a
-    calibration prices the steps it times; None where its probe timed no shapes."""
+    """The fitted step cost of the tune folder's best config (the one its command trains), with its
+    wait for data, by which a calibration prices the steps it times; None where its probe timed no
+    shapes."""
     run = load_run(folder)
     best = run.summary.best_config
     assert best is not None  # load_run refuses a folder where nothing fit
     found = next((c for c in run.candidates if c.searched == best.searched), None)
-    return found.step_cost() if found is not None else None
+    if found is None:
+        return None
+    return shapes_step_cost(found.shape_times, (found.measurement.data_wait_s if found.measurement else None) or 0.0)
 
 
 def load_run(run_folder: Path | RunFolder) -> TuneRun:

@@ -116,12 +116,15 @@ def fit_step_cost(lengths: Sequence[float], seconds: Sequence[float]) -> StepCos
     return StepCost(float(a), float(b), float(c))
 
 
-def shapes_step_cost(shape_times: Sequence[Mapping[str, Any]]) -> StepCost | None:
+def shapes_step_cost(shape_times: Sequence[Mapping[str, Any]], wait_s: float = 0.0) -> StepCost | None:
     """The step cost fitted through a probe's timed shapes (``Measurement.shape_times``: each a
-    ``padded_length`` and its ``seconds``); None where it timed none."""
+    ``padded_length`` and its ``seconds``), the model's alone, or with ``wait_s`` (the probe's wait
+    for data a step, ``Measurement.data_wait_s``) in its fixed part: a step as a run pays it, which
+    a calibration sets against the trainer's timed steps; None where it timed none."""
     if not shape_times:
         return None
-    return fit_step_cost([s["padded_length"] for s in shape_times], [s["seconds"] for s in shape_times])
+    cost = fit_step_cost([s["padded_length"] for s in shape_times], [s["seconds"] for s in shape_times])
+    return StepCost(cost.a + wait_s, cost.b, cost.c) if wait_s else cost
 
 
 def fit_error(cost: StepCost, lengths: Sequence[float], seconds: Sequence[float]) -> float:

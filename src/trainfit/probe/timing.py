@@ -27,10 +27,13 @@ def t95(dof: int) -> float:
 
 
 def relative_ci95(times: Sequence[float]) -> float:
-    """95% CI half-width of the mean of ``times`` as a share of the mean (inf for < 2 values)."""
+    """95% CI half-width of the mean of ``times`` as a share of the mean (inf for < 2 values, or a
+    mean of 0: times that all arrived at once, which say nothing of their spread)."""
     if len(times) < 2:
         return math.inf
     mean = statistics.fmean(times)
+    if mean <= 0:
+        return math.inf
     return t95(len(times) - 1) * statistics.stdev(times) / math.sqrt(len(times)) / mean
 
 

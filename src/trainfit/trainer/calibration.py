@@ -233,7 +233,7 @@ def calibrate(run_dir: Path | RunFolder, steps: int, *, work: Path | None = None
     short = short_steps(steps)
     run = RunFolder.of(run_dir)
     best = run.summary.best_config
-    _one_machine(int((best.config if best is not None else {}).get("nnodes", 1)))
+    _one_process(best.config if best is not None else {}, template=bool(run.summary.command_template))
     timed = _timed_runs(run, short, steps, work, say)
     runs, best = timed.runs, timed.best
     seconds = _seconds_per_step(runs, short, steps, timed.folder, say)
@@ -258,13 +258,21 @@ def calibrate(run_dir: Path | RunFolder, steps: int, *, work: Path | None = None
     return calibration
 
 
-def _one_machine(machines: int) -> None:
-    """Refuse a config that trains over several machines (``nnodes``): its command on this machine
-    alone would wait for the others (or stop at once, without its rank)."""
+def _one_process(config: Mapping[str, Any], *, template: bool) -> None:
+    """Refuse a config that trains over several machines (``nnodes``: its command on this machine
+    alone would wait for the others, or stop at once, without its rank) or, but through a
+    ``template`` (both runs yours), several processes (``nproc_per_node``: the calibration's second
+    run, ``trainfit train``, trains in one)."""
+    machines, processes = int(config.get("nnodes") or 1), int(config.get("nproc_per_node") or 1)
     if machines > 1:
         raise TrainfitError(f"--calibrate runs the training command on this machine, and nnodes: {machines} trains on "
                             f"{machines} machines", "time it on the cluster (bash train_command.sh --max_steps N on "
                             "each machine), or drop --calibrate: the ranking then rests on the probes")
+    if processes > 1 and not template:
+        raise TrainfitError(f"--calibrate times the written command against `trainfit train`, which trains in one "
+                            f"process, and nproc_per_node: {processes} trains on {processes}",
+                            "time it yourself (bash train_command.sh --max_steps N), or drop --calibrate: the ranking "
+                            "then rests on the probes")
 
 
 def _samples_per_step(best: ConfigEntry) -> float:
@@ -398,7 +406,7 @@ def _seconds_per_step(runs: Sequence[TimedRun], short: int, steps: int, folder: 
     by_runtimes = (took[1] - took[0]) / steps
     say(f"{steps} steps: {by_runtimes:.4g} s a step by the runs' {timer} difference")
     seconds = bar_seconds_per_step(runs[1].step_arrivals, short)
-    if seconds is not None:
+    if seconds is not None and seconds > 0:  # not all at once (output that arrived in one chunk)
         say(f"{steps} steps: {seconds:.4g} s a step by the {short + steps}-step run's progress bar (the figure)")
         return seconds
     if by_runtimes <= 0:
@@ -417,7 +425,9 @@ def check_can_calibrate(spec: Spec) -> None:
     """Refuse, before a search spends its time, a spec whose training command a calibration cannot
     run (``tune --calibrate``): a ``tune.command_template`` without ``{max_steps}``, a custom model
     trained by ``trainfit train``'s own loop, no ``trl`` command, a run over several machines."""
-    _one_machine(spec.params.nnodes)  # not searched (spec.rules)
+    searched = spec.search.names if spec.search is not None else ()
+    _one_process({k: v for k, v in spec.params.to_dict().items() if k not in searched},  # else: the pick's, later
+                 template=bool(spec.tune.command_template))
     if spec.tune.command_template:
         if "max_steps" not in placeholders(spec.tune.command_template):
             raise TrainfitError("--calibrate runs your tune.command_template for a few steps, and it has no {max_steps} "

@@ -134,7 +134,10 @@ def tune(spec: Spec, options: TuneOptions) -> TuneResult:
     steps, options = _calibration_plan(spec, options)
     say = options.on_calibration
     # Calibrating: the search's outputs rank by the probes alone, so that the calibration runs the probes' pick.
-    stored = None if steps else RunFolder(options.output).trainer_cost
+    # An explicit --calibrate 0 (calibrate_steps 0, not the default's) ranks by the probes alone, leaving
+    # trainer_cost.json for a later resume; without it, a stored cost keeps being applied.
+    off = options.calibrate_steps == 0 and not options.calibration_optional
+    stored = None if steps or off else RunFolder(options.output).trainer_cost
     last: dict[str, Any] = {}
 
     def outputs(output: Path, *args: Any, **kwargs: Any) -> Summary:
@@ -201,7 +204,8 @@ def _trainer_cost(result: TuneResult, steps: int, on_progress: Callable[[str], N
     assert result.best is not None
     try:
         calibration = calibrate(result.output, steps, on_progress=on_progress,
-                                step_cost=shapes_step_cost(result.best.measurement.shape_times))
+                                step_cost=shapes_step_cost(result.best.measurement.shape_times,
+                                                           result.best.measurement.data_wait_s or 0.0))
     except TrainfitError as err:  # the search's outputs stand, ranked by the probes alone
         raise TrainfitError(f"the search ended and wrote its outputs (ranked by the probes alone), then its "
                             f"calibration failed: {err.message}",
