@@ -15,7 +15,7 @@ from conftest import TINY_LLAMA, make_spec_file
 from tune_helpers import BUDGET, HEADROOM, Surface
 
 from trainfit.params import Params
-from trainfit.search.auto import _integers_between
+from trainfit.space import integers_between
 from trainfit.search.tune_options import TuneOptions
 from trainfit.spec import Spec, load_spec, with_tune
 from trainfit.tune import tune
@@ -110,7 +110,7 @@ def test_an_oom_between_two_grid_steps_is_bisected_to_adjacent_batches(tmp_path:
 def test_with_a_target_effective_batch_only_its_divisors_are_probed_past_the_grid(tmp_path: Path) -> None:
     spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 48]\n", "  target_effective_batch: 48\n")
     assert spec.search is not None
-    assert _integers_between(spec.search, 8, 48) == [12, 16, 24]  # each keeps 48 exactly (x4, x3, x2)
+    assert integers_between(spec.search, 8, 48) == [12, 16, 24]  # each keeps 48 exactly (x4, x3, x2)
     surface = Surface()
     tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
     assert all(48 % b == 0 for b in probed(surface))
@@ -205,7 +205,7 @@ def test_the_integers_between_two_batches_are_those_of_the_searched_span(
         tmp_path: Path, low: int, high: int, expected: list[int]) -> None:
     spec = spec_searching(tmp_path, "  batch_size: [1, 2, 4, 8, 16, 32, 64]\n")
     assert spec.search is not None
-    assert _integers_between(spec.search, low, high) == expected
+    assert integers_between(spec.search, low, high) == expected
 
 
 @pytest.mark.slow
@@ -340,7 +340,7 @@ def test_the_effective_batch_counts_every_process(tmp_path: Path) -> None:
     assert (params.gradient_accumulation_steps, params.effective_batch_size) == (8, 32)  # 2 x 8 x 2 processes
     words = trl_args(params)
     assert words[words.index("--gradient_accumulation_steps") + 1] == "8"
-    assert _integers_between(spec.search, 2, 16, processes=2) == [4, 8]  # 2 x 4 x 4 and 2 x 8 x 2 make 32
+    assert integers_between(spec.search, 2, 16, processes=2) == [4, 8]  # 2 x 4 x 4 and 2 x 8 x 2 make 32
     space, problems = default_space(Params(nproc_per_node=2, parallel="ddp", batch_size=4,
                                            gradient_accumulation_steps=2))
     assert not problems and space.target_effective_batch == 16
@@ -358,7 +358,7 @@ def test_the_default_search_keeps_an_effective_batch_that_is_no_power_of_two_exa
     batches = list(space.dim("batch_size").grid_values())
     assert batches == [1, 2, 4, 8, 24]
     assert {space.params({"batch_size": b}).effective_batch_size for b in batches} == {24}
-    assert _integers_between(space, 8, 24) == [12]
+    assert integers_between(space, 8, 24) == [12]
     assert default_batch_sizes(32) == [1, 2, 4, 8, 16, 32] and default_batch_sizes(24, processes=2) == [1, 2, 4, 12]
     assert default_batch_sizes(10, processes=4) == [1, 2] and default_batch_sizes(512) == [1, 2, 4, 8, 16, 32, 64, 128]
 

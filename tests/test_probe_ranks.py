@@ -255,7 +255,7 @@ def test_a_run_over_several_machines_is_launched_on_each_and_counted_over_all(tm
     from accelerate.commands.launch import launch_command_parser
 
     from trainfit.params import Params
-    from trainfit.trainer.calibration import check_can_calibrate
+    from trainfit.trainer.calibration_checks import check_can_calibrate
     from trainfit.trainer.command import _split_flags
 
     words = trl_args(Params(nproc_per_node=4, nnodes=2, parallel="fsdp"))

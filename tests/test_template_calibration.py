@@ -15,7 +15,8 @@ from tune_helpers import fixed_speed
 from trainfit.errors import TrainfitError
 from trainfit.search.tune_options import TuneOptions
 from trainfit.spec import load_spec
-from trainfit.trainer.calibration import calibrate, check_can_calibrate
+from trainfit.trainer.calibration import calibrate
+from trainfit.trainer.calibration_checks import check_can_calibrate
 from trainfit.tune import calibration_steps, tune
 
 STEP_S = 0.1

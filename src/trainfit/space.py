@@ -301,3 +301,36 @@ def default_space(base: Params, target_effective_batch: int | None = None, *, co
         knobs["group_by_length"] = [False, True]
     return parse_space(knobs, base, allow_custom=allow_custom, constraints=constraints,
                        target_effective_batch=target)
+
+
+MAX_SPAN = 4096
+"""Past this many integers between two batch sizes the bisection visits a subset (64 points)."""
+
+
+def integers_between(space: SearchSpace, low: int, high: int, processes: int = 1) -> list[int]:
+    """The batch sizes ``auto`` may probe strictly between ``low`` and ``high``, past the grid:
+    integers within the searched span (its choices' lowest to highest, or its range), and where
+    ``tune.target_effective_batch`` derives the accumulation only those whose micro-batch over
+    ``processes`` divides it, so every config keeps what is learned exactly (the accumulation is
+    derived by rounding)."""
+    dim = space.dim("batch_size")
+    if dim is None:
+        return []
+    step = 1
+    if dim.choices:
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in dim.choices):
+            return []
+        lo, hi = min(dim.choices), max(dim.choices)
+    else:
+        lo, hi, step = int(dim.low or 1), int(dim.high or 1), int(dim.step or 1)  # a range keeps its step
+    first, last = max(low + 1, lo), min(high - 1, hi)
+    first = lo + -(-(first - lo) // step) * step  # the first point of the range's step at or above it
+    if first > last:
+        return []
+    target = space.target_effective_batch
+    if target is not None:
+        return [b for b in range(first, min(last, target // processes) + 1, step) if target % (b * processes) == 0]
+    points = range(first, last + 1, step)
+    if len(points) <= MAX_SPAN:
+        return list(points)
+    return sorted({points[(len(points) - 1) * k // 64] for k in range(65)})

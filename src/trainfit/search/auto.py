@@ -16,7 +16,7 @@ from trainfit.params import KNOBS
 from trainfit.probe.measurement import BROKEN, recorded_budget_gb
 from trainfit.search.layouts import same_but_layout, state_bytes_as
 from trainfit.search.trials import Trial, can_run, config_key, unsupported_values
-from trainfit.space import SearchSpace
+from trainfit.space import SearchSpace, integers_between
 
 # Which value of a knob usually wins on each device type (each knob's declaration says, params.py):
 # tried first, the rest later. A prior only orders the search; measurements decide.
@@ -219,7 +219,7 @@ class AutoStrategy:
         # integer search goes on up to the memory line's prediction.
         reach = max(candidates)
         if predicted != float("inf"):
-            reach = max([reach, *_integers_between(self.space, reach, int(min(predicted, upper - 1)) + 1,
+            reach = max([reach, *integers_between(self.space, reach, int(min(predicted, upper - 1)) + 1,
                                                    self._processes(family))])
         if len(fits) >= 2 and not self._can_win(fits, reach, rival_best):
             return None
@@ -236,7 +236,7 @@ class AutoStrategy:
         family's), probe the memory line's prediction without the safety margin, then bisect on
         each OOM, until the two are adjacent (Lightning's binsearch; DeepSpeed probes around its
         predicted maximum). Integers only where the effective batch can be kept
-        (:func:`_integers_between`); None when none is left between."""
+        (:func:`~trainfit.space.integers_between`); None when none is left between."""
         largest = max(fits)
         next_grid = min((b for b in self.batches if b > largest), default=None)
         if upper == float("inf") and next_grid is None:
@@ -244,7 +244,7 @@ class AutoStrategy:
         top = int(upper) if upper != float("inf") else next_grid
         assert top is not None
         guess = self._predicted_max_batch(fits, sibling_slope, margin=0.0)
-        between = [b for b in _integers_between(self.space, largest, top, self._processes(family)) if b not in mine
+        between = [b for b in integers_between(self.space, largest, top, self._processes(family)) if b not in mine
                    and self.space.allowed({**family, "batch_size": b})]
         if upper == float("inf") and top not in mine and self.space.allowed({**family, "batch_size": top}):
             if guess >= top:
@@ -418,37 +418,3 @@ def _layout(params: Any) -> str:
 def _batches(family: Mapping[str, Any], strategy: AutoStrategy, history: Sequence[Trial]) -> str:
     fits = sorted(b for b, t in strategy._family_trials(family, history).items() if t.feasible)
     return "batch " + ", ".join(map(str, fits)) if fits else "nothing measured"
-
-
-MAX_SPAN = 4096
-"""Past this many integers between two batch sizes the bisection visits a subset (64 points)."""
-
-
-def _integers_between(space: SearchSpace, low: int, high: int, processes: int = 1) -> list[int]:
-    """The batch sizes ``auto`` may probe strictly between ``low`` and ``high``, past the grid:
-    integers within the searched span (its choices' lowest to highest, or its range), and where
-    ``tune.target_effective_batch`` derives the accumulation only those whose micro-batch over
-    ``processes`` divides it, so every config keeps what is learned exactly (the accumulation is
-    derived by rounding)."""
-    dim = space.dim("batch_size")
-    if dim is None:
-        return []
-    step = 1
-    if dim.choices:
-        if not all(isinstance(c, int) and not isinstance(c, bool) for c in dim.choices):
-            return []
-        lo, hi = min(dim.choices), max(dim.choices)
-    else:
-        lo, hi, step = int(dim.low or 1), int(dim.high or 1), int(dim.step or 1)  # a range keeps its step
-    first, last = max(low + 1, lo), min(high - 1, hi)
-    first = lo + -(-(first - lo) // step) * step  # the first point of the range's step at or above it
-    if first > last:
-        return []
-    target = space.target_effective_batch
-    if target is not None:
-        return [b for b in range(first, min(last, target // processes) + 1, step) if target % (b * processes) == 0]
-    points = range(first, last + 1, step)
-    if len(points) <= MAX_SPAN:
-        return list(points)
-    return sorted({points[(len(points) - 1) * k // 64] for k in range(65)})
-

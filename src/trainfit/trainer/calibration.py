@@ -25,7 +25,6 @@ transformers that draws no bar), and is reported as each run ends.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 import os
@@ -38,20 +37,17 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from trainfit.trainer.command import trl_data_config
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Malformed, check_bounds, check_finite, check_schema, typed
 from trainfit.trainer.launch import TimedRun, run_timed
 from trainfit.probe.estimate import StepCost
 from trainfit.search.ranking import micro_batches
-from trainfit.spec import Spec
 from trainfit.trainer.step_pricing import Priced, pace_change, priced_steps
 from trainfit.run_folder import RunFolder
 from trainfit.summary import ConfigEntry, Summary
 from trainfit.trainer.trainer_output import bar_seconds_per_step, recorded_steps, shown_steps, step_spread
-from trainfit.template import placeholders
-from trainfit.trainer.written_command import (FALLBACK_HINT, NO_MAX_STEPS_HINT, as_one_line, template_for_steps,
-                                       written_command)
+from trainfit.trainer.calibration_checks import one_process, trainer_env
+from trainfit.trainer.written_command import FALLBACK_HINT, as_one_line, template_for_steps, written_command
 
 SCHEMA_VERSION = 1
 """The version of :meth:`Calibration.to_json`'s format."""
@@ -233,7 +229,7 @@ def calibrate(run_dir: Path | RunFolder, steps: int, *, work: Path | None = None
     short = short_steps(steps)
     run = RunFolder.of(run_dir)
     best = run.summary.best_config
-    _one_process(best.config if best is not None else {}, template=bool(run.summary.command_template))
+    one_process(best.config if best is not None else {}, template=bool(run.summary.command_template))
     timed = _timed_runs(run, short, steps, work, say)
     runs, best = timed.runs, timed.best
     seconds = _seconds_per_step(runs, short, steps, timed.folder, say)
@@ -256,23 +252,6 @@ def calibrate(run_dir: Path | RunFolder, steps: int, *, work: Path | None = None
     if timed.scratch:
         shutil.rmtree(timed.folder, ignore_errors=True)
     return calibration
-
-
-def _one_process(config: Mapping[str, Any], *, template: bool) -> None:
-    """Refuse a config that trains over several machines (``nnodes``: its command on this machine
-    alone would wait for the others, or stop at once, without its rank) or, but through a
-    ``template`` (both runs yours), several processes (``nproc_per_node``: the calibration's second
-    run, ``trainfit train``, trains in one)."""
-    machines, processes = int(config.get("nnodes") or 1), int(config.get("nproc_per_node") or 1)
-    if machines > 1:
-        raise TrainfitError(f"--calibrate runs the training command on this machine, and nnodes: {machines} trains on "
-                            f"{machines} machines", "time it on the cluster (bash train_command.sh --max_steps N on "
-                            "each machine), or drop --calibrate: the ranking then rests on the probes")
-    if processes > 1 and not template:
-        raise TrainfitError(f"--calibrate times the written command against `trainfit train`, which trains in one "
-                            f"process, and nproc_per_node: {processes} trains on {processes}",
-                            "time it yourself (bash train_command.sh --max_steps N), or drop --calibrate: the ranking "
-                            "then rests on the probes")
 
 
 def _samples_per_step(best: ConfigEntry) -> float:
@@ -306,7 +285,7 @@ def _timed_runs(run: RunFolder, short: int, steps: int, work: Path | None, say: 
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     else:
         script, best, summary = written_command(run)
-        env = _trainer_env()
+        env = trainer_env()
     scratch = work is None
     folder = Path(tempfile.mkdtemp(prefix="trainfit-calibrate-")) if work is None else Path(work)
     folder.mkdir(parents=True, exist_ok=True)
@@ -419,41 +398,3 @@ def _seconds_per_step(runs: Sequence[TimedRun], short: int, steps: int, folder: 
 
 def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
     return lambda line: say(prefix + line)
-
-
-def check_can_calibrate(spec: Spec) -> None:
-    """Refuse, before a search spends its time, a spec whose training command a calibration cannot
-    run (``tune --calibrate``): a ``tune.command_template`` without ``{max_steps}``, a custom model
-    trained by ``trainfit train``'s own loop, no ``trl`` command, a run over several machines."""
-    searched = spec.search.names if spec.search is not None else ()
-    _one_process({k: v for k, v in spec.params.to_dict().items() if k not in searched},  # else: the pick's, later
-                 template=bool(spec.tune.command_template))
-    if spec.tune.command_template:
-        if "max_steps" not in placeholders(spec.tune.command_template):
-            raise TrainfitError("--calibrate runs your tune.command_template for a few steps, and it has no {max_steps} "
-                                "placeholder to stop it with",
-                                f"{NO_MAX_STEPS_HINT}, or drop --calibrate: the ranking then rests on the probes")
-        return
-    if not spec.uses_trl_sft:
-        raise TrainfitError("--calibrate times the `trl sft` command trainfit writes, and a custom model "
-                            "(model.factory) trains through `trainfit train`'s own loop on the probe's very step",
-                            "drop --calibrate: that loop adds no trainer of its own to the probe's step")
-    if trl_data_config(spec) is None:
-        raise TrainfitError("--calibrate runs the `trl sft` command on the spec's data, and this spec has no data "
-                            "file `trl sft` can load", "give the spec a data.path in a format `datasets` loads "
-                            "(JSONL, JSON, CSV, Parquet or text; not TSV or a save_to_disk folder), or drop --calibrate")
-    _trainer_env()
-
-
-def _trainer_env() -> dict[str, str]:
-    """This process's environment, with the ``trl`` beside this Python first on PATH (the one whose
-    package was checked) and unbuffered output (each progress update arrives as it is written)."""
-    if importlib.util.find_spec("trl") is None:
-        raise TrainfitError("trl is not installed: a calibration runs the written `trl sft` command",
-                            f"pip install trl (the version the command was written for: see summary.json's "
-                            f"versions), or {FALLBACK_HINT}")
-    path = os.pathsep.join(p for p in (str(Path(sys.executable).parent), os.environ.get("PATH")) if p)
-    if shutil.which("trl", path=path) is None:
-        raise TrainfitError(f"trl is installed for {sys.executable} but its `trl` command is on no PATH",
-                            f"reinstall trl (pip install --force-reinstall trl), or {FALLBACK_HINT}")
-    return {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainfit.trainer.calibration import calibrate, check_can_calibrate
+from trainfit.trainer.calibration import calibrate
+from trainfit.trainer.calibration_checks import check_can_calibrate
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.files import write_atomically
 from trainfit.probe.estimate import shapes_step_cost
