@@ -110,6 +110,8 @@ def test_the_longest_batch_is_timed_only_where_the_memory_phase_cannot_stand_for
     assert times_longest(Params(gradient_accumulation_steps=4), memory_steps=2)  # it runs 2 of the 4
     assert times_longest(Params(), memory_steps=1)  # its only step allocates the optimizer's state
     assert not times_longest(Params(padding="max_length", max_length=64, gradient_accumulation_steps=8), 2)
+    # but not under packing: a packed micro-batch is a multiple of max_length long, an epoch several shapes
+    assert times_longest(Params(padding="max_length", packing=True, max_length=64, gradient_accumulation_steps=8), 2)
 
 
 def test_a_typical_mix_crosses_into_the_worker_unchanged() -> None:

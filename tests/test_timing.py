@@ -29,6 +29,8 @@ def test_caps_end_an_unstable_run() -> None:
     assert StopRule(2, 4, 1e9, 0.02).done(noisy) == (True, False)
     assert StopRule(2, 100, 5.0, 0.02).done(noisy[:3]) == (False, False)
     assert StopRule(2, 100, 5.0, 0.02).done(noisy) == (True, False)
+    # The cap bounds the steps and their waits for data together: a loader-bound probe waits as long as it steps.
+    assert StopRule(2, 100, 5.0, 0.02).done([1.0, 1.5, 1.0], waits=[1.0, 1.0, 1.0]) == (True, False)
     assert cycle_times([1, 2, 3, 4, 5], 2) == [3, 7]
     st = StepTimes.of([1.0, 3.0, 1.0, 3.0], cycle=2)
     assert (st.median, st.mean, st.total, st.n, st.ci95_rel) == (2.0, 2.0, 8.0, 4, 0.0)

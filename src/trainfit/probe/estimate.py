@@ -192,8 +192,9 @@ def times_longest(params: Params, memory_steps: int) -> bool:
     """Whether the longest batch must be timed in the cycle: the memory phase's last step on the
     worst-case batch (the same shape, padded to the longest) is a whole optimizer step of the real
     accumulation only with at most 2 micro-batches (``memory_micro_batches``) and after a first
-    step; with fixed padding every batch has that one shape anyway."""
-    if params.padding == "max_length":
+    step; with fixed padding every batch has that one shape anyway (not under packing: each packed
+    micro-batch is a multiple of max_length long, so an epoch holds several shapes)."""
+    if params.padding == "max_length" and not params.packing:
         return False
     return params.gradient_accumulation_steps > 2 or memory_steps < 2
 

@@ -224,7 +224,7 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
             else:
                 timed.model_flops += f.model
                 timed.hardware_flops += f.hardware
-        stop, timed.stable = rule.done(timed.times)
+        stop, timed.stable = rule.done(timed.times, timed.waits)
         emit("step", n=len(timed.times), seconds=timed.times[-1])
         if stop:
             return timed

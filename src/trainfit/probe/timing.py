@@ -68,15 +68,16 @@ class StopRule:
     target_rel_ci: float
     cycle: int = 1
 
-    def done(self, times: Sequence[float]) -> tuple[bool, bool]:
-        """(stop now?, stable?) after the steps timed so far."""
+    def done(self, times: Sequence[float], waits: Sequence[float] = ()) -> tuple[bool, bool]:
+        """(stop now?, stable?) after the steps timed so far; ``max_seconds`` bounds their time and
+        their ``waits`` for data together (a loader-bound probe waits as long as it steps)."""
         n = len(times)
         cycles = cycle_times(times, self.cycle)
         stable = n >= self.min_steps and len(cycles) >= 2 and n % self.cycle == 0 \
             and relative_ci95(cycles) <= self.target_rel_ci
         if stable:
             return True, True
-        return n >= self.max_steps or (n >= 2 and sum(times) >= self.max_seconds), False
+        return n >= self.max_steps or (n >= 2 and sum(times) + sum(waits) >= self.max_seconds), False
 
 
 @dataclass(frozen=True)
