@@ -349,18 +349,19 @@ def test_the_effective_batch_counts_every_process(tmp_path: Path) -> None:
 
 def test_the_default_search_keeps_an_effective_batch_that_is_no_power_of_two_exactly() -> None:
     """Batch 8 x 3 accumulated: 24. A batch of 16 would accumulate 2 (32, not 24: another run); the
-    default grid holds the powers of two that divide it and 24 itself, and every config trains 24.
-    Over 2 processes: 12 each. A target no batch over the processes divides keeps the powers of two."""
+    default grid holds, for each power of two, the largest divisor of 24 at or below it, and every
+    config trains 24. Over 2 processes: 12 each. A target no batch over the processes divides keeps
+    the powers of two; a share past 128 reaches near 128 still."""
     from trainfit.space import default_batch_sizes, default_space
 
     space, problems = default_space(Params(batch_size=8, gradient_accumulation_steps=3))
     assert not problems and space.target_effective_batch == 24
     batches = list(space.dim("batch_size").grid_values())
-    assert batches == [1, 2, 4, 8, 24]
+    assert batches == [1, 2, 4, 8, 12, 24]
     assert {space.params({"batch_size": b}).effective_batch_size for b in batches} == {24}
-    assert integers_between(space, 8, 24) == [12]
-    assert default_batch_sizes(32) == [1, 2, 4, 8, 16, 32] and default_batch_sizes(24, processes=2) == [1, 2, 4, 12]
+    assert default_batch_sizes(32) == [1, 2, 4, 8, 16, 32] and default_batch_sizes(24, processes=2) == [1, 2, 4, 6, 12]
     assert default_batch_sizes(10, processes=4) == [1, 2] and default_batch_sizes(512) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert default_batch_sizes(200) == [1, 2, 4, 8, 10, 25, 50, 100] and default_batch_sizes(130)[-1] == 65
 
 
 def test_configs_that_differ_in_effective_batch_by_their_processes_are_ranked_per_effective_batch() -> None:

@@ -207,7 +207,7 @@ def test_a_trainer_cost_file_of_another_version_is_refused_with_the_way_on(tmp_p
 @pytest.mark.parametrize("overrides, words", [
     (["tune.command_template=python train.py --bs {batch_size}"], "tune.command_template"),
     (["model.factory=trainfit.workloads.mlp:build", "model.config=null", "tokenizer=null"], "a custom model"),
-    (["params.nproc_per_node=2", "params.parallel=ddp"], "nproc_per_node: 2 trains on 2"),  # trainfit train runs one
+    (["params.nproc_per_node=2", "params.parallel=ddp"], "trains on 2 processes (nproc_per_node: 2)"),  # trainfit train runs one
 ])
 def test_tune_calibrate_refuses_a_command_it_cannot_time_before_the_search(
         tmp_path: Path, capsys: Any, overrides: list[str], words: str) -> None:

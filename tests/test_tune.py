@@ -174,11 +174,14 @@ def test_auto_drops_a_family_after_one_probe_only_beyond_the_probes_noise() -> N
     assert auto.propose(a_and_b({1: 0.95 * a1, 2: 1.05 * a2}), busy) == {"batch_size": 4, "num_workers": 1}
     assert auto.propose(a_and_b({1: 0.97 * a1}, ci=0.02), busy) == {"batch_size": 2, "num_workers": 1}
     assert auto.propose(a_and_b({1: 0.97 * a1}), busy) is None
+    # Two noisy probes, the second no faster: its best, noise and all, is what it reaches; far below A's best, done.
+    assert auto.propose(a_and_b({1: 0.7 * a1, 2: 0.7 * a1}, ci=0.25), busy) is None
 
 
 def test_auto_climbs_a_family_whose_reach_comes_within_two_percent_of_its_rival() -> None:
-    """A (num_workers 0) ran out of memory at 16, best at 15; B, leaner, predicts 1% above A's best
-    at 64 from its two probes: the benefit of the doubt is B's, so it climbs on."""
+    """A (num_workers 0) ran out of memory at 16, best at 15; B, leaner, predicts 1% below A's best
+    at 64 from its two probes: within 2%, the benefit of the doubt is B's, so it climbs on; 5%
+    below, it stops."""
     from trainfit.search.auto import AutoStrategy
 
     space, problems = parse_space({"batch_size": [1, 2, 4, 8, 16, 32, 64], "num_workers": [0, 1]}, Params(),
@@ -189,17 +192,21 @@ def test_auto_climbs_a_family_whose_reach_comes_within_two_percent_of_its_rival(
     def speed_a(b: int) -> float:
         return b / (0.5 + 0.1 * b)
 
-    c = (64 / (1.01 * speed_a(15)) - 0.6) / 64  # B at 64: 1% above A's best
+    def history(reach: float) -> list[Any]:
+        c = (64 / (reach * speed_a(15)) - 0.6) / 64  # B at 64: reach x A's best
 
-    def speed_b(b: int) -> float:
-        return b / (0.6 + c * b)
+        def speed_b(b: int) -> float:
+            return b / (0.6 + c * b)
 
-    history = [auto_trial(n, {"batch_size": b, "num_workers": 0}, speed_a(b), memory_gb=1 + b)
-               for n, b in enumerate((1, 2, 4, 8, 15))]
-    history.append(auto_trial(5, {"batch_size": 16, "num_workers": 0}, None, memory_gb=40))
-    history += [auto_trial(6 + n, {"batch_size": b, "num_workers": 1}, speed_b(b), memory_gb=1 + b / 2)
-                for n, b in enumerate((1, 2))]
-    assert speed_b(2) < speed_a(2) and auto.propose(history) == {"batch_size": 4, "num_workers": 1}
+        a = [auto_trial(n, {"batch_size": b, "num_workers": 0}, speed_a(b), memory_gb=1 + b)
+             for n, b in enumerate((1, 2, 4, 8, 15))]
+        a.append(auto_trial(5, {"batch_size": 16, "num_workers": 0}, None, memory_gb=40))
+        assert speed_b(2) < speed_a(2)
+        return a + [auto_trial(6 + n, {"batch_size": b, "num_workers": 1}, speed_b(b), memory_gb=1 + b / 2)
+                    for n, b in enumerate((1, 2))]
+
+    assert auto.propose(history(0.99)) == {"batch_size": 4, "num_workers": 1}
+    assert auto.propose(history(0.95)) is None
 
 
 def test_ranges_constraints_refine_and_module_lists(tmp_path: Path) -> None:

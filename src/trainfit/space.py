@@ -271,15 +271,16 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def default_batch_sizes(target_effective_batch: int, processes: int = 1) -> list[int]:
-    """The default search's batch sizes: those of :data:`DEFAULT_BATCH_SIZES` whose micro-batch over
-    ``processes`` divides the effective batch (each keeps it exactly, with a whole accumulation),
-    and the effective batch's own share of each process (a target of 24: 1, 2, 4, 8 and 24; the
-    search's integers past the grid, 12 among them, are divisors too)."""
+    """The default search's batch sizes: for each of :data:`DEFAULT_BATCH_SIZES`, the largest
+    batch at or below it whose micro-batch over ``processes`` divides the effective batch, so each
+    keeps it exactly with a whole accumulation (a target of 32: the powers of two up to 32; of 24:
+    1, 2, 4, 8, 12, 24; of 200: 1, 2, 4, 8, 10, 25, 50, 100). A target no batch over the processes
+    divides: the powers of two up to its share, the accumulation rounded."""
     share, rest = divmod(target_effective_batch, processes)
-    if rest or not share:  # no batch keeps it exactly: the powers of two up to it, the accumulation rounded
+    if rest or not share:
         return [b for b in DEFAULT_BATCH_SIZES if b * processes <= target_effective_batch] or [1]
-    return sorted({b for b in DEFAULT_BATCH_SIZES if share % b == 0} | ({share} if share <= DEFAULT_BATCH_SIZES[-1]
-                                                                        else set()))
+    divisors = [d for d in range(1, min(share, DEFAULT_BATCH_SIZES[-1]) + 1) if share % d == 0]
+    return sorted({max(d for d in divisors if d <= p) for p in DEFAULT_BATCH_SIZES})
 
 
 def default_space(base: Params, target_effective_batch: int | None = None, *, constraints: Sequence[str] = (),

@@ -177,8 +177,12 @@ class AutoStrategy:
         # 1/T(b) = a/b + c  ->  two equations in a, c
         a = (inv0 - inv1) / (1 / b0 - 1 / b1)
         c = inv1 - a / b1
-        if a <= 0 or c <= 0:
-            return True  # not the saturating shape: no basis to prune
+        if c <= 0:
+            return True  # grows without saturating: no basis to prune
+        if a <= 0:  # a sample's time grows with the batch: the best measured is the most it reaches
+            best = max(fits.values(), key=lambda t: t.measured_objective)
+            noise = best.measurement.step_time_ci95_rel or 0.0
+            return best.measured_objective * (1 + noise) > rival_best * (1 - self.saturation)
         return batch / (a + c * batch) > rival_best * (1 - self.saturation)
 
     def _next_batch(self, family: Mapping[str, Any], mine: dict[int, Trial],
@@ -363,14 +367,16 @@ class AutoStrategy:
     def _saturated(self, fits: dict[int, Trial]) -> bool:
         """Did a larger batch of these fitting trials stop being faster (fell, or gained less than
         ``saturation`` a doubling of the batch even at the upper end of the measured gain: a gain
-        hidden by measurement noise is worth one more, reused so cheap, step)? Per doubling: the
-        integer steps past the grid (15 to 16) gain little each even far from saturation."""
+        hidden by measurement noise is worth one more, reused so cheap, step)? Judged over a
+        doubling where the trials span one (16 against 8, not 15: the integer steps past the grid
+        gain little each even far from saturation, and little noise hides a flat line), else per
+        doubling over the step there is."""
         largest = max(fits)
         if self._fell(fits):
             return True
         if len(fits) < 2:
             return False
-        below = max(b for b in fits if b < largest)
+        below = max((b for b in fits if b <= largest / 2), default=min(fits))
         gain = fits[largest].measured_objective / max(fits[below].measured_objective, 1e-12) - 1
         noise = sum(fits[b].measurement.step_time_ci95_rel or 0.0 for b in (below, largest))
         return gain + noise < self.saturation * math.log2(largest / below)

@@ -69,7 +69,7 @@ def one_process(config: Mapping[str, Any], *, template: bool) -> None:
                             f"{machines} machines", "time it on the cluster (bash train_command.sh --max_steps N on "
                             "each machine), or drop --calibrate: the ranking then rests on the probes")
     if processes > 1 and not template:
-        raise TrainfitError(f"--calibrate times the written command against `trainfit train`, which trains in one "
-                            f"process, and nproc_per_node: {processes} trains on {processes}",
+        raise TrainfitError(f"this config trains on {processes} processes (nproc_per_node: {processes}), and a "
+                            "calibration's second run, `trainfit train`, trains in one",
                             "time it yourself (bash train_command.sh --max_steps N), or drop --calibrate: the ranking "
                             "then rests on the probes")
