@@ -425,3 +425,21 @@ def test_calibrate_0_ranks_by_the_probes_alone_and_keeps_the_stored_cost(tmp_pat
     spec, out, _, _, _ = probed(tmp_path)
     assert again(spec, out).summary.trainer_cost is not None  # a resume without the flag applies it
     assert again(spec, out, calibrate_steps=0).summary.trainer_cost is None and (out / TRAINER_COST_FILE).is_file()
+
+
+def test_a_trainer_cost_lengthens_the_step_the_probes_interval_is_a_share_of() -> None:
+    """Two probes 4% apart, each +-2%: told apart. With a trainer cost as long as the step the
+    speeds are 2% apart, and each probe's interval (of the model's step, in seconds) is now a share
+    of a step twice as long: still told apart, not listed as a tie."""
+    from trainfit.search.ranking import ranked, within_noise
+    from trainfit.search.trials import Trial
+
+    def trial(number: int, sps: float) -> Trial:
+        m = Measurement(status="ok", config={"batch_size": 100}, samples_per_second=sps, expected_step_time_s=100 / sps,
+                        step_time_ci95_rel=0.02, peak_memory_bytes=2**30)
+        return Trial(number=number, values={"batch_size": 100}, measurement=m, objective=sps)
+
+    trials = [trial(0, 100.0), trial(1, 96.0)]
+    assert within_noise(ranked(trials)) == []
+    order = ranked(trials, trainer_s=1.0)
+    assert within_noise(order, trainer_s=1.0) == []

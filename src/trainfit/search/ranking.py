@@ -62,10 +62,15 @@ def within_noise(order: Sequence[Trial], objective: str = "samples_per_second", 
     than the two probes' 95% confidence half-widths of the step time together allow. Both are
     reported as fractions of the best's objective: ``gap`` how much slower the runner-up
     measured, ``noise`` how much slower the intervals let it measure while being as fast. The
-    speeds are the trainer's where ``trainer_s`` (see :func:`ranked`) is given."""
+    speeds are the trainer's where ``trainer_s`` (see :func:`ranked`) is given; a probe's interval is
+    then a share of the longer step (the probe timed the model's step, not the trainer's cost)."""
     def speed(t: Trial, name: str = objective) -> float:
         value = t.measured_objective if name == objective else getattr(t.measurement, name) or 0.0
         return with_trainer_cost(value, t.measurement, name, trainer_s)
+
+    def ci(t: Trial) -> float:
+        share = speed(t) / t.measured_objective if t.measured_objective else 1.0
+        return (t.measurement.step_time_ci95_rel or 0.0) * share
 
     if not order or speed(order[0]) <= 0:
         return []
@@ -73,7 +78,7 @@ def within_noise(order: Sequence[Trial], objective: str = "samples_per_second", 
     out = []
     for t in order[1:6]:
         gap = 1 - speed(t) / speed(best)
-        step_ci = (best.measurement.step_time_ci95_rel or 0.0) + (t.measurement.step_time_ci95_rel or 0.0)
+        step_ci = ci(best) + ci(t)
         noise = 1 - 1 / (1 + step_ci)
         if gap <= noise:
             out.append({"trial": t.number, "searched": jsonable(t.values),
