@@ -57,9 +57,7 @@ def beat(storage: Any, trial: Any, *, first: bool = False) -> None:
     their process (:func:`abandoned`). A ``first`` beat, the one before a trial gets its owner,
     waits out an unreachable database as a transaction does; a later one is skipped (see
     :func:`~trainfit.search.reconnect.reconnecting`)."""
-    record = getattr(storage, "record_first_heartbeat" if first else "record_heartbeat", None)
-    if record is None:
-        record = getattr(storage, "record_heartbeat", None)
+    record = (first and getattr(storage, "record_first_heartbeat", None)) or getattr(storage, "record_heartbeat", None)
     if record is not None:
         record(trial._trial_id)  # the storage API takes its id, not its number
 

@@ -23,7 +23,8 @@ from trainfit.trainer.written_command import FALLBACK_HINT, NO_MAX_STEPS_HINT
 def check_can_calibrate(spec: Spec) -> None:
     """Refuse, before a search spends its time, a spec whose training command a calibration cannot
     run (``tune --calibrate``): a ``tune.command_template`` without ``{max_steps}``, a custom model
-    trained by ``trainfit train``'s own loop, no ``trl`` command, a run over several machines."""
+    trained by ``trainfit train``'s own loop, no ``trl`` command, a run over several machines or (the
+    ``trl sft`` command) several processes, where the spec fixes them (:func:`one_process`)."""
     searched = spec.search.names if spec.search is not None else ()
     one_process({k: v for k, v in spec.params.to_dict().items() if k not in searched},  # else: the pick's, later
                  template=bool(spec.tune.command_template))
