@@ -13,6 +13,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import EXAMPLES, gone_within
 from tune_helpers import fixed_speed
@@ -180,6 +181,31 @@ def test_the_steps_timed_are_priced_on_the_very_batches_they_trained() -> None:
     assert even is not None and even.spread_rel == pytest.approx(0.0, abs=1e-9)  # every interval at its cost
     assert priced_steps(steps[:4], 2, arrivals, 2, cost) is None  # the last timed step's batches not seen
     assert priced_steps(steps, 2, {1: 0.0, 2: 2.0}, 2, cost) is None  # one step shown: nothing timed
+
+
+def test_a_steps_new_padded_lengths_are_priced_at_their_first_sight() -> None:
+    """A run's first steps meet new padded lengths, each costing the probe's first sight once (the
+    allocator, autotuned kernels): priced on the step that meets it, the trainer's own time is the
+    trainer's; unpriced, a fresh run's steps read as the trainer's cost, falling as lengths repeat."""
+    rng = np.random.default_rng(3)
+    lengths = [int(n) for n in rng.choice([64, 96, 128, 192, 256, 320, 384, 448, 512, 640], 40)]
+    steps = [[n] for n in lengths]
+    cost = lambda length: 0.05 + 0.0005 * length  # noqa: E731
+    sight, own = 0.08, 0.01
+    seen: set[int] = set()
+    arrivals, t = {}, 0.0
+    for k, (n,) in enumerate(steps, start=1):
+        t += cost(n) + own + (sight if n not in seen else 0.0)
+        seen.add(n)
+        arrivals[k] = t
+    priced = priced_steps(steps, 1, arrivals, 2, cost, first_sight=sight)
+    assert priced is not None and priced.own_step_s == pytest.approx(own)
+    assert priced.pace_change_rel is None  # the pace held, for the work the steps did
+    met_before = {n for (n,) in steps[:2]}
+    new = len({n for (n,) in steps[2:]} - met_before)
+    assert priced.model_step_s == pytest.approx((sum(cost(n) for (n,) in steps[2:]) + sight * new) / 38)
+    blind = priced_steps(steps, 1, arrivals, 2, cost)  # the first sights taken for the trainer's cost
+    assert blind is not None and blind.own_step_s is not None and blind.own_step_s > own + 0.01
 
 
 def test_the_trainers_own_time_is_told_from_the_machines_drift() -> None:

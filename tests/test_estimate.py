@@ -13,6 +13,7 @@ from trainfit.probe.estimate import (
     TypicalMix,
     assumed_mix,
     epoch_speed,
+    first_sight,
     fit_error,
     fit_step_cost,
     times_longest,
@@ -52,6 +53,33 @@ def test_the_epoch_speed_sums_the_cost_over_the_epochs_micro_batches() -> None:
     capped = epoch_speed(cost, mix, accumulation=2, max_length=50)  # the worker capped batches at 50
     assert capped.samples_per_second == pytest.approx(8 / ((3 * 1.1 + 1.5) / 2))
     assert mix.padding_share == pytest.approx(1 - 100 / 260)
+
+
+def test_a_first_epoch_pays_each_padded_lengths_first_sight_once_over_the_real_epochs_steps() -> None:
+    mix = TypicalMix(batching="hand", padded_lengths=(10, 100), counts=(3, 1), samples=8, real_tokens=100,
+                     padded_tokens=2 * (3 * 10 + 100), timing_batches=((10, 10), (100, 50)))
+    cost = StepCost(1.0, 0.01, 0.0)
+    warm = epoch_speed(cost, mix, accumulation=2)
+    seen = epoch_speed(cost, mix, accumulation=2, first_sight_s=0.5)  # 2 lengths over the epoch's 2 steps
+    assert seen.step_seconds == pytest.approx(warm.step_seconds + 2 * 0.5 / 2)
+    assert seen.samples_per_second == pytest.approx(8 / (2 * warm.step_seconds + 2 * 0.5))
+    # The mix batches 8 of the data's 800 samples: the real epoch has 100 times its steps to share them over.
+    sampled = TypicalMix(**{**mix.__dict__, "data_samples": 800})
+    assert sampled.epoch_steps_scale == 100
+    assert epoch_speed(cost, sampled, 2, first_sight_s=0.5).step_seconds == pytest.approx(warm.step_seconds
+                                                                                            + 2 * 0.5 / 200)
+    assert epoch_speed(cost, mix, 2, max_length=5, first_sight_s=0.5).step_seconds == pytest.approx(
+        1.05 + 0.5 / 2)  # capped at 5, both lengths are one
+
+
+def test_a_first_sight_is_the_first_steps_extra_time_where_it_stands_out_of_the_noise() -> None:
+    warm = {0: 0.10, 1: 0.20, 2: 0.30, 3: 0.40}
+    assert first_sight({k: t + 0.05 for k, t in warm.items()}, warm) == pytest.approx(0.05)
+    noisy = {0: 0.16, 1: 0.19, 2: 0.33, 3: 0.37}  # +60, -10, +30, -30 ms: nothing beyond the noise
+    assert first_sight(noisy, warm) == 0.0
+    assert first_sight({0: 0.08}, warm) == 0.0  # one shape, faster the first time: none
+    assert first_sight({0: 0.13}, warm) == pytest.approx(0.03)  # one shape: its difference
+    assert first_sight({5: 0.5}, warm) == 0.0  # no shape timed both ways
 
 
 def test_the_timed_batches_are_real_batches_of_the_epoch_spread_over_its_padded_lengths() -> None:
@@ -115,6 +143,7 @@ def test_the_longest_batch_is_timed_only_where_the_memory_phase_cannot_stand_for
 
 
 def test_a_typical_mix_crosses_into_the_worker_unchanged() -> None:
-    mix = typical_mix([5, 9, 30, 31, 200, 7, 8], Params(batch_size=2), max_length=64, seed=0)
+    mix = typical_mix([5, 9, 30, 31, 200, 7, 8], Params(batch_size=2), max_length=64, seed=0, data_samples=700)
+    assert mix.data_samples == 700
     assert TypicalMix.from_dict(mix.to_dict()) == mix
     assert assumed_mix(Params(batch_size=3), 128).timing_batches == ((128, 128, 128),)

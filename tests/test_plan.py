@@ -57,6 +57,17 @@ def test_each_priority_is_a_rule_over_the_measured_configs(priority: str, window
     assert choose(priority, ALL, eta_of(10_000), window_s) == picked
 
 
+def test_a_run_of_several_epochs_pays_its_padded_lengths_first_sight_once() -> None:
+    """The probe's step shares out one epoch's first sights (40 lengths at 0.05 s): a later epoch
+    meets no new length, so 3 epochs take 3 epochs of warm steps and the first sights once."""
+    c = dataclasses.replace(candidate(0, 10.0, batch=8), first_sight_s=0.05, epoch_shapes=40)  # 0.8 s a step
+    one = estimate(c, 1_000, write_bytes_per_s=FAST_DISK, checkpoint_every_s=1e9, epochs=1.0)
+    three = estimate(c, 3_000, write_bytes_per_s=FAST_DISK, checkpoint_every_s=1e9, epochs=3.0)
+    assert one.train_s == pytest.approx(125 * 0.8)
+    assert three.train_s == pytest.approx(3 * (125 * 0.8 - 2.0) + 2.0)
+    assert three.for_steps(125, checkpoint_every_s=1e9, evaluation=None, epochs=3.0).train_s == pytest.approx(100.0)
+
+
 def test_the_eta_is_the_steps_at_the_measured_step_plus_the_saves_with_an_interval() -> None:
     c = candidate(0, 10.0, batch=8, spread=0.05)  # 0.8 s a step
     e = estimate(c, 1_000, write_bytes_per_s=2**20, checkpoint_every_s=30.0)

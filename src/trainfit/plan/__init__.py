@@ -356,7 +356,7 @@ def _options(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, samples: 
     if rebuilt is not None and rebuilt.stats is not None:
         spec = rebuilt.spec
         shorter = shorter_max_length(chosen, spec.params, rebuilt.stats.length_sample, spec.probe.seed, total, window,
-                                     eta)
+                                     eta, data_samples=rebuilt.stats.samples)
     fastest = max(run.candidates, key=lambda c: run_speed(c, eta(c)))
     return ranked([faster_config(chosen, fastest, total, window, eta), *shorter,
                    fewer_epochs(chosen, samples, epochs, window, eta), subset(chosen, samples, epochs, window, eta)])

@@ -59,6 +59,9 @@ class Eta(Record):
     command_startup_s: float | None = None
     """The same for the written command (``bash train_command.sh``: ``trl sft`` under ``accelerate
     launch``), measured by calibration; None: not calibrated."""
+    first_sights_s: float = 0.0
+    """What the first sight of each of an epoch's padded lengths costs (``Candidate.first_sights_s``):
+    the step time shares it out over one epoch, and ``train_s`` counts it once for the run."""
 
     @property
     def command_total_s(self) -> float | None:
@@ -92,7 +95,7 @@ class Eta(Record):
                        overhead=self.trainer_overhead_s, spread=self.spread_rel,
                        save_s=self.checkpoint_s / max(1, self.checkpoints), startup=self.startup_s,
                        command_startup=self.command_startup_s, checkpoint_every_s=checkpoint_every_s,
-                       evaluation=evaluation, epochs=epochs * steps / self.steps)
+                       evaluation=evaluation, epochs=epochs * steps / self.steps, first_sights_s=self.first_sights_s)
 
 
 def checkpoint_bytes(c: Candidate) -> int:
@@ -139,7 +142,8 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     too (``Calibration.step_overhead_s``): it is the trainer's, not the model's; and the run's start-up and end (launch to exit less its steps) as calibration measured
     them for ``trainfit train`` (the written command's beside it: ``Eta.command_total_s``). ``evaluation``: the passes a run of ``epochs`` makes, at the price measured for one
     (the trainer's time around a pass is not in it: the run's monitor subtracts the passes' own
-    ``eval_runtime``)."""
+    ``eval_runtime``). The step time shares out the first sight of an epoch's padded lengths
+    (``Candidate.first_sights_s``), which a run pays once, whatever its epochs: counted once."""
     steps = math.ceil(samples / c.samples_per_step)
     overhead = startup = command_startup = None
     spread = c.spread_rel
@@ -151,16 +155,18 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
         startup = calibration.train_startup_s if calibration.train_startup_s is not None else command_startup
     return _priced(samples, steps, c.step_time_s + (overhead or 0.0), overhead=overhead, spread=spread,
                    save_s=checkpoint_bytes(c) / write_bytes_per_s, startup=startup, command_startup=command_startup,
-                   checkpoint_every_s=checkpoint_every_s, evaluation=evaluation, epochs=epochs)
+                   checkpoint_every_s=checkpoint_every_s, evaluation=evaluation, epochs=epochs,
+                   first_sights_s=c.first_sights_s)
 
 
 def _priced(samples: int, steps: int, step: float, *, overhead: float | None, spread: float, save_s: float,
             startup: float | None, command_startup: float | None, checkpoint_every_s: float,
-            evaluation: Evaluation | None, epochs: float) -> Eta:
+            evaluation: Evaluation | None, epochs: float, first_sights_s: float = 0.0) -> Eta:
     """The ETA of ``steps`` optimizer steps of ``step`` seconds (within ``spread``): a save of
     ``save_s`` every ``checkpoint_every_s`` and one at the end, the evaluation passes of a run of
-    ``epochs``, and the start-up."""
-    train = steps * step
+    ``epochs``, and the start-up. ``step`` shares out ``first_sights_s`` over an epoch: the run's
+    ``epochs`` pay it once."""
+    train = max(0.0, steps * step - first_sights_s * (epochs - 1))
     saves = max(1, math.ceil(train / checkpoint_every_s))  # one every interval, the last at the end
     checkpoint = saves * save_s
     fixed = checkpoint + (startup or 0.0)
@@ -171,4 +177,4 @@ def _priced(samples: int, steps: int, step: float, *, overhead: float | None, sp
                startup_s=startup, checkpoints=saves, checkpoint_s=checkpoint, total_s=train + eval_s + fixed,
                low_s=train * max(0.0, 1 - spread) + eval_s * max(0.0, 1 - eval_spread) + fixed,
                high_s=train * (1 + spread) + eval_s * (1 + eval_spread) + fixed, spread_rel=spread, evals=evals,
-               eval_s=eval_s, command_startup_s=command_startup)
+               eval_s=eval_s, command_startup_s=command_startup, first_sights_s=first_sights_s)

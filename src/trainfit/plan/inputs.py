@@ -47,6 +47,15 @@ class Candidate:
     """The timed shapes behind the fit (see ``Measurement.shape_times``)."""
     measurement: Measurement | None = None
     """Its (first) probe, for a command built from it."""
+    first_sight_s: float = 0.0
+    """What a padded length costs the first time a run meets it (``Measurement.first_sight_s``) ..."""
+    epoch_shapes: int = 0
+    """... and the distinct padded lengths of an epoch (``Measurement.epoch_shapes``)."""
+
+    @property
+    def first_sights_s(self) -> float:
+        """What an epoch's first sights of its padded lengths cost, shared out in :attr:`step_time_s`."""
+        return self.first_sight_s * self.epoch_shapes
 
     @property
     def lora_r(self) -> int:
@@ -54,7 +63,7 @@ class Candidate:
 
     def step_cost(self) -> StepCost | None:
         """The step cost fitted through :attr:`shape_times` (None without timed shapes)."""
-        return shapes_step_cost(self.shape_times)
+        return shapes_step_cost(self.shape_times, 0.0, self.first_sight_s)
 
     @property
     def max_length(self) -> int:
@@ -99,7 +108,8 @@ def best_step_cost(folder: Path | RunFolder) -> StepCost | None:
     found = next((c for c in run.candidates if c.searched == best.searched), None)
     if found is None:
         return None
-    return shapes_step_cost(found.shape_times, (found.measurement.data_wait_s if found.measurement else None) or 0.0)
+    wait = found.measurement.data_wait_s if found.measurement else None
+    return shapes_step_cost(found.shape_times, wait or 0.0, found.first_sight_s)
 
 
 def load_run(run_folder: Path | RunFolder) -> TuneRun:
@@ -195,4 +205,5 @@ def _candidate(runs: list[tuple[int, Measurement]], searched: list[str]) -> Cand
                      samples_per_step=float(m.samples_per_step or m.config.get("batch_size", 1)),
                      spread_rel=probe_spread(m), peak_gb=float(m.peak_memory_gb or 0.0),
                      optimizer_gb=parts.get("optimizer", 0) / 2**30, model_gb=parts.get("model", 0) / 2**30,
-                     shape_times=list(m.shape_times), measurement=m)
+                     shape_times=list(m.shape_times), measurement=m, first_sight_s=m.first_sight_s or 0.0,
+                     epoch_shapes=m.epoch_shapes or 0)

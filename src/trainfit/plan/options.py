@@ -94,11 +94,13 @@ def faster_config(c: Candidate, fastest: Candidate, total: int, window_s: float,
 
 
 def shorter_max_length(c: Candidate, params: Params, data_lengths: Sequence[int], seed: int, total: int,
-                       window_s: float, eta: Callable[[Candidate, int], Eta]) -> list[Option]:
+                       window_s: float, eta: Callable[[Candidate, int], Eta], data_samples: int | None = None
+                       ) -> list[Option]:
     """Shorter ``max_length`` values that fit, each with the share of samples it truncates. The
     step cost is the one fitted through the config's timed shapes (no new probe): lengths below
     the longest timed shape are inside what was measured, and a shorter worst case needs less
-    memory than the one probed. ``data_lengths``: the data's (or a uniform sample of them)."""
+    memory than the one probed. ``data_lengths``: the data's (or a uniform sample of them: then
+    ``data_samples``, the data's count)."""
     lengths = np.asarray(data_lengths)
     cost = c.step_cost()
     if len(lengths) == 0 or cost is None:
@@ -111,10 +113,11 @@ def shorter_max_length(c: Candidate, params: Params, data_lengths: Sequence[int]
             continue
         seen.add(length)
         shorter = params.replace(**{**c.config, "max_length": length})  # the config's knobs, cut shorter
-        mix = typical_mix(lengths.tolist(), shorter, length, seed, longest=False)
-        speed = epoch_speed(cost, mix, shorter.gradient_accumulation_steps)
+        mix = typical_mix(lengths.tolist(), shorter, length, seed, longest=False, data_samples=data_samples)
+        speed = epoch_speed(cost, mix, shorter.gradient_accumulation_steps, first_sight_s=cost.first_sight)
         scaled = Candidate(**{**c.__dict__, "samples_per_second": speed.samples_per_second,
-                              "step_time_s": speed.step_seconds, "config": {**c.config, "max_length": length}})
+                              "step_time_s": speed.step_seconds, "config": {**c.config, "max_length": length},
+                              "epoch_shapes": len(mix.padded_lengths)})
         run = eta(scaled, total)
         if run.fits(window_s):
             cut = float(np.mean(lengths > length))

@@ -51,6 +51,14 @@ class TypicalMix:
     """The sample lengths of each micro-batch the worker times, shortest padded length first."""
     times_longest: bool = False
     """The longest batch is among them (else the memory phase's worst-case step stands for it)."""
+    data_samples: int | None = None
+    """The dataset's samples where the mix is an epoch of a uniform sample of its lengths (None: the
+    mix is the whole epoch): a real epoch has ``data_samples / samples`` times its steps."""
+
+    @property
+    def epoch_steps_scale(self) -> float:
+        """How many times the mix's micro-batches a real epoch trains."""
+        return self.data_samples / self.samples if self.data_samples and self.samples else 1.0
 
     @property
     def micro_batches(self) -> int:
@@ -63,7 +71,8 @@ class TypicalMix:
     def to_dict(self) -> dict[str, Any]:
         return {"batching": self.batching, "padded_lengths": list(self.padded_lengths), "counts": list(self.counts),
                 "samples": self.samples, "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
-                "timing_batches": [list(b) for b in self.timing_batches], "times_longest": self.times_longest}
+                "timing_batches": [list(b) for b in self.timing_batches], "times_longest": self.times_longest,
+                "data_samples": self.data_samples}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TypicalMix:
@@ -88,11 +97,13 @@ def timing_picks(padded: np.ndarray, longest: bool = False) -> list[int]:
 
 @dataclass(frozen=True)
 class StepCost:
-    """Seconds of one optimizer step whose micro-batches are padded to ``L`` positions."""
+    """Seconds of one optimizer step whose micro-batches are padded to ``L`` positions (warm), and
+    what a padded length costs beyond that the first time a process meets it."""
 
     a: float
     b: float
     c: float
+    first_sight: float = 0.0
 
     def __call__(self, length: np.ndarray | float) -> np.ndarray | float:
         return self.a + self.b * length + self.c * np.square(length)
@@ -116,15 +127,17 @@ def fit_step_cost(lengths: Sequence[float], seconds: Sequence[float]) -> StepCos
     return StepCost(float(a), float(b), float(c))
 
 
-def shapes_step_cost(shape_times: Sequence[Mapping[str, Any]], wait_s: float = 0.0) -> StepCost | None:
+def shapes_step_cost(shape_times: Sequence[Mapping[str, Any]], wait_s: float = 0.0,
+                     first_sight_s: float = 0.0) -> StepCost | None:
     """The step cost fitted through a probe's timed shapes (``Measurement.shape_times``: each a
     ``padded_length`` and its ``seconds``), the model's alone, or with ``wait_s`` (the probe's wait
-    for data a step, ``Measurement.data_wait_s``) in its fixed part: a step as a run pays it, which
-    a calibration sets against the trainer's timed steps; None where it timed none."""
+    for data a step, ``Measurement.data_wait_s``) in its fixed part and ``first_sight_s``
+    (``Measurement.first_sight_s``): a step as a run pays it, which a calibration sets against the
+    trainer's timed steps; None where it timed none."""
     if not shape_times:
         return None
     cost = fit_step_cost([s["padded_length"] for s in shape_times], [s["seconds"] for s in shape_times])
-    return StepCost(cost.a + wait_s, cost.b, cost.c) if wait_s else cost
+    return StepCost(cost.a + wait_s, cost.b, cost.c, first_sight_s)
 
 
 def fit_error(cost: StepCost, lengths: Sequence[float], seconds: Sequence[float]) -> float:
@@ -156,21 +169,43 @@ class EpochSpeed:
 
 
 def epoch_speed(cost: StepCost, mix: TypicalMix, accumulation: int, max_length: int | None = None,
-                wait_s: float = 0.0) -> EpochSpeed:
+                wait_s: float = 0.0, first_sight_s: float = 0.0) -> EpochSpeed:
     """Expected speed over ``mix``'s micro-batches, ``accumulation`` of them per optimizer step.
     A step of ``accumulation`` micro-batches at mixed lengths costs the mean of ``cost`` at those
     lengths, as the cost is a fixed part plus one per micro-batch. ``max_length``: the padded length
     of the worker's longest batches where it capped them (a model with fewer positions than the
     data's truncation: the cap rounded up to ``pad_to_multiple_of``, see ``Params.padded_length``).
-    ``wait_s``: the seconds each optimizer step waits for its data besides (a probe's loader)."""
+    ``wait_s``: the seconds each optimizer step waits for its data besides (a probe's loader).
+    ``first_sight_s``: what a padded length costs the first time a process meets it
+    (:func:`first_sight`), paid once for each of the mix's distinct lengths over the real epoch's
+    steps (:attr:`TypicalMix.epoch_steps_scale`): the speed of a first epoch in a fresh process."""
     lengths = np.asarray(mix.padded_lengths, dtype=float)
     if max_length is not None:
         lengths = np.minimum(lengths, max_length)
     counts = np.asarray(mix.counts, dtype=float)
-    step = float(np.sum(counts * cost(lengths)) / counts.sum()) + wait_s
-    seconds = step * counts.sum() / accumulation
+    steps = counts.sum() / accumulation
+    step = (float(np.sum(counts * cost(lengths)) / counts.sum()) + wait_s
+            + first_sight_s * len(set(lengths.tolist())) / (steps * mix.epoch_steps_scale))
+    seconds = step * steps
     return EpochSpeed(step_seconds=step, samples_per_second=mix.samples / seconds,
                       tokens_per_second=mix.real_tokens / seconds)
+
+
+def first_sight(first: Mapping[int, float], warm: Mapping[int, float]) -> float:
+    """What a padded length costs the first time a process meets it, beyond its warm step: the
+    mean over the shapes timed both ways (``first``: each shape's first step, ``warm``: the median
+    of its timed steps, both by the shape's index) of the difference, where it is above its own 95%
+    half-width (Student's t over the shapes; a single shape's difference as it is); else 0. A new
+    shape makes the allocator find blocks, autotuned kernels (cuDNN benchmark, Triton) search, a
+    compiled graph recompile: paid once a process, not each step."""
+    extra = [first[n] - warm[n] for n in first if n in warm]
+    if not extra:
+        return 0.0
+    mean = sum(extra) / len(extra)
+    if len(extra) == 1:
+        return max(0.0, mean)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in extra) / (len(extra) - 1))
+    return mean if mean > t95(len(extra) - 1) * sd / math.sqrt(len(extra)) else 0.0
 
 
 def batching_words(padding: str, group_by_length: bool, max_length: int, pad_to_multiple_of: int | None = None, *,
@@ -200,10 +235,10 @@ def times_longest(params: Params, memory_steps: int) -> bool:
 
 
 def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: int,
-                longest: bool = True) -> TypicalMix:
-    """An epoch of ``lengths`` (the data's, or a uniform sample of them) batched as ``params`` says,
-    and the micro-batches to time: whole batches at :data:`QUANTILES` of the padded lengths, and
-    the longest when ``longest`` (:func:`times_longest`)."""
+                longest: bool = True, data_samples: int | None = None) -> TypicalMix:
+    """An epoch of ``lengths`` (the data's, or a uniform sample of them: then ``data_samples``, the
+    data's count) batched as ``params`` says, and the micro-batches to time: whole batches at
+    :data:`QUANTILES` of the padded lengths, and the longest when ``longest`` (:func:`times_longest`)."""
     array = np.minimum(np.asarray(lengths, dtype=np.int64), max_length)
     if params.packing:
         epoch = packed_epoch(array, params.batch_size, max_length=max_length, seed=seed,
@@ -227,7 +262,8 @@ def typical_mix(lengths: Sequence[int], params: Params, max_length: int, seed: i
     return TypicalMix(batching=f"{words} ({len(array):,} of the data's lengths)",
                       padded_lengths=tuple(int(v) for v in values), counts=tuple(int(c) for c in counts),
                       samples=epoch.samples, real_tokens=epoch.total_real_tokens,
-                      padded_tokens=epoch.total_padded_positions, timing_batches=timing, times_longest=longest)
+                      padded_tokens=epoch.total_padded_positions, timing_batches=timing, times_longest=longest,
+                      data_samples=data_samples if data_samples and data_samples > len(array) else None)
 
 
 def assumed_mix(params: Params, max_length: int) -> TypicalMix:

@@ -22,7 +22,8 @@ BROKEN = ("error", "timeout", "diverged")
 probes on its family."""
 MEMORY_PARTS = ("model", "optimizer", "runtime", "step", "build", "allocator_cache")
 """The keys of ``Measurement.memory_parts_bytes``, in report order."""
-RANKED_FIGURES = ("samples_per_second", "tokens_per_second", "expected_step_time_s", "peak_memory_bytes")
+RANKED_FIGURES = ("samples_per_second", "tokens_per_second", "expected_step_time_s", "peak_memory_bytes",
+                  "first_sight_s")
 """The figures a search ranks by (its objective, a trainer cost's step time) and a plan prices a run
 and a fit with: read back negative or as no number, one ranks first or spreads through every sum."""
 
@@ -57,12 +58,22 @@ class Measurement:
     scaler skipped because their gradients overflowed; a few at the start, while it lowers its
     scale from 2**16, are normal."""
     samples_per_second: float | None = None
-    """Samples per second expected over an epoch of the data's own batches (``speed_basis``): the
-    step cost fitted on the timed shapes, summed over the epoch's micro-batches (probe/estimate.py)."""
+    """Samples per second expected over a first epoch of the data's own batches (``speed_basis``) in a
+    fresh process: the step cost fitted on the timed shapes, summed over the epoch's micro-batches,
+    with each distinct padded length's first sight (``first_sight_s x epoch_shapes``; probe/estimate.py)."""
     tokens_per_second: float | None = None
     """Real (non-padding) tokens per second, likewise."""
     expected_step_time_s: float | None = None
-    """The expected seconds of one optimizer step over the epoch's batches."""
+    """The expected seconds of one optimizer step over the epoch's batches (the first sights shared out)."""
+    first_sight_s: float | None = None
+    """What a padded length costs the first time the process meets it, beyond its warm step: the
+    mean over the timed shapes of their first step (in the burn-in) less their median timed step,
+    0 where that is within its own noise (``probe.estimate.first_sight``). Paid once a run for each
+    of ``epoch_shapes``: later epochs meet no new length (a plan counts it once). A kept worker that
+    already met a shape in an earlier probe of the same model reads it as seen."""
+    epoch_shapes: int | None = None
+    """The distinct padded lengths of the epoch's micro-batches (of the uniform sample of the data's
+    lengths the mix batches, a lower bound where the data holds more samples than it)."""
     speed_basis: str | None = None
     """Which batches the speed figures stand for: how the trainer batches the data (random order
     padded to the longest, length-grouped, fixed padding), or that there is no dataset."""
@@ -70,7 +81,7 @@ class Measurement:
     """Share of the epoch's positions that are padding under that batching."""
     shape_times: list[dict[str, Any]] = field(default_factory=list)
     """Each timed shape: ``rows``, ``padded_length``, ``real_tokens``, median ``seconds`` per
-    optimizer step, ``steps`` timed."""
+    optimizer step, ``steps`` timed, and ``first_seconds``, its first step's (in the burn-in)."""
     fit_error_rel: float | None = None
     """The step-cost fit's largest miss at a timed shape, as a share of that shape's time."""
     data: str | None = None

@@ -198,6 +198,25 @@ class TimedSteps:
     flops_known: bool = True
 
 
+def burn_in(req: ProbeRequest, built: Built, batches: TypicalBatches, device: Any) -> dict[int, float]:
+    """``probe.burn_in_steps`` untimed steps, and at least one whole cycle, so every shape of the
+    pool has been seen before timing. Returns the seconds of each shape's first step (its first
+    sight: the first cycle's steps are timed alone), by the shape's index in the pool."""
+    first: dict[int, float] = {}
+    for n in range(max(req.probe.burn_in_steps, batches.cycle)):
+        shape, micro = batches.next_step()
+        new = shape not in first
+        if new:
+            synchronize(device)
+        t0 = time.perf_counter()
+        check_loss(built.step.run(micro), "burn_in", n + 1)
+        if new:
+            synchronize(device)
+            first[shape] = agreed(time.perf_counter() - t0)
+    synchronize(device)
+    return first
+
+
 def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device: Any) -> TimedSteps:
     """Typical steps, each timed alone (synchronized before and after), until the stop rule says
     the estimate is stable or a cap is reached."""
@@ -305,27 +324,31 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
 
 
 def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, max_len: int,
-                 worst_step: tuple[int, float]) -> dict[str, Any]:
-    """The speed of an epoch of the data's own batches (``req.typical``): the step cost fitted on
-    the median time of each timed shape (and the memory phase's worst-case step, the tail, when
-    the parent left the longest batch out of the timed ones), summed over the epoch's
-    micro-batches (probe/estimate.py). Where no shape was timed twice, the fit's residuals give the
-    speed's spread (``step_time_ci95_rel``, :func:`~trainfit.probe.estimate.fit_noise_ci95`)."""
-    import statistics
-
+                 worst_step: tuple[int, float], first: dict[int, float]) -> dict[str, Any]:
+    """The speed of a first epoch of the data's own batches (``req.typical``) in a fresh process: the
+    step cost fitted on the median time of each timed shape (and the memory phase's worst-case step,
+    the tail, when the parent left the longest batch out of the timed ones), summed over the epoch's
+    micro-batches (probe/estimate.py), and each of the epoch's padded lengths' first sight (``first``:
+    each shape's first step, from :func:`burn_in`; the worst-case batch's shape, met first by the
+    memory phase, left out). Where no shape was timed twice, the fit's residuals give the speed's
+    spread (``step_time_ci95_rel``, :func:`~trainfit.probe.estimate.fit_noise_ci95`)."""
     # local: the probe worker imports this module, and binds to its parent before numpy loads
-    from trainfit.probe.estimate import epoch_speed, fit_error, fit_noise_ci95, fit_step_cost
+    from trainfit.probe.estimate import epoch_speed, first_sight, fit_error, fit_noise_ci95, fit_step_cost
 
     mix = req.typical
     lengths, seconds, shape_times = [], [], []
+    warm: dict[int, float] = {}
     for k, batch in enumerate(batches.pool):
         mine = [t for t, s in zip(timed.times, timed.shapes, strict=True) if s == k]
         if not mine:
             continue
         lengths.append(batch.padded_len)
         seconds.append(statistics.median(mine))
+        if batch.padded_len != worst_step[0]:
+            warm[k] = seconds[-1]
         shape_times.append({"rows": batch.samples, "padded_length": batch.padded_len,
-                            "real_tokens": batch.real_tokens, "seconds": round(seconds[-1], 6), "steps": len(mine)})
+                            "real_tokens": batch.real_tokens, "seconds": round(seconds[-1], 6), "steps": len(mine),
+                            "first_seconds": round(first[k], 6) if k in first else None})
     if not mix.times_longest and worst_step[0] > max(lengths, default=0):
         lengths.append(worst_step[0])
         seconds.append(worst_step[1])
@@ -338,7 +361,8 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     wait = statistics.fmean(timed.waits) if timed.waits else 0.0
     # Each optimizer step takes gradient_accumulation_steps micro-batches on each process of each machine.
     per_step = req.params.gradient_accumulation_steps * req.params.processes
-    speed = epoch_speed(cost, mix, per_step, cap, wait_s=wait)
+    sight = first_sight(first, warm)
+    speed = epoch_speed(cost, mix, per_step, cap, wait_s=wait, first_sight_s=sight)
     # Per optimizer step: the samples of effective_batch_size rows over the ranks, or under packing those their packed rows hold.
     step_share = (per_step / mix.micro_batches if req.params.packing
                   else req.params.effective_batch_size / mix.samples)
@@ -348,6 +372,7 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
             "expected_step_time_s": speed.step_seconds, "speed_basis": mix.batching,
             "padding_share": mix.padding_share, "shape_times": shape_times,
             "fit_error_rel": fit_error(cost, lengths, seconds), "data_wait_s": wait,
+            "first_sight_s": sight, "epoch_shapes": len({min(n, cap) for n in mix.padded_lengths}),
             "input_bound_share": sum(timed.waits) / (sum(timed.waits) + sum(timed.times))}
     if all(s["steps"] == 1 for s in shape_times) and (noise := fit_noise_ci95(cost, lengths, seconds)) is not None:
         # No shape timed twice (one cycle, cut by max_seconds): the spread of all steps would call the

@@ -52,7 +52,7 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
         # Packed: batch_size full rows, each (at worst for the attention) one max_length sample.
         worst = [max_length] * params.batch_size if params.packing else stats.longest_lengths(params.batch_size)
         typical = typical_mix(stats.length_sample, params, max_length, spec.probe.seed,
-                              longest=times_longest(params, spec.probe.memory_steps))
+                              longest=times_longest(params, spec.probe.memory_steps), data_samples=stats.samples)
         rows = timing_rows(spec, typical.timing_batches, max_length, notes)
         truncated, exact = count_longer_than(stats, max_length)
         if stats.approximate:

@@ -54,6 +54,7 @@ from trainfit.probe.memory import (
 from trainfit.probe.phases import (
     Built,
     LossNotFinite,
+    burn_in,
     capped_length,
     check_scaler,
     communication_share,
@@ -125,10 +126,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
     try:
         emit("phase", phase="burn_in")
         t = time.perf_counter()
-        # At least one whole cycle, so every batch shape of the pool has been seen before timing.
-        for n in range(max(req.probe.burn_in_steps, batches.cycle)):
-            check_loss(built.step.run(batches.next_step()[1]), "burn_in", n + 1)
-        synchronize(device)
+        first_sight = burn_in(req, built, batches, device)
         phases["burn_in"] = time.perf_counter() - t
         out["loader_start_s"] = batches.start_s
 
@@ -142,7 +140,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
         out["scaler_skipped_steps"] = built.step.skipped_steps - skipped_before
         check_scaler(timed, out["scaler_skipped_steps"], out["notes"])
     out.update(speed_fields(req, timed, out["device_name"], out["notes"]))
-    out.update(epoch_fields(req, timed, batches, max_len, worst_step))
+    out.update(epoch_fields(req, timed, batches, max_len, worst_step, first_sight))
     note = input_bound_note(out, req.params)
     if note:
         out["notes"].append(note)

@@ -103,7 +103,8 @@ class Calibration:
     model_step_s: float | None = None
     """What the probe expected of the very steps timed, per step: its fitted step cost (the best
     config's ``a + bL + cL^2``) summed over the micro-batches those steps trained, by their padded
-    lengths as the long run collated them (``trainfit train --record-batches``). None: not priced
+    lengths as the long run collated them (``trainfit train --record-batches``), with the probe's
+    first sight for each length the run met first in them (``Measurement.first_sight_s``). None: not priced
     (no step cost, or the batches not seen); a plan then compares the trainer's step with the
     epoch's average step (``ratio``), which the first shuffled batches' lengths sway."""
     own_step_s: float | None = None
@@ -326,7 +327,7 @@ def _priced(path: Path, best: ConfigEntry, arrivals: Mapping[int, float], short:
     """:func:`priced_steps` of the long run, from the micro-batch lengths it recorded in ``path``."""
     accumulation = micro_batches(best.config)
     steps = recorded_steps(path.read_text(), accumulation) if path.is_file() else []
-    priced = priced_steps(steps, accumulation, arrivals, short, lambda length: float(cost(length)))
+    priced = priced_steps(steps, accumulation, arrivals, short, lambda length: float(cost(length)), cost.first_sight)
     if priced is None:
         say(f"the timed steps' batches were not all seen ({len(steps)} steps recorded): compared with the probe's "
             "epoch average instead")

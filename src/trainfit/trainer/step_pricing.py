@@ -40,21 +40,27 @@ class Priced:
 
 
 def priced_steps(steps: Sequence[Sequence[int]], accumulation: int, arrivals: Mapping[int, float], after: int,
-                 cost: Callable[[float], float]) -> Priced | None:
+                 cost: Callable[[float], float], first_sight: float = 0.0) -> Priced | None:
     """The probe's expected time of the optimizer steps the progress bar timed (those of
     :func:`~trainfit.trainer.trainer_output.bar_seconds_per_step`: the first shown at or after ``after`` to the last shown), per step,
     the 95% relative half-width of the ratio of each bar interval's time to its expected time
     (``inf`` with fewer than two intervals), and the trainer's own time per step fitted over the
     intervals (:func:`own_step_time`). ``steps``: the padded lengths of the micro-batches each
     step trained (:func:`~trainfit.trainer.trainer_output.recorded_steps`; step ``n`` is ``steps[n - 1]``); ``cost``: an optimizer
-    step's seconds at ``accumulation`` micro-batches of a padded length. None when fewer than two
-    steps are shown or ``steps`` stops short of the last."""
+    step's seconds at ``accumulation`` micro-batches of a padded length; ``first_sight``: what a
+    padded length costs beyond that the first time the run meets it (``Measurement.first_sight_s``),
+    added to the step that meets it (the run's steps before the timed ones count as met). None when
+    fewer than two steps are shown or ``steps`` stops short of the last."""
     shown = shown_steps(arrivals, after)
     if len(shown) < 2 or len(steps) < shown[-1][0]:
         return None
     first = shown[0][0]
-    expected = [sum(cost(float(length)) for length in steps[k]) / accumulation
-                for k in range(first, shown[-1][0])]  # steps first+1 .. last
+    seen = {length for step in steps[:first] for length in step}
+    expected = []
+    for k in range(first, shown[-1][0]):  # steps first+1 .. last
+        new = set(steps[k]) - seen
+        seen |= new
+        expected.append(sum(cost(float(length)) for length in steps[k]) / accumulation + first_sight * len(new))
     intervals = [(t1 - t0, sum(expected[n0 - first:n1 - first]), n1 - n0)
                  for (n0, t0), (n1, t1) in itertools.pairwise(shown)]
     return Priced(sum(expected) / len(expected), relative_ci95([t / e for t, e, _ in intervals]),

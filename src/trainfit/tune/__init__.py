@@ -206,7 +206,8 @@ def _trainer_cost(result: TuneResult, steps: int, on_progress: Callable[[str], N
     try:
         calibration = calibrate(result.output, steps, on_progress=on_progress,
                                 step_cost=shapes_step_cost(result.best.measurement.shape_times,
-                                                           result.best.measurement.data_wait_s or 0.0))
+                                                           result.best.measurement.data_wait_s or 0.0,
+                                                           result.best.measurement.first_sight_s or 0.0))
     except TrainfitError as err:  # the search's outputs stand, ranked by the probes alone
         raise TrainfitError(f"the search ended and wrote its outputs (ranked by the probes alone), then its "
                             f"calibration failed: {err.message}",
