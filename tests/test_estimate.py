@@ -13,7 +13,8 @@ from trainfit.probe.estimate import (
     TypicalMix,
     assumed_mix,
     epoch_speed,
-    first_sight,
+    epoch_first_sights,
+    first_sights,
     fit_error,
     fit_step_cost,
     times_longest,
@@ -55,31 +56,34 @@ def test_the_epoch_speed_sums_the_cost_over_the_epochs_micro_batches() -> None:
     assert mix.padding_share == pytest.approx(1 - 100 / 260)
 
 
-def test_a_first_epoch_pays_each_padded_lengths_first_sight_once_over_the_real_epochs_steps() -> None:
+def test_a_first_epoch_pays_its_padded_lengths_first_sights_once_over_the_real_epochs_steps() -> None:
     mix = TypicalMix(batching="hand", padded_lengths=(10, 100), counts=(3, 1), samples=8, real_tokens=100,
                      padded_tokens=2 * (3 * 10 + 100), timing_batches=((10, 10), (100, 50)))
     cost = StepCost(1.0, 0.01, 0.0)
     warm = epoch_speed(cost, mix, accumulation=2)
-    seen = epoch_speed(cost, mix, accumulation=2, first_sight_s=0.5)  # 2 lengths over the epoch's 2 steps
-    assert seen.step_seconds == pytest.approx(warm.step_seconds + 2 * 0.5 / 2)
-    assert seen.samples_per_second == pytest.approx(8 / (2 * warm.step_seconds + 2 * 0.5))
+    seen = epoch_speed(cost, mix, accumulation=2, first_sights_s=1.0)  # over the epoch's 2 steps
+    assert seen.step_seconds == pytest.approx(warm.step_seconds + 1.0 / 2)
+    assert seen.samples_per_second == pytest.approx(8 / (2 * warm.step_seconds + 1.0))
     # The mix batches 8 of the data's 800 samples: the real epoch has 100 times its steps to share them over.
     sampled = TypicalMix(**{**mix.__dict__, "data_samples": 800})
     assert sampled.epoch_steps_scale == 100
-    assert epoch_speed(cost, sampled, 2, first_sight_s=0.5).step_seconds == pytest.approx(warm.step_seconds
-                                                                                            + 2 * 0.5 / 200)
-    assert epoch_speed(cost, mix, 2, max_length=5, first_sight_s=0.5).step_seconds == pytest.approx(
-        1.05 + 0.5 / 2)  # capped at 5, both lengths are one
+    assert epoch_speed(cost, sampled, 2, first_sights_s=1.0).step_seconds == pytest.approx(warm.step_seconds
+                                                                                             + 1.0 / 200)
+    # The first new shape's excess once (a compiled graph's recompile), then each later length's.
+    assert epoch_first_sights((2.0, 0.1), 30) == pytest.approx(2.0 + 29 * 0.1)
+    assert epoch_first_sights(None, 30) == 0.0 and epoch_first_sights((2.0, 0.1), 0) == 0.0
 
 
 def test_a_first_sight_is_the_first_steps_extra_time_where_it_stands_out_of_the_noise() -> None:
     warm = {0: 0.10, 1: 0.20, 2: 0.30, 3: 0.40}
-    assert first_sight({k: t + 0.05 for k, t in warm.items()}, warm) == pytest.approx(0.05)
-    noisy = {0: 0.16, 1: 0.19, 2: 0.33, 3: 0.37}  # +60, -10, +30, -30 ms: nothing beyond the noise
-    assert first_sight(noisy, warm) == 0.0
-    assert first_sight({0: 0.08}, warm) == 0.0  # one shape, faster the first time: none
-    assert first_sight({0: 0.13}, warm) == pytest.approx(0.03)  # one shape: its difference
-    assert first_sight({5: 0.5}, warm) == 0.0  # no shape timed both ways
+    assert first_sights({k: t + 0.05 for k, t in warm.items()}, warm) == pytest.approx((0.05, 0.05))
+    # Compiled: the first new shape recompiles for dynamic shapes, the others reuse that graph.
+    assert first_sights({0: 2.10, 1: 0.20, 2: 0.30, 3: 0.40}, warm) == pytest.approx((2.0, 0.0))
+    noisy = {0: 0.10, 1: 0.19, 2: 0.33, 3: 0.37}  # -10, +30, -30 ms after the first: nothing beyond the noise
+    assert first_sights(noisy, warm) == (0.0, 0.0)
+    assert first_sights({0: 0.08}, warm) == (0.0, 0.0)  # one shape, faster the first time: none
+    assert first_sights({0: 0.13, 2: 0.32}, warm) == pytest.approx((0.03, 0.02))  # one later shape: its excess
+    assert first_sights({5: 0.5}, warm) is None  # no shape timed both ways
 
 
 def test_the_timed_batches_are_real_batches_of_the_epoch_spread_over_its_padded_lengths() -> None:
@@ -140,6 +144,8 @@ def test_the_longest_batch_is_timed_only_where_the_memory_phase_cannot_stand_for
     assert not times_longest(Params(padding="max_length", max_length=64, gradient_accumulation_steps=8), 2)
     # but not under packing: a packed micro-batch is a multiple of max_length long, an epoch several shapes
     assert times_longest(Params(padding="max_length", packing=True, max_length=64, gradient_accumulation_steps=8), 2)
+    # Packed: the memory phase's rows of one max_length sample each do not stand for packed rows' time.
+    assert times_longest(Params(packing=True, max_length=64), memory_steps=2)
 
 
 def test_a_typical_mix_crosses_into_the_worker_unchanged() -> None:

@@ -60,7 +60,7 @@ def test_each_priority_is_a_rule_over_the_measured_configs(priority: str, window
 def test_a_run_of_several_epochs_pays_its_padded_lengths_first_sight_once() -> None:
     """The probe's step shares out one epoch's first sights (40 lengths at 0.05 s): a later epoch
     meets no new length, so 3 epochs take 3 epochs of warm steps and the first sights once."""
-    c = dataclasses.replace(candidate(0, 10.0, batch=8), first_sight_s=0.05, epoch_shapes=40)  # 0.8 s a step
+    c = dataclasses.replace(candidate(0, 10.0, batch=8), first_sight_s=0.05, first_sights_s=2.0, epoch_shapes=40)
     one = estimate(c, 1_000, write_bytes_per_s=FAST_DISK, checkpoint_every_s=1e9, epochs=1.0)
     three = estimate(c, 3_000, write_bytes_per_s=FAST_DISK, checkpoint_every_s=1e9, epochs=3.0)
     assert one.train_s == pytest.approx(125 * 0.8)
@@ -253,7 +253,9 @@ def test_plan_of_a_real_tune_writes_a_plan_that_reads_back_and_fits(tune_dir: Pa
     summary = json.loads((tune_dir / "summary.json").read_text())
     assert plan.trial == summary["best_config"]["trial"]  # fast: tune's own pick
     assert plan.eta.samples == 2 * summary["dataset_samples"]
-    assert plan.eta.train_s == pytest.approx(plan.eta.steps * plan.eta.step_time_s)
+    # The step shares out an epoch's first sights of new lengths; the run of 2 epochs pays them once.
+    assert plan.eta.first_sights_s == plan.first_sights_s >= 0
+    assert plan.eta.train_s == pytest.approx(plan.eta.steps * plan.eta.step_time_s - plan.first_sights_s)
     assert [c.priority for c in plan.priorities] == ["fast", "balanced", "quality", "memory_efficient"]
     assert "not calibrated" in " ".join(plan.rests_on)
     assert plan.command is not None and "--num_train_epochs 2" in plan.command and "--save_steps" in plan.command
@@ -486,6 +488,30 @@ def test_on_track_weighs_the_steps_so_far_by_the_work_their_batches_held() -> No
     assert resumed.projected_s == pytest.approx(70.0 + (50.0 - 40 * 0.5 - 3.0))
     # No work seen (the one batch seen was taken for one collated ahead, at an epoch's end): the steps' count.
     assert check.status(2, 100, 0.6, Pace(0.6, 1, work_s=0.0)).projected_s == pytest.approx(0.6 + 98 * 0.6)
+
+
+def test_on_track_counts_a_new_lengths_first_sight_once_as_the_plan_did() -> None:
+    """The plan's step (0.52 s) shares out an epoch's first sights (40 lengths, 2 s) over its 100
+    steps. 10 steps met 10 new lengths and ran as planned: 3 s of warm work and 0.5 s of first sights.
+    The rest is 90 warm steps and the first sights still to come: the plan's own 52 s. (Weighed by
+    the warm cost alone, the first steps read 17% slow, and the plan's step counted the sights again.)"""
+    import dataclasses
+
+    from trainfit.train.monitor import OnTrack, OnTrackCallback, Pace
+
+    plan = dataclasses.replace(a_plan(52.0, 0.05, 120.0), step_cost=[0.1, 0.001, 0.0], model_step_s=0.52,
+                               config={"gradient_accumulation_steps": 2}, first_sight_s=0.05, first_sights_s=2.0,
+                               first_shape_s=0.05)
+    check = OnTrack(plan)
+    assert check.batch_cost(200) == pytest.approx(0.15) and check.warm_step_s() == pytest.approx(0.5)
+    status = check.status(10, 100, 3.5, Pace(3.5, 10, work_s=3.0 + 10 * 0.05, sights_s=10 * 0.05))
+    assert status.projected_s == pytest.approx(52.0) and status.state == "on track"
+    # The process's first new length costs the plan's first-shape figure (a compiled graph's recompile), later ones
+    # the per-length one; a length met again costs nothing more.
+    callback = OnTrackCallback(dataclasses.replace(plan, first_shape_s=0.3), every_s=1e9)
+    for length in (200, 200, 300):
+        callback.observe(length)
+    assert callback.work_s == pytest.approx(2 * 0.15 + 0.2 + 0.3 + 0.05) and callback.sights_s == pytest.approx(0.35)
 
 
 def test_on_track_pools_the_runs_pace_with_the_calibrated_one_by_the_steps_behind_each() -> None:

@@ -15,7 +15,7 @@ from conftest import TESTS, TINY_GPT2, TINY_LLAMA, make_spec_file
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
 from trainfit.probe import Measurement, run_probe
-from trainfit.probe.estimate import first_sight
+from trainfit.probe.estimate import epoch_first_sights, first_sights
 from trainfit.probe.runner import ProbeSession, build_request
 from trainfit.spec import load_spec
 
@@ -53,14 +53,18 @@ def test_full_finetune_llama_measures_real_tokens(llama_spec) -> None:
     assert m.tokens_per_second == pytest.approx(m.samples_per_second * m.real_tokens_per_step / 4, rel=1e-6)
     assert m.worst_case_lengths == [64, 64]  # the two longest samples, truncated to max_length
     assert m.truncated_samples > 0 and any("truncated" in n for n in m.notes)
-    # Each timed shape's first step (in the burn-in) is kept; the first sight is what they add, the
-    # worst case's length left out (the memory phase met it first).
+    # Each timed shape's first step (in the burn-in) is kept, but for the worst case's shape, which the
+    # memory phase met first; the first sights are what they add.
     timed = [s for s in m.shape_times if s.get("phase") != "memory"]
-    assert timed and all(s["first_seconds"] > 0 for s in timed)
-    met = {k: s for k, s in enumerate(timed) if s["padded_length"] != 64}
-    assert m.first_sight_s == pytest.approx(first_sight({k: s["first_seconds"] for k, s in met.items()},
-                                                        {k: s["seconds"] for k, s in met.items()}), abs=1e-5)
+    new = {k: s for k, s in enumerate(timed) if s["first_seconds"] is not None}
+    assert new and all(s["first_seconds"] > 0 for s in new.values())
+    assert all(s["padded_length"] == 64 and s["rows"] == 2 for s in timed if s["first_seconds"] is None)
+    sights = first_sights({k: s["first_seconds"] for k, s in new.items()}, {k: s["seconds"] for k, s in new.items()})
+    assert sights is not None and m.first_sight_s == pytest.approx(sights[1], abs=1e-5)
     assert m.epoch_shapes is not None and m.epoch_shapes >= len(timed)
+    assert sights[0] == pytest.approx(max(0.0, new[min(new)]["first_seconds"] - new[min(new)]["seconds"]), abs=1e-5)
+    assert m.first_sights_s == pytest.approx(epoch_first_sights((sights[0], m.first_sight_s), m.epoch_shapes),
+                                             rel=1e-3, abs=1e-4)
     assert set(m.phases_s) == {"start", "device", "build", "memory", "burn_in", "timed"}
     # No budget.memory_gb: the machine's own memory is the budget, less the headroom (default 1 GiB).
     import psutil

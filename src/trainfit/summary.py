@@ -10,11 +10,12 @@ changes meaning or goes away; a new key keeps it. ``summary.json`` is a superset
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainfit.json_record import Record, check_finite, check_schema, finite
+from trainfit.json_record import Record, check_bounds, check_finite, check_schema, finite, typed
 
 SCHEMA_VERSION = 1
 
@@ -194,12 +195,60 @@ class TrainerCost(Record):
     calibration: dict[str, Any]
     """The whole measurement (``trainfit.trainer.calibration.Calibration``'s JSON, versioned on its own), which
     ``trainfit plan`` reuses: its start-ups, its spread, the command it ran."""
+    measured: list[dict[str, Any]] = field(default_factory=list)
+    """Each config the trainer ran (``trial``, ``searched``, ``config``: its searched knobs as the
+    probe's config holds them, its own ``per_micro_batch_s`` and ``micro_batches`` a step), ranked by
+    its own cost: the probes' pick, and where the cost moved the pick to a config the trainer had not
+    run, that one too; ``per_micro_batch_s`` is then theirs pooled, the other configs' cost. Empty in
+    a cost recorded before it was kept: the one of ``trial``, whose cost is everyone's."""
+
+    def per_micro_batch_for(self, config: Mapping[str, Any]) -> float:
+        """The trainer's cost per micro-batch of ``config`` (a measurement's whole config): its own
+        where the trainer ran it, else :attr:`per_micro_batch_s`."""
+        own = next((m["per_micro_batch_s"] for m in self.measured  # a config of {}: recorded before it was kept
+                    if m["config"] and all(config.get(k) == v for k, v in m["config"].items())), None)
+        return self.per_micro_batch_s if own is None else float(own)
+
+    def timed(self) -> list[dict[str, Any]]:
+        """The configs the trainer ran: :attr:`measured`, or (recorded before it was kept) the one of :attr:`trial`."""
+        return self.measured or [{"trial": self.trial, "searched": self.searched, "config": {},
+                                  "per_micro_batch_s": self.per_micro_batch_s,
+                                  "micro_batches": int(self.calibration.get("micro_batches") or 1)}]
+
+    def joined(self, other: TrainerCost) -> TrainerCost:
+        """This cost and ``other`` (another config's, timed after the pick moved to it): each config
+        ranked by its own, the others by their pooled cost per micro-batch (their per-step costs over
+        their micro-batches), ``other``'s calibration at the top."""
+        timed = [*self.timed(), *other.timed()]
+        pooled = (sum(m["per_micro_batch_s"] * m["micro_batches"] for m in timed)
+                  / sum(m["micro_batches"] for m in timed))
+        return dataclasses.replace(other, per_micro_batch_s=pooled, measured=timed)
+
+    def words(self) -> str:
+        """What the trainer's runs measured, for a reader: each config's own cost where it ran several."""
+        if len(self.measured) < 2:
+            return f"{self.per_micro_batch_s * 1000:.3g} ms a micro-batch, timed on trial {self.trial}"
+        each = ", ".join(f"{m['per_micro_batch_s'] * 1000:.3g} ms on trial {m['trial']}" for m in self.measured)
+        return (f"a micro-batch {each}, each config ranked by its own; the others at their pooled "
+                f"{self.per_micro_batch_s * 1000:.3g} ms")
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> TrainerCost:
         check_schema(raw, 1, "a trainer cost", "calibrate again with this trainfit (tune --calibrate N --resume)")
         check_finite(raw)  # its calibration's too: Calibration.to_json writes an unknown figure as null
-        return super().from_json(raw)
+        cost = super().from_json(raw)
+        for k, m in enumerate(cost.measured):
+            typed(dict[str, Any], m, f"measured[{k}]")
+            for name, kind in MEASURED_ENTRY.items():
+                typed(kind, m.get(name), f"measured[{k}].{name}", nullable=False)
+            check_bounds(f"measured[{k}].per_micro_batch_s", m["per_micro_batch_s"], {"at_least": 0.0})
+            check_bounds(f"measured[{k}].micro_batches", m["micro_batches"], {"at_least": 1})
+        return cost
+
+
+MEASURED_ENTRY: dict[str, Any] = {"trial": int, "searched": dict[str, Any], "config": dict[str, Any],
+                                  "per_micro_batch_s": float, "micro_batches": int}
+"""What each of :attr:`TrainerCost.measured` holds."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -232,10 +232,12 @@ def trainer_cost_line(cost: TrainerCost, best: ConfigEntry) -> str:
     """What ``tune --calibrate`` measured and what it changed."""
     steps = cost.calibration.get("steps")
     trainer = "`trl sft`" if cost.calibration.get("train_startup_s") is not None else "training-command"
-    line = (f"{cost.per_micro_batch_s * 1000:.3g} ms a micro-batch beyond the model's step, measured by {steps} real "
+    if len(cost.measured) > 1:
+        return (f"the trainer's own cost beyond the model's step, {cost.words()}, measured by {steps} real {trainer} "
+                f"steps each (the probe alone: {fmt_num(best.probe_samples_per_second)} samples/s)")
+    return (f"{cost.per_micro_batch_s * 1000:.3g} ms a micro-batch beyond the model's step, measured by {steps} real "
             f"{trainer} steps of trial {cost.trial} (the probes' pick then), added to every config's micro-batches "
             f"(the probe alone: {fmt_num(best.probe_samples_per_second)} samples/s)")
-    return line
 
 
 def print_fastest_per_value(knob: str, entries: Iterable[ConfigEntry], objective_unit: str) -> None:

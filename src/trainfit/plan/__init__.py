@@ -29,7 +29,7 @@ from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
 from trainfit.plan.inputs import Candidate, TuneRun, load_run
 from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
-from trainfit.plan.rests_on import left_out, rests_on
+from trainfit.plan.rests_on import is_the_tunes, left_out, rests_on
 from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
 from trainfit.summary import Summary
 from trainfit.trainer.calibration import Calibration
@@ -110,7 +110,15 @@ class Plan(Record):
     it sees by. None: no timed shapes (a plan from an older trainfit)."""
     model_step_s: float | None = None
     """The probe's expected step over the epoch's batches (``eta.step_time_s`` less the trainer's
-    calibrated cost)."""
+    calibrated cost), with a share of :attr:`first_sights_s`."""
+    first_sight_s: float = 0.0
+    """What a padded length costs the first time a run's process meets it, beyond ``step_cost``
+    (``Measurement.first_sight_s``): what the monitor adds to a batch of a length not met before ..."""
+    first_shape_s: float = 0.0
+    """... but the process's first new length, which costs this (``Candidate.first_shape_s``)."""
+    first_sights_s: float = 0.0
+    """What a fresh process pays over an epoch for meeting its lengths (``Measurement.first_sights_s``),
+    shared out in ``model_step_s`` over the epoch's steps."""
     evaluation: Evaluation | None = None
     """The eval set, its schedule and one pass's measured cost; None: the run evaluates nothing."""
     estimated: Estimated | None = field(default=None, metadata={"omit_none": True})
@@ -156,21 +164,20 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
     measured. Neither a calibration nor an eval pass can be timed for it here."""
     window = _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
     run, calibration = _inputs(folder, calibration, device, eval_data)
-    run_dir = run.folder
-    summary = run.summary
+    run_dir, summary = run.folder, run.summary
     epochs = _epochs(epochs, summary.epochs_for_estimate)
     samples = summary.dataset_samples
     assert samples  # _inputs refuses a tune without a dataset
     total = round(samples * epochs)
     _check_one_step(run.candidates, window, max_hours, margin_minutes)
-    every = checkpoint_minutes * 60
+    every, own = checkpoint_minutes * 60, _own_costs(summary, calibration)
     speed = write_speed(run_dir, max(checkpoint_bytes(c) for c in run.candidates))
 
     evaluation: Evaluation | None = None
 
     def eta(c: Candidate, n: int = total) -> Eta:
         return estimate(c, n, write_bytes_per_s=speed, checkpoint_every_s=every, calibration=calibration,
-                        evaluation=evaluation, epochs=n / samples)
+                        evaluation=evaluation, epochs=n / samples, per_micro_batch_s=own(c))
 
     rebuilt = _rebuilt(run)
     chosen = choose(priority, run.candidates, eta, window)
@@ -198,7 +205,18 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
                 + (like_lines(chosen, estimated) if estimated else []),
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
                 options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s,
-                evaluation=evaluation, estimated=estimated)
+                evaluation=evaluation, estimated=estimated, first_sight_s=chosen.first_sight_s,
+                first_sights_s=chosen.first_sights_s, first_shape_s=chosen.first_shape_s)
+
+
+def _own_costs(summary: Summary, calibration: Calibration | None) -> Callable[[Candidate], float | None]:
+    """Each config's trainer cost per micro-batch where the tune's calibration timed several configs
+    (``TrainerCost.measured``) and the plan uses it: each timed one's own, the others' pooled; None:
+    the calibration's cost per micro-batch, for every config."""
+    cost = summary.trainer_cost
+    if calibration is None or cost is None or len(cost.measured) < 2 or not is_the_tunes(calibration, summary):
+        return lambda c: None
+    return lambda c: cost.per_micro_batch_for(c.config)
 
 
 def _inputs(folder: Path | RunFolder, calibration: Calibration | None, device: str | None,

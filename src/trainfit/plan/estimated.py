@@ -104,7 +104,8 @@ def _mean_spread(lengths: np.ndarray, population: int) -> float:
 
 def scaled_to(run: TuneRun, device: str) -> TuneRun:
     """``run`` with each config's speed (its step time, its timed shapes) scaled to ``device`` by
-    the two devices' peak FLOP/s at the config's precision, at the MFU measured, and its spread
+    the two devices' peak FLOP/s at the config's precision, at the MFU measured (its first sights of
+    new lengths, shared out in the step, alike), and its spread
     widened by :data:`MFU_SPREAD`. The step's wait for its data (``Measurement.data_wait_s``: the
     host's loader, not the device's arithmetic) stays as measured; the timed shapes are the model's
     alone. A clear error where the run has no MFU or ``device`` no peak."""
@@ -115,6 +116,7 @@ def scaled_to(run: TuneRun, device: str) -> TuneRun:
         step = (c.step_time_s - wait) * ratio + wait
         scaled.append(dataclasses.replace(
             c, samples_per_second=c.samples_per_second * c.step_time_s / step, step_time_s=step,
+            first_sight_s=c.first_sight_s * ratio, first_sights_s=c.first_sights_s * ratio,
             spread_rel=math.hypot(c.spread_rel, MFU_SPREAD),
             shape_times=[{**s, "seconds": s["seconds"] * ratio} for s in c.shape_times]))
     return dataclasses.replace(run, candidates=scaled)

@@ -132,7 +132,7 @@ def run_speed(c: Candidate, e: Eta) -> float:
 
 def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint_every_s: float,
              calibration: Calibration | None = None, evaluation: Evaluation | None = None,
-             epochs: float = 1.0) -> Eta:
+             epochs: float = 1.0, per_micro_batch_s: float | None = None) -> Eta:
     """The duration of training ``samples`` samples with config ``c``.
 
     Without a calibration the time is the model's step alone, as the probe measured it over the
@@ -142,13 +142,15 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     too (``Calibration.step_overhead_s``): it is the trainer's, not the model's; and the run's start-up and end (launch to exit less its steps) as calibration measured
     them for ``trainfit train`` (the written command's beside it: ``Eta.command_total_s``). ``evaluation``: the passes a run of ``epochs`` makes, at the price measured for one
     (the trainer's time around a pass is not in it: the run's monitor subtracts the passes' own
-    ``eval_runtime``). The step time shares out the first sight of an epoch's padded lengths
+    ``eval_runtime``). ``per_micro_batch_s``: this config's own trainer cost per micro-batch, in
+    place of the calibration's (a tune that timed several configs: ``TrainerCost.per_micro_batch_for``). The step time shares out the first sight of an epoch's padded lengths
     (``Candidate.first_sights_s``), which a run pays once, whatever its epochs: counted once."""
     steps = math.ceil(samples / c.samples_per_step)
     overhead = startup = command_startup = None
     spread = c.spread_rel
     if calibration is not None:
-        overhead = calibration.step_overhead_s(micro_batches(c.config))
+        overhead = (calibration.step_overhead_s(micro_batches(c.config)) if per_micro_batch_s is None
+                    else per_micro_batch_s * micro_batches(c.config))
         if math.isfinite(calibration.spread_rel):  # else unmeasured (too few steps shown): the plan says so
             spread = math.hypot(spread, calibration.spread_rel)
         command_startup = calibration.startup_s

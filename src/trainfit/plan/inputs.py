@@ -48,14 +48,22 @@ class Candidate:
     measurement: Measurement | None = None
     """Its (first) probe, for a command built from it."""
     first_sight_s: float = 0.0
-    """What a padded length costs the first time a run meets it (``Measurement.first_sight_s``) ..."""
+    """What a padded length costs the first time a run meets it (``Measurement.first_sight_s``)."""
+    first_sights_s: float = 0.0
+    """What a fresh run's first epoch pays for meeting its padded lengths, shared out in
+    :attr:`step_time_s` (``Measurement.first_sights_s``) ..."""
     epoch_shapes: int = 0
-    """... and the distinct padded lengths of an epoch (``Measurement.epoch_shapes``)."""
+    """... of which it has this many (``Measurement.epoch_shapes``)."""
 
     @property
-    def first_sights_s(self) -> float:
-        """What an epoch's first sights of its padded lengths cost, shared out in :attr:`step_time_s`."""
-        return self.first_sight_s * self.epoch_shapes
+    def first_shape_s(self) -> float:
+        """What the first new length a run meets costs (its first sight, a compiled graph's recompile):
+        :attr:`first_sights_s` less the later lengths'."""
+        return max(0.0, self.first_sights_s - (self.epoch_shapes - 1) * self.first_sight_s) if self.epoch_shapes else 0.0
+
+    def first_sights_for(self, shapes: int) -> float:
+        """:attr:`first_sights_s` for an epoch of ``shapes`` distinct padded lengths instead."""
+        return max(0.0, self.first_sights_s + (shapes - self.epoch_shapes) * self.first_sight_s)
 
     @property
     def lora_r(self) -> int:
@@ -194,16 +202,18 @@ def probe_spread(m: Measurement) -> float:
 
 
 def _candidate(runs: list[tuple[int, Measurement]], searched: list[str]) -> Candidate:
-    """A config from its probes (a confirmed config has several): the median speed, the first
-    probe's shapes and memory."""
+    """A config from its probes (a confirmed config has several): the median speed and first sights,
+    the first probe's shapes and memory."""
     trial, m = runs[0]
     sps = statistics.median(r.samples_per_second or 0.0 for _, r in runs)
     step = statistics.median(r.expected_step_time_s or 0.0 for _, r in runs)
+    sight, sights = (statistics.median(getattr(r, name) or 0.0 for _, r in runs)
+                     for name in ("first_sight_s", "first_sights_s"))
     parts = m.memory_parts_bytes
     return Candidate(trial=trial, searched={k: m.config.get(k) for k in searched}, config=dict(m.config),
                      samples_per_second=sps, step_time_s=step,
                      samples_per_step=float(m.samples_per_step or m.config.get("batch_size", 1)),
                      spread_rel=probe_spread(m), peak_gb=float(m.peak_memory_gb or 0.0),
                      optimizer_gb=parts.get("optimizer", 0) / 2**30, model_gb=parts.get("model", 0) / 2**30,
-                     shape_times=list(m.shape_times), measurement=m, first_sight_s=m.first_sight_s or 0.0,
+                     shape_times=list(m.shape_times), measurement=m, first_sight_s=sight, first_sights_s=sights,
                      epoch_shapes=m.epoch_shapes or 0)

@@ -114,10 +114,11 @@ def shorter_max_length(c: Candidate, params: Params, data_lengths: Sequence[int]
         seen.add(length)
         shorter = params.replace(**{**c.config, "max_length": length})  # the config's knobs, cut shorter
         mix = typical_mix(lengths.tolist(), shorter, length, seed, longest=False, data_samples=data_samples)
-        speed = epoch_speed(cost, mix, shorter.gradient_accumulation_steps, first_sight_s=cost.first_sight)
+        sights = c.first_sights_for(len(mix.padded_lengths))
+        speed = epoch_speed(cost, mix, shorter.gradient_accumulation_steps * shorter.processes, first_sights_s=sights)
         scaled = Candidate(**{**c.__dict__, "samples_per_second": speed.samples_per_second,
                               "step_time_s": speed.step_seconds, "config": {**c.config, "max_length": length},
-                              "epoch_shapes": len(mix.padded_lengths)})
+                              "first_sights_s": sights, "epoch_shapes": len(mix.padded_lengths)})
         run = eta(scaled, total)
         if run.fits(window_s):
             cut = float(np.mean(lengths > length))

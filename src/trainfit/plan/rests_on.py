@@ -71,7 +71,7 @@ def rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
     return lines
 
 
-def _is_the_tunes(calibration: Calibration, s: Summary) -> bool:
+def is_the_tunes(calibration: Calibration, s: Summary) -> bool:
     """Whether ``calibration`` is the one ``tune --calibrate`` measured (a damaged one is not: the plan
     measured its own)."""
     try:
@@ -86,7 +86,7 @@ def _calibration_lines(calibration: Calibration, s: Summary, chosen: Candidate) 
     against = (f"{calibration.seconds_per_step:.3g} s a step where the probe's cost of the very batches they "
                f"trained is {calibration.model_step_s:.3g} s" if calibration.model_step_s is not None else
                f"{calibration.ratio:.2f}x the probe's speed over the epoch (their batches not priced one by one)")
-    by = " (by `trainfit tune --calibrate`)" if _is_the_tunes(calibration, s) else ""
+    by = " (by `trainfit tune --calibrate`)" if is_the_tunes(calibration, s) else ""
     how = ("the trainer's own time, fitted apart from the machine's drift over steps of varied cost (at "
            "least 0)" if calibration.own_step_s is not None else "the difference (at least 0)")
     lines.append(f"calibrated{by}: {calibration.steps} real trainer steps of `{calibration.command[:60]}...` ran "

@@ -169,43 +169,55 @@ class EpochSpeed:
 
 
 def epoch_speed(cost: StepCost, mix: TypicalMix, accumulation: int, max_length: int | None = None,
-                wait_s: float = 0.0, first_sight_s: float = 0.0) -> EpochSpeed:
+                wait_s: float = 0.0, first_sights_s: float = 0.0) -> EpochSpeed:
     """Expected speed over ``mix``'s micro-batches, ``accumulation`` of them per optimizer step.
     A step of ``accumulation`` micro-batches at mixed lengths costs the mean of ``cost`` at those
     lengths, as the cost is a fixed part plus one per micro-batch. ``max_length``: the padded length
     of the worker's longest batches where it capped them (a model with fewer positions than the
     data's truncation: the cap rounded up to ``pad_to_multiple_of``, see ``Params.padded_length``).
     ``wait_s``: the seconds each optimizer step waits for its data besides (a probe's loader).
-    ``first_sight_s``: what a padded length costs the first time a process meets it
-    (:func:`first_sight`), paid once for each of the mix's distinct lengths over the real epoch's
-    steps (:attr:`TypicalMix.epoch_steps_scale`): the speed of a first epoch in a fresh process."""
+    ``first_sights_s``: what a fresh process pays for meeting the epoch's distinct lengths
+    (:func:`epoch_first_sights`), shared out over the real epoch's steps
+    (:attr:`TypicalMix.epoch_steps_scale`): the speed of a first epoch in a fresh process."""
     lengths = np.asarray(mix.padded_lengths, dtype=float)
     if max_length is not None:
         lengths = np.minimum(lengths, max_length)
     counts = np.asarray(mix.counts, dtype=float)
     steps = counts.sum() / accumulation
     step = (float(np.sum(counts * cost(lengths)) / counts.sum()) + wait_s
-            + first_sight_s * len(set(lengths.tolist())) / (steps * mix.epoch_steps_scale))
+            + first_sights_s / (steps * mix.epoch_steps_scale))
     seconds = step * steps
     return EpochSpeed(step_seconds=step, samples_per_second=mix.samples / seconds,
                       tokens_per_second=mix.real_tokens / seconds)
 
 
-def first_sight(first: Mapping[int, float], warm: Mapping[int, float]) -> float:
-    """What a padded length costs the first time a process meets it, beyond its warm step: the
-    mean over the shapes timed both ways (``first``: each shape's first step, ``warm``: the median
-    of its timed steps, both by the shape's index) of the difference, where it is above its own 95%
-    half-width (Student's t over the shapes; a single shape's difference as it is); else 0. A new
-    shape makes the allocator find blocks, autotuned kernels (cuDNN benchmark, Triton) search, a
-    compiled graph recompile: paid once a process, not each step."""
-    extra = [first[n] - warm[n] for n in first if n in warm]
+def first_sights(first: Mapping[int, float], warm: Mapping[int, float]) -> tuple[float, float] | None:
+    """What the shapes a process meets cost the first time, beyond their warm step: ``first``, each
+    new shape's first step in the order met, and ``warm``, the median of its timed steps (both by the
+    shape's index). Returns the first new shape's excess (at least 0: under ``torch.compile``
+    the graph compiled for one shape recompiles for dynamic shapes at the next, once) and what each
+    later new length costs, the mean of the others' excess where it is above its own 95% half-width
+    (Student's t over them; a single one's excess as it is), else 0. None where no shape was timed
+    both ways. A new shape can make the allocator find blocks (the memory phase has grown its cache
+    to the worst case first, so a probe sees little of that) and autotuned kernels (cuDNN benchmark,
+    Triton's) search: paid once a process, not each step."""
+    extra = [first[k] - warm[k] for k in first if k in warm]
     if not extra:
+        return None
+    rest = extra[1:]
+    if len(rest) <= 1:
+        return max(0.0, extra[0]), max(0.0, rest[0]) if rest else 0.0
+    mean = sum(rest) / len(rest)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in rest) / (len(rest) - 1))
+    return max(0.0, extra[0]), mean if mean > t95(len(rest) - 1) * sd / math.sqrt(len(rest)) else 0.0
+
+
+def epoch_first_sights(sights: tuple[float, float] | None, shapes: int) -> float:
+    """What a fresh process's epoch pays for meeting its ``shapes`` distinct padded lengths, by
+    :func:`first_sights`' two figures: the first new shape's, then each later one's."""
+    if sights is None or shapes <= 0:
         return 0.0
-    mean = sum(extra) / len(extra)
-    if len(extra) == 1:
-        return max(0.0, mean)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in extra) / (len(extra) - 1))
-    return mean if mean > t95(len(extra) - 1) * sd / math.sqrt(len(extra)) else 0.0
+    return sights[0] + (shapes - 1) * sights[1]
 
 
 def batching_words(padding: str, group_by_length: bool, max_length: int, pad_to_multiple_of: int | None = None, *,
@@ -227,9 +239,13 @@ def times_longest(params: Params, memory_steps: int) -> bool:
     """Whether the longest batch must be timed in the cycle: the memory phase's last step on the
     worst-case batch (the same shape, padded to the longest) is a whole optimizer step of the real
     accumulation only with at most 2 micro-batches (``memory_micro_batches``) and after a first
-    step; with fixed padding every batch has that one shape anyway (not under packing: each packed
-    micro-batch is a multiple of max_length long, so an epoch holds several shapes)."""
-    if params.padding == "max_length" and not params.packing:
+    step; with fixed padding every batch has that one shape anyway. Under packing always: the
+    memory phase's rows hold one ``max_length`` sample each (the worst case for memory), the
+    epoch's longest its packed samples, whose attention a varlen kernel computes per sample (far
+    less than over the whole row), so the one step cannot stand for the other's time."""
+    if params.packing:
+        return True
+    if params.padding == "max_length":
         return False
     return params.gradient_accumulation_steps > 2 or memory_steps < 2
 

@@ -23,7 +23,7 @@ probes on its family."""
 MEMORY_PARTS = ("model", "optimizer", "runtime", "step", "build", "allocator_cache")
 """The keys of ``Measurement.memory_parts_bytes``, in report order."""
 RANKED_FIGURES = ("samples_per_second", "tokens_per_second", "expected_step_time_s", "peak_memory_bytes",
-                  "first_sight_s")
+                  "first_sight_s", "first_sights_s")
 """The figures a search ranks by (its objective, a trainer cost's step time) and a plan prices a run
 and a fit with: read back negative or as no number, one ranks first or spreads through every sum."""
 
@@ -60,17 +60,23 @@ class Measurement:
     samples_per_second: float | None = None
     """Samples per second expected over a first epoch of the data's own batches (``speed_basis``) in a
     fresh process: the step cost fitted on the timed shapes, summed over the epoch's micro-batches,
-    with each distinct padded length's first sight (``first_sight_s x epoch_shapes``; probe/estimate.py)."""
+    with the first sight of its distinct padded lengths (``first_sights_s``; probe/estimate.py)."""
     tokens_per_second: float | None = None
     """Real (non-padding) tokens per second, likewise."""
     expected_step_time_s: float | None = None
     """The expected seconds of one optimizer step over the epoch's batches (the first sights shared out)."""
     first_sight_s: float | None = None
-    """What a padded length costs the first time the process meets it, beyond its warm step: the
-    mean over the timed shapes of their first step (in the burn-in) less their median timed step,
-    0 where that is within its own noise (``probe.estimate.first_sight``). Paid once a run for each
-    of ``epoch_shapes``: later epochs meet no new length (a plan counts it once). A kept worker that
-    already met a shape in an earlier probe of the same model reads it as seen."""
+    """What a padded length costs the first time the process meets it, beyond its warm step, from
+    the second new shape on: the mean over the timed shapes of their first step (in the burn-in)
+    less their median timed step, 0 where that is within its own noise
+    (``probe.estimate.first_sights``); None where no shape was timed both ways. A kept worker meets
+    in a later probe only the shapes it has not met: where there are none, its last probe's figures
+    stand."""
+    first_sights_s: float | None = None
+    """What a fresh process's first epoch pays for meeting its ``epoch_shapes`` padded lengths: the
+    first new shape's excess (a compiled graph recompiles there), then ``first_sight_s`` each.
+    Shared out in ``expected_step_time_s`` and the speeds; a run pays it once whatever its epochs
+    (a plan counts it once)."""
     epoch_shapes: int | None = None
     """The distinct padded lengths of the epoch's micro-batches (of the uniform sample of the data's
     lengths the mix batches, a lower bound where the data holds more samples than it)."""

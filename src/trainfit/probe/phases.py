@@ -36,6 +36,16 @@ class Built:
     notes: list[str]
     peak_bytes: int
     """CPU: the process's peak RSS right after building (a fresh probe counts it too)."""
+    met: set[tuple[int, int, bool]] = field(default_factory=set)
+    """The micro-batch shapes (:func:`shape_key`) this model's steps have met, in every probe so far."""
+    sights: tuple[float, float] | None = None
+    """The first sights its last probe measured (:func:`~trainfit.probe.estimate.first_sights`), for a
+    probe that meets no new shape."""
+
+
+def shape_key(batch: Batch) -> tuple[int, int, bool]:
+    """What makes a micro-batch a new shape to the device: its rows, padded length, and packing."""
+    return len(batch.seq_lens), batch.padded_len, batch.packed
 
 
 class LossNotFinite(TrainfitError):
@@ -83,6 +93,7 @@ def measure_memory(req: ProbeRequest, built: Built, max_len: int, out: dict[str,
     worst_batch = micro_batch(built.workload, req, worst, max_len)
     out["full_logits_bytes"] = built.workload.logits_bytes(worst_batch)
     micro = memory_micro_batches(req.params.gradient_accumulation_steps)
+    built.met.add(shape_key(worst_batch))
     seconds = 0.0
     for n in range(req.probe.memory_steps):
         synchronize(device)
@@ -199,13 +210,13 @@ class TimedSteps:
 
 
 def burn_in(req: ProbeRequest, built: Built, batches: TypicalBatches, device: Any) -> dict[int, float]:
-    """``probe.burn_in_steps`` untimed steps, and at least one whole cycle, so every shape of the
-    pool has been seen before timing. Returns the seconds of each shape's first step (its first
-    sight: the first cycle's steps are timed alone), by the shape's index in the pool."""
+    """``probe.burn_in_steps`` steps, and at least one whole cycle, so every shape of the pool has
+    been seen before timing. Returns the seconds of the first step of each shape the model had not
+    met before (its first sight, timed alone), by the shape's index in the pool, in the order met."""
     first: dict[int, float] = {}
     for n in range(max(req.probe.burn_in_steps, batches.cycle)):
         shape, micro = batches.next_step()
-        new = shape not in first
+        new = shape_key(micro[0]) not in built.met  # the same on every rank: their pools are alike
         if new:
             synchronize(device)
         t0 = time.perf_counter()
@@ -213,6 +224,7 @@ def burn_in(req: ProbeRequest, built: Built, batches: TypicalBatches, device: An
         if new:
             synchronize(device)
             first[shape] = agreed(time.perf_counter() - t0)
+            built.met.add(shape_key(micro[0]))
     synchronize(device)
     return first
 
@@ -324,16 +336,17 @@ def speed_fields(req: ProbeRequest, timed: TimedSteps, device_name: str, notes: 
 
 
 def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, max_len: int,
-                 worst_step: tuple[int, float], first: dict[int, float]) -> dict[str, Any]:
+                 worst_step: tuple[int, float], built: Built, first: dict[int, float]) -> dict[str, Any]:
     """The speed of a first epoch of the data's own batches (``req.typical``) in a fresh process: the
     step cost fitted on the median time of each timed shape (and the memory phase's worst-case step,
     the tail, when the parent left the longest batch out of the timed ones), summed over the epoch's
-    micro-batches (probe/estimate.py), and each of the epoch's padded lengths' first sight (``first``:
-    each shape's first step, from :func:`burn_in`; the worst-case batch's shape, met first by the
-    memory phase, left out). Where no shape was timed twice, the fit's residuals give the speed's
-    spread (``step_time_ci95_rel``, :func:`~trainfit.probe.estimate.fit_noise_ci95`)."""
+    micro-batches (probe/estimate.py), and the first sight of the epoch's padded lengths, from
+    ``first`` (each new shape's first step, :func:`burn_in`), else from ``built``'s last probe where
+    every shape was met before (kept in ``built.sights``). Where no shape was timed twice, the fit's
+    residuals give the speed's spread (``step_time_ci95_rel``, :func:`~trainfit.probe.estimate.fit_noise_ci95`)."""
     # local: the probe worker imports this module, and binds to its parent before numpy loads
-    from trainfit.probe.estimate import epoch_speed, first_sight, fit_error, fit_noise_ci95, fit_step_cost
+    from trainfit.probe.estimate import (epoch_first_sights, epoch_speed, first_sights, fit_error, fit_noise_ci95,
+                                         fit_step_cost)
 
     mix = req.typical
     lengths, seconds, shape_times = [], [], []
@@ -343,9 +356,7 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
         if not mine:
             continue
         lengths.append(batch.padded_len)
-        seconds.append(statistics.median(mine))
-        if batch.padded_len != worst_step[0]:
-            warm[k] = seconds[-1]
+        seconds.append(warm.setdefault(k, statistics.median(mine)))
         shape_times.append({"rows": batch.samples, "padded_length": batch.padded_len,
                             "real_tokens": batch.real_tokens, "seconds": round(seconds[-1], 6), "steps": len(mine),
                             "first_seconds": round(first[k], 6) if k in first else None})
@@ -361,8 +372,10 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
     wait = statistics.fmean(timed.waits) if timed.waits else 0.0
     # Each optimizer step takes gradient_accumulation_steps micro-batches on each process of each machine.
     per_step = req.params.gradient_accumulation_steps * req.params.processes
-    sight = first_sight(first, warm)
-    speed = epoch_speed(cost, mix, per_step, cap, wait_s=wait, first_sight_s=sight)
+    built.sights = first_sights(first, warm) or built.sights
+    shapes = len({min(n, cap) for n in mix.padded_lengths})
+    sights = epoch_first_sights(built.sights, shapes)
+    speed = epoch_speed(cost, mix, per_step, cap, wait_s=wait, first_sights_s=sights)
     # Per optimizer step: the samples of effective_batch_size rows over the ranks, or under packing those their packed rows hold.
     step_share = (per_step / mix.micro_batches if req.params.packing
                   else req.params.effective_batch_size / mix.samples)
@@ -372,7 +385,8 @@ def epoch_fields(req: ProbeRequest, timed: TimedSteps, batches: TypicalBatches, 
             "expected_step_time_s": speed.step_seconds, "speed_basis": mix.batching,
             "padding_share": mix.padding_share, "shape_times": shape_times,
             "fit_error_rel": fit_error(cost, lengths, seconds), "data_wait_s": wait,
-            "first_sight_s": sight, "epoch_shapes": len({min(n, cap) for n in mix.padded_lengths}),
+            "first_sight_s": built.sights[1] if built.sights else None, "first_sights_s": sights,
+            "epoch_shapes": shapes,
             "input_bound_share": sum(timed.waits) / (sum(timed.waits) + sum(timed.times))}
     if all(s["steps"] == 1 for s in shape_times) and (noise := fit_noise_ci95(cost, lengths, seconds)) is not None:
         # No shape timed twice (one cycle, cut by max_seconds): the spread of all steps would call the

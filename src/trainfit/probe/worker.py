@@ -140,7 +140,7 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
         out["scaler_skipped_steps"] = built.step.skipped_steps - skipped_before
         check_scaler(timed, out["scaler_skipped_steps"], out["notes"])
     out.update(speed_fields(req, timed, out["device_name"], out["notes"]))
-    out.update(epoch_fields(req, timed, batches, max_len, worst_step, first_sight))
+    out.update(epoch_fields(req, timed, batches, max_len, worst_step, built, first_sight))
     note = input_bound_note(out, req.params)
     if note:
         out["notes"].append(note)

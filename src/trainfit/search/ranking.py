@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainfit.probe.measurement import Measurement
@@ -12,16 +12,21 @@ from trainfit.search.trials import Trial, config_key, jsonable
 Repeats = Mapping[str, Sequence[Measurement]]
 """Confirmation measurements by config key (see ``tune.confirm_rounds``)."""
 
+TrainerS = float | Callable[[Mapping[str, Any]], float]
+"""The trainer's own cost per micro-batch (``tune --calibrate``): one for every config, or a config's
+own by its whole config (``TrainerCost.per_micro_batch_for``)."""
+
 
 def micro_batches(config: Mapping[str, Any]) -> int:
     """A config's micro-batches per optimizer step."""
     return int(config.get("gradient_accumulation_steps") or 1)
 
 
-def with_trainer_cost(speed: float, m: Measurement, objective: str, trainer_s: float) -> float:
+def with_trainer_cost(speed: float, m: Measurement, objective: str, trainer_s: TrainerS) -> float:
     """``speed`` (in ``objective``'s units: samples or tokens a second) of the config ``m``
     measured, once each of its optimizer steps also pays the trainer's own ``trainer_s`` seconds
     per micro-batch (``tune --calibrate``): a step's work over its time plus that cost."""
+    trainer_s = trainer_s(m.config) if callable(trainer_s) else trainer_s
     measured = getattr(m, objective)
     if not trainer_s or not measured or not m.expected_step_time_s or speed <= 0:
         return speed
@@ -29,7 +34,7 @@ def with_trainer_cost(speed: float, m: Measurement, objective: str, trainer_s: f
     return work / (work / speed + trainer_s * micro_batches(m.config))
 
 
-def pooled(t: Trial, repeats: Repeats, objective: str, trainer_s: float = 0.0) -> float:
+def pooled(t: Trial, repeats: Repeats, objective: str, trainer_s: TrainerS = 0.0) -> float:
     """The trial's objective, or with confirmation repeats the median over all its measurements;
     with the trainer's cost per micro-batch ``trainer_s`` added to its steps (see :func:`with_trainer_cost`)."""
     return with_trainer_cost(_median(t, repeats, objective, t.measured_objective), t.measurement, objective, trainer_s)
@@ -48,7 +53,7 @@ def _median(t: Trial, repeats: Repeats, name: str, first: float) -> float:
 
 
 def ranked(trials: Sequence[Trial], repeats: Repeats | None = None, objective: str = "samples_per_second",
-           trainer_s: float = 0.0) -> list[Trial]:
+           trainer_s: TrainerS = 0.0) -> list[Trial]:
     """Feasible trials, fastest first (ties: less memory first); confirmed configs by their median;
     each step with the trainer's cost per micro-batch ``trainer_s`` added (``tune --calibrate``)."""
     ok = [t for t in trials if t.feasible and t.objective is not None]
@@ -56,7 +61,7 @@ def ranked(trials: Sequence[Trial], repeats: Repeats | None = None, objective: s
                                      t.measurement.peak_memory_bytes or 0))
 
 
-def within_noise(order: Sequence[Trial], objective: str = "samples_per_second", trainer_s: float = 0.0
+def within_noise(order: Sequence[Trial], objective: str = "samples_per_second", trainer_s: TrainerS = 0.0
                  ) -> list[dict[str, Any]]:
     """Runners-up the probes cannot tell apart from the best: the runner-up's step is no longer
     than the two probes' 95% confidence half-widths of the step time together allow. Both are

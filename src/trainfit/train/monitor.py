@@ -96,12 +96,15 @@ class Pace:
     eval_s: float = 0.0
     """Of ``seconds``, the evaluation passes' (their ``eval_runtime``): not the steps' pace."""
     evals: int = 0
+    sights_s: float = 0.0
+    """Of ``work_s``, the plan's first sights of the lengths the batches met first in this process."""
 
     def since(self, earlier: Pace) -> Pace:
         """The pace of what was done after ``earlier`` (a pace of the same run, taken before)."""
         work = None if self.work_s is None or earlier.work_s is None else self.work_s - earlier.work_s
         return Pace(self.seconds - earlier.seconds, self.steps - earlier.steps, work,
-                    eval_s=self.eval_s - earlier.eval_s, evals=self.evals - earlier.evals)
+                    eval_s=self.eval_s - earlier.eval_s, evals=self.evals - earlier.evals,
+                    sights_s=self.sights_s - earlier.sights_s)
 
 
 class OnTrack:
@@ -131,6 +134,18 @@ class OnTrack:
         """The plan's expected seconds of one micro-batch padded to ``padded_length`` (None: the
         plan has no step cost)."""
         return None if self.cost is None else float(self.cost(float(padded_length))) / self.accumulation
+
+    def first_sight(self, met: int) -> float:
+        """The plan's first sight of a length, the process having met ``met`` lengths before it."""
+        return self.plan.first_shape_s if met == 0 else self.plan.first_sight_s
+
+    def warm_step_s(self) -> float | None:
+        """The plan's expected step without its share of the epoch's first sights, which a process pays
+        once (None: the plan has no expected step)."""
+        step, plan = self.plan.model_step_s, self.plan
+        if step is None or not plan.eta.steps or not plan.epochs:
+            return step
+        return max(0.0, step - plan.first_sights_s * plan.epochs / plan.eta.steps)
 
     def status(self, step: int, max_steps: int, elapsed_s: float, pace: Pace | None = None, *,
                startup_counted: bool = False, ended: bool = False) -> Status:
@@ -179,7 +194,9 @@ class OnTrack:
         overhead = self.plan.eta.trainer_overhead_s or 0.0
         ratio = seconds / (pace.work_s + pace.steps * overhead)
         done_before = step - pace.steps  # a resumed run's earlier steps: at the plan's mean
-        planned = max(0.0, max_steps * model_step - done_before * model_step - pace.work_s) + left * overhead
+        # This process's steps at the warm step less those done, and the first sights it has still to pay.
+        warm = (max_steps - done_before) * (self.warm_step_s() or 0.0) - (pace.work_s - pace.sights_s)
+        planned = max(0.0, warm) + max(0.0, self.plan.first_sights_s - pace.sights_s) + left * overhead
         return ratio * planned, self.pooled(ratio, pace.steps) * planned if self.calibrated_steps else None
 
     def _evals_left(self, step: int, max_steps: int, pace: Pace) -> float:
@@ -260,6 +277,9 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         self.last = 0.0
         self.latest: Status | None = None
         self.work_s: float | None = None
+        self.met: set[int] = set()
+        """The padded lengths this process's batches have met (each new one costs its first sight)."""
+        self.sights_s = self.ahead_sight_s = 0.0
         self.ahead_s = 0.0
         self.eval_s = 0.0
         self.evals = 0
@@ -293,14 +313,19 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
     def observe(self, padded_length: int) -> None:
         """A micro-batch padded to ``padded_length`` is about to train."""
         cost = self.check.batch_cost(padded_length)
+        sight = 0.0 if padded_length in self.met else self.check.first_sight(len(self.met))
+        self.met.add(padded_length)
         if cost is not None:
-            self.work_s = (self.work_s or 0.0) + cost
-            self.ahead_s = cost
+            self.work_s = (self.work_s or 0.0) + cost + sight
+            self.sights_s += sight
+            self.ahead_s, self.ahead_sight_s = cost + sight, sight
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.start = self.last = time.monotonic()
         self.first_step = int(state.global_step)  # a resumed run's steps so far
         self.work_s = None
+        self.met = set()
+        self.sights_s = self.ahead_sight_s = 0.0
         self.ahead_s = 0.0
         self.eval_s, self.evals = 0.0, 0
         self.warm = None
@@ -343,7 +368,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         assert self.start is not None
         work = None if self.work_s is None else max(0.0, self.work_s - (self.ahead_s if ahead else 0.0))
         return Pace(time.monotonic() - self.start, int(state.global_step) - self.first_step, work,
-                    eval_s=self.eval_s, evals=self.evals)
+                    eval_s=self.eval_s, evals=self.evals,
+                    sights_s=self.sights_s - (self.ahead_sight_s if ahead else 0.0))
 
     def _report(self, state: Any, ahead: bool, ended: bool = False) -> None:
         assert self.start is not None

@@ -4,29 +4,23 @@ as one call: what ``trainfit tune`` runs and what a script imports."""
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainfit.trainer.calibration import calibrate
 from trainfit.trainer.calibration_checks import check_can_calibrate
 from trainfit.errors import SpecError, TrainfitError
-from trainfit.files import write_atomically
-from trainfit.probe.estimate import shapes_step_cost
+from trainfit.tune.trainer_cost import calibrated
 from trainfit.tune.outputs import write_outputs
-from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
-from trainfit.search.trials import jsonable
-from trainfit.search.loop import TuneResult, best_trial, run_search
+from trainfit.run_folder import RunFolder
+from trainfit.search.loop import TuneResult, run_search
 from trainfit.search.tune_options import TuneOptions
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
 from trainfit.devices import resolve_device_name
 from trainfit.space import default_batch_sizes, default_space
 from trainfit.spec import Spec
-from trainfit.summary import Summary, TrainerCost
+from trainfit.summary import Summary
 from trainfit.template import placeholders
-from trainfit.trainer.written_command import FALLBACK_HINT
 
 
 def with_default_search(spec: Spec, stats: LengthStats | None = None) -> Spec:
@@ -145,23 +139,13 @@ def tune(spec: Spec, options: TuneOptions) -> TuneResult:
         last.update(args=(output, *args), kwargs=kwargs)  # the last write's trials and state, to write again
         return write_outputs(output, *args, **kwargs, trainer_cost=stored)
 
-    def calibrated(result: TuneResult) -> TuneResult:  # run while the search still holds the output folder
+    def then(result: TuneResult) -> TuneResult:  # run while the search still holds the output folder
         if not steps or result.best is None:
             return result
-        try:
-            cost = _reused(result, say) if options.calibration_optional else None
-            cost = cost or _trainer_cost(result, steps, say)
-        except TrainfitError as err:
-            if not options.calibration_optional:
-                raise
-            if say is not None:
-                say(f"note: not calibrated, the ranking rests on the probes alone: {err.message}")
-            return result
-        write_atomically(result.output / TRAINER_COST_FILE, json.dumps(cost.to_json(), indent=2) + "\n")
-        summary = write_outputs(*last["args"], **last["kwargs"], trainer_cost=cost)
-        return dataclasses.replace(result, summary=summary, best=best_trial(result.trials, summary))
+        return calibrated(result, steps, options,
+                          lambda cost: write_outputs(*last["args"], **last["kwargs"], trainer_cost=cost))
 
-    return run_search(spec, options, outputs=outputs, then=calibrated)
+    return run_search(spec, options, outputs=outputs, then=then)
 
 
 def _calibration_plan(spec: Spec, options: TuneOptions) -> tuple[int | None, TuneOptions]:
@@ -179,41 +163,3 @@ def _calibration_plan(spec: Spec, options: TuneOptions) -> tuple[int | None, Tun
     if steps:
         check_can_calibrate(spec)
     return steps, options
-
-
-def _reused(result: TuneResult, say: Callable[[str], None] | None) -> TrainerCost | None:
-    """The trainer cost a calibration nobody asked for can keep: the folder's, where it timed the very
-    config the probes pick again (a ``--resume`` that probed nothing better), on a device of the same
-    name; None: calibrate."""
-    assert result.best is not None
-    try:
-        stored = RunFolder(result.output).trainer_cost
-    except TrainfitError:  # damaged: timed again, and written anew
-        return None
-    same = (stored is not None and stored.trial == result.best.number and stored.searched == jsonable(result.best.values)
-            and stored.calibration.get("device") == result.summary.device)  # not a resume on another GPU
-    if stored is None or not same:
-        return None
-    if say is not None:
-        say(f"kept: the trainer's cost timed on trial {stored.trial}, still the pick ({TRAINER_COST_FILE}; "
-            "--calibrate N times it again)")
-    return stored
-
-
-def _trainer_cost(result: TuneResult, steps: int, on_progress: Callable[[str], None] | None) -> TrainerCost:
-    """The calibration of ``result``'s pick (see :func:`tune`), as the trainer's cost per micro-batch."""
-    assert result.best is not None
-    try:
-        calibration = calibrate(result.output, steps, on_progress=on_progress,
-                                step_cost=shapes_step_cost(result.best.measurement.shape_times,
-                                                           result.best.measurement.data_wait_s or 0.0,
-                                                           result.best.measurement.first_sight_s or 0.0))
-    except TrainfitError as err:  # the search's outputs stand, ranked by the probes alone
-        raise TrainfitError(f"the search ended and wrote its outputs (ranked by the probes alone), then its "
-                            f"calibration failed: {err.message}",
-                            "; ".join(part for part in ((err.hint or "").replace(FALLBACK_HINT, "tune without "
-                                                                                                 "--calibrate"),
-                                                        "once fixed, the same command with --resume calibrates "
-                                                        "again without probing anything again") if part)) from None
-    return TrainerCost(per_micro_batch_s=calibration.step_overhead_s(1), trial=result.best.number,
-                       searched=jsonable(result.best.values), calibration=calibration.to_json())

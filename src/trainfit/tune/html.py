@@ -127,8 +127,10 @@ def _trainer_cost_note(summary: Summary) -> str:
     cost = summary.trainer_cost
     if cost is None:
         return ""
-    return (f"<p>Its speed includes the trainer's own cost, {fmt_num(cost.per_micro_batch_s * 1000, 3)} ms a "
-            f"micro-batch, timed by real <code>trl sft</code> steps of trial {cost.trial} (<code>--calibrate</code>); "
+    timed = (html.escape(cost.words()) if len(cost.measured) > 1 else
+             f"{fmt_num(cost.per_micro_batch_s * 1000, 3)} ms a micro-batch, timed by real <code>trl sft</code> steps "
+             f"of trial {cost.trial}")
+    return (f"<p>Its speed includes the trainer's own cost, {timed} (<code>--calibrate</code>); "
             "the charts and the table below are the probes' own figures, the model's step alone.</p>")
 
 

@@ -24,7 +24,8 @@ from trainfit.params import KNOBS
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
 from trainfit.search.auto import AutoStrategy
 from trainfit.search.loop import common_failure
-from trainfit.search.ranking import Repeats, pooled, probe_samples_per_second, ranked, with_trainer_cost, within_noise
+from trainfit.search.ranking import (Repeats, TrainerS, pooled, probe_samples_per_second, ranked, with_trainer_cost,
+                                     within_noise)
 from trainfit.search.trials import Trial, config_key, jsonable
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
@@ -65,7 +66,7 @@ def run_samples(spec: Spec, stats: LengthStats | None) -> float | None:
 
 def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
            repeats: Repeats | None = None, data_config: Path | None = None,
-           model_dir: Path | None = None, trainer_s: float = 0.0) -> ConfigEntry:
+           model_dir: Path | None = None, trainer_s: TrainerS = 0.0) -> ConfigEntry:
     """``trainer_s``: the trainer's own cost per micro-batch (``tune --calibrate``) its speeds include."""
     m = t.measurement
     params = space.params(t.values)
@@ -231,7 +232,7 @@ def oom_advice(trials: Sequence[Trial], stats: LengthStats | None, smallest: Sma
     return [text for _, text in advice]
 
 
-def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str, trainer_s: float = 0.0
+def confirmation(order: Sequence[Trial], repeats: Repeats, objective: str, trainer_s: TrainerS = 0.0
                  ) -> list[Confirmation]:
     """Every measurement of each confirmed config, fastest median first (the speeds the trainer's
     cost per micro-batch ``trainer_s`` included)."""
@@ -300,7 +301,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, ou
     adds to the speeds and the ranking (``tune --calibrate``)."""
     repeats = repeats or {}
     objective = spec.tune.objective
-    trainer_s = trainer_cost.per_micro_batch_s if trainer_cost else 0.0
+    trainer_s: TrainerS = trainer_cost.per_micro_batch_for if trainer_cost else 0.0
     order = ranked(trials, repeats, objective, trainer_s)
     statuses = [t.measurement.status for t in trials]
 
