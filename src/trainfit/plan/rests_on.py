@@ -44,7 +44,7 @@ def rests_on(run: TuneRun, chosen: Candidate, calibration: Calibration | None,
                if template else "--calibrate runs only the `trl sft` command trainfit writes, so here the ETA rests "
                                 "on the probe alone")
         lines.append("not calibrated: the ETA is the model's step alone, a lower bound; a trainer adds its own "
-                     "per-step work (measured: 0-50% on a 2-core CPU, 1.4-2.1x on an H100 and an H200 with short steps, "
+                     "per-step work (measured: 0-50% of the step on a 2-core CPU, 40-110% on an H100 and an H200 with short steps, "
                      f"docs/benchmarks.md); {how}")
     else:
         lines += _calibration_lines(calibration, s, chosen)
