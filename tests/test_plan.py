@@ -264,7 +264,7 @@ def test_plan_of_a_real_tune_writes_a_plan_that_reads_back_and_fits(tune_dir: Pa
     for priority in ("quality", "memory_efficient"):  # where a priority picks another, the plan says which to run
         assert main(["plan", str(tune_dir), "--max-hours", "10", "--priority", priority]) == 0
         other = json.loads((tune_dir / "plan.json").read_text())["trial"]
-        note = f"note: this plan trains trial {other}; train_command.sh and the tune's other files are its pick, trial "
+        note = f"note: this plan trains trial {other}, the one priority {priority} picks ("
         assert (note in capsys.readouterr().out) == (other != summary["best_config"]["trial"]), priority
     # report.html gains the plan's section; a second plan replaces it
     assert main(["plan", str(tune_dir), "--max-hours", "5", "--epochs", "1"]) == 0

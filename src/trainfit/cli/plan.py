@@ -130,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         if tunes_pick is not None and plan.trial is not None and plan.trial != tunes_pick.trial:
             how = "run the command above, or `trainfit train`," if plan.command else "run `trainfit train`"
-            print(f"\nnote: this plan trains trial {plan.trial}; train_command.sh and the tune's other files are its "
-                  f"pick, trial {tunes_pick.trial}: {how} for the planned run")
+            print(f"\nnote: this plan trains trial {plan.trial}, the one priority {plan.priority} picks ({plan.rule}), "
+                  f"not the tune's pick, trial {tunes_pick.trial}, which train_command.sh and the tune's other files "
+                  f"are written for: {how} for the planned run")
         print(f"\nwritten: {folder / PLAN_FILE}, {folder / TEXT_FILE}")
     return 0 if plan.fits else 1
 
