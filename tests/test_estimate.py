@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from trainfit.params import Params
+from trainfit.probe.measurement import Measurement
 from trainfit.probe.estimate import (
     QUANTILES,
     StepCost,
@@ -69,6 +70,10 @@ def test_a_first_epoch_pays_its_padded_lengths_first_sights_once_over_the_real_e
     assert sampled.epoch_steps_scale == 100
     assert epoch_speed(cost, sampled, 2, first_sights_s=1.0).step_seconds == pytest.approx(warm.step_seconds
                                                                                              + 1.0 / 200)
+    # A run of 3 epochs at a first epoch's speed (10 samples/s, 1,000 samples an epoch, 2 s of first sights):
+    # the later epochs meet no new length, so its full run counts them once.
+    m = Measurement(status="ok", config={}, samples_per_second=10.0, first_sights_s=2.0)
+    assert m.run_seconds(3000, epochs=3) == pytest.approx(300 - 2 * 2.0) and m.run_seconds(1000, 1) == 100
     # The first new shape's excess once (a compiled graph's recompile), then each later length's.
     assert epoch_first_sights((2.0, 0.1), 30) == pytest.approx(2.0 + 29 * 0.1)
     assert epoch_first_sights(None, 30) == 0.0 and epoch_first_sights((2.0, 0.1), 0) == 0.0

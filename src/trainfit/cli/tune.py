@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
                             "you train with")
     options = TuneOptions(output=args.output, stats=stats, resume=args.resume, join=args.join, storage=args.storage,
                           quick=args.quick, refine=args.refine,
-                          on_event=TuneView(args.quiet, spec.tune.objective, run_samples(spec, stats)),
+                          on_event=TuneView(args.quiet, spec.tune.objective, run_samples(spec, stats),
+                                            spec.tune.epochs),
                           calibrate_steps=args.calibrate or 0, calibration_optional=by_default,  # decided above
                           on_calibration=_calibration_note if args.quiet else _calibration_line)
     try:

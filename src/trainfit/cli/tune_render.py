@@ -31,10 +31,10 @@ from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary, Trai
 class TuneView:
     """One line per finished trial, and a live line for the probe in flight on a terminal."""
 
-    def __init__(self, quiet: bool, objective: str, run_samples: float | None = None) -> None:
+    def __init__(self, quiet: bool, objective: str, run_samples: float | None = None, epochs: float = 1.0) -> None:
         self.quiet, self.objective = quiet, objective
-        self.run_samples = run_samples
-        """Samples of the full run (dataset x epochs): each fitting config's line gives its run time."""
+        self.run_samples, self.epochs = run_samples, epochs
+        """Samples of the full run (dataset x ``epochs``): each fitting config's line gives its run time."""
         self.tty = sys.stderr.isatty()
 
     def __call__(self, event: TuneEvent) -> None:
@@ -92,7 +92,7 @@ class TuneView:
             result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}{noise}, "
                       f"peak {m.peak_memory_gb:.2f} GiB{'' if m.fits else ' (over budget)'}")
             if self.run_samples and m.fits and m.samples_per_second:
-                result += f", full run ~{format_duration(self.run_samples / m.samples_per_second)}"
+                result += f", full run ~{format_duration(m.run_seconds(self.run_samples, self.epochs))}"
         else:
             result = m.status.upper() + (f" ({m.headline[:120]})" if m.status in ("error", "diverged") else "")
             if m.oom_needed_gb:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -204,6 +205,15 @@ class Measurement:
         """The least this config needs as measured: its peak, or for an OOM that said what it asked
         for, what it held then plus the ask when that is more (the peak is where it failed)."""
         return max(self.peak_memory_bytes or 0, self.oom_needed_bytes or 0)
+
+    def run_seconds(self, samples: float, epochs: float, speed: float | None = None) -> float:
+        """Seconds to train ``samples``, ``epochs`` of the data, at ``speed`` (default: the probe's,
+        a first epoch's): the speed shares out one epoch's first sights of its lengths, which a
+        later epoch does not meet again, so a run counts them once."""
+        speed = speed or self.samples_per_second
+        if not speed:
+            return math.inf
+        return max(0.0, samples / speed - (self.first_sights_s or 0.0) * (epochs - 1))
 
     @property
     def fits(self) -> bool:

@@ -73,7 +73,7 @@ def _entry(t: Trial, spec: Spec, space: SearchSpace, stats: LengthStats | None,
     samples = run_samples(spec, stats)
     sps = None if m.samples_per_second is None else with_trainer_cost(m.samples_per_second, m, "samples_per_second",
                                                                       trainer_s)
-    runtime_h = samples / sps / 3600 if samples and sps else None
+    runtime_h = m.run_seconds(samples, spec.tune.epochs, sps) / 3600 if samples and sps else None
     try:
         command = build_command(spec, params, **command_inputs(params, m, stats, data_config, model_dir))
     except TrainfitError:
