@@ -8,7 +8,7 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,26 @@ if TYPE_CHECKING:
 SAVE_SAMPLE_BYTES = 256 * 2**20
 """At most this much is written to time a checkpoint save; a larger checkpoint is priced at the
 write speed measured on it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstSights(Record):
+    """What meeting new padded lengths costs a run's fresh process (docs/probe.md): the step time
+    shares out an epoch's, and a run pays them once."""
+
+    epoch_s: float = 0.0
+    """An epoch's, for its ``shapes`` distinct lengths (``Candidate.first_sights_s``) ..."""
+    each_s: float = 0.0
+    """... of which each later length's (``Candidate.first_sight_s``) ..."""
+    shapes: int = 0
+    micro_batches: int = 1
+    """... met by this many micro-batches a step: a run of fewer micro-batches than lengths meets fewer."""
+
+    def paid_s(self, steps: int) -> float:
+        """What a run of ``steps`` optimizer steps pays: the epoch's, less the lengths beyond one a
+        micro-batch it trains (a run shorter than an epoch)."""
+        unmet = max(0, self.shapes - steps * self.micro_batches) if self.shapes else 0
+        return max(0.0, self.epoch_s - unmet * self.each_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,9 +79,9 @@ class Eta(Record):
     command_startup_s: float | None = None
     """The same for the written command (``bash train_command.sh``: ``trl sft`` under ``accelerate
     launch``), measured by calibration; None: not calibrated."""
-    first_sights_s: float = 0.0
-    """What the first sight of each of an epoch's padded lengths costs (``Candidate.first_sights_s``):
-    the step time shares it out over one epoch, and ``train_s`` counts it once for the run."""
+    first_sights: FirstSights = field(default_factory=FirstSights)
+    """What the first sight of an epoch's padded lengths costs: the step time shares it out over one
+    epoch, and ``train_s`` counts what the run pays of it once."""
 
     @property
     def command_total_s(self) -> float | None:
@@ -95,7 +115,7 @@ class Eta(Record):
                        overhead=self.trainer_overhead_s, spread=self.spread_rel,
                        save_s=self.checkpoint_s / max(1, self.checkpoints), startup=self.startup_s,
                        command_startup=self.command_startup_s, checkpoint_every_s=checkpoint_every_s,
-                       evaluation=evaluation, epochs=epochs * steps / self.steps, first_sights_s=self.first_sights_s)
+                       evaluation=evaluation, epochs=epochs * steps / self.steps, sights=self.first_sights)
 
 
 def checkpoint_bytes(c: Candidate) -> int:
@@ -144,7 +164,8 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     (the trainer's time around a pass is not in it: the run's monitor subtracts the passes' own
     ``eval_runtime``). ``per_micro_batch_s``: this config's own trainer cost per micro-batch, in
     place of the calibration's (a tune that timed several configs: ``TrainerCost.per_micro_batch_for``). The step time shares out the first sight of an epoch's padded lengths
-    (``Candidate.first_sights_s``), which a run pays once, whatever its epochs: counted once."""
+    (``Candidate.first_sights_s``), which a run pays once, whatever its epochs: counted once (less the
+    lengths a run shorter than an epoch cannot meet)."""
     steps = math.ceil(samples / c.samples_per_step)
     overhead = startup = command_startup = None
     spread = c.spread_rel
@@ -158,17 +179,19 @@ def estimate(c: Candidate, samples: int, *, write_bytes_per_s: float, checkpoint
     return _priced(samples, steps, c.step_time_s + (overhead or 0.0), overhead=overhead, spread=spread,
                    save_s=checkpoint_bytes(c) / write_bytes_per_s, startup=startup, command_startup=command_startup,
                    checkpoint_every_s=checkpoint_every_s, evaluation=evaluation, epochs=epochs,
-                   first_sights_s=c.first_sights_s)
+                   sights=FirstSights(epoch_s=c.first_sights_s, each_s=c.first_sight_s, shapes=c.epoch_shapes,
+                                      micro_batches=micro_batches(c.config)))
 
 
 def _priced(samples: int, steps: int, step: float, *, overhead: float | None, spread: float, save_s: float,
             startup: float | None, command_startup: float | None, checkpoint_every_s: float,
-            evaluation: Evaluation | None, epochs: float, first_sights_s: float = 0.0) -> Eta:
+            evaluation: Evaluation | None, epochs: float, sights: FirstSights | None = None) -> Eta:
     """The ETA of ``steps`` optimizer steps of ``step`` seconds (within ``spread``): a save of
     ``save_s`` every ``checkpoint_every_s`` and one at the end, the evaluation passes of a run of
-    ``epochs``, and the start-up. ``step`` shares out ``first_sights_s`` over an epoch: the run's
-    ``epochs`` pay it once."""
-    train = max(0.0, steps * step - first_sights_s * (epochs - 1))
+    ``epochs``, and the start-up. ``step`` shares out an epoch's first ``sights``: the run pays
+    what it meets of them once."""
+    sights = sights or FirstSights()
+    train = max(0.0, steps * step - sights.epoch_s * epochs + sights.paid_s(steps))
     saves = max(1, math.ceil(train / checkpoint_every_s))  # one every interval, the last at the end
     checkpoint = saves * save_s
     fixed = checkpoint + (startup or 0.0)
@@ -179,4 +202,4 @@ def _priced(samples: int, steps: int, step: float, *, overhead: float | None, sp
                startup_s=startup, checkpoints=saves, checkpoint_s=checkpoint, total_s=train + eval_s + fixed,
                low_s=train * max(0.0, 1 - spread) + eval_s * max(0.0, 1 - eval_spread) + fixed,
                high_s=train * (1 + spread) + eval_s * (1 + eval_spread) + fixed, spread_rel=spread, evals=evals,
-               eval_s=eval_s, command_startup_s=command_startup, first_sights_s=first_sights_s)
+               eval_s=eval_s, command_startup_s=command_startup, first_sights=sights)
