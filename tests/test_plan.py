@@ -516,6 +516,13 @@ def test_on_track_counts_a_new_lengths_first_sight_once_as_the_plan_did() -> Non
     assert status.projected_s == pytest.approx(52.0) and status.state == "on track"
     # The process's first new length costs the plan's first-shape figure (a compiled graph's recompile), later ones
     # the per-length one; a length met again costs nothing more.
+    # `train --max-steps 10`: 20 micro-batches meet at most 20 of the 40 lengths; 5 steps in, 10 met.
+    from trainfit.plan.eta import FirstSights
+
+    sights = FirstSights(epoch_s=2.0, each_s=0.05, shapes=40, micro_batches=2)
+    short = OnTrack(dataclasses.replace(plan, eta=dataclasses.replace(plan.eta, first_sights=sights)))
+    assert short.status(5, 10, 2.0, Pace(2.0, 5, work_s=1.5 + 0.5, sights_s=0.5)).projected_s == pytest.approx(
+        2.0 + (10 * 0.5 - 1.5) + (2.0 - 20 * 0.05 - 0.5))
     callback = OnTrackCallback(dataclasses.replace(plan, first_shape_s=0.3), every_s=1e9)
     for length in (200, 200, 300):
         callback.observe(length)

@@ -196,7 +196,9 @@ class OnTrack:
         done_before = step - pace.steps  # a resumed run's earlier steps: at the plan's mean
         # This process's steps at the warm step less those done, and the first sights it has still to pay.
         warm = (max_steps - done_before) * (self.warm_step_s() or 0.0) - (pace.work_s - pace.sights_s)
-        planned = max(0.0, warm) + max(0.0, self.plan.first_sights_s - pace.sights_s) + left * overhead
+        sights = self.plan.eta.first_sights  # what a run of max_steps meets of them (a shorter run: fewer)
+        paid = sights.paid_s(max_steps - done_before) if sights.shapes else self.plan.first_sights_s
+        planned = max(0.0, warm) + max(0.0, paid - pace.sights_s) + left * overhead
         return ratio * planned, self.pooled(ratio, pace.steps) * planned if self.calibrated_steps else None
 
     def _evals_left(self, step: int, max_steps: int, pace: Pace) -> float:
