@@ -103,6 +103,9 @@ def with_value(doc: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     ("per_micro_batch_s", "0.01", "per_micro_batch_s: the str '0.01' where a number belongs"),
     ("calibration.startup_s", math.nan, "calibration.startup_s: NaN is not a finite number"),
     ("searched", [1], "searched: the list [1] where a JSON object belongs"),
+    ("measured", None, "measured: null where a value belongs"),
+    ("measured", [None], "measured[0]: null where a value belongs"),
+    ("measured", [{"trial": 0}], "measured[0].searched: missing"),
 ])
 def test_a_damaged_trainer_cost_file_is_refused_before_it_ranks_anything(run_dir: Path, key: str, value: Any,
                                                                          words: str) -> None:

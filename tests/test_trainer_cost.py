@@ -245,6 +245,18 @@ def test_a_failed_calibration_leaves_the_outputs_ranked_by_the_probes(tmp_path: 
     assert TrainerCost.from_json(json.loads((out / TRAINER_COST_FILE).read_text())) == earlier  # kept, not lost
 
 
+def test_a_trainer_cost_whose_pick_searched_a_null_reads_back() -> None:
+    """A searched knob's null (``lora_r: [null, 16]``: full fine-tuning) is a value of the config the
+    trainer ran, not a damaged entry: the summary holding it must read back."""
+    own = {"trial": 3, "searched": {"lora_r": None}, "config": {"lora_r": None}, "per_micro_batch_s": 0.01,
+           "micro_batches": 2}
+    cost = TrainerCost(per_micro_batch_s=0.03, trial=3, searched={"lora_r": None},  # 0.03: pooled with another's
+                       calibration=calibration(0.02, 2, 3).to_json(), measured=[own])
+    assert TrainerCost.from_json(json.loads(json.dumps(cost.to_json()))) == cost
+    assert cost.per_micro_batch_for({"lora_r": None, "batch_size": 4}) == 0.01  # its own
+    assert cost.per_micro_batch_for({"lora_r": 16}) == 0.03 and len(cost.timed()) == 1
+
+
 def test_a_trainer_cost_file_of_another_version_is_refused_with_the_way_on(tmp_path: Path) -> None:
     from trainfit.run_folder import RunFolder
 

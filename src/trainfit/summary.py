@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainfit.json_record import Record, check_bounds, check_finite, check_schema, finite, typed
+from trainfit.json_record import Malformed, Record, check_bounds, check_finite, check_schema, finite, typed
 
 SCHEMA_VERSION = 1
 
@@ -236,14 +236,15 @@ class TrainerCost(Record):
     def from_json(cls, raw: Mapping[str, Any]) -> TrainerCost:
         check_schema(raw, 1, "a trainer cost", "calibrate again with this trainfit (tune --calibrate N --resume)")
         check_finite(raw)  # its calibration's too: Calibration.to_json writes an unknown figure as null
-        cost = super().from_json(raw)
-        for k, m in enumerate(cost.measured):
-            typed(dict[str, Any], m, f"measured[{k}]")
+        for k, m in enumerate(typed(list[Any], raw.get("measured", []), "measured", nullable=False)):
+            typed(dict[str, Any], m, f"measured[{k}]", nullable=False)
             for name, kind in MEASURED_ENTRY.items():
-                typed(kind, m.get(name), f"measured[{k}].{name}", nullable=False)
+                if m.get(name) is None:
+                    raise Malformed(f"measured[{k}].{name}", "missing")
+                typed(kind, m[name], f"measured[{k}].{name}")  # a searched knob's null is a value
             check_bounds(f"measured[{k}].per_micro_batch_s", m["per_micro_batch_s"], {"at_least": 0.0})
             check_bounds(f"measured[{k}].micro_batches", m["micro_batches"], {"at_least": 1})
-        return cost
+        return super().from_json(raw)
 
 
 MEASURED_ENTRY: dict[str, Any] = {"trial": int, "searched": dict[str, Any], "config": dict[str, Any],
