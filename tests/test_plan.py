@@ -19,7 +19,7 @@ from trainfit.plan import Plan, planned_command
 from trainfit.plan.choose import choose
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, write_speed
 from trainfit.plan.eval_pass import Evaluation
-from trainfit.plan.inputs import Candidate
+from trainfit.plan.inputs import Candidate, load_run
 from trainfit.plan.options import fewer_epochs, shorter_max_length, subset
 from trainfit.search.tune_options import TuneOptions
 
@@ -259,8 +259,10 @@ def test_plan_of_a_real_tune_writes_a_plan_that_reads_back_and_fits(tune_dir: Pa
     assert plan.trial == summary["best_config"]["trial"]  # fast: tune's own pick
     assert plan.eta.samples == 2 * summary["dataset_samples"]
     # The step shares out an epoch's first sights of new lengths; the run of 2 epochs pays them once.
-    assert plan.eta.first_sights.epoch_s == plan.first_sights_s >= 0
-    assert plan.eta.train_s == pytest.approx(plan.eta.steps * plan.eta.step_time_s - plan.first_sights_s)
+    chosen = next(c for c in load_run(tune_dir).candidates if c.trial == plan.trial)
+    assert plan.eta.first_sights.epoch_s == chosen.first_sights_s >= 0
+    assert plan.eta.first_sights.shapes == chosen.epoch_shapes > 0
+    assert plan.eta.train_s == pytest.approx(plan.eta.steps * plan.eta.step_time_s - plan.eta.first_sights.epoch_s)
     assert [c.priority for c in plan.priorities] == ["fast", "balanced", "quality", "memory_efficient"]
     assert "not calibrated" in " ".join(plan.rests_on)
     assert plan.command is not None and "--num_train_epochs 2" in plan.command and "--save_steps" in plan.command
@@ -505,11 +507,16 @@ def test_on_track_counts_a_new_lengths_first_sight_once_as_the_plan_did() -> Non
     the warm cost alone, the first steps read 17% slow, and the plan's step counted the sights again.)"""
     import dataclasses
 
+    from trainfit.plan.eta import FirstSights
     from trainfit.train.monitor import OnTrack, OnTrackCallback, Pace
 
-    plan = dataclasses.replace(a_plan(52.0, 0.05, 120.0), step_cost=[0.1, 0.001, 0.0], model_step_s=0.52,
-                               config={"gradient_accumulation_steps": 2}, first_sight_s=0.05, first_sights_s=2.0,
-                               first_shape_s=0.05)
+    def with_sights(plan: Plan, sights: FirstSights) -> Plan:
+        return dataclasses.replace(plan, eta=dataclasses.replace(plan.eta, first_sights=sights))
+
+    # 40 lengths, 2 s an epoch, 0.05 s each: a run of 100 steps of 2 micro-batches meets them all.
+    sights = FirstSights(epoch_s=2.0, each_s=0.05, shapes=40, micro_batches=2)
+    plan = with_sights(dataclasses.replace(a_plan(52.0, 0.05, 120.0), step_cost=[0.1, 0.001, 0.0], model_step_s=0.52,
+                                           config={"gradient_accumulation_steps": 2}), sights)
     check = OnTrack(plan)
     assert check.batch_cost(200) == pytest.approx(0.15) and check.warm_step_s() == pytest.approx(0.5)
     status = check.status(10, 100, 3.5, Pace(3.5, 10, work_s=3.0 + 10 * 0.05, sights_s=10 * 0.05))
@@ -517,13 +524,12 @@ def test_on_track_counts_a_new_lengths_first_sight_once_as_the_plan_did() -> Non
     # The process's first new length costs the plan's first-shape figure (a compiled graph's recompile), later ones
     # the per-length one; a length met again costs nothing more.
     # `train --max-steps 10`: 20 micro-batches meet at most 20 of the 40 lengths; 5 steps in, 10 met.
-    from trainfit.plan.eta import FirstSights
-
-    sights = FirstSights(epoch_s=2.0, each_s=0.05, shapes=40, micro_batches=2)
-    short = OnTrack(dataclasses.replace(plan, eta=dataclasses.replace(plan.eta, first_sights=sights)))
-    assert short.status(5, 10, 2.0, Pace(2.0, 5, work_s=1.5 + 0.5, sights_s=0.5)).projected_s == pytest.approx(
+    assert check.status(5, 10, 2.0, Pace(2.0, 5, work_s=1.5 + 0.5, sights_s=0.5)).projected_s == pytest.approx(
         2.0 + (10 * 0.5 - 1.5) + (2.0 - 20 * 0.05 - 0.5))
-    callback = OnTrackCallback(dataclasses.replace(plan, first_shape_s=0.3), every_s=1e9)
+    # The first new length costs 0.3 s (a recompile: 2.25 s an epoch), each later one 0.05 s.
+    recompiling = FirstSights(epoch_s=0.3 + 39 * 0.05, each_s=0.05, shapes=40, micro_batches=2)
+    assert recompiling.first_s == pytest.approx(0.3)
+    callback = OnTrackCallback(with_sights(plan, recompiling), every_s=1e9)
     for length in (200, 200, 300):
         callback.observe(length)
     assert callback.work_s == pytest.approx(2 * 0.15 + 0.2 + 0.3 + 0.05) and callback.sights_s == pytest.approx(0.35)

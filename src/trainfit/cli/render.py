@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainfit.format import OOM_NEED, fmt_bytes, fmt_num, format_duration, parts_line, table
-from trainfit.probe.measurement import Measurement
+from trainfit.probe.measurement import Measurement, first_sights_of
 
 UNSTABLE = ("NOT stable (step/time cap hit: raise probe.max_seconds or probe.max_steps for a tighter "
             "estimate)")
@@ -27,7 +27,7 @@ def speed_rows(m: Measurement) -> list[tuple[str, str]]:
     elif m.data == "synthetic":
         rows.append(("data", "synthetic inputs made on the device (nothing loaded)"))
     if m.first_sights_s is not None and m.first_sight_s is not None and m.epoch_shapes:
-        first = m.first_sights_s - (m.epoch_shapes - 1) * m.first_sight_s
+        first = first_sights_of(m.first_sights_s, m.first_sight_s, m.epoch_shapes, 1)
         later = f"{m.first_sight_s * 1000:.3g} ms" if m.first_sight_s else "0 (none beyond the noise)"
         rows.append(("new lengths", f"{m.epoch_shapes:,} padded lengths an epoch; met the first time, the first new "
                                     f"one took {first * 1000:.3g} ms more, each later one {later}: "

@@ -110,15 +110,7 @@ class Plan(Record):
     it sees by. None: no timed shapes (a plan from an older trainfit)."""
     model_step_s: float | None = None
     """The probe's expected step over the epoch's batches (``eta.step_time_s`` less the trainer's
-    calibrated cost), with a share of :attr:`first_sights_s`."""
-    first_sight_s: float = 0.0
-    """What a padded length costs the first time a run's process meets it, beyond ``step_cost``
-    (``Measurement.first_sight_s``): what the monitor adds to a batch of a length not met before ..."""
-    first_shape_s: float = 0.0
-    """... but the process's first new length, which costs this (``Candidate.first_shape_s``)."""
-    first_sights_s: float = 0.0
-    """What a fresh process pays over an epoch for meeting its lengths (``Measurement.first_sights_s``),
-    shared out in ``model_step_s`` over the epoch's steps."""
+    calibrated cost), with a share of an epoch's first sights of its lengths (``eta.first_sights``)."""
     evaluation: Evaluation | None = None
     """The eval set, its schedule and one pass's measured cost; None: the run evaluates nothing."""
     estimated: Estimated | None = field(default=None, metadata={"omit_none": True})
@@ -205,8 +197,7 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
                 + (like_lines(chosen, estimated) if estimated else []),
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
                 options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s,
-                evaluation=evaluation, estimated=estimated, first_sight_s=chosen.first_sight_s,
-                first_sights_s=chosen.first_sights_s, first_shape_s=chosen.first_shape_s)
+                evaluation=evaluation, estimated=estimated)
 
 
 def _own_costs(summary: Summary, calibration: Calibration | None) -> Callable[[Candidate], float | None]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from trainfit.format import format_duration as dur
 from trainfit.json_record import Record
 from trainfit.plan.inputs import Candidate
+from trainfit.probe.measurement import first_sights_of
 from trainfit.search.ranking import micro_batches
 
 if TYPE_CHECKING:
@@ -42,8 +43,12 @@ class FirstSights(Record):
     def paid_s(self, steps: int) -> float:
         """What a run of ``steps`` optimizer steps pays: the epoch's, less the lengths beyond one a
         micro-batch it trains (a run shorter than an epoch)."""
-        unmet = max(0, self.shapes - steps * self.micro_batches) if self.shapes else 0
-        return max(0.0, self.epoch_s - unmet * self.each_s)
+        return first_sights_of(self.epoch_s, self.each_s, self.shapes, min(self.shapes, steps * self.micro_batches))
+
+    @property
+    def first_s(self) -> float:
+        """What the first new length a process meets costs (a compiled graph's recompile)."""
+        return first_sights_of(self.epoch_s, self.each_s, self.shapes, 1)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -56,16 +56,6 @@ class Candidate:
     """... of which it has this many (``Measurement.epoch_shapes``)."""
 
     @property
-    def first_shape_s(self) -> float:
-        """What the first new length a run meets costs (its first sight, a compiled graph's recompile):
-        :attr:`first_sights_s` less the later lengths'."""
-        return max(0.0, self.first_sights_s - (self.epoch_shapes - 1) * self.first_sight_s) if self.epoch_shapes else 0.0
-
-    def first_sights_for(self, shapes: int) -> float:
-        """:attr:`first_sights_s` for an epoch of ``shapes`` distinct padded lengths instead."""
-        return max(0.0, self.first_sights_s + (shapes - self.epoch_shapes) * self.first_sight_s)
-
-    @property
     def lora_r(self) -> int:
         return int(self.config.get("lora_r") or 0)
 

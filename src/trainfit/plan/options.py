@@ -13,6 +13,7 @@ from trainfit.params import KNOBS, Params
 from trainfit.plan.eta import Eta, run_speed
 from trainfit.plan.inputs import Candidate
 from trainfit.probe.estimate import epoch_speed, typical_mix
+from trainfit.probe.measurement import first_sights_of
 
 SHORTER_QUANTILES = (0.99, 0.95, 0.9)
 """The shorter ``max_length`` options: these quantiles of the data's lengths, rounded up to 64."""
@@ -114,7 +115,7 @@ def shorter_max_length(c: Candidate, params: Params, data_lengths: Sequence[int]
         seen.add(length)
         shorter = params.replace(**{**c.config, "max_length": length})  # the config's knobs, cut shorter
         mix = typical_mix(lengths.tolist(), shorter, length, seed, longest=False, data_samples=data_samples)
-        sights = c.first_sights_for(len(mix.padded_lengths))
+        sights = first_sights_of(c.first_sights_s, c.first_sight_s, c.epoch_shapes, len(mix.padded_lengths))
         speed = epoch_speed(cost, mix, shorter.gradient_accumulation_steps * shorter.processes, first_sights_s=sights)
         scaled = Candidate(**{**c.__dict__, "samples_per_second": speed.samples_per_second,
                               "step_time_s": speed.step_seconds, "config": {**c.config, "max_length": length},

@@ -29,6 +29,14 @@ RANKED_FIGURES = ("samples_per_second", "tokens_per_second", "expected_step_time
 and a fit with: read back negative or as no number, one ranks first or spreads through every sum."""
 
 
+def first_sights_of(epoch_s: float, each_s: float, shapes: int, met: int) -> float:
+    """An epoch's first sights (``epoch_s`` for its ``shapes`` distinct lengths, ``each_s`` each
+    after the first) for ``met`` lengths instead: 1, the first new one's alone; fewer than
+    ``shapes``, a run shorter than an epoch; another count, another batching of the data. Without
+    a count of shapes (a probe recorded before it was kept), ``epoch_s``."""
+    return max(0.0, epoch_s + (met - shapes) * each_s) if shapes else epoch_s
+
+
 def within_budget(peak_gb: float, memory_gb: float | None, headroom_gb: float) -> bool:
     """A measured peak fits a budget when it and the headroom stay inside it (no budget: it fits)."""
     return memory_gb is None or peak_gb + headroom_gb <= memory_gb

@@ -137,7 +137,8 @@ class OnTrack:
 
     def first_sight(self, met: int) -> float:
         """The plan's first sight of a length, the process having met ``met`` lengths before it."""
-        return self.plan.first_shape_s if met == 0 else self.plan.first_sight_s
+        sights = self.plan.eta.first_sights
+        return sights.first_s if met == 0 else sights.each_s
 
     def warm_step_s(self) -> float | None:
         """The plan's expected step without its share of the epoch's first sights, which a process pays
@@ -145,7 +146,7 @@ class OnTrack:
         step, plan = self.plan.model_step_s, self.plan
         if step is None or not plan.eta.steps or not plan.epochs:
             return step
-        return max(0.0, step - plan.first_sights_s * plan.epochs / plan.eta.steps)
+        return max(0.0, step - plan.eta.first_sights.epoch_s * plan.epochs / plan.eta.steps)
 
     def status(self, step: int, max_steps: int, elapsed_s: float, pace: Pace | None = None, *,
                startup_counted: bool = False, ended: bool = False) -> Status:
@@ -197,7 +198,7 @@ class OnTrack:
         # This process's steps at the warm step less those done, and the first sights it has still to pay.
         warm = (max_steps - done_before) * (self.warm_step_s() or 0.0) - (pace.work_s - pace.sights_s)
         sights = self.plan.eta.first_sights  # what a run of max_steps meets of them (a shorter run: fewer)
-        paid = sights.paid_s(max_steps - done_before) if sights.shapes else self.plan.first_sights_s
+        paid = sights.paid_s(max_steps - done_before)
         planned = max(0.0, warm) + max(0.0, paid - pace.sights_s) + left * overhead
         return ratio * planned, self.pooled(ratio, pace.steps) * planned if self.calibrated_steps else None
 
