@@ -116,6 +116,39 @@ def fsdp_units(model) -> tuple[list[tuple], list[str]]:
     return sorted(units.values(), key=lambda unit: unit[0]), gathered
 
 
+def accelerate_version() -> tuple[int, ...]:
+    from importlib.metadata import version
+
+    return tuple(int(part) for part in version("accelerate").split(".")[:2])
+
+
+def test_without_accelerate_the_probe_shards_and_casts_as_the_installed_release(one_rank, monkeypatch) -> None:
+    """The probe asks the installed accelerate for its blocks and mixed precision; without accelerate it
+    falls back on a copy of 1.16's. From 1.16 on, the copy must give what the release gives."""
+    import builtins
+
+    import torch
+
+    from trainfit.probe import ranks
+
+    if accelerate_version() < (1, 16):
+        pytest.skip("the fallback copies accelerate 1.16's choices; the installed release is older")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    model._no_split_modules = ["Block", "Linear"]  # type: ignore[assignment]
+    asked = ranks.mixed_precision_policy("bf16"), [ranks._block_policy(model)(m) for m in model.modules()]
+    real_import = builtins.__import__
+
+    def no_accelerate(name, *args, **kwargs):
+        if name.startswith("accelerate"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_accelerate)
+    copied = ranks.mixed_precision_policy("bf16"), [ranks._block_policy(model)(m) for m in model.modules()]
+    assert copied == asked
+    assert asked[0].param_dtype == torch.bfloat16 and asked[1] == [False, True, True]
+
+
 def accelerate_prepare(model, params) -> None:
     """accelerate's own ``fsdp2_prepare_model`` on ``model``, its FSDP plugin made from the environment
     ``accelerate launch`` gives the processes for the flags the trainer's command passes it, and the
@@ -344,12 +377,22 @@ def test_fsdp_shards_a_models_own_blocks_and_norm_as_accelerate_and_stops_where_
     # The root holds nothing (no parameter group); the norm its own unit, kept gathered; each block resharded.
     assert [(unit[0], unit[2]) for unit in seen[0][0]] == [(("",), []), (("0",), [True]), (("1",), [False]),
                                                           (("2",), [True])]
-    unnamed = torch.nn.Sequential(torch.nn.Linear(8, 2))
-    unnamed._no_split_modules = ["Block"]  # type: ignore[assignment]
-    with pytest.raises(TrainfitError, match="Could not find the transformer layer class"):
-        distribute(unnamed, params, torch.device("cpu"))
-    with pytest.raises(ValueError, match="Could not find the transformer layer class Block"):
-        accelerate_prepare(unnamed, params)
+    # A name the model has no module of: accelerate 1.15 stops there, 1.16 passes it over; the probe does
+    # what the installed release does.
+    outcomes = []
+    for shard in (lambda m: distribute(m, params, torch.device("cpu")), lambda m: accelerate_prepare(m, params)):
+        unnamed = torch.nn.Sequential(torch.nn.Linear(8, 2), torch.nn.Linear(2, 2))
+        unnamed._no_split_modules = ["Block", "Linear"]  # type: ignore[assignment]
+        try:
+            shard(unnamed)
+        except (TrainfitError, ValueError) as e:
+            assert "Could not find the transformer layer class Block" in str(e)
+            outcomes.append("stopped")
+        else:
+            outcomes.append([(unit[0], unit[2]) for unit in fsdp_units(unnamed)[0]])
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == ("stopped" if accelerate_version() < (1, 16) else
+                           [(("",), []), (("0",), [True]), (("1",), [True])])
 
 
 def test_an_fsdp_config_measured_on_a_cpu_says_what_its_command_runs_there(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from trainfit.errors import TrainfitError, Unsupported
 
@@ -108,7 +108,7 @@ def agreed(seconds: float) -> float:
 
 def distribute(model: Any, params: Params, device: Any) -> Any:
     """``model`` as its rank trains it: under DDP (a whole copy, gradients all-reduced in backward),
-    or FSDP2 on the units accelerate 1.15's ``fsdp2_prepare_model`` shards under ``TRANSFORMER_BASED_WRAP``
+    or FSDP2 on the units accelerate's ``fsdp2_prepare_model`` (1.15, 1.16) shards under ``TRANSFORMER_BASED_WRAP``
     (:func:`shard_units`: the blocks, the input embedding, the final norm with the LM head kept gathered
     after forward, the root), so a rank's peak is the one ``accelerate launch --use_fsdp --fsdp_version 2``
     trains with. The model in a single process, unchanged."""
@@ -126,7 +126,7 @@ def distribute(model: Any, params: Params, device: Any) -> Any:
 
 
 def shard_units(model: Any, policies: dict[str, Any]) -> None:
-    """``fully_shard`` on ``model``'s units in place, as accelerate 1.15's ``fsdp2_prepare_model``
+    """``fully_shard`` on ``model``'s units in place, as accelerate's ``fsdp2_prepare_model`` (1.15, 1.16)
     (accelerate/utils/fsdp_utils.py) makes them under ``TRANSFORMER_BASED_WRAP``, in its order:
 
     1. each module, children before parents (``get_module_children_bottom_up``), that is an instance of
@@ -151,10 +151,9 @@ def shard_units(model: Any, policies: dict[str, Any]) -> None:
                    and not p.is_floating_point() and not p.is_complex()}
     if frozen_4bit:
         policies = {**policies, "ignored_params": frozen_4bit}
-    blocks = _block_classes(model)
+    is_block = _block_policy(model)
     for module in _bottom_up(model)[:-1]:
-        inner = getattr(module, "_checkpoint_wrapped_module", module)  # as accelerate, through a checkpoint wrapper
-        if blocks and isinstance(inner, blocks) and not isinstance(module, FSDPModule):
+        if is_block(module) and not isinstance(module, FSDPModule):
             fully_shard(module, **policies)
     embed = getattr(model, "get_input_embeddings", lambda: None)()
     head = getattr(model, "get_output_embeddings", lambda: None)()
@@ -172,19 +171,36 @@ def shard_units(model: Any, policies: dict[str, Any]) -> None:
         fully_shard(model, **{**policies, "reshard_after_forward": None})
 
 
+def _block_policy(model: Any) -> Callable[[Any], bool]:
+    """Whether a module of ``model`` is a block FSDP shards on its own: the installed accelerate's
+    ``fsdp2_prepare_auto_wrap_policy`` under ``TRANSFORMER_BASED_WRAP`` (the classes ``_no_split_modules``
+    names, through a checkpoint wrapper), so the probe's units follow each release. Without accelerate,
+    a copy of 1.16's (:func:`_block_classes`). A name that stops accelerate (1.15 stopped at any the
+    model has no module of) is an error here too."""
+    try:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    except ImportError:
+        blocks = _block_classes(model)
+        return lambda module: bool(blocks) and isinstance(getattr(module, "_checkpoint_wrapped_module", module), blocks)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+    try:
+        policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    except ValueError as e:
+        raise TrainfitError(f"the model's _no_split_modules stops accelerate's TRANSFORMER_BASED_WRAP: {e}",
+                            "name only the model's own block classes in _no_split_modules") from None
+    return policy or (lambda module: False)
+
+
 def _block_classes(model: Any) -> tuple[type, ...]:
-    """The classes named in ``model._no_split_modules``, each the first module of that name's in
-    ``model`` (accelerate's ``get_module_class_from_name``); an error for a name none has, where
-    accelerate stops the run."""
+    """The classes named in ``model._no_split_modules`` that ``model`` has a module of, each the first
+    module of that name's (accelerate 1.16's ``get_module_class_from_name``; a name the model does not
+    instantiate is passed over, as 1.16 passes it)."""
     found: dict[str, type] = {}
     for module in model.modules():
         found.setdefault(type(module).__name__, type(module))
     names = list(getattr(model, "_no_split_modules", None) or ())
-    if missing := [name for name in names if name not in found]:
-        raise TrainfitError(f"the model's _no_split_modules names {', '.join(missing)}, which it has no module of: "
-                            "accelerate's TRANSFORMER_BASED_WRAP stops there (\"Could not find the transformer layer "
-                            "class\")", "name only the model's own block classes in _no_split_modules")
-    return tuple(found[name] for name in names)
+    return tuple(found[name] for name in names if name in found)
 
 
 def _bottom_up(model: Any) -> list[Any]:
@@ -214,19 +230,34 @@ def _final_norm(model: Any) -> Any:
 
 
 def fsdp_policies(params: Params) -> dict[str, Any]:
-    """``fully_shard``'s settings for a config, as accelerate (1.15) makes them from the run's flags:
+    """``fully_shard``'s settings for a config, as accelerate makes them from the run's flags:
     resharding after forward; with ``precision`` bf16 or fp16 (the trainer's ``--bf16``/``--fp16``,
-    accelerate's mixed precision) a ``MixedPrecisionPolicy`` that gathers the weights, reduces the
-    gradients and returns the outputs in that dtype (the sharded weights stay as built, and LoRA's
-    fp32 adapters beside a bf16 base may share a block); ``fsdp_cpu_offload`` (accelerate's
-    ``--fsdp_offload_params``): ``CPUOffloadPolicy``."""
-    import torch
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+    accelerate's mixed precision) the ``MixedPrecisionPolicy`` of ``mixed_precision_policy``;
+    ``fsdp_cpu_offload`` (accelerate's ``--fsdp_offload_params``): ``CPUOffloadPolicy``."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
     out: dict[str, Any] = {"reshard_after_forward": params.fsdp_reshard_after_forward}
     if params.precision in ("bf16", "fp16"):
-        dtype = torch.bfloat16 if params.precision == "bf16" else torch.float16
-        out["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+        out["mp_policy"] = mixed_precision_policy(params.precision)
     if params.fsdp_cpu_offload:
         out["offload_policy"] = CPUOffloadPolicy()
     return out
+
+
+def mixed_precision_policy(precision: str) -> Any:
+    """The FSDP2 ``MixedPrecisionPolicy`` the run gets for ``precision`` (bf16 or fp16): the installed
+    accelerate's own (its plugin's ``set_mixed_precision``), so the probe holds what the run holds
+    whatever the release. Without accelerate (nothing it launches could run then), a copy of 1.16's:
+    weights gathered and gradients reduced in that dtype, the outputs left as computed (1.15 and
+    older also cast them, ``output_dtype``)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    try:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+    except ImportError:
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    plugin.set_mixed_precision(precision)
+    return plugin.mixed_precision_policy
