@@ -19,6 +19,7 @@ from tune_helpers import Slow, Surface, store_for, synthetic_spec
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
 from trainfit.params import Params
+from trainfit.plan.inputs import load_run
 from trainfit.search import loop as search_loop
 from trainfit.search.events import JournalRepaired, TuneEvent, Waiting
 from trainfit.search.tune_options import TuneOptions
@@ -291,3 +292,5 @@ def test_a_memory_constraint_the_sampler_cannot_read_refuses_bayes_and_leaves_au
     again = tune(with_tune(spec, strategy="auto", max_trials=9), TuneOptions(output=tmp_path / "out", probe_fn=surface,
                                                                              resume=True))
     assert len(again.trials) > 6 and 2 in {t.number for t in again.trials}  # its record reads: it stays measured
+    # plan reads the same journal's trials (through Optuna 5.1's study summaries it raised a bare TypeError)
+    assert load_run(tmp_path / "out").left_out == {}  # its record reads there too

@@ -158,8 +158,9 @@ def _studies(folder: Path) -> list[Any]:
                             "plan a tune that kept its trials in its output folder (a --storage run keeps them "
                             "in its database)")
     storage = journal_storage(journal)
-    return [optuna.load_study(study_name=s.study_name, storage=storage)
-            for s in optuna.get_all_study_summaries(storage)]
+    # The storage's list, not optuna.get_all_study_summaries, which reads each trial's constraint (Optuna 5.1):
+    # a damaged one there would be a bare TypeError, where a damaged record is left out with why (_measured).
+    return [optuna.load_study(study_name=s.study_name, storage=storage) for s in storage.get_all_studies()]
 
 
 def _measured(studies: list[Any], names: list[str],

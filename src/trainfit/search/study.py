@@ -98,7 +98,10 @@ class TrialStore:
         self.where = masked(storage) if storage else str(journal)  # a URL open_storage has checked
         """The study's storage, in words: the journal, or the --storage URL with its password hidden."""
         self.name = study_name(spec)
-        summaries = optuna.get_all_study_summaries(self.storage) if storage or journal.exists() else []
+        # The storage's own list of studies (names and attributes), not optuna.get_all_study_summaries: that one
+        # reads every measured trial's constraint too (from Optuna 5.1), which a damaged record turns into a bare
+        # TypeError before anything here could name the trial (see _check_constraints).
+        summaries = self.storage.get_all_studies() if storage or journal.exists() else []
         existing = [s.study_name for s in summaries]
         doc = {k: v for k, v in spec.to_dict().items() if k != "source"}
         others = other_studies(summaries, self.name, doc)
