@@ -162,3 +162,52 @@ def test_a_disk_error_naming_no_file_is_pinned_on_the_path_and_nothing_else_is(t
     with pytest.raises(shutil.Error) as moved, naming(tmp_path / "out"):
         shutil.move(str(tmp_path / "d"), str(tmp_path / "d" / "inside"))
     assert (moved.value.errno, moved.value.filename) == (None, None) and "into itself" in str(moved.value)
+
+
+# -- nothing a user points trainfit at is written through a link (issue 45) -------------------------
+
+def test_a_lock_that_is_a_link_or_no_regular_file_is_refused_and_what_it_points_at_kept(tmp_path: Path) -> None:
+    """``.lock`` was opened with ``a+``, which follows a link: the target was truncated and given a pid line
+    (`ln -sf victim runs/a/.lock; trainfit tune ... --output runs/a --resume`). A FIFO hung the open."""
+    from trainfit.errors import TrainfitError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("a user's file\n")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / ".lock").symlink_to(victim)
+    with pytest.raises(TrainfitError, match="symbolic link") as refused:
+        lock_folder(linked)
+    assert "rm " in (refused.value.hint or "")
+    assert victim.read_text() == "a user's file\n"
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / ".lock")
+    with pytest.raises(TrainfitError, match="is a FIFO, not a regular file"):
+        lock_folder(fifo)  # at once: a FIFO no process reads would block the open for good
+    assert folder_holder(linked) is None  # asking who holds it writes nothing either
+
+
+def test_an_atomic_write_replaces_a_link_planted_at_its_temporary_name_not_its_target(tmp_path: Path) -> None:
+    from trainfit.files import write_atomically
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("a user's file\n")
+    target = tmp_path / "summary.json"
+    (tmp_path / f"summary.json.{os.getpid()}.tmp").symlink_to(victim)
+    write_atomically(target, "{}\n")
+    assert target.read_text() == "{}\n" and not target.is_symlink()
+    assert victim.read_text() == "a user's file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json", "victim.txt"]
+
+
+def test_a_run_log_is_not_appended_through_a_link(tmp_path: Path) -> None:
+    from trainfit.errors import TrainfitError
+    from trainfit.train.callbacks import RunLog
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept\n")
+    (tmp_path / "train_log.jsonl").symlink_to(victim)
+    with pytest.raises(TrainfitError, match="symbolic link"):
+        RunLog(tmp_path / "train_log.jsonl").write("start")
+    assert victim.read_text() == "kept\n"

@@ -9,7 +9,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Union
+from typing import IO, Any, Union
 
 from trainfit.errors import TrainfitError
 
@@ -32,6 +32,49 @@ def naming(path: Path) -> Iterator[None]:
         raise OSError(err.errno, err.strerror, str(path)) from err
 
 
+_FLAGS = {"r+b": os.O_RDWR, "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+          "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+          "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND, "xb": os.O_WRONLY | os.O_CREAT | os.O_EXCL}
+
+
+def open_own(path: Path, mode: str) -> IO[Any]:
+    """``path`` opened for writing (``mode``: w, wb, a, ab, a+, r+b, xb) as a file of trainfit's own: never through
+    a symbolic link, whose target it would overwrite (a ``.lock`` linked to a user's file was wiped), and
+    only a regular file (a FIFO would hang the write, a device take it). Anything else at ``path`` is a
+    :class:`~trainfit.errors.TrainfitError` naming it and the way on. Other errors (a full disk, no
+    permission) are raised as they are."""
+    try:
+        fd = os.open(path, _FLAGS[mode] | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise TrainfitError(f"{path} is a symbolic link: trainfit writes its own files only, never through a "
+                                "link (that would overwrite the file it points to)",
+                                f"remove the link (rm {path}) or use another folder") from None
+        if err.errno == errno.ENXIO:  # a FIFO no process reads
+            raise _not_regular(path, "a FIFO") from None
+        raise
+    kind = _kind(os.fstat(fd).st_mode)
+    if kind is not None:
+        os.close(fd)
+        raise _not_regular(path, kind)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode.replace("x", "w"))
+
+
+def _kind(mode: int) -> str | None:
+    """What a file of ``mode`` is, in words, where it is not a regular file (None for one)."""
+    import stat
+
+    kinds = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a device", stat.S_ISBLK: "a device",
+             stat.S_ISSOCK: "a socket"}
+    return next((word for test, word in kinds.items() if test(mode)), None if stat.S_ISREG(mode) else "not a file")
+
+
+def _not_regular(path: Path, kind: str) -> TrainfitError:
+    return TrainfitError(f"{path} is {kind}, not a regular file: trainfit writes its own files there",
+                         f"remove it (rm {path}) or use another folder")
+
+
 def write_atomically(target: Path, content: Content) -> None:
     """Write ``target`` (text, bytes, or a function that writes into the open file) so that a
     reader, or a crash, never sees half of it. Each process fills a temporary file of its own
@@ -40,7 +83,8 @@ def write_atomically(target: Path, content: Content) -> None:
     disk's names none)."""
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
-        with naming(tmp), tmp.open("wb") as f:
+        tmp.unlink(missing_ok=True)  # a stale one of this pid's, or a link planted there: the link, not its target
+        with naming(tmp), open_own(tmp, "xb") as f:
             if callable(content):
                 content(f)
             else:
@@ -78,7 +122,7 @@ def lock_folder(folder: Path) -> IO[str]:
     into one folder could not be kept apart."""
     import socket
 
-    f = (folder / ".lock").open("a+")
+    f = open_own(folder / ".lock", "a+")
     try:
         _flock(f, folder)
         f.truncate(0)

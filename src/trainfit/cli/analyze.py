@@ -13,6 +13,7 @@ from trainfit.data.analyze import analyze_spec
 from trainfit.data.lengths import count_lengths
 from trainfit.data.plot import histogram_html
 from trainfit.data.row_length import LengthRecipe
+from trainfit.files import write_atomically
 from trainfit.spec import LENGTH_BY
 from trainfit.data.stats import summarize
 from trainfit.errors import TrainfitError
@@ -142,9 +143,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nwarning: {stats.over_max_positions:,} samples exceed the model's {stats.max_positions:,} "
               "positions and will be truncated")
     if json_path:
-        json_path.write_text(json.dumps(stats.to_dict()) + "\n")
+        write_atomically(json_path, json.dumps(stats.to_dict()) + "\n")
         print(f"\nwrote {json_path}")
     if plot_path:
-        plot_path.write_text(histogram_html(stats))
+        write_atomically(plot_path, histogram_html(stats))
         print(f"wrote {plot_path}")
     return 0

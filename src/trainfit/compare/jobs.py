@@ -20,6 +20,7 @@ from trainfit.compare.runs import MEASURED, ConfigRun
 from trainfit.data.analyze import analyze_spec
 from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError
+from trainfit.files import write_atomically
 from trainfit.plan.eval_pass import EvalSchedule, trl_dataset
 from trainfit.spec import Spec
 from trainfit.trainer.command import initial_model, trl_command, trl_data_config, with_eval_split
@@ -117,7 +118,7 @@ class ConfigJobs:
             raise TrainfitError(f"trl sft has no loader for {self.spec.data.path if self.spec.data else 'the data'}",
                                 "give the data as JSONL, JSON, CSV, Parquet or text")
         self.data_config = self.output / "trl_data.yaml"
-        self.data_config.write_text(yaml.safe_dump(config, sort_keys=False))
+        write_atomically(self.data_config, yaml.safe_dump(config, sort_keys=False))
         if self.evaluation is not None:
             self.folder = trl_dataset(self.output / "trl_dataset", self.spec, Path(self.evaluation.path))
         self.model_dir = initial_model(self.output, self.spec)
@@ -138,7 +139,7 @@ class ConfigJobs:
         job = {**self.base, "name": config.name, "given": config.given, "folder": str(folder),
                "threads": self.threads, "samples": self.stats.samples,
                "argv": self.argv(config) if self.spec.model.factory is None else []}
-        (folder / "job.json").write_text(json.dumps(job, indent=2) + "\n")
+        write_atomically(folder / "job.json", json.dumps(job, indent=2) + "\n")
         began = time.perf_counter()
         # Its own session: a terminal's Ctrl-C reaches `trainfit compare` alone, which kills the child as it
         # stops (subprocess.run does) and says how to resume, instead of the child's traceback mid-import.

@@ -18,7 +18,7 @@ from trainfit.data.readers import detect_format
 from trainfit.data.row_length import LengthRecipe
 from trainfit.data_paths import refuse_special
 from trainfit.errors import TrainfitError
-from trainfit.files import write_atomically
+from trainfit.files import open_own, write_atomically
 
 
 def default_cache_dir() -> Path:
@@ -82,7 +82,7 @@ class Checkpoint:
         """Hold ``count.lock`` (released when closed, also by a process that dies holding it)."""
         import fcntl
 
-        with self.lock.open("a") as f:
+        with open_own(self.lock, "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             yield
 
@@ -127,7 +127,7 @@ class Checkpoint:
                 saved, _ = self._on_disk()
                 if len(lengths) <= saved or self.final.exists():
                     return
-                with self.partial.open("r+b" if self.partial.exists() else "wb") as f:
+                with open_own(self.partial, "r+b" if self.partial.exists() else "wb") as f:
                     f.seek(4 * saved)
                     np.asarray(lengths[saved:], dtype=np.int32).tofile(f)
                     f.truncate()

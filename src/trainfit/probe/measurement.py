@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainfit.files import write_atomically
 from trainfit.json_record import Malformed, check_bounds, check_finite, typed
 
 SCHEMA_VERSION = 1
@@ -47,7 +48,8 @@ class Measurement:
     """What one configuration did on one device.
 
     Throughput figures are None unless ``status == "ok"``. Memory is the process peak: on CUDA the
-    caching allocator's max reserved bytes (what decides an OOM), on CPU the child's peak RSS.
+    caching allocator's max reserved bytes (what decides an OOM), on CPU the child's peak RSS (its
+    loader's worker processes not counted: a note says so).
     """
 
     status: str
@@ -260,7 +262,7 @@ class Measurement:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_atomically(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def recorded_budget_gb(measurements: Iterable[Measurement]) -> float | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainfit.errors import Terminated
+from trainfit.files import open_own
 from trainfit.train.monitor import trainer_callback_base
 from trainfit.train.checkpoints import mark_complete, rotate
 from trainfit.trainer.trainer_output import EPOCH_MARK
@@ -62,7 +63,7 @@ class RunLog:
         self.path = path
 
     def write(self, event: str, **fields: Any) -> None:
-        with self.path.open("a") as f:
+        with open_own(self.path, "a") as f:
             f.write(json.dumps({"event": event, "time": round(time.time(), 3), **fields}) + "\n")
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from trainfit.data.order import epoch_rows, file_rows
 from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError
+from trainfit.files import write_atomically
 from trainfit.params import Params
 from trainfit.progress import Progress
 from trainfit.spec import Spec
@@ -77,7 +78,7 @@ def save(folder: Path, step_runner: Any, position: Position) -> None:
     rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     torch.save(rng, folder / "rng_state.pth")
-    (folder / STATE).write_text(json.dumps(dataclasses.asdict(position)) + "\n")
+    write_atomically(folder / STATE, json.dumps(dataclasses.asdict(position)) + "\n")
 
 
 def load(folder: Path, step_runner: Any, device: Any) -> Position:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
+from trainfit.files import write_atomically
 from trainfit.json_record import Malformed, check_bounds, check_finite, check_schema, typed
 from trainfit.trainer.launch import TimedRun, run_timed
 from trainfit.probe.estimate import StepCost
@@ -315,7 +316,7 @@ def _copied(run_dir: Path, script: str, folder: Path) -> Path:
     original), and ``folder/run``, what `trainfit train` reads: ``run_dir``'s summary and this
     command, no plan."""
     copy = folder / "train_command.sh"
-    copy.write_text(script)
+    write_atomically(copy, script)
     (folder / "run").mkdir(exist_ok=True)
     shutil.copy(run_dir / "summary.json", folder / "run" / "summary.json")
     shutil.copy(copy, folder / "run" / "train_command.sh")

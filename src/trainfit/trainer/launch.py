@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainfit.errors import TrainfitError
+from trainfit.files import open_own
 from trainfit.trainer.trainer_output import bar_position, bar_step, parse_train_runtime
 
 LOG_TAIL_LINES = 30
@@ -68,7 +69,7 @@ def run_logged(argv: list[str], log_path: Path, *, cwd: Path, env: Mapping[str, 
     received = bytearray()
     tail = ""  # the output after its last line break: the progress bar tqdm is drawing now
     decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a bar's blocks may be split between reads
-    with log_path.open("wb") as log:
+    with open_own(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=cwd, env=dict(env), start_new_session=True)
         assert proc.stdout is not None
