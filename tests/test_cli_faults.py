@@ -258,3 +258,22 @@ def test_a_ctrl_c_whose_file_cleanup_then_fails_is_still_an_interrupt(tmp_path: 
     err = capsys.readouterr().err
     assert "interrupted" in err and shlex.split(err.strip().splitlines()[-1])[-1] == "--resume"
     assert "while stopping: No such file" in err and "error:" not in err  # said, as what failed on the way
+
+
+def test_json_outputs_never_write_over_a_run_folders_own_files(tmp_path: Path, capsys: Any) -> None:
+    """`analyze ... --json runs/a/study.journal` destroyed every measurement, exit 0 (issue 45): an output
+    path that is a file of a trainfit run folder is refused before any work, the file untouched; a new
+    file there is written, whole."""
+    from conftest import EXAMPLES
+
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    (run / "study.journal").write_text('{"op_code": 0}\n')
+    data = ["analyze", str(EXAMPLES / "data" / "chat.jsonl"), "--text-field", "text", "--no-cache"]
+    assert main([*data, "--json", str(run / "study.journal")]) == 2
+    err = capsys.readouterr().err
+    assert "would write over a file of the trainfit run folder" in err and "study.journal" in err
+    assert (run / "study.journal").read_text() == '{"op_code": 0}\n'
+    assert main([*data, "--json", str(run / "lengths.json")]) == 0
+    assert json.loads((run / "lengths.json").read_text())["samples"] > 0
+    assert sorted(p.name for p in run.iterdir()) == ["lengths.json", "study.journal"]  # no temporary left

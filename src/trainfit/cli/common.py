@@ -50,7 +50,20 @@ def output_file(path: str | None, option: str) -> Path | None:
         raise TrainfitError(f"cannot write {option} {path}: "
                             f"{'it is a folder' if target.is_dir() else 'its folder is not writable'}",
                             f"give {option} a file path in a writable folder")
+    if (marker := _run_folder_marker(target.parent)) and (target.exists() or target.is_symlink()):
+        raise TrainfitError(f"{option} {path} would write over a file of the trainfit run folder {target.parent} "
+                            f"(it holds {marker}): what the run keeps there could not be rebuilt",
+                            f"give {option} a path outside {target.parent}, or a new file name")
     return target
+
+
+RUN_FOLDER_MARKERS = (".lock", "study.journal", "summary.json")
+"""What every folder a trainfit run writes into holds (a tune, train, compare or ablate holds its ``.lock``)."""
+
+
+def _run_folder_marker(folder: Path) -> str | None:
+    """The first of :data:`RUN_FOLDER_MARKERS` ``folder`` holds, or None for a folder no run wrote into."""
+    return next((name for name in RUN_FOLDER_MARKERS if (folder / name).exists()), None)
 
 
 def number(kind: type, *, at_least: float | None = None, above: float | None = None,
