@@ -222,20 +222,24 @@ def test_a_refused_journal_write_names_the_journal(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["trials.csv", "train_command.sh"])
-def test_a_full_disk_while_an_output_is_written_names_it(tmp_path: Path, name: str) -> None:
+def test_a_full_disk_while_an_output_is_written_names_it(tmp_path: Path, name: str, monkeypatch) -> None:
     """trials.csv and train_command.sh were written in place: a full disk failed at the write, with
     no file name (and left half a file). They are written whole or not at all now, as every other
-    output is, and the error names the file the disk refused."""
+    output is, and the error names the file the disk refused. The disk: /dev/full, opened where the
+    write opens that output's temporary file (a link planted there is replaced, never written through)."""
+    from trainfit import files
+
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     spec = synthetic_spec(tmp_path, "grid")
     out = tmp_path / "out"
     out.mkdir()
     full = out / f"{name}.{os.getpid()}.tmp"
-    full.symlink_to("/dev/full")
+    own = files.open_own
+    monkeypatch.setattr(files, "open_own", lambda path, mode: open("/dev/full", "wb") if path == full else own(path, mode))
     with pytest.raises(OSError) as info:
         tune(with_tune(spec, max_trials=2), TuneOptions(output=out, probe_fn=Surface()))
-    assert info.value.filename == str(full) and not full.is_symlink()
+    assert info.value.filename == str(full) and not full.exists() and not (out / name).exists()
 
 
 @pytest.mark.integration
@@ -277,3 +281,55 @@ def test_when_every_probe_errors_the_report_gives_the_error_and_its_log_not_memo
     assert "ValueError: the factory could not read its config" in advice and "probes/trial-0000/result.json" in advice
     page = (out / "report.html").read_text()
     assert "Every probe failed with an error" in page and "the factory could not read its config" in page
+
+
+# -- a torn record in a journal that several runs share (issue 45) --------------------------------
+
+def test_a_torn_record_anywhere_in_a_shared_journal_stops_no_run_and_loses_no_record(tmp_path: Path, capsys) -> None:
+    """A writer killed mid-append leaves a partial line. The next writer's record landed after the torn
+    bytes on the same line, and Optuna's reader then raised a bare JSONDecodeError in every run sharing
+    the file, for good: the live run died and each new --join was refused. Now an append ends a torn
+    record first, and a line holding none is passed over with a warning naming it; a whole record glued
+    after torn bytes (written before this fix) is read."""
+    spec = synthetic_spec(tmp_path, "grid")
+    journal = tmp_path / "shared.journal"
+    first = tune(with_tune(spec, max_trials=2), TuneOptions(output=tmp_path / "a", probe_fn=Surface(),
+                                                           storage=str(journal), join=True))
+    with journal.open("ab") as f:
+        f.write(b'{"op_code":5,"worker_id":"killed","trial_id":0,"sta')  # a writer killed mid-append
+    again = tune(with_tune(spec, max_trials=4), TuneOptions(output=tmp_path / "b", probe_fn=Surface(),
+                                                           storage=str(journal), join=True))
+    assert again.summary.total_tested == 4 and again.new_trials == 2
+    lines = journal.read_bytes().split(b"\n")
+    torn = next(n for n, line in enumerate(lines, start=1) if line.endswith(b'"sta'))  # ended, not glued to
+    assert f"{journal} line {torn} holds a torn record" in capsys.readouterr().err
+    assert [n for n, line in enumerate(lines[:-1], start=1) if not _is_record(line)] == [torn]
+    # A record glued after torn bytes, as the next writer left it before this fix: its record is read.
+    glued = lines[torn - 1] + lines[torn]
+    journal.write_bytes(b"\n".join([*lines[:torn - 1], glued, *lines[torn + 1:]]))
+    resumed = tune(with_tune(spec, max_trials=4), TuneOptions(output=tmp_path / "c", probe_fn=Surface(),
+                                                             storage=str(journal), join=True))
+    assert resumed.summary.total_tested == 4 and resumed.new_trials == 0
+    assert "the whole record after it is read" in capsys.readouterr().err
+    assert first.summary.total_tested == 2
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        return "op_code" in json.loads(line)
+    except ValueError:
+        return False
+
+
+def test_a_journal_path_that_is_no_file_is_named_as_such(tmp_path: Path) -> None:
+    """A --storage journal that is a folder got a hint about --output; a link to /dev/null gave
+    "Invalid argument" with no file named."""
+    from trainfit.search.storage import open_storage
+
+    (tmp_path / "dir.journal").mkdir()
+    (tmp_path / "null.journal").symlink_to("/dev/null")
+    for name, what in (("dir.journal", "a folder"), ("null.journal", "no regular file")):
+        with pytest.raises(TrainfitError) as refused:
+            open_storage(str(tmp_path / name))
+        assert refused.value.message == f"the journal {tmp_path / name} is {what}"
+        assert "--output" not in (refused.value.hint or "")

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
-from trainfit.files import naming, write_atomically
+from trainfit.files import write_atomically
+from trainfit.search.journal_file import tolerant_backend
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,22 +108,18 @@ def mend_journal(journal: Path, resume: bool) -> dict[str, Any] | None:
 
 
 def journal_storage(journal: Path) -> Any:
-    """The Optuna storage of the output folder's journal, replayed once: an entry it cannot replay
-    (well-formed but inconsistent) is a clear error before anything is appended."""
+    """The Optuna storage of a journal file (:func:`~trainfit.search.journal_file.tolerant_backend`),
+    replayed once: an entry it cannot replay (well-formed but inconsistent) is a clear error before
+    anything is appended. A path that is no regular file (a folder, ``/dev/null``) is named as such."""
     from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
 
-    class NamedJournalFile(JournalFileBackend):
-        """Optuna's journal file, whose refused appends name it: the OSError of a full disk
-        (raised by the write, not the open) names no file, and the user is told which one."""
-
-        def append_logs(self, logs: list[dict[str, Any]]) -> None:
-            with naming(journal):
-                super().append_logs(logs)
-
+    if journal.exists() and not journal.is_file():
+        raise TrainfitError(f"the journal {journal} is {'a folder' if journal.is_dir() else 'no regular file'}",
+                            "give a journal file's path (PATH.journal): one that exists, or none yet")
     try:
-        return JournalStorage(NamedJournalFile(str(journal)))
+        return JournalStorage(tolerant_backend(journal))
+    except OSError:
+        raise
     except Exception as err:  # noqa: BLE001 - any replay failure: the file is left as it is
         raise TrainfitError(f"{journal} cannot be replayed ({type(err).__name__}: {err}); the file is left as it is",
-                            "use --output NEW_FOLDER to start afresh") from None
-
+                            "start afresh elsewhere: tune with --output NEW_FOLDER (or another --storage)") from None
