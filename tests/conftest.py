@@ -87,10 +87,10 @@ def llama_spec(tmp_path: Path, texts_file: tuple[Path, list[int]]):
     return make
 
 
-def tune_one_lora_config(root: Path, samples: int) -> Path:
+def tune_one_lora_config(root: Path, samples: int, lora_r: int | None = 4) -> Path:
     """A real tune of one LoRA config of a tiny Llama (its model saved, with the bundled tokenizer,
     so the written `trl sft` command trains it) on ``samples`` texts at 2 x 2 samples a step; its
-    output folder."""
+    output folder. ``lora_r=None``: full fine-tuning."""
     from trainfit.cli import main
 
     data = root / "train.jsonl"
@@ -99,7 +99,7 @@ def tune_one_lora_config(root: Path, samples: int) -> Path:
                           data={"path": str(data), "text_field": "text"},
                           params={"max_length": 64, "batch_size": 2, "gradient_accumulation_steps": 2})
     spec.write_text(spec.read_text() + f"tokenizer: {EXAMPLES / 'data' / 'tokenizer.json'}\n"
-                    "search:\n  lora_r: [4]\n")
+                    f"search:\n  lora_r: [{'null' if lora_r is None else lora_r}]\n")
     out = root / "tune"
     assert main(["tune", str(spec), "--output", str(out), "--strategy", "grid"]) == 0
     return out

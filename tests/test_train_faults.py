@@ -272,3 +272,34 @@ def test_a_ctrl_c_while_the_run_starts_up_stops_at_once_and_says_nothing_was_los
     assert result["at_once"] and result["step"] == 0 and result["before_first_step"], result
     assert f"stopped by SIGINT at once, before its first step: nothing was lost; continue: {result['resume']}" in text
     assert "lost" not in text.replace("nothing was lost", ""), text
+
+
+FILE_SIZE_CAPPED = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails (EFBIG), as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY))
+from trainfit.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.integration
+def test_a_disk_that_refuses_a_checkpoint_save_stops_the_run_with_the_resume_line(tmp_path: Path) -> None:
+    """A disk filling during a checkpoint save ended in safetensors' raw SafetensorError traceback, exit 1,
+    with no resume line (issue 45). The kernel's file-size cap stands in for the full disk: it refuses the
+    same writes (EFBIG where ENOSPC), here the first large one, the full fine-tuned model's safetensors
+    (576 KB; the files before it are smaller than the 100 KB cap). The run stops, exit 2, with the cause,
+    the folder and the command that resumes it; that command drops the torn save and finishes."""
+    pytest.importorskip("trl")
+    (tmp_path / "tune").mkdir()
+    tuned = tune_one_lora_config(tmp_path / "tune", samples=12, lora_r=None)
+    out = tmp_path / "run"
+    capped = subprocess.run([sys.executable, "-c", FILE_SIZE_CAPPED, "100000", "train", str(tuned), "--output",
+                             str(out), *SAVE_EACH_STEP], capture_output=True, text=True, timeout=300)
+    assert capped.returncode == 2, capped.stderr[-3000:]
+    assert "Traceback" not in capped.stderr, capped.stderr[-3000:]
+    assert "training stopped: File too large" in capped.stderr and str(out) in capped.stderr, capped.stderr[-3000:]
+    resume = capped.stderr.split("fix the cause, then resume: ", 1)[1].split(" (from ")[0]
+    assert "--resume" in resume and not saved_steps(out)
+    assert subprocess.run(shlex.split(resume), capture_output=True, text=True, timeout=300).returncode == 0
+    assert saved_steps(out)[-1] == 3 and all(is_complete(p) for p in checkpoints(out))

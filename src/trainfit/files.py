@@ -75,6 +75,22 @@ def _not_regular(path: Path, kind: str) -> TrainfitError:
                          f"remove it (rm {path}) or use another folder")
 
 
+def refused_write(err: BaseException, where: Path) -> OSError | None:
+    """The disk's refusal inside another library's error, as the OSError it was, naming ``where``; None
+    where ``err`` is no such refusal. safetensors' SafetensorError and tokenizers' Exception say it as
+    Rust does ("No space left on device (os error 28)"); torch.save's RuntimeError names no cause
+    ("PytorchStreamWriter failed writing file ...: file write failed")."""
+    if isinstance(err, OSError):
+        return err if err.errno in _DISK else None
+    text = str(err)
+    code = next((code for code in _DISK if f"(os error {code})" in text or os.strerror(code) in text), None)
+    if code is not None:
+        return OSError(code, os.strerror(code), str(where))
+    if "PytorchStreamWriter failed writing" in text:
+        return OSError(errno.EIO, "a write the disk refused (torch.save: file write failed; a full disk?)", str(where))
+    return None
+
+
 def write_atomically(target: Path, content: Content) -> None:
     """Write ``target`` (text, bytes, or a function that writes into the open file) so that a
     reader, or a crash, never sees half of it. Each process fills a temporary file of its own

@@ -30,7 +30,7 @@ from typing import Any
 
 from trainfit.devices import torch_threads
 from trainfit.errors import Terminated, TrainfitError, os_error
-from trainfit.files import held_folder, write_atomically
+from trainfit.files import held_folder, refused_write, write_atomically
 from trainfit.format import format_duration
 from trainfit.params import parse_params
 from trainfit.plan import Plan
@@ -207,9 +207,14 @@ def _run(run: RunFolder, output: Path, record: TrainRun, plan: Plan | None, chec
             if record.kind == "factory":
                 return _run_factory(run, record, output, checkpoint, callbacks, say)
             return _run_trl_sft(record, output, checkpoint, callbacks, control, record_batches)
-        except OSError as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
+        except Exception as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
+            if isinstance(err, TrainfitError):
+                raise
+            refused = err if isinstance(err, OSError) else refused_write(err, output)
+            if refused is None:
+                raise
             last = latest_complete(output)
-            raise TrainfitError(f"training stopped: {os_error(err)}",
+            raise TrainfitError(f"training stopped: {os_error(refused)}",
                                 f"fix the cause, then resume: {again} "
                                 f"(from {last.name if last else 'step 0'})") from err
 
