@@ -50,6 +50,8 @@ def unreachable(err: BaseException) -> str | None:
     SQLAlchemy refuses: ``PendingRollbackError``). None for any other error, raised as it is."""
     import sqlalchemy.exc
 
+    if isinstance(err, TrainfitError):  # said already (a server that refused the URL), whatever it was raised in
+        return None
     link: BaseException | None = err
     for _ in range(10):  # the chain of errors, each raised in handling the next
         if link is None:
@@ -79,16 +81,24 @@ def reconnecting(storage: Any, where: str, on_outage: Callable[[Any], None]) -> 
     dead, would be in flight for ever to the runs on other machines (Optuna calls no trial without
     a beat stale, and they cannot check the owner's process)."""
     for name in TRANSACTIONS:
-        setattr(storage, name, _retried(getattr(storage, name), where, on_outage))
+        setattr(storage, name, retried(getattr(storage, name), where, on_outage))
     storage.set_trial_state_values = _state_set(storage, storage.set_trial_state_values)
-    storage.record_first_heartbeat = _retried(storage.record_heartbeat, where, on_outage)
+    storage.record_first_heartbeat = retried(storage.record_heartbeat, where, on_outage)
     storage.record_heartbeat = _skipped_when_unreachable(storage.record_heartbeat)
     return storage
 
 
-def _retried(call: Callable[..., Any], where: str, on_outage: Callable[[Any], None]) -> Callable[..., Any]:
+RESUME_HINT = ("bring the database back, then run the same command with --resume (or --join): every trial "
+               "recorded before stays")
+
+
+def retried(call: Callable[..., Any], where: str, on_outage: Callable[[Any], None], *,
+            patience_s: float = PATIENCE_S, hint: str = RESUME_HINT) -> Callable[..., Any]:
+    """``call`` tried again while its database cannot be reached, at most ``patience_s``, pausing
+    :data:`RETRY_S` (each pause twice the one before); ``on_outage`` gets a :class:`StorageLost` when a
+    wait begins and a :class:`StorageBack` when it ends. Any other error is raised at once."""
     @functools.wraps(call)
-    def retried(*args: Any, **kwargs: Any) -> Any:
+    def retrying(*args: Any, **kwargs: Any) -> Any:
         lost_at: float | None = None
         pause = RETRY_S[0]
         while True:
@@ -98,22 +108,22 @@ def _retried(call: Callable[..., Any], where: str, on_outage: Callable[[Any], No
                 reason = unreachable(err)
                 if reason is None:
                     raise
+                now = time.monotonic()
                 if lost_at is None:
-                    lost_at = time.monotonic()
-                    on_outage(StorageLost(storage=where, reason=reason, patience_s=PATIENCE_S))
-                elif time.monotonic() - lost_at > PATIENCE_S:
+                    lost_at = now
+                    on_outage(StorageLost(storage=where, reason=reason, patience_s=patience_s))
+                elif now - lost_at > patience_s:
                     raise TrainfitError(
-                        f"--storage {where} could not be reached for {format_duration(PATIENCE_S)}: {reason}",
-                        "bring the database back, then run the same command with --resume (or --join): every "
-                        "trial recorded before stays") from None
-                time.sleep(pause)
+                        f"--storage {where} could not be reached for {format_duration(patience_s)}: {reason}",
+                        hint) from None
+                time.sleep(min(pause, max(0.0, lost_at + patience_s - now) + 0.01))
                 pause = min(2 * pause, RETRY_S[1])
                 continue
             if lost_at is not None:
                 on_outage(StorageBack(storage=where, waited_s=time.monotonic() - lost_at))
             return answer
 
-    return retried
+    return retrying
 
 
 def _state_set(storage: Any, retried: Callable[..., Any]) -> Callable[..., Any]:

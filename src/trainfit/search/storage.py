@@ -5,6 +5,7 @@ the refusals when a folder or storage holds another study."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -19,7 +20,7 @@ from trainfit.files import FolderBusy, lock_folder
 from trainfit.params import KNOBS, Params
 from trainfit.search import claims
 from trainfit.search.journal import journal_storage
-from trainfit.search.reconnect import reconnecting, unreachable
+from trainfit.search.reconnect import PATIENCE_S, reconnecting, retried, unreachable
 from trainfit.spec import RUN_LIMITS, Spec
 
 
@@ -82,7 +83,7 @@ def masked(url: str) -> str:
 
 
 def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None,
-                 on_outage: Callable[[Any], None] | None = None) -> Any:
+                 on_outage: Callable[[Any], None] | None = None, patience_s: float = PATIENCE_S) -> Any:
     """The Optuna storage behind ``--storage URL``: a clear error for a bad URL, a missing driver
     or an unreachable server, and a retry while several runs create a new database's tables at
     the same moment (the loser's insert fails).
@@ -91,6 +92,8 @@ def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None,
     machines tell a trial that a live run is probing from one whose machine died by the heartbeats
     recorded in the database, on the database's clock. ``on_stale(study, trial)`` is called for each
     stale trial this process closes; it does not queue the trial again (see :meth:`~trainfit.search.study.TrialStore.ask`).
+    A server that cannot be reached at the start is waited for, as one mid-search is: at most
+    ``patience_s``, with ``on_outage`` told when the wait begins and ends.
     Once open, a database that stops answering is waited for (:func:`~trainfit.search.reconnect.reconnecting`;
     ``on_outage`` gets its ``StorageLost`` and ``StorageBack``).
 
@@ -109,25 +112,55 @@ def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None,
         raise TrainfitError(f"--storage {url!r} is not a database URL or a journal file",
                             "e.g. postgresql://user:password@host/db across machines, or PATH.journal (or "
                             "sqlite:///study.db) on one machine") from None
-    for attempt in range(5):
-        try:
-            storage = _rdb_storage(url, on_stale)
-            return reconnecting(storage, shown, on_outage or (lambda event: None))
-        except ImportError as err:
-            raise TrainfitError(f"no database driver installed for --storage {shown} ({_missing(err)})",
-                                _driver_hint(url)) from None
-        except Exception as err:  # a race over the new tables, or no server: tried again
-            reason = unreachable(err)
-            if reason is None and not _lost_race(err):
-                raise
-            if attempt == 4:
-                raise TrainfitError(f"cannot open --storage {shown}: {reason or _first_line(err)}",
-                                    "check that the database server is up and the URL is right") from None
-            time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+    outage = on_outage or (lambda event: None)
+    opening = retried(functools.partial(_rdb_storage, url, on_stale), shown, outage, patience_s=patience_s,
+                      hint="check that the database server is up and the URL is right")
+    try:
+        return reconnecting(opening(), shown, outage)
+    except ImportError as err:
+        raise TrainfitError(f"no database driver installed for --storage {shown} ({_missing(err)})",
+                            _driver_hint(url)) from None
 
 
 def _rdb_storage(url: str, on_stale: Callable[[Any, Any], None] | None) -> Any:
+    """:func:`_new_rdb_storage`, tried again (5 times in all) where several runs created a new database's
+    tables at the same moment and this one lost the race. A server that answers but refuses the URL (no
+    such database or user, a wrong password) is an error at once: no wait would change its answer."""
+    for attempt in range(1, 6):
+        try:
+            return _new_rdb_storage(url, on_stale)
+        except Exception as err:
+            if (refusal := _refused(err)) is not None:
+                raise TrainfitError(f"--storage {masked(url)}: the database server refused it: {refusal}",
+                                    "check the URL's user, password and database name (the database must "
+                                    "exist: CREATE DATABASE NAME)") from None
+            if attempt == 5 or not _lost_race(err):
+                raise
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
+REFUSED = ("28000", "28P01", "3D000")
+"""PostgreSQL's codes of a connection the server refused: the authorization (``invalid_authorization_
+specification``), the password (``invalid_password``), the database (``invalid_catalog_name``)."""
+REFUSED_WORDS = ("authentication failed", "does not exist", "no password supplied", "no pg_hba.conf entry")
+"""The same refusals as libpq words them, where the driver gives no code (a refusal while connecting)."""
+
+
+def _refused(err: Exception) -> str | None:
+    """The driver's first line where the server refused the URL itself (see :data:`REFUSED`), else None."""
+    reason = unreachable(err)
+    if reason is None:
+        return None
+    link: BaseException | None = err
+    while link is not None and getattr(link, "orig", None) is None:
+        link = link.__cause__ or link.__context__
+    orig = getattr(link, "orig", None)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return reason if code in REFUSED or any(word in str(orig) for word in REFUSED_WORDS) else None
+
+
+def _new_rdb_storage(url: str, on_stale: Callable[[Any, Any], None] | None) -> Any:
     """Optuna's ``RDBStorage`` of ``url``, its heartbeat on. A server database's connections are
     checked before each use (``pool_pre_ping``: one closed by a server's restart or an idle timeout
     is replaced, not failed on), and PostgreSQL's connecting gives up after ``CONNECT_TIMEOUT_S``
@@ -166,11 +199,6 @@ def _lost_race(err: Exception) -> bool:
     orig = getattr(err, "orig", None)
     code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)  # psycopg 3, psycopg2
     return isinstance(err, sqlalchemy.exc.ProgrammingError) and code in DUPLICATE
-
-
-def _first_line(err: Exception) -> str:
-    lines = str(getattr(err, "orig", err)).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
 
 
 def _missing(err: ImportError) -> str:
