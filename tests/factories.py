@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch
@@ -101,6 +102,7 @@ def rank_fails(params: trainfit.Params, device: torch.device) -> trainfit.Custom
     if os.environ.get("RANK") == "1":
         failure = params.extra["rank_failure"]
         if failure == "abort":
+            print("rank 1 aborts now", file=sys.stderr, flush=True)
             os.abort()
         if failure == "oom":
             raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: "

@@ -47,10 +47,26 @@ def test_a_rank_that_fails_fails_the_probe(tmp_path: Path, failure: str, status:
     spec = make_spec_file(tmp_path, model={"factory": FAILS},
                           params={"max_length": 16, "width_mul": 1, "rank_failure": failure, "nproc_per_node": 2,
                                   "parallel": "ddp"})
-    m = probe(spec)
+    m = run_probe(load_spec(spec), workdir=tmp_path / "probe")
     assert m.status == status, m.message
     if failure == "oom":
         assert m.message.startswith("rank 1 of 2: out of memory")
+    else:  # a rank that died names its last words and where each rank's output is kept (issue 45)
+        assert "rank 1's last line: rank 1 aborts now" in m.message, m.message
+        assert f"each rank's output: {tmp_path / 'probe' / 'rank-logs'}" in m.message, m.message
+        assert any("rank 1 aborts now" in p.read_text() for p in (tmp_path / "probe" / "rank-logs").glob("**/stderr.log"))
+
+
+def test_more_ranks_than_cores_on_a_cpu_are_refused_before_any_starts(tmp_path: Path) -> None:
+    """nproc_per_node=64 on a 2-core CPU waited for the probe's 15-minute timeout (issue 45)."""
+    import os
+
+    spec = make_spec_file(tmp_path, model={"factory": FAILS},
+                          params={"max_length": 16, "width_mul": 1, "nproc_per_node": 64, "parallel": "ddp"})
+    m = probe(spec)
+    assert m.unsupported == {"nproc_per_node": 64}, m.message
+    assert f"starts 64 processes on this machine's {len(os.sched_getaffinity(0))} CPU cores" in m.message
+    assert m.wall_time_s is not None and m.wall_time_s < 60  # refused, not timed out
 
 
 @pytest.mark.slow

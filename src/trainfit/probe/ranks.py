@@ -48,33 +48,71 @@ def run_ranks(req: ProbeRequest, out: dict[str, Any], scratch: Path | None = Non
 
     n = req.params.nproc_per_node
     check_support(req.params, torch.device(req.device))  # a knob no rank can run: refused before torchrun starts
-    if req.device.startswith("cuda"):
+    _check_room(n, req.device)
+    with tempfile.TemporaryDirectory(prefix="trainfit-ranks-", dir=scratch) as tmp:
+        folder = Path(tmp)
+        logs = (scratch or folder) / RANK_LOGS  # kept with the probe's folder where it has one
+        (folder / "request.json").write_text(req.to_json())
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc_per_node={n}", "--log-dir", str(logs), "--redirects", "3", "--tee", "3",
+                               "-m", "trainfit.probe.rank_main", str(folder / "request.json"), str(folder)], check=False)
+        ranks = [json.loads(p.read_text()) for p in sorted(folder.glob("rank-*.json"))]
+        said = rank_output(logs, kept=scratch is not None)
+    if not ranks:
+        raise TrainfitError(f"torchrun ended (exit {done.returncode}) before any of its {n} ranks wrote a result", said)
+    merge_ranks(ranks, n, out, said)
+
+
+RANK_LOGS = "rank-logs"
+"""The folder, in the probe's own, where torchrun keeps each rank's output (``RUN/attempt_0/RANK/stdout.log``
+and ``stderr.log``); the probe's log holds it too, each line marked with its rank."""
+
+
+def _check_room(n: int, device: str) -> None:
+    """Refuse, before torchrun starts, ranks this machine cannot run side by side: more than its GPUs,
+    or on a CPU more than its cores (each gloo rank waits its turn for a core, and the probe ran into its
+    timeout, 15 minutes on, without a word)."""
+    import os
+
+    import torch
+
+    if device.startswith("cuda"):
         if torch.cuda.device_count() < n:
             raise Unsupported(f"nproc_per_node={n} needs {n} GPUs, and this machine has {torch.cuda.device_count()}",
                               "probe on a machine with as many, or lower nproc_per_node", knob="nproc_per_node",
                               value=n)
-    with tempfile.TemporaryDirectory(prefix="trainfit-ranks-", dir=scratch) as tmp:
-        folder = Path(tmp)
-        (folder / "request.json").write_text(req.to_json())
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               f"--nproc_per_node={n}", "-m", "trainfit.probe.rank_main",
-                               str(folder / "request.json"), str(folder)], check=False)
-        ranks = [json.loads(p.read_text()) for p in sorted(folder.glob("rank-*.json"))]
-    if not ranks:
-        raise TrainfitError(f"torchrun ended (exit {done.returncode}) before any of its {n} ranks wrote a result",
-                            "see the probe's log for its output")
-    merge_ranks(ranks, n, out)
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if n > cores:
+        raise Unsupported(f"nproc_per_node={n} starts {n} processes on this machine's {cores} CPU cores: each rank "
+                          "would wait its turn for a core, and the probe would run into its timeout",
+                          f"on a CPU, give nproc_per_node {cores} at most, or probe on a machine with {n} GPUs",
+                          knob="nproc_per_node", value=n)
 
 
-def merge_ranks(ranks: list[dict[str, Any]], n: int, out: dict[str, Any]) -> None:
+def rank_output(logs: Path, *, kept: bool) -> str:
+    """What a failed multi-process probe says of its ranks' output: the last line each rank wrote to
+    its stderr, and where each rank's output is (the probe's log otherwise: the folder is a temporary one)."""
+    last = []
+    for path in sorted(logs.glob("*/attempt_*/*/stderr.log"), key=lambda p: p.parent.name):
+        lines = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
+        if lines:
+            last.append(f"rank {path.parent.name}'s last line: {lines[-1].strip()}")
+    where = f"each rank's output: {logs}/*/attempt_0/RANK/stderr.log" if kept else \
+        "each rank's output is in the probe's log, its lines marked [RANK]"
+    return "; ".join([*last, where])
+
+
+def merge_ranks(ranks: list[dict[str, Any]], n: int, out: dict[str, Any], said: str = "") -> None:
     """One measurement of the ranks' results: a failing rank's (an OOM first), else rank 0's with
-    the largest peak and each rank's (``rank_peak_memory_bytes``)."""
+    the largest peak and each rank's (``rank_peak_memory_bytes``). ``said``: the ranks' output, for
+    the error where a rank died without a result (:func:`rank_output`)."""
     failed = [r for r in ranks if r.get("status", "ok") != "ok"]
     if failed or len(ranks) < n:
         worst = next((r for r in failed if r["status"] == "oom"), failed[0] if failed else None)
         if worst is None:
             raise TrainfitError(f"only {len(ranks)} of the {n} ranks wrote a result: another one died",
-                                "see the probe's log for its output")
+                                said or "see the probe's log for its output")
         _take(worst, out)
         out["message"] = f"rank {worst['rank']} of {n}: {worst.get('message', '')}"
         return
