@@ -5,9 +5,10 @@ files, a resume that reuses the rows, and gradient checkpointing lowering the st
 from __future__ import annotations
 
 import dataclasses
-
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import TINY_LLAMA, make_spec_file, write_texts
@@ -355,3 +356,93 @@ def test_every_word_the_help_offers_for_only_picks_a_technique() -> None:
 
     everything = techniques(load_spec(EXAMPLES / "tiny-llama.yaml", ["lora_r=null"]), 64)
     assert all(_chosen(everything, [word]) for word in ONLY_WORDS)
+
+
+def _measured_ablation(spec_path: Path, out: Path, *extra: Row, checkpointing: float = 9.0) -> str:
+    """An ablation.json of ``spec_path`` holding every row of ``--only checkpointing`` (baseline,
+    gradient checkpointing, the baseline again: a --resume measures nothing) and the rows ``extra``,
+    as Python's json writes them (a NaN as ``NaN``); returns its text."""
+    from trainfit.ablate import baseline_params, measured_on
+    from trainfit.devices import device_label, resolve_device_name
+
+    spec = load_spec(spec_path)
+    here = device_label(resolve_device_name(spec.probe.device))
+
+    def row(name: str, knobs: dict, sps: float) -> Row:
+        return Row(name=name, knobs=knobs, status="ok", samples_per_second=sps, spread_rel=0.02, peak_gb=1.0,
+                   device=here)
+
+    rows = [row("baseline", {}, 10.0), row("gradient checkpointing", {"gradient_checkpointing": True}, checkpointing),
+            row(AGAIN, {}, 10.0), *extra]
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"schema_version": 1, "created_at": "", "device": here, "rows": [r.to_json() for r in rows],
+                       "baseline": baseline_params(spec).to_dict(), "measured_on": measured_on(spec)}, indent=2)
+    (out / "ablation.json").write_text(text)
+    return text
+
+
+@pytest.mark.integration
+def test_a_second_ablate_into_a_held_folder_is_refused_naming_its_holder(llama_spec: Path, tmp_path: Path,
+                                                                         capsys) -> None:
+    """Two `ablate --output SAME` and a --resume ran together, each exit 0, ablation.json holding
+    whichever ended last (issue 45): a folder an ablation holds is refused, naming its holder, and
+    nothing in it is touched; once free, the same command resumes it."""
+    import os
+    import socket
+
+    from trainfit.files import lock_folder
+
+    out = tmp_path / "abl"
+    text = _measured_ablation(llama_spec, out)
+    args = ["ablate", str(llama_spec), "--output", str(out), "--only", "checkpointing", "--resume"]
+    held = lock_folder(out)  # a live ablation's hold on its folder
+    try:
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"{out} is in use by a running trainfit (pid {os.getpid()} on {socket.gethostname()})" in err, err
+        assert "Traceback" not in err
+        assert (out / "ablation.json").read_text() == text
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        other = lock_folder(fresh)
+        try:  # a new ablation into a held folder: refused before its data is counted
+            assert main(["ablate", str(llama_spec), "--output", str(fresh)]) == 2
+            assert "is in use by a running trainfit" in capsys.readouterr().err
+            assert sorted(p.name for p in fresh.iterdir()) == [".lock"]
+        finally:
+            other.close()
+    finally:
+        held.close()
+    assert main(args) == 0  # free again: every row reused, none measured
+    assert [r["name"] for r in json.loads((out / "ablation.json").read_text())["rows"]] == [
+        "baseline", "gradient checkpointing", AGAIN]
+
+
+def _strict(text: str) -> Any:
+    """``text`` read as JSON that every reader takes: a NaN or an infinity refused."""
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.integration
+def test_a_figure_that_is_no_number_in_a_resumed_ablation_is_measured_again_and_never_written(
+        llama_spec: Path, tmp_path: Path, capsys) -> None:
+    """A NaN in ablation.json was reused by --resume, printed as "xnan" and written back as a file no
+    strict JSON reader takes (issue 45): such a row is taken as not measured, with a note; measured
+    again where this run measures it, left out where it does not (--only)."""
+    out = tmp_path / "abl"
+    sdpa = Row(name="SDPA attention", knobs={"attention": "sdpa"}, status="ok", samples_per_second=12.0,
+               speedup=math.nan)
+    _measured_ablation(llama_spec, out, sdpa, checkpointing=math.nan)
+    assert main(["ablate", str(llama_spec), "--output", str(out), "--only", "checkpointing", "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "xnan" not in printed and "nan samples/s" not in printed, printed
+    assert ("note: ablation.json's row 'gradient checkpointing' holds samples_per_second = NaN, not a number: "
+            "taken as not measured") in printed, printed
+    assert "row 'SDPA attention' holds speedup = NaN" in printed
+    rows = {r["name"]: r for r in _strict((out / "ablation.json").read_text())["rows"]}
+    assert list(rows) == ["baseline", "gradient checkpointing", AGAIN]  # the SDPA row, not measured here: left out
+    assert rows["gradient checkpointing"]["samples_per_second"] > 0  # measured again
+    assert rows["baseline"]["samples_per_second"] == 10.0  # the others kept as they were

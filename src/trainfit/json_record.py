@@ -179,7 +179,13 @@ def check_schema(raw: Mapping[str, Any], version: int, what: str, hint: str) -> 
     is ``version``."""
     if not isinstance(raw, Mapping):
         raise TrainfitError(f"{what} is not a JSON object (it holds a {type(raw).__name__})", hint)
-    if raw.get("schema_version") != version:
-        raise TrainfitError(f"{what} has schema version {raw.get('schema_version')!r}; this trainfit reads {version}",
-                            hint)
+    found = raw.get("schema_version")
+    if found is None:
+        raise TrainfitError(f"{what} has no schema_version; this trainfit reads {version}", hint)
+    if not _is_number(found):  # "1", as a hand or another tool wrote it: not another version, the wrong type
+        kind = {str: "a string", bool: "true or false", list: "a list"}.get(type(found), "an object")
+        raise TrainfitError(f"{what} has schema version {found!r}, {kind} where a number belongs; this trainfit reads "
+                            f"{version}", f'write it as a number ("schema_version": {version}), or {hint}')
+    if found != version:
+        raise TrainfitError(f"{what} has schema version {found!r}; this trainfit reads {version}", hint)
 

@@ -4,16 +4,19 @@ the ablation into an output folder with all of it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainfit.ablate import AGAIN, TOGETHER, Ablation, Row, ablate, baseline_params, helpful, measured_on, reference
 from trainfit.errors import TrainfitError
-from trainfit.files import write_atomically
+from trainfit.files import folder_holder, held_folder, write_atomically
 from trainfit.format import fmt_num
+from trainfit.json_record import finite, non_finite
 from trainfit.params import Params
 from trainfit.spec import Spec
 
@@ -22,13 +25,41 @@ PAGE_FILE = "ablation.html"
 
 
 def ablate_into(output: Path, spec: Spec, *, resume: bool = False, only: Sequence[str] = (), stats: Any = None,
-                on_row: Callable[[Row], None] | None = None) -> Ablation:
-    """:func:`~trainfit.ablate.ablate` into the folder ``output``: ``ablation.json`` after each row
-    (``resume``: the rows it already holds are reused, once checked to be of this baseline config),
-    then ``ablation.html``. ``on_row`` hears each row once it is kept."""
+                on_row: Callable[[Row], None] | None = None, on_note: Callable[[str], None] | None = None) -> Ablation:
+    """:func:`~trainfit.ablate.ablate` into the folder ``output``, held for the whole ablation
+    (:func:`held_ablation`): ``ablation.json`` after each row (``resume``: the rows it already holds
+    are reused, once checked to be of this baseline config), then ``ablation.html``. ``on_row`` hears
+    each row once it is kept; ``on_note`` what is said of the rows reused (a row taken as not measured)."""
+    with held_ablation(output):
+        return _ablate_held(output, spec, resume=resume, only=only, stats=stats, on_row=on_row, on_note=on_note)
+
+
+def held_ablation(output: Path) -> contextlib.AbstractContextManager[IO[str]]:
+    """Hold ``output`` (:func:`~trainfit.files.held_folder`) while an ablation writes into it: a
+    second one (a ``--resume`` while it runs, say) is refused before it touches anything, where both
+    would measure and ``ablation.json`` end as whichever wrote last."""
+    return held_folder(output, functools.partial(_busy, output))
+
+
+def refuse_if_held(output: Path) -> None:
+    """Refuse ``output`` at once where a live ablation holds it (the check :func:`ablate_into` makes
+    again as it takes the folder): before the data is counted. A folder without a ``.lock`` is asked
+    nothing (asking would leave one in it)."""
+    holder = folder_holder(output) if (output / ".lock").is_file() else None
+    if holder is not None:
+        raise _busy(output, holder)
+
+
+def _busy(output: Path, holder: str) -> TrainfitError:
+    return TrainfitError(f"{output} is in use by a running trainfit ({holder})",
+                         "wait for it to end (or stop it and --resume it), or give a new --output")
+
+
+def _ablate_held(output: Path, spec: Spec, *, resume: bool, only: Sequence[str], stats: Any,
+                 on_row: Callable[[Row], None] | None, on_note: Callable[[str], None] | None) -> Ablation:
     path = output / ABLATION_FILE
     baseline, scope = baseline_params(spec).to_dict(), measured_on(spec)
-    done = {r.name: r for r in rows_to_reuse(output, spec, resume)}
+    done = {r.name: r for r in rows_to_reuse(output, spec, resume, on_note)}
     measured: list[Row] = []
 
     def kept(rows: list[Row]) -> list[Row]:  # this run's rows, then earlier ones it did not measure again
@@ -39,30 +70,35 @@ def ablate_into(output: Path, spec: Spec, *, resume: bool = False, only: Sequenc
         measured.append(row)
         partial = {"schema_version": 1, "created_at": "", "device": measured[0].device, "baseline": baseline,
                    "rows": [r.to_json() for r in kept(measured)], "measured_on": scope}
-        output.mkdir(parents=True, exist_ok=True)  # made with the first row: a refusal before it leaves nothing
-        write_atomically(path, json.dumps(partial, indent=2) + "\n")  # kept as it comes, before it is said
+        write_atomically(path, _json(partial))  # kept as it comes, before it is said
         if on_row is not None:
             on_row(row)
 
     result = ablate(spec, stats=stats, done=done, only=only, on_row=keep)
     result = dataclasses.replace(result, rows=kept(result.rows))
-    output.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps(result.to_json(), indent=2) + "\n")
+    write_atomically(path, _json(result.to_json()))
     write_atomically(output / PAGE_FILE, page(result, str(spec.source)))
     return result
 
 
-def rows_to_reuse(output: Path, spec: Spec, resume: bool) -> list[Row]:
+def _json(doc: dict[str, Any]) -> str:
+    """``ablation.json``'s text: refused (:func:`~trainfit.json_record.finite`) where a figure is NaN
+    or an infinity, which no strict JSON reader takes; the file is then left as it was."""
+    return json.dumps(finite(doc, ABLATION_FILE), indent=2, allow_nan=False) + "\n"
+
+
+def rows_to_reuse(output: Path, spec: Spec, resume: bool, say: Callable[[str], None] | None = None) -> list[Row]:
     """The rows an ablation into ``output`` reuses: with ``resume``, those its ``ablation.json``
-    holds (checked by :func:`earlier_rows`); without, none, and an ablation already there is
-    refused rather than written over."""
+    holds (checked by :func:`earlier_rows`) whose figures are all numbers (:func:`measured_rows`:
+    each other one is taken as not measured, and ``say`` hears why); without, none, and an ablation
+    already there is refused rather than written over."""
     path = output / ABLATION_FILE
     if not resume:
         if path.exists():
             raise TrainfitError(f"{output} already holds an ablation ({ABLATION_FILE})",
                                 "pass --resume to continue it, or --output NEW_FOLDER to start afresh")
         return []
-    rows = earlier_rows(path, baseline_params(spec).to_dict(), measured_on(spec))
+    rows = measured_rows(earlier_rows(path, baseline_params(spec).to_dict(), measured_on(spec)), say)
     # local: torch loads only for a resume, to name this machine's device as a probe names it
     from trainfit.devices import device_label, resolve_device_name
 
@@ -72,6 +108,22 @@ def rows_to_reuse(output: Path, spec: Spec, resume: bool) -> list[Row]:
         raise TrainfitError(f"{path} was measured on {', '.join(sorted(there))}, and this run is on {here}",
                             "resume on that machine, or ablate into a new --output here")
     return rows
+
+
+def measured_rows(rows: Sequence[Row], say: Callable[[str], None] | None = None) -> list[Row]:
+    """``rows`` less those holding a figure that is no number (NaN, an infinity: a file edited, or
+    written by an older trainfit): reused, one would print as ``xnan`` and spread into every ratio
+    against it. Each is taken as not measured (an ablation that measures it measures it again), and
+    ``say`` hears which and why."""
+    kept = []
+    for row in rows:
+        found = non_finite(row.to_json())
+        if found is None:
+            kept.append(row)
+        elif say is not None:
+            say(f"{ABLATION_FILE}'s row {row.name!r} holds {found[0]} = {found[1]}, not a number: taken as not "
+                "measured (measured again where this ablation measures it, else left out)")
+    return kept
 
 
 def earlier_rows(path: Path, baseline: dict[str, Any], scope: dict[str, Any] | None = None) -> list[Row]:

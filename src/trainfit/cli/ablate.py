@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainfit.ablate import AGAIN
-from trainfit.ablate.outputs import ABLATION_FILE, HEADER, PAGE_FILE, ablate_into, cells, rows_to_reuse, together_notes
+from trainfit.ablate.outputs import (
+    ABLATION_FILE,
+    HEADER,
+    PAGE_FILE,
+    ablate_into,
+    cells,
+    refuse_if_held,
+    rows_to_reuse,
+    together_notes,
+)
 from trainfit.cli import COMMANDS
 from trainfit.cli.common import add_spec_arguments, interrupted, spec_from_args, stats_from_args
 from trainfit.errors import TrainfitError
@@ -64,12 +73,14 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     out = Path(args.output) if args.output else \
         Path("trainfit-runs") / Path(args.spec).stem / datetime.now().strftime("ablate-%Y%m%d-%H%M%S")
-    rows_to_reuse(out, spec, args.resume)  # what cannot be resumed, or written over, is refused before counting
+    refuse_if_held(out)  # a folder a running ablation holds, or one that cannot be resumed or written over,
+    rows_to_reuse(out, spec, args.resume)  # is refused before counting (ablate_into checks both again, holding it)
     stats = stats_from_args(args, spec)
     print(f"trainfit ablate: {spec.source} -> {out}")
     try:
         result = ablate_into(out, spec, resume=args.resume, only=only, stats=stats,
-                             on_row=lambda row: print(f"  {row_line(row)}", flush=True))
+                             on_row=lambda row: print(f"  {row_line(row)}", flush=True),
+                             on_note=lambda note: print(f"  note: {note}", flush=True))
     except KeyboardInterrupt as err:
         return interrupted(err, args.argv, out, f"the rows measured are kept in {out / ABLATION_FILE}")
     print()
