@@ -709,3 +709,15 @@ def test_plan_json_of_another_schema_is_refused() -> None:
     assert Plan.from_json(raw) == a_plan(100.0, 0.1, 200.0)
     with pytest.raises(TrainfitError, match="plan.json has schema version 2"):
         Plan.from_json({**raw, "schema_version": 2})
+    # "1" was refused as if it were another version ("has schema version '1'; this trainfit reads 1") (issue 45).
+    with pytest.raises(TrainfitError) as err:
+        Plan.from_json({**raw, "schema_version": "1"})
+    assert str(err.value).startswith("plan.json has schema version '1', a string where a number belongs; this "
+                                     "trainfit reads 1")
+    assert 'write it as a number ("schema_version": 1)' in err.value.hint
+    with pytest.raises(TrainfitError, match="plan.json has no schema_version; this trainfit reads 1"):
+        Plan.from_json({k: v for k, v in raw.items() if k != "schema_version"})
+    from trainfit.data.stats import LengthStats
+
+    with pytest.raises(TrainfitError, match="the length analysis has schema version '1', a string where a number"):
+        LengthStats.from_dict({"schema_version": "1"})  # a --lengths file: the same words

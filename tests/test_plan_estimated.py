@@ -214,6 +214,12 @@ def test_a_run_measured_on_a_cpu_has_no_mfu_to_scale(tmp_path: Path, capsys: Any
     err = capsys.readouterr().err
     assert "with no MFU (peak FLOP/s for CPUs are not on record)" in err and "--throughput" in err
     assert "Traceback" not in err and not out.exists()
+    # A device not on record too: both problems named at once, each with its fix (issue 45).
+    assert main(["plan", "--like", str(cpu_run), "--device", "TPU v5", "--max-hours", "2", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "with no MFU (peak FLOP/s for CPUs are not on record)" in err and "--throughput" in err
+    assert "; and no peak FLOP/s on record for --device 'TPU v5'" in err and "name one of: " in err
+    assert "Traceback" not in err and not out.exists()
 
 
 @pytest.mark.parametrize(("args", "words"), [
@@ -250,6 +256,25 @@ def test_a_throughput_that_is_no_speed_is_refused(tmp_path: Path, capsys: Any) -
     stats = analyze_spec(load_spec(spec), progress=False)
     with pytest.raises(TrainfitError, match="a throughput must be a positive number, got -800"):
         from_throughput(load_spec(spec).params, stats, tokens_per_second=-800.0)  # the library checks it too
+
+
+@pytest.mark.parametrize("flag", ["--throughput", "--samples-per-second"])
+def test_a_figure_past_any_machine_is_refused_with_its_bound(tmp_path: Path, capsys: Any, flag: str) -> None:
+    """``--samples-per-second 1e308`` ended in an OverflowError traceback (a step of 1e-308 s, its
+    checkpoint interval infinite steps); ``--throughput 1e308`` planned 1e-305 s steps (issue 45)."""
+    spec = lengths_spec(tmp_path, [10] * 8, max_length=64)
+    out = tmp_path / "plan"
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--spec", str(spec), flag, "1e308", "--max-hours", "2", "--output", str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert f"argument {flag}: 1e308 is out of range: expected a number > 0 and <= 1e+12" in err, err
+    assert not out.exists()
+    assert main(["plan", "--spec", str(spec), flag, "1e12", "--max-hours", "2", "--output", str(out)]) == 0
+    stats = analyze_spec(load_spec(spec), progress=False)
+    figure = {"tokens_per_second" if flag == "--throughput" else "samples_per_second": 1e308}
+    with pytest.raises(TrainfitError, match=r"1e\+308 .* is past any machine: at most 1e\+12"):
+        from_throughput(load_spec(spec).params, stats, **figure)  # the library checks it too
 
 
 def test_a_scaled_step_keeps_its_wait_for_data_as_measured() -> None:

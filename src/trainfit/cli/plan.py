@@ -17,6 +17,7 @@ from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
 from trainfit.plan import MAX_EPOCHS, Plan, make_plan, plan_from_throughput
 from trainfit.plan.choose import PRIORITIES
+from trainfit.plan.estimated import MAX_FIGURE
 from trainfit.plan.inputs import best_step_cost
 from trainfit.plan.outputs import PLAN_FILE, TEXT_FILE, write_plan
 from trainfit.run_folder import SUMMARY_FILE, RunFolder
@@ -70,10 +71,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device", metavar="NAME", help="with --like: the device to plan for, e.g. H100, A100, L4")
     p.add_argument("--spec", metavar="SPEC", help="with --throughput or --samples-per-second: the spec whose data "
                                                   "and params the run trains (no tune needed)")
-    p.add_argument("--throughput", type=number(float, above=0), metavar="TOKENS_PER_S",
-                   help="with --spec: your figure in real (not padding) tokens per second, taken as given")
-    p.add_argument("--samples-per-second", type=number(float, above=0), metavar="N",
-                   help="with --spec: your figure in samples per second, taken as given")
+    p.add_argument("--throughput", type=number(float, above=0, at_most=MAX_FIGURE), metavar="TOKENS_PER_S",
+                   help="with --spec: your figure in real (not padding) tokens per second, taken as given "
+                        f"(at most {MAX_FIGURE:g})")
+    p.add_argument("--samples-per-second", type=number(float, above=0, at_most=MAX_FIGURE), metavar="N",
+                   help=f"with --spec: your figure in samples per second, taken as given (at most {MAX_FIGURE:g})")
     p.add_argument("--output", metavar="DIR", help="with --spec or --like: where plan.json and plan.txt go "
                                                    "(default: a new trainfit-runs/SPEC_NAME/plan-TIMESTAMP)")
     p.add_argument("--max-hours", type=number(float, above=0, at_most=24 * 366), required=True,

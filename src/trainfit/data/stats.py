@@ -15,7 +15,7 @@ import numpy as np
 
 from trainfit.data.lengths import LengthTable
 from trainfit.data.row_length import BAD
-from trainfit.errors import TrainfitError
+from trainfit.json_record import check_schema
 
 SCHEMA_VERSION = 1
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.5, 99.9)
@@ -95,9 +95,7 @@ class LengthStats:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LengthStats:
-        if d.get("schema_version") != SCHEMA_VERSION:
-            raise TrainfitError(f"length analysis has schema {d.get('schema_version')}, expected {SCHEMA_VERSION}",
-                                "re-run `trainfit analyze` with this version")
+        check_schema(d, SCHEMA_VERSION, "the length analysis", "re-run `trainfit analyze` with this version")
         return cls(**d)
 
     def headline(self) -> str:

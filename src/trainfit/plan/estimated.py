@@ -36,6 +36,11 @@ LOW_MFU = 0.10
 model at 5.6-9.2% MFU at batch 1-2, and a ~0.5B model at 1.1-3.6%: docs/benchmarks.md): a faster
 device may not shorten it at all, and the plan says so."""
 
+MAX_FIGURE = 1e12
+"""The most tokens (or samples) a second a plan from the user's figure takes: a million times what the
+largest training runs reach (a 405B model on 16,384 H100s trains ~3e6 tokens/s). Past it a figure is
+a typo, and 1e308 made a step of 1e-308 s, whose checkpoint interval in steps overflowed."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Estimated(Record):
@@ -69,6 +74,10 @@ def from_throughput(params: Params, stats: LengthStats, *, tokens_per_second: fl
     figure = tokens_per_second if tokens_per_second is not None else samples_per_second
     if not (figure is not None and math.isfinite(figure) and figure > 0):
         raise TrainfitError(f"a throughput must be a positive number, got {figure}", "e.g. --throughput 800")
+    if figure > MAX_FIGURE:
+        unit = "tokens/s" if tokens_per_second is not None else "samples/s"
+        raise TrainfitError(f"{figure:g} {unit} is past any machine: at most {MAX_FIGURE:g} is taken",
+                            "give the figure your run measured, e.g. --throughput 800")
     cut = stats.truncation_length(params.max_length)
     lengths = np.minimum(np.asarray(stats.length_sample or [stats.max]), cut)
     mean = stats.mean if cut >= stats.max else float(lengths.mean())
@@ -182,17 +191,21 @@ def _peaks(c: Candidate, device: str, run: TuneRun) -> tuple[float, float, float
     m = c.measurement
     precision, tf32 = str(c.config.get("precision") or "fp32"), bool(c.config.get("tf32"))
     source = peak_flops(m.device_name, precision, tf32) if m is not None and m.mfu is not None else None
+    target = peak_flops(device, precision, tf32)
+    problems = []  # both at once: a CPU run planned for a device not on record has two things to fix
     if m is None or source is None:
         where = "a CPU" if m is not None and m.device == "cpu" else (m.device_name or m.device) if m else "its device"
         why = ("peak FLOP/s for CPUs are not on record" if m is not None and m.device == "cpu" else
                "its device has no peak FLOP/s on record, or its workload reports no FLOPs")
-        raise TrainfitError(f"trial {c.trial} of {run.folder} was measured on {where} with no MFU ({why}): there is "
-                            "no measured MFU to scale to another device by peak FLOP/s",
-                            "tune on a GPU whose peak is on record (`trainfit env` shows it) and plan --like that "
-                            "folder, or plan from a figure you trust: trainfit plan --spec SPEC --throughput "
-                            "TOKENS_PER_S --max-hours H")
-    target = peak_flops(device, precision, tf32)
+        problems.append((f"trial {c.trial} of {run.folder} was measured on {where} with no MFU ({why}): there is "
+                         "no measured MFU to scale to another device by peak FLOP/s",
+                         "tune on a GPU whose peak is on record (`trainfit env` shows it) and plan --like that "
+                         "folder, or plan from a figure you trust: trainfit plan --spec SPEC --throughput "
+                         "TOKENS_PER_S --max-hours H"))
     if target is None:
-        raise TrainfitError(f"no peak FLOP/s on record for --device {device!r}",
-                            f"name one of: {', '.join(known_devices())} (src/trainfit/devices.py)")
+        problems.append((f"no peak FLOP/s on record for --device {device!r}",
+                         f"name one of: {', '.join(known_devices())} (src/trainfit/devices.py)"))
+    if problems:
+        raise TrainfitError("; and ".join(p for p, _ in problems), "; and ".join(f for _, f in problems))
+    assert source is not None and target is not None
     return source[0], target[0], source[0] / target[0]
