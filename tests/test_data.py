@@ -406,6 +406,14 @@ def test_a_wav_header_that_claims_more_than_the_file_holds_is_not_believed(tmp_p
         audio_seconds(tmp_path / "empty.wav")
     with pytest.raises(ValueError, match="cannot read"):
         audio_seconds(tmp_path / "gone.wav")
+    # Cut inside its header, or empty: wave's EOFError says nothing, the reason says how (issue 45).
+    for name, head, reason in (("none.wav", b"", "(empty file)"),
+                               ("header.wav", data[:30], f"(truncated: 30 bytes, its header says {len(data):,})"),
+                               ("riff.wav", data[:4], "(truncated: its 4 bytes end inside the header)")):
+        (tmp_path / name).write_bytes(head)
+        with pytest.raises(ValueError) as info:
+            audio_seconds(tmp_path / name)
+        assert str(info.value) == f"{name} is no WAV the standard library reads {reason}"
 
 
 def test_text_and_audio_lengths_are_both_kept_and_the_one_that_drives_memory_decides(tmp_path: Path, capsys) -> None:

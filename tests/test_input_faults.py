@@ -9,6 +9,7 @@ import os
 import resource
 import subprocess
 import sys
+import wave
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def test_a_device_or_a_pipe_as_the_dataset_is_refused_naming_it(tmp_path: Path) 
     link.symlink_to("/dev/zero")
     with pytest.raises(TrainfitError, match="zero.jsonl is a character device"):
         data_files(link)
-    with pytest.raises(TrainfitError, match="matches no file"):  # a glob picks regular files only
+    with pytest.raises(TrainfitError, match="rows.jsonl is a pipe"):  # a glob's match is read, never left out
         data_files(str(tmp_path / "*.jsonl"))
 
     with pytest.raises(SpecError, match="tokenizer: /dev/zero is a character device, not a file or folder"):
@@ -81,6 +82,57 @@ def test_a_device_or_a_pipe_as_the_dataset_is_refused_naming_it(tmp_path: Path) 
         done = _analyze(str(path), tmp_path)
         assert done.returncode == 2, done.stderr[-2000:]
         assert "not a regular file" in done.stderr and "Traceback" not in done.stderr
+
+
+def _wav(path: Path, seconds: float, rate: int = 16_000) -> Path:
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(b"\0\0" * int(seconds * rate))
+    return path
+
+
+@pytest.mark.integration
+def test_a_pipe_or_a_device_a_manifest_names_as_audio_is_a_bad_row_naming_it(tmp_path: Path) -> None:
+    """A FIFO given as an audio file hung `trainfit analyze` for good (opening it waits for a writer);
+    a device was read as if it were audio (issue 45). Each is a bad row saying what it is."""
+    _wav(tmp_path / "ok.wav", 1.0)
+    os.mkfifo(tmp_path / "pipe.wav")
+    (tmp_path / "zero.wav").symlink_to("/dev/zero")
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps({"path": p}) + "\n" for p in ("ok.wav", "pipe.wav", "zero.wav", "/dev/null")))
+    done = subprocess.run([sys.executable, "-m", "trainfit", "analyze", str(manifest), "--audio-field", "path",
+                           "--quiet"], capture_output=True, text=True, timeout=60, preexec_fn=_limited_memory,
+                          env={**os.environ, "TRAINFIT_CACHE": str(tmp_path / "cache")}, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"manifest.jsonl, row 1: {tmp_path / 'pipe.wav'} is a pipe (FIFO), not a regular file" in done.stderr
+    table = count_lengths(manifest, LengthRecipe(audio_field="path", length_scale=75), on_bad_row="skip",
+                          cache_dir=tmp_path / "cache", progress=False)
+    assert table.valid.tolist() == [75] and table.bad_rows == 3
+    reasons = [bad["reason"] for bad in table.bad_examples]
+    assert reasons == [f"{tmp_path / 'pipe.wav'} is a pipe (FIFO), not a regular file",
+                       f"{tmp_path / 'zero.wav'} is a character device, not a regular file",
+                       "/dev/null is a character device, not a regular file"]
+
+
+@pytest.mark.integration
+def test_a_pipe_among_a_folders_shards_is_refused_naming_it_not_left_out(tmp_path: Path) -> None:
+    """A FIFO among a folder's shards (or matched by a glob) was left out without a word, its rows
+    silently missing from every count (issue 45): it is refused, named, as one given alone is."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    _rows(shards / "a.jsonl", [{"text": "one two"}])
+    os.mkfifo(shards / "b.jsonl")
+    (shards / "notes.md").symlink_to("/dev/zero")  # not a data file's name: not the dataset's, as before
+    for path in (shards, str(shards / "*.jsonl")):
+        with pytest.raises(TrainfitError, match=f"{shards / 'b.jsonl'} is a pipe \\(FIFO\\), not a regular file"):
+            data_files(path)
+    done = _analyze(str(shards), tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"{shards / 'b.jsonl'} is a pipe (FIFO), not a regular file" in done.stderr
+    (shards / "b.jsonl").unlink()
+    assert data_files(shards) == [shards / "a.jsonl"]
 
 
 @pytest.mark.parametrize("override", ["probe.seed=-1", "probe.seed=4294967296", "tune.seed=-5",

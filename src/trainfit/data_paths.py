@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from trainfit.errors import TrainfitError
@@ -66,10 +67,11 @@ def is_hf_folder(path: Path) -> bool:
 def data_files(path: str | Path) -> list[Path]:
     """The files a dataset path stands for, in reading order: one file; a folder of shards (every
     data file under it, sorted, e.g. ``train-00000-of-00004.parquet``...); a glob pattern
-    (``data/*.jsonl``, ``**`` recursive); or a ``save_to_disk`` folder, read as one."""
+    (``data/*.jsonl``, ``**`` recursive); or a ``save_to_disk`` folder, read as one. A pipe or a
+    device among a folder's data files or a pattern's matches is refused (:func:`_regular`)."""
     text = str(path)
     if any(c in text for c in "*?["):
-        files = sorted(Path(f) for f in glob.glob(text, recursive=True) if Path(f).is_file())
+        files = _regular(Path(f) for f in glob.glob(text, recursive=True))
         if not files:
             raise TrainfitError(f"{text} matches no file", "check the pattern (a spec's relative paths start at "
                                                            "its folder)")
@@ -84,10 +86,20 @@ def data_files(path: str | Path) -> list[Path]:
         splits = json.loads((path / "dataset_dict.json").read_text()).get("splits") or ["train"]
         raise TrainfitError(f"{path} is a DatasetDict with the splits {', '.join(splits)}",
                             f"point at the split you train on, e.g. {path / splits[0]}")
-    files = sorted(f for f in path.rglob("*") if f.is_file() and data_suffix(f) in SUFFIXES
-                   and not any(part.startswith(".") for part in f.relative_to(path).parts))
+    files = _regular(f for f in path.rglob("*") if data_suffix(f) in SUFFIXES
+                     and not any(part.startswith(".") for part in f.relative_to(path).parts))
     if not files:
         raise TrainfitError(f"{path} is a folder with no data files ({', '.join(sorted(SUFFIXES))}) and not a "
                             "Hugging Face save_to_disk dataset",
                             "point at a file, a folder of shards, a glob pattern, or a save_to_disk folder")
     return files
+
+
+def _regular(paths: Iterable[Path]) -> list[Path]:
+    """The regular files of ``paths`` (a folder's listing, a pattern's matches), sorted; folders
+    (and links that lead nowhere) are passed over, a pipe or a device is refused, naming it
+    (:func:`refuse_special`): left out, its rows would be missing from every count without a word."""
+    files = sorted(paths)
+    for path in files:
+        refuse_special(path)
+    return [path for path in files if path.is_file()]

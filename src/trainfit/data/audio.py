@@ -7,14 +7,19 @@ from __future__ import annotations
 import wave
 from pathlib import Path
 
+from trainfit.data_paths import special_kind
 from trainfit.errors import TrainfitError
 
 
 def audio_seconds(path: Path) -> float:
     """The duration of the audio file ``path`` in seconds. A file that cannot be read (missing, not
-    audio, damaged, empty, not ours to read) raises ``ValueError`` with the reason: the row is bad,
+    audio, damaged, empty, not ours to read, not a regular file) raises ``ValueError`` with the reason: the row is bad,
     not the run. A format only ``soundfile`` reads, without it installed, raises
-    :class:`TrainfitError`: every row would be bad alike."""
+    :class:`TrainfitError`: every row would be bad alike. A pipe or a device is a bad row, never
+    opened: a FIFO's open waits for a writer for good, and a device reads without end."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise ValueError(f"{path} is {kind}, not a regular file")
     try:
         if path.suffix.lower() == ".wav":
             return _wav_seconds(path)
@@ -34,12 +39,27 @@ def _wav_seconds(path: Path) -> float:
         except (wave.Error, EOFError) as err:  # e.g. a float WAV, which only soundfile reads
             if _has_soundfile():
                 return _soundfile_seconds(path)
-            raise ValueError(f"{path.name} is no WAV the standard library reads ({err})") from None
+            raise ValueError(f"{path.name} is no WAV the standard library reads ({_why_not_wav(path, err)})") from None
         held = (path.stat().st_size - data_start) // block if block else 0
     frames = min(frames, max(0, held))
     if rate <= 0 or frames <= 0:
         raise ValueError(f"{path.name} holds no audio ({frames} frames at {rate} Hz)")
     return frames / rate
+
+
+def _why_not_wav(path: Path, err: Exception) -> str:
+    """The reason ``wave`` refused ``path``: its own words, or, where it has none (an ``EOFError``
+    at the file's end), how the file ends short: empty, or cut inside its header."""
+    if str(err):
+        return str(err)
+    size = path.stat().st_size
+    if size == 0:
+        return "empty file"
+    with path.open("rb") as file:
+        head = file.read(8)
+    if head[:4] == b"RIFF" and len(head) == 8:  # the RIFF chunk's size: the whole file's, less these 8 bytes
+        return f"truncated: {size:,} bytes, its header says {int.from_bytes(head[4:], 'little') + 8:,}"
+    return f"truncated: its {size:,} bytes end inside the header"
 
 
 def _has_soundfile() -> bool:

@@ -119,10 +119,23 @@ def typical_batches(req: ProbeRequest, workload: Any, max_len: int, out: dict[st
         why, fix = _why_not_loaded(req, workload, pool[0])
         if why is None:
             out["data"] = "real"
+            out["notes"] += _uncounted_workers(req, workload)
             return LoaderBatches(req, workload, pool)
         synthetic_instead(req.probe.data, why, fix, out["notes"])
     out["data"] = "synthetic"
     return TypicalBatches(req, workload, max_len)
+
+
+def _uncounted_workers(req: ProbeRequest, workload: Any) -> list[str]:
+    """On a CPU, the peak memory is the probe process's RSS: the loader's worker processes (forks of
+    it) hold memory of their own that it leaves out. Said, not summed: a fork's RSS counts the pages
+    it shares with its parent again, so a sum would be as wrong the other way."""
+    workers = req.params.num_workers
+    if workers == 0 or (workload.device is not None and workload.device.type == "cuda"):
+        return []  # a GPU's peak is its own memory, which the workers do not use
+    return [f"peak memory is the probe process's own: the {workers} DataLoader worker process"
+            f"{'es' if workers > 1 else ''}' memory (the rows each collates, the batches it prefetches) is not "
+            "counted; leave room for it beside budget.memory_gb"]
 
 
 def _why_not_loaded(req: ProbeRequest, workload: Any, first: Batch) -> tuple[str | None, str]:

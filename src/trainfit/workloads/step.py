@@ -61,6 +61,7 @@ def check_support(params: Params, device: Any) -> list[str]:
                           value=True)
     if params.tf32 and not cuda:
         notes.append("tf32 has no effect on CPU")
+    notes += _idle_loader_knobs(params)
     if params.compile != "off" and not cuda:
         if shutil.which("cc") is None and shutil.which("g++") is None:
             raise Unsupported("compile on CPU needs a C++ compiler (inductor)", "install gcc, or use compile: off",
@@ -71,6 +72,20 @@ def check_support(params: Params, device: Any) -> list[str]:
         notes.append("compile with padding=longest: new batch shapes trigger recompiles; "
                      "padding=max_length gives one shape, pad_to_multiple_of far fewer")
     return notes
+
+
+def _idle_loader_knobs(params: Params) -> list[str]:
+    """A note on the loader knobs that apply to worker processes (``prefetch_factor``,
+    ``persistent_workers``) set at ``num_workers: 0``, where the batches are made in the training
+    process: torch's loader and the written command leave them out, so they change nothing."""
+    idle = [knob for knob, on in (("prefetch_factor", params.prefetch_factor is not None),
+                                  ("persistent_workers", params.persistent_workers)) if on]
+    if params.num_workers > 0 or not idle:
+        return []
+    # "ignored", not "no effect": an ablation leaves out of "all that helped" a row noted "no effect"
+    return [f"{' and '.join(idle)} {'is' if len(idle) == 1 else 'are'} ignored at num_workers: 0 (they apply to "
+            "loader worker processes; here the batches are made in the training process): set num_workers above 0 "
+            "for them to count"]
 
 
 def _needs_cuda_and(cuda: bool, module: str, package: str, *, knob: str, value: Any, instead: str,
