@@ -183,7 +183,7 @@ def test_a_lock_that_is_a_link_or_no_regular_file_is_refused_and_what_it_points_
     fifo = tmp_path / "fifo"
     fifo.mkdir()
     os.mkfifo(fifo / ".lock")
-    with pytest.raises(TrainfitError, match="is a FIFO, not a regular file"):
+    with pytest.raises(TrainfitError, match=r"is a pipe \(FIFO\), not a regular file"):
         lock_folder(fifo)  # at once: a FIFO no process reads would block the open for good
     assert folder_holder(linked) is None  # asking who holds it writes nothing either
 

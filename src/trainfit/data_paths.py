@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from trainfit.errors import TrainfitError
+from trainfit.files import file_kind
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
             ".parquet": "parquet", ".txt": "text", ".text": "text"}
@@ -34,10 +35,6 @@ class NotRegularFile(TrainfitError):
     is empty once read."""
 
 
-_SPECIAL_KINDS = ((stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
-                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
 def special_kind(path: str | Path) -> str | None:
     """What ``path`` is when it exists but is neither a regular file nor a folder (symbolic links
     followed): ``a pipe (FIFO)``, ``a character device``...; None otherwise."""
@@ -45,9 +42,7 @@ def special_kind(path: str | Path) -> str | None:
         mode = Path(path).stat().st_mode
     except OSError:  # missing, or not ours to look at: the caller's own check says so
         return None
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    return next((name for is_kind, name in _SPECIAL_KINDS if is_kind(mode)), "not a regular file")
+    return None if stat.S_ISDIR(mode) else file_kind(mode)
 
 
 def refuse_special(path: Path, what: str = "") -> None:

@@ -51,9 +51,9 @@ def open_own(path: Path, mode: str) -> IO[Any]:
                                 "link (that would overwrite the file it points to)",
                                 f"remove the link (rm {path}) or use another folder") from None
         if err.errno == errno.ENXIO:  # a FIFO no process reads
-            raise _not_regular(path, "a FIFO") from None
+            raise _not_regular(path, "a pipe (FIFO)") from None
         raise
-    kind = _kind(os.fstat(fd).st_mode)
+    kind = file_kind(os.fstat(fd).st_mode)
     if kind is not None:
         os.close(fd)
         raise _not_regular(path, kind)
@@ -61,13 +61,16 @@ def open_own(path: Path, mode: str) -> IO[Any]:
     return os.fdopen(fd, mode.replace("x", "w"))
 
 
-def _kind(mode: int) -> str | None:
-    """What a file of ``mode`` is, in words, where it is not a regular file (None for one)."""
+def file_kind(mode: int) -> str | None:
+    """What a file of ``st_mode`` ``mode`` is, in words, where it is no regular file (None for one):
+    "a pipe (FIFO)", "a character device", "a folder"..."""
     import stat
 
-    kinds = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a device", stat.S_ISBLK: "a device",
-             stat.S_ISSOCK: "a socket"}
-    return next((word for test, word in kinds.items() if test(mode)), None if stat.S_ISREG(mode) else "not a file")
+    kinds = ((stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+    if stat.S_ISREG(mode):
+        return None
+    return next((word for test, word in kinds if test(mode)), "not a regular file")
 
 
 def _not_regular(path: Path, kind: str) -> TrainfitError:

@@ -76,8 +76,6 @@ class TrialStore:
 
     def _open(self, output: Path, spec: Spec, resume: bool, storage: str | None, seed: int, sampler: Any,
               join: bool, on_event: Callable[[Any], None] | None) -> None:
-        import optuna
-
         self.shared = storage is not None
         journal = output / "study.journal"
         self.journal = None if self.shared else journal
