@@ -31,11 +31,21 @@ def add_parser(sub: Any) -> None:
                        description="A local web app over trainfit's commands: edit a spec, start and watch runs, "
                                    "compare their results.")
     p.add_argument("--root", metavar="DIR", default=".", help="the folder of specs and runs it works in (default: .)")
-    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only)")
+    p.add_argument("--host", type=host_address, default="127.0.0.1",
+                   help="address to serve on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
     p.add_argument("--port", type=number(int, at_least=0, at_most=65535), default=8765,
                    help="port to serve on (default 8765; 0: any free port)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser")
     p.set_defaults(run=run)
+
+
+def host_address(text: str) -> str:
+    """An argparse ``type``: the address to serve on; an empty one (which binds every interface, as
+    0.0.0.0 would, without saying so) is a usage error."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty address would serve every interface: give 127.0.0.1 "
+                                         "(this machine only) or 0.0.0.0 (every interface)")
+    return text.strip()
 
 
 def run(args: argparse.Namespace) -> int:

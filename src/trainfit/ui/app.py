@@ -21,13 +21,21 @@ from werkzeug.exceptions import HTTPException
 from trainfit.errors import TrainfitError
 from trainfit.ui.jobs import Jobs
 from trainfit.ui.job_views import jobs_views
-from trainfit.ui.paths import Refused, Root
+from trainfit.ui.paths import DISK_ERRORS, Refused, Root, write_refused
 from trainfit.ui.runs import figures, find_runs
 from trainfit.ui.spec_views import spec_views
 from trainfit.ui.specs import spec_files
 from trainfit.ui.state import UiState, ui
 
-TOKEN_COOKIE = "trainfit_ui_token"
+TOKEN_COOKIE = "trainfit_token_{port}"
+"""The cookie that keeps the token, one per port: a browser sends a host's cookies to every port of it,
+so with one name for all, a second UI (another port, its own token) replaced the first's, and the first
+page answered 403."""
+
+
+def token_cookie() -> str:
+    """The name of the token's cookie for the port this request came in on."""
+    return TOKEN_COOKIE.format(port=request.environ.get("SERVER_PORT", ""))
 
 
 def is_loopback(host: str) -> bool:
@@ -59,6 +67,7 @@ def create_app(root: Path | str, *, token: str | None = None, host: str = "127.0
     app.after_request(_remember_token)
     app.after_request(_no_framing)
     app.register_error_handler(TrainfitError, _refused)
+    app.register_error_handler(OSError, _system_refused)
     app.register_error_handler(HTTPException, _http_error)
     app.add_url_rule("/", view_func=index)
     app.add_url_rule("/run", view_func=run_page)
@@ -77,7 +86,7 @@ def _guard() -> Any:
         return _page_error(403, f"a request for {named} is refused: this UI serves {host} only",
                            "open the URL `trainfit ui` printed")
     if token is not None:
-        given = request.args.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
+        given = request.args.get("token") or request.cookies.get(token_cookie()) or ""
         if not hmac.compare_digest(given.encode(), token.encode()):
             return _page_error(403, "this UI needs its token", "open the URL `trainfit ui` printed (it ends in ?token=...)")
     origin = request.headers.get("Origin")
@@ -90,7 +99,7 @@ def _remember_token(response: Response) -> Response:
     """The token given in the URL kept as a cookie, so the links need not carry it."""
     token = ui().token
     if token is not None and request.args.get("token") == token:
-        response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict")
+        response.set_cookie(token_cookie(), token, httponly=True, samesite="Strict")
     return response
 
 
@@ -118,15 +127,24 @@ def _refused(err: TrainfitError) -> Any:
     return _page_error(err.status if isinstance(err, Refused) else 400, err.message, err.hint)
 
 
+def _system_refused(err: OSError) -> Any:
+    """A file operation the system refused where no handler expected it (a run folder made on a full
+    disk): the cause and the file, on the page, never a bare 500."""
+    if err.errno in DISK_ERRORS:
+        return _refused(write_refused(err, ui().root.path))
+    return _page_error(500, f"{err.strerror or err}: {err.filename or 'no file named'}", None)
+
+
 def _http_error(err: HTTPException) -> Any:
     return _page_error(err.code or 500, err.description or err.name, None)
 
 
 def index() -> str:
     state = ui()
-    jobs = [(job, state.jobs.state(job)) for job in state.jobs.all()]
+    found, damaged = state.jobs.scan()
+    jobs = [(job, state.jobs.state(job)) for job in found]
     return render_template("index.html", root=state.root.path, runs=find_runs(state.root, state.jobs),
-                           specs=spec_files(state.root), jobs=jobs)
+                           specs=spec_files(state.root), jobs=jobs, damaged=damaged)
 
 
 def run_page() -> str:

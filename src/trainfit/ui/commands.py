@@ -19,6 +19,8 @@ RUN_COMMANDS = ("plan", "train")
 """The actions on a tune's run folder."""
 RESUMABLE = ("tune", "ablate", "compare", "train")
 """The commands with ``--resume`` (each one's ``--help``): a stopped job of theirs can go on."""
+WORD = r"[A-Za-z0-9][A-Za-z0-9_-]*"
+"""A word of a form's list (``--only``): one that begins with ``-`` would be read as an option (``--storage``)."""
 RUNS = "trainfit-runs"
 """Where new run folders go under the root, by spec name, as the CLI's default ``--output`` puts them."""
 
@@ -98,11 +100,12 @@ def spec_command(command: str, spec: Path, overrides: list[str], form: Mapping[s
             *(["--max-trials", str(trials)] if trials is not None else [])])
     if command == "ablate":
         only = form.get("only", "").strip()
-        if only and not re.fullmatch(r"[A-Za-z0-9,-]+", only):
-            raise Refused(f"--only {only!r}: give comma-separated words", "e.g. checkpointing,precision", status=400)
+        if only and not re.fullmatch(rf"{WORD}(,{WORD})*", only):  # checked before its folder is made
+            raise Refused(f"--only {only!r}: give comma-separated words, each beginning with a letter or a digit",
+                          "e.g. checkpointing,precision", status=400)
         out = new_folder(runs, "ablate")
-        return Planned(command=command, output=out,
-                       args=[str(spec), *sets(overrides), "--output", str(out), *(["--only", only] if only else [])])
+        return Planned(command=command, output=out,  # --only=WORDS: never read as an option of its own
+                       args=[str(spec), *sets(overrides), "--output", str(out), *([f"--only={only}"] if only else [])])
     if command == "compare":
         configs = root.inside(form.get("configs", "").strip())
         if not configs.is_file():

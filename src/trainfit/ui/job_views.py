@@ -7,20 +7,35 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, jsonify, redirect, render_template, request, url_for
+from flask import Blueprint, jsonify, redirect, render_template, request, send_file, url_for
 from werkzeug.wrappers import Response
 
 from trainfit.ui import commands
 from trainfit.ui.jobs import Job
-from trainfit.ui.paths import Refused
+from trainfit.ui.paths import Refused, open_regular, prune_empty, write_refused
+from trainfit.ui.runs import held
 from trainfit.ui.state import ui
+from trainfit.ui.supervise import LOG_FILE
 
 jobs_views = Blueprint("jobs", __name__)
 
 
 def start(planned: commands.Planned, spec: Path | None = None) -> Response:
-    """Start ``planned`` as a job and send the browser to its page."""
-    job = ui().jobs.start(planned.command, planned.args, output=planned.output, spec=spec)
+    """Start ``planned`` as a job and send the browser to its page. Refused (409) where a live process
+    holds its folder; where it does not start (refused, a full disk), its run folder is removed again
+    if nothing was written into it."""
+    state = ui()
+    try:
+        if planned.output is not None and held(planned.output):
+            raise Refused(f"{state.root.relative(planned.output)} is held by a running process (a tune, "
+                          "a comparison or a training started outside this UI)", "wait for it to end", status=409)
+        job = state.jobs.start(planned.command, planned.args, output=planned.output, spec=spec)
+    except BaseException as err:
+        if planned.output is not None:
+            prune_empty(planned.output, up_to=state.root.path)
+        if isinstance(err, OSError):
+            raise write_refused(err, state.root.jobs) from None
+        raise
     return redirect(url_for("jobs.job_page", job_id=job.id), code=303)
 
 
@@ -54,12 +69,39 @@ def job_page(job_id: str) -> str:
 
 @jobs_views.get("/api/jobs/<job_id>")
 def job_json(job_id: str) -> Any:
-    """The job's status and its log from byte ``offset`` on: what the page appends."""
+    """The job's status and its log from byte ``offset`` on: what the page appends. Without an
+    ``offset``, the log's end (``cut``: the bytes before it left out; the whole log is ``/jobs/ID/log``)."""
     state = ui()
     job = state.jobs.get(job_id)
     job_state = state.jobs.state(job)  # before the log: a job seen ended has all its output read below
-    text, offset = state.jobs.log(job, request.args.get("offset", 0, type=int))
-    return jsonify(ok=True, **dataclasses.asdict(job_state), log=text, offset=offset, links=_links(job))
+    asked = request.args.get("offset")
+    if asked is None:
+        text, offset, cut = state.jobs.tail(job)
+    else:
+        text, offset, cut = *state.jobs.log(job, _offset(asked)), 0
+    return jsonify(ok=True, **dataclasses.asdict(job_state), log=text, offset=offset, cut=cut,
+                   whole_log=url_for("jobs.whole_log", job_id=job.id), links=_links(job))
+
+
+def _offset(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise Refused(f"offset {text!r} is not a whole number of bytes", status=400) from None
+
+
+@jobs_views.get("/jobs/<job_id>/log")
+def whole_log(job_id: str) -> Response:
+    """The job's whole log as plain text (the page shows its end only)."""
+    state = ui()
+    job = state.jobs.get(job_id)
+    try:
+        log = open_regular(state.root.jobs / job.id / LOG_FILE)
+    except FileNotFoundError:
+        return Response(b"", mimetype="text/plain")
+    except OSError as err:
+        raise Refused(f"cannot read the log of job {job_id}: {err.strerror or err}", status=422) from None
+    return send_file(log, mimetype="text/plain", max_age=0)  # streamed, and closed once sent
 
 
 @jobs_views.post("/jobs/<job_id>/stop")
@@ -81,6 +123,8 @@ def resume(job_id: str) -> Response:
                       "stop it first (Stop reaches it), or wait for it to end", status=409)
     if now.status == "running":
         raise Refused(f"job {job_id} is still running", "stop it first, or wait for it to end", status=409)
+    if now.problem is not None:
+        raise Refused(f"{now.problem}: whether it still runs is not known", "delete its job folder first", status=409)
     args = commands.resumed(job.command, job.args)
     output = None if job.output is None else state.root.path / job.output
     spec = None if job.spec is None else state.root.path / job.spec

@@ -13,7 +13,7 @@ from typing import Any
 from trainfit.errors import TrainfitError
 from trainfit.run_folder import SUMMARY_FILE, RunFolder
 from trainfit.ui.jobs import Job, Jobs, State
-from trainfit.ui.paths import Root
+from trainfit.ui.paths import Root, open_regular, read_regular
 from trainfit.ui.specs import walk
 
 MARKERS = (
@@ -58,10 +58,13 @@ def find_runs(root: Root, jobs: Jobs) -> list[Run]:
     latest: dict[str, tuple[Job, State]] = {}
     for job in reversed(jobs.all()):  # oldest first: the newest job of a folder stays
         if job.output is not None and job.command != "plan":  # a plan that does not fit (exit 1) fails no tune
-            latest[job.output] = (job, jobs.state(job))
+            state = jobs.state(job)
+            if state.status != "damaged":  # its exit unknown: the folder's own files say how it stands
+                latest[job.output] = (job, state)
     found = []
     for folder, dirs, files in walk(root.path):
-        kind = next((k for marker, k in MARKERS if marker in files), None)
+        kind = next((k for marker, k in MARKERS
+                     if marker in files and root.why_not_opened(folder / marker) is None), None)  # no FIFO read
         if kind is None:
             continue
         if kind in WITH_INSIDES:
@@ -100,7 +103,7 @@ def held(folder: Path) -> bool:
     """A live process holds ``folder/.lock`` (a tune, a comparison or a training runs in it). Read
     only: the lock is tried shared and let go at once, the file left as it is."""
     try:
-        with (folder / ".lock").open("r") as f:
+        with open_regular(folder / ".lock") as f:  # a FIFO named .lock would hang a plain open
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
             fcntl.flock(f, fcntl.LOCK_UN)
     except BlockingIOError:
@@ -128,7 +131,7 @@ def figures(folder: Path) -> list[tuple[str, str]]:
     for marker, _ in MARKERS[1:]:
         if (folder / marker).is_file():
             try:
-                raw = json.loads((folder / marker).read_text())
+                raw = json.loads(read_regular(folder / marker))
             except (OSError, ValueError) as err:
                 return [("error", f"cannot read {marker}: {err}")]
             return [(k, _text(v)) for k, v in (raw.items() if isinstance(raw, dict) else ()) if _plain(v)][:30]

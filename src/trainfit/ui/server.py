@@ -3,6 +3,7 @@ needed) printed, and a browser opened on it unless asked not to."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import webbrowser
@@ -21,6 +22,18 @@ def url_of(host: str, port: int, token: str | None) -> str:
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
 
+def cannot_serve(host: str, port: int, err: OSError) -> TrainfitError:
+    """Why the port could not be opened, naming the option to change: the host where it names no address
+    of this machine (an unknown name, another machine's address), else the port (taken, or one below 1024)."""
+    # a name the resolver does not know: a gaierror (its EAI_ codes are negative), re-raised by create_server as OSError
+    if isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL or (err.errno or 0) < 0:
+        return TrainfitError(f"cannot serve on --host {host}: {err.strerror or err}",
+                             "give an address of this machine: 127.0.0.1 (this machine only), 0.0.0.0 (every "
+                             "interface) or one of its own")
+    return TrainfitError(f"cannot serve on {host}:{port}: {err.strerror or err}",
+                         "pick another --port (0: any free one)")
+
+
 def serve_forever(root: Path, *, host: str, port: int, open_browser: bool, on_ready: Callable[[str], None]) -> None:
     """Serve the UI over ``root`` on ``host:port`` (0: a free port) until interrupted; ``on_ready``
     gets the URL once the port is open."""
@@ -30,8 +43,7 @@ def serve_forever(root: Path, *, host: str, port: int, open_browser: bool, on_re
     try:  # bound here, not by Werkzeug, which prints its own lines and exits where the port is taken
         listening = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as err:
-        raise TrainfitError(f"cannot serve on {host}:{port}: {err.strerror or err}",
-                            "pick another --port (0: any free one)") from None
+        raise cannot_serve(host, port, err) from None
     with listening:  # Werkzeug serves on a copy of it
         port = listening.getsockname()[1]
         server = make_server(host, port, app, threaded=True, fd=listening.fileno())

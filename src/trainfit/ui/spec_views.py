@@ -17,8 +17,8 @@ from flask import Blueprint, jsonify, redirect, render_template, request, url_fo
 from trainfit.spec import load_yaml, merge_overrides, parse_override
 from trainfit.ui import commands, forms
 from trainfit.ui.job_views import start
-from trainfit.ui.paths import Refused
-from trainfit.ui.specs import check, params_of, save, spec_files, walk
+from trainfit.ui.paths import Refused, read_regular
+from trainfit.ui.specs import check, params_of, save, spec_files, yaml_files
 from trainfit.ui.state import ui
 
 spec_views = Blueprint("specs", __name__)
@@ -30,7 +30,7 @@ def _spec(relative: str) -> tuple[Path, str]:
     if not path.is_file():
         raise Refused(f"{relative} is not a file", "pick a spec YAML the list shows", status=404)
     try:
-        return path, path.read_text()
+        return path, read_regular(path, errors="strict")
     except (OSError, UnicodeDecodeError) as err:
         raise Refused(f"cannot read {relative}: {err}", status=400) from None
 
@@ -49,9 +49,8 @@ def spec_page() -> str:
     state = ui()
     path, text = _spec(request.args.get("path", ""))
     relative = state.root.relative(path)
-    specs = set(spec_files(state.root))
-    configs = [state.root.relative(folder / name) for folder, _, files in walk(state.root.path) for name in sorted(files)
-               if name.endswith((".yaml", ".yml")) and state.root.relative(folder / name) not in specs]
+    specs = {listed.path for listed in spec_files(state.root)}
+    configs = [f.path for f in yaml_files(state.root) if f.problem is None and f.path not in specs]
     return render_template("spec.html", path=relative, text=text, controls=forms.controls(params_of(text)),
                            problems=check(text, [], folder=path.parent, source=relative).problems,
                            configs=configs[:200], commands=commands.SPEC_COMMANDS)
@@ -84,7 +83,7 @@ def run_on_spec() -> Any:
     not valid (nothing starts)."""
     path, text, overrides, problems = _checked(request.form)
     relative = ui().root.relative(path)
-    if text.strip() != path.read_text().strip():
+    if text.strip() != read_regular(path).strip():
         problems = [{"key": "spec", "message": "the YAML has unsaved edits", "hint": "save it as a new spec first: "
                      "an action runs the file as saved, with the changed controls as --set"}, *problems]
     if problems:

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import SpecError, TrainfitError
+from trainfit.files import naming
 from trainfit.spec import build_spec, load_yaml, merge_overrides, parse_override
-from trainfit.ui.paths import Refused, Root
+from trainfit.ui.paths import Refused, Root, read_regular, write_refused
 
 SKIPPED = {"node_modules", "__pycache__", "site-packages", "probes", "checkpoints"}
 """Folders never searched for specs or runs (besides hidden ones: ``.git``, ``.venv``, the UI's own)."""
@@ -43,23 +44,39 @@ def walk(root: Path, max_depth: int = 6) -> Iterator[tuple[Path, list[str], list
         yield here, dirs, files
 
 
-def spec_files(root: Root) -> list[str]:
-    """Root-relative paths of the YAML files under the root that look like specs (a ``model:`` key at the top)."""
-    found, seen = [], 0
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Listed:
+    """A YAML file a folder listing found under the root."""
+
+    path: str
+    """Root-relative, as listed (a link by its own name)."""
+    problem: str | None = None
+    """Why it is not opened (a link out of the root, a FIFO), shown beside it; None: it can be opened."""
+
+
+def yaml_files(root: Root) -> Iterator[Listed]:
+    """The YAML files under the root (at most :data:`MAX_FILES` files looked at), each with the reason
+    it is not opened, where there is one."""
+    seen = 0
     for folder, _, files in walk(root.path):
         for name in sorted(files):
             seen += 1
-            if name.endswith((".yaml", ".yml")) and _looks_like_spec(folder / name):
-                found.append(root.relative(folder / name))
+            if name.endswith((".yaml", ".yml")):
+                path = folder / name
+                yield Listed(path=path.relative_to(root.path).as_posix(), problem=root.why_not_opened(path))
         if seen > MAX_FILES:
             break
-    return found
+
+
+def spec_files(root: Root) -> list[Listed]:
+    """The YAML files under the root that look like specs (a ``model:`` key at the top), and those that
+    cannot be opened to tell (a link out of the root, a FIFO): listed with their problem."""
+    return [f for f in yaml_files(root) if f.problem is not None or _looks_like_spec(root.path / f.path)]
 
 
 def _looks_like_spec(path: Path) -> bool:
     try:
-        with path.open(errors="replace") as f:
-            return any(re.match(r"model\s*:", line) for line in f.read(64_000).splitlines())
+        return any(re.match(r"model\s*:", line) for line in read_regular(path, 64_000).splitlines())
     except OSError:
         return False
 
@@ -98,9 +115,15 @@ def save(root: Root, source: Path, text: str, name: str) -> Path:
         raise Refused(f"{name!r} is not a file name the UI writes", "use letters, digits, '.', '_' and '-'", status=400)
     path = source.parent / (name if name.endswith((".yaml", ".yml")) else name + ".yaml")
     root.inside(root.relative(path.parent))  # under the root, as its source is
+    made = False
     try:
-        with path.open("x") as f:  # "x": refused where the file exists, checked and made in one step
+        with naming(path), path.open("x") as f:  # "x": refused where the file exists, checked and made in one step
+            made = True
             f.write(text if text.endswith("\n") else text + "\n")
     except FileExistsError:
         raise Refused(f"{root.relative(path)} exists already", "give the new spec another name", status=409) from None
+    except OSError as err:
+        if made:  # a spec cut short (0 bytes on a full disk) is no spec, and its name would be refused as taken
+            path.unlink(missing_ok=True)
+        raise write_refused(err, path) from None
     return path

@@ -57,37 +57,86 @@ function renderLog(text) {
   return text.split("\n").map((line) => { const parts = line.split("\r"); return parts[parts.length - 1] || parts[parts.length - 2] || ""; }).join("\n");
 }
 
+function logView(pre) {
+  // Appends what each poll brings, never redrawing what is shown: the lines ended so far, as text nodes, and
+  // the last line, not ended yet (a progress bar redraws it), in one node of its own.
+  const last = document.createTextNode("");
+  let pending = "";
+  pre.append(last);
+  return (text) => {
+    const lines = (pending + text).split("\n");
+    pending = lines.pop();
+    if (lines.length) pre.insertBefore(document.createTextNode(renderLog(lines.join("\n")) + "\n"), last);
+    last.data = renderLog(pending);
+  };
+}
+
+function showCut(result) {
+  // The first answer holds the log's end only: say how much came before, and where the whole log is.
+  const note = document.getElementById("log-cut");
+  if (!note || !result.cut) return;
+  const link = document.createElement("a");
+  link.href = result.whole_log;
+  link.textContent = "the whole log";
+  note.replaceChildren("The first " + (result.cut / 1048576).toFixed(1) + " MB of the log are not shown: ", link, ".");
+  note.hidden = false;
+}
+
 function jobLog(pre) {
-  let offset = 0, raw = "";
+  let offset = null;
   const status = document.getElementById("status");
   const links = document.getElementById("links");
+  const append = logView(pre);
   async function poll() {
     let result;
     try {
-      const reply = await fetch(pre.dataset.source + "?offset=" + offset);
+      const reply = await fetch(pre.dataset.source + (offset === null ? "" : "?offset=" + offset));
       result = await reply.json();
     } catch (err) {
       setTimeout(poll, 2000);  // the UI restarting: try again
       return;
     }
+    if (!result.ok) {
+      status.textContent = result.error;
+      return;
+    }
+    if (offset === null) showCut(result);
     if (result.log) {
-      raw += result.log;
       const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-      pre.textContent = renderLog(raw);
+      append(result.log);
       if (atBottom) pre.scrollTop = pre.scrollHeight;
     }
     offset = result.offset;
     status.textContent = result.status + (result.returncode !== null ? " (exit " + result.returncode + ")" : "")
       + (result.command_pid !== null
-        ? " (its supervisor was killed: pid " + result.command_pid + " runs on, its exit unrecorded)" : "");
+        ? " (its supervisor was killed: pid " + result.command_pid + " runs on, its exit unrecorded)" : "")
+      + (result.problem ? " (" + result.problem + ")" : "");
     status.className = "status " + result.status;
     links.replaceChildren(...result.links.map((l) => { const li = document.createElement("li"); const a = document.createElement("a"); a.href = l.href; a.textContent = l.name; li.append(a); return li; }));
     const stop = document.getElementById("stop"), resume = document.getElementById("resume");
     if (stop) stop.disabled = result.status !== "running";
-    if (resume) resume.disabled = result.status === "running" || result.status === "finished";
+    if (resume) resume.disabled = ["running", "finished", "damaged"].includes(result.status);
     if (result.status === "running" || result.log) setTimeout(poll, 1000);
   }
   poll();
+}
+
+function oneSubmitEach() {
+  // A double click on Resume (or any action) sent two requests: the second form is not sent, and the
+  // buttons are disabled once the first is on its way (not at once: a disabled button's name and value,
+  // the action it names, would be left out of the form). Back to the page (the browser's cache), they work again.
+  document.addEventListener("submit", (event) => {
+    const form = event.target;
+    if (form.dataset.sent) { event.preventDefault(); return; }
+    form.dataset.sent = "1";
+    const enabled = [...form.querySelectorAll("button")].filter((b) => !b.disabled);
+    setTimeout(() => enabled.forEach((b) => { b.disabled = true; b.dataset.sentDisabled = "1"; }), 0);
+  });
+  window.addEventListener("pageshow", (event) => {
+    if (!event.persisted) return;
+    document.querySelectorAll("form[data-sent]").forEach((f) => { delete f.dataset.sent; });
+    document.querySelectorAll("button[data-sent-disabled]").forEach((b) => { b.disabled = false; delete b.dataset.sentDisabled; });
+  });
 }
 
 function refreshWhileRunning() {
@@ -99,6 +148,7 @@ function refreshWhileRunning() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  oneSubmitEach();
   if (document.getElementById("jobs") || document.getElementById("figures")) refreshWhileRunning();
   const form = document.getElementById("spec-form");
   if (form) specEditor(form);
