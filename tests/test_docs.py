@@ -153,3 +153,50 @@ def test_every_test_a_page_names_as_a_guard_exists() -> None:
                 missing.append(f"{page.relative_to(ROOT)}: tests/{file}::{name}")
     assert named >= 50, f"only {named} named tests found: is the pattern still right?"
     assert not missing, "pages name tests that do not exist:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_the_architecture_page_counts_the_layers_the_contract_holds() -> None:
+    """docs/architecture.md said "seven layers" when pyproject.toml's tier contract held eight."""
+    import tomllib
+
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    tiers = next(c for c in contracts if c["name"].startswith("Tiers"))
+    count = re.search(r"tiers \((\w+) layers\)", (ROOT / "docs" / "architecture.md").read_text())
+    assert count is not None and count.group(1) == words[len(tiers["layers"]) - 1]
+
+
+def _ablate_section() -> str:
+    text = (ROOT / "docs" / "ablate.md").read_text()
+    return text[text.index("## What is measured"):text.index("Every row is a real probe")]
+
+
+def test_the_ablation_baseline_in_the_docs_is_the_one_the_knobs_declare() -> None:
+    """docs/ablate.md named 7 baseline knobs where the code turns 12 off: the page lists each knob at its
+    ``off=`` value, as ``BASELINE`` (params.py's declarations) holds them."""
+    import yaml
+
+    from trainfit.ablate import BASELINE
+
+    baseline = _ablate_section().split("2. **Each technique alone**")[0]
+    named = {}
+    for pair in re.findall(r"`(\w+: [^`]+)`", baseline.replace("\n   ", " ")):
+        named.update(yaml.safe_load(pair))
+    assert named == BASELINE
+
+
+def test_the_docs_say_why_each_baseline_knob_without_a_row_has_none(tmp_path: Path) -> None:
+    """ablate switches off four knobs it never measures: the page names exactly those, with why."""
+    from conftest import TINY_LLAMA, make_spec_file
+
+    from trainfit.ablate import BASELINE, techniques
+    from trainfit.spec import load_spec
+
+    measured: set[str] = set()
+    for model, params in (({"config": TINY_LLAMA}, {}), ({"factory": f"{ROOT / 'tests' / 'factories.py'}:scaled"},
+                                                          {"width_mul": 1})):
+        spec = load_spec(make_spec_file(tmp_path, model=model, params={"max_length": 32, **params}))
+        measured |= {knob for row in techniques(spec, 16) for knob in row.knobs}
+    sentence = re.search(r"have no row of their own: ([^.]+)\.", _ablate_section().replace("\n", " "))
+    assert sentence is not None
+    assert set(re.findall(r"`(\w+)`", sentence.group(1))) == set(BASELINE) - measured
