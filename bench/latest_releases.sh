@@ -10,11 +10,13 @@
 # After a green run, `python bench/releases.py --write` there records its releases as tested.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="$(mktemp -d)/venv"
-python3 -m venv "$venv"
-. "$venv/bin/activate"
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT  # the venv is several GB
+python3 -m venv "$scratch/venv"
+. "$scratch/venv/bin/activate"
 python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0
-python -m pip install -q --upgrade --upgrade-strategy eager -e '.[dev]'
+echo "torch==2.13.0" > "$scratch/torch.txt"  # held: an eager upgrade would swap it for a CUDA build
+PIP_CONSTRAINT="$scratch/torch.txt" python -m pip install -q --upgrade --upgrade-strategy eager -e '.[dev]'
 python bench/releases.py
 python -m pytest -q "$@"

@@ -262,18 +262,20 @@ def test_a_ctrl_c_whose_file_cleanup_then_fails_is_still_an_interrupt(tmp_path: 
 
 def test_json_outputs_never_write_over_a_run_folders_own_files(tmp_path: Path, capsys: Any) -> None:
     """`analyze ... --json runs/a/study.journal` destroyed every measurement, exit 0 (issue 45): an output
-    path that is a file of a trainfit run folder is refused before any work, the file untouched; a new
-    file there is written, whole."""
+    path that is one of the files a run keeps in its folder is refused before any work, the file untouched;
+    a file of one's own there is written, whole, and written again."""
     from conftest import EXAMPLES
 
     run = tmp_path / "runs" / "a"
     run.mkdir(parents=True)
+    (run / ".lock").write_text("")  # a tune leaves it, as every run does
     (run / "study.journal").write_text('{"op_code": 0}\n')
     data = ["analyze", str(EXAMPLES / "data" / "chat.jsonl"), "--text-field", "text", "--no-cache"]
     assert main([*data, "--json", str(run / "study.journal")]) == 2
     err = capsys.readouterr().err
     assert "would write over a file of the trainfit run folder" in err and "study.journal" in err
     assert (run / "study.journal").read_text() == '{"op_code": 0}\n'
-    assert main([*data, "--json", str(run / "lengths.json")]) == 0
+    for _ in range(2):  # a file of one's own there, written and written again
+        assert main([*data, "--json", str(run / "lengths.json")]) == 0
     assert json.loads((run / "lengths.json").read_text())["samples"] > 0
-    assert sorted(p.name for p in run.iterdir()) == ["lengths.json", "study.journal"]  # no temporary left
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "lengths.json", "study.journal"]  # no temporary left

@@ -58,14 +58,19 @@ def test_a_rank_that_fails_fails_the_probe(tmp_path: Path, failure: str, status:
 
 
 def test_more_ranks_than_cores_on_a_cpu_are_refused_before_any_starts(tmp_path: Path) -> None:
-    """nproc_per_node=64 on a 2-core CPU waited for the probe's 15-minute timeout (issue 45)."""
+    """nproc_per_node=64 on a 2-core CPU waited for the probe's 15-minute timeout (issue 45): more than two
+    ranks a core (of the affinity, or a container's quota) are refused before any starts."""
     import os
 
+    from trainfit.probe.ranks import cpu_cores
+
+    n = 2 * cpu_cores() + 1  # 64 on the 2 cores of the report; past two a core on any machine
+    assert cpu_cores() <= len(os.sched_getaffinity(0))
     spec = make_spec_file(tmp_path, model={"factory": FAILS},
-                          params={"max_length": 16, "width_mul": 1, "nproc_per_node": 64, "parallel": "ddp"})
+                          params={"max_length": 16, "width_mul": 1, "nproc_per_node": n, "parallel": "ddp"})
     m = probe(spec)
-    assert m.unsupported == {"nproc_per_node": 64}, m.message
-    assert f"starts 64 processes on this machine's {len(os.sched_getaffinity(0))} CPU cores" in m.message
+    assert m.unsupported == {"nproc_per_node": n}, m.message
+    assert f"starts {n} processes on this machine's {cpu_cores()} CPU cores" in m.message
     assert m.wall_time_s is not None and m.wall_time_s < 60  # refused, not timed out
 
 

@@ -268,9 +268,9 @@ def test_the_dashboard_reads_a_shared_journal_file(tmp_path: Path) -> None:
 
 def test_a_server_down_when_a_run_opens_it_is_waited_for_and_a_refused_url_is_not(postgres: PostgresServer) -> None:
     """PostgreSQL down at the moment a run opened it failed in ~2 s, though the docs promise to wait
-    through a restart (issue 45): the opening waits as a wait mid-search does, with its lines; a URL the
-    server refuses (no such database) is said at once, no wait changing its answer; a server that stays
-    away stops the wait after its bound."""
+    through a restart (issue 45): the opening waits as a wait mid-search does, with its lines; a URL no
+    wait would change (no such database, a SQLite file's missing folder) is said at once; a server that
+    stays away stops the wait after its bound."""
     import threading
 
     url = postgres.create_database(f"t{uuid.uuid4().hex[:12]}")
@@ -285,9 +285,12 @@ def test_a_server_down_when_a_run_opens_it_is_waited_for_and_a_refused_url_is_no
     assert [type(e) for e in events] == [StorageLost, StorageBack] and events[1].waited_s >= 1.5
     assert storage.get_all_studies() == []
     began = time.monotonic()
-    with pytest.raises(TrainfitError, match='refused it: .*database "nowhere" does not exist'):
+    with pytest.raises(TrainfitError, match='cannot open --storage .*database "nowhere" does not exist'):
         open_storage(postgres.url("nowhere"), on_outage=events.append)
     assert time.monotonic() - began < 30 and len(events) == 2
+    with pytest.raises(TrainfitError, match="cannot open --storage sqlite:///.*: unable to open database file"):
+        open_storage(f"sqlite:///{postgres.root / 'no' / 'folder.db'}", on_outage=events.append)
+    assert time.monotonic() - began < 30 and len(events) == 2  # a file on this machine is not restarting
     postgres.stop()
     try:
         with pytest.raises(TrainfitError, match="could not be reached for 2s"):

@@ -46,19 +46,22 @@ def open_own(path: Path, mode: str) -> IO[Any]:
     try:
         fd = os.open(path, _FLAGS[mode] | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
     except OSError as err:
-        if err.errno == errno.ELOOP:
+        if err.errno == errno.ELOOP and os.path.islink(path):
             raise TrainfitError(f"{path} is a symbolic link: trainfit writes its own files only, never through a "
                                 "link (that would overwrite the file it points to)",
                                 f"remove the link (rm {path}) or use another folder") from None
-        if err.errno == errno.ENXIO:  # a FIFO no process reads
-            raise _not_regular(path, "a pipe (FIFO)") from None
+        if err.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO no process reads, a socket; a folder
+            raise _not_regular(path, file_kind(os.stat(path).st_mode) or "not a regular file") from None
         raise
-    kind = file_kind(os.fstat(fd).st_mode)
-    if kind is not None:
+    try:
+        kind = file_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise _not_regular(path, kind)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode.replace("x", "w"))
+    except BaseException:
         os.close(fd)
-        raise _not_regular(path, kind)
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, mode.replace("x", "w"))
+        raise
 
 
 def file_kind(mode: int) -> str | None:
@@ -86,7 +89,9 @@ def refused_write(err: BaseException, where: Path) -> OSError | None:
     if isinstance(err, OSError):
         return err if err.errno in _DISK else None
     text = str(err)
-    code = next((code for code in _DISK if f"(os error {code})" in text or os.strerror(code) in text), None)
+    # EIO left out: a read can fail so too (a dataset's flaky mount), and the save is not the one to blame
+    code = next((code for code in _DISK - {errno.EIO} if f"(os error {code})" in text or os.strerror(code) in text),
+                None)
     if code is not None:
         return OSError(code, os.strerror(code), str(where))
     if "PytorchStreamWriter failed writing" in text:

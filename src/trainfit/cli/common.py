@@ -50,20 +50,23 @@ def output_file(path: str | None, option: str) -> Path | None:
         raise TrainfitError(f"cannot write {option} {path}: "
                             f"{'it is a folder' if target.is_dir() else 'its folder is not writable'}",
                             f"give {option} a file path in a writable folder")
-    if (marker := _run_folder_marker(target.parent)) and (target.exists() or target.is_symlink()):
-        raise TrainfitError(f"{option} {path} would write over a file of the trainfit run folder {target.parent} "
-                            f"(it holds {marker}): what the run keeps there could not be rebuilt",
+    if _is_run_file(target) and (target.exists() or target.is_symlink()) and (target.parent / ".lock").exists():
+        raise TrainfitError(f"{option} {path} would write over a file of the trainfit run folder {target.parent}: "
+                            "what the run keeps there could not be rebuilt",
                             f"give {option} a path outside {target.parent}, or a new file name")
     return target
 
 
-RUN_FOLDER_MARKERS = (".lock", "study.journal", "summary.json")
-"""What every folder a trainfit run writes into holds (a tune, train, compare or ablate holds its ``.lock``)."""
+RUN_FILES = frozenset({
+    ".lock", "study.journal", "summary.json", "trials.csv", "report.html", "train_command.sh", "training_args.json",
+    "axolotl.yaml", "accelerate_config.yaml", "trl_data.yaml", "trainer_cost.json", "budgets.json", "plan.json",
+    "plan.txt", "actual.json", "ablation.json", "ablation.html", "compare.json", "compare.html", "next_configs.yaml",
+    "train.json", "train_log.jsonl", "train_result.json", "on_track.json"})
+"""The files a tune, plan, ablate, compare or train keeps in its folder (which holds its ``.lock``)."""
 
 
-def _run_folder_marker(folder: Path) -> str | None:
-    """The first of :data:`RUN_FOLDER_MARKERS` ``folder`` holds, or None for a folder no run wrote into."""
-    return next((name for name in RUN_FOLDER_MARKERS if (folder / name).exists()), None)
+def _is_run_file(path: Path) -> bool:
+    return path.name in RUN_FILES or path.suffix == ".journal"
 
 
 def number(kind: type, *, at_least: float | None = None, above: float | None = None,

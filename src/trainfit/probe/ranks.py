@@ -14,12 +14,15 @@ Imports are light (no torch at the top), as the worker's are."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from trainfit.errors import TrainfitError, Unsupported
 
@@ -51,7 +54,8 @@ def run_ranks(req: ProbeRequest, out: dict[str, Any], scratch: Path | None = Non
     _check_room(n, req.device)
     with tempfile.TemporaryDirectory(prefix="trainfit-ranks-", dir=scratch) as tmp:
         folder = Path(tmp)
-        logs = (scratch or folder) / RANK_LOGS  # kept with the probe's folder where it has one
+        logs = (scratch or folder) / RANK_LOGS  # kept with the probe's folder where it has one: this run's alone
+        shutil.rmtree(logs, ignore_errors=True)
         (folder / "request.json").write_text(req.to_json())
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                f"--nproc_per_node={n}", "--log-dir", str(logs), "--redirects", "3", "--tee", "3",
@@ -70,10 +74,8 @@ and ``stderr.log``); the probe's log holds it too, each line marked with its ran
 
 def _check_room(n: int, device: str) -> None:
     """Refuse, before torchrun starts, ranks this machine cannot run side by side: more than its GPUs,
-    or on a CPU more than its cores (each gloo rank waits its turn for a core, and the probe ran into its
+    or on a CPU more than two a core (each gloo rank waits its turn for a core, and the probe ran into its
     timeout, 15 minutes on, without a word)."""
-    import os
-
     import torch
 
     if device.startswith("cuda"):
@@ -82,19 +84,35 @@ def _check_room(n: int, device: str) -> None:
                               "probe on a machine with as many, or lower nproc_per_node", knob="nproc_per_node",
                               value=n)
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if n > cores:
+    cores = cpu_cores()
+    if n > 2 * cores:
         raise Unsupported(f"nproc_per_node={n} starts {n} processes on this machine's {cores} CPU cores: each rank "
                           "would wait its turn for a core, and the probe would run into its timeout",
-                          f"on a CPU, give nproc_per_node {cores} at most, or probe on a machine with {n} GPUs",
-                          knob="nproc_per_node", value=n)
+                          f"on a CPU, give nproc_per_node {2 * cores} at most (2 a core), or probe on a machine with "
+                          f"{n} GPUs", knob="nproc_per_node", value=n)
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on: its affinity, and a container's quota (cgroup v2's
+    ``cpu.max``) where it is lower."""
+    import math
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 def rank_output(logs: Path, *, kept: bool) -> str:
     """What a failed multi-process probe says of its ranks' output: the last line each rank wrote to
     its stderr, and where each rank's output is (the probe's log otherwise: the folder is a temporary one)."""
     last = []
-    for path in sorted(logs.glob("*/attempt_*/*/stderr.log"), key=lambda p: p.parent.name):
+    for path in sorted(logs.glob("*/attempt_*/*/stderr.log"), key=lambda p: int(p.parent.name)):
         lines = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
         if lines:
             last.append(f"rank {path.parent.name}'s last line: {lines[-1].strip()}")
@@ -221,7 +239,8 @@ def _block_policy(model: Any) -> Callable[[Any], bool]:
     except ImportError:
         blocks = _block_classes(model)
         return lambda module: bool(blocks) and isinstance(getattr(module, "_checkpoint_wrapped_module", module), blocks)
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+    with _no_fsdp_environment():
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
     try:
         policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
     except ValueError as e:
@@ -296,6 +315,21 @@ def mixed_precision_policy(precision: str) -> Any:
     except ImportError:
         dtype = torch.bfloat16 if precision == "bf16" else torch.float16
         return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    with _no_fsdp_environment():
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
     plugin.set_mixed_precision(precision)
     return plugin.mixed_precision_policy
+
+
+@contextlib.contextmanager
+def _no_fsdp_environment() -> Iterator[None]:
+    """While accelerate's FSDP plugin is built here: without the ``FSDP_*`` variables of this shell, which
+    it reads (``FSDP_TRANSFORMER_CLS_TO_WRAP`` over ``_no_split_modules``, say). What the probe copies is
+    what the written command's flags make, whatever the shell that ran the probe held."""
+    import os
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("FSDP_")}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)

@@ -1,5 +1,7 @@
 """Optuna's journal file, read so that one torn record stops nothing: the backend every journal of
-trainfit's goes through (an output folder's ``study.journal``, a shared ``--storage PATH.journal``).
+trainfit's goes through (a shared ``--storage PATH.journal``, and an output folder's ``study.journal``,
+which :func:`~trainfit.search.journal.mend_journal` checks first on ``--resume``: a run's own journal
+has no other writer, so its damage is a crash's, mended or refused with the way on).
 
 The format is Optuna's own (one JSON record a line, appended under ``JournalFileSymlinkLock``, the
 lock Optuna's ``JournalFileBackend`` takes), so Optuna's backend and this one can share a file. What
@@ -41,13 +43,15 @@ def tolerant_backend(journal: Path) -> Any:
     class TolerantJournalFile(BaseJournalBackend):
         def __init__(self) -> None:
             self._lock = JournalFileSymlinkLock(str(journal))
-            with naming(journal):
-                journal.open("ab").close()
+            if not journal.exists():  # made where there is none; one that exists is only read until a run appends
+                with naming(journal):
+                    journal.open("ab").close()
             self._offsets = {0: 0}  # a record's number -> where its line starts
             self._warned: set[int] = set()
 
         def read_logs(self, log_number_from: int) -> Iterator[dict[str, Any]]:
-            number = max(n for n in self._offsets if n <= log_number_from)
+            number = log_number_from if log_number_from in self._offsets else \
+                max(n for n in self._offsets if n <= log_number_from)
             with journal.open("rb") as f:
                 f.seek(self._offsets[number])
                 data = f.read()

@@ -124,40 +124,41 @@ def open_storage(url: str, on_stale: Callable[[Any, Any], None] | None = None,
 
 def _rdb_storage(url: str, on_stale: Callable[[Any, Any], None] | None) -> Any:
     """:func:`_new_rdb_storage`, tried again (5 times in all) where several runs created a new database's
-    tables at the same moment and this one lost the race. A server that answers but refuses the URL (no
-    such database or user, a wrong password) is an error at once: no wait would change its answer."""
+    tables at the same moment and this one lost the race. A database that cannot be opened for a cause
+    no wait changes (a wrong password, a database, host name or SQLite folder that does not exist) is an
+    error at once; only a server that is away (:func:`_away`) is left to the caller's wait."""
     for attempt in range(1, 6):
         try:
             return _new_rdb_storage(url, on_stale)
         except Exception as err:
-            if (refusal := _refused(err)) is not None:
-                raise TrainfitError(f"--storage {masked(url)}: the database server refused it: {refusal}",
-                                    "check the URL's user, password and database name (the database must "
-                                    "exist: CREATE DATABASE NAME)") from None
+            reason = unreachable(err)
+            if reason is not None and not _away(url, reason):
+                raise TrainfitError(f"cannot open --storage {masked(url)}: {reason}",
+                                    "check the URL: its host, user, password and database (which must exist: "
+                                    "CREATE DATABASE NAME), or a SQLite file's folder") from None
             if attempt == 5 or not _lost_race(err):
                 raise
             time.sleep(0.2 * attempt)
     raise AssertionError("unreachable")
 
 
-REFUSED = ("28000", "28P01", "3D000")
-"""PostgreSQL's codes of a connection the server refused: the authorization (``invalid_authorization_
-specification``), the password (``invalid_password``), the database (``invalid_catalog_name``)."""
-REFUSED_WORDS = ("authentication failed", "does not exist", "no password supplied", "no pg_hba.conf entry")
-"""The same refusals as libpq words them, where the driver gives no code (a refusal while connecting)."""
+AWAY = ("connection refused", "no such file or directory", "is the server running", "starting up", "shutting down",
+        "timeout expired", "timed out", "server closed the connection", "can't connect to", "lost connection",
+        "connection reset", "network is unreachable", "no route to host", "in recovery mode")
+"""How drivers word a server that is not answering now (libpq, psycopg, the MySQL clients): a restart, a
+failover, a network cut. Anything else a server or driver says at the opening (a refused password, a
+missing database, a host name no resolver knows) is said at once."""
 
 
-def _refused(err: Exception) -> str | None:
-    """The driver's first line where the server refused the URL itself (see :data:`REFUSED`), else None."""
-    reason = unreachable(err)
-    if reason is None:
-        return None
-    link: BaseException | None = err
-    while link is not None and getattr(link, "orig", None) is None:
-        link = link.__cause__ or link.__context__
-    orig = getattr(link, "orig", None)
-    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    return reason if code in REFUSED or any(word in str(orig) for word in REFUSED_WORDS) else None
+def _away(url: str, reason: str) -> bool:
+    """Is the database server of ``url`` away now (a wait may see it back), going by the driver's words?
+    Never for SQLite: a file on this machine is not restarting."""
+    from sqlalchemy.engine import make_url
+
+    if make_url(url).get_backend_name() == "sqlite":
+        return False
+    text = reason.lower()
+    return any(words in text for words in AWAY)
 
 
 def _new_rdb_storage(url: str, on_stale: Callable[[Any, Any], None] | None) -> Any:
