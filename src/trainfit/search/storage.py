@@ -152,11 +152,16 @@ missing database, a host name no resolver knows) is said at once."""
 
 def _away(url: str, reason: str) -> bool:
     """Is the database server of ``url`` away now (a wait may see it back), going by the driver's words?
-    Never for SQLite: a file on this machine is not restarting."""
+    Never for SQLite (a file on this machine is not restarting), nor for a Unix socket in a folder that
+    does not exist."""
     from sqlalchemy.engine import make_url
 
-    if make_url(url).get_backend_name() == "sqlite":
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
         return False
+    socket = parsed.query.get("host") or parsed.host or ""
+    if isinstance(socket, str) and socket.startswith("/") and not Path(socket).is_dir():
+        return False  # a Unix socket's folder that does not exist: no server is coming there
     text = reason.lower()
     return any(words in text for words in AWAY)
 
