@@ -131,14 +131,15 @@ def _rdb_storage(url: str, on_stale: Callable[[Any, Any], None] | None) -> Any:
         try:
             return _new_rdb_storage(url, on_stale)
         except Exception as err:
+            if _lost_race(err) and attempt < 5:
+                time.sleep(0.2 * attempt)
+                continue
             reason = unreachable(err)
             if reason is not None and not _away(url, reason):
                 raise TrainfitError(f"cannot open --storage {masked(url)}: {reason}",
                                     "check the URL: its host, user, password and database (which must exist: "
                                     "CREATE DATABASE NAME), or a SQLite file's folder") from None
-            if attempt == 5 or not _lost_race(err):
-                raise
-            time.sleep(0.2 * attempt)
+            raise
     raise AssertionError("unreachable")
 
 
@@ -197,14 +198,21 @@ already: what a run that creates a new database's tables meets when another run 
 
 def _lost_race(err: Exception) -> bool:
     """Did creating a new database's tables fail because another run created them at the same
-    moment? (A unique key of the catalogue, or PostgreSQL's table or type that exists already.)"""
+    moment? (A unique key of the catalogue, PostgreSQL's table or type that exists already, SQLite's
+    table that exists already or its file locked by the other run's writing.)"""
     import sqlalchemy.exc
 
     if isinstance(err, sqlalchemy.exc.IntegrityError):
         return True
     orig = getattr(err, "orig", None)
     code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)  # psycopg 3, psycopg2
+    if isinstance(err, sqlalchemy.exc.OperationalError) and type(orig).__module__.startswith("sqlite3"):
+        return any(words in str(orig) for words in SQLITE_RACE)
     return isinstance(err, sqlalchemy.exc.ProgrammingError) and code in DUPLICATE
+
+
+SQLITE_RACE = ("already exists", "database is locked")
+"""How SQLite words what a run meets when another creates the same file's tables at the same moment."""
 
 
 def _missing(err: ImportError) -> str:
