@@ -193,22 +193,28 @@ def test_a_closed_terminal_stops_tune_with_the_resume_line(tmp_path: Path) -> No
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_a_full_disk_mid_tune_says_so_and_resumes_with_every_trial(tmp_path: Path, capsys: Any) -> None:
+def test_a_full_disk_mid_tune_says_so_and_resumes_with_every_trial(tmp_path: Path, capsys: Any,
+                                                                   monkeypatch: Any) -> None:
     """A write that the kernel refuses with ENOSPC (report.html's temporary file, named for this
-    process, linked to /dev/full) after the first probe: one line naming the file and the cause,
-    the resume line, and the trial kept."""
+    process, opened on /dev/full where the write opens it: a link planted there is replaced, never
+    written through) after the first probe: one line naming the file and the cause, the resume
+    line, and the trial kept."""
+    from trainfit import files
+
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     out = tmp_path / "out"
     out.mkdir()
     full = out / f"report.html.{os.getpid()}.tmp"
-    full.symlink_to("/dev/full")
+    own = files.open_own
+    monkeypatch.setattr(files, "open_own", lambda path, mode: open("/dev/full", "wb") if path == full else own(path, mode))
     spec = small_search_spec(tmp_path)
     assert main(["tune", str(spec), "--output", str(out)]) == 2
     first, *rest = capsys.readouterr().err.strip().splitlines()
     assert first == f"trainfit tune: error: No space left on device ({full})"
     assert "free some space" in rest[0] and "Traceback" not in "".join(rest)
     assert not full.exists() and not full.is_symlink()  # the temporary file does not outlive the failure
+    monkeypatch.undo()  # the disk has room again
     assert main(shlex.split(rest[-1])[1:]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total_tested"] == 2 and "resuming: 1 trials already measured" in capsys.readouterr().out
