@@ -15,8 +15,10 @@ from trainfit.errors import TrainfitError
 
 Content = Union[str, bytes, Callable[[IO[bytes]], object]]
 
-_DISK = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
-"""The errors of a write the disk refused: the ones :func:`naming` pins on a file."""
+DISK_ERRORS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file too large",
+               errno.EROFS: "read-only file system", errno.EIO: "disk error"}
+"""The errors of a write the disk refused, in words: the ones :func:`naming` pins on a file."""
+_DISK = set(DISK_ERRORS)
 
 
 @contextlib.contextmanager

@@ -19,9 +19,10 @@ from flask import Flask, Response, abort, jsonify, render_template, request, sen
 from werkzeug.exceptions import HTTPException
 
 from trainfit.errors import TrainfitError
+from trainfit.files import DISK_ERRORS
 from trainfit.ui.jobs import Jobs
 from trainfit.ui.job_views import jobs_views
-from trainfit.ui.paths import DISK_ERRORS, Refused, Root, write_refused
+from trainfit.ui.paths import Refused, Root, write_refused
 from trainfit.ui.runs import figures, find_runs
 from trainfit.ui.spec_views import spec_views
 from trainfit.ui.specs import spec_files

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from trainfit.errors import TrainfitError
-from trainfit.files import file_kind
+from trainfit.files import DISK_ERRORS, file_kind
 
 UI_FOLDER = ".trainfit-ui"
 """The UI's own records under the root: ``jobs/<id>/`` (each job's record and log), saved specs."""
@@ -104,10 +104,6 @@ def read_regular(path: Path, limit: int = -1, *, errors: str = "replace") -> str
     given; bytes that are no UTF-8 are replaced (``errors="strict"``: a UnicodeDecodeError)."""
     with open_regular(path) as f:
         return f.read(limit).decode(errors=errors)
-
-
-DISK_ERRORS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file too large",
-               errno.EROFS: "read-only file system", errno.EIO: "disk error"}
 
 
 def write_refused(err: OSError, path: Path) -> Refused:
