@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import dump  # noqa: E402
 from search_efficiency import load, progress  # noqa: E402
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import with_tune
 
 

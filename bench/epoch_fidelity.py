@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Results, dump  # noqa: E402
 from trl_fidelity import PLACEHOLDER, local_model  # noqa: E402
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import with_tune
 
 ROOT = Path(__file__).resolve().parents[1]

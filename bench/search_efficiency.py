@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import dump  # noqa: E402
 from gpu_sweep import LLAMA_1B_OVERRIDES  # noqa: E402
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import with_tune
 
 # The model's own loss over the full logits (a trainer of one's own, not `trl sft`): TRL's fused head

@@ -76,7 +76,7 @@ def storage_overhead(kind: str, url: str | None, work: Path) -> float:
     """Seconds a trial of the grid through ``tune()`` with a stand-in probe, on ``kind``'s storage."""
     from tune_helpers import fixed_speed
 
-    from trainfit.search.tune_options import TuneOptions
+    from trainfit.tune.options import TuneOptions
     from trainfit.spec import load_spec
     from trainfit.tune import tune
 

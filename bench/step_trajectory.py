@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import dump  # noqa: E402
 from epoch_fidelity import base_overrides, corpus_file  # noqa: E402
 from plan_eta import at_tenth, model_overrides  # noqa: E402
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import with_tune
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from test_command import two_values
 from tune_helpers import Surface, synthetic_spec
 
 from trainfit.params import KNOBS, Params
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import Spec, load_spec
 from trainfit.trainer.axolotl import AXOLOTL_FILE, axolotl_fragment
 from trainfit.trainer.command import MODEL_PLACEHOLDER

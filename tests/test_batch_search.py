@@ -16,7 +16,7 @@ from tune_helpers import BUDGET, HEADROOM, Surface
 
 from trainfit.params import Params
 from trainfit.space import integers_between
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import Spec, load_spec, with_tune
 from trainfit.tune import tune
 

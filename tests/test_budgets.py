@@ -14,7 +14,7 @@ from tune_helpers import Surface, synthetic_spec
 
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.tune import tune
 from trainfit.tune.budgets import parse_budgets, rejudged, tune_budgets
 

@@ -21,7 +21,7 @@ from tune_helpers import fixed_speed
 from trainfit.errors import TrainfitError
 from trainfit.plan.inputs import best_step_cost
 from trainfit.probe.timing import relative_ci95
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.trainer.calibration import Calibration, calibrate, calibration_args, short_steps
 from trainfit.trainer.launch import run_logged, run_timed

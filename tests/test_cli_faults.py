@@ -20,7 +20,7 @@ from trainfit.cli import build_parser, main
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.probe.events import Phase
 from trainfit.search.events import ProbeProgress
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec
 
 CLI = [sys.executable, "-c", "import sys; from trainfit.cli import main; sys.exit(main())"]
@@ -258,7 +258,7 @@ def test_a_ctrl_c_whose_file_cleanup_then_fails_is_still_an_interrupt(tmp_path: 
         except KeyboardInterrupt:
             raise FileNotFoundError(2, "No such file or directory", str(tmp_path / "study.journal.lock1.rename"))
 
-    monkeypatch.setattr(tune_cli, "tune", interrupted_in_the_lock)  # the CLI's handling is what is tested
+    monkeypatch.setattr(tune_cli, "run_tune", interrupted_in_the_lock)  # the CLI's handling is what is tested
     out = tmp_path / "out"
     assert main(["tune", str(small_search_spec(tmp_path)), "--output", str(out)]) == 130
     err = capsys.readouterr().err

@@ -21,7 +21,7 @@ from trainfit.cli import main
 from trainfit.cli.tune_render import TuneView
 from trainfit.errors import TrainfitError
 from trainfit.search.events import TrialsLost, TuneEvent
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import with_tune
 from trainfit.tune import tune
 
@@ -184,7 +184,7 @@ import resource, sys
 sys.path.insert(0, {tests!r})
 from tune_helpers import Surface
 from trainfit.errors import os_error
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec, with_tune
 from trainfit.tune import tune
 

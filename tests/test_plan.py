@@ -21,7 +21,7 @@ from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, write_speed
 from trainfit.plan.eval_pass import Evaluation
 from trainfit.plan.inputs import Candidate, load_run
 from trainfit.plan.options import fewer_epochs, shorter_max_length, subset
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 
 FAST_DISK = 1e9  # bytes/s: checkpoints cost ~nothing in the tests of the rules
 

@@ -28,7 +28,7 @@ from trainfit.plan.estimated import ESTIMATED, MFU_SPREAD, from_throughput, like
 from trainfit.plan.html import plan_section
 from trainfit.plan.inputs import Candidate, TuneRun
 from trainfit.probe.measurement import Measurement
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.train.prepare import to_train
 from trainfit.tune import tune

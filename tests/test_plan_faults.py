@@ -30,7 +30,7 @@ from trainfit.plan.options import fewer_epochs
 from trainfit.probe.measurement import Measurement
 from trainfit.run_folder import TRAINER_COST_FILE
 from trainfit.search.events import TrialsLost
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.summary import Summary, TrainerCost
 from trainfit.trainer.calibration import Calibration

@@ -261,7 +261,7 @@ def tuned_folder(tmp_path: Path, **params: object) -> Path:
     written by a tune whose probes are not probes (these tests are about what it leaves)."""
     from tune_helpers import fixed_speed
 
-    from trainfit.search.tune_options import TuneOptions
+    from trainfit.tune.options import TuneOptions
     from trainfit.tune import tune
 
     write_texts(texts := tmp_path / "train.jsonl")

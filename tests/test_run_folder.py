@@ -12,7 +12,7 @@ from tune_helpers import fixed_speed
 
 from trainfit.errors import TrainfitError
 from trainfit.run_folder import COMMAND_FILE, SUMMARY_FILE, RunFolder
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.tune import tune
 

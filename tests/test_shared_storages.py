@@ -40,7 +40,7 @@ from trainfit.search import claims
 from trainfit.search.events import StorageBack, StorageLost
 from trainfit.search.reconnect import outage_line
 from trainfit.search.storage import masked, open_storage, study_name
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import Spec, load_spec
 from trainfit.tune import tune
 

@@ -22,7 +22,7 @@ from trainfit.params import Params
 from trainfit.plan.inputs import load_run
 from trainfit.search import loop as search_loop
 from trainfit.search.events import JournalRepaired, TuneEvent, Waiting
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec, with_tune
 from trainfit.tune import tune
 

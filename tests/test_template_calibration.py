@@ -13,7 +13,7 @@ from conftest import EXAMPLES
 from tune_helpers import fixed_speed
 
 from trainfit.errors import TrainfitError
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.trainer.calibration import calibrate
 from trainfit.trainer.calibration_checks import check_can_calibrate

@@ -23,7 +23,7 @@ from trainfit.plan.eta import estimate
 from trainfit.plan.inputs import load_run
 from trainfit.probe.measurement import Measurement
 from trainfit.run_folder import TRAINER_COST_FILE
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.search.ranking import with_trainer_cost
 from trainfit.spec import load_spec, with_tune
 from trainfit.summary import Summary, TrainerCost
@@ -455,17 +455,19 @@ def test_tune_budgets_on_a_gpu_says_it_is_not_calibrated(tmp_path: Path, monkeyp
     from conftest import TINY_LLAMA, make_spec_file, write_texts
 
     import trainfit.cli.tune as cli_tune
-    from trainfit.cli.tune import _calibration
+    from trainfit.cli.tune import print_plan
+    from trainfit.tune import resolve
 
     data = tmp_path / "train.jsonl"
     write_texts(data, n=20)
     spec = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, data={"path": str(data)},
                                     params={"max_length": 64}))
     monkeypatch.setattr(cli_tune, "resolve_device_name", lambda device: "cuda:0")  # what a GPU machine resolves
-    assert _calibration(argparse.Namespace(budgets="8,16", calibrate=None), spec) is True
+    plan = resolve(spec, TuneOptions(output=tmp_path / "out", calibrate_steps=0))  # as the CLI's --budgets resolves
+    print_plan(argparse.Namespace(budgets="8,16", calibrate=None, spec=spec.source), plan)
     assert "not calibrated (--budgets" in capsys.readouterr().out
-    _calibration(argparse.Namespace(budgets="8,16", calibrate=0), spec)  # --calibrate 0: nothing to say
-    assert capsys.readouterr().out == ""
+    print_plan(argparse.Namespace(budgets="8,16", calibrate=0, spec=spec.source), plan)  # --calibrate 0: nothing said
+    assert "not calibrated" not in capsys.readouterr().out
 
 
 def test_a_calibration_prices_the_timed_steps_with_the_probes_wait_for_data(tmp_path: Path, monkeypatch: Any) -> None:

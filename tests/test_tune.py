@@ -16,7 +16,7 @@ from tune_helpers import BUDGET, GRID, HEADROOM, GiB, Surface, fixed_speed, synt
 from trainfit.errors import SpecError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.space import parse_space
 from trainfit.spec import load_spec, with_tune
 from trainfit.tune import tune

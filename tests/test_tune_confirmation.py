@@ -13,7 +13,7 @@ from tune_helpers import RUNNER_UP, GiB, Noisy, Surface, store_for, synthetic_sp
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.events import TrialEnd, Waiting
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.tune import tune
 

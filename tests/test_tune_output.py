@@ -15,7 +15,7 @@ from trainfit.cli import main
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec
 from trainfit.summary import Summary
 from trainfit.template import render_template

@@ -18,7 +18,7 @@ from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.search.events import SharedStudy, TuneEvent
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions, TuneResult
 from trainfit.spec import load_spec, with_tune
 from trainfit.tune import tune
 
@@ -105,24 +105,25 @@ def test_a_running_tune_holds_its_output_folder(tmp_path: Path) -> None:
                                                            resume=True)).new_trials == 1
 
 
-def test_the_output_folder_stays_held_until_the_tunes_last_write(tmp_path: Path) -> None:
-    """``tune --calibrate`` writes the outputs again after the search (``run_search``'s ``then``): a run
-    started on the folder meanwhile is refused, and the folder is free once the tune returns."""
-    from trainfit.search.loop import TuneResult, run_search
-    from trainfit.tune.outputs import write_outputs
+def test_the_output_folder_stays_held_until_the_tunes_last_write(tmp_path: Path, monkeypatch: Any) -> None:
+    """``tune --calibrate`` writes the outputs again after the search: a run started on the folder
+    while the calibration runs is refused, and the folder is free once the tune returns. (The
+    calibration itself, a real trainer's run, stands aside: what is tested is the folder's hold.)"""
+    import trainfit.tune
 
-    spec = synthetic_spec(tmp_path, "grid")
+    spec = load_spec(synthetic_spec(tmp_path, "grid").source, ["tune.command_template=train --steps {max_steps}"])
     out = tmp_path / "out"
     refused: list[str] = []
 
-    def then(result: TuneResult) -> TuneResult:  # as the calibration runs
+    def calibrating(result: TuneResult, steps: int, options: TuneOptions, rewrite: Any) -> TuneResult:
         with pytest.raises(TrainfitError, match=r"in use by a running trainfit tune") as err:
             tune(with_tune(spec, max_trials=3), TuneOptions(output=out, probe_fn=Surface(), resume=True))
         refused.append(str(err.value))
+        rewrite(None)  # the outputs written again, as the calibration does
         return result
 
-    run_search(with_tune(spec, max_trials=2), TuneOptions(output=out, probe_fn=Surface()), outputs=write_outputs,
-               then=then)
+    monkeypatch.setattr(trainfit.tune, "calibrated", calibrating)
+    tune(with_tune(spec, max_trials=2), TuneOptions(output=out, probe_fn=Surface(), calibrate_steps=2))
     assert len(refused) == 1
     assert tune(with_tune(spec, max_trials=3), TuneOptions(output=out, probe_fn=Surface(), resume=True)).new_trials == 1
 

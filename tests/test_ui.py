@@ -26,7 +26,7 @@ from conftest import EXAMPLES, alive, gone_within  # noqa: E402
 from tune_helpers import fixed_speed  # noqa: E402
 
 from trainfit.params import KNOBS  # noqa: E402
-from trainfit.search.tune_options import TuneOptions  # noqa: E402
+from trainfit.tune.options import TuneOptions  # noqa: E402
 from trainfit.spec import load_spec  # noqa: E402
 from trainfit.tune import tune  # noqa: E402
 from trainfit.ui import commands, forms  # noqa: E402

@@ -19,7 +19,7 @@ from conftest import EXAMPLES, TINY_LLAMA
 
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.search.tune_options import TuneOptions
+from trainfit.tune.options import TuneOptions
 from trainfit.spec import load_spec, with_tune
 from trainfit.trainer.command import command_script
 from trainfit.tune import tune

@@ -34,9 +34,9 @@ _LAZY = {
     "LengthRecipe": "trainfit.data.row_length",
     "count_lengths": "trainfit.data.lengths",
     "summarize": "trainfit.data.stats",
-    "TuneOptions": "trainfit.search.tune_options",
+    "TuneOptions": "trainfit.tune.options",
     "with_tune": "trainfit.spec",
-    "TuneResult": "trainfit.search.loop",
+    "TuneResult": "trainfit.tune.options",
     "Summary": "trainfit.summary",
     "OnTrackCallback": "trainfit.train.monitor",
     "TrainOptions": "trainfit.train.train_options",
@@ -56,10 +56,9 @@ if TYPE_CHECKING:
     from trainfit.params import Params
     from trainfit.probe.measurement import Measurement
     from trainfit.probe.runner import run_probe
-    from trainfit.search.loop import TuneResult
-    from trainfit.search.tune_options import TuneOptions
     from trainfit.spec import Spec, load_spec, with_tune
     from trainfit.summary import Summary
+    from trainfit.tune.options import TuneOptions, TuneResult
     from trainfit.workloads.factory import CustomWorkload
 
 

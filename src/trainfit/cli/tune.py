@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from trainfit.cli import COMMANDS, interrupt_behind
@@ -20,9 +22,9 @@ from trainfit.cli.tune_render import TuneView, print_result
 from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError, os_error
 from trainfit.format import table
-from trainfit.search.tune_options import TuneOptions
 from trainfit.spec import STRATEGIES, unused_lora_note, with_tune
-from trainfit.tune import GROUPING_PADDING_SHARE, calibration_steps, tune, with_default_search
+from trainfit.tune import GROUPING_PADDING_SHARE, TunePlan, calibration_steps, resolve, run_tune
+from trainfit.tune.options import TuneOptions
 from trainfit.tune.budgets import HEADER, parse_budgets, tune_budgets
 from trainfit.tune.outputs import EFFECTIVE_BATCH, learning_knobs, run_samples
 
@@ -95,11 +97,8 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def output_folder(args: argparse.Namespace):
+def output_folder(args: argparse.Namespace) -> Path:
     """--output, or a fresh timestamped folder per run; --resume alone takes the latest one."""
-    from datetime import datetime
-    from pathlib import Path
-
     if args.output:
         return Path(args.output)
     base = Path("trainfit-runs") / Path(args.spec).stem
@@ -112,33 +111,59 @@ def output_folder(args: argparse.Namespace):
     return base / datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def saved_where(args: argparse.Namespace) -> str:
+def saved_where(args: argparse.Namespace, output: Path) -> str:
     """Where an interrupted or failed tune kept its trials, in words."""
-    return f"every finished trial is saved in {args.storage or args.output}"
-
-
-def resume_hint(args: argparse.Namespace) -> str:
-    return f"{saved_where(args)}; continue with\n  {resume_command(args.argv, args.output)}"
+    return f"every finished trial is saved in {args.storage or output}"
 
 
 def run(args: argparse.Namespace) -> int:
-
     spec = spec_from_args(args)
-    args.output = str(output_folder(args))
+    output = output_folder(args)
     stats = stats_from_args(args, spec, progress=not args.quiet)
-    searched = with_default_search(spec, stats)
-    if searched is not spec:
-        spec = searched
+    if args.calibrate and args.budgets:
+        raise TrainfitError("--calibrate and --budgets together: a calibration times one folder's written command",
+                            "tune with --budgets, then `trainfit plan BUDGET_FOLDER --calibrate N` on the budget "
+                            "you train with")
+    # The flags' run limits go into the spec's tune: section, the one channel the search reads.
+    spec = with_tune(spec, strategy=args.strategy, max_trials=args.max_trials, time_budget_s=args.time_budget,
+                     confirm_rounds=args.confirm)
+    options = TuneOptions(output=output, stats=stats, resume=args.resume, join=args.join, storage=args.storage,
+                          quick=args.quick, refine=args.refine,
+                          on_event=TuneView(args.quiet, spec.tune.objective, run_samples(spec, stats),
+                                            spec.tune.epochs),
+                          # --budgets calibrates no folder, and without --calibrate 0 a kept trainer cost still ranks
+                          calibrate_steps=0 if args.budgets else args.calibrate,
+                          calibration_optional=bool(args.budgets) and args.calibrate is None,
+                          on_calibration=_calibration_note if args.quiet else _calibration_line)
+    try:
+        plan = resolve(spec, options)
+        print_plan(args, plan)
+        if args.budgets:
+            return run_budgets(args, plan)
+        result = run_tune(plan)
+    except KeyboardInterrupt as err:
+        return interrupted(err, args.argv, output, saved_where(args, output))
+    except OSError as err:  # a full disk mid-run: the study keeps every trial that ended
+        if (interrupt := interrupt_behind(err)) is not None:  # a Ctrl-C inside the journal's lock
+            print(f"while stopping: {os_error(err)}", file=sys.stderr)
+            return interrupted(interrupt, args.argv, output, saved_where(args, output))
+        print(f"trainfit tune: error: {os_error(err)}\n{saved_where(args, output)}; continue with\n  "
+              f"{resume_command(args.argv, output)}", file=sys.stderr)
+        return 2
+    return print_result(result, plan.spec)
+
+
+def print_plan(args: argparse.Namespace, plan: TunePlan) -> None:
+    """What the tune will search, before its first probe."""
+    spec, stats = plan.spec, plan.options.stats
+    assert spec.search is not None, "resolve gives every plan a search space"
+    if plan.default_search:
         print(f"no search: section in {args.spec}: searching {', '.join(spec.search.names)} at the effective "
               f"batch {spec.search.target_effective_batch} (raise it with tune.target_effective_batch, or give a "
               "search: section)" + ("; length grouping too: random batches of this data are more than "
                                     f"{GROUPING_PADDING_SHARE:.0%} padding" if "group_by_length" in spec.search.names
                                     else ""))
-    # The flags' run limits go into the spec's tune: section, the one channel the search reads (after
-    # the spec is final: a re-read would drop them).
-    spec = with_tune(spec, strategy=args.strategy, max_trials=args.max_trials, time_budget_s=args.time_budget,
-                     confirm_rounds=args.confirm)
-    print(f"trainfit tune: {spec.source} -> {args.output}")
+    print(f"trainfit tune: {spec.source} -> {plan.options.output}")
     if stats is not None:
         print(f"data: {stats.headline()}")
     print(f"space: {', '.join(f'{d.name} {list(d.grid_values())}' for d in spec.search.dims)}; "
@@ -150,50 +175,14 @@ def run(args: argparse.Namespace) -> int:
               "over its processes passes) and changes what is learned; the summary gives the fastest per effective "
               "batch (set tune.target_effective_batch, at least every batch size x processes, to compare every "
               "config at one)")
-    by_default = _calibration(args, spec)
-    if args.calibrate and args.budgets:
-        raise TrainfitError("--calibrate and --budgets together: a calibration times one folder's written command",
-                            "tune with --budgets, then `trainfit plan BUDGET_FOLDER --calibrate N` on the budget "
-                            "you train with")
-    options = TuneOptions(output=args.output, stats=stats, resume=args.resume, join=args.join, storage=args.storage,
-                          quick=args.quick, refine=args.refine,
-                          on_event=TuneView(args.quiet, spec.tune.objective, run_samples(spec, stats),
-                                            spec.tune.epochs),
-                          calibrate_steps=args.calibrate or 0, calibration_optional=by_default,  # decided above
-                          on_calibration=_calibration_note if args.quiet else _calibration_line)
-    try:
-        if args.budgets:
-            return run_budgets(args, spec, options)
-        result = tune(spec, options)
-    except KeyboardInterrupt as err:
-        return interrupted(err, args.argv, args.output, saved_where(args))
-    except OSError as err:  # a full disk mid-run: the study keeps every trial that ended
-        if (interrupt := interrupt_behind(err)) is not None:  # a Ctrl-C inside the journal's lock
-            print(f"while stopping: {os_error(err)}", file=sys.stderr)
-            return interrupted(interrupt, args.argv, args.output, saved_where(args))
-        print(f"trainfit tune: error: {os_error(err)}\n{resume_hint(args)}", file=sys.stderr)
-        return 2
-    return print_result(result, spec)
-
-
-def _calibration(args: argparse.Namespace, spec: Any) -> bool:
-    """Set ``args.calibrate`` to the steps to calibrate with (on a GPU 30 where none was asked for,
-    see :func:`trainfit.tune.calibration_steps`), saying why where it is not what was asked; True
-    where it is that default (its failure is then a note, not an error)."""
-    by_default = args.calibrate is None
-    device = resolve_device_name(spec.probe.device)
-    if not args.budgets:
-        args.calibrate, why = calibration_steps(spec, device, args.calibrate)
-        if why is not None:
-            print(f"note: {why}")
-    elif by_default and calibration_steps(spec, device, None)[0]:
+    if args.budgets and args.calibrate is None and \
+            calibration_steps(spec, resolve_device_name(spec.probe.device), None)[0]:
         print("note: not calibrated (--budgets: a calibration times one folder's written command); the ranking rests "
               "on the probes alone: `trainfit plan BUDGET_FOLDER --calibrate 30` times the budget you train with")
-    return by_default
 
 
 def _calibration_line(line: str) -> None:
-    print(f"  calibration: {line}", flush=True)
+    print(line if line.startswith("note:") else f"  calibration: {line}", flush=True)
 
 
 def _calibration_note(line: str) -> None:
@@ -202,10 +191,8 @@ def _calibration_note(line: str) -> None:
         print(line, flush=True)
 
 
-def run_budgets(args: argparse.Namespace, spec: Any, options: TuneOptions) -> int:
+def run_budgets(args: argparse.Namespace, plan: TunePlan) -> int:
     """``--budgets``: one search per budget, sharing what is measured; the matrix at the end."""
-    from pathlib import Path
-
     budgets = parse_budgets(args.budgets)
     if args.memory_gb is not None or args.storage:
         raise TrainfitError("--budgets sets the budget of each search (and keeps each in its own folder's journal)",
@@ -214,9 +201,9 @@ def run_budgets(args: argparse.Namespace, spec: Any, options: TuneOptions) -> in
     def announce(budget: float, folder: Path) -> None:
         print(f"\n== budget {budget:g} GiB -> {folder}")
 
-    matrix, _ = tune_budgets(spec, budgets, options, announce=announce)
+    matrix, _ = tune_budgets(plan.spec, budgets, plan.options, announce=announce)
     print("\nBUDGET MATRIX (the fastest measured config under each budget)")
     print(table([HEADER, *matrix.cells()]))
     print(f"\n{matrix.probes} probes in all; each budget's summary.json and train_command.sh are in its folder; "
-          f"the matrix in {Path(args.output) / 'budgets.json'}")
+          f"the matrix in {Path(plan.options.output) / 'budgets.json'}")
     return 0 if matrix.rows[0].trial is not None else 1

@@ -21,7 +21,8 @@ from trainfit.search.events import (
     TuneEvent,
     Waiting,
 )
-from trainfit.search.loop import TuneResult, common_failure
+from trainfit.search.loop import common_failure
+from trainfit.tune.options import TuneResult
 from trainfit.search.ranking import noise_warning
 from trainfit.search.reconnect import outage_line
 from trainfit.spec import Spec

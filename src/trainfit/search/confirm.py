@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.search.events import ConfirmEnd, ConfirmStart
-from trainfit.search.tune_options import EventFn, ProbeFn
+from trainfit.search.options import EventFn, ProbeFn
 from trainfit.search.ranking import ranked, within_noise
 from trainfit.search.study import TrialStore
 from trainfit.search.trials import Trial, config_key

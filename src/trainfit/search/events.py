@@ -1,4 +1,4 @@
-"""What a running search reports, one frozen record per kind: ``TuneOptions.on_event`` gets
+"""What a running search reports, one frozen record per kind: ``SearchOptions.on_event`` gets
 them in order; ``trainfit tune`` renders them (``cli/tune_render.py``)."""
 
 from __future__ import annotations

@@ -1,17 +1,19 @@
-"""The tuning loop: ask a strategy, probe, persist, repeat; then write the outputs.
+"""The search as ask/tell: open a study (:func:`open_search`), then ask a strategy, probe, tell the
+study, repeat (:meth:`Search.measured` yields the state as each probed trial ends).
 
-Every trial is stored in the study as it ends and the outputs are rewritten after each one, so
-an interrupted run loses at most the probe in flight, and ``resume=True`` picks up from there.
+Every trial is stored in the study as it ends, so an interrupted run loses at most the probe in
+flight, and ``resume=True`` picks up from there. The search writes nothing else and knows nothing of
+what its caller does with a trial: ``trainfit.tune`` writes its outputs from each state.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
@@ -31,6 +33,7 @@ from trainfit.search.events import (
     TrialStart,
     Waiting,
 )
+from trainfit.search.options import EventFn, ProbeFn, SearchOptions
 from trainfit.search.ranking import Repeats, ranked
 from trainfit.search.stops import (
     SEARCH_COMPLETE,
@@ -45,32 +48,29 @@ from trainfit.search.strategies import make_strategy
 from trainfit.search.study import TrialStore
 from trainfit.search.trial_records import trial_values
 from trainfit.search.trials import Trial, can_run, config_key, unsupported_values
-from trainfit.search.tune_options import EventFn, ProbeFn, TuneOptions
 from trainfit.space import SearchSpace
 from trainfit.spec import Spec
-from trainfit.summary import Summary
+
+RUNNING = "running"
+"""``SearchState.stop_reason`` while the search goes on."""
 
 
-class OutputWriter(Protocol):
-    """Writes a run's outputs from its trials so far and returns the summary (``trainfit.tune.outputs.write_outputs``:
-    the search itself writes nothing, so it does not depend on the report)."""
+@dataclass(frozen=True, kw_only=True)
+class SearchState:
+    """The search as a probed trial ends, or as it ends: what a writer of its outputs reads."""
 
-    def __call__(self, output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
-                 stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
-                 repeats: Repeats) -> Summary: ...
+    trials: list[Trial]
+    """Every measured trial of the study (a shared storage's other runs' too)."""
+    stop_reason: str
+    """Why it ended; :data:`RUNNING` while it goes on."""
+    elapsed_s: float
+    repeats: Repeats
+    """Each config's confirmation re-probes."""
+    new_trials: int
+    """Trials this run probed."""
 
 
 BUSY_WAIT_S = 5.0  # beside other runs of a shared storage: how often to look for their results
-
-
-@dataclass
-class TuneResult:
-    trials: list[Trial]
-    best: Trial | None
-    summary: Summary
-    output: Path
-    stop_reason: str
-    new_trials: int
 
 
 @dataclass
@@ -100,17 +100,24 @@ AGAIN = object()
 
 
 class SearchLoop:
-    """Ask, probe, store, write; one ``turn`` per trial (see :func:`run_search`)."""
+    """Ask, probe, tell; one ``turn`` per trial (see :class:`Search`)."""
 
     def __init__(self, spec: Spec, space: SearchSpace, store: TrialStore, limits: Limits, probe_fn: ProbeFn,
-                 emit: EventFn, strat: Any, write: Callable[[LoopState, str], Summary]) -> None:
+                 emit: EventFn, strat: Any) -> None:
         self.spec, self.space, self.store, self.limits = spec, space, store, limits
-        self.probe_fn, self.emit, self.strat, self.write = probe_fn, emit, strat, write
+        self.probe_fn, self.emit, self.strat = probe_fn, emit, strat
         self.state = LoopState(history=store.history(), start=time.perf_counter())
+        self.ended: TrialEnd | None = None
+        """The event of the trial just probed, emitted once its state was yielded."""
 
-    def run(self) -> None:
+    def run(self) -> Iterator[SearchState]:
+        """Turns until a stop rule ends them: the state after each probed trial (its ``TrialEnd``
+        event follows, once the caller has taken it)."""
         while self.turn():
-            pass
+            if self.ended is not None:
+                yield self.snapshot(RUNNING)
+                ended, self.ended = self.ended, None
+                self.emit(ended)
         if self.state.refined:
             self.state.stop_reason += f"; then refined: {self.state.refined} neighbour(s) of the best probed"
 
@@ -204,11 +211,15 @@ class SearchLoop:
             m = self.probe_fn(self.space.params(values), trial.number)
         s.history.append(self.store.tell(trial, values, m, s.history))
         s.new_trials += 1
-        self.write(s, "running")
         s.refined += s.refining
-        self.emit(TrialEnd(number=trial.number, index=len(s.history), max_trials=limits.most_trials,
+        self.ended = (TrialEnd(number=trial.number, index=len(s.history), max_trials=limits.most_trials,
                            refining=s.refining, values=values, measurement=m, best=next(iter(ranked(s.history)), None),
                            elapsed_s=s.elapsed(), mean_probe_s=s.elapsed() / max(s.new_trials, 1)))
+
+    def snapshot(self, stop_reason: str) -> SearchState:
+        s = self.state
+        return SearchState(trials=list(s.history), stop_reason=stop_reason, elapsed_s=s.elapsed(),
+                           repeats=self.store.repeats(), new_trials=s.new_trials)
 
     def wait_for_others(self, searching: bool = True) -> None:
         """``searching``: their results decide what to probe next; else the summary waits for them."""
@@ -307,13 +318,55 @@ def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: Eve
     return probe_fn, session, device_type or resolve_device_name(spec.probe.device), stats
 
 
-def run_search(spec: Spec, options: TuneOptions, *, outputs: OutputWriter,
-               then: Callable[[TuneResult], TuneResult] | None = None) -> TuneResult:
-    """Search ``spec.search`` for the fastest configuration that fits ``spec.budget``, within the
-    limits of ``spec.tune`` and as ``options`` say (see :class:`TuneOptions`), writing the run's
-    outputs with ``outputs`` after every trial and at the end (``trainfit.tune`` passes the
-    report's writer). ``then``: what to do with the result before the output folder is released
-    (``trainfit.tune``'s calibration, which writes the outputs again), its result the search's.
+class Search:
+    """An open search (see :func:`open_search`): its space, limits and data lengths, the trials it
+    measures (:meth:`measured`) and how it ended (:meth:`outcome`)."""
+
+    def __init__(self, loop: SearchLoop, probe_fn: ProbeFn, stats: LengthStats | None,
+                 session: ProbeSession | None) -> None:
+        self.loop, self.probe_fn, self.stats, self.session = loop, probe_fn, stats, session
+        self.space, self.limits = loop.space, loop.limits
+
+    def measured(self) -> Generator[SearchState, None, None]:
+        """Ask, probe and tell until a stop rule ends the search (then, with ``--refine``, the best's
+        neighbours; beside a shared storage, the trials other runs still probe), then ``--confirm``'s
+        re-probes: the state as each probed trial ends. Its probes' kept workers are stopped once
+        it is done, or closed."""
+        loop = self.loop
+        try:
+            yield from loop.run()
+            while loop.settle():  # a dead run's trial, counted against the budget, was closed unmeasured
+                yield from loop.run()
+            confirm(loop.spec, self.space, loop.store, loop.state.history, self.probe_fn, loop.emit)
+        finally:
+            self.close_probes()
+
+    def outcome(self) -> SearchState:
+        """How the search ended, with every trial of the study (what other runs of a shared storage
+        measured meanwhile too)."""
+        state, store = self.loop.state, self.loop.store
+        if store.shared:
+            state.history = store.history()
+        return self.loop.snapshot(state.stop_reason)
+
+    def close_probes(self) -> None:
+        if self.session is not None:
+            self.session.close()  # no worker outlives the search
+
+
+@contextlib.contextmanager
+def open_search(spec: Spec, options: SearchOptions) -> Iterator[Search]:
+    """Open the study of ``spec.search`` in ``options.output`` (or ``options.storage``), for a search
+    of the fastest configuration that fits ``spec.budget`` within the limits of ``spec.tune``, as
+    ``options`` say. The study holds the output folder until the block ends (a second run of it is
+    refused meanwhile).
+
+    Example::
+
+        with open_search(spec, SearchOptions(output="runs/a")) as search:
+            for state in search.measured():
+                print(len(state.trials), "trials")
+            print(search.outcome().stop_reason)
     """
     output = Path(options.output)
     space = spec.search or SearchSpace(base=spec.params, dims=())
@@ -323,46 +376,19 @@ def run_search(spec: Spec, options: TuneOptions, *, outputs: OutputWriter,
     probe_fn, device_type, stats = options.probe_fn, options.device_type, options.stats
     if probe_fn is None:
         probe_fn, session, device_type, stats = default_probe(spec, stats, output, emit, device_type)
-
-    def write(state: LoopState, reason: str) -> Summary:
-        return outputs(output, spec, space, state.history, stats=stats, strategy=limits.strategy,
-                       stop_reason=reason, elapsed_s=state.elapsed(), repeats=store.repeats())
-
-    store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective, resume=options.resume,
-                       storage=options.storage, seed=spec.tune.seed, sampler=options.sampler, join=options.join,
-                       on_event=emit)
-    with contextlib.closing(store):  # releases the output folder for the next run
-        strat = make_strategy(limits.strategy, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
-                              headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
-        loop = SearchLoop(spec, space, store, limits, probe_fn, emit, strat, write)
-        announce(store, loop.state.history, emit)
-        try:
-            loop.run()
-            while loop.settle():  # a dead run's trial, counted against the budget, was closed unmeasured
-                loop.run()
-            confirm(spec, space, store, loop.state.history, probe_fn, emit)
-        finally:
-            if session is not None:
-                session.close()  # no worker outlives the search
-        result = finish(loop, write, output)
-        return then(result) if then is not None else result
-
-
-def finish(loop: SearchLoop, write: Callable[[LoopState, str], Summary], output: Path) -> TuneResult:
-    """The run's result, its outputs written once more with every trial of the study."""
-    state, store = loop.state, loop.store
-    if store.shared:  # what other runs measured meanwhile goes in the summary too
-        state.history = store.history()
-    summary = write(state, state.stop_reason)
-    return TuneResult(trials=state.history, best=best_trial(state.history, summary), summary=summary, output=output,
-                      stop_reason=state.stop_reason, new_trials=state.new_trials)
-
-
-def best_trial(trials: Sequence[Trial], summary: Summary) -> Trial | None:
-    """The trial of ``summary``'s best config (ranked as the summary ranks: with a trainer cost
-    where it has one), None where nothing fit."""
-    best = summary.best_config
-    return None if best is None else next((t for t in trials if t.number == best.trial), None)
+    try:
+        store = TrialStore(output=output, spec=spec, space=space, objective=spec.tune.objective,
+                           resume=options.resume, storage=options.storage, seed=spec.tune.seed,
+                           sampler=options.sampler, join=options.join, on_event=emit)
+        with contextlib.closing(store):  # releases the output folder for the next run
+            strat = make_strategy(limits.strategy, space, seed=spec.tune.seed, budget_gb=spec.budget.memory_gb,
+                                  headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
+            loop = SearchLoop(spec, space, store, limits, probe_fn, emit, strat)
+            announce(store, loop.state.history, emit)
+            yield Search(loop, probe_fn, stats, session)
+    finally:
+        if session is not None:
+            session.close()
 
 
 def announce(store: TrialStore, history: list[Trial], emit: EventFn) -> None:

@@ -1,25 +1,28 @@
 """``tune``: the search (``trainfit.search``) with the outputs it leaves behind (``trainfit.tune.outputs``),
-as one call: what ``trainfit tune`` runs and what a script imports."""
+as one call: what ``trainfit tune`` runs and what a script imports.
+
+It reads top to bottom (:func:`run_tune`): each default decided once (:func:`resolve`), the trial
+loop with the outputs written after each trial, the calibration, the final write."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from trainfit.trainer.calibration_checks import check_can_calibrate
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.tune.trainer_cost import calibrated
+from trainfit.tune.options import TuneOptions, TuneResult, best_trial
 from trainfit.tune.outputs import write_outputs
 from trainfit.run_folder import RunFolder
-from trainfit.search.loop import TuneResult, run_search
-from trainfit.search.tune_options import TuneOptions
+from trainfit.search.loop import Search, SearchState, open_search
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
 from trainfit.devices import resolve_device_name
 from trainfit.space import default_batch_sizes, default_space
 from trainfit.spec import Spec
-from trainfit.summary import Summary
+from trainfit.summary import Summary, TrainerCost
 from trainfit.template import placeholders
 
 
@@ -97,6 +100,43 @@ def calibration_steps(spec: Spec, device: str, asked: int | None) -> tuple[int |
                                    "real steps after the search (--calibrate 0: none)")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TunePlan:
+    """A tune with every default decided (:func:`resolve`), for :func:`run_tune`."""
+
+    spec: Spec
+    """The spec with the space it searches: its own ``search:`` section, or the default one."""
+    options: TuneOptions
+    """The options, with the data's lengths where the default search depends on them."""
+    calibrate_steps: int | None
+    """Real steps of the written command timed after the search (None: no calibration)."""
+    default_search: bool
+    """The spec had no ``search:`` section: :func:`with_default_search` chose the space."""
+
+
+def resolve(spec: Spec, options: TuneOptions) -> TunePlan:
+    """Each default ``tune`` decides, decided once: the search space (the spec's, else
+    :func:`with_default_search`'s, which reads the data's lengths), and the calibration
+    (:func:`calibration_steps`: without ``options.calibrate_steps``, 30 real steps on a GPU where the
+    written command can run, and then optional; a note in ``options.on_calibration`` where it is none).
+    A spec whose command cannot be calibrated while a calibration is asked for is refused here,
+    before anything is probed."""
+    if options.stats is None and spec.data is not None and not (spec.search and spec.search.dims) \
+            and takes_grouping(spec):  # whether grouping joins the default search depends on the data's lengths
+        options = dataclasses.replace(options, stats=analyze_spec(spec, progress=False))
+    searched = with_default_search(spec, options.stats)
+    if options.calibrate_steps is None and options.probe_fn is None:  # real probes: the device decides
+        steps, why = calibration_steps(searched, resolve_device_name(searched.probe.device), None)
+        options = dataclasses.replace(options, calibration_optional=True)
+        if why is not None and options.on_calibration is not None:
+            options.on_calibration(f"note: {why}")
+    else:  # asked for, or a stand-in for the probes (nothing real to calibrate against by default)
+        steps = options.calibrate_steps or None
+    if steps:
+        check_can_calibrate(searched)
+    return TunePlan(spec=searched, options=options, calibrate_steps=steps, default_search=searched is not spec)
+
+
 def tune(spec: Spec, options: TuneOptions) -> TuneResult:
     """Search ``spec.search`` (without one: batch sizes and gradient checkpointing, and what else the
     trainer and the data make worth it, see :func:`with_default_search`) for the fastest
@@ -122,44 +162,35 @@ def tune(spec: Spec, options: TuneOptions) -> TuneResult:
         result = trainfit.tune.tune(spec, trainfit.TuneOptions(output="runs/a", quick=True))
         print(result.summary.best_config)
     """
-    if options.stats is None and spec.data is not None and not (spec.search and spec.search.dims) \
-            and takes_grouping(spec):  # whether grouping joins the default search depends on the data's lengths
-        options = dataclasses.replace(options, stats=analyze_spec(spec, progress=False))
-    spec = with_default_search(spec, options.stats)
-    steps, options = _calibration_plan(spec, options)
-    say = options.on_calibration
+    return run_tune(resolve(spec, options))
+
+
+def run_tune(plan: TunePlan) -> TuneResult:
+    """:func:`tune` of a resolved plan: the trial loop, the outputs written after each trial, the
+    calibration, the final write. Everything runs while the study holds the output folder."""
+    options = plan.options
+    output = Path(options.output)
     # Calibrating: the search's outputs rank by the probes alone, so that the calibration runs the probes' pick.
     # An explicit --calibrate 0 (calibrate_steps 0, not the default's) ranks by the probes alone, leaving
     # trainer_cost.json for a later resume; without it, a stored cost keeps being applied.
     off = options.calibrate_steps == 0 and not options.calibration_optional
-    stored = None if steps or off else RunFolder(options.output).trainer_cost
-    last: dict[str, Any] = {}
+    stored = None if plan.calibrate_steps or off else RunFolder(output).trainer_cost
+    with open_search(plan.spec, options) as search:
+        with contextlib.closing(search.measured()) as measured:
+            for state in measured:
+                write_state(plan, search, state, stored)
+        final = search.outcome()
+        summary = write_state(plan, search, final, stored)
+        result = TuneResult(trials=final.trials, best=best_trial(final.trials, summary), summary=summary,
+                            output=output, stop_reason=final.stop_reason, new_trials=final.new_trials)
+        if plan.calibrate_steps and result.best is not None:
+            result = calibrated(result, plan.calibrate_steps, options,
+                                lambda cost: write_state(plan, search, final, cost))
+    return result
 
-    def outputs(output: Path, *args: Any, **kwargs: Any) -> Summary:
-        last.update(args=(output, *args), kwargs=kwargs)  # the last write's trials and state, to write again
-        return write_outputs(output, *args, **kwargs, trainer_cost=stored)
 
-    def then(result: TuneResult) -> TuneResult:  # run while the search still holds the output folder
-        if not steps or result.best is None:
-            return result
-        return calibrated(result, steps, options,
-                          lambda cost: write_outputs(*last["args"], **last["kwargs"], trainer_cost=cost))
-
-    return run_search(spec, options, outputs=outputs, then=then)
-
-
-def _calibration_plan(spec: Spec, options: TuneOptions) -> tuple[int | None, TuneOptions]:
-    """The real steps to calibrate with (None: none) and the options to search with: without
-    ``calibrate_steps``, :func:`calibration_steps`' default (30 on a GPU where the command can run,
-    optional: its failure leaves the probes' ranking), said in ``on_calibration`` where it is none; a
-    spec whose command cannot be calibrated is refused here, before the search."""
-    if options.calibrate_steps is None and options.probe_fn is None:  # real probes: as `trainfit tune` decides it
-        steps, why = calibration_steps(spec, resolve_device_name(spec.probe.device), None)
-        options = dataclasses.replace(options, calibration_optional=True)
-        if why is not None and options.on_calibration is not None:
-            options.on_calibration(f"note: {why}")
-    else:  # asked for, or a stand-in for the probes (nothing real to calibrate against by default)
-        steps = options.calibrate_steps or None
-    if steps:
-        check_can_calibrate(spec)
-    return steps, options
+def write_state(plan: TunePlan, search: Search, state: SearchState, trainer_cost: TrainerCost | None) -> Summary:
+    """The run's outputs (:func:`write_outputs`) from the search's ``state``, ranked with ``trainer_cost``."""
+    return write_outputs(Path(plan.options.output), plan.spec, search.space, state.trials, stats=search.stats,
+                         strategy=search.limits.strategy, stop_reason=state.stop_reason,
+                         elapsed_s=state.elapsed_s, repeats=state.repeats, trainer_cost=trainer_cost)

@@ -26,8 +26,8 @@ from trainfit.page_slots import with_section
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.run_folder import RunFolder
-from trainfit.search.loop import TuneResult, default_probe
-from trainfit.search.tune_options import TuneOptions
+from trainfit.search.loop import default_probe
+from trainfit.tune.options import TuneOptions, TuneResult
 from trainfit.spec import MAX_MEMORY_GB, Spec
 from trainfit.tune import tune
 

@@ -13,9 +13,8 @@ from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.probe.estimate import shapes_step_cost
 from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
-from trainfit.search.loop import TuneResult, best_trial
+from trainfit.tune.options import TuneOptions, TuneResult, best_trial
 from trainfit.search.trials import jsonable
-from trainfit.search.tune_options import TuneOptions
 from trainfit.summary import Summary, TrainerCost
 from trainfit.trainer.calibration import calibrate
 from trainfit.trainer.written_command import FALLBACK_HINT

@@ -1,7 +1,8 @@
-"""How one tuning run runs, besides its spec: ``TuneOptions``. What to search and when to stop
+"""How one search runs, besides its spec: ``SearchOptions``. What to search and when to stop
 (strategy, trials, time, patience, confirmation) is the spec's ``tune:`` section, the one channel
 for them: the CLI's ``--strategy``, ``--max-trials`` and ``--time-budget`` write into it
-(``trainfit.spec.with_tune``), so the summary records what ran."""
+(``trainfit.spec.with_tune``), so the summary records what ran. ``trainfit.tune.TuneOptions`` adds
+what ``tune`` does around the search (its calibration)."""
 
 from __future__ import annotations
 
@@ -25,18 +26,13 @@ EventFn = Callable[[TuneEvent], None]
 
 
 @dataclass(frozen=True, kw_only=True)
-class TuneOptions:
-    """A run of ``trainfit.tune``: where it writes, what it continues, what it is told as it goes.
-
-    Example::
-
-        trainfit.tune.tune(spec, trainfit.TuneOptions(output="runs/a", quick=True))
-    """
+class SearchOptions:
+    """A search: where its study and probes live, what it continues, what it is told as it goes."""
 
     output: str | Path
-    """The run's folder: summary.json, trials.csv, report.html, train_command.sh, the study."""
+    """The run's folder: the study (study.journal) and probes/ (and ``tune``'s outputs)."""
     stats: LengthStats | None = None
-    """The data's length analysis (None: analyzed once, here)."""
+    """The data's length analysis (None: analyzed once, for real probes)."""
     resume: bool = False
     """Continue the study in ``output`` (or ``storage``)."""
     join: bool = False
@@ -55,10 +51,3 @@ class TuneOptions:
     """The device type the priors use (``cuda``, ``cpu``; default: the probe's device)."""
     sampler: Any = None
     """An Optuna sampler in place of the bayes strategy's (GPSampler), e.g. TPE to compare."""
-    calibrate_steps: int | None = None
-    """Then time that many real steps of the written command and rank with the trainer's own cost
-    (None: 30 on a GPU where the written command can run, none on a CPU; 0: none)."""
-    calibration_optional: bool = False
-    """A calibration nobody asked for (a GPU's default) whose failure leaves the probes' ranking."""
-    on_calibration: Callable[[str], None] | None = None
-    """Receives the calibration's progress lines."""
