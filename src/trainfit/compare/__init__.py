@@ -103,7 +103,7 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
     training, spec_overrides = split_training(overrides)
     spec = load_spec(spec_path, spec_overrides)
     configs = read_configs(configs_path, spec, defaults=training)
-    _check(spec, steps)
+    check_can_compare(spec, steps)
     output = Path(output).resolve()
     with _only_comparison(output, resume) as lock:
         split = None if holdout is None else _split(spec, holdout, eval_data, output)
@@ -183,7 +183,8 @@ def _split(spec: Spec, n: int, eval_data: str | Path | None, output: Path) -> tu
     return folder, hashlib.sha256(held.read_bytes()).hexdigest()
 
 
-def _check(spec: Spec, steps: int) -> None:
+def check_can_compare(spec: Spec, steps: int) -> None:
+    """Refuse, before anything trains, a step count below 1 or a spec without data."""
     if steps < 1:
         raise TrainfitError(f"--steps {steps}: each config trains at least 1 step", "e.g. --steps 200")
     if spec.data is None:

@@ -154,7 +154,7 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
     ``device``: plan the run on that device instead (by name: ``H100``), each config's speed scaled
     by the two devices' peak FLOP/s at its measured MFU (``estimated.scaled_to``): estimated, not
     measured. Neither a calibration nor an eval pass can be timed for it here."""
-    window = _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
+    window = usable_window_s(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
     run, calibration = _inputs(folder, calibration, device, eval_data)
     run_dir, summary = run.folder, run.summary
     epochs = _epochs(epochs, summary.epochs_for_estimate)
@@ -181,14 +181,14 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
     run_eta = eta(chosen)
     save_steps = max(1, int(every // run_eta.step_time_s))
     fits = run_eta.fits(window)
-    options = [] if fits else _options(run, rebuilt, chosen, samples, epochs, total, window, eta)
+    options = [] if fits else options_to_fit(run, rebuilt, chosen, samples, epochs, total, window, eta)
     estimated = like_estimated(chosen, device, run) if device is not None else None
     return Plan(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_dir=str(run_dir),
                 max_hours=max_hours, margin_minutes=margin_minutes, window_s=window, epochs=epochs,
                 dataset_samples=samples, priority=priority, rule=RULES[priority], trial=chosen.trial,
                 searched=chosen.searched, config=chosen.config, samples_per_second=chosen.samples_per_second,
                 peak_gb=chosen.peak_gb, save_steps=save_steps, eta=run_eta, fits=fits,
-                command=planned_command(_command(run, rebuilt, chosen), epochs, save_steps,
+                command=planned_command(chosen_command(run, rebuilt, chosen), epochs, save_steps,
                                         template=bool(summary.command_template),
                                         evaluation=_trl_evaluation(run, rebuilt, evaluation)),
                 checkpoint_every_s=every, checkpoint_bytes=checkpoint_bytes(chosen), write_bytes_per_s=speed,
@@ -235,7 +235,7 @@ def plan_from_throughput(spec: Spec, stats: LengthStats, folder: Path, *, max_ho
     (``estimated.from_throughput``), priced as a measured config is: its steps, the window less the
     margin, and what would fit when it does not. Nothing measured a checkpoint's size, a trainer's
     start-up or another config: none is in it. ``folder``: where it is written (its disk is timed)."""
-    window = _check(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
+    window = usable_window_s(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
     chosen, estimated = from_throughput(spec.params, stats, tokens_per_second=tokens_per_second,
                                         samples_per_second=samples_per_second)
     epochs = _epochs(epochs, spec.tune.epochs)
@@ -332,7 +332,7 @@ def _coefficients(c: Candidate) -> list[float] | None:
     return None if cost is None else [cost.a, cost.b, cost.c]
 
 
-def _check(max_hours: float, epochs: float | None, margin: float, checkpoint: float, priority: str) -> float:
+def usable_window_s(max_hours: float, epochs: float | None, margin: float, checkpoint: float, priority: str) -> float:
     """The time the run may take (s): the window less the margin; a clear error for an input out of range."""
     if priority not in PRIORITIES:
         raise TrainfitError(f"unknown priority {priority!r}", f"use one of: {', '.join(PRIORITIES)}")
@@ -359,8 +359,10 @@ def _check_one_step(candidates: list[Candidate], window_s: float, max_hours: flo
                             f"{shortest:.3g} s)", "give more --max-hours, or a shorter --margin-minutes")
 
 
-def _options(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, samples: int, epochs: float, total: int,
-             window: float, eta: EtaOf) -> list[Option]:
+def options_to_fit(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, samples: int, epochs: float, total: int,
+                   window: float, eta: EtaOf) -> list[Option]:
+    """What would make a run that does not fit the window fit, best first: a faster config, a shorter
+    ``max_length``, fewer epochs, a subset of the data."""
     shorter: list[Option] = []
     if rebuilt is not None and rebuilt.stats is not None:
         spec = rebuilt.spec
@@ -406,7 +408,7 @@ def planned_command(command: str | None, epochs: float, save_steps: int, templat
     return command
 
 
-def _command(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate) -> str | None:
+def chosen_command(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate) -> str | None:
     """The chosen config's command: the one tune wrote for it, else built as tune builds it (a
     config outside the summary's entries); None when neither can be had."""
     s = run.summary
