@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +124,12 @@ def main(argv: list[str]) -> int:
               f"{sum('error' in v for v in prints.values())} refused")
         return 0
     before = json.loads((root / "fingerprint.json").read_text())
-    after = json.loads(json.dumps(fingerprint(root / "after"), sort_keys=True, default=str))
+    work = Path(tempfile.mkdtemp(prefix="restructure-check-"))  # the recorded studies stay as they were: rerunnable
+    after = json.loads(json.dumps(fingerprint(work), sort_keys=True, default=str))
     differ = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    shutil.copytree(root / "stopped", work / "stopped")
     for knob in RESUMED:
-        resumed = run(knob, knob_values()[knob], root / "stopped" / knob, 64, resume=True)
+        resumed = run(knob, knob_values()[knob], work / "stopped" / knob, 64, resume=True)
         if json.loads(json.dumps(resumed, default=str)) != after[knob]:
             differ.append(f"{knob} (resumed from the old code's study)")
     print(f"{len(after)} knobs compared, {len(RESUMED)} old studies resumed; "

@@ -377,3 +377,66 @@ def test_configs_that_differ_in_effective_batch_by_their_processes_are_ranked_pe
         space, problems = parse_space(search, base, allow_custom=False, target_effective_batch=target)
         assert not problems
         assert (EFFECTIVE_BATCH in learning_knobs(space)) == differs, (search, target)
+
+
+def open_batch_spec(tmp_path: Path, params: dict[str, Any] | None = None, overrides: tuple[str, ...] = ()) -> Spec:
+    """A spec with no search: section, its params without batch settings unless ``params`` gives them."""
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64, **(params or {})},
+                          budget={"memory_gb": BUDGET, "headroom_gb": HEADROOM})
+    return load_spec(path, list(overrides))
+
+
+def test_a_spec_that_states_no_batch_is_searched_to_the_memory_limit(tmp_path: Path, capsys: Any) -> None:
+    """No batch_size, gradient_accumulation_steps or tune.target_effective_batch: the default search
+    climbs the batch to the largest that fits (it searched batch 1 alone: the slowest config there
+    is), at the spec's accumulation, and ranks per effective batch, which it flags as changing what
+    is learned."""
+    from trainfit.space import OPEN_BATCH_SIZES
+    from trainfit.tune import with_default_search
+    from trainfit.tune.outputs import EFFECTIVE_BATCH
+
+    spec = open_batch_spec(tmp_path)
+    assert spec.batch_open
+    searched = with_default_search(spec)
+    assert searched.search.target_effective_batch is None and searched.tune.target_effective_batch is None
+    assert list(searched.search.dim("batch_size").grid_values()) == list(OPEN_BATCH_SIZES)
+    surface = Surface()
+    result = tune(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface))
+    best = result.summary.best_config
+    assert best is not None and best.searched["batch_size"] == largest_fitting(surface) == 15
+    assert best.effective_batch_size == 15  # accumulation 1: the effective batch is the batch
+    assert EFFECTIVE_BATCH in result.summary.fastest_per_value
+    assert max(probed(surface, gradient_checkpointing=False)) <= 16  # the memory line: nothing probed far past the limit
+    assert max(probed(surface, gradient_checkpointing=True)) <= largest_fitting(surface, gradient_checkpointing=True) + 1
+    # what `trainfit tune` says before the search and at its end: the open batch, the pick's, the fix
+    import argparse
+
+    from trainfit.cli.tune import print_plan
+    from trainfit.cli.tune_render import print_result
+    from trainfit.tune import resolve
+
+    capsys.readouterr()
+    print_plan(argparse.Namespace(spec=spec.source, budgets=None, calibrate=None),
+               resolve(spec, TuneOptions(output=tmp_path / "out", probe_fn=surface)))
+    print_result(result, searched)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "with the batch left open, up to what fits" in said and "set tune.target_effective_batch to keep one" in said
+    assert "effective batch 15 (it differs between configs and changes what is learned" in said
+    assert "fastest per effective_batch_size" in said
+
+
+@pytest.mark.parametrize("stated", [{"batch_size": 4}, {"gradient_accumulation_steps": 8}])
+def test_a_stated_batch_keeps_its_effective_batch(tmp_path: Path, stated: dict[str, int]) -> None:
+    """A batch_size or an accumulation the spec states (or a --set gives) fixes the effective batch,
+    as before: every config of the default search trains it."""
+    from trainfit.tune import with_default_search
+
+    for spec in (open_batch_spec(tmp_path / "file", stated),
+                 open_batch_spec(tmp_path / "flag", overrides=tuple(f"{k}={v}" for k, v in stated.items()))):
+        assert not spec.batch_open
+        searched = with_default_search(spec)
+        target = stated.get("batch_size", 1) * stated.get("gradient_accumulation_steps", 1)
+        assert searched.search.target_effective_batch == target
+    target_only = open_batch_spec(tmp_path / "target")
+    target_only = load_spec(target_only.source, ["tune.target_effective_batch=16"])
+    assert not target_only.batch_open and with_default_search(target_only).search.target_effective_batch == 16

@@ -283,18 +283,36 @@ def default_batch_sizes(target_effective_batch: int, processes: int = 1) -> list
     return sorted({max(d for d in divisors if d <= p) for p in DEFAULT_BATCH_SIZES})
 
 
+OPEN_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""The default search's batch sizes where the spec leaves the batch open (``Spec.batch_open``): the
+powers of two to 1024, climbed by ``auto`` to what fits (at any integer past the grid's last fit) or
+until the speed saturates."""
+
+
+def default_batch_choices(base: Params, target_effective_batch: int | None, open_batch: bool = False) -> list[int]:
+    """The default search's batch sizes: :data:`OPEN_BATCH_SIZES` for an open batch, else
+    :func:`default_batch_sizes` of the target (``target_effective_batch``, else the spec's
+    ``batch_size x gradient_accumulation_steps`` over its processes)."""
+    if open_batch:
+        return list(OPEN_BATCH_SIZES)
+    return default_batch_sizes(target_effective_batch or base.effective_batch_size, base.processes)
+
+
 def default_space(base: Params, target_effective_batch: int | None = None, *, constraints: Sequence[str] = (),
-                  allow_custom: bool = False, liger: bool = False,
-                  grouping: bool = False) -> tuple[SearchSpace, list[Problem]]:
+                  allow_custom: bool = False, liger: bool = False, grouping: bool = False,
+                  open_batch: bool = False) -> tuple[SearchSpace, list[Problem]]:
     """What ``tune`` searches when the spec has no ``search:`` section: batch sizes (see
-    :func:`default_batch_sizes`) and gradient checkpointing, with gradient accumulation derived so
+    :func:`default_batch_choices`) and gradient checkpointing, with gradient accumulation derived so
     every config trains with one effective batch (``tune.target_effective_batch``, else the spec's
     ``batch_size x gradient_accumulation_steps``); with ``liger`` (a trainer that takes
     ``use_liger_kernel``) the spec's loss and ``loss: liger`` too; with ``grouping`` (a trainer that
     takes ``group_by_length``, on data padded heavily) length-grouped batches beside random ones. No
-    knob of these changes what is learned: the answer is the fastest way to train what the spec describes."""
-    target = target_effective_batch or base.effective_batch_size
-    knobs: dict[str, list[Any]] = {"batch_size": default_batch_sizes(target, base.processes),
+    knob of these changes what is learned: the answer is the fastest way to train what the spec
+    describes. With ``open_batch`` (a spec that states no batch, ``Spec.batch_open``) no effective
+    batch is kept: each batch size trains at the spec's accumulation, so the effective batch is the
+    search's pick, flagged as changing what is learned."""
+    target = None if open_batch else target_effective_batch or base.effective_batch_size
+    knobs: dict[str, list[Any]] = {"batch_size": default_batch_choices(base, target, open_batch),
                                    "gradient_checkpointing": [False, True]}
     if liger and base.loss != "liger":
         knobs["loss"] = [base.loss, "liger"]

@@ -158,11 +158,18 @@ def print_plan(args: argparse.Namespace, plan: TunePlan) -> None:
     spec, stats = plan.spec, plan.options.stats
     assert spec.search is not None, "resolve gives every plan a search space"
     if plan.default_search:
-        print(f"no search: section in {args.spec}: searching {', '.join(spec.search.names)} at the effective "
-              f"batch {spec.search.target_effective_batch} (raise it with tune.target_effective_batch, or give a "
-              "search: section)" + ("; length grouping too: random batches of this data are more than "
-                                    f"{GROUPING_PADDING_SHARE:.0%} padding" if "group_by_length" in spec.search.names
-                                    else ""))
+        grouping = ("; length grouping too: random batches of this data are more than "
+                    f"{GROUPING_PADDING_SHARE:.0%} padding" if "group_by_length" in spec.search.names else "")
+        if spec.batch_open:
+            print(f"no search: section in {args.spec}, and no batch_size, gradient_accumulation_steps or "
+                  f"tune.target_effective_batch: searching {', '.join(spec.search.names)} with the batch left open, "
+                  f"up to what fits (accumulation {spec.params.gradient_accumulation_steps}: the effective batch is the "
+                  "pick's batch, and it changes what is learned; set tune.target_effective_batch to keep one)"
+                  + grouping)
+        else:
+            print(f"no search: section in {args.spec}: searching {', '.join(spec.search.names)} at the effective "
+                  f"batch {spec.search.target_effective_batch} (raise it with tune.target_effective_batch, or give a "
+                  "search: section)" + grouping)
     print(f"trainfit tune: {spec.source} -> {plan.options.output}")
     if stats is not None:
         print(f"data: {stats.headline()}")
@@ -170,7 +177,7 @@ def print_plan(args: argparse.Namespace, plan: TunePlan) -> None:
           f"{spec.budget.describe()}")
     if (lora_note := unused_lora_note(spec)) is not None:
         print(f"note: {lora_note}")
-    if EFFECTIVE_BATCH in learning_knobs(spec.search):
+    if EFFECTIVE_BATCH in learning_knobs(spec.search) and not (plan.default_search and spec.batch_open):  # said above
         print("effective batch: differs between configs (no tune.target_effective_batch, or one that a batch size "
               "over its processes passes) and changes what is learned; the summary gives the fastest per effective "
               "batch (set tune.target_effective_batch, at least every batch size x processes, to compare every "

@@ -23,6 +23,7 @@ from trainfit.search.events import (
 )
 from trainfit.search.loop import common_failure
 from trainfit.tune.options import TuneResult
+from trainfit.tune.outputs import EFFECTIVE_BATCH
 from trainfit.search.ranking import noise_warning
 from trainfit.search.reconnect import outage_line
 from trainfit.spec import Spec
@@ -197,7 +198,9 @@ def print_best(result: TuneResult, s: Summary, best: ConfigEntry) -> None:
               if best.speed_basis else []),
             ("peak memory", f"{best.memory_peak_gb:.2f} GiB"
              + (f" ({parts_line(best.memory_parts_gb, unit=1024**3)})" if best.memory_parts_gb else "")),
-            ("effective batch", str(best.effective_batch_size))]
+            ("effective batch", str(best.effective_batch_size)
+             + (" (it differs between configs and changes what is learned: set tune.target_effective_batch to keep "
+                "one)" if EFFECTIVE_BATCH in s.fastest_per_value else ""))]
     if s.trainer_cost is not None:
         rows.insert(2, ("trainer cost", trainer_cost_line(s.trainer_cost, best)))
     if best.estimated_full_runtime_hours is not None:

@@ -247,8 +247,10 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
         raise SpecError(problems, source=source or "spec")
     # A section that is not a mapping is None here, and added a problem above.
     assert model is not None and budget is not None and probe is not None and tune is not None
+    raw_params = raw.get("params")
     return Spec(model=model, data=data, params=params, budget=budget, probe=probe, tokenizer=tokenizer,
-                search=space, tune=tune, source=source)
+                search=space, tune=tune, source=source,
+                stated=frozenset(raw_params) if isinstance(raw_params, Mapping) else frozenset())
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:

@@ -188,6 +188,18 @@ class Spec:
     tune: TuneSettings = field(default_factory=TuneSettings)
     source: str | None = None
     """The spec file this came from (for messages and reports)."""
+    stated: frozenset[str] | None = None
+    """The ``params:`` knobs the spec file and its ``--set`` overrides state (the rest are
+    ``Params``' defaults); None: not known (a spec built in code), as if every knob were stated."""
+
+    @property
+    def batch_open(self) -> bool:
+        """Does the spec leave the batch to the search: no ``batch_size``, no
+        ``gradient_accumulation_steps`` and no ``tune.target_effective_batch`` stated? Its default
+        search then climbs the batch size to what fits, as the peers' batch finders do, and the
+        effective batch is the batch the search picks (it changes what is learned, and says so)."""
+        return (self.stated is not None and not self.stated & {"batch_size", "gradient_accumulation_steps"}
+                and self.tune.target_effective_batch is None)
 
     @property
     def uses_trl_sft(self) -> bool:
@@ -197,7 +209,8 @@ class Spec:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready view of the resolved spec (what reports and measurements record)."""
-        out = dataclasses.asdict(dataclasses.replace(self, search=None))
+        out = dataclasses.asdict(dataclasses.replace(self, search=None, stated=None))
+        del out["stated"]  # how the file was written, not what is measured
         out["params"] = self.params.to_dict()
         if self.search is not None:
             out["search"] = {d.name: list(d.choices) if d.choices else {"low": d.low, "high": d.high, "log": d.log}

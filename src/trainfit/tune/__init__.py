@@ -20,7 +20,7 @@ from trainfit.search.loop import Search, SearchState, open_search
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
 from trainfit.devices import resolve_device_name
-from trainfit.space import default_batch_sizes, default_space
+from trainfit.space import default_batch_choices, default_space
 from trainfit.spec import Spec
 from trainfit.summary import Summary, TrainerCost
 from trainfit.template import placeholders
@@ -28,15 +28,18 @@ from trainfit.template import placeholders
 
 def with_default_search(spec: Spec, stats: LengthStats | None = None) -> Spec:
     """``spec`` itself when it has a ``search:`` section, else with the default one (see
-    :func:`trainfit.space.default_space`) and its target effective batch. ``stats``: the data's
-    length analysis, by which length grouping joins the search (see :func:`grouping_pays`)."""
+    :func:`trainfit.space.default_space`) and its target effective batch: none where the spec leaves
+    the batch open (``Spec.batch_open``). ``stats``: the data's length analysis, by which length
+    grouping joins the search (see :func:`grouping_pays`)."""
     if spec.search is not None and spec.search.dims:
         return spec
+    open_batch = spec.batch_open
     target = spec.search.target_effective_batch if spec.search else None
+    largest = default_batch_choices(spec.params, target, open_batch)[-1]
     space, problems = default_space(spec.params, target,
                                     constraints=[c.text for c in spec.search.constraints] if spec.search else (),
                                     allow_custom=spec.model.factory is not None, liger=takes_liger(spec),
-                                    grouping=grouping_pays(spec, stats, target or spec.params.effective_batch_size))
+                                    grouping=grouping_pays(spec, stats, largest), open_batch=open_batch)
     if problems:
         raise SpecError(problems, source=spec.source or "spec")
     return dataclasses.replace(spec, search=space,
@@ -66,14 +69,13 @@ def takes_grouping(spec: Spec) -> bool:
     return "group_by_length" in placeholders(template) if template else spec.uses_trl_sft
 
 
-def grouping_pays(spec: Spec, stats: LengthStats | None, target_effective_batch: int) -> bool:
+def grouping_pays(spec: Spec, stats: LengthStats | None, largest: int) -> bool:
     """Is length grouping worth searching by default: a trainer that takes it, and data whose random
-    batches at the default search's largest batch are more than :data:`GROUPING_PADDING_SHARE`
+    batches at the default search's ``largest`` batch are more than :data:`GROUPING_PADDING_SHARE`
     padding (padded to their longest sample, cut at ``max_length``)? Read from the spec and its
     data alone, so a resumed study searches the same space."""
     if stats is None or spec.params.padding != "longest" or spec.params.packing or not takes_grouping(spec):
         return False
-    largest = default_batch_sizes(target_effective_batch, spec.params.processes)[-1]
     return stats.padding_share(largest, spec.params.max_length) > GROUPING_PADDING_SHARE
 
 
