@@ -16,6 +16,14 @@ a fresh process adds the median process start and what fresh probes spent outsid
 (imports, the CUDA context). An OOM costs the recording's median memory phase. The search's own
 time (Optuna, the strategy) is real time on this machine, counted apart.
 
+**The bar** (``Bar``, issue 47): the search tells each probe the fastest config of its learning
+values, and a probe clearly slower stops timing (``probe.phases.clearly_slower``). The replay cuts
+a recorded timed phase where the probe's own rule would have (``cut_at``): from its recorded step
+times where they were kept (race-a), else from its steps and its interval at the end, the interval
+at ``k`` of ``n`` steps modelled as ``ci_n * sqrt(n / k)``; race-b kept no interval, and 3.5% is
+assumed (``ASSUMED_CI``: race-a's three stable-era probes reached 2.8-3.6%; at 3-4% the search asks
+for the recorded configs, at 5% for one more). A cut probe costs its timed phase times ``k / n``.
+
 **Configs the recording lacks** are modelled from the config's family (the same values but the
 batch size): the speed interpolated in the batch size between the family's measured neighbours
 (held flat past the last one), the peak from the least-squares line of the family's peaks against
@@ -32,7 +40,9 @@ at 0.98 or more of the best recorded config's speed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -44,8 +54,9 @@ from typing import Any
 
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
-from trainfit.probe.request import ProbeRequest
+from trainfit.probe.request import Bar, ProbeRequest
 from trainfit.probe.runner import build_request, process_outlives_model
+from trainfit.probe.timing import relative_ci95
 from trainfit.search.auto import AutoStrategy
 from trainfit.search.loop import open_search
 from trainfit.search.options import SearchOptions
@@ -78,6 +89,10 @@ class Recorded:
     phases_s: dict[str, float]
     wall_s: float | None
     ci95_rel: float | None = None
+    steps: int | None = None
+    """Its timed steps, where recorded."""
+    step_times: tuple[float, ...] = ()
+    """Each timed step's seconds, where recorded (race-a)."""
 
     @property
     def measure_s(self) -> float:
@@ -155,29 +170,35 @@ class Replay:
                                                              "probes' own phases": 0.0})
     """The simulated seconds by what they went to."""
 
-    def __call__(self, params: Params, number: int) -> Measurement:
+    def __call__(self, params: Params, number: int, slower_than: Bar | None = None) -> Measurement:
         values = {k: getattr(params, k) for k in self.surface.search}
         recorded = next((p for p in self.surface.probes if p.values == values), None)
         modelled = recorded is None
         if recorded is None:
             recorded = model(self.surface, values)
             self.modelled.append(values)
-        m = measurement(self.surface, params, recorded)
-        cost = self.price(params, recorded)
+        cut = cut_at(recorded, slower_than) if slower_than is not None and recorded.status == "ok" else None
+        m = measurement(self.surface, params, recorded, cut, slower_than)
+        cost = self.price(params, recorded, cut)
         self.simulated_s += cost
         self.asked.append({"trial": number, "values": values, "status": m.status, "fits": m.fits,
                            "samples_per_second": m.samples_per_second, "cost_s": round(cost, 2),
-                           "modelled": modelled})
+                           "modelled": modelled, "cut": None if cut is None else
+                           {"steps": cut.steps, "of": recorded.steps, "ci95_rel": round(cut.ci95_rel, 3),
+                            "bar_trial": slower_than.trial if slower_than else None}})
         return m
 
-    def price(self, params: Params, recorded: Recorded) -> float:
-        """The probe's simulated seconds: its phases, and a build or a fresh process as the session would need."""
+    def price(self, params: Params, recorded: Recorded, cut: Cut | None = None) -> float:
+        """The probe's simulated seconds: its phases (the timed one up to ``cut``), and a build or a
+        fresh process as the session would need."""
         request = build_request(self.spec, params, None, "cuda")
         same_model = self.alive and self.last is not None and request.model_key is not None \
             and request.model_key == self.last.model_key
         kept_process = self.alive and self.last is not None and process_outlives_model(self.last, request)
         cost = self.costs.oom_s if recorded.status == "oom" else recorded.measure_s if "timed" in recorded.phases_s \
             else self.costs.measure_s
+        if cut is not None:
+            cost -= recorded.phases_s["timed"] * (1 - cut.steps / (recorded.steps or cut.steps))
         self.parts["probes' own phases"] += cost
         if not same_model:
             cost += self.costs.build_s
@@ -190,6 +211,46 @@ class Replay:
         self.alive = recorded.status == "ok" and request.model_key is not None
         self.last = request
         return cost
+
+
+ASSUMED_CI = 0.035
+"""A recorded probe that stopped before its step cap without its interval on record (race-b) reached
+the stop rule's target, ``probe.target_rel_ci``: its interval is taken as that."""
+CYCLE = 4
+"""Race-b's probes timed whole cycles of 4 shapes (their steps are multiples of 4, 8 at the least):
+the bar is looked at after each whole cycle from the second on, as ``probe.phases.clearly_slower`` does."""
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where the bar stops a recorded probe's timing: after ``steps`` steps, its interval then."""
+
+    steps: int
+    ci95_rel: float
+
+
+def cut_at(p: Recorded, bar: Bar) -> Cut | None:
+    """Where ``bar`` would have stopped ``p``'s timed phase (``Bar.beats``, the probe's own rule),
+    None where it runs to its end. With its step times on record (race-a), the speed and interval of
+    each prefix, cycles of one step (fixed length); else its steps and its interval at the end
+    (:data:`ASSUMED_CI` where not recorded), the interval at ``k`` steps of ``n`` modelled as
+    ``ci_n * sqrt(n / k)`` at the recorded speed, after each whole cycle of :data:`CYCLE`."""
+    if not p.steps or p.samples_per_second is None:
+        return None
+    if p.step_times:
+        times = list(p.step_times)
+        whole = statistics.median(times)
+        for k in range(3, len(times)):
+            ci = relative_ci95(times[:k])
+            if bar.beats(p.samples_per_second * whole / statistics.median(times[:k]), ci):
+                return Cut(k, ci)
+        return None
+    ci_n = p.ci95_rel if p.ci95_rel is not None else ASSUMED_CI
+    for k in range(2 * CYCLE, p.steps, CYCLE):
+        ci = ci_n * math.sqrt(p.steps / k)
+        if bar.beats(p.samples_per_second, ci):
+            return Cut(k, ci)
+    return None
 
 
 def model(surface: Surface, values: dict[str, Any]) -> Recorded:
@@ -227,23 +288,27 @@ def line_at(points: list[tuple[float, float]], x: float) -> float:
     return my + slope * (x - mx)
 
 
-def measurement(surface: Surface, params: Params, p: Recorded) -> Measurement:
-    """The recorded probe as the probe would have returned it."""
+def measurement(surface: Surface, params: Params, p: Recorded, cut: Cut | None = None,
+                bar: Bar | None = None) -> Measurement:
+    """The recorded probe as the probe would have returned it (cut short at ``bar`` where ``cut``)."""
     common: dict[str, Any] = {"config": params.to_dict(), "device": "cuda", "device_name": surface.device,
                               "budget_memory_gb": surface.budget_gb, "budget_headroom_gb": surface.headroom_gb,
                               "memory_cap_bytes": int(surface.budget_gb * GiB), "phases_s": p.phases_s}
     peak = int(p.peak_gb * GiB) if p.peak_gb is not None else None
     if p.status != "ok":
         return Measurement(status="oom", message="CUDA out of memory (recorded)", peak_memory_bytes=peak, **common)
+    ci = cut.ci95_rel if cut is not None else p.ci95_rel if p.ci95_rel is not None or not p.steps else ASSUMED_CI
     return Measurement(status="ok", samples_per_second=p.samples_per_second,
-                       tokens_per_second=(p.samples_per_second or 0.0) * 512, peak_memory_bytes=peak, steps_measured=20,
-                       stable=True, step_time_ci95_rel=p.ci95_rel, **common)
+                       tokens_per_second=(p.samples_per_second or 0.0) * 512, peak_memory_bytes=peak,
+                       steps_measured=cut.steps if cut is not None else p.steps or 20, stable=cut is None,
+                       step_time_ci95_rel=ci, slower_than=dataclasses.asdict(bar) if cut and bar else None, **common)
 
 
 def race_b() -> Surface:
     doc = json.loads((RESULTS / "epoch_race-2026-11-27b-h100.json").read_text())
     probes = [Recorded(values=p["searched"], status=p["status"], samples_per_second=p["samples_per_second"],
-                       peak_gb=p["peak_memory_gb"], phases_s=p["phases_s"], wall_s=p["wall_s_rounded"])
+                       peak_gb=p["peak_memory_gb"], phases_s=p["phases_s"], wall_s=p["wall_s_rounded"],
+                       steps=p.get("steps_measured"))
               for p in doc["probes"]]
     return Surface(name="race-b", source="epoch_race-2026-11-27b-h100.json", device="NVIDIA H100 80GB HBM3",
                    search={"batch_size": [1, 2, 4, 8, 16, 32, 64], "gradient_checkpointing": [False, True],
@@ -261,7 +326,8 @@ def race_a() -> Surface:
                                "gradient_checkpointing": p["config"]["gradient_checkpointing"]},
                        status=p["status"], samples_per_second=p.get("samples_per_second"),
                        peak_gb=p["peak_memory_bytes"] / GiB if p.get("peak_memory_bytes") else None,
-                       phases_s=p["phases_s"], wall_s=None, ci95_rel=p.get("step_time_ci95_rel"))
+                       phases_s=p["phases_s"], wall_s=None, ci95_rel=p.get("step_time_ci95_rel"),
+                       steps=p.get("steps_measured"), step_times=tuple(p.get("step_times_s", ())))
               for p in doc["probes"]]
     summary = doc["tune_summary"]
     probes += [Recorded(values=e["searched"], status="ok", samples_per_second=e["samples_per_second"],

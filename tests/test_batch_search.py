@@ -368,7 +368,7 @@ def test_configs_that_differ_in_effective_batch_by_their_processes_are_ranked_pe
     """The processes make the effective batch too: searched without a target, or with one that some
     batch sizes over their processes cannot keep, the summary ranks per effective batch."""
     from trainfit.space import parse_space
-    from trainfit.tune.outputs import EFFECTIVE_BATCH, learning_knobs
+    from trainfit.space import EFFECTIVE_BATCH, learning_knobs
 
     base = Params(parallel="ddp")
     for search, target, differs in (({"nproc_per_node": [1, 2]}, None, True),
@@ -393,7 +393,7 @@ def test_a_spec_that_states_no_batch_is_searched_to_the_memory_limit(tmp_path: P
     is learned."""
     from trainfit.space import OPEN_BATCH_SIZES
     from trainfit.tune import with_default_search
-    from trainfit.tune.outputs import EFFECTIVE_BATCH
+    from trainfit.space import EFFECTIVE_BATCH
 
     spec = open_batch_spec(tmp_path)
     assert spec.batch_open

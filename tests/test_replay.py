@@ -89,3 +89,22 @@ def test_a_config_the_recording_lacks_is_modelled_from_its_family_or_stops_the_r
                              headroom_gb=1.0, probes=[p for p in surface.probes if p.values["loss"] == "model"])
     with pytest.raises(replay.Unrecorded, match="never measured"):
         replay.model(lacking, {"batch_size": 1, "gradient_checkpointing": False, "loss": "liger", "packing": False})
+
+
+def test_probes_clearly_slower_than_the_best_of_their_learning_values_are_cut_short() -> None:
+    """The bar (issue 47): each probe is told the fastest config measured with its learning values
+    (packing changes them, the loss kernel and checkpointing do not), and its timing stops once it is
+    clearly slower. On race-b seven probes are cut after their second whole cycle (8 steps); the
+    configs asked for and the pick are those without the bar."""
+    result = replay.replay(replay.race_b())
+    cut = {tuple(a["values"].values()): (a["cut"]["steps"], a["cut"]["of"], a["cut"]["bar_trial"])
+           for a in result["trace"] if a["cut"]}
+    assert cut == {(1, False, "liger", False): (8, 52, 2), (2, False, "liger", False): (8, 16, 2),
+                   (1, False, "liger", True): (8, 15, 5), (2, False, "liger", True): (8, 100, 5),
+                   (4, True, "model", False): (8, 76, 10),
+                   (16, True, "liger", False): (8, 9, 10), (19, True, "liger", False): (8, 9, 10)}
+    bars = {a["trial"]: tuple(a["values"].values()) for a in result["trace"]}
+    assert bars[2] == (3, False, "model", False) and bars[5] == (3, False, "model", True)
+    assert bars[10] == (10, False, "liger", False)
+    assert [tuple(a["values"].values()) for a in result["trace"]] == RACE_B_ORDER
+    assert result["pick"] == result["recorded_best"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import json
 import math
 import operator
 import re
@@ -353,3 +354,35 @@ def integers_between(space: SearchSpace, low: int, high: int, processes: int = 1
     if len(points) <= MAX_SPAN:
         return list(points)
     return sorted({points[(len(points) - 1) * k // 64] for k in range(65)})
+
+
+EFFECTIVE_BATCH = "effective_batch_size"
+
+
+def learning_knobs(space: SearchSpace) -> list[str]:
+    """Searched knobs whose values train a different model (custom knobs count: we cannot tell),
+    and the effective batch where configs differ in it: no ``tune.target_effective_batch`` while the
+    batch size, the accumulation or the processes are searched, or a target that a micro-batch over
+    every process of some config of the grid already passes (the accumulation cannot go below 1;
+    a target the batch sizes do not divide is kept to the nearest accumulation, as documented)."""
+    knobs = [d.name for d in space.dims if d.name not in KNOBS or KNOBS[d.name].changes_learning]
+    batch_knobs = {"batch_size", "gradient_accumulation_steps", "nproc_per_node", "nnodes"}
+    searched = [d for d in space.dims if d.name in batch_knobs]
+    if not searched:
+        return knobs
+    target = space.target_effective_batch
+    if target is None or any(
+            (p := space.params(dict(zip([d.name for d in searched], combo)))).batch_size * p.processes > target
+            for combo in itertools.product(*(d.grid_values() for d in searched))):
+        knobs.append(EFFECTIVE_BATCH)
+    return knobs
+
+
+def learning_value(space: SearchSpace, values: dict[str, Any], knob: str) -> Any:
+    """A config's value of a :func:`learning_knobs` knob."""
+    return space.params(values).effective_batch_size if knob == EFFECTIVE_BATCH else values.get(knob)
+
+
+def learning_key(space: SearchSpace, values: Mapping[str, Any], knobs: Sequence[str]) -> str:
+    """What ``values`` train, as one key: their values of ``knobs`` (of :func:`learning_knobs`), as JSON."""
+    return json.dumps({k: learning_value(space, dict(values), k) for k in knobs}, sort_keys=True, default=list)

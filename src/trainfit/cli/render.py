@@ -45,7 +45,7 @@ def measurement_report(m: Measurement) -> str:
             ("samples/s", fmt_num(m.samples_per_second)),
             ("tokens/s", f"{fmt_num(m.tokens_per_second)} (real tokens, padding excluded)"),
             ("timed steps", f"{m.step_time_median_s:.4g} s median, {m.step_time_mean_s:.4g} s mean{ci}, "
-                            f"{m.steps_measured} steps, {'stable' if m.stable else UNSTABLE}"),
+                            f"{m.steps_measured} steps, {'stable' if m.stable else m.cut_short or UNSTABLE}"),
             ("per step", f"{fmt_num(m.samples_per_step)} samples, {fmt_num(m.real_tokens_per_step)} real / "
                          f"{fmt_num(m.padded_tokens_per_step)} padded tokens (the epoch's mean)"),
         ]

@@ -22,11 +22,12 @@ from trainfit.cli.tune_render import TuneView, print_result
 from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError, os_error
 from trainfit.format import table
+from trainfit.space import EFFECTIVE_BATCH, learning_knobs
 from trainfit.spec import STRATEGIES, unused_lora_note, with_tune
 from trainfit.tune import GROUPING_PADDING_SHARE, TunePlan, calibration_steps, resolve, run_tune
 from trainfit.tune.options import TuneOptions
 from trainfit.tune.budgets import HEADER, parse_budgets, tune_budgets
-from trainfit.tune.outputs import EFFECTIVE_BATCH, learning_knobs, run_samples
+from trainfit.tune.outputs import run_samples
 
 EPILOG = """\
 exit status: 0 a config fits (see summary.json), 1 nothing fits, 2 bad usage/spec or a file that cannot

@@ -23,9 +23,9 @@ from trainfit.search.events import (
 )
 from trainfit.search.loop import common_failure
 from trainfit.tune.options import TuneResult
-from trainfit.tune.outputs import EFFECTIVE_BATCH
 from trainfit.search.ranking import noise_warning
 from trainfit.search.reconnect import outage_line
+from trainfit.space import EFFECTIVE_BATCH
 from trainfit.spec import Spec
 from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary, TrainerCost
 
@@ -90,7 +90,8 @@ class TuneView:
         """``[3/20] batch_size=4 ... -> 120 samples/s, peak 0.70 GiB | probe 9s | best 129 | elapsed 30s``."""
         m, best = event.measurement, event.best
         if m.status == "ok":
-            noise = f" ±{m.step_time_ci95_rel:.0%} (not stable)" if not m.stable and m.step_time_ci95_rel else ""
+            noise = (f" ±{m.step_time_ci95_rel:.0%} ({m.cut_short or 'not stable'})"
+                     if not m.stable and m.step_time_ci95_rel else "")
             result = (f"{fmt_num(getattr(m, self.objective))} {unit(self.objective)}{noise}, "
                       f"peak {m.peak_memory_gb:.2f} GiB{'' if m.fits else ' (over budget)'}")
             if self.run_samples and m.fits and m.samples_per_second:

@@ -128,6 +128,11 @@ class Measurement:
     """Every timed step, in order (cycles over the timed shapes)."""
     stable: bool = False
     """True when the timed phase stopped because ``step_time_ci95_rel`` met the target."""
+    slower_than: dict[str, Any] | None = None
+    """Where the timed phase stopped before that because this config was clearly slower than the
+    search's bar, the best config measured with the same learning values: that bar
+    (:class:`~trainfit.probe.request.Bar`'s fields: trial, objective, value, ci95_rel). Its speed is
+    then known within its wider interval, enough to rank it below the bar."""
     samples_per_step: float | None = None
     """Samples an optimizer step trains: the effective batch, or under ``packing`` (a row holding
     several) the epoch's mean, a fraction kept whole: a plan counts the run's steps by it."""
@@ -248,6 +253,15 @@ class Measurement:
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.status]
+
+    @property
+    def cut_short(self) -> str | None:
+        """Where the timing stopped at the search's bar (:attr:`slower_than`): that, in words."""
+        bar = self.slower_than
+        if not bar:
+            return None
+        units = "samples/s" if bar["objective"] == "samples_per_second" else "tokens/s"
+        return f"cut short: clearly slower than trial {bar['trial']}'s {bar['value']:.4g} {units}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

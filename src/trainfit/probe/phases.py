@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -220,6 +221,8 @@ class TimedSteps:
     model_flops: float = 0.0
     hardware_flops: float = 0.0
     flops_known: bool = True
+    slower: bool = False
+    """It stopped because the config was clearly slower than the request's bar (:func:`clearly_slower`)."""
 
 
 def burn_in(req: ProbeRequest, built: Built, batches: TypicalBatches, device: Any) -> dict[int, float]:
@@ -242,9 +245,11 @@ def burn_in(req: ProbeRequest, built: Built, batches: TypicalBatches, device: An
     return first
 
 
-def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device: Any) -> TimedSteps:
+def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device: Any,
+               slower: Callable[[TimedSteps], bool] | None = None) -> TimedSteps:
     """Typical steps, each timed alone (synchronized before and after), until the stop rule says
-    the estimate is stable or a cap is reached."""
+    the estimate is stable or a cap is reached, or ``slower`` says the config is clearly slower than
+    the search's bar (:func:`clearly_slower`)."""
     settings = req.probe
     emit("phase", phase="timed")
     rule = StopRule(settings.min_steps, settings.max_steps, settings.max_seconds, settings.target_rel_ci,
@@ -270,8 +275,32 @@ def time_steps(req: ProbeRequest, built: Built, batches: TypicalBatches, device:
                 timed.hardware_flops += f.hardware
         stop, timed.stable = rule.done(timed.times, timed.waits)
         emit("step", n=len(timed.times), seconds=timed.times[-1])
+        if not stop and slower is not None and slower(timed):
+            timed.slower = stop = True
         if stop:
             return timed
+
+
+def clearly_slower(req: ProbeRequest, batches: TypicalBatches, max_len: int, worst_step: tuple[int, float],
+                   built: Built, first: dict[int, float]) -> Callable[[TimedSteps], bool] | None:
+    """Where the request holds a bar (:class:`~trainfit.probe.request.Bar`): after each whole cycle
+    from the second on (every shape timed twice, so the interval is the cycles' own), is the epoch's
+    speed from the steps so far (:func:`epoch_fields`, as the probe will report it), at the fast end
+    of its 95% interval, below the bar's slow end? Such a config cannot be the fastest of its
+    learning values, and more steps would only narrow an interval that already ranks it. None: no bar."""
+    bar = req.slower_than
+    if bar is None:
+        return None
+
+    def check(timed: TimedSteps) -> bool:
+        n = len(timed.times)
+        if n < max(3, 2 * timed.cycle) or n % timed.cycle:
+            return False
+        ci = StepTimes.of(timed.times, timed.cycle).ci95_rel
+        speed = epoch_fields(req, timed, batches, max_len, worst_step, built, first)[bar.objective]
+        return speed is not None and bar.beats(speed, ci)
+
+    return check
 
 
 def communication_share(req: ProbeRequest, built: Built, batches: TypicalBatches, timed: TimedSteps,

@@ -17,6 +17,32 @@ from trainfit.spec import ModelSpec, ProbeSettings
 SCHEMA_VERSION = 3
 
 
+@dataclass(frozen=True)
+class Bar:
+    """The best config measured so far with the same learning values (those that change what is
+    learned): a probe whose speed, even at the fast end of its 95% interval, stays below this one's
+    slow end cannot be the fastest of them, and stops timing (``Measurement.slower_than``)."""
+
+    trial: int
+    """The trial that set it."""
+    objective: str
+    """``samples_per_second`` or ``tokens_per_second`` (the search's objective)."""
+    value: float
+    """Its measured objective."""
+    ci95_rel: float
+    """Its step time's 95% interval, as a share (0 where it was not measured)."""
+
+    @property
+    def low(self) -> float:
+        """The slow end of its interval: the speed at the long end of its step time's."""
+        return self.value / (1 + self.ci95_rel)
+
+    def beats(self, value: float, ci95_rel: float) -> bool:
+        """Is a probe of ``value`` (its step time's interval ``ci95_rel``) slower than this bar even at
+        the fast end of its interval? Never where that interval is not finite or reaches 100%."""
+        return 0 <= ci95_rel < 1 and value / (1 - ci95_rel) < self.low
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProbeRequest:
     """One configuration to measure, with the batch lengths chosen from the data analysis."""
@@ -52,6 +78,9 @@ class ProbeRequest:
     Face model's: ``{"input_ids": [...]}``, tokenized); None: synthetic inputs."""
     notes: tuple[str, ...] = ()
     """What the parent noticed (approximate lengths, truncation), kept in the measurement."""
+    slower_than: Bar | None = None
+    """The search's bar (:class:`Bar`): timing stops once this config is clearly slower. None: time
+    it to the stop rule (a probe of its own, the first of its learning values, a confirmation)."""
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -88,5 +117,6 @@ class ProbeRequest:
         return cls(**{**d, "model": ModelSpec(**d["model"]), "params": params, "probe": ProbeSettings(**d["probe"]),
                       "worst_lengths": tuple(d["worst_lengths"]), "typical": TypicalMix.from_dict(d["typical"]),
                       "notes": tuple(d["notes"]),
+                      "slower_than": Bar(**d["slower_than"]) if d.get("slower_than") else None,
                       "timing_rows": None if d.get("timing_rows") is None
                       else tuple(tuple(rows) for rows in d["timing_rows"])})

@@ -27,17 +27,19 @@ from trainfit.probe.estimate import assumed_mix, times_longest, typical_mix
 from trainfit.probe.events import ProbeEvent, Result, parse_event
 from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
 from trainfit.probe.real_rows import timing_rows
-from trainfit.probe.request import ProbeRequest
+from trainfit.probe.request import Bar, ProbeRequest
 from trainfit.probe.strays import descendants, kill_all, pipe_writers
 from trainfit.spec import GiB, Spec
 
 EventCallback = Callable[[ProbeEvent], None]
 
 
-def build_request(spec: Spec, params: Params, stats: LengthStats | None, device: str) -> ProbeRequest:
+def build_request(spec: Spec, params: Params, stats: LengthStats | None, device: str,
+                  slower_than: Bar | None = None) -> ProbeRequest:
     """Everything the child needs. Lengths are chosen here, from the data analysis:
     the worst case is the ``batch_size`` longest samples; the typical batches are an epoch of a
-    uniform sample of the data's lengths, batched as the trainer will (see probe/estimate.py)."""
+    uniform sample of the data's lengths, batched as the trainer will (see probe/estimate.py).
+    ``slower_than``: the search's bar, where timing may stop early (:class:`~trainfit.probe.request.Bar`)."""
     notes: list[str] = []
     truncated: int | None = None
     rows = None
@@ -77,7 +79,7 @@ def build_request(spec: Spec, params: Params, stats: LengthStats | None, device:
                         typical=typical, timing_rows=rows, truncated_samples=truncated,
                         memory_cap_bytes=int(spec.budget.memory_gb * GiB) if spec.budget.memory_gb else None,
                         budget_memory_gb=spec.budget.memory_gb, budget_headroom_gb=spec.budget.headroom_gb,
-                        notes=tuple(notes))
+                        notes=tuple(notes), slower_than=slower_than)
 
 
 def _describe_exit(rc: int) -> tuple[str, str]:
@@ -403,18 +405,20 @@ def run_probe(
     on_event: EventCallback | None = None,
     workdir: str | Path | None = None,
     session: ProbeSession | None = None,
+    slower_than: Bar | None = None,
 ) -> Measurement:
     """Measure ``params`` (default: ``spec.params``) in a child process.
 
     ``stats`` is the dataset's length analysis; without it, it is computed (and cached) from
     ``spec.data``. ``session`` keeps the worker between probes (see :class:`ProbeSession`);
-    without one, the probe gets a worker of its own.
+    without one, the probe gets a worker of its own. ``slower_than``: a search's bar; the timing
+    stops once the config is clearly slower than it (:class:`~trainfit.probe.request.Bar`).
     """
     params = params or spec.params
     if stats is None and spec.data is not None:
         stats = analyze_spec(spec, progress=False)
     device = resolve_device_name(spec.probe.device)
-    request = build_request(spec, params, stats, device)
+    request = build_request(spec, params, stats, device, slower_than)
     with contextlib.ExitStack() as stack:
         if session is None:
             session = stack.enter_context(ProbeSession())

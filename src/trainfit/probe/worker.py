@@ -27,6 +27,7 @@ stop rule in :mod:`trainfit.probe.timing` says the estimate is stable).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -59,6 +60,7 @@ from trainfit.probe.phases import (
     check_scaler,
     communication_share,
     check_loss,
+    clearly_slower,
     epoch_fields,
     input_bound_note,
     measure_memory,
@@ -131,7 +133,10 @@ def run(req: ProbeRequest, out: dict[str, Any], cache: ModelCache, meter: Memory
         out["loader_start_s"] = batches.start_s
 
         t = time.perf_counter()
-        timed = time_steps(req, built, batches, device)
+        timed = time_steps(req, built, batches, device,
+                           clearly_slower(req, batches, max_len, worst_step, built, first_sight))
+        if timed.slower and req.slower_than is not None:
+            out["slower_than"] = dataclasses.asdict(req.slower_than)
         out["communication_share"] = communication_share(req, built, batches, timed, device)
         phases["timed"] = time.perf_counter() - t
     finally:

@@ -9,6 +9,7 @@ what its caller does with a trial: ``trainfit.tune`` writes its outputs from eac
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from trainfit.devices import resolve_device_name
 from trainfit.files import naming
 from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
+from trainfit.probe.request import Bar
 from trainfit.probe.runner import ProbeSession, run_probe
 from trainfit.search.confirm import confirm, neighbours
 from trainfit.search.events import (
@@ -34,7 +36,7 @@ from trainfit.search.events import (
     Waiting,
 )
 from trainfit.search.options import EventFn, ProbeFn, SearchOptions
-from trainfit.search.ranking import Repeats, ranked
+from trainfit.search.ranking import Repeats, bar_for, ranked
 from trainfit.search.stops import (
     SEARCH_COMPLETE,
     Limits,
@@ -106,6 +108,8 @@ class SearchLoop:
                  emit: EventFn, strat: Any) -> None:
         self.spec, self.space, self.store, self.limits = spec, space, store, limits
         self.probe_fn, self.emit, self.strat = probe_fn, emit, strat
+        self.takes_bar = "slower_than" in inspect.signature(probe_fn).parameters
+        """A probe function that takes ``slower_than`` is told each probe's bar (:func:`bar_for`)."""
         self.state = LoopState(history=store.history(), start=time.perf_counter())
         self.ended: TrialEnd | None = None
         """The event of the trial just probed, emitted once its state was yielded."""
@@ -207,8 +211,9 @@ class SearchLoop:
         s, limits = self.state, self.limits
         self.emit(TrialStart(number=trial.number, index=len(s.history) + 1, max_trials=limits.most_trials,
                              refining=s.refining, values=values, elapsed_s=s.elapsed()))
+        bar = {"slower_than": bar_for(self.space, s.history, values, self.store.objective)} if self.takes_bar else {}
         with self.store.beating(trial):
-            m = self.probe_fn(self.space.params(values), trial.number)
+            m = self.probe_fn(self.space.params(values), trial.number, **bar)
         s.history.append(self.store.tell(trial, values, m, s.history))
         s.new_trials += 1
         s.refined += s.refining
@@ -309,11 +314,11 @@ def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: Eve
         stats = analyze_spec(spec, progress=False)
     session = ProbeSession()
 
-    def probe_fn(params: Params, number: int) -> Measurement:
+    def probe_fn(params: Params, number: int, slower_than: Bar | None = None) -> Measurement:
         workdir = probe_folder(output, number)
         with naming(workdir):  # a full disk's error names no file: the probe's folder, where it writes its files
             return run_probe(spec, params, stats=stats, workdir=workdir, on_event=lambda e: emit(ProbeProgress(e)),
-                             session=session)
+                             session=session, slower_than=slower_than)
 
     return probe_fn, session, device_type or resolve_device_name(spec.probe.device), stats
 

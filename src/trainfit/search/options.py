@@ -18,8 +18,10 @@ from trainfit.search.events import TuneEvent
 if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats
 
-ProbeFn = Callable[[Params, int], Measurement]
-"""Measures one configuration: ``probe_fn(params, trial_number)``."""
+ProbeFn = Callable[..., Measurement]
+"""Measures one configuration: ``probe_fn(params, trial_number)``; one that also takes a keyword
+``slower_than`` is given the search's bar for it (``trainfit.search.ranking.bar_for``: None, or the
+fastest config of the same learning values), and may stop timing once the config is clearly slower."""
 
 EventFn = Callable[[TuneEvent], None]
 """Receives what a running search reports."""

@@ -7,7 +7,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainfit.probe.measurement import Measurement
+from trainfit.probe.request import Bar
 from trainfit.search.trials import Trial, config_key, jsonable
+from trainfit.space import EFFECTIVE_BATCH, SearchSpace, learning_key, learning_knobs
 
 Repeats = Mapping[str, Sequence[Measurement]]
 """Confirmation measurements by config key (see ``tune.confirm_rounds``)."""
@@ -99,8 +101,8 @@ it, the ranking's own 'as fast within measurement noise' list says what the nois
 def noise_warning(trials: Sequence[Trial]) -> str | None:
     """A line when most probes stopped at their cap, far from stable (a busy or throttled machine):
     the console's and the report page's."""
-    ok = [t.measurement for t in trials if t.measurement.status == "ok"]
-    unstable = [m for m in ok if not m.stable]
+    ok = [t.measurement for t in trials if t.measurement.status == "ok" and t.measurement.slower_than is None]
+    unstable = [m for m in ok if not m.stable]  # one cut short at a bar (slower_than) is ranked, not noisy
     if not ok or len(unstable) <= len(ok) / 2:
         return None
     spread = statistics.median(m.step_time_ci95_rel or 0.0 for m in unstable)
@@ -109,3 +111,22 @@ def noise_warning(trials: Sequence[Trial]) -> str | None:
     return (f"noisy: {len(unstable)} of {len(ok)} probes reached probe.max_seconds or max_steps before their "
             f"estimate was stable (median ±{spread:.0%}, above probe.target_rel_ci): the machine is busy or its "
             "speed varies; raise probe.max_seconds, or use --confirm N to re-probe the leaders interleaved")
+
+
+def bar_for(space: SearchSpace, history: Sequence[Trial], values: Mapping[str, Any], objective: str) -> Bar | None:
+    """The bar a probe of ``values`` is timed against (:class:`~trainfit.probe.request.Bar`): the
+    fastest feasible config measured with the same values of the knobs that change what is learned
+    (:func:`~trainfit.space.learning_knobs`), so that a probe cut short at it could not have been the
+    fastest config, nor the fastest of its value of such a knob. The effective batch is not one of
+    them here: it is what a search over batch sizes without a target moves, the pick is the fastest
+    of every batch, and a config cut short is still ranked, by its speed within its wider interval.
+    None where no such config was measured, or its interval was not (a single step)."""
+    knobs = [k for k in learning_knobs(space) if k != EFFECTIVE_BATCH]
+    key = learning_key(space, values, knobs)
+    rivals = [t for t in history if t.feasible and t.objective is not None and t.measurement.slower_than is None
+              and t.measurement.step_time_ci95_rel is not None and learning_key(space, t.values, knobs) == key]
+    if not rivals:
+        return None
+    best = max(rivals, key=lambda t: t.measured_objective)
+    return Bar(trial=best.number, objective=objective, value=best.measured_objective,
+               ci95_rel=best.measurement.step_time_ci95_rel or 0.0)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import itertools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -20,14 +19,13 @@ from trainfit.data.stats import LengthStats
 from trainfit.devices import versions
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
-from trainfit.params import KNOBS
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
 from trainfit.search.auto import AutoStrategy
 from trainfit.search.loop import common_failure
 from trainfit.search.ranking import (Repeats, TrainerS, pooled, probe_samples_per_second, ranked, with_trainer_cost,
                                      within_noise)
 from trainfit.search.trials import Trial, config_key, jsonable
-from trainfit.space import SearchSpace
+from trainfit.space import SearchSpace, learning_knobs, learning_value
 from trainfit.spec import Spec
 from trainfit.summary import (
     AllFailed,
@@ -137,33 +135,6 @@ def uncalibrated_notes(spec: Spec, trials: Sequence[Trial], trainer_cost: Traine
         return []
     on_gpu = [t.number for t in trials if t.measurement.status == "ok" and t.measurement.device.startswith("cuda")]
     return [ProbeNote(note=UNCALIBRATED_GPU_NOTE, trials=on_gpu)] if on_gpu else []
-
-
-EFFECTIVE_BATCH = "effective_batch_size"
-
-
-def learning_knobs(space: SearchSpace) -> list[str]:
-    """Searched knobs whose values train a different model (custom knobs count: we cannot tell),
-    and the effective batch where configs differ in it: no ``tune.target_effective_batch`` while the
-    batch size, the accumulation or the processes are searched, or a target that a micro-batch over
-    every process of some config of the grid already passes (the accumulation cannot go below 1;
-    a target the batch sizes do not divide is kept to the nearest accumulation, as documented)."""
-    knobs = [d.name for d in space.dims if d.name not in KNOBS or KNOBS[d.name].changes_learning]
-    batch_knobs = {"batch_size", "gradient_accumulation_steps", "nproc_per_node", "nnodes"}
-    searched = [d for d in space.dims if d.name in batch_knobs]
-    if not searched:
-        return knobs
-    target = space.target_effective_batch
-    if target is None or any(
-            (p := space.params(dict(zip([d.name for d in searched], combo)))).batch_size * p.processes > target
-            for combo in itertools.product(*(d.grid_values() for d in searched))):
-        knobs.append(EFFECTIVE_BATCH)
-    return knobs
-
-
-def learning_value(space: SearchSpace, values: dict[str, Any], knob: str) -> Any:
-    """A config's value of a :func:`learning_knobs` knob."""
-    return space.params(values).effective_batch_size if knob == EFFECTIVE_BATCH else values.get(knob)
 
 
 def smallest_peak(spec: Spec, trials: Sequence[Trial]) -> SmallestPeak | None:
