@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -409,3 +410,49 @@ def test_served_beyond_this_machine_the_printed_url_carries_the_token(root: Path
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def started_url(root: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """`trainfit ui` on a free port: the process and the URL it printed."""
+    server = subprocess.Popen([sys.executable, "-m", "trainfit", "ui", "--root", str(root), "--port", "0",
+                               "--no-browser", *extra], stderr=subprocess.PIPE, text=True)
+    assert server.stderr is not None
+    url = re.search(r"at (http://\S+)", server.stderr.readline())
+    assert url, "no URL printed"
+    return server, url.group(1)
+
+
+def test_a_restart_keeps_the_token_so_open_pages_work_on(root: Path) -> None:
+    """Issue 50: each start made a new token, so a job page left open got 403 after a restart. The
+    token is kept under the root (owner-only), and the page's token works on the next server."""
+    first, url = started_url(root)
+    first.terminate()
+    first.wait(timeout=30)
+    token = url.split("?token=")[1]
+    kept = root / ".trainfit-ui" / "token"
+    assert kept.read_text().strip() == token and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    second, again = started_url(root)
+    try:
+        assert again.split("?token=")[1] == token
+        port = re.search(r":(\d+)/", again).group(1)  # type: ignore[union-attr]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/jobs/none?token={token}", timeout=30) as reply:
+            raise AssertionError(f"no such job, yet {reply.status}")
+    except urllib.error.HTTPError as err:
+        assert err.code == 404  # past the token check: the job is what is missing
+    finally:
+        second.terminate()
+        second.wait(timeout=30)
+
+
+def test_a_token_given_is_used_and_kept_and_a_bad_one_is_refused(root: Path, tmp_path: Path) -> None:
+    from trainfit.ui.server import kept_token
+
+    assert kept_token(root, "given-token-0123456789") == "given-token-0123456789"
+    assert kept_token(root) == "given-token-0123456789"  # the next start without --token keeps it
+    (root / ".trainfit-ui" / "token").write_text("not a token!\n")
+    fresh = kept_token(root)  # a damaged one is replaced by a new one
+    assert fresh != "not a token!" and (root / ".trainfit-ui" / "token").read_text() == fresh + "\n"
+    done = subprocess.run([sys.executable, "-m", "trainfit", "ui", "--root", str(root), "--token", "short",
+                           "--no-browser"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "a token is 16 to 128 of the characters" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -10,6 +10,7 @@ from typing import Any
 from trainfit.cli import COMMANDS
 from trainfit.cli.common import number
 from trainfit.errors import TrainfitError
+from trainfit.ui.paths import TOKEN_PATTERN
 
 EPILOG = """\
 examples:
@@ -21,7 +22,8 @@ The page edits a spec (its knobs as controls, its YAML, checked as you type), st
 tune, ablate, compare, plan and train as `trainfit` child processes that outlive the page and the UI
 (records and logs in ROOT/.trainfit-ui/jobs/), streams their logs, stops and resumes them, and lists
 every run folder under the root with its status and pages. Serves on 127.0.0.1 only unless --host says
-otherwise; every request needs the random token in the URL it prints (and opens). Only files under --root are
+otherwise; every request needs the token in the URL it prints (and opens), kept in ROOT/.trainfit-ui/token
+so that pages left open work again after a restart (--token sets one). Only files under --root are
 served or written. Needs the extra: pip install 'trainfit[ui]'. Ctrl-C stops the server, not the jobs.
 """
 
@@ -36,6 +38,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--port", type=number(int, at_least=0, at_most=65535), default=8765,
                    help="port to serve on (default 8765; 0: any free port)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    p.add_argument("--token", type=token_text, help="the token every request must carry (default: the one kept in "
+                   "ROOT/.trainfit-ui/token from the last start, else a new random one; kept there for the next)")
     p.set_defaults(run=run)
 
 
@@ -46,6 +50,14 @@ def host_address(text: str) -> str:
         raise argparse.ArgumentTypeError("an empty address would serve every interface: give 127.0.0.1 "
                                          "(this machine only) or 0.0.0.0 (every interface)")
     return text.strip()
+
+
+def token_text(text: str) -> str:
+    """An argparse ``type``: a token a URL carries as it is, long enough not to be guessed."""
+    if not TOKEN_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError("a token is 16 to 128 of the characters A-Z a-z 0-9 _ - "
+                                         "(python -c 'import secrets; print(secrets.token_urlsafe(24))' makes one)")
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,5 +72,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"trainfit ui: serving {Path(args.root).resolve()} at {url} (Ctrl-C stops the server; jobs go on)",
               file=sys.stderr, flush=True)
 
-    serve_forever(Path(args.root), host=args.host, port=args.port, open_browser=not args.no_browser, on_ready=ready)
+    serve_forever(Path(args.root), host=args.host, port=args.port, open_browser=not args.no_browser, on_ready=ready,
+                  token=args.token)
     return 0

@@ -89,7 +89,8 @@ def _guard() -> Any:
     if token is not None:
         given = request.args.get("token") or request.cookies.get(token_cookie()) or ""
         if not hmac.compare_digest(given.encode(), token.encode()):
-            return _page_error(403, "this UI needs its token", "open the URL `trainfit ui` printed (it ends in ?token=...)")
+            return _page_error(403, "this UI needs its token", "open the URL `trainfit ui` printed (it ends in "
+                               "?token=...); a page opened before it was started with another --token carries the old one")
     origin = request.headers.get("Origin")
     if request.method == "POST" and origin and urlsplit(origin).netloc != request.host:
         return _page_error(403, f"a request from another site ({origin}) is refused", "use the UI's own page")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 from typing import BinaryIO
 
@@ -14,7 +15,10 @@ from trainfit.errors import TrainfitError
 from trainfit.files import DISK_ERRORS, file_kind
 
 UI_FOLDER = ".trainfit-ui"
-"""The UI's own records under the root: ``jobs/<id>/`` (each job's record and log), saved specs."""
+"""The UI's own records under the root: ``jobs/<id>/`` (each job's record and log), saved specs, its token."""
+
+TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
+"""A token as a URL carries it unescaped: 16 to 128 of the URL-safe base64 characters."""
 
 
 class Refused(TrainfitError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 import webbrowser
 from collections.abc import Callable
@@ -13,8 +14,12 @@ from pathlib import Path
 from werkzeug.serving import make_server
 
 from trainfit.errors import TrainfitError
+from trainfit.files import write_atomically
 from trainfit.ui.app import create_app, new_token
+from trainfit.ui.paths import TOKEN_PATTERN, UI_FOLDER, NotRegular, read_regular
 
+TOKEN_FILE = "token"
+"""The UI's token, kept under ``ROOT/.trainfit-ui/`` (owner-only) from one start to the next."""
 
 def url_of(host: str, port: int, token: str | None) -> str:
     """The address a browser opens: with ``?token=`` where the UI needs one."""
@@ -34,10 +39,31 @@ def cannot_serve(host: str, port: int, err: OSError) -> TrainfitError:
                          "pick another --port (0: any free one)")
 
 
-def serve_forever(root: Path, *, host: str, port: int, open_browser: bool, on_ready: Callable[[str], None]) -> None:
+def kept_token(root: Path, given: str | None = None) -> str:
+    """The token of the UI over ``root``: ``given`` (``--token``), else the one an earlier start kept
+    under the root, else a new one; kept there (readable by its owner only), so that a restart of
+    ``trainfit ui`` leaves the pages a browser holds open working, as its jobs go on working."""
+    path = root / UI_FOLDER / TOKEN_FILE
+    kept = None
+    try:
+        kept = read_regular(path, 4096).strip()
+    except (FileNotFoundError, NotRegular):
+        pass
+    except OSError as err:
+        raise TrainfitError(f"cannot read the UI's token {path}: {err.strerror or err}",
+                            f"remove it (rm {path}) to have a new one made, or give --token") from None
+    token = given or (kept if kept and TOKEN_PATTERN.fullmatch(kept) else None) or new_token()
+    if token != kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda f: (os.fchmod(f.fileno(), 0o600), f.write(token.encode() + b"\n")))
+    return token
+
+
+def serve_forever(root: Path, *, host: str, port: int, open_browser: bool, on_ready: Callable[[str], None],
+                  token: str | None = None) -> None:
     """Serve the UI over ``root`` on ``host:port`` (0: a free port) until interrupted; ``on_ready``
-    gets the URL once the port is open."""
-    token = new_token()
+    gets the URL once the port is open. ``token``: the one to require (default: :func:`kept_token`'s)."""
+    token = kept_token(root, token)
     app = create_app(root, token=token, host=host)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request: the job pages poll
     try:  # bound here, not by Werkzeug, which prints its own lines and exits where the port is taken

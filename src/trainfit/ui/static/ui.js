@@ -96,8 +96,9 @@ function jobLog(pre) {
       setTimeout(poll, 2000);  // the UI restarting: try again
       return;
     }
-    if (!result.ok) {
-      status.textContent = result.error;
+    if (!result.ok) {  // e.g. a server restarted with another token: say what it said, and how to go on
+      status.textContent = (result.error || "the UI server refused the request") + (result.hint ? ": " + result.hint : "");
+      status.className = "status failed";
       return;
     }
     if (offset === null) showCut(result);
