@@ -10,6 +10,7 @@ import socket
 import webbrowser
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from werkzeug.serving import make_server
 
@@ -55,7 +56,11 @@ def kept_token(root: Path, given: str | None = None) -> str:
     token = given or (kept if kept and TOKEN_PATTERN.fullmatch(kept) else None) or new_token()
     if token != kept:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, lambda f: (os.fchmod(f.fileno(), 0o600), f.write(token.encode() + b"\n")))
+        def owner_only(f: IO[bytes]) -> None:
+            os.fchmod(f.fileno(), 0o600)  # before the token is in it
+            f.write(token.encode() + b"\n")
+
+        write_atomically(path, owner_only)
     return token
 
 
