@@ -16,13 +16,20 @@ a fresh process adds the median process start and what fresh probes spent outsid
 (imports, the CUDA context). An OOM costs the recording's median memory phase. The search's own
 time (Optuna, the strategy) is real time on this machine, counted apart.
 
-**The bar** (``Bar``, issue 47): the search tells each probe the fastest config of its learning
-values, and a probe clearly slower stops timing (``probe.phases.clearly_slower``). The replay cuts
-a recorded timed phase where the probe's own rule would have (``cut_at``): from its recorded step
-times where they were kept (race-a), else from its steps and its interval at the end, the interval
-at ``k`` of ``n`` steps modelled as ``ci_n * sqrt(n / k)``; race-b kept no interval, and 3.5% is
-assumed (``ASSUMED_CI``: race-a's three stable-era probes reached 2.8-3.6%; at 3-4% the search asks
-for the recorded configs, at 5% for one more). A cut probe costs its timed phase times ``k / n``.
+**Timed as today's probe times** (``cut_at``). Race-a kept each probe's step times, timed in its day
+to a 2% target or 200 steps: today's 5% rule (``probe.timing.StopRule`` with ``ProbeSettings``'s
+defaults) ends each where it would, and the median probe a recording lacks the phases of costs is
+the median of those. **The bar** (``Bar``, issue 47): the search tells each probe the fastest config
+of its learning values, and a probe clearly slower stops timing (``probe.phases.clearly_slower``):
+cut on race-a's recorded prefixes, else from a probe's steps and its interval at the end, the
+interval at ``k`` of ``n`` steps modelled as ``ci_n * sqrt(n / k)``; race-b kept no interval, and 3.5%
+is assumed (``ASSUMED_CI``: race-a's three stable-era probes reached 2.8-3.6%; at 3-4% the search asks
+for the recorded configs, at 5% for one more). A probe ended early costs its timed phase times ``k / n``.
+
+**Memory parts.** On a GPU ``auto`` jumps from a family's first probe along the line its ``step``
+part draws (``AutoStrategy._jump``). Race-a and the sweep kept every probe's parts; race-b kept its
+peaks alone, and its ``step`` part is modelled as the peak above the family's line at batch 0 (see
+``race_b``).
 
 **Configs the recording lacks** are modelled from the config's family (the same values but the
 batch size): the speed interpolated in the batch size between the family's measured neighbours
@@ -56,11 +63,12 @@ from trainfit.params import Params
 from trainfit.probe.measurement import Measurement
 from trainfit.probe.request import Bar, ProbeRequest
 from trainfit.probe.runner import build_request, process_outlives_model
-from trainfit.probe.timing import relative_ci95
+from trainfit.probe.timing import StopRule, relative_ci95
 from trainfit.search.auto import AutoStrategy
+from trainfit.search.pruned import pruned as pruned_families
 from trainfit.search.loop import open_search
 from trainfit.search.options import SearchOptions
-from trainfit.spec import Spec, build_spec
+from trainfit.spec import ProbeSettings, Spec, build_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment  # noqa: E402
@@ -93,6 +101,8 @@ class Recorded:
     """Its timed steps, where recorded."""
     step_times: tuple[float, ...] = ()
     """Each timed step's seconds, where recorded (race-a)."""
+    parts_gb: dict[str, float] = field(default_factory=dict)
+    """Where its peak went (``Measurement.memory_parts_bytes``, in GiB), where recorded (race-a, the sweep)."""
 
     @property
     def measure_s(self) -> float:
@@ -135,7 +145,8 @@ class Costs:
     fresh_extra_s: float
     oom_s: float
     measure_s: float
-    """A probe whose phases the recording lacks costs the median probe's."""
+    """A probe whose phases the recording lacks costs the median probe's, as today's stop rule times it
+    (:func:`today_measure_s`)."""
 
     @classmethod
     def of(cls, surface: Surface) -> Costs:
@@ -146,7 +157,7 @@ class Costs:
                    fresh_extra_s=statistics.median(p.phases_s.get("start", 0.0) for p in fresh)
                    + (statistics.median(outside) if outside else 0.0),
                    oom_s=statistics.median(p.phases_s.get("memory", 0.0) for p in measured if "memory" in p.phases_s),
-                   measure_s=statistics.median(p.measure_s for p in measured if "timed" in p.phases_s))
+                   measure_s=statistics.median(today_measure_s(p) for p in measured if "timed" in p.phases_s))
 
 
 class Unrecorded(Exception):
@@ -177,15 +188,16 @@ class Replay:
         if recorded is None:
             recorded = model(self.surface, values)
             self.modelled.append(values)
-        cut = cut_at(recorded, slower_than) if slower_than is not None and recorded.status == "ok" else None
+        cut = cut_at(recorded, slower_than) if recorded.status == "ok" else None
         m = measurement(self.surface, params, recorded, cut, slower_than)
         cost = self.price(params, recorded, cut)
         self.simulated_s += cost
         self.asked.append({"trial": number, "values": values, "status": m.status, "fits": m.fits,
                            "samples_per_second": m.samples_per_second, "cost_s": round(cost, 2),
-                           "modelled": modelled, "cut": None if cut is None else
+                           "recorded_speed": recorded.samples_per_second, "modelled": modelled,
+                           "cut": None if cut is None else
                            {"steps": cut.steps, "of": recorded.steps, "ci95_rel": round(cut.ci95_rel, 3),
-                            "bar_trial": slower_than.trial if slower_than else None}})
+                            "bar_trial": slower_than.trial if cut.by_bar and slower_than else None}})
         return m
 
     def price(self, params: Params, recorded: Recorded, cut: Cut | None = None) -> float:
@@ -223,34 +235,54 @@ the bar is looked at after each whole cycle from the second on, as ``probe.phase
 
 @dataclass(frozen=True)
 class Cut:
-    """Where the bar stops a recorded probe's timing: after ``steps`` steps, its interval then."""
+    """Where a recorded probe's timing ends as today's probe would end it: after ``steps`` steps, its
+    interval and speed then; ``by_bar``: cut short at the search's bar, else stopped by the 5% rule."""
 
     steps: int
     ci95_rel: float
+    samples_per_second: float
+    by_bar: bool
 
 
-def cut_at(p: Recorded, bar: Bar) -> Cut | None:
-    """Where ``bar`` would have stopped ``p``'s timed phase (``Bar.beats``, the probe's own rule),
-    None where it runs to its end. With its step times on record (race-a), the speed and interval of
-    each prefix, cycles of one step (fixed length); else its steps and its interval at the end
-    (:data:`ASSUMED_CI` where not recorded), the interval at ``k`` steps of ``n`` modelled as
-    ``ci_n * sqrt(n / k)`` at the recorded speed, after each whole cycle of :data:`CYCLE`."""
+RULE = ProbeSettings()
+"""Today's stop rule (``probe.min_steps``, ``max_steps``, ``max_seconds``, ``target_rel_ci``: 5%)."""
+
+
+def cut_at(p: Recorded, bar: Bar | None) -> Cut | None:
+    """Where today's probe would have ended ``p``'s timed phase, None where it runs to the recorded end.
+    With its step times on record (race-a, timed to a 2% target or 200 steps in its day), each
+    prefix's speed and interval, cycles of one step (fixed length): the 5% rule
+    (``probe.timing.StopRule``), or ``bar`` (``Bar.beats``). Else its steps and its interval at the end
+    (:data:`ASSUMED_CI` where not recorded), at ``k`` steps of ``n`` modelled as ``ci_n * sqrt(n / k)``
+    at the recorded speed, after each whole cycle of :data:`CYCLE`: the bar alone (the rule ended it)."""
     if not p.steps or p.samples_per_second is None:
         return None
     if p.step_times:
         times = list(p.step_times)
+        rule = StopRule(RULE.min_steps, RULE.max_steps, RULE.max_seconds, RULE.target_rel_ci)
         whole = statistics.median(times)
         for k in range(3, len(times)):
             ci = relative_ci95(times[:k])
-            if bar.beats(p.samples_per_second * whole / statistics.median(times[:k]), ci):
-                return Cut(k, ci)
+            speed = p.samples_per_second * whole / statistics.median(times[:k])
+            if rule.done(times[:k])[0]:
+                return Cut(k, ci, speed, by_bar=False)
+            if bar is not None and bar.beats(speed, ci):
+                return Cut(k, ci, speed, by_bar=True)
+        return None
+    if bar is None:
         return None
     ci_n = p.ci95_rel if p.ci95_rel is not None else ASSUMED_CI
     for k in range(2 * CYCLE, p.steps, CYCLE):
         ci = ci_n * math.sqrt(p.steps / k)
         if bar.beats(p.samples_per_second, ci):
-            return Cut(k, ci)
+            return Cut(k, ci, p.samples_per_second, by_bar=True)
     return None
+
+
+def today_measure_s(p: Recorded) -> float:
+    """``p``'s own phases with its timed phase as today's stop rule ends it (:func:`cut_at`, no bar)."""
+    cut = cut_at(p, None)
+    return p.measure_s - (p.phases_s["timed"] * (1 - cut.steps / (p.steps or cut.steps)) if cut else 0.0)
 
 
 def model(surface: Surface, values: dict[str, Any]) -> Recorded:
@@ -276,7 +308,7 @@ def model(surface: Surface, values: dict[str, Any]) -> Recorded:
     return Recorded(values=values, status=status, samples_per_second=speed if status == "ok" else None,
                     peak_gb=peak, phases_s={k: v for k, v in nearest.phases_s.items() if k in ("memory", "burn_in",
                                                                                                 "timed")},
-                    wall_s=None, ci95_rel=nearest.ci95_rel)
+                    wall_s=None, ci95_rel=nearest.ci95_rel, steps=nearest.steps)
 
 
 def line_at(points: list[tuple[float, float]], x: float) -> float:
@@ -295,20 +327,42 @@ def measurement(surface: Surface, params: Params, p: Recorded, cut: Cut | None =
                               "budget_memory_gb": surface.budget_gb, "budget_headroom_gb": surface.headroom_gb,
                               "memory_cap_bytes": int(surface.budget_gb * GiB), "phases_s": p.phases_s}
     peak = int(p.peak_gb * GiB) if p.peak_gb is not None else None
+    common["memory_parts_bytes"] = {k: int(v * GiB) for k, v in p.parts_gb.items()}
     if p.status != "ok":
         return Measurement(status="oom", message="CUDA out of memory (recorded)", peak_memory_bytes=peak, **common)
     ci = cut.ci95_rel if cut is not None else p.ci95_rel if p.ci95_rel is not None or not p.steps else ASSUMED_CI
-    return Measurement(status="ok", samples_per_second=p.samples_per_second,
-                       tokens_per_second=(p.samples_per_second or 0.0) * 512, peak_memory_bytes=peak,
-                       steps_measured=cut.steps if cut is not None else p.steps or 20, stable=cut is None,
-                       step_time_ci95_rel=ci, slower_than=dataclasses.asdict(bar) if cut and bar else None, **common)
+    speed = cut.samples_per_second if cut is not None else p.samples_per_second
+    by_bar = cut is not None and cut.by_bar and bar is not None
+    return Measurement(status="ok", samples_per_second=speed, tokens_per_second=(speed or 0.0) * 512,
+                       peak_memory_bytes=peak, steps_measured=cut.steps if cut is not None else p.steps or 20,
+                       stable=not by_bar, step_time_ci95_rel=ci,
+                       slower_than=dataclasses.asdict(bar) if by_bar and bar else None, **common)
 
 
 def race_b() -> Surface:
+    """Its 26 probes kept their peaks, not where each went: each probe's ``step`` part (what a step
+    holds over the model, its optimizer state and the runtime, which a real probe measures) is modelled
+    as its peak above its family's line at batch 0 (the least-squares line of the family's recorded
+    peaks against the batch; race-a's probes, which kept their parts, held 1.01x their line's slope a
+    sample at batch 1)."""
     doc = json.loads((RESULTS / "epoch_race-2026-11-27b-h100.json").read_text())
+
+    def family(values: dict[str, Any]) -> str:
+        return json.dumps({k: v for k, v in values.items() if k != "batch_size"}, sort_keys=True)
+
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for p in doc["probes"]:  # an OOM's peak is where it stopped, not what it needed: not on the line
+        if p["status"] == "ok":
+            lines.setdefault(family(p["searched"]), []).append((p["searched"]["batch_size"], p["peak_memory_gb"]))
+
+    def parts(p: dict[str, Any]) -> dict[str, float]:
+        line = lines.get(family(p["searched"]), [])
+        base = line_at(line, 0.0) if len(line) >= 2 else 0.0
+        return {"model": base, "step": p["peak_memory_gb"] - base}
+
     probes = [Recorded(values=p["searched"], status=p["status"], samples_per_second=p["samples_per_second"],
                        peak_gb=p["peak_memory_gb"], phases_s=p["phases_s"], wall_s=p["wall_s_rounded"],
-                       steps=p.get("steps_measured"))
+                       steps=p.get("steps_measured"), parts_gb=parts(p))
               for p in doc["probes"]]
     return Surface(name="race-b", source="epoch_race-2026-11-27b-h100.json", device="NVIDIA H100 80GB HBM3",
                    search={"batch_size": [1, 2, 4, 8, 16, 32, 64], "gradient_checkpointing": [False, True],
@@ -327,7 +381,8 @@ def race_a() -> Surface:
                        status=p["status"], samples_per_second=p.get("samples_per_second"),
                        peak_gb=p["peak_memory_bytes"] / GiB if p.get("peak_memory_bytes") else None,
                        phases_s=p["phases_s"], wall_s=None, ci95_rel=p.get("step_time_ci95_rel"),
-                       steps=p.get("steps_measured"), step_times=tuple(p.get("step_times_s", ())))
+                       steps=p.get("steps_measured"), step_times=tuple(p.get("step_times_s", ())),
+                       parts_gb={k: v / GiB for k, v in (p.get("memory_parts_bytes") or {}).items()})
               for p in doc["probes"]]
     summary = doc["tune_summary"]
     probes += [Recorded(values=e["searched"], status="ok", samples_per_second=e["samples_per_second"],
@@ -343,7 +398,8 @@ def sweep_1b() -> Surface:
     doc = json.loads((RESULTS / "gpu_sweep-lora_r16-2026-11-24-h100.json").read_text())
     probes = [Recorded(values={"batch_size": r["batch_size"]}, status=r["status"],
                        samples_per_second=r["samples_per_second"], peak_gb=r["peak_reserved_gb"],
-                       phases_s=r["phases_s"], wall_s=r["probe_wall_s"]) for r in doc["rows"]]
+                       phases_s=r["phases_s"], wall_s=r["probe_wall_s"], parts_gb=r["memory_parts_gb"])
+              for r in doc["rows"]]
     return Surface(name="sweep-1b", source="gpu_sweep-lora_r16-2026-11-24-h100.json", device="NVIDIA H100 80GB HBM3",
                    search={"batch_size": [1, 2, 4, 8, 16]}, budget_gb=79.0, headroom_gb=1.0, probes=probes,
                    params={"max_length": 2048, "precision": "bf16", "lora_r": 16, "lora_alpha": 32})
@@ -382,7 +438,7 @@ def replay(surface: Surface) -> dict[str, Any]:
                 outcome = search.outcome()
                 auto = AutoStrategy(search.space, surface.budget_gb, surface.headroom_gb, "cuda")
                 pruned = [{"family": p.family, "below_batch": p.below_batch, "reason": p.reason}
-                          for p in auto.pruned(outcome.trials)]
+                          for p in pruned_families(auto, outcome.trials)]
         except Unrecorded as err:
             stopped, outcome = str(err), None
     search_s = time.perf_counter() - start
@@ -393,13 +449,13 @@ def replay(surface: Surface) -> dict[str, Any]:
             "search_code_s": round(search_s, 2), "probes": len(probe.asked), "fresh_processes": probe.fresh_processes,
             "modelled": probe.modelled, "stopped": stopped, "pruned": pruned, "stop_reason": outcome.stop_reason if outcome else None,
             "pick": pick["values"] if pick else None,
-            "pick_speed_share": round(pick["samples_per_second"] / best.samples_per_second, 3) if pick else None,
+            "pick_speed_share": round(pick["recorded_speed"] / best.samples_per_second, 3) if pick else None,
             "recorded_best": best.values, "recorded_tune_s": surface.recorded_tune_s,
             "simulated_parts_s": {k: round(v, 1) for k, v in probe.parts.items()},
             "costs": {"build_s": round(costs.build_s, 2), "fresh_extra_s": round(costs.fresh_extra_s, 2),
                       "oom_s": round(costs.oom_s, 2)},
             "meets_target": bool(pick and probe.simulated_s <= TARGET_S
-                                 and pick["samples_per_second"] >= TARGET_PICK * best.samples_per_second),
+                                 and pick["recorded_speed"] >= TARGET_PICK * best.samples_per_second),
             "trace": probe.asked}
 
 

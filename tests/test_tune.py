@@ -538,6 +538,7 @@ def test_auto_probes_cpu_offload_where_the_same_layout_without_it_cannot_fit() -
     budget, so that layout is not probed; with CPU offload (the shards in host memory) it can fit,
     and its turn comes, not waiting for ever on the family without offload that is never probed."""
     from trainfit.search.auto import AutoStrategy
+    from trainfit.search.pruned import pruned
 
     base = Params(parallel="fsdp", nproc_per_node=4, precision="bf16")
     space, problems = parse_space({"nproc_per_node": [4, 2], "fsdp_cpu_offload": [False, True],
@@ -554,6 +555,6 @@ def test_auto_probes_cpu_offload_where_the_same_layout_without_it_cannot_fit() -
 
     history = [measured(0, 4, False, 1), measured(1, 4, False, 2)]
     assert auto.propose(history) == {"nproc_per_node": 2, "fsdp_cpu_offload": True, "batch_size": 1}
-    reasons = {json.dumps(p.family, sort_keys=True): p.reason for p in auto.pruned(history)}
+    reasons = {json.dumps(p.family, sort_keys=True): p.reason for p in pruned(auto, history)}
     assert "12 GiB a process" in reasons[json.dumps({"fsdp_cpu_offload": False, "nproc_per_node": 2})]
     assert json.dumps({"fsdp_cpu_offload": True, "nproc_per_node": 2}) not in reasons

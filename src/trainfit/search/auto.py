@@ -9,7 +9,6 @@ import json
 import math
 import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from trainfit.params import KNOBS
@@ -30,18 +29,7 @@ NO_PRIOR: dict[str, str] = {k.name: k.no_prior for k in KNOBS.values() if k.no_p
 
 MEMORY_ONLY: dict[str, Any] = {k.name: True for k in KNOBS.values() if k.memory_only}
 """Knob values that only trade speed for memory (nothing learned changes; ``knob(memory_only=True)``):
-worth a probe only at a batch the same config without them cannot fit (see :meth:`AutoStrategy.pruned`)."""
-
-
-@dataclass(frozen=True)
-class Pruned:
-    """A family, or its smaller batches, that ``auto`` does not probe, and why."""
-
-    family: dict[str, Any]
-    """The knob values of the family (every searched knob but ``batch_size``)."""
-    below_batch: int | None
-    """Its batches up to this one are skipped (None: the whole family)."""
-    reason: str
+worth a probe only at a batch the same config without them cannot fit (see :func:`trainfit.search.pruned.pruned`)."""
 
 
 class AutoStrategy:
@@ -49,7 +37,8 @@ class AutoStrategy:
 
     The space splits into *families* (every knob but batch size). A family climbs its batch
     sizes one step at a time, which is cheap: the probe worker keeps the built model for growing
-    batches. Peak memory grows about linearly with the batch size, so after two fitting probes a
+    batches; on a GPU, where each probe's phases cost seconds, it jumps from its first probe to
+    the largest batch its memory line allows and checks the grid's step below (:meth:`_jump`). Peak memory grows about linearly with the batch size, so after two fitting probes a
     line predicts the largest batch that fits (with a safety margin); no probe is spent on a
     predicted OOM, and a measured OOM bounds the family from above. Throughput saturates with the
     batch size, so a family stops once a larger batch no longer helps or cannot beat the others.
@@ -65,6 +54,10 @@ class AutoStrategy:
         self.space = space
         self.budget_gb, self.headroom_gb = budget_gb, headroom_gb
         self.margin, self.saturation = margin, saturation
+        self.jumps = device_type.startswith("cuda")
+        """On a GPU a family's climb jumps from its first probe to the largest batch its memory line
+        says fits (:meth:`_jump`); on a CPU it steps (a CPU's speed often falls at large batches, and a
+        large batch's probe is slow there)."""
         bdim = space.dim("batch_size")
         self.batches = sorted(bdim.grid_values()) if bdim else [space.base.batch_size]
         others = [d for d in space.dims if d.name != "batch_size"]
@@ -88,14 +81,14 @@ class AutoStrategy:
     def _learning_part(self, family: Mapping[str, Any]) -> str:
         return config_key({k: v for k, v in family.items() if self._learning(k)})
 
-    def _family_trials(self, family: Mapping[str, Any], history: Sequence[Trial]) -> dict[int, Trial]:
+    def family_trials(self, family: Mapping[str, Any], history: Sequence[Trial]) -> dict[int, Trial]:
         out = {}
         for t in history:
             if all(t.values.get(k) == v for k, v in family.items()):
                 out[int(t.values.get("batch_size", self.space.base.batch_size))] = t
         return out
 
-    def _limit_bytes(self, measured: Iterable[Trial], margin: float | None = None) -> float | None:
+    def limit_bytes(self, measured: Iterable[Trial], margin: float | None = None) -> float | None:
         """The predicted peak a config may reach: the spec's budget, else the device's memory the
         probes recorded as theirs, less headroom and the margin (default: the strategy's)."""
         budget = self.budget_gb or recorded_budget_gb(t.measurement for t in measured)
@@ -115,7 +108,7 @@ class AutoStrategy:
                              margin: float | None = None) -> float:
         """Largest batch whose predicted peak stays under the budget (inf when unknown). With one
         point, the slope of sibling families (the other knobs changed) stands in for the line."""
-        limit = self._limit_bytes(fits.values(), margin)
+        limit = self.limit_bytes(fits.values(), margin)
         slope = self._slope(fits) if len(fits) >= 2 else sibling_slope
         if limit is None or not fits or slope is None or slope <= 0:
             return float("inf")
@@ -126,7 +119,7 @@ class AutoStrategy:
         slopes = []
         for other in self.families:
             if other != family:
-                fits = {b: t for b, t in self._family_trials(other, history).items() if t.feasible}
+                fits = {b: t for b, t in self.family_trials(other, history).items() if t.feasible}
                 slope = self._slope(fits)
                 if slope is not None and slope > 0:
                     slopes.append(slope)
@@ -146,7 +139,7 @@ class AutoStrategy:
         for other in self.families:
             if other == family or self._learning_part(other) != self._learning_part(family):
                 continue
-            theirs = self._family_trials(other, history).get(b)
+            theirs = self.family_trials(other, history).get(b)
             if theirs is None or theirs.objective is None or not theirs.feasible:
                 continue
             noise = sum(x.measurement.step_time_ci95_rel or 0.0 for x in (t, theirs))
@@ -159,7 +152,7 @@ class AutoStrategy:
     def _memory_bound(self, family: Mapping[str, Any], history: Sequence[Trial]) -> bool:
         """Does memory stop ``family`` below the largest batch (measured, or predicted)? If not, a
         leaner family cannot win by fitting a larger batch."""
-        trials = self._family_trials(family, history)
+        trials = self.family_trials(family, history)
         if any(not t.feasible for t in trials.values()):
             return True
         fits = {b: t for b, t in trials.items() if t.feasible}
@@ -210,6 +203,15 @@ class AutoStrategy:
             return between[len(between) // 2] if between else None
         if self._saturated(fits):
             return None  # a larger batch is not faster
+        jump = self._jump(family, mine, fits, upper, sibling_slope)
+        if jump is not None:
+            return jump
+        if self.jumps and len(fits) == 2:
+            # after a jump: the grid's step below it, where a speed that falls near the memory limit peaks
+            lo, hi = sorted(fits)
+            below = [b for b in allowed if lo < b < hi and b in self.batches and b not in mine]
+            if below:
+                return max(below)
         predicted = self._predicted_max_batch(fits, sibling_slope)
         candidates = [b for b in open_ if b > largest and b <= predicted]
         if not candidates:
@@ -227,10 +229,38 @@ class AutoStrategy:
                                                    self._processes(family))])
         if len(fits) >= 2 and not self._can_win(fits, reach, rival_best):
             return None
-        # One step up at a time: a worker reuses its model for growing batches, so the climb costs
-        # a measurement per step, not a model build; each step refines the memory line, and the
-        # climb stops where throughput saturates or falls (a peak between two probes is not missed).
+        # One step up at a time (past a GPU's jump): a worker reuses its model for growing batches,
+        # so the climb costs a measurement per step, not a model build; each step refines the memory
+        # line, and the climb stops where throughput saturates or falls.
         return min(candidates)
+
+    def _jump(self, family: Mapping[str, Any], mine: dict[int, Trial], fits: dict[int, Trial], upper: float,
+              sibling_slope: float | None) -> int | None:
+        """On a GPU, after a family's first fitting probe: the largest batch its memory line says fits
+        within the margin, where that is past the grid's next step (else None: step as on a CPU). The
+        line's slope is the probe's own step memory a sample (its ``step`` part over its batch: the
+        activations, and what a step holds whatever the batch, so it errs toward a smaller batch),
+        else a sibling family's. Timing each batch on the way costs a probe apiece (a GPU probe's
+        burn-in and timed phases, 4-25 s on the recorded H100 race), and the speed of a batch that
+        fits rarely falls below a smaller one's until memory runs short: where it does, the climb
+        from there finds it (:meth:`_fell` bisects between), and the jump's speed is the bar the
+        smaller batches are cut short at (``search.ranking.bar_for``)."""
+        if not self.jumps or len(fits) != 1:
+            return None
+        [(b1, t)] = fits.items()
+        step = t.measurement.memory_parts_bytes.get("step")
+        slope = step / b1 if step else sibling_slope
+        predicted = self._predicted_max_batch(fits, slope)
+        if predicted == float("inf"):
+            return None
+        top = int(min(predicted, upper - 1))
+        grid = [b for b in self.batches if b1 < b <= top]
+        reach = [b for b in [*grid, *integers_between(self.space, max(grid, default=b1), top + 1, self._processes(family))]
+                 if b not in mine and self.space.allowed({**family, "batch_size": b})]
+        next_grid = min((b for b in self.batches if b > b1), default=None)
+        if not reach or next_grid is None or max(reach) <= next_grid:
+            return None
+        return max(reach)
 
     def _integer_step(self, family: Mapping[str, Any], mine: dict[int, Trial], fits: dict[int, Trial],
                       upper: float, sibling_slope: float | None) -> int | None:
@@ -268,7 +298,7 @@ class AutoStrategy:
     def _rival_best(self, family: Mapping[str, Any], history: Sequence[Trial]) -> float | None:
         """Best feasible objective of the *other* families with the same learning-relevant knobs."""
         part = self._learning_part(family)
-        mine = self._family_trials(family, history).values()
+        mine = self.family_trials(family, history).values()
         scores = [t.objective for t in history if t.feasible and t.objective is not None and t not in mine
                   and self._learning_part({k: t.values.get(k) for k in family}) == part]
         return max(scores, default=None)
@@ -281,15 +311,15 @@ class AutoStrategy:
                 continue  # another run is probing this family: its next step waits for that result
             if not can_run(family, unsupported):
                 continue  # a knob value of it cannot run on this machine, whatever the batch
-            lean = self._lean(family)
+            lean = self.lean(family)
             if lean is not None and config_key(lean) in climbing:
                 continue  # where the family without the memory-only knob stops is not known yet
-            above = self._lean_limit(family, history)
+            above = self.lean_limit(family, history)
             if above is None:
                 continue
-            if self._outgrown_layout(family, history) is not None:
+            if self.outgrown_layout(family, history) is not None:
                 continue  # its weights and optimizer state alone cannot fit, by another layout's parts
-            mine = self._family_trials(family, history)
+            mine = self.family_trials(family, history)
             if self._dominated(family, mine, history):
                 continue
             b = self._next_batch(family, mine, self._rival_best(family, history),
@@ -298,43 +328,43 @@ class AutoStrategy:
                 return {**family, "batch_size": b} if "batch_size" in self.space.names else dict(family)
         return None
 
-    def _outgrown_layout(self, family: Mapping[str, Any], history: Sequence[Trial]) -> tuple[float, Trial] | None:
+    def outgrown_layout(self, family: Mapping[str, Any], history: Sequence[Trial]) -> tuple[float, Trial] | None:
         """A measured config of another process layout (the same but for how processes share the
         training) by whose memory parts ``family``'s weights and optimizer state alone, a lower bound
         of its peak, exceed the budget: those bytes and that trial (:mod:`trainfit.search.layouts`);
         None where none does, or ``family`` has measurements of its own, which speak for it."""
-        if self._family_trials(family, history):
+        if self.family_trials(family, history):
             return None
         target = self.space.params({**family, "batch_size": self.batches[0]})
         for t in history:
             if not same_but_layout(t.values, family):
                 continue
             need = state_bytes_as(self.space.params(t.values), t.measurement.memory_parts_bytes, target)
-            limit = self._limit_bytes([t], margin=0.0)
+            limit = self.limit_bytes([t], margin=0.0)
             if need is not None and limit is not None and need > limit:
                 return need, t
         return None
 
-    def _lean(self, family: Mapping[str, Any]) -> dict[str, Any] | None:
+    def lean(self, family: Mapping[str, Any]) -> dict[str, Any] | None:
         """The same family without its memory-only knob values (:data:`MEMORY_ONLY`), if it is
         searched too; None for a family that has none."""
-        lean = {k: (not v if isinstance(v, bool) else v) if _memory_only(k, v) else v for k, v in family.items()}
+        lean = {k: (not v if isinstance(v, bool) else v) if memory_only(k, v) else v for k, v in family.items()}
         return lean if lean != dict(family) and lean in self.families else None
 
-    def _lean_limit(self, family: Mapping[str, Any], history: Sequence[Trial]) -> int | None:
+    def lean_limit(self, family: Mapping[str, Any], history: Sequence[Trial]) -> int | None:
         """The batch up to which ``family`` is not worth a probe: 0 for a family without a memory-
         only knob value; else the largest batch its lean family fits (those fit without the knob,
         which only costs speed there); None when the lean family's climb did not end at its memory
         limit (it fits every batch worth probing, or a larger batch stopped being faster before
         memory ran out: the knob cannot help), or is not measured yet."""
-        lean = self._lean(family)
+        lean = self.lean(family)
         if lean is None or "batch_size" not in self.space.names:
             return 0
-        trials = self._family_trials(lean, history)
+        trials = self.family_trials(lean, history)
         if any(t.measurement.status in BROKEN for t in trials.values()):
             return 0  # the lean family is broken for another reason: the knob's family stands alone
         if not trials:  # a lean family that cannot run here, or cannot fit at all: the knob's stands alone
-            if not can_run(lean, unsupported_values(history)) or self._outgrown_layout(lean, history) is not None:
+            if not can_run(lean, unsupported_values(history)) or self.outgrown_layout(lean, history) is not None:
                 return 0
             return None
         if not self._stopped_by_memory(lean, trials, history):
@@ -381,46 +411,7 @@ class AutoStrategy:
         noise = sum(fits[b].measurement.step_time_ci95_rel or 0.0 for b in (below, largest))
         return gain + noise < self.saturation * math.log2(largest / below)
 
-    def pruned(self, history: Sequence[Trial]) -> list[Pruned]:
-        """What ``auto`` leaves unprobed for a memory-only knob value, and why (for the summary)."""
-        out = []
-        for family in self.families:
-            outgrown = self._outgrown_layout(family, history)
-            if outgrown is not None:
-                need, t = outgrown
-                out.append(Pruned(family=dict(family), below_batch=None, reason=(
-                    f"its weights and optimizer state alone would take {need / 1024**3:.3g} GiB a process (from "
-                    f"trial {t.number}'s measured parts, {_layout(self.space.params(t.values))}), past the "
-                    f"{(self._limit_bytes([t], margin=0.0) or 0) / 1024**3:.3g} GiB budget less headroom: "
-                    "no batch can fit")))
-                continue
-            lean = self._lean(family)
-            if lean is None or "batch_size" not in self.space.names or not self._family_trials(lean, history):
-                continue
-            knobs = ", ".join(k for k, v in family.items() if _memory_only(k, v))
-            above = self._lean_limit(family, history)
-            if above is None:
-                out.append(Pruned(family=dict(family), below_batch=None, reason=(
-                    f"without {knobs} the climb ended below the memory limit ({_batches(lean, self, history)} "
-                    f"fit): {knobs} only trades speed for memory, so it cannot be faster")))
-            elif above and any(b <= above for b in self.batches):
-                out.append(Pruned(family=dict(family), below_batch=above, reason=(
-                    f"batches up to {above} fit without {knobs}, which only trades speed for memory there")))
-        return out
 
-
-def _memory_only(knob: str, value: Any) -> bool:
+def memory_only(knob: str, value: Any) -> bool:
     """Is ``value`` of ``knob`` one that only trades speed for memory (:data:`MEMORY_ONLY`)?"""
     return knob in MEMORY_ONLY and MEMORY_ONLY[knob] == value and type(MEMORY_ONLY[knob]) is type(value)
-
-
-def _layout(params: Any) -> str:
-    """How a config's processes share the training, in words for a pruning's reason."""
-    if params.parallel == "none" or params.nproc_per_node == 1:
-        return "one process"
-    return f"parallel: {params.parallel} over {params.nproc_per_node} processes"
-
-
-def _batches(family: Mapping[str, Any], strategy: AutoStrategy, history: Sequence[Trial]) -> str:
-    fits = sorted(b for b, t in strategy._family_trials(family, history).items() if t.feasible)
-    return "batch " + ", ".join(map(str, fits)) if fits else "nothing measured"

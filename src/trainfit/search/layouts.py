@@ -3,7 +3,7 @@ optimizer state are the same tensors whether one process holds them all (no shar
 splits them over its processes, so a measurement's own parts (``Measurement.memory_parts_bytes``)
 give another layout's share of them. That share alone is a lower bound of the other layout's peak
 (gradients, activations and the runtime come on top): where it exceeds the budget, no batch of that
-layout can fit, and ``auto`` does not probe it (see :meth:`AutoStrategy.pruned`)."""
+layout can fit, and ``auto`` does not probe it (see :func:`trainfit.search.pruned.pruned`)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from trainfit.files import write_atomically
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement, recorded_budget_gb
 from trainfit.search.auto import AutoStrategy
 from trainfit.search.loop import common_failure
+from trainfit.search.pruned import pruned
 from trainfit.search.ranking import (Repeats, TrainerS, pooled, probe_samples_per_second, ranked, with_trainer_cost,
                                      within_noise)
 from trainfit.search.trials import Trial, config_key, jsonable
@@ -255,11 +256,11 @@ def run_lengths(stats: LengthStats | None) -> Lengths | None:
 
 
 def pruned_report(spec: Spec, space: SearchSpace, trials: Sequence[Trial], strategy: str) -> list[PrunedFamily]:
-    """What the ``auto`` strategy left unprobed over ``trials``, and why (:meth:`AutoStrategy.pruned`)."""
+    """What the ``auto`` strategy left unprobed over ``trials``, and why (:func:`trainfit.search.pruned.pruned`)."""
     if strategy != "auto" or not trials:
         return []
     auto = AutoStrategy(space, spec.budget.memory_gb, spec.budget.headroom_gb, trials[0].measurement.device or "cpu")
-    return [PrunedFamily(config=p.family, up_to_batch=p.below_batch, reason=p.reason) for p in auto.pruned(trials)]
+    return [PrunedFamily(config=p.family, up_to_batch=p.below_batch, reason=p.reason) for p in pruned(auto, trials)]
 
 
 def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, output: Path,
