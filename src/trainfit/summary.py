@@ -117,6 +117,28 @@ class PrunedFamily(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LeverAside(Record):
+    """A lever the search left out because it changes what is learned, measured on the pick so that
+    what it would buy is known (``packing``): the user decides."""
+
+    knob: str
+    value: Any
+    searched: dict[str, Any]
+    """The pick's values with the lever."""
+    status: str
+    """Its probe's status (``ok``, ``oom``...)."""
+    samples_per_second: float | None
+    speedup: float | None
+    """Its probe's samples/s over the pick's probe's (None: it did not run)."""
+    peak_gb: float | None
+    fits: bool
+    why: str
+    """Why it is not taken by default."""
+    how: str
+    """How to take it."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProbeNote(Record):
     """A note the probes made (a truncation, a loss, a dtype), with the trials that made it."""
 
@@ -311,6 +333,8 @@ class Summary(Record):
     pruned: list[PrunedFamily] = field(default_factory=list)
     """What the ``auto`` search did not probe because it could not win (a memory-only knob at a
     batch that fits without it), and why."""
+    aside: list[LeverAside] = field(default_factory=list)
+    """Levers the default search leaves out because they change what is learned, measured on the pick."""
     notes: list[ProbeNote]
     objective: str
     strategy: str

@@ -26,6 +26,7 @@ from trainfit.space import EFFECTIVE_BATCH, learning_knobs
 from trainfit.spec import STRATEGIES, unused_lora_note, with_tune
 from trainfit.tune import GROUPING_PADDING_SHARE, TunePlan, calibration_steps, resolve, run_tune
 from trainfit.tune.options import TuneOptions
+from trainfit.tune.aside import PADDING_SHARE, takes_packing
 from trainfit.tune.budgets import HEADER, parse_budgets, tune_budgets
 from trainfit.tune.outputs import run_samples
 
@@ -178,6 +179,10 @@ def print_plan(args: argparse.Namespace, plan: TunePlan) -> None:
           f"{spec.budget.describe()}")
     if (lora_note := unused_lora_note(spec)) is not None:
         print(f"note: {lora_note}")
+    if plan.default_search and takes_packing(spec) and not spec.params.packing:
+        print("aside: packing, which changes what is learned: " + (
+            "not measured with --quick" if plan.options.quick else
+            f"measured on the pick once the search ends, where its batches are more than {PADDING_SHARE:.0%} padding"))
     if EFFECTIVE_BATCH in learning_knobs(spec.search) and not (plan.default_search and spec.batch_open):  # said above
         print("effective batch: differs between configs (no tune.target_effective_batch, or one that a batch size "
               "over its processes passes) and changes what is learned; the summary gives the fastest per effective "

@@ -27,7 +27,7 @@ from trainfit.search.ranking import noise_warning
 from trainfit.search.reconnect import outage_line
 from trainfit.space import EFFECTIVE_BATCH
 from trainfit.spec import Spec
-from trainfit.summary import AllFailed, ConfigEntry, SmallestPeak, Summary, TrainerCost
+from trainfit.summary import AllFailed, ConfigEntry, LeverAside, SmallestPeak, Summary, TrainerCost
 
 
 class TuneView:
@@ -224,8 +224,21 @@ def print_best(result: TuneResult, s: Summary, best: ConfigEntry) -> None:
     for knob, by_value in s.fastest_per_value.items():
         if len(by_value) > 1:
             print_fastest_per_value(knob, by_value.values(), objective_unit)
+    for lever in s.aside:
+        print_aside(lever)
     written = [name for name in TUNE_FILES if (result.output / name).exists()]
     print(f"\nwrote {result.output}/: {', '.join(written)} (docs/outputs.md says what each holds)")
+
+
+def print_aside(lever: LeverAside) -> None:
+    """A lever measured on the pick and left to the user: what it would buy, why it is not taken, how to take it."""
+    if lever.speedup is not None:
+        bought = (f"{fmt_num(lever.samples_per_second)} samples/s, {lever.speedup:.2f}x the pick's probe, peak "
+                  f"{lever.peak_gb:.2f} GiB{'' if lever.fits else ' (over budget)'}")
+    else:
+        bought = f"{lever.status.upper()} on the pick's config"
+    print(f"\nnot taken: {lever.knob}={str(lever.value).lower()} measured on the pick: {bought}. Not taken by "
+          f"default: {lever.why}. To take it: {lever.how}")
 
 
 TUNE_FILES = ("summary.json", "trials.csv", "report.html", "train_command.sh", "training_args.json", "axolotl.yaml",

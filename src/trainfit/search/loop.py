@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from trainfit.data.stats import LengthStats
 from trainfit.devices import resolve_device_name
 from trainfit.files import naming
 from trainfit.params import Params
-from trainfit.probe.measurement import Measurement
+from trainfit.probe.measurement import Malformed, Measurement, read_measurement
 from trainfit.probe.request import Bar
 from trainfit.probe.runner import ProbeSession, run_probe
 from trainfit.search.confirm import confirm, neighbours
@@ -314,8 +315,8 @@ def default_probe(spec: Spec, stats: LengthStats | None, output: Path, emit: Eve
         stats = analyze_spec(spec, progress=False)
     session = ProbeSession()
 
-    def probe_fn(params: Params, number: int, slower_than: Bar | None = None) -> Measurement:
-        workdir = probe_folder(output, number)
+    def probe_fn(params: Params, number: int, slower_than: Bar | None = None, folder: Path | None = None) -> Measurement:
+        workdir = folder or probe_folder(output, number)
         with naming(workdir):  # a full disk's error names no file: the probe's folder, where it writes its files
             return run_probe(spec, params, stats=stats, workdir=workdir, on_event=lambda e: emit(ProbeProgress(e)),
                              session=session, slower_than=slower_than)
@@ -328,8 +329,9 @@ class Search:
     measures (:meth:`measured`) and how it ended (:meth:`outcome`)."""
 
     def __init__(self, loop: SearchLoop, probe_fn: ProbeFn, stats: LengthStats | None,
-                 session: ProbeSession | None) -> None:
+                 session: ProbeSession | None, output: Path) -> None:
         self.loop, self.probe_fn, self.stats, self.session = loop, probe_fn, stats, session
+        self.output = output
         self.space, self.limits = loop.space, loop.limits
 
     def measured(self) -> Generator[SearchState, None, None]:
@@ -353,6 +355,24 @@ class Search:
         if store.shared:
             state.history = store.history()
         return self.loop.snapshot(state.stop_reason)
+
+    def probe_aside(self, params: Params, name: str) -> Measurement:
+        """Measure ``params`` outside the study (a config its space leaves out: what a lever not
+        searched would buy), in ``probes/NAME`` (the probe's own files, and ``measurement.json``: what
+        it measured, read back there by a resumed run instead of probing again). Its worker is
+        stopped after it, as the search's are."""
+        folder = self.output / "probes" / name
+        saved = folder / "measurement.json"
+        with contextlib.suppress(FileNotFoundError, ValueError, Malformed):
+            return read_measurement(json.loads(saved.read_text()), name)
+        takes_folder = "folder" in inspect.signature(self.probe_fn).parameters
+        try:
+            m = self.probe_fn(params, -1, folder=folder) if takes_folder else self.probe_fn(params, -1)
+        finally:
+            self.close_probes()
+        folder.mkdir(parents=True, exist_ok=True)
+        m.write_json(saved)
+        return m
 
     def close_probes(self) -> None:
         if self.session is not None:
@@ -390,7 +410,7 @@ def open_search(spec: Spec, options: SearchOptions) -> Iterator[Search]:
                                   headroom_gb=spec.budget.headroom_gb, device_type=device_type or "cpu")
             loop = SearchLoop(spec, space, store, limits, probe_fn, emit, strat)
             announce(store, loop.state.history, emit)
-            yield Search(loop, probe_fn, stats, session)
+            yield Search(loop, probe_fn, stats, session, output)
     finally:
         if session is not None:
             session.close()

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 from trainfit.trainer.calibration_checks import check_can_calibrate
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.tune.trainer_cost import calibrated
 from trainfit.tune.options import TuneOptions, TuneResult, best_trial
+from trainfit.tune.aside import PADDING_SHARE, packing_aside
 from trainfit.tune.outputs import write_outputs
 from trainfit.run_folder import RunFolder
 from trainfit.search.loop import Search, SearchState, open_search
@@ -22,7 +24,7 @@ from trainfit.data.stats import LengthStats
 from trainfit.devices import resolve_device_name
 from trainfit.space import default_batch_choices, default_space
 from trainfit.spec import Spec
-from trainfit.summary import Summary, TrainerCost
+from trainfit.summary import LeverAside, Summary, TrainerCost
 from trainfit.template import placeholders
 
 
@@ -57,8 +59,9 @@ def takes_liger(spec: Spec) -> bool:
             and bool(placeholders(template) & {"use_liger_kernel", "loss"}))
 
 
-GROUPING_PADDING_SHARE = 0.25
-"""The padding share of random batches past which the default search tries length-grouped ones too."""
+GROUPING_PADDING_SHARE = PADDING_SHARE
+"""The padding share of random batches past which the default search tries length-grouped ones too
+(the same share past which packing is measured aside: :data:`trainfit.tune.aside.PADDING_SHARE`)."""
 
 
 def takes_grouping(spec: Spec) -> bool:
@@ -182,17 +185,21 @@ def run_tune(plan: TunePlan) -> TuneResult:
             for state in measured:
                 write_state(plan, search, state, stored)
         final = search.outcome()
-        summary = write_state(plan, search, final, stored)
+        aside = packing_aside(plan.spec, final.trials, search.probe_aside) \
+            if plan.default_search and not options.quick else []
+        summary = write_state(plan, search, final, stored, aside)
         result = TuneResult(trials=final.trials, best=best_trial(final.trials, summary), summary=summary,
                             output=output, stop_reason=final.stop_reason, new_trials=final.new_trials)
         if plan.calibrate_steps and result.best is not None:
             result = calibrated(result, plan.calibrate_steps, options,
-                                lambda cost: write_state(plan, search, final, cost))
+                                lambda cost: write_state(plan, search, final, cost, aside))
     return result
 
 
-def write_state(plan: TunePlan, search: Search, state: SearchState, trainer_cost: TrainerCost | None) -> Summary:
-    """The run's outputs (:func:`write_outputs`) from the search's ``state``, ranked with ``trainer_cost``."""
+def write_state(plan: TunePlan, search: Search, state: SearchState, trainer_cost: TrainerCost | None,
+                aside: Sequence[LeverAside] = ()) -> Summary:
+    """The run's outputs (:func:`write_outputs`) from the search's ``state``, ranked with ``trainer_cost``,
+    with the levers measured aside (:mod:`trainfit.tune.aside`)."""
     return write_outputs(Path(plan.options.output), plan.spec, search.space, state.trials, stats=search.stats,
                          strategy=search.limits.strategy, stop_reason=state.stop_reason,
-                         elapsed_s=state.elapsed_s, repeats=state.repeats, trainer_cost=trainer_cost)
+                         elapsed_s=state.elapsed_s, repeats=state.repeats, trainer_cost=trainer_cost, aside=aside)

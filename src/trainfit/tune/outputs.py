@@ -34,6 +34,7 @@ from trainfit.summary import (
     ConfigEntry,
     Confirmation,
     Lengths,
+    LeverAside,
     MeasuredPeak,
     ProbeNote,
     PrunedFamily,
@@ -266,11 +267,12 @@ def pruned_report(spec: Spec, space: SearchSpace, trials: Sequence[Trial], strat
 def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, output: Path,
                   stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
                   repeats: Repeats | None = None, data_config: Path | None = None, model_dir: Path | None = None,
-                  trainer_cost: TrainerCost | None = None) -> Summary:
+                  trainer_cost: TrainerCost | None = None, aside: Sequence[LeverAside] = ()) -> Summary:
     """``output``: the run folder, absolute (the summary is read from anywhere), where the advice
     finds the probes' files; ``data_config``: the TRL config file that loads the data; ``model_dir``:
     the saved random-init model (see :func:`write_outputs`); ``trainer_cost``: what each micro-batch
-    adds to the speeds and the ranking (``tune --calibrate``)."""
+    adds to the speeds and the ranking (``tune --calibrate``); ``aside``: levers measured on the pick
+    (``trainfit.tune.aside``)."""
     repeats = repeats or {}
     objective = spec.tune.objective
     trainer_s: TrainerS = trainer_cost.per_micro_batch_for if trainer_cost else 0.0
@@ -296,6 +298,7 @@ def build_summary(spec: Spec, space: SearchSpace, trials: Sequence[Trial], *, ou
         fastest_per_value=fastest_per_value(spec, space, order, entry),
         unsupported=unsupported_report(trials),
         pruned=pruned_report(spec, space, trials, strategy),
+        aside=list(aside),
         notes=probe_notes(trials) + uncalibrated_notes(spec, trials, trainer_cost),
         objective=objective,
         strategy=strategy,
@@ -339,7 +342,8 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], re
 
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
                   stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
-                  repeats: Repeats | None = None, trainer_cost: TrainerCost | None = None) -> Summary:
+                  repeats: Repeats | None = None, trainer_cost: TrainerCost | None = None,
+                  aside: Sequence[LeverAside] = ()) -> Summary:
     """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run
     after every trial) and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the
     spec's data file, and training_args.json: the best config for a Trainer of one's own; for a
@@ -356,7 +360,7 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     model_dir = initial_model(output, spec) if any(t.feasible for t in trials) else None
     summary = build_summary(spec, space, trials, output=output.resolve(), stats=stats, strategy=strategy,
                             stop_reason=stop_reason, elapsed_s=elapsed_s, repeats=repeats, data_config=data_config,
-                            model_dir=model_dir, trainer_cost=trainer_cost)
+                            model_dir=model_dir, trainer_cost=trainer_cost, aside=aside)
     write_atomically(output / "summary.json", json.dumps(summary.to_json(), indent=2, default=list) + "\n")
     write_trials_csv(output / "trials.csv", space, trials, repeats)
     write_atomically(output / "report.html", tune_report_html(summary, trials, spec.source or "spec"))

@@ -1,0 +1,58 @@
+"""Levers the default search leaves aside because they change what is learned, measured on its pick
+(issue 47): what packing would buy, so that a user decides knowing it, instead of never learning of
+it. Packing won 2.3x over Hugging Face's own batch finder on the recorded H100 race, where 55% of
+the positions of random batches were padding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trainfit.errors import SpecError
+from trainfit.probe.measurement import Measurement
+from trainfit.search.ranking import ranked
+from trainfit.search.trials import Trial
+from trainfit.spec import Spec
+from trainfit.summary import LeverAside
+from trainfit.template import placeholders
+
+PADDING_SHARE = 0.25
+"""Batches more than this share padding make a lever that cuts padding worth a probe: packing measured
+aside on such a pick, length grouping in the default search (``trainfit.tune.GROUPING_PADDING_SHARE``)."""
+
+PACKING_WHY = ("packing puts several samples in one row: they attend to each other unless the attention "
+               "is padding-free (flash attention's variable-length kernels, TRL's padding_free), and an "
+               "optimizer step holds a different number of samples, so it changes what is learned")
+
+PACKING_HOW = "search it with `search: {packing: [false, true]}` (or set `params: {packing: true}`), then tune again"
+
+
+def takes_packing(spec: Spec) -> bool:
+    """Does the spec's trainer pack rows: the written ``trl sft`` command (``--packing``), or a
+    ``tune.command_template`` that passes ``{packing}``?"""
+    template = spec.tune.command_template
+    return "packing" in placeholders(template) if template else spec.uses_trl_sft
+
+
+def packing_aside(spec: Spec, trials: list[Trial], probe: Callable[..., Measurement]) -> list[LeverAside]:
+    """Packing measured on the pick of a default search (``spec``: with its space), where the trainer
+    packs, the pick does not, and its batches are more than :data:`PADDING_SHARE` padding: one probe
+    by ``probe(params, name)`` (``Search.probe_aside``: outside the study, kept for a resume). Empty
+    otherwise."""
+    order = ranked(trials)
+    if not order or spec.search is None or not takes_packing(spec):
+        return []
+    best = order[0]
+    share = best.measurement.padding_share
+    if best.values.get("packing") or spec.params.packing or share is None or share <= PADDING_SHARE:
+        return []
+    values = {**best.values, "packing": True, "group_by_length": False}
+    try:
+        params = spec.search.params(values)
+    except (SpecError, ValueError):  # a config packing cannot run with: nothing to measure
+        return []
+    m = probe(params, f"aside-packing-of-trial-{best.number:04d}")
+    pick = best.measured_objective
+    speed = m.samples_per_second if m.status == "ok" else None
+    return [LeverAside(knob="packing", value=True, searched={**best.values, "packing": True}, status=m.status,
+                       samples_per_second=speed, speedup=speed / pick if speed and pick else None,
+                       peak_gb=m.peak_memory_gb, fits=m.fits, why=PACKING_WHY, how=PACKING_HOW)]
