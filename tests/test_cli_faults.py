@@ -285,3 +285,20 @@ def test_json_outputs_never_write_over_a_run_folders_own_files(tmp_path: Path, c
         assert main([*data, "--json", str(run / "lengths.json")]) == 0
     assert json.loads((run / "lengths.json").read_text())["samples"] > 0
     assert sorted(p.name for p in run.iterdir()) == [".lock", "lengths.json", "study.journal"]  # no temporary left
+
+
+def test_a_set_of_a_knob_the_search_searches_is_refused(tmp_path: Path, capsys: Any) -> None:
+    """Issue 50: --set batch_size=8 beside `search: {batch_size: [...]}` was silently overridden by the
+    search. It is refused before anything is probed, naming both and the way out; a --set of a knob
+    the search leaves alone, or one that also replaces the search, runs."""
+    path = make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64})
+    path.write_text(path.read_text() + "search: {batch_size: [1, 2, 4], gradient_checkpointing: [false, true]}\n")
+    assert main(["tune", str(path), "--set", "batch_size=8", "--output", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "--set batch_size=8, but the spec's search: section searches batch_size over [1, 2, 4]" in err
+    assert "take it out of the search" in err and "Traceback" not in err
+    assert not (tmp_path / "a").exists()  # refused before a study or a probe
+    from trainfit.cli.tune import check_sets_not_searched
+
+    spec = load_spec(path, ["search={gradient_checkpointing: [false, true]}", "batch_size=8"])
+    check_sets_not_searched(["search={gradient_checkpointing: [false, true]}", "batch_size=8", "lora_r=8"], spec)

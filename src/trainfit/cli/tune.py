@@ -23,7 +23,8 @@ from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError, os_error
 from trainfit.format import table
 from trainfit.space import EFFECTIVE_BATCH, learning_knobs
-from trainfit.spec import STRATEGIES, unused_lora_note, with_tune
+from trainfit.spec import STRATEGIES, Spec, unused_lora_note, with_tune
+from trainfit.spec.yaml_input import parse_override
 from trainfit.tune import GROUPING_PADDING_SHARE, TunePlan, calibration_steps, resolve, run_tune
 from trainfit.tune.options import TuneOptions
 from trainfit.tune.aside import PADDING_SHARE, takes_packing
@@ -118,8 +119,23 @@ def saved_where(args: argparse.Namespace, output: Path) -> str:
     return f"every finished trial is saved in {args.storage or output}"
 
 
+def check_sets_not_searched(overrides: list[str], spec: Spec) -> None:
+    """A ``--set`` of a knob the spec's ``search:`` searches changes nothing the tune probes (each of
+    its configs sets that knob itself): refused, naming both, where it was silently overridden."""
+    for text in overrides:
+        key, _ = parse_override(text)
+        name = key.removeprefix("params.")
+        if key.startswith("params.") and spec.search is not None and (dim := spec.search.dim(name)) is not None:
+            raise TrainfitError(
+                f"--set {text}, but the spec's search: section searches {name} over {list(dim.grid_values())}: every "
+                f"config the tune probes sets its own {name}, so this --set would change nothing",
+                f"to fix {name}, take it out of the search (give search: without it, e.g. --set 'search={{...}}'), or "
+                f"drop the --set; to search other values of it, list them in search:")
+
+
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    check_sets_not_searched(args.overrides, spec)
     output = output_folder(args)
     stats = stats_from_args(args, spec, progress=not args.quiet)
     if args.calibrate and args.budgets:
