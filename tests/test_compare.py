@@ -615,3 +615,18 @@ def test_the_windows_follow_what_the_runs_learned_and_the_best_is_what_keep_says
     assert "r=32 (r32) matched r=8 (r8) at 0.60x the speed: keep 8" in said
     assert "train r8 longer (e.g. --steps 80)" in said  # its eval loss fell at each of the last passes
     assert not any("lr" in s and "matched" in s for s in said)  # 7.591 against 7.554: apart past the runs' window
+
+
+def test_with_three_ranks_the_best_follows_keep_the_smaller_all_the_way_down() -> None:
+    """Issue 48: r32 matched r16 and r16 matched r8 (each the same loss, slower): compare said "r16 is
+    the best so far" beside "r16 matched r8 ... keep 8", and next_configs.yaml left r8 out. The best
+    is r8, and its config is the one carried on."""
+    given = {f"r{r}": {"learning_rate": 1e-4, "lora_r": r} for r in (8, 16, 32)}
+    runs = {"r8": a_run("r8", curve(3.0, 2.012), sps=10.0),
+            "r16": a_run("r16", curve(3.0, 2.006), sps=8.5),
+            "r32": a_run("r32", curve(3.0, 2.0), sps=6.0)}
+    said = {s.says: s for s in suggest(given, runs, steps=40)}
+    assert "r8 is the best so far" in said and said["r8 is the best so far"].configs == {"r8": given["r8"]}
+    assert "r16 is the best so far" not in said and "r32 is the best so far" not in said
+    assert "r=16 (r16) matched r=8 (r8) at 0.85x the speed: keep 8" in said
+    assert "r=32 (r32) matched r=8 (r8) at 0.60x the speed: keep 8" in said

@@ -209,9 +209,10 @@ def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target
             if run.status in ("over_budget", "out_of_memory")]
     if order:
         capacity, kept = _capacity(given, runs, order)
-        if order[0] in kept:  # the lowest loss, matched by a smaller rank: that one is the best, as "keep" says
-            order.insert(0, order.pop(order.index(kept[order[0]])))
         best = order[0]
+        while best in kept:  # the lowest loss, matched by a smaller rank: that one is the best, as "keep" says,
+            best = kept[best]  # all the way down (r32 kept r16, which r8 matched: r8)
+        order.insert(0, order.pop(order.index(best)))
         out += _learning_rate_edge(best, given, runs, order)
         out += capacity
         if still_falling(runs[best]):
@@ -312,7 +313,7 @@ def _learning_rate_edge(best: str, given: dict[str, dict[str, Any]], runs: dict[
 def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun],
               order: list[str]) -> tuple[list[Suggestion], dict[str, str]]:
     """A larger LoRA rank that matched a smaller one's loss, slower: keep the smaller. Also which
-    config each larger one gives way to."""
+    config each larger one gives way to: the smallest rank that matched it."""
     out: list[Suggestion] = []
     kept: dict[str, str] = {}
     for big in order:
@@ -326,7 +327,8 @@ def _capacity(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun],
                 continue
             ratio = speed_big / speed_small  # type: ignore[operator]
             if same_result(runs[big], runs[small]) and ratio < SLOWER:
-                kept.setdefault(big, small)
+                if big not in kept or r_small < given[kept[big]]["lora_r"]:
+                    kept[big] = small  # the smallest rank that matches it
                 out.append(Suggestion(says=f"r={r_big} ({big}) matched r={r_small} ({small}) at {ratio:.2f}x the "
                                            f"speed: keep {r_small}",
                                       evidence=f"final loss {loss_big:.4g} against {loss_small:.4g}; "
