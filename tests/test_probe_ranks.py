@@ -457,3 +457,15 @@ def test_fsdp_leaves_frozen_4bit_weights_whole_on_each_rank_as_accelerate(one_ra
         loss.backward()
     assert seen[0] == seen[1]
     assert "0.packed" in seen[0][1]  # left whole (not a sharded DTensor)
+
+
+def test_two_ranks_stop_timing_together_at_the_bar(llama_spec) -> None:
+    """Each rank's memory phase is its own, so each could read the bar differently; every rank stops
+    where any says so (a rank left stepping would wait on an all-reduce until the probe's timeout)."""
+    from trainfit.probe.request import Bar
+
+    spec = load_spec(llama_spec({"batch_size": 2, "max_length": 64, "nproc_per_node": 2, "parallel": "ddp"},
+                                probe={"min_steps": 12, "max_steps": 12, "max_seconds": 60, "target_rel_ci": 0.0001}))
+    m = run_probe(spec, slower_than=Bar(trial=3, objective="samples_per_second", value=1e12, ci95_rel=0.02))
+    assert m.status == "ok", m.message
+    assert m.world_size == 2 and m.slower_than is not None and m.steps_measured < spec.probe.max_steps

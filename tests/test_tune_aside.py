@@ -53,7 +53,7 @@ def test_packing_is_measured_on_the_pick_and_left_to_the_user(tmp_path: Path, te
     assert best is not None and "packing" not in best.searched  # not searched, not taken
     [lever] = result.summary.aside
     assert (lever.knob, lever.value, lever.status, lever.fits) == ("packing", True, "ok", True)
-    assert lever.searched == {**best.searched, "packing": True}
+    assert lever.searched == {**best.searched, "packing": True, "group_by_length": False}  # what was probed
     assert lever.speedup == pytest.approx(2.0) and "changes what is learned" in lever.why
     assert "search: {packing: [false, true]}" in lever.how
     packed = [c for c in probe.calls if c[2]]
@@ -70,6 +70,14 @@ def test_packing_is_measured_on_the_pick_and_left_to_the_user(tmp_path: Path, te
     resumed = tune(load_spec(spec_file(tmp_path, texts_file)),
                    TuneOptions(output=tmp_path / "run", probe_fn=again, resume=True))
     assert not [c for c in again.calls if c[2]] and resumed.summary.aside == result.summary.aside
+
+
+def test_the_speedup_is_in_samples_whatever_the_objective(tmp_path: Path, texts_file) -> None:
+    """Ranked by tokens/s, the pick's speed and the packed one's are still compared in samples/s."""
+    result = tune(load_spec(spec_file(tmp_path, texts_file, tune={"objective": "tokens_per_second"})),
+                  TuneOptions(output=tmp_path / "run", probe_fn=Padded()))
+    [lever] = result.summary.aside
+    assert lever.speedup == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("why, extra, padding, quick", [

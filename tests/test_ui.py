@@ -449,9 +449,19 @@ def test_a_token_given_is_used_and_kept_and_a_bad_one_is_refused(root: Path, tmp
 
     assert kept_token(root, "given-token-0123456789") == "given-token-0123456789"
     assert kept_token(root) == "given-token-0123456789"  # the next start without --token keeps it
-    (root / ".trainfit-ui" / "token").write_text("not a token!\n")
+    kept = root / ".trainfit-ui" / "token"
+    kept.write_text("not a token!\n")
     fresh = kept_token(root)  # a damaged one is replaced by a new one
-    assert fresh != "not a token!" and (root / ".trainfit-ui" / "token").read_text() == fresh + "\n"
+    assert fresh != "not a token!" and kept.read_text() == fresh + "\n"
+    kept.chmod(0o644)  # widened since (or planted readable): not trusted, replaced
+    assert kept_token(root) != fresh and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    planted = tmp_path / "planted"
+    planted.write_text("planted-token-0123456789\n")
+    planted.chmod(0o600)
+    kept.unlink()
+    kept.symlink_to(planted)  # a link where the token belongs is not followed, and is replaced
+    assert kept_token(root) != "planted-token-0123456789" and not kept.is_symlink()
+    assert planted.read_text() == "planted-token-0123456789\n"
     done = subprocess.run([sys.executable, "-m", "trainfit", "ui", "--root", str(root), "--token", "short",
                            "--no-browser"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "a token is 16 to 128 of the characters" in done.stderr

@@ -260,8 +260,10 @@ class Measurement:
         bar = self.slower_than
         if not bar:
             return None
-        units = "samples/s" if bar["objective"] == "samples_per_second" else "tokens/s"
-        return f"cut short: clearly slower than trial {bar['trial']}'s {bar['value']:.4g} {units}"
+        units = "tokens/s" if bar.get("objective") == "tokens_per_second" else "samples/s"
+        value = bar.get("value")
+        figure = f"'s {value:.4g} {units}" if isinstance(value, (int, float)) else ""
+        return f"cut short: clearly slower than trial {bar.get('trial', '?')}{figure}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

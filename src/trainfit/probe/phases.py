@@ -294,11 +294,16 @@ def clearly_slower(req: ProbeRequest, batches: TypicalBatches, max_len: int, wor
 
     def check(timed: TimedSteps) -> bool:
         n = len(timed.times)
-        if n < max(3, 2 * timed.cycle) or n % timed.cycle:
+        if n < max(3, 2 * timed.cycle) or n % timed.cycle:  # the agreed steps: every rank asks at the same step
             return False
         ci = StepTimes.of(timed.times, timed.cycle).ci95_rel
-        speed = epoch_fields(req, timed, batches, max_len, worst_step, built, first)[bar.objective]
-        return speed is not None and bar.beats(speed, ci)
+        sights = built.sights  # the epoch's speed so far, without keeping its first sights from a partial timing
+        try:
+            speed = epoch_fields(req, timed, batches, max_len, worst_step, built, first)[bar.objective]
+        finally:
+            built.sights = sights
+        # the memory phase's worst step is each rank's own: every rank stops where any says so
+        return agreed(1.0 if speed is not None and bar.beats(speed, ci) else 0.0) > 0
 
     return check
 

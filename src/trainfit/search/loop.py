@@ -109,7 +109,7 @@ class SearchLoop:
                  emit: EventFn, strat: Any) -> None:
         self.spec, self.space, self.store, self.limits = spec, space, store, limits
         self.probe_fn, self.emit, self.strat = probe_fn, emit, strat
-        self.takes_bar = "slower_than" in inspect.signature(probe_fn).parameters
+        self.takes_bar = takes_keyword(probe_fn, "slower_than")
         """A probe function that takes ``slower_than`` is told each probe's bar (:func:`bar_for`)."""
         self.state = LoopState(history=store.history(), start=time.perf_counter())
         self.ended: TrialEnd | None = None
@@ -261,6 +261,15 @@ class SearchLoop:
                 and search_stop(self.limits, s.history, set()) is None and time_stop(self.limits, s.elapsed()) is None)
 
 
+def takes_keyword(probe_fn: ProbeFn, name: str) -> bool:
+    """Does ``probe_fn`` take the keyword ``name`` (``slower_than``, ``folder``)? False where its
+    signature cannot be read (a builtin): it is called as ``probe_fn(params, number)``."""
+    try:
+        return name in inspect.signature(probe_fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def probe_folder(output: Path, number: int) -> Path:
     """Where the probe of trial ``number`` keeps its files: request.json, probe.log (its output) and
     result.json (its measurement, with the whole error message of a failed probe)."""
@@ -365,7 +374,7 @@ class Search:
         saved = folder / "measurement.json"
         with contextlib.suppress(FileNotFoundError, ValueError, Malformed):
             return read_measurement(json.loads(saved.read_text()), name)
-        takes_folder = "folder" in inspect.signature(self.probe_fn).parameters
+        takes_folder = takes_keyword(self.probe_fn, "folder")
         try:
             m = self.probe_fn(params, -1, folder=folder) if takes_folder else self.probe_fn(params, -1)
         finally:

@@ -185,14 +185,17 @@ def run_tune(plan: TunePlan) -> TuneResult:
             for state in measured:
                 write_state(plan, search, state, stored)
         final = search.outcome()
-        aside = packing_aside(plan.spec, final.trials, search.probe_aside) \
-            if plan.default_search and not options.quick else []
-        summary = write_state(plan, search, final, stored, aside)
+        summary = write_state(plan, search, final, stored)
         result = TuneResult(trials=final.trials, best=best_trial(final.trials, summary), summary=summary,
                             output=output, stop_reason=final.stop_reason, new_trials=final.new_trials)
         if plan.calibrate_steps and result.best is not None:
             result = calibrated(result, plan.calibrate_steps, options,
-                                lambda cost: write_state(plan, search, final, cost, aside))
+                                lambda cost: write_state(plan, search, final, cost))
+        if plan.default_search and not options.quick and result.best is not None:
+            aside = packing_aside(plan.spec, result.best, search.probe_aside)  # on the final pick, written first
+            if aside:
+                result = dataclasses.replace(result, summary=write_state(plan, search, final,
+                                                                         result.summary.trainer_cost, aside))
     return result
 
 

@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 from trainfit.errors import SpecError
 from trainfit.probe.measurement import Measurement
-from trainfit.search.ranking import ranked
 from trainfit.search.trials import Trial
 from trainfit.spec import Spec
 from trainfit.summary import LeverAside
@@ -33,26 +32,26 @@ def takes_packing(spec: Spec) -> bool:
     return "packing" in placeholders(template) if template else spec.uses_trl_sft
 
 
-def packing_aside(spec: Spec, trials: list[Trial], probe: Callable[..., Measurement]) -> list[LeverAside]:
-    """Packing measured on the pick of a default search (``spec``: with its space), where the trainer
-    packs, the pick does not, and its batches are more than :data:`PADDING_SHARE` padding: one probe
-    by ``probe(params, name)`` (``Search.probe_aside``: outside the study, kept for a resume). Empty
-    otherwise."""
-    order = ranked(trials)
-    if not order or spec.search is None or not takes_packing(spec):
+def packing_aside(spec: Spec, pick: Trial, probe: Callable[..., Measurement]) -> list[LeverAside]:
+    """Packing measured on ``pick``, the final pick of a default search (``spec``: with its space),
+    where the trainer packs, the pick does not, and its batches are more than :data:`PADDING_SHARE`
+    padding: one probe by ``probe(params, name)`` (``Search.probe_aside``: outside the study, kept for
+    a resume). Empty otherwise."""
+    if spec.search is None or not takes_packing(spec):
         return []
-    best = order[0]
-    share = best.measurement.padding_share
-    if best.values.get("packing") or spec.params.packing or share is None or share <= PADDING_SHARE:
+    share = pick.measurement.padding_share
+    if pick.values.get("packing") or spec.params.packing or share is None or share <= PADDING_SHARE:
         return []
-    values = {**best.values, "packing": True, "group_by_length": False}
+    values = {**pick.values, "packing": True}
+    if "group_by_length" in values:  # packed rows have no lengths to group
+        values["group_by_length"] = False
     try:
         params = spec.search.params(values)
     except (SpecError, ValueError):  # a config packing cannot run with: nothing to measure
         return []
-    m = probe(params, f"aside-packing-of-trial-{best.number:04d}")
-    pick = best.measured_objective
+    m = probe(params, f"aside-packing-of-trial-{pick.number:04d}")
+    mine = pick.measurement.samples_per_second
     speed = m.samples_per_second if m.status == "ok" else None
-    return [LeverAside(knob="packing", value=True, searched={**best.values, "packing": True}, status=m.status,
-                       samples_per_second=speed, speedup=speed / pick if speed and pick else None,
-                       peak_gb=m.peak_memory_gb, fits=m.fits, why=PACKING_WHY, how=PACKING_HOW)]
+    return [LeverAside(knob="packing", value=True, searched=values, status=m.status, samples_per_second=speed,
+                       speedup=speed / mine if speed and mine else None, peak_gb=m.peak_memory_gb, fits=m.fits,
+                       why=PACKING_WHY, how=PACKING_HOW)]

@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 import socket
+import stat
 import webbrowser
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from werkzeug.serving import make_server
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.ui.app import create_app, new_token
-from trainfit.ui.paths import TOKEN_PATTERN, UI_FOLDER, NotRegular, read_regular
+from trainfit.ui.paths import TOKEN_PATTERN, UI_FOLDER
 
 TOKEN_FILE = "token"
 """The UI's token, kept under ``ROOT/.trainfit-ui/`` (owner-only) from one start to the next."""
@@ -45,15 +46,8 @@ def kept_token(root: Path, given: str | None = None) -> str:
     under the root, else a new one; kept there (readable by its owner only), so that a restart of
     ``trainfit ui`` leaves the pages a browser holds open working, as its jobs go on working."""
     path = root / UI_FOLDER / TOKEN_FILE
-    kept = None
-    try:
-        kept = read_regular(path, 4096).strip()
-    except (FileNotFoundError, NotRegular):
-        pass
-    except OSError as err:
-        raise TrainfitError(f"cannot read the UI's token {path}: {err.strerror or err}",
-                            f"remove it (rm {path}) to have a new one made, or give --token") from None
-    token = given or (kept if kept and TOKEN_PATTERN.fullmatch(kept) else None) or new_token()
+    kept = own_token(path)
+    token = given or kept or new_token()
     if token != kept:
         path.parent.mkdir(parents=True, exist_ok=True)
         def owner_only(f: IO[bytes]) -> None:
@@ -62,6 +56,27 @@ def kept_token(root: Path, given: str | None = None) -> str:
 
         write_atomically(path, owner_only)
     return token
+
+
+def own_token(path: Path) -> str | None:
+    """The token kept at ``path``, where it is one this user wrote: a regular file (not through a
+    link), owned by this user, readable by no one else, holding a token. None otherwise (none kept,
+    or one planted or widened since, which a new token then replaces)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a link where the token belongs
+            return None
+        raise TrainfitError(f"cannot read the UI's token {path}: {err.strerror or err}",
+                            f"remove it (rm {path}) to have a new one made, or give --token") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return None
+        text = f.read(4096).decode(errors="replace").strip()
+    return text if TOKEN_PATTERN.fullmatch(text) else None
 
 
 def serve_forever(root: Path, *, host: str, port: int, open_browser: bool, on_ready: Callable[[str], None],
