@@ -368,12 +368,14 @@ class Search:
     def probe_aside(self, params: Params, name: str) -> Measurement:
         """Measure ``params`` outside the study (a config its space leaves out: what a lever not
         searched would buy), in ``probes/NAME`` (the probe's own files, and ``measurement.json``: what
-        it measured, read back there by a resumed run instead of probing again). Its worker is
-        stopped after it, as the search's are."""
+        it measured, read back there by a resumed run instead of probing again, unless it failed with
+        an error or a timeout). Its worker is stopped after it, as the search's are."""
         folder = self.output / "probes" / name
         saved = folder / "measurement.json"
         with contextlib.suppress(FileNotFoundError, ValueError, Malformed):
-            return read_measurement(json.loads(saved.read_text()), name)
+            kept = read_measurement(json.loads(saved.read_text()), name)
+            if kept.status in ("ok", "oom"):  # a measurement; an error or a timeout is tried again
+                return kept
         takes_folder = takes_keyword(self.probe_fn, "folder")
         try:
             m = self.probe_fn(params, -1, folder=folder) if takes_folder else self.probe_fn(params, -1)
