@@ -86,3 +86,11 @@ def test_output_closed_by_its_reader_ends_quietly_with_141() -> None:
     errors = child.stderr.read()
     assert child.wait(timeout=120) == 141, errors
     assert "Broken pipe" not in errors and "BrokenPipeError" not in errors and "error" not in errors.lower(), errors
+
+
+def test_full_fine_tuning_is_said_where_lora_r_is_none() -> None:
+    """Issue 50: `lora_r=—` read as a missing value; None is a choice, full fine-tuning."""
+    from trainfit.format import values_line
+
+    assert values_line({"batch_size": 4, "lora_r": None}) == "batch_size=4 lora_r=None (full fine-tuning)"
+    assert values_line({"lora_r": 8, "dropout": None}) == "lora_r=8 dropout=None"

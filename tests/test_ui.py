@@ -26,6 +26,7 @@ pytest.importorskip("flask")
 from conftest import EXAMPLES, alive, gone_within  # noqa: E402
 from tune_helpers import fixed_speed  # noqa: E402
 
+from trainfit.data.analyze import analyze_spec  # noqa: E402
 from trainfit.params import KNOBS  # noqa: E402
 from trainfit.tune.options import TuneOptions  # noqa: E402
 from trainfit.spec import load_spec  # noqa: E402
@@ -117,8 +118,9 @@ def test_the_runs_below_a_stray_record_are_found(root: Path) -> None:
 
 def test_two_tune_runs_side_by_side_show_their_summaries_figures(root: Path) -> None:
     for name, speed in (("slow", 20.0), ("fast", 80.0)):  # real tune folders; the probe's figure is given
-        tune(load_spec(root / "examples" / "tiny-tts.yaml", ["tune.max_trials=1"]),
-             TuneOptions(output=root / "runs" / name, probe_fn=fixed_speed(speed)))
+        spec = load_spec(root / SPEC, ["tune.max_trials=1"])
+        tune(spec, TuneOptions(output=root / "runs" / name, probe_fn=fixed_speed(speed),
+                               stats=analyze_spec(spec, progress=False)))  # the data's samples: a full run's time
     client = create_app(root).test_client()
 
     page = client.get("/compare?a=runs/slow&b=runs/fast").get_data(as_text=True)
@@ -127,6 +129,8 @@ def test_two_tune_runs_side_by_side_show_their_summaries_figures(root: Path) -> 
     speeds = re.search(r"<th>samples/s</th><td>([^<]*)</td><td>([^<]*)</td>", page)
     assert speeds and float(speeds.group(1)) < float(speeds.group(2)), page
     assert "<th>best config</th>" in page and "<th>peak memory (GiB)</th>" in page
+    # issue 50: a duration as the CLI says it, not "full run (hours) 0.01777"
+    assert re.search(r"<th>full run</th><td>~\d+(m\d+)?s for 1 epoch\(s\)</td>", page), page
     assert 'id="run-plan"' in run and 'id="run-train"' in run and "report.html" in run
     assert "trainfit dashboard runs/fast" in run
 

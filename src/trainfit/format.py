@@ -25,8 +25,10 @@ def fmt_num(x: float | None, digits: int = 3) -> str:
 
 
 def values_line(values: Mapping[str, Any]) -> str:
-    """Searched values as ``knob=value`` pairs, every one shown (``lora_r=None`` is a choice)."""
-    return " ".join(f"{k}={v}" for k, v in values.items())
+    """Searched values as ``knob=value`` pairs, every one shown (``lora_r=None`` is a choice, said as
+    what it is: ``lora_r=None (full fine-tuning)``)."""
+    return " ".join(f"{k}={v}" + (" (full fine-tuning)" if k == "lora_r" and v is None else "")
+                    for k, v in values.items())
 
 
 def unit(objective: str) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import TrainfitError
+from trainfit.format import format_duration, values_line
 from trainfit.run_folder import SUMMARY_FILE, RunFolder
 from trainfit.ui.jobs import Job, Jobs, State
 from trainfit.ui.paths import Root, open_regular, read_regular
@@ -146,11 +147,13 @@ def _summary_figures(run: RunFolder) -> list[tuple[str, str]]:
     best = s.best_config
     if best is None:
         return [*rows, ("best config", "none fits")]
-    return [*rows, ("best config", " ".join(f"{k}={_text(v)}" for k, v in best.searched.items())),
+    return [*rows, ("best config", values_line(best.searched)),
             ("samples/s", _text(best.samples_per_second)), ("tokens/s", _text(best.tokens_per_second)),
             ("peak memory (GiB)", _text(best.memory_peak_gb)), ("MFU", _text(best.mfu)),
             ("effective batch", str(best.effective_batch_size)),
-            ("full run (hours)", _text(best.estimated_full_runtime_hours)), ("command", _text(best.command))]
+            ("full run", "—" if best.estimated_full_runtime_hours is None else
+             f"~{format_duration(best.estimated_full_runtime_hours * 3600)} for {s.epochs_for_estimate:g} epoch(s)"),
+            ("command", _text(best.command))]
 
 
 def _plain(value: Any) -> bool:
