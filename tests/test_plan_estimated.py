@@ -87,7 +87,11 @@ def test_a_throughput_run_that_does_not_fit_gets_fewer_epochs_and_a_subset(tmp_p
     # 10 epochs of 200 x 50 tokens at 10 tokens/s: 10,000 s, in a window of 1 h.
     assert main(["plan", "--spec", str(spec), "--throughput", "10", "--max-hours", "1", "--margin-minutes", "0",
                  "--epochs", "10", "--output", str(tmp_path / "out")]) == 1
-    assert "DOES NOT FIT" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out
+    # issue 49: worded from what the plan rests on, the user's figure (nothing was probed)
+    assert "from your --throughput figure (nothing was probed)" in out and "from the chosen config's probe" not in out
+    assert "whatever your figure holds (see below)" in out and "not calibrated (see below)" not in out
     plan, _ = read_plan(tmp_path / "out")
     assert plan.eta.total_s == pytest.approx(10_000)
     kinds = {o.kind: o for o in plan.options}

@@ -39,6 +39,11 @@ class Option(Record):
     whose own command applies)."""
 
 
+def basis_of(c: Candidate) -> str:
+    """What an option that keeps the chosen config rests on, in words: its probe, or the user's figure."""
+    return "the chosen config's probe" if c.trial is not None else "your --throughput figure (nothing was probed)"
+
+
 def fewer_epochs(c: Candidate, samples: int, epochs: float, window_s: float,
                  eta: Callable[[Candidate, int], Eta]) -> Option | None:
     """The most whole epochs whose run fits, when at least one does."""
@@ -46,7 +51,7 @@ def fewer_epochs(c: Candidate, samples: int, epochs: float, window_s: float,
     if most is None:
         return None
     return Option(kind="fewer_epochs", change=f"train {most} epoch{'s' * (most > 1)} instead of {epochs:g}",
-                  cost=f"{1 - most / epochs:.0%} fewer passes over the data", basis="the chosen config's probe",
+                  cost=f"{1 - most / epochs:.0%} fewer passes over the data", basis=basis_of(c),
                   eta=eta(c, samples * most), trial=c.trial, flags=f"--num_train_epochs {most}")
 
 
@@ -75,7 +80,7 @@ def subset(c: Candidate, samples: int, epochs: float, window_s: float,
         return None
     return Option(kind="subset", change=f"train on {low:,} of the {samples:,} samples ({low / samples:.0%}), "
                                         f"{epochs:g} epoch{'s' * (epochs != 1)}",
-                  cost=f"{1 - low / samples:.0%} of the data left out", basis="the chosen config's probe",
+                  cost=f"{1 - low / samples:.0%} of the data left out", basis=basis_of(c),
                   eta=(run := eta(c, int(low * epochs))), trial=c.trial, flags=f"--max_steps {run.steps}")
 
 

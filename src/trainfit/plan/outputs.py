@@ -58,8 +58,9 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
     if e.command_total_s is not None:
         lines.append(f"  (run by `trainfit train`; the written command, with its own start-up: ETA {dur(e.command_total_s)})")
     rows = [("training", f"{e.steps:,} steps x {fmt_num(e.step_time_s)} s = {dur(e.train_s)} (+-{e.spread_rel:.1%})"),
-            ("trainer cost", "not calibrated (see below)" if e.trainer_overhead_s is None
-             else f"{fmt_num(e.trainer_overhead_s)} s a step, measured, included above"),
+            ("trainer cost", f"{fmt_num(e.trainer_overhead_s)} s a step, measured, included above"
+             if e.trainer_overhead_s is not None else "whatever your figure holds (see below)"
+             if plan.estimated is not None and plan.estimated.basis == "throughput" else "not calibrated (see below)"),
             ("start-up", "not calibrated" if e.startup_s is None
              else f"{dur(e.startup_s)} (launch to first step and last step to exit, measured)"
              + (f"; the written command: {dur(e.command_startup_s)}" if e.command_startup_s is not None else "")),
