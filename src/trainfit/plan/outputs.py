@@ -36,6 +36,16 @@ def _schedule(every: int | None) -> str:
     return "at each epoch's end" if every is None else f"every {every:,} steps"
 
 
+def trainer_cost_words(plan: Plan) -> str:
+    """The table's trainer cost, from what the plan rests on: a calibration, the user's figure, or neither."""
+    e = plan.eta
+    if e.trainer_overhead_s is not None:
+        return f"{fmt_num(e.trainer_overhead_s)} s a step, measured, included above"
+    if plan.estimated is not None and plan.estimated.basis == "throughput":
+        return "whatever your figure holds (see below)"
+    return "not calibrated (see below)"
+
+
 def render(plan: Plan, *, epochs_given: bool = True) -> str:
     """The plan as a reader checks it: the window, the pick and why, the ETA and what it is made
     of, what each priority would pick, and the options when it does not fit. ``epochs_given``:
@@ -58,9 +68,7 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
     if e.command_total_s is not None:
         lines.append(f"  (run by `trainfit train`; the written command, with its own start-up: ETA {dur(e.command_total_s)})")
     rows = [("training", f"{e.steps:,} steps x {fmt_num(e.step_time_s)} s = {dur(e.train_s)} (+-{e.spread_rel:.1%})"),
-            ("trainer cost", f"{fmt_num(e.trainer_overhead_s)} s a step, measured, included above"
-             if e.trainer_overhead_s is not None else "whatever your figure holds (see below)"
-             if plan.estimated is not None and plan.estimated.basis == "throughput" else "not calibrated (see below)"),
+            ("trainer cost", trainer_cost_words(plan)),
             ("start-up", "not calibrated" if e.startup_s is None
              else f"{dur(e.startup_s)} (launch to first step and last step to exit, measured)"
              + (f"; the written command: {dur(e.command_startup_s)}" if e.command_startup_s is not None else "")),
