@@ -469,7 +469,8 @@ def test_the_default_search_groups_by_length_where_random_batches_are_mostly_pad
     data, at the search's largest batch, are more than a quarter padding: decided from the spec and
     its data's lengths, so a resumed study searches the same space."""
     from trainfit.data.analyze import analyze_spec
-    from trainfit.tune import GROUPING_PADDING_SHARE, with_default_search
+    from trainfit.tune import with_default_search
+    from trainfit.tune.levers import PADDING_SHARE
 
     def spec_of(name: str, lengths: list[int], params: dict | None = None, sets: tuple[str, ...] = ()):
         data = tmp_path / f"{name}.jsonl"
@@ -481,7 +482,7 @@ def test_the_default_search_groups_by_length_where_random_batches_are_mostly_pad
     long_tailed = [2048 if i % 20 == 0 else 16 for i in range(400)]  # 1 in 20 samples long
     spec = spec_of("tailed", long_tailed)
     stats = analyze_spec(spec, progress=False)
-    assert stats.padding_share(32, None) > 0.9 > GROUPING_PADDING_SHARE > stats.padding_share(1, None) == 0.0
+    assert stats.padding_share(32, None) > 0.9 > PADDING_SHARE > stats.padding_share(1, None) == 0.0
     space = with_default_search(spec, stats).search
     assert space.dim("group_by_length").grid_values() == (False, True) and space.target_effective_batch == 32
     assert "group_by_length" not in with_default_search(spec).search.names  # no lengths given: not known to pay

@@ -25,10 +25,10 @@ from trainfit.format import table
 from trainfit.space import EFFECTIVE_BATCH, learning_knobs
 from trainfit.spec import STRATEGIES, Spec, unused_lora_note, with_tune
 from trainfit.spec.yaml_input import parse_override
-from trainfit.tune import GROUPING_PADDING_SHARE, TunePlan, calibration_steps, resolve, run_tune
+from trainfit.tune import TunePlan, calibration_steps, resolve, run_tune
 from trainfit.tune.options import TuneOptions
-from trainfit.tune.aside import PADDING_SHARE, takes_packing
 from trainfit.tune.budgets import HEADER, parse_budgets, tune_budgets
+from trainfit.tune.levers import PADDING_SHARE, trainer_takes
 from trainfit.tune.outputs import run_samples
 
 EPILOG = """\
@@ -177,7 +177,7 @@ def print_plan(args: argparse.Namespace, plan: TunePlan) -> None:
     assert spec.search is not None, "resolve gives every plan a search space"
     if plan.default_search:
         grouping = ("; length grouping too: random batches of this data are more than "
-                    f"{GROUPING_PADDING_SHARE:.0%} padding" if "group_by_length" in spec.search.names else "")
+                    f"{PADDING_SHARE:.0%} padding" if "group_by_length" in spec.search.names else "")
         if spec.batch_open:
             print(f"no search: section in {args.spec}, and no batch_size, gradient_accumulation_steps or "
                   f"tune.target_effective_batch: searching {', '.join(spec.search.names)} with the batch left open, "
@@ -195,7 +195,7 @@ def print_plan(args: argparse.Namespace, plan: TunePlan) -> None:
           f"{spec.budget.describe()}")
     if (lora_note := unused_lora_note(spec)) is not None:
         print(f"note: {lora_note}")
-    if plan.default_search and takes_packing(spec) and not spec.params.packing:
+    if plan.default_search and trainer_takes(spec, "packing") and not spec.params.packing:
         print("aside: packing, which changes what is learned: " + (
             "not measured with --quick" if plan.options.quick else
             f"measured on the pick once the search ends, where its batches are more than {PADDING_SHARE:.0%} padding"))

@@ -15,7 +15,8 @@ from trainfit.trainer.calibration_checks import check_can_calibrate
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.tune.trainer_cost import calibrated
 from trainfit.tune.options import TuneOptions, TuneResult, best_trial
-from trainfit.tune.aside import PADDING_SHARE, packing_aside
+from trainfit.tune.aside import packing_aside
+from trainfit.tune.levers import PADDING_SHARE, takes_liger, trainer_takes
 from trainfit.tune.outputs import write_outputs
 from trainfit.run_folder import RunFolder
 from trainfit.search.loop import Search, SearchState, open_search
@@ -25,7 +26,6 @@ from trainfit.devices import resolve_device_name
 from trainfit.space import default_batch_choices, default_space
 from trainfit.spec import Spec
 from trainfit.summary import LeverAside, Summary, TrainerCost
-from trainfit.template import placeholders
 
 
 def with_default_search(spec: Spec, stats: LengthStats | None = None) -> Spec:
@@ -48,38 +48,14 @@ def with_default_search(spec: Spec, stats: LengthStats | None = None) -> Spec:
                                tune=dataclasses.replace(spec.tune, target_effective_batch=space.target_effective_batch))
 
 
-def takes_liger(spec: Spec) -> bool:
-    """Does the spec's trainer take Liger's cross-entropy: a Hugging Face model trained by a
-    ``tune.command_template`` that passes ``{use_liger_kernel}`` or ``{loss}``? Then the default
-    search tries ``loss: liger`` beside the spec's loss. Read from the spec alone, so a study's space
-    does not change with what is installed: where Liger-Kernel or CUDA is missing, the probe says so
-    and the search skips the value."""
-    template = spec.tune.command_template
-    return (spec.model.factory is None and template is not None
-            and bool(placeholders(template) & {"use_liger_kernel", "loss"}))
-
-
-GROUPING_PADDING_SHARE = PADDING_SHARE
-"""The padding share of random batches past which the default search tries length-grouped ones too
-(the same share past which packing is measured aside: :data:`trainfit.tune.aside.PADDING_SHARE`)."""
-
-
-def takes_grouping(spec: Spec) -> bool:
-    """Does the spec's trainer take ``group_by_length``: the written ``trl sft`` command, or a
-    ``tune.command_template`` that passes ``{group_by_length}``? (``trainfit train``'s own loop,
-    which a custom model trains in without one, streams its rows in a shuffled order.)"""
-    template = spec.tune.command_template
-    return "group_by_length" in placeholders(template) if template else spec.uses_trl_sft
-
-
 def grouping_pays(spec: Spec, stats: LengthStats | None, largest: int) -> bool:
     """Is length grouping worth searching by default: a trainer that takes it, and data whose random
-    batches at the default search's ``largest`` batch are more than :data:`GROUPING_PADDING_SHARE`
+    batches at the default search's ``largest`` batch are more than :data:`~trainfit.tune.levers.PADDING_SHARE`
     padding (padded to their longest sample, cut at ``max_length``)? Read from the spec and its
     data alone, so a resumed study searches the same space."""
-    if stats is None or spec.params.padding != "longest" or spec.params.packing or not takes_grouping(spec):
+    if stats is None or spec.params.padding != "longest" or spec.params.packing or not trainer_takes(spec, "group_by_length"):
         return False
-    return stats.padding_share(largest, spec.params.max_length) > GROUPING_PADDING_SHARE
+    return stats.padding_share(largest, spec.params.max_length) > PADDING_SHARE
 
 
 GPU_CALIBRATION_STEPS = 30
@@ -127,7 +103,7 @@ def resolve(spec: Spec, options: TuneOptions) -> TunePlan:
     A spec whose command cannot be calibrated while a calibration is asked for is refused here,
     before anything is probed."""
     if options.stats is None and spec.data is not None and not (spec.search and spec.search.dims) \
-            and takes_grouping(spec):  # whether grouping joins the default search depends on the data's lengths
+            and trainer_takes(spec, "group_by_length"):  # whether grouping joins the default search depends on the data's lengths
         options = dataclasses.replace(options, stats=analyze_spec(spec, progress=False))
     searched = with_default_search(spec, options.stats)
     if options.calibrate_steps is None and options.probe_fn is None:  # real probes: the device decides

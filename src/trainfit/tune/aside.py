@@ -12,11 +12,7 @@ from trainfit.probe.measurement import Measurement
 from trainfit.search.trials import Trial
 from trainfit.spec import Spec
 from trainfit.summary import LeverAside
-from trainfit.template import placeholders
-
-PADDING_SHARE = 0.25
-"""Batches more than this share padding make a lever that cuts padding worth a probe: packing measured
-aside on such a pick, length grouping in the default search (``trainfit.tune.GROUPING_PADDING_SHARE``)."""
+from trainfit.tune.levers import PADDING_SHARE, trainer_takes
 
 PACKING_WHY = ("packing puts several samples in one row: they attend to each other unless the attention "
                "is padding-free (flash attention's variable-length kernels, TRL's padding_free), and an "
@@ -25,19 +21,12 @@ PACKING_WHY = ("packing puts several samples in one row: they attend to each oth
 PACKING_HOW = "search it with `search: {packing: [false, true]}` (or set `params: {packing: true}`), then tune again"
 
 
-def takes_packing(spec: Spec) -> bool:
-    """Does the spec's trainer pack rows: the written ``trl sft`` command (``--packing``), or a
-    ``tune.command_template`` that passes ``{packing}``?"""
-    template = spec.tune.command_template
-    return "packing" in placeholders(template) if template else spec.uses_trl_sft
-
-
 def packing_aside(spec: Spec, pick: Trial, probe: Callable[..., Measurement]) -> list[LeverAside]:
     """Packing measured on ``pick``, the final pick of a default search (``spec``: with its space),
     where the trainer packs, the pick does not, and its batches are more than :data:`PADDING_SHARE`
     padding: one probe by ``probe(params, name)`` (``Search.probe_aside``: outside the study, kept for
     a resume). Empty otherwise."""
-    if spec.search is None or not takes_packing(spec):
+    if spec.search is None or not trainer_takes(spec, "packing"):
         return []
     share = pick.measurement.padding_share
     if pick.values.get("packing") or spec.params.packing or share is None or share <= PADDING_SHARE:
