@@ -223,10 +223,7 @@ class AutoStrategy:
             return b
         # Judge the climb by the largest batch it can reach: past the grid's last fitting step the
         # integer search goes on up to the memory line's prediction.
-        reach = max(candidates)
-        if predicted != float("inf"):
-            reach = max([reach, *integers_between(self.space, reach, int(min(predicted, upper - 1)) + 1,
-                                                   self._processes(family))])
+        reach = max(self._reachable(family, candidates, predicted, upper))
         if len(fits) >= 2 and not self._can_win(fits, reach, rival_best):
             return None
         # One step up at a time (past a GPU's jump): a worker reuses its model for growing batches,
@@ -254,14 +251,23 @@ class AutoStrategy:
         predicted = self._predicted_max_batch(fits, slope)
         if predicted == float("inf"):
             return None
-        top = int(min(predicted, upper - 1))
-        grid = [b for b in self.batches if b1 < b <= top]
-        reach = [b for b in [*grid, *integers_between(self.space, max(grid, default=b1), top + 1, self._processes(family))]
+        grid = [b for b in self.batches if b1 < b <= min(predicted, upper - 1)]
+        reach = [b for b in self._reachable(family, grid, predicted, upper, low=b1)
                  if b not in mine and self.space.allowed({**family, "batch_size": b})]
         next_grid = min((b for b in self.batches if b > b1), default=None)
         if not reach or next_grid is None or max(reach) <= next_grid:
             return None
         return max(reach)
+
+    def _reachable(self, family: Mapping[str, Any], grid: list[int], predicted: float, upper: float,
+                   low: int = 0) -> list[int]:
+        """The batches a climb can reach up to the memory line's ``predicted`` largest (and below the
+        smallest that failed, ``upper``): the ``grid``'s steps, and past its last (else past ``low``)
+        the integers the line allows (:func:`~trainfit.space.integers_between`)."""
+        if predicted == float("inf"):
+            return list(grid)
+        past = max(grid, default=low)
+        return [*grid, *integers_between(self.space, past, int(min(predicted, upper - 1)) + 1, self._processes(family))]
 
     def _integer_step(self, family: Mapping[str, Any], mine: dict[int, Trial], fits: dict[int, Trial],
                       upper: float, sibling_slope: float | None) -> int | None:
