@@ -464,8 +464,11 @@ def test_two_ranks_stop_timing_together_at_the_bar(llama_spec) -> None:
     where any says so (a rank left stepping would wait on an all-reduce until the probe's timeout)."""
     from trainfit.probe.request import Bar
 
-    spec = load_spec(llama_spec({"batch_size": 2, "max_length": 64, "nproc_per_node": 2, "parallel": "ddp"},
-                                probe={"min_steps": 12, "max_steps": 12, "max_seconds": 60, "target_rel_ci": 0.0001}))
+    # every batch padded to max_length: one timed shape, so the bar is read from the third step on, and
+    # 30 steps narrow the interval below 100% (past it nothing is clearly slower) on a busy 2-core machine
+    spec = load_spec(llama_spec({"batch_size": 2, "max_length": 64, "padding": "max_length", "nproc_per_node": 2,
+                                 "parallel": "ddp"},
+                                probe={"min_steps": 30, "max_steps": 30, "max_seconds": 120, "target_rel_ci": 0.0001}))
     m = run_probe(spec, slower_than=Bar(trial=3, objective="samples_per_second", value=1e12, ci95_rel=0.02))
     assert m.status == "ok", m.message
     assert m.world_size == 2 and m.slower_than is not None and m.steps_measured < spec.probe.max_steps
