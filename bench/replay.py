@@ -193,11 +193,13 @@ class Replay:
             self.modelled.append(values)
         cut = cut_at(recorded, slower_than) if recorded.status == "ok" else None
         m = measurement(self.surface, params, recorded, cut, slower_than)
+        builds = self.parts["model builds"]
         cost = self.price(params, recorded, cut)
         self.simulated_s += cost
         self.asked.append({"trial": number, "values": values, "status": m.status, "fits": m.fits,
                            "samples_per_second": m.samples_per_second, "cost_s": round(cost, 2),
                            "recorded_speed": recorded.samples_per_second, "modelled": modelled,
+                           "built": self.parts["model builds"] > builds,
                            "cut": None if cut is None else
                            {"steps": cut.steps, "of": recorded.steps, "ci95_rel": round(cut.ci95_rel, 3),
                             "bar_trial": slower_than.trial if cut.by_bar and slower_than else None}})

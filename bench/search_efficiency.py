@@ -106,7 +106,7 @@ def probe_costs(trials) -> list[float]:
     """Seconds each trial's probe costs in a tune with reused workers: its measured (fresh) wall
     time, less start and build when the previous probe was a successful one of the same family
     with batches no larger (the rule of ProbeSession)."""
-    from trainfit.params import batches_grow
+    from trainfit.params import memory_grows
     from trainfit.search.trials import model_family
 
     costs, previous = [], None
@@ -115,7 +115,7 @@ def probe_costs(trials) -> list[float]:
         cost = m.wall_time_s or 0.0
         if previous is not None and previous.measurement.status == "ok" and \
                 model_family(previous.values) == model_family(t.values) and \
-                batches_grow(previous.values, t.values) and t.values.get("compile", "off") == "off":
+                memory_grows(previous.values, t.values) and t.values.get("compile", "off") == "off":
             cost -= m.phases_s.get("start", 0.0) + m.phases_s.get("build", 0.0)
         costs.append(cost)
         previous = t

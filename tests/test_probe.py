@@ -556,19 +556,22 @@ def test_after_an_oom_the_next_probe_gets_a_fresh_worker(tmp_path: Path) -> None
 
 
 def test_a_worker_is_reused_only_for_batches_padded_no_shorter() -> None:
-    from trainfit.params import batches_grow
+    from trainfit.params import memory_grows
 
-    assert batches_grow({"batch_size": 2, "max_length": 64}, {"batch_size": 4, "max_length": 64})
-    assert not batches_grow({"batch_size": 4}, {"batch_size": 2})
-    assert not batches_grow({"max_length": None}, {"max_length": 64})  # the longest sample, then 64
+    assert memory_grows({"batch_size": 2, "max_length": 64}, {"batch_size": 4, "max_length": 64})
+    assert not memory_grows({"batch_size": 4}, {"batch_size": 2})
+    assert not memory_grows({"max_length": None}, {"max_length": 64})  # the longest sample, then 64
     # Rounded to 64 after 8, every padded length is at least what it was; to 8 after 64, or 48 after 64, not.
-    assert batches_grow({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": 64})
-    assert batches_grow({}, {"pad_to_multiple_of": 8})
-    assert not batches_grow({"pad_to_multiple_of": 64}, {"pad_to_multiple_of": 8})
-    assert not batches_grow({"pad_to_multiple_of": 64}, {"pad_to_multiple_of": 48})
-    assert not batches_grow({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": None})
+    assert memory_grows({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": 64})
+    assert memory_grows({}, {"pad_to_multiple_of": 8})
+    assert not memory_grows({"pad_to_multiple_of": 64}, {"pad_to_multiple_of": 8})
+    assert not memory_grows({"pad_to_multiple_of": 64}, {"pad_to_multiple_of": 48})
+    assert not memory_grows({"pad_to_multiple_of": 8}, {"pad_to_multiple_of": None})
     # A packed batch holds full rows: unpacked batches after it are no larger.
-    assert batches_grow({"packing": False}, {"packing": True}) and not batches_grow({"packing": True}, {})
+    assert memory_grows({"packing": False}, {"packing": True}) and not memory_grows({"packing": True}, {})
+    # Checkpointing keeps fewer activations: turned off, a step needs more; turned on, less.
+    assert memory_grows({"gradient_checkpointing": True}, {"gradient_checkpointing": False})
+    assert not memory_grows({"gradient_checkpointing": False}, {"gradient_checkpointing": True})
 
 
 def test_a_worker_told_not_to_reuse_its_model_builds_a_new_one_in_the_same_process(tmp_path: Path) -> None:
@@ -634,6 +637,78 @@ def test_model_key_ignores_only_the_batch_shape(tmp_path: Path) -> None:
     assert key(compile="default") is None  # a compiled model meeting new shapes is not a fresh run
     no_reuse = load_spec(scaled_spec(tmp_path), ["probe.reuse_model=false"])
     assert build_request(no_reuse, no_reuse.params, None, "cpu").model_key is None
+
+
+def test_a_hugging_face_models_key_leaves_out_the_checkpointing_its_worker_switches(tmp_path: Path) -> None:
+    """A Hugging Face model is switched to the other gradient checkpointing in place; a factory's
+    model may apply it itself, so another value is another model."""
+    hf = load_spec(make_spec_file(tmp_path, model={"config": TINY_LLAMA}, params={"max_length": 64}))
+    factory = load_spec(scaled_spec(tmp_path))
+
+    def key(spec, **changes: object) -> str | None:
+        return build_request(spec, dataclasses.replace(spec.params, **changes), None, "cuda").model_key
+
+    assert key(hf, gradient_checkpointing=True) == key(hf, gradient_checkpointing=False) is not None
+    assert key(hf, gradient_checkpointing=True, lora_r=8) != key(hf, gradient_checkpointing=True)
+    assert key(factory, gradient_checkpointing=True) != key(factory, gradient_checkpointing=False)
+
+
+@pytest.mark.parametrize("lora_r", [None, 4])
+def test_a_switched_model_recomputes_what_a_model_built_with_checkpointing_does(lora_r: int | None) -> None:
+    """Checkpointing switched on a built model (and off again) trains as a model built with it
+    (without it): the same loss and gradients, and each layer's forward run again in the backward."""
+    import torch
+
+    from trainfit.params import Params
+    from trainfit.spec import ModelSpec
+    from trainfit.workloads.hf import HFCausalLM
+    from trainfit.workloads.knobs import switch_checkpointing
+
+    def built(checkpointing: bool) -> tuple[object, list[int]]:
+        params = Params(gradient_checkpointing=checkpointing, lora_r=lora_r, max_length=32, loss="model")
+        workload = HFCausalLM(ModelSpec(config=TINY_LLAMA), params, "cpu", seed=0)
+        calls = [0]
+        layer = workload.model.get_base_model() if lora_r else workload.model
+        # a pre-hook: the backward's recompute stops once it holds what the backward needs, maybe
+        # inside a layer's last call, before a hook that runs after it
+        layer.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        return workload, calls
+
+    def step(workload, calls: list[int]) -> tuple[int, float, list[torch.Tensor]]:
+        calls[0] = 0
+        ids = torch.randint(0, TINY_LLAMA["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
+        loss = workload.loss({"input_ids": ids, "labels": ids})
+        loss.backward()
+        grads = [p.grad.clone() for p in workload.model.parameters() if p.grad is not None]
+        workload.model.zero_grad()
+        return calls[0], loss.item(), grads
+
+    on_calls, on_loss, on_grads = step(*built(True))
+    off_calls, off_loss, off_grads = step(*built(False))
+    assert (on_calls, off_calls) == (2, 1)
+    switched, calls = built(False)
+    switch_checkpointing(switched.model, True)
+    now_calls, now_loss, now_grads = step(switched, calls)
+    assert now_calls == 2 and now_loss == pytest.approx(on_loss)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(now_grads, on_grads, strict=True))
+    switch_checkpointing(switched.model, False)
+    assert step(switched, calls)[0] == 1
+
+
+@pytest.mark.integration
+def test_a_cpu_session_keeps_its_model_when_checkpointing_is_turned_off(llama_spec) -> None:
+    """Turned off, checkpointing needs no less memory, so a CPU worker switches its model in place;
+    turned on, the peak would hide under the last one's, so it builds anew."""
+    spec = load_spec(llama_spec({"max_length": 64}))
+    on, off = (dataclasses.replace(spec.params, gradient_checkpointing=v) for v in (True, False))
+    with ProbeSession() as session:
+        first = run_probe(spec, on, session=session)
+        switched = run_probe(spec, off, session=session)
+        again = run_probe(spec, on, session=session)
+    for m in (first, switched, again):
+        assert_ok(m)
+    assert not first.model_reused and switched.model_reused and not again.model_reused
+    assert switched.phases_s["build"] == 0 and switched.config["gradient_checkpointing"] is False
 
 
 def test_a_model_that_is_not_a_causal_lm_is_told_to_use_a_factory(tmp_path: Path) -> None:

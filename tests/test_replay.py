@@ -39,9 +39,10 @@ RACE_B_ORDER = [
     (11, False, "liger", False),
     # a jump to 5, and 4 below it: faster (64 against 58 samples/s), the pick
     (1, False, "liger", True), (5, False, "liger", True), (4, False, "liger", True),
-    # checkpointing only where the family without it was stopped by memory, above its largest fit
-    (4, True, "model", False), (5, True, "model", False), (4, True, "model", True),
+    # checkpointing only where the family without it was stopped by memory, above its largest fit;
+    # first on the model probed last (Liger's), switched in place, then the model's own loss
     (16, True, "liger", False), (64, True, "liger", False), (32, True, "liger", False),
+    (4, True, "model", False), (5, True, "model", False), (4, True, "model", True),
 ]
 
 
@@ -54,13 +55,18 @@ def test_the_h100_race_replays_and_picks_its_recorded_best() -> None:
     assert signature(result) == RACE_B_ORDER
     assert result["stopped"] is None
     assert result["modelled"] == [{"batch_size": 9, "gradient_checkpointing": False, "loss": "liger", "packing": False},
-                                  {"batch_size": 5, "gradient_checkpointing": True, "loss": "model", "packing": False},
-                                  {"batch_size": 64, "gradient_checkpointing": True, "loss": "liger", "packing": False}]
+                                  {"batch_size": 64, "gradient_checkpointing": True, "loss": "liger", "packing": False},
+                                  {"batch_size": 5, "gradient_checkpointing": True, "loss": "model", "packing": False}]
     assert result["pick"] == result["recorded_best"] == {"batch_size": 4, "gradient_checkpointing": False,
                                                           "loss": "liger", "packing": True}
     assert result["pick_speed_share"] == 1.0
     # fresh processes: the first, and the first after Liger's kernels patched the process
     assert result["fresh_processes"] == 2
+    # models built: the first, Liger's, the model's own again (checkpointing is switched in place)
+    assert [a["values"] for a in result["trace"] if a["built"]] == [
+        {"batch_size": 1, "gradient_checkpointing": False, "loss": "model", "packing": False},
+        {"batch_size": 1, "gradient_checkpointing": False, "loss": "liger", "packing": False},
+        {"batch_size": 4, "gradient_checkpointing": True, "loss": "model", "packing": False}]
     assert [(p["family"], p["below_batch"]) for p in result["pruned"]] == [
         ({"gradient_checkpointing": True, "loss": "model", "packing": False}, 3),
         ({"gradient_checkpointing": True, "loss": "model", "packing": True}, 3),
@@ -78,6 +84,8 @@ def test_every_recorded_surface_replays_to_its_best(name: str, order: list[tuple
     result = replay.replay(surface)
     assert signature(result) == order
     assert result["stopped"] is None and result["pick"] == surface.best().values
+    # one model: race-a's checkpointing is switched on the built model, not built anew
+    assert [a["built"] for a in result["trace"]] == [True] + [False] * (len(order) - 1)
 
 
 def test_probes_are_timed_as_todays_probe_times_them() -> None:

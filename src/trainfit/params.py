@@ -66,6 +66,9 @@ class Knob:
     memory_only: bool = False
     """Its ``true`` only trades speed for memory (nothing learned changes): ``auto`` probes it only at
     a batch the same config without it cannot fit."""
+    switched: bool = False
+    """A built Hugging Face model is switched to another value in place, no rebuild (gradient
+    checkpointing: transformers' enable and disable): its worker keeps the model (:func:`model_values`)."""
 
 
 def split_modules(text: str) -> str | tuple[str, ...]:
@@ -84,7 +87,7 @@ def knob(default: T, *, kind: str, doc: str, choices: tuple[Any, ...] = (), mini
          maximum: float | None = None, nullable: bool = False, changes_learning: bool = False,
          batch_shape: bool = False, prior: Mapping[str, tuple[Any, ...]] | None = None, no_prior: str | None = None,
          off: Any = _OFF_UNSET, trl: TrlWords | str | None = None, no_trl: str | None = None,
-         memory_only: bool = False) -> T:
+         memory_only: bool = False, switched: bool = False) -> T:
     """A ``Params`` field that is a built-in knob: ``default``, and a ``Knob`` of the other arguments in
     the field's metadata (unnamed: ``KNOBS`` names it after the field). Typed as ``default``, as
     ``dataclasses.field`` is, so the field keeps its declared type. Defaults are immutable (None,
@@ -93,7 +96,7 @@ def knob(default: T, *, kind: str, doc: str, choices: tuple[Any, ...] = (), mini
     and exactly one of ``trl`` (its ``trl sft`` flags: :func:`trl_flag`, :func:`trl_when_on`,
     :func:`trl_mapped`, or :data:`WITH_OTHER_KNOBS`) and ``no_trl`` (why none); ``off``: the
     ablation baseline's value, for a knob that is a technique; ``memory_only``: its ``true`` only
-    trades speed for memory."""
+    trades speed for memory; ``switched``: a built model takes another value in place."""
     if (prior is None) == (no_prior is None):
         raise TypeError(f"knob({default!r}, ...): give a device prior or the reason for none (no_prior=...), one of them")
     if (trl is None) == (no_trl is None):
@@ -101,7 +104,7 @@ def knob(default: T, *, kind: str, doc: str, choices: tuple[Any, ...] = (), mini
     spec = Knob(name="", kind=kind, doc=doc, choices=choices, minimum=minimum, maximum=maximum,
                 nullable=nullable, changes_learning=changes_learning, batch_shape=batch_shape, prior=prior,
                 no_prior=no_prior, off=None if off is _OFF_UNSET else off, ablated=off is not _OFF_UNSET, trl=trl,
-                no_trl=no_trl, memory_only=memory_only)
+                no_trl=no_trl, memory_only=memory_only, switched=switched)
     return field(default=default, metadata={"knob": spec})
 
 
@@ -114,17 +117,20 @@ LEARNED = "changes what is learned"
 """The reason a knob the user chooses for what it trains has no speed prior."""
 
 
-def model_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` without the knobs that only shape batches: what a built model depends on."""
-    return {k: v for k, v in values.items() if not (k in KNOBS and KNOBS[k].batch_shape)}
+def model_values(values: Mapping[str, Any], *, switched: bool = False) -> dict[str, Any]:
+    """``values`` without the knobs that only shape batches: what a built model depends on. With
+    ``switched`` (a Hugging Face model, which the worker switches in place) without the
+    :attr:`Knob.switched` knobs too."""
+    return {k: v for k, v in values.items()
+            if not (k in KNOBS and (KNOBS[k].batch_shape or switched and KNOBS[k].switched))}
 
 
-def batches_grow(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
-    """True when ``after`` asks for batches no smaller than ``before`` (batch size, max_length
-    (None = the dataset's longest), the multiple lengths are padded to, and packing: a packed batch
-    holds full rows). A CPU worker reuses its model only in this direction: after a
-    larger batch, a CPU process measured up to 6% more peak memory than a fresh one
-    (docs/benchmarks.md, model reuse)."""
+def memory_grows(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """True when ``after`` needs no less memory than ``before``: batches no smaller (batch size,
+    max_length (None = the dataset's longest), the multiple lengths are padded to, and packing: a
+    packed batch holds full rows), and gradient checkpointing not turned on (it keeps fewer
+    activations). A CPU worker reuses its model only in this direction: after a larger batch, a CPU
+    process measured up to 6% more peak memory than a fresh one (docs/benchmarks.md, model reuse)."""
     def length(v: Mapping[str, Any]) -> float:
         return float("inf") if v.get("max_length") is None else v["max_length"]
 
@@ -133,7 +139,8 @@ def batches_grow(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
 
     # Rounded to a multiple of the earlier one, no padded length is shorter than it was.
     return (after.get("batch_size", 1) >= before.get("batch_size", 1) and length(after) >= length(before)
-            and multiple(after) % multiple(before) == 0 and bool(after.get("packing")) >= bool(before.get("packing")))
+            and multiple(after) % multiple(before) == 0 and bool(after.get("packing")) >= bool(before.get("packing"))
+            and bool(after.get("gradient_checkpointing")) <= bool(before.get("gradient_checkpointing")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,7 +188,7 @@ class Params:
     bnb_double_quant: bool = knob(False, kind="bool", changes_learning=True, no_prior=LEARNED, trl=WITH_OTHER_KNOBS,
         doc="quantize the 4-bit quantization constants too (~0.4 bit a parameter less; TRL's use_bnb_nested_quant)")
     gradient_checkpointing: bool = knob(False, kind="bool", prior=on_every_device((False, True)), off=False,
-        trl=WITH_OTHER_KNOBS, memory_only=True,
+        trl=WITH_OTHER_KNOBS, memory_only=True, switched=True,
         doc="recompute activations in backward: less memory, ~20-40% more compute")
     activation_offloading: bool = knob(False, kind="bool", off=False, memory_only=True,
         prior=on_every_device((False, True)), trl=trl_when_on("--activation_offloading", "true"),

@@ -85,7 +85,8 @@ class ProbeRequest:
 
     @property
     def model_key(self) -> str | None:
-        """What the model a worker builds for this request depends on: everything but the batch shape.
+        """What the model a worker builds for this request depends on: everything but the batch shape
+        and, for a Hugging Face model, the knobs the worker switches on a built one (``Knob.switched``).
 
         None when the model must not be reused: ``probe.reuse_model: false``, or a compiled config
         (a compiled model meeting new shapes recompiles and may switch to dynamic shapes, which a
@@ -95,7 +96,7 @@ class ProbeRequest:
             return None
         view = self.to_dict()
         return json.dumps({"model": view["model"], "command_template": self.command_template,
-                           "params": model_values(view["params"]), "probe": view["probe"],
+                           "params": model_values(view["params"], switched=self.model.factory is None), "probe": view["probe"],
                            "device": self.device, "memory_cap_bytes": self.memory_cap_bytes}, sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:

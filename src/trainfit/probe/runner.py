@@ -22,7 +22,7 @@ from typing import IO, Any
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats, count_longer_than
 from trainfit.devices import resolve_device_name
-from trainfit.params import Params, batches_grow
+from trainfit.params import Params, memory_grows
 from trainfit.probe.estimate import assumed_mix, times_longest, typical_mix
 from trainfit.probe.events import ProbeEvent, Result, parse_event
 from trainfit.probe.measurement import SCHEMA_VERSION, Measurement
@@ -174,7 +174,8 @@ class ProbeSession:
     The worker stays alive after a successful probe; the next probe with the same
     :func:`model_key` runs on the model it already built (no process start, no model build): on
     CUDA whatever its batches (the caching allocator is emptied and the peak restarts), on a CPU
-    only for batches no smaller (:func:`~trainfit.params.batches_grow`). On CUDA another model may
+    only for a probe that needs no less memory (:func:`~trainfit.params.memory_grows`). A Hugging
+    Face model is switched in place to another gradient checkpointing (``Knob.switched``). On CUDA another model may
     be built in the same process (:func:`process_outlives_model`). Any other probe, and any probe after a
     failure, gets a fresh worker. Never raises for
     anything a worker does; use as a context manager (or call :meth:`close`) so no worker
@@ -338,9 +339,9 @@ class ProbeSession:
         req_path.write_text(request.to_json())
         key = request.model_key
         start = time.perf_counter()
-        # A CPU keeps its model only for batches no smaller: its peak RSS after a larger batch stays high.
+        # A CPU keeps its model only where the probe needs no less memory: its peak RSS after a larger one stays high.
         same_model = key is not None and key == self._key and (
-            request.device.startswith("cuda") or batches_grow(self._params, request.params.to_dict()))
+            request.device.startswith("cuda") or memory_grows(self._params, request.params.to_dict()))
         keep = same_model or (self._last is not None and process_outlives_model(self._last, request))
         if self._proc is not None and (not keep or self._proc.poll() is not None):
             self.close()

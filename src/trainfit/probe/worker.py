@@ -183,11 +183,14 @@ def build(req: ProbeRequest, device: Any, cache: ModelCache) -> tuple[Built, boo
     # local: the worker answers its supervisor and binds to its parent before the spec and the workloads load
     from trainfit.spec import Spec, TuneSettings
     from trainfit.workloads import build_workload
+    from trainfit.workloads.knobs import switch_checkpointing
     from trainfit.workloads.step import TrainStep, check_support
 
     built = cache.take(req.model_key)
-    if built is not None:
-        built.step.params = req.params  # only batch-shape knobs differ (the key says so)
+    if built is not None:  # only batch-shape knobs differ, and those a built model switches (the key says so)
+        if built.step.params.gradient_checkpointing != req.params.gradient_checkpointing:
+            switch_checkpointing(built.workload.model, req.params.gradient_checkpointing)
+        built.step.params = req.params
         return built, True, 0.0
     emit("phase", phase="build")
     t = time.perf_counter()

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from trainfit.params import KNOBS
+from trainfit.params import KNOBS, model_values
 from trainfit.probe.measurement import BROKEN, recorded_budget_gb
 from trainfit.search.layouts import same_but_layout, state_bytes_as
 from trainfit.search.trials import Trial, can_run, config_key, unsupported_values
@@ -311,29 +311,53 @@ class AutoStrategy:
         return max(scores, default=None)
 
     def propose(self, history: Sequence[Trial], busy: Collection[str] = ()) -> dict[str, Any] | None:
+        """The next config: the first family in order with a batch worth probing, but where that is
+        a family with a memory-only knob value that needs another model, a later such family that
+        runs on the model probed last (switched in place, ``Knob.switched``) goes first: no build."""
         climbing = {config_key({k: v for k, v in json.loads(key).items() if k != "batch_size"}) for key in busy}
         unsupported = unsupported_values(history)
+        kept = self._model_part(history[-1].values) if history else None
+        first = None
         for family in self.families:
-            if config_key(family) in climbing:
-                continue  # another run is probing this family: its next step waits for that result
-            if not can_run(family, unsupported):
-                continue  # a knob value of it cannot run on this machine, whatever the batch
-            lean = self.lean(family)
-            if lean is not None and config_key(lean) in climbing:
-                continue  # where the family without the memory-only knob stops is not known yet
-            above = self.lean_limit(family, history)
-            if above is None:
+            config = self._proposal(family, history, climbing, unsupported)
+            if config is None:
                 continue
-            if self.outgrown_layout(family, history) is not None:
-                continue  # its weights and optimizer state alone cannot fit, by another layout's parts
-            mine = self.family_trials(family, history)
-            if self._dominated(family, mine, history):
-                continue
-            b = self._next_batch(family, mine, self._rival_best(family, history),
-                                 self._sibling_slope(family, history), above=above)
-            if b is not None:
-                return {**family, "batch_size": b} if "batch_size" in self.space.names else dict(family)
-        return None
+            on_kept = self.lean(family) is not None and self._model_part(family) == kept
+            if first is None and (self.lean(family) is None or on_kept):
+                return config
+            if on_kept:
+                return config
+            first = first or config
+        return first
+
+    def _model_part(self, values: Mapping[str, Any]) -> str:
+        """What of ``values`` a built model depends on, over the searched knobs but the batch size."""
+        names = self.families[0].keys() if self.families else ()
+        return config_key(model_values({k: values.get(k) for k in names}, switched=True))
+
+    def _proposal(self, family: Mapping[str, Any], history: Sequence[Trial], climbing: Collection[str],
+                  unsupported: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+        """``family``'s next config, or None when it has none worth probing now."""
+        if config_key(family) in climbing:
+            return None  # another run is probing this family: its next step waits for that result
+        if not can_run(family, unsupported):
+            return None  # a knob value of it cannot run on this machine, whatever the batch
+        lean = self.lean(family)
+        if lean is not None and config_key(lean) in climbing:
+            return None  # where the family without the memory-only knob stops is not known yet
+        above = self.lean_limit(family, history)
+        if above is None:
+            return None
+        if self.outgrown_layout(family, history) is not None:
+            return None  # its weights and optimizer state alone cannot fit, by another layout's parts
+        mine = self.family_trials(family, history)
+        if self._dominated(family, mine, history):
+            return None
+        b = self._next_batch(family, mine, self._rival_best(family, history),
+                             self._sibling_slope(family, history), above=above)
+        if b is None:
+            return None
+        return {**family, "batch_size": b} if "batch_size" in self.space.names else dict(family)
 
     def outgrown_layout(self, family: Mapping[str, Any], history: Sequence[Trial]) -> tuple[float, Trial] | None:
         """A measured config of another process layout (the same but for how processes share the

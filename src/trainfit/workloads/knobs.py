@@ -43,6 +43,22 @@ def enable_checkpointing(model: Any) -> None:
     enable()  # the last spelling's own error, if it has one
 
 
+def switch_checkpointing(model: Any, on: bool) -> None:
+    """Turn a built model's activation checkpointing on or off in place (a kept model probed at the
+    other value, ``Knob.switched``): on as :func:`enable_checkpointing` does, off through transformers'
+    disable (peft's wrapper passes both to the model it wraps). A fresh model and a switched one
+    recompute the same layers (tests/test_probe.py)."""
+    if on:
+        enable_checkpointing(model)
+        return
+    disable = getattr(model, "activation_checkpointing_disable", None) or \
+        getattr(model, "gradient_checkpointing_disable", None)
+    if disable is None:
+        raise TrainfitError("gradient_checkpointing cannot be turned off on this model: it has no "
+                            "gradient_checkpointing_disable()", "set probe.reuse_model: false")
+    disable()
+
+
 def add_lora(model: Any, params: Params, **extra: Any) -> Any:
     """peft's LoRA on ``model`` (see :func:`trainfit.workloads.lora.lora_config`)."""
     from peft import get_peft_model
