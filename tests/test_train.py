@@ -383,7 +383,18 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
     evaluated = [e["step"] for e in log if e["event"] == "log" and "eval_loss" in e]
     assert evaluated == [20, 40, 50] and plan["eta"]["evals"] == 3  # the plan priced the passes TRL's trainer ran
     assert "on track" in captured.err or "slower than planned" in captured.err
+    # Each log line holds the process's peak so far (a CPU's: its RSS; Linux sums it from per-CPU counters,
+    # so it may read a few pages lower later); the end holds it beside the probe's for the trained config.
+    peaks = [e["peak_rss_bytes"] for e in log if e["event"] == "log"]
+    assert len(peaks) >= 3 and peaks[0] > 100 * 2**20
+    assert all(later > earlier - 2**20 for earlier, later in zip(peaks, peaks[1:]))
     actual = json.loads((plan_dir / "actual.json").read_text())
+    summary = json.loads((plan_dir / "summary.json").read_text())
+    probed = next(e for e in [summary["best_config"], *summary["runners_up"]] if e["trial"] == run["trial"])
+    assert actual["probe_peak_memory_bytes"] == round(probed["memory_peak_gb"] * 2**30)
+    assert actual["peak_memory_bytes"] > peaks[-1] - 2**20
+    said = f"peak memory {actual['peak_memory_bytes'] / 2**30:.3g} GiB, the probe's {probed['memory_peak_gb']:.3g} GiB"
+    assert said in captured.err
     assert actual["status"] == "finished" and actual["planned_s"] == plan["eta"]["total_s"] and actual["resume"] is None
     assert actual["elapsed_s"] > 0 and json.loads((plan_dir / "on_track.json").read_text())["step"] == actual["step"]
 

@@ -151,6 +151,18 @@ def committed_bytes() -> int | None:
     return _status_bytes("VmData")
 
 
+def process_peak_memory() -> dict[str, int]:
+    """This process's peak memory so far, in the fields a probe counts its own with: where CUDA is in
+    use, the caching allocator's peaks on the current device (``peak_reserved_bytes``, what decides an
+    out of memory and what a probe's ``peak_memory_bytes`` is there, and ``peak_allocated_bytes``);
+    else the peak RSS (``peak_rss_bytes``, a CPU probe's ``peak_memory_bytes``)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+                "peak_reserved_bytes": int(torch.cuda.max_memory_reserved())}
+    return {"peak_rss_bytes": peak_rss_bytes()}
+
+
 def reset_peak_rss() -> bool:
     """Return freed heap to the OS, then restart this process's peak RSS from the current RSS.
 

@@ -354,6 +354,13 @@ class Summary(Record):
     trainer_cost: TrainerCost | None = field(default=None, metadata={"omit_none": True})
     """With ``tune --calibrate``: what the ranking and the speeds add to each step."""
 
+    def entry(self, trial: int) -> ConfigEntry | None:
+        """The measured config of ``trial`` as the summary reports it (the best, a runner-up, a fastest
+        per value); None where it reports it nowhere."""
+        per_value = (e for per in self.fastest_per_value.values() for e in per.values())
+        return next((e for e in (self.best_config, *self.runners_up, *per_value) if e is not None and e.trial == trial),
+                    None)
+
     @property
     def command_template(self) -> str | None:
         """The spec's ``tune.command_template`` (None: the command is the ``trl sft`` one trainfit writes)."""

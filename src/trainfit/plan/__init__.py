@@ -411,10 +411,8 @@ def planned_command(command: str | None, epochs: float, save_steps: int, templat
 def chosen_command(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate) -> str | None:
     """The chosen config's command: the one tune wrote for it, else built as tune builds it (a
     config outside the summary's entries); None when neither can be had."""
-    s = run.summary
-    entries = [e for e in (s.best_config, *s.runners_up, *(e for v in s.fastest_per_value.values() for e in v.values()))
-               if e is not None]
-    written = next((e.command for e in entries if e.trial == chosen.trial), None)
+    entry = run.summary.entry(chosen.trial) if chosen.trial is not None else None
+    written = entry.command if entry is not None else None
     if written is not None or rebuilt is None or rebuilt.spec.search is None or chosen.measurement is None:
         return written
 

@@ -24,11 +24,11 @@ import shlex
 import shutil
 import time
 from datetime import datetime
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainfit.devices import torch_threads
+from trainfit.devices import process_peak_memory, torch_threads
 from trainfit.errors import Terminated, TrainfitError, os_error
 from trainfit.files import held_folder, refused_write, write_atomically
 from trainfit.format import format_duration
@@ -88,6 +88,7 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
         except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal before the first step
             step, total = _stopped_at_once(err, record, output, control, say)
         planned = (plan.eta_for(total) if total else plan.eta) if plan else None  # a --max-steps run: its own length
+        peaks, probed = _peaks(run, record)
         result = TrainResult(
             status="stopped" if control.stopped else "finished", stopped_by=control.stopped, step=step,
             max_steps=total, resumed_from=checkpoint.name if checkpoint else None,
@@ -96,10 +97,37 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
             planned_high_s=planned.high_s if planned else None, output=str(output),
             resume=(past if control.stopped == "deadline" else again) if control.stopped else None,
             at_once=control.at_once,
-            before_first_step=control.at_once and control.first_step is None)
+            before_first_step=control.at_once and control.first_step is None,
+            peak_memory_bytes=_peak(peaks), probe_peak_memory_bytes=probed)
         _write_result(result, run_dir, output, record, plan)
+        _say_peaks(peaks, probed, say)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+def _peaks(run: RunFolder, record: TrainRun) -> tuple[dict[str, int], int | None]:
+    """This process's peak memory as a probe counts its own (:func:`~trainfit.devices.process_peak_memory`;
+    none for your own command, which ran in a process of its own), and the probe's for the trained
+    trial (None where the summary lacks it)."""
+    entry = run.summary.entry(record.trial)
+    probed = round(entry.memory_peak_gb * 2**30) if entry is not None and entry.memory_peak_gb else None
+    return (process_peak_memory() if record.kind != "command" else {}), probed
+
+
+def _peak(peaks: Mapping[str, int]) -> int | None:
+    """The peak a probe's ``peak_memory_bytes`` is the same measure as: reserved on CUDA, else RSS."""
+    return peaks.get("peak_reserved_bytes", peaks.get("peak_rss_bytes"))
+
+
+def _say_peaks(peaks: Mapping[str, int], probed: int | None, say: Callable[[str], None]) -> None:
+    """The run's peak against the probe's for its config, which promised that it fits."""
+    peak = _peak(peaks)
+    if peak is None or not probed:
+        return
+    say(f"trainfit: peak memory {peak / 2**30:.3g} GiB, the probe's {probed / 2**30:.3g} GiB for this config "
+        f"({peak / probed:.2f}x{'' if peak <= probed * 1.1 else ': past what the probe measured'})"
+        + ("; a CPU's peak is the process's RSS, which holds the data and the trainer too"
+           if "peak_rss_bytes" in peaks else ""))
 
 
 def _refuse_a_passed_deadline(started_at: float, hours: float, past: str) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from trainfit.devices import process_peak_memory
 from trainfit.errors import Terminated
 from trainfit.files import open_own
 from trainfit.train.monitor import trainer_callback_base
@@ -207,7 +208,7 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
         self.log.write("log", step=int(state.global_step), max_steps=int(state.max_steps),
-                       elapsed_s=round(time.time() - self.started_at, 3), **(logs or {}))
+                       elapsed_s=round(time.time() - self.started_at, 3), **(logs or {}), **process_peak_memory())
         loss = (logs or {}).get("loss")
         if isinstance(loss, (int, float)) and not math.isfinite(loss) and self.stopped != "diverged":
             self.diverged(int(state.global_step), loss, control)

@@ -157,4 +157,11 @@ class TrainResult(Record):
     before_first_step: bool = False
     """Stopped at once while the run started up (loading, before the trainer's first step): this
     process trained nothing, so nothing was lost."""
+    peak_memory_bytes: int | None = None
+    """This process's peak, counted as a probe counts its own (CUDA: the caching allocator's reserved
+    bytes; CPU: the peak RSS, which holds the dataset and the trainer too); None: your own command
+    trained, in a process of its own."""
+    probe_peak_memory_bytes: int | None = None
+    """The probe's peak for the trained config (``summary.json``), which promised the run fits; None
+    where the summary does not report that trial."""
 
