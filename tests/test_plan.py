@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from conftest import TINY_LLAMA, make_spec_file
 
 from trainfit.cli import main
+from trainfit.errors import TrainfitError
 from trainfit.params import Params
 from trainfit.plan import Plan, planned_command
 from trainfit.plan.choose import choose
@@ -300,6 +302,71 @@ def test_a_run_that_does_not_fit_gets_options_that_each_fit(tune_dir: Path, caps
     assert "shorter than one optimizer step of any measured config" in err and "more --max-hours" in err
     assert main(["plan", str(tune_dir), "--max-hours", "1", "--margin-minutes", "60"]) == 2
     assert "leaves no time in a 1 h window" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_each_option_applied_is_a_plan_that_fits_and_train_runs_exactly_that(tune_dir: Path, tmp_path: Path,
+                                                                              capsys) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(tune_dir, run)
+    assert main(["plan", str(run), "--max-hours", "10", "--epochs", "2", "--priority", "quality"]) == 0
+    whole = Plan.from_json(json.loads((run / "plan.json").read_text()))
+    window = ["--max-hours", f"{whole.eta.total_s * 0.65 / 3600:.8f}", "--margin-minutes", "0", "--epochs", "2",
+              "--priority", "quality"]
+    assert main(["plan", str(run), *window]) == 1
+    over = Plan.from_json(json.loads((run / "plan.json").read_text()))
+    assert {"fewer_epochs", "subset"} <= {o.kind for o in over.options}
+    capsys.readouterr()
+    applied = {}
+    for n, option in enumerate(over.options, 1):
+        assert main(["plan", str(run), *window, "--apply", str(n)]) == 0, capsys.readouterr().err
+        plan = Plan.from_json(json.loads((run / "plan.json").read_text()))
+        # planned again to apply it: the same option (its ETA's disk write timed again)
+        assert plan.fits and plan.applied is not None and not plan.options
+        assert (plan.applied.kind, plan.applied.sets) == (option.kind, option.sets)
+        assert f"option {n} applied: {plan.applied.change}" in capsys.readouterr().out
+        applied[option.kind] = plan
+        assert plan.command is not None and f"--save_steps {plan.save_steps}" in plan.command
+        if option.kind == "faster_config":
+            assert plan.trial == option.trial != over.trial  # planned anew for that config
+            continue
+        assert plan.eta == plan.applied.eta and plan.trial == over.trial
+        for flag in option.flags.split(" --"):
+            assert f"--{flag.lstrip('-')}" in plan.command
+    assert applied["fewer_epochs"].epochs == 1 and "--num_train_epochs 1 " in applied["fewer_epochs"].command + " "
+    subset = applied["subset"]
+    assert subset.max_steps == subset.eta.steps and subset.epochs == 2
+    # The subset's plan is what train runs: its steps, and its actual time written as the plan's.
+    assert main(["plan", str(run), *window, "--apply", str(list(applied).index("subset") + 1)]) == 0
+    trained = Plan.from_json(json.loads((run / "plan.json").read_text()))
+    assert main(["train", str(run), "--output", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "train_result.json").read_text())
+    assert result["step"] == result["max_steps"] == trained.max_steps == subset.max_steps
+    assert json.loads((run / "actual.json").read_text())["planned_s"] == trained.eta.total_s
+    # No such option, or a plan that fits: nothing to apply, said with the way on.
+    capsys.readouterr()
+    assert main(["plan", str(run), *window, "--apply", "99"]) == 2
+    err = capsys.readouterr().err
+    assert f"the plan lists {len(over.options)} option(s): 1. {over.options[0].change}" in err
+    assert main(["plan", str(run), "--max-hours", "10", "--apply", "1"]) == 2
+    assert "the run fits its window" in capsys.readouterr().err
+
+    # A shorter max_length changes the config and the command; a faster config is planned anew for its
+    # trial; your command template is run as written, so an option it would need is refused.
+    from trainfit.plan.apply import apply_option
+
+    base = over.options[0]
+    shorter = dataclasses.replace(base, kind="shorter_max_length", change="max_length 32 instead of 64",
+                                  flags="--max_length 32", sets={"max_length": 32})
+    cut = apply_option(dataclasses.replace(over, options=[shorter]), 1, replan=lambda trial: pytest.fail(trial))
+    assert cut.config["max_length"] == 32 and "--max_length 32 " in cut.command and "--max_length 64" not in cut.command
+    assert cut.epochs == over.epochs and cut.eta == base.eta and cut.priorities == []
+    faster = dataclasses.replace(base, kind="faster_config", sets={"trial": 0})
+    assert apply_option(dataclasses.replace(over, options=[faster]), 1, replan=lambda trial: dataclasses.replace(
+        over, trial=trial)).trial == 0
+    template = dataclasses.replace(over, options=[base], command="python train.py --epochs 3")
+    with pytest.raises(TrainfitError, match="tune.command_template, which trainfit runs as written"):
+        apply_option(template, 1, replan=lambda trial: pytest.fail(trial))
 
 
 @pytest.mark.integration

@@ -8,6 +8,7 @@ import argparse
 import datetime as _dt
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from trainfit.cli.common import check_eval_flags, number
 from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
 from trainfit.plan import MAX_EPOCHS, Plan, make_plan, plan_from_throughput
+from trainfit.plan.apply import apply_option
 from trainfit.plan.choose import PRIORITIES
 from trainfit.plan.estimated import MAX_FIGURE
 from trainfit.plan.inputs import best_step_cost
@@ -30,6 +32,7 @@ examples:
   trainfit plan RUN_DIR --max-hours 8 --priority quality --calibrate 50   # real trainer steps first
   trainfit plan RUN_DIR --max-hours 2 --json                              # plan.json on stdout
   trainfit plan RUN_DIR --max-hours 12 --eval-data val.jsonl --eval-every 500   # with evaluation passes
+  trainfit plan RUN_DIR --max-hours 2 --apply 1        # it does not fit: write option 1 into the plan
 
 before the hardware (estimated, not measured; written to --output):
   trainfit plan --spec spec.yaml --throughput 800 --max-hours 12 --epochs 3   # your figure, tokens/s
@@ -99,6 +102,9 @@ def add_parser(sub: Any) -> None:
                    help="evaluate every N optimizer steps, or at each epoch's end (default: epoch)")
     p.add_argument("--eval-batch-size", type=number(int, at_least=1), metavar="B",
                    help="samples per eval batch (default: the config's batch size)")
+    p.add_argument("--apply", type=number(int, at_least=1), metavar="N",
+                   help="when the run does not fit: write the plan with its option N applied (fewer epochs, a "
+                        "shorter max_length, a subset's steps, a faster config), which `trainfit train` then runs")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the text plan")
     p.set_defaults(run=run)
 
@@ -176,7 +182,7 @@ def _estimated_plan(args: argparse.Namespace) -> tuple[Path, Plan]:
     if args.like is not None:
         run = RunFolder(args.like)
         folder = _output(args, run.summary.spec.source or args.like)
-        plan = make_plan(run, device=args.device, **common)
+        plan = _applied(args, lambda trial=None: make_plan(run, device=args.device, trial=trial, **common))
         folder.mkdir(parents=True, exist_ok=True)
         return folder, plan
     spec = load_spec(args.spec)
@@ -185,8 +191,9 @@ def _estimated_plan(args: argparse.Namespace) -> tuple[Path, Plan]:
                             "add data: {path: ..., text_field: ...} to the spec (docs/spec.md)")
     stats = analyze_spec(spec, progress=not args.json)
     folder = _output(args, args.spec)
-    return folder, plan_from_throughput(spec, stats, folder, tokens_per_second=args.throughput,
-                                        samples_per_second=args.samples_per_second, **common)  # it makes the folder
+    plan = plan_from_throughput(spec, stats, folder, tokens_per_second=args.throughput,
+                                samples_per_second=args.samples_per_second, **common)  # it makes the folder
+    return folder, _applied(args, lambda trial=None: plan)  # at your figure: no faster config to plan
 
 
 def _output(args: argparse.Namespace, spec_path: str) -> Path:
@@ -210,7 +217,14 @@ def _measured_plan(args: argparse.Namespace, run: RunFolder) -> Plan:
               flush=True)  # stderr: --json keeps stdout for the plan
         calibration = calibrate(run, args.calibrate, step_cost=best_step_cost(run),
                                 on_progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-    return make_plan(run, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority,
-                     margin_minutes=args.margin_minutes, checkpoint_minutes=args.checkpoint_minutes,
-                     calibration=calibration, eval_data=args.eval_data, eval_every=args.eval_every,
-                     eval_batch_size=args.eval_batch_size)
+    return _applied(args, lambda trial=None: make_plan(
+        run, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority, margin_minutes=args.margin_minutes,
+        checkpoint_minutes=args.checkpoint_minutes, calibration=calibration, eval_data=args.eval_data,
+        eval_every=args.eval_every, eval_batch_size=args.eval_batch_size, trial=trial))
+
+
+def _applied(args: argparse.Namespace, plan_of: Callable[..., Plan]) -> Plan:
+    """``plan_of()``, the plan the flags ask for, with its option ``--apply N`` applied where given
+    (``plan_of(trial)`` plans a faster config's run)."""
+    plan = plan_of()
+    return plan if args.apply is None else apply_option(plan, args.apply, plan_of)

@@ -23,7 +23,7 @@ from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Record, check_schema
 from trainfit.params import parse_params
-from trainfit.plan.choose import PRIORITIES, RULES, choose
+from trainfit.plan.choose import PRIORITIES, RULES, choose, of_trial
 from trainfit.plan.estimated import Estimated, from_throughput, like_estimated, like_lines, scaled_to, throughput_lines
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_speed
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
@@ -116,6 +116,11 @@ class Plan(Record):
     estimated: Estimated | None = field(default=None, metadata={"omit_none": True})
     """A plan before the hardware (``--throughput``, ``--like``): where its speed comes from and the
     interval it can claim; absent from a plan of what was measured on the device."""
+    max_steps: int | None = field(default=None, metadata={"omit_none": True})
+    """The run stops after this many optimizer steps (an applied ``subset`` option: that many steps'
+    samples, drawn from the whole dataset); None: its epochs decide."""
+    applied: Option | None = field(default=None, metadata={"omit_none": True})
+    """The option of the plan that did not fit which this plan applies (``plan --apply N``)."""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Plan:
@@ -140,9 +145,9 @@ class Plan(Record):
 
 
 def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | None = None, priority: str = "balanced",
-              margin_minutes: float = 30.0, checkpoint_minutes: float = 30.0,
-              calibration: Calibration | None = None, eval_data: str | Path | None = None,
-              eval_every: int | None = None, eval_batch_size: int | None = None, device: str | None = None) -> Plan:
+              margin_minutes: float = 30.0, checkpoint_minutes: float = 30.0, calibration: Calibration | None = None,
+              eval_data: str | Path | None = None, eval_every: int | None = None, eval_batch_size: int | None = None,
+              device: str | None = None, trial: int | None = None) -> Plan:
     """The plan of a run of ``epochs`` (default: the tune's ``tune.epochs``) over the tune
     folder ``folder``'s dataset in ``max_hours``, less ``margin_minutes``, with ``priority``'s config.
 
@@ -153,7 +158,8 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
 
     ``device``: plan the run on that device instead (by name: ``H100``), each config's speed scaled
     by the two devices' peak FLOP/s at its measured MFU (``estimated.scaled_to``): estimated, not
-    measured. Neither a calibration nor an eval pass can be timed for it here."""
+    measured. Neither a calibration nor an eval pass can be timed for it here. ``trial``: that
+    measured config instead of the one ``priority`` picks (``plan --apply`` of a faster config)."""
     window = usable_window_s(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
     run, calibration = _inputs(folder, calibration, device, eval_data)
     run_dir, summary = run.folder, run.summary
@@ -172,10 +178,10 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
                         evaluation=evaluation, epochs=n / samples, per_micro_batch_s=own(c))
 
     rebuilt = _rebuilt(run)
-    chosen = choose(priority, run.candidates, eta, window)
+    chosen = _pick(priority, run, eta, window, trial)
     if eval_data is not None:  # timed on the pick without it; again if the passes change the pick
         evaluation = _evaluation(run, rebuilt, chosen, Path(eval_data), eval_every, eval_batch_size)
-        if (again := choose(priority, run.candidates, eta, window)) is not chosen:
+        if (again := _pick(priority, run, eta, window, trial)) is not chosen:
             chosen = again
             evaluation = _evaluation(run, rebuilt, chosen, Path(eval_data), eval_every, eval_batch_size)
     run_eta = eta(chosen)
@@ -198,6 +204,11 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
                 options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s,
                 evaluation=evaluation, estimated=estimated)
+
+
+def _pick(priority: str, run: TuneRun, eta: EtaOf, window: float, trial: int | None) -> Candidate:
+    """The config ``priority`` picks, or the measured one of ``trial`` where given."""
+    return choose(priority, run.candidates, eta, window) if trial is None else of_trial(run.candidates, trial)
 
 
 def _own_costs(summary: Summary, calibration: Calibration | None) -> Callable[[Candidate], float | None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from trainfit.errors import TrainfitError
 from trainfit.plan.eta import Eta, run_speed
 from trainfit.plan.inputs import Candidate
 
@@ -37,3 +38,13 @@ def choose(priority: str, candidates: Sequence[Candidate], eta: Callable[[Candid
         return min(near, key=lambda c: (c.peak_gb, -speed[c.trial]))
     in_window = [c for c in candidates if eta(c).fits(window_s)] or [fastest]
     return max(in_window, key=lambda c: (c.capacity, speed[c.trial]))
+
+
+def of_trial(candidates: Sequence[Candidate], trial: int) -> Candidate:
+    """The measured config of ``trial`` (``plan --apply`` of a faster config), or a clear error naming
+    the ones there are."""
+    found = next((c for c in candidates if c.trial == trial), None)
+    if found is None:
+        raise TrainfitError(f"trial {trial} is not a measured config that fits with an epoch speed",
+                            "plan one of trials " + ", ".join(str(c.trial) for c in candidates))
+    return found

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,9 @@ class Option(Record):
     flags: str = ""
     """The flags of the written ``trl sft`` command that make the change (empty: another config,
     whose own command applies)."""
+    sets: dict[str, Any] = field(default_factory=dict)
+    """What ``plan --apply`` changes in the plan: ``epochs``, ``max_length``, ``max_steps`` or
+    ``trial`` (:mod:`trainfit.plan.apply`); empty in a plan written before it."""
 
 
 def basis_of(c: Candidate) -> str:
@@ -52,7 +56,7 @@ def fewer_epochs(c: Candidate, samples: int, epochs: float, window_s: float,
         return None
     return Option(kind="fewer_epochs", change=f"train {most} epoch{'s' * (most > 1)} instead of {epochs:g}",
                   cost=f"{1 - most / epochs:.0%} fewer passes over the data", basis=basis_of(c),
-                  eta=eta(c, samples * most), trial=c.trial, flags=f"--num_train_epochs {most}")
+                  eta=eta(c, samples * most), trial=c.trial, flags=f"--num_train_epochs {most}", sets={"epochs": most})
 
 
 def most_that_fit(fits: Callable[[int], bool], low: int, high: int) -> int | None:
@@ -81,7 +85,8 @@ def subset(c: Candidate, samples: int, epochs: float, window_s: float,
     return Option(kind="subset", change=f"train on {low:,} of the {samples:,} samples ({low / samples:.0%}), "
                                         f"{epochs:g} epoch{'s' * (epochs != 1)}",
                   cost=f"{1 - low / samples:.0%} of the data left out", basis=basis_of(c),
-                  eta=(run := eta(c, int(low * epochs))), trial=c.trial, flags=f"--max_steps {run.steps}")
+                  eta=(run := eta(c, int(low * epochs))), trial=c.trial, flags=f"--max_steps {run.steps}",
+                  sets={"max_steps": run.steps})
 
 
 def faster_config(c: Candidate, fastest: Candidate, total: int, window_s: float,
@@ -96,7 +101,7 @@ def faster_config(c: Candidate, fastest: Candidate, total: int, window_s: float,
                   cost=(f"changes what is learned ({', '.join(learned)})" if learned else "nothing learned changes")
                        + f"; peak {fastest.peak_gb:.2f} GiB against {c.peak_gb:.2f}; "
                        f"{run_speed(fastest, run) / run_speed(c, eta(c, total)):.2f}x the speed (trial {fastest.trial})",
-                  basis="its own probe", eta=run, trial=fastest.trial)
+                  basis="its own probe", eta=run, trial=fastest.trial, sets={"trial": fastest.trial})
 
 
 def shorter_max_length(c: Candidate, params: Params, data_lengths: Sequence[int], seed: int, total: int,
@@ -132,7 +137,8 @@ def shorter_max_length(c: Candidate, params: Params, data_lengths: Sequence[int]
                                   cost=f"truncates {cut:.1%} of the samples (the {q:.0%} quantile of their lengths)",
                                   basis="the chosen config's step cost fitted through its timed shapes, over the "
                                         "data's lengths cut at the new max_length (not probed)",
-                                  eta=run, trial=c.trial, flags=f"--max_length {length}"))
+                                  eta=run, trial=c.trial, flags=f"--max_length {length}",
+                                  sets={"max_length": length}))
     return options
 
 

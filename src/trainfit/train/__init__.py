@@ -233,7 +233,8 @@ def _run(run: RunFolder, output: Path, record: TrainRun, plan: Plan | None, chec
     with torch_threads(record.threads), _listening(control):
         try:
             if record.kind == "factory":
-                return _run_factory(run, record, output, checkpoint, callbacks, say)
+                return _run_factory(run, record, output, checkpoint, callbacks, say,
+                                    max_steps=record.max_steps or (plan.max_steps if plan else None))
             return _run_trl_sft(record, output, checkpoint, callbacks, control, record_batches)
         except Exception as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
             if isinstance(err, TrainfitError):
@@ -307,8 +308,9 @@ def _train_trl(trainer: Any, output: Path, checkpoint: Path | None, control: Any
 
 
 def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
-                 say: Callable[[str], None]) -> tuple[int, int]:
-    """Train a factory model with trainfit's loop; returns (steps done, total steps)."""
+                 say: Callable[[str], None], max_steps: int | None) -> tuple[int, int]:
+    """Train a factory model with trainfit's loop, for ``max_steps`` (``--max-steps``, else the
+    plan's cap; None: the epochs decide); returns (steps done, total steps)."""
     run = load_run(run_folder)
     summary, spec = run.summary, run.spec()
     if spec.data is None:
@@ -318,7 +320,7 @@ def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoi
     if problems:
         raise TrainfitError(f"the config of trial {record.trial} does not parse: {problems[0]}", "tune again")
     return run_loop(spec, params, samples=summary.dataset_samples or 0, epochs=record.epochs or 1.0,
-                    max_steps=record.max_steps, output=output, checkpoint=checkpoint, callbacks=callbacks, say=say,
+                    max_steps=max_steps, output=output, checkpoint=checkpoint, callbacks=callbacks, say=say,
                     evaluation=record.evaluation)
 
 
