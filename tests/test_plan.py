@@ -305,6 +305,41 @@ def test_a_run_that_does_not_fit_gets_options_that_each_fit(tune_dir: Path, caps
 
 
 @pytest.mark.integration
+def test_a_run_with_room_to_spare_is_offered_the_quality_config_a_longer_max_length_and_more_epochs(
+        tune_dir: Path, tmp_path: Path, capsys) -> None:
+    """Guide 002: a run of under half its window could buy quality. Each option fits, with its ETA;
+    the quality config and more epochs apply; a longer max_length, whose memory was not measured, is
+    refused with the way on."""
+    run = tmp_path / "run"
+    shutil.copytree(tune_dir, run)
+    assert main(["plan", str(run), "--max-hours", "10", "--epochs", "1", "--priority", "fast"]) == 0
+    printed = capsys.readouterr().out
+    plan = Plan.from_json(json.loads((run / "plan.json").read_text()))
+    assert plan.fits and "room to spare (the run takes under half the window)" in printed
+    # the quality priority's pick, where it is another config (which is the fastest varies on a busy CPU)
+    quality = next(c.trial for c in plan.priorities if c.priority == "quality")
+    offered = ["quality_config"] if quality != plan.trial else []
+    kinds = [o.kind for o in plan.options]
+    assert kinds == [*offered, "longer_max_length", "longer_max_length", "more_epochs"]
+    assert all(o.eta.fits(plan.window_s) and o.eta.total_s >= plan.eta.total_s for o in plan.options), printed
+    if offered:
+        assert plan.options[0].trial == quality and plan.options[0].sets == {"trial": quality}
+    n_longer, n_more = len(offered) + 1, len(plan.options)
+    longer = plan.options[n_longer - 1]
+    assert longer.sets["max_length"] > plan.config["max_length"] and "probe it first" in longer.cost
+    assert plan.options[-1].sets == {"epochs": 5}  # up to 5 passes (the guide's 4-5 for a small dataset)
+    common = ["--max-hours", "10", "--epochs", "1", "--priority", "fast"]
+    assert main(["plan", str(run), *common, "--apply", str(n_more)]) == 0
+    assert Plan.from_json(json.loads((run / "plan.json").read_text())).epochs == 5
+    if offered:
+        assert main(["plan", str(run), *common, "--apply", "1"]) == 0
+        assert Plan.from_json(json.loads((run / "plan.json").read_text())).trial == quality
+    capsys.readouterr()
+    assert main(["plan", str(run), *common, "--apply", str(n_longer)]) == 2
+    assert f"tune it first (trainfit tune SPEC --set max_length={longer.sets['max_length']})" in capsys.readouterr().err
+
+
+@pytest.mark.integration
 def test_each_option_applied_is_a_plan_that_fits_and_train_runs_exactly_that(tune_dir: Path, tmp_path: Path,
                                                                               capsys) -> None:
     run = tmp_path / "run"
@@ -348,8 +383,9 @@ def test_each_option_applied_is_a_plan_that_fits_and_train_runs_exactly_that(tun
     assert main(["plan", str(run), *window, "--apply", "99"]) == 2
     err = capsys.readouterr().err
     assert f"the plan lists {len(over.options)} option(s): 1. {over.options[0].change}" in err
-    assert main(["plan", str(run), "--max-hours", "10", "--apply", "1"]) == 2
-    assert "the run fits its window" in capsys.readouterr().err
+    no_room = ["--max-hours", f"{whole.eta.total_s * 1.5 / 3600:.8f}", "--margin-minutes", "0", "--epochs", "2"]
+    assert main(["plan", str(run), *no_room, "--apply", "1"]) == 2
+    assert "with less than half of it to spare, so the plan lists no option" in capsys.readouterr().err
 
     # A shorter max_length changes the config and the command; a faster config is planned anew for its
     # trial; your command template is run as written, so an option it would need is refused.

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Record, check_schema
 from trainfit.params import parse_params
@@ -27,9 +26,10 @@ from trainfit.plan.choose import PRIORITIES, RULES, choose, of_trial
 from trainfit.plan.estimated import Estimated, from_throughput, like_estimated, like_lines, scaled_to, throughput_lines
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_speed
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
-from trainfit.plan.inputs import Candidate, TuneRun, load_run
-from trainfit.plan.options import Option, faster_config, fewer_epochs, ranked, shorter_max_length, subset
+from trainfit.plan.inputs import Candidate, Rebuilt, TuneRun, load_run, rebuild
+from trainfit.plan.options import Option, fewer_epochs, ranked, subset
 from trainfit.plan.rests_on import is_the_tunes, left_out, rests_on
+from trainfit.plan.spare import has_room, more_epochs, plan_options
 from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
 from trainfit.summary import Summary
 from trainfit.trainer.calibration import Calibration
@@ -177,7 +177,7 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
         return estimate(c, n, write_bytes_per_s=speed, checkpoint_every_s=every, calibration=calibration,
                         evaluation=evaluation, epochs=n / samples, per_micro_batch_s=own(c))
 
-    rebuilt = _rebuilt(run)
+    rebuilt = rebuild(run)
     chosen = _pick(priority, run, eta, window, trial)
     if eval_data is not None:  # timed on the pick without it; again if the passes change the pick
         evaluation = _evaluation(run, rebuilt, chosen, Path(eval_data), eval_every, eval_batch_size)
@@ -187,7 +187,7 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
     run_eta = eta(chosen)
     save_steps = max(1, int(every // run_eta.step_time_s))
     fits = run_eta.fits(window)
-    options = [] if fits else options_to_fit(run, rebuilt, chosen, samples, epochs, total, window, eta)
+    options = plan_options(run, rebuilt, chosen, samples, epochs, total, window, eta)
     estimated = like_estimated(chosen, device, run) if device is not None else None
     return Plan(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_dir=str(run_dir),
                 max_hours=max_hours, margin_minutes=margin_minutes, window_s=window, epochs=epochs,
@@ -261,8 +261,11 @@ def plan_from_throughput(spec: Spec, stats: LengthStats, folder: Path, *, max_ho
 
     run_eta = eta(chosen)
     fits = run_eta.fits(window)
-    options = [] if fits else ranked([fewer_epochs(chosen, samples, epochs, window, eta),
-                                      subset(chosen, samples, epochs, window, eta)])
+    if not fits:
+        options = ranked([fewer_epochs(chosen, samples, epochs, window, eta), subset(chosen, samples, epochs, window, eta)])
+    else:  # no other config, no lengths measured: more epochs is what room to spare buys
+        more = more_epochs(chosen, samples, epochs, window, eta) if has_room(run_eta, window) else None
+        options = [more] if more is not None else []
     return Plan(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_dir=spec.source or "",
                 max_hours=max_hours, margin_minutes=margin_minutes, window_s=window, epochs=epochs,
                 dataset_samples=samples, priority=priority, rule="the spec's config at your figure (the priorities "
@@ -368,39 +371,6 @@ def _check_one_step(candidates: list[Candidate], window_s: float, max_hours: flo
         raise TrainfitError(f"--max-hours {max_hours:g} less the {margin_minutes:g} min margin leaves "
                             f"{window_s:.3g} s, shorter than one optimizer step of any measured config (the shortest: "
                             f"{shortest:.3g} s)", "give more --max-hours, or a shorter --margin-minutes")
-
-
-def options_to_fit(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, samples: int, epochs: float, total: int,
-                   window: float, eta: EtaOf) -> list[Option]:
-    """What would make a run that does not fit the window fit, best first: a faster config, a shorter
-    ``max_length``, fewer epochs, a subset of the data."""
-    shorter: list[Option] = []
-    if rebuilt is not None and rebuilt.stats is not None:
-        spec = rebuilt.spec
-        shorter = shorter_max_length(chosen, spec.params, rebuilt.stats.length_sample, spec.probe.seed, total, window,
-                                     eta, data_samples=rebuilt.stats.samples)
-    fastest = max(run.candidates, key=lambda c: run_speed(c, eta(c)))
-    return ranked([faster_config(chosen, fastest, total, window, eta), *shorter,
-                   fewer_epochs(chosen, samples, epochs, window, eta), subset(chosen, samples, epochs, window, eta)])
-
-
-@dataclass(frozen=True)
-class Rebuilt:
-    """The tune's spec validated again, and its data's lengths (None without data)."""
-
-    spec: Spec
-    stats: LengthStats | None
-
-
-def _rebuilt(run: TuneRun) -> Rebuilt | None:
-    """The tune's spec and its data's lengths (from the length cache, or counted again), for the
-    shorter ``max_length`` options and a command tune did not write; None when the spec cannot be
-    rebuilt here (its data moved, say)."""
-    try:
-        spec = run.spec()
-        return Rebuilt(spec, analyze_spec(spec, progress=False) if spec.data is not None else None)
-    except (TrainfitError, OSError):
-        return None
 
 
 def planned_command(command: str | None, epochs: float, save_steps: int, template: bool = False,

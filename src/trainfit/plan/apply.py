@@ -33,9 +33,10 @@ def apply_option(plan: Plan, number: int, replan: Callable[[int], Plan]) -> Plan
 
 
 def _option(plan: Plan, number: int) -> Option:
-    if plan.fits:
+    if plan.fits and not plan.options:
         raise TrainfitError(f"--apply {number}: the run fits its window (ETA {dur(plan.eta.total_s)} of "
-                            f"{dur(plan.window_s)}), so the plan lists no option to apply", "drop --apply")
+                            f"{dur(plan.window_s)}) with less than half of it to spare, so the plan lists no option",
+                            "drop --apply")
     if not plan.options:
         raise TrainfitError(f"--apply {number}: nothing measured fits the window, so the plan lists no option",
                             "give a longer --max-hours, or tune a faster space")
@@ -44,6 +45,11 @@ def _option(plan: Plan, number: int) -> Option:
         raise TrainfitError(f"--apply {number}: the plan lists {len(plan.options)} option(s): {listed}",
                             f"give --apply 1 to {len(plan.options)}")
     option = plan.options[number - 1]
+    if option.kind == "longer_max_length":
+        raise TrainfitError(f"--apply {number} ({option.change}): the peak memory of a longer worst case was not "
+                            "measured, so trainfit cannot promise that it fits",
+                            f"tune it first (trainfit tune SPEC --set max_length={option.sets['max_length']}), "
+                            "then plan that folder")
     if not option.sets:
         raise TrainfitError(f"--apply {number}: this plan's options were written by an older trainfit, which did "
                             "not record what each changes", "plan again, then --apply")

@@ -38,4 +38,4 @@ Training {e.steps:,} steps x {e.step_time_s:.3g} s; {e.checkpoints} checkpoint(s
 {dur(plan.checkpoint_every_s)}, {dur(e.checkpoint_s)} in all.</p>
 <ul style="font-size: 12px">{rests}</ul>
 {table}
-{f"<p>To fit the window:</p><ol>{options}</ol>" if options else ""}"""
+{f"<p>{'Room to spare: each still fits' if plan.fits else 'To fit the window'}:</p><ol>{options}</ol>" if options else ""}"""

@@ -6,8 +6,9 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
 from trainfit.files import folder_holder
 from trainfit.probe.estimate import StepCost, shapes_step_cost
@@ -18,6 +19,9 @@ from trainfit.search.trial_records import record_problem
 from trainfit.search.trials import config_key
 from trainfit.spec import Spec, build_spec
 from trainfit.summary import Summary
+
+if TYPE_CHECKING:
+    from trainfit.data.stats import LengthStats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,3 +212,22 @@ def _candidate(runs: list[tuple[int, Measurement]], searched: list[str]) -> Cand
                      optimizer_gb=parts.get("optimizer", 0) / 2**30, model_gb=parts.get("model", 0) / 2**30,
                      shape_times=list(m.shape_times), measurement=m, first_sight_s=sight, first_sights_s=sights,
                      epoch_shapes=m.epoch_shapes or 0)
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """The tune's spec validated again, and its data's lengths (None without data)."""
+
+    spec: Spec
+    stats: LengthStats | None
+
+
+def rebuild(run: TuneRun) -> Rebuilt | None:
+    """The tune's spec and its data's lengths (from the length cache, or counted again), for the
+    shorter ``max_length`` options and a command tune did not write; None when the spec cannot be
+    rebuilt here (its data moved, say)."""
+    try:
+        spec = run.spec()
+        return Rebuilt(spec, analyze_spec(spec, progress=False) if spec.data is not None else None)
+    except (TrainfitError, OSError):
+        return None

@@ -12,7 +12,7 @@ import numpy as np
 from trainfit.json_record import Record
 from trainfit.params import KNOBS, Params
 from trainfit.plan.eta import Eta, run_speed
-from trainfit.plan.inputs import Candidate
+from trainfit.plan.inputs import Candidate, Rebuilt, TuneRun
 from trainfit.probe.estimate import epoch_speed, typical_mix
 from trainfit.probe.measurement import first_sights_of
 
@@ -113,33 +113,43 @@ def shorter_max_length(c: Candidate, params: Params, data_lengths: Sequence[int]
     memory than the one probed. ``data_lengths``: the data's (or a uniform sample of them: then
     ``data_samples``, the data's count)."""
     lengths = np.asarray(data_lengths)
-    cost = c.step_cost()
-    if len(lengths) == 0 or cost is None:
-        return []
     options: list[Option] = []
-    seen: set[int] = set()
-    for q in SHORTER_QUANTILES:
-        length = int(math.ceil(float(np.quantile(lengths, q)) / 64) * 64)
-        if length >= c.max_length or length in seen:
+    for q, length in at_quantiles(lengths, SHORTER_QUANTILES):
+        scaled = at_max_length(c, params, lengths, seed, length, data_samples) if length < c.max_length else None
+        if scaled is None or not (run := eta(scaled, total)).fits(window_s):
             continue
-        seen.add(length)
-        shorter = params.replace(**{**c.config, "max_length": length})  # the config's knobs, cut shorter
-        mix = typical_mix(lengths.tolist(), shorter, length, seed, longest=False, data_samples=data_samples)
-        sights = first_sights_of(c.first_sights_s, c.first_sight_s, c.epoch_shapes, len(mix.padded_lengths))
-        speed = epoch_speed(cost, mix, shorter.gradient_accumulation_steps * shorter.processes, first_sights_s=sights)
-        scaled = Candidate(**{**c.__dict__, "samples_per_second": speed.samples_per_second,
-                              "step_time_s": speed.step_seconds, "config": {**c.config, "max_length": length},
-                              "first_sights_s": sights, "epoch_shapes": len(mix.padded_lengths)})
-        run = eta(scaled, total)
-        if run.fits(window_s):
-            cut = float(np.mean(lengths > length))
-            options.append(Option(kind="shorter_max_length", change=f"max_length {length} instead of {c.max_length}",
-                                  cost=f"truncates {cut:.1%} of the samples (the {q:.0%} quantile of their lengths)",
-                                  basis="the chosen config's step cost fitted through its timed shapes, over the "
-                                        "data's lengths cut at the new max_length (not probed)",
-                                  eta=run, trial=c.trial, flags=f"--max_length {length}",
-                                  sets={"max_length": length}))
+        cut = float(np.mean(lengths > length))
+        options.append(Option(kind="shorter_max_length", change=f"max_length {length} instead of {c.max_length}",
+                              cost=f"truncates {cut:.1%} of the samples (the {q:.0%} quantile of their lengths)",
+                              basis="the chosen config's step cost fitted through its timed shapes, over the "
+                                    "data's lengths cut at the new max_length (not probed)",
+                              eta=run, trial=c.trial, flags=f"--max_length {length}", sets={"max_length": length}))
     return options
+
+
+def at_quantiles(lengths: np.ndarray, quantiles: Sequence[float]) -> list[tuple[float, int]]:
+    """Each quantile of ``lengths`` and its length rounded up to a multiple of 64, once each."""
+    out: dict[int, float] = {}
+    if len(lengths):
+        for q in quantiles:
+            out.setdefault(int(math.ceil(float(np.quantile(lengths, q)) / 64) * 64), q)
+    return [(q, length) for length, q in out.items()]
+
+
+def at_max_length(c: Candidate, params: Params, lengths: np.ndarray, seed: int, length: int,
+                  data_samples: int | None) -> Candidate | None:
+    """``c`` cut (or grown) to ``max_length`` ``length``: its speed over the data's lengths at that
+    length, priced by the step cost fitted through its timed shapes (no probe); None without one."""
+    cost = c.step_cost()
+    if cost is None:
+        return None
+    at = params.replace(**{**c.config, "max_length": length})  # the config's knobs at the new length
+    mix = typical_mix(lengths.tolist(), at, length, seed, longest=False, data_samples=data_samples)
+    sights = first_sights_of(c.first_sights_s, c.first_sight_s, c.epoch_shapes, len(mix.padded_lengths))
+    speed = epoch_speed(cost, mix, at.gradient_accumulation_steps * at.processes, first_sights_s=sights)
+    return Candidate(**{**c.__dict__, "samples_per_second": speed.samples_per_second,
+                        "step_time_s": speed.step_seconds, "config": {**c.config, "max_length": length},
+                        "first_sights_s": sights, "epoch_shapes": len(mix.padded_lengths)})
 
 
 def ranked(options: Sequence[Option | None]) -> list[Option]:
@@ -153,3 +163,17 @@ def ranked(options: Sequence[Option | None]) -> list[Option]:
         return {"shorter_max_length": 1, "fewer_epochs": 3, "subset": 4}[o.kind]
 
     return sorted((o for o in options if o is not None), key=rank)
+
+
+def options_to_fit(run: TuneRun, rebuilt: Rebuilt | None, chosen: Candidate, samples: int, epochs: float, total: int,
+                   window: float, eta: Callable[..., Eta]) -> list[Option]:
+    """What would make a run that does not fit the window fit, best first: a faster config, a shorter
+    ``max_length``, fewer epochs, a subset of the data."""
+    shorter: list[Option] = []
+    if rebuilt is not None and rebuilt.stats is not None:
+        spec = rebuilt.spec
+        shorter = shorter_max_length(chosen, spec.params, rebuilt.stats.length_sample, spec.probe.seed, total, window,
+                                     eta, data_samples=rebuilt.stats.samples)
+    fastest = max(run.candidates, key=lambda c: run_speed(c, eta(c)))
+    return ranked([faster_config(chosen, fastest, total, window, eta), *shorter,
+                   fewer_epochs(chosen, samples, epochs, window, eta), subset(chosen, samples, epochs, window, eta)])

@@ -83,12 +83,7 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
         lines += ["", "each priority's pick:",
                   table([(c.priority, f"trial {c.trial}", values_line(c.searched), dur(c.eta_s),
                           "fits" if c.fits else "does not fit") for c in plan.priorities])]
-    if plan.options:
-        lines += ["", "to fit the window (most kept first):"]
-        lines += [f"  {i}. {o.change}: ETA {dur(o.eta.total_s)} (up to {dur(o.eta.high_s)}); {o.cost}; from {o.basis}"
-                  + (f"; in the command: {o.flags}" if o.flags else "") for i, o in enumerate(plan.options, 1)]
-    elif not plan.fits:
-        lines += ["", "nothing measured fits the window: a longer window, or tune with a faster space"]
+    lines += _options_lines(plan)
     if plan.command:
         lines += ["", "train it:" if plan.fits else "its command (as planned, it does not fit the window):",
                   f"  {plan.command}"]
@@ -105,6 +100,18 @@ def render(plan: Plan, *, epochs_given: bool = True) -> str:
         lines += ["", f"tune wrote no command for trial {plan.trial}: set its values ({values_line(plan.searched)}) in "
                       "the spec and tune or probe it for one"]
     return "\n".join(lines)
+
+
+def _options_lines(plan: Plan) -> list[str]:
+    """The plan's options, numbered as ``--apply`` takes them: what would fit a run that does not, or
+    what a run with room to spare could buy."""
+    if not plan.options:
+        return [] if plan.fits else ["", "nothing measured fits the window: a longer window, or tune with a faster space"]
+    return ["", "to fit the window (most kept first):" if not plan.fits else
+            "room to spare (the run takes under half the window); each of these still fits:",
+            *(f"  {i}. {o.change}: ETA {dur(o.eta.total_s)} (up to {dur(o.eta.high_s)}); {o.cost}; from {o.basis}"
+              + (f"; in the command: {o.flags}" if o.flags else "") for i, o in enumerate(plan.options, 1)),
+            "  (plan again with the same flags and --apply N: the plan then trains option N)"]
 
 
 def _config_words(plan: Plan) -> str:
