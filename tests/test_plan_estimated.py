@@ -100,6 +100,42 @@ def test_a_throughput_run_that_does_not_fit_gets_fewer_epochs_and_a_subset(tmp_p
     assert all(o.trial is None for o in plan.options)
 
 
+def test_a_plan_from_numbers_alone_is_guide_002s_first_run(tmp_path: Path, capsys: Any) -> None:
+    """``optimize_for_dataset(num_samples=8000, avg_tokens_per_sample=500)`` at 800 tokens/s, 3 epochs, an
+    effective batch of 32: 750 steps in 4h10m, the guide's figures, with no data file; by percentiles the
+    lengths run between them, cut at max_length."""
+    spec = make_spec_file(tmp_path, model={"config": TINY_LLAMA},
+                          params={"batch_size": 4, "gradient_accumulation_steps": 8, "max_length": 2048})
+    out = tmp_path / "out"
+    assert main(["plan", "--spec", str(spec), "--throughput", "800", "--samples", "8000", "--lengths", "500",
+                 "--max-hours", "12", "--epochs", "3", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    plan, _ = read_plan(out)
+    assert plan.eta.steps == 750 and plan.eta.total_s == pytest.approx(3 * 8000 * 500 / 800)  # 15,000 s: 4h10m
+    assert "ETA 4h10m" in printed and "data: 8,000 samples, 500 tokens each (your mean: no spread known)" in printed
+    assert plan.estimated is not None and "the lengths are your figures" in plan.estimated.interval
+    # Guide 002: under 6 hours of 12 is room to spare: more epochs is offered (no other config was measured)
+    assert [o.kind for o in plan.options] == ["more_epochs"]
+    lengths = "p50=400,p90=900,max=3000"
+    assert main(["plan", "--spec", str(spec), "--throughput", "800", "--samples", "8000", "--lengths", lengths,
+                 "--max-hours", "12", "--epochs", "1", "--output", str(out)]) == 0
+    plan, _ = read_plan(out)
+    # The mean of lengths linear between (0, 400), (50, 400), (90, 900), (100, 3000), cut at 2048:
+    grid = (np.arange(10_000) + 0.5) / 100
+    cut = np.minimum(np.rint(np.interp(grid, [50, 90, 100], [400, 900, 3000])), 2048)
+    assert plan.eta.train_s == pytest.approx(8000 * cut.mean() / 800, rel=1e-6)
+    for bad, said in [(["--samples", "10"], "needs both its sample count and its lengths"),
+                      (["--samples", "10", "--lengths", "p90=100,p50=400"], "a higher percentile is shorter")]:
+        assert main(["plan", "--spec", str(spec), "--throughput", "800", *bad, "--max-hours", "1"]) == 2
+        assert said in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # a value argparse refuses: its usage line and the fix
+        main(["plan", "--spec", str(spec), "--throughput", "800", "--samples", "10", "--lengths", "p50=400,p90=x",
+              "--max-hours", "1"])
+    assert usage.value.code == 2 and "p90='x' is not a number" in capsys.readouterr().err
+    assert main(["plan", "--spec", str(spec), "--throughput", "800", "--max-hours", "1"]) == 2
+    assert "or give its numbers: --samples N --lengths MEAN" in capsys.readouterr().err
+
+
 def test_the_interval_of_a_throughput_plan_is_the_data_sides_when_lengths_are_sampled(tmp_path: Path) -> None:
     """A dataset larger than the analysis's 10,000-length sample, cut at max_length: the mean real
     tokens a sample is estimated from the sample, and the interval is its 95% interval."""

@@ -20,6 +20,7 @@ from trainfit.plan import MAX_EPOCHS, Plan, make_plan, plan_from_throughput
 from trainfit.plan.apply import apply_option
 from trainfit.plan.choose import PRIORITIES
 from trainfit.plan.estimated import MAX_FIGURE
+from trainfit.plan.given_lengths import given_stats, parse_lengths
 from trainfit.plan.inputs import best_step_cost
 from trainfit.plan.outputs import PLAN_FILE, TEXT_FILE, write_plan
 from trainfit.run_folder import SUMMARY_FILE, RunFolder
@@ -36,6 +37,7 @@ examples:
 
 before the hardware (estimated, not measured; written to --output):
   trainfit plan --spec spec.yaml --throughput 800 --max-hours 12 --epochs 3   # your figure, tokens/s
+  trainfit plan --spec spec.yaml --throughput 800 --samples 8000 --lengths 500 --max-hours 12   # no data yet
   trainfit plan --like RUN_DIR --device H100 --max-hours 12                   # a tune's run, scaled to an H100
 
 Priorities are rules over the configs tune measured, never fixed numbers:
@@ -79,6 +81,11 @@ def add_parser(sub: Any) -> None:
                         f"(at most {MAX_FIGURE:g})")
     p.add_argument("--samples-per-second", type=number(float, above=0, at_most=MAX_FIGURE), metavar="N",
                    help=f"with --spec: your figure in samples per second, taken as given (at most {MAX_FIGURE:g})")
+    p.add_argument("--samples", type=number(int, at_least=1), metavar="N",
+                   help="with --spec and a figure, before there is data: the dataset's sample count (with --lengths)")
+    p.add_argument("--lengths", type=_lengths, metavar="MEAN|pNN=L,...",
+                   help="with --samples: the samples' lengths in tokens, a mean (500) or percentiles "
+                        "(p50=400,p90=900,p99=1500,max=2048); the spec's data is not read")
     p.add_argument("--output", metavar="DIR", help="with --spec or --like: where plan.json and plan.txt go "
                                                    "(default: a new trainfit-runs/SPEC_NAME/plan-TIMESTAMP)")
     p.add_argument("--max-hours", type=number(float, above=0, at_most=24 * 366), required=True,
@@ -107,6 +114,14 @@ def add_parser(sub: Any) -> None:
                         "shorter max_length, a subset's steps, a faster config), which `trainfit train` then runs")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the text plan")
     p.set_defaults(run=run)
+
+
+def _lengths(text: str) -> dict[str, float]:
+    """``--lengths``: :func:`~trainfit.plan.given_lengths.parse_lengths`, its error as argparse's."""
+    try:
+        return parse_lengths(text)
+    except TrainfitError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _every(text: str) -> int | None:
@@ -167,6 +182,10 @@ def _check_source(args: argparse.Namespace) -> None:
          "--calibrate and --eval-data time this machine's trainer and model, not the run's device",
          "drop them from a plan before the hardware"),
         (args.run_dir is None and args.like is None and args.spec is None, "nothing to plan from", ways),
+        ((args.samples is None) != (args.lengths is None), "a dataset given by numbers needs both its sample count "
+         "and its lengths", "give --samples N and --lengths MEAN (or percentiles: p50=400,p99=1500,max=2048)"),
+        (args.samples is not None and args.spec is None, "--samples and --lengths describe the data of a plan from "
+         "your figure", "add --spec SPEC --throughput TOKENS_PER_S (a tune folder counted its data)"),
         (args.run_dir is not None and args.output is not None,
          "a plan of RUN_DIR is written into it, where `trainfit train` reads it", "drop --output"),
     ]
@@ -186,10 +205,14 @@ def _estimated_plan(args: argparse.Namespace) -> tuple[Path, Plan]:
         folder.mkdir(parents=True, exist_ok=True)
         return folder, plan
     spec = load_spec(args.spec)
-    if spec.data is None:
+    if args.samples is not None:
+        stats = given_stats(args.samples, args.lengths)
+    elif spec.data is None:
         raise TrainfitError(f"{args.spec} has no data section: a plan counts the samples and lengths it trains",
-                            "add data: {path: ..., text_field: ...} to the spec (docs/spec.md)")
-    stats = analyze_spec(spec, progress=not args.json)
+                            "add data: {path: ..., text_field: ...} to the spec (docs/spec.md), or give its "
+                            "numbers: --samples N --lengths MEAN")
+    else:
+        stats = analyze_spec(spec, progress=not args.json)
     folder = _output(args, args.spec)
     plan = plan_from_throughput(spec, stats, folder, tokens_per_second=args.throughput,
                                 samples_per_second=args.samples_per_second, **common)  # it makes the folder

@@ -20,6 +20,7 @@ from trainfit.devices import known_devices, peak_flops
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Record
 from trainfit.params import Params
+from trainfit.plan.given_lengths import GIVEN
 from trainfit.plan.inputs import Candidate, TuneRun
 
 ESTIMATED = "estimated, not measured"
@@ -89,7 +90,10 @@ def from_throughput(params: Params, stats: LengthStats, *, tokens_per_second: fl
         sps = tokens_per_second / mean
         speed = (f"your figure, {tokens_per_second:,g} tokens/s (real tokens, not padding), taken as given (no probe "
                  f"measured it): {sps:.4g} samples/s at the data's {mean:,.1f} tokens a sample, cut at {cut:,}")
-        if cut < stats.max and len(lengths) < stats.samples:
+        if stats.source == GIVEN:
+            words = ("the lengths are your figures (no data was counted): the interval leaves out how far they are "
+                     "from your data's")
+        elif cut < stats.max and len(lengths) < stats.samples:
             spread = _mean_spread(lengths, stats.samples)
             words = (f"the mean tokens a sample cut at {cut:,} comes from {len(lengths):,} of the {stats.samples:,} "
                      f"samples' lengths, drawn uniformly: +-{spread:.2%} (95%)")
