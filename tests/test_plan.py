@@ -337,6 +337,15 @@ def test_a_run_with_room_to_spare_is_offered_the_quality_config_a_longer_max_len
     capsys.readouterr()
     assert main(["plan", str(run), *common, "--apply", str(n_longer)]) == 2
     assert f"tune it first (trainfit tune SPEC --set max_length={longer.sets['max_length']})" in capsys.readouterr().err
+    # The spec's plan: section, as the tune recorded it, stands in for the flags not given.
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["spec"]["plan"] == {"max_hours": None, "priority": "balanced", "margin_minutes": 30.0,
+                                       "checkpoint_minutes": 30.0}
+    summary["spec"]["plan"] = {"max_hours": 3, "priority": "memory_efficient", "margin_minutes": 0}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["plan", str(run)]) == 0
+    plan = Plan.from_json(json.loads((run / "plan.json").read_text()))
+    assert (plan.max_hours, plan.window_s, plan.priority) == (3, 3 * 3600, "memory_efficient")
 
 
 @pytest.mark.integration
@@ -344,10 +353,11 @@ def test_each_option_applied_is_a_plan_that_fits_and_train_runs_exactly_that(tun
                                                                               capsys) -> None:
     run = tmp_path / "run"
     shutil.copytree(tune_dir, run)
-    assert main(["plan", str(run), "--max-hours", "10", "--epochs", "2", "--priority", "quality"]) == 0
+    # balanced: a pick that does not depend on the window (quality's takes one that fits where one does)
+    assert main(["plan", str(run), "--max-hours", "10", "--epochs", "2", "--priority", "balanced"]) == 0
     whole = Plan.from_json(json.loads((run / "plan.json").read_text()))
     window = ["--max-hours", f"{whole.eta.total_s * 0.65 / 3600:.8f}", "--margin-minutes", "0", "--epochs", "2",
-              "--priority", "quality"]
+              "--priority", "balanced"]
     assert main(["plan", str(run), *window]) == 1
     over = Plan.from_json(json.loads((run / "plan.json").read_text()))
     assert {"fewer_epochs", "subset"} <= {o.kind for o in over.options}

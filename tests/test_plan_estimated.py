@@ -134,6 +134,17 @@ def test_a_plan_from_numbers_alone_is_guide_002s_first_run(tmp_path: Path, capsy
     assert usage.value.code == 2 and "p90='x' is not a number" in capsys.readouterr().err
     assert main(["plan", "--spec", str(spec), "--throughput", "800", "--max-hours", "1"]) == 2
     assert "or give its numbers: --samples N --lengths MEAN" in capsys.readouterr().err
+    # The window, priority and margin from the spec's plan: section; a flag wins; no window at all is refused.
+    numbers = ["--throughput", "800", "--samples", "8000", "--lengths", "500", "--output", str(out)]
+    assert main(["plan", "--spec", str(spec), *numbers]) == 2
+    assert "give --max-hours H, or plan: {max_hours: H} in the spec" in capsys.readouterr().err
+    spec.write_text(spec.read_text() + "plan: {max_hours: 6, priority: quality, margin_minutes: 0}\n")
+    assert main(["plan", "--spec", str(spec), *numbers]) == 0
+    plan, _ = read_plan(out)
+    assert (plan.max_hours, plan.window_s, plan.priority) == (6, 6 * 3600, "quality")
+    assert main(["plan", "--spec", str(spec), *numbers, "--max-hours", "5", "--margin-minutes", "10"]) == 0
+    plan, _ = read_plan(out)
+    assert (plan.max_hours, plan.window_s, plan.priority) == (5, 5 * 3600 - 600, "quality")
 
 
 def test_the_interval_of_a_throughput_plan_is_the_data_sides_when_lengths_are_sampled(tmp_path: Path) -> None:

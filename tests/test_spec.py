@@ -28,6 +28,27 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     assert "did you mean 'bf16'?" in text
 
 
+def test_a_plan_section_holds_the_windows_settings_checked_and_out_of_the_specs_digest(tmp_path: Path) -> None:
+    """``plan:`` (guide 002's training_config.json): a window, a priority, minutes in range; the epochs
+    are tune.epochs, said so; settings of how a plan runs change no measurement."""
+    base = {"model": {"config": TINY_LLAMA}, "params": {"batch_size": 2, "max_length": 64}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**base, "plan": {"max_hours": 12, "priority": "quality", "margin_minutes": 45}}))
+    spec = load_spec(path)
+    assert (spec.plan.max_hours, spec.plan.priority, spec.plan.margin_minutes, spec.plan.checkpoint_minutes) == (
+        12, "quality", 45, 30)
+    assert spec.digest() == load_spec(path, ["plan.max_hours=2"]).digest()
+    path.write_text(yaml.safe_dump({**base, "plan": {"max_hours": 0.5, "priority": "fastest", "margin_minutes": 30,
+                                                     "epochs": 3}}))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    said = {p.key: p.message for p in info.value.problems}
+    assert set(said) == {"plan.epochs", "plan.priority", "plan.margin_minutes"}
+    assert said["plan.epochs"].startswith("is tune.epochs: set it there")
+    assert "'fastest' is not one of fast, balanced, quality, memory_efficient" in said["plan.priority"]
+    assert "leaves no time in the 0.5 h window" in said["plan.margin_minutes"]
+
+
 def test_problems_are_listed_in_the_order_of_the_checks(tmp_path: Path) -> None:
     # Unknown sections first, then every section's types (budget.headroom_gb here), then each
     # section's own checks in spec order, then the checks across sections, then the tokenizer.

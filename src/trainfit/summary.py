@@ -289,6 +289,9 @@ class RecordedSpec(Record):
     tokenizer: str | None = None
     search: dict[str, Any] | None = None
     tune: dict[str, Any] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)
+    """``plan:``, what ``trainfit plan`` reads of the spec where its flags say nothing (empty: a tune
+    before the section existed)."""
     source: str | None = None
     """The spec file the tune read."""
 

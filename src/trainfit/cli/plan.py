@@ -5,10 +5,11 @@ hardware, from your own figure (``--spec --throughput``) or a tune folder scaled
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,13 @@ from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
 from trainfit.plan import MAX_EPOCHS, Plan, make_plan, plan_from_throughput
 from trainfit.plan.apply import apply_option
-from trainfit.plan.choose import PRIORITIES
 from trainfit.plan.estimated import MAX_FIGURE
 from trainfit.plan.given_lengths import given_stats, parse_lengths
 from trainfit.plan.inputs import best_step_cost
 from trainfit.plan.outputs import PLAN_FILE, TEXT_FILE, write_plan
 from trainfit.run_folder import SUMMARY_FILE, RunFolder
 from trainfit.spec import load_spec
+from trainfit.spec.sections import PRIORITIES, PlanSettings
 from trainfit.trainer.calibration import calibrate
 
 EPILOG = """\
@@ -88,16 +89,17 @@ def add_parser(sub: Any) -> None:
                         "(p50=400,p90=900,p99=1500,max=2048); the spec's data is not read")
     p.add_argument("--output", metavar="DIR", help="with --spec or --like: where plan.json and plan.txt go "
                                                    "(default: a new trainfit-runs/SPEC_NAME/plan-TIMESTAMP)")
-    p.add_argument("--max-hours", type=number(float, above=0, at_most=24 * 366), required=True,
-                   help="the time window, in hours (at most a year)")
+    p.add_argument("--max-hours", type=number(float, above=0, at_most=24 * 366),
+                   help="the time window, in hours, at most a year (default: the spec's plan.max_hours)")
     p.add_argument("--epochs", type=number(float, above=0, at_most=MAX_EPOCHS),
                    help=f"passes over the dataset, at most {MAX_EPOCHS:,} (default: the spec's tune.epochs)")
-    p.add_argument("--priority", choices=PRIORITIES, default="balanced",
-                   help="how to choose among the measured configs (default: balanced; see below)")
-    p.add_argument("--margin-minutes", type=number(float, at_least=0), default=30.0,
-                   help="safety margin taken off the window (default: 30)")
-    p.add_argument("--checkpoint-minutes", type=number(float, above=0), default=30.0,
-                   help="save a checkpoint this often (default: 30)")
+    p.add_argument("--priority", choices=PRIORITIES,
+                   help="how to choose among the measured configs (default: the spec's plan.priority, else "
+                        "balanced; see below)")
+    p.add_argument("--margin-minutes", type=number(float, at_least=0),
+                   help="safety margin taken off the window (default: the spec's plan.margin_minutes, else 30)")
+    p.add_argument("--checkpoint-minutes", type=number(float, above=0),
+                   help="save a checkpoint this often (default: the spec's plan.checkpoint_minutes, else 30)")
     p.add_argument("--calibrate", type=number(int, at_least=1), metavar="N",
                    help="first run real trainer steps to measure the trainer's own cost and start-up: "
                         "train_command.sh for N/5 steps (at least 2), then `trainfit train` for N/5 + N, timing the "
@@ -196,15 +198,15 @@ def _check_source(args: argparse.Namespace) -> None:
 
 def _estimated_plan(args: argparse.Namespace) -> tuple[Path, Plan]:
     """A plan before the hardware (--spec with a figure, or --like), and the folder it goes to."""
-    common = {"max_hours": args.max_hours, "epochs": args.epochs, "priority": args.priority,
-              "margin_minutes": args.margin_minutes, "checkpoint_minutes": args.checkpoint_minutes}
     if args.like is not None:
         run = RunFolder(args.like)
+        common = _settings(args, run.summary.spec.plan)
         folder = _output(args, run.summary.spec.source or args.like)
         plan = _applied(args, lambda trial=None: make_plan(run, device=args.device, trial=trial, **common))
         folder.mkdir(parents=True, exist_ok=True)
         return folder, plan
     spec = load_spec(args.spec)
+    common = _settings(args, dataclasses.asdict(spec.plan))
     if args.samples is not None:
         stats = given_stats(args.samples, args.lengths)
     elif spec.data is None:
@@ -233,6 +235,7 @@ def _output(args: argparse.Namespace, spec_path: str) -> Path:
 def _measured_plan(args: argparse.Namespace, run: RunFolder) -> Plan:
     """The plan of what the tune folder ``run`` measured (calibrated first with --calibrate)."""
     folder = run.path
+    common = _settings(args, _recorded_plan(run))  # a window missing is said before a calibration runs
     calibration = None
     if args.calibrate:
         what = "your tune.command_template" if run.summary.command_template else folder / "train_command.sh"
@@ -241,9 +244,30 @@ def _measured_plan(args: argparse.Namespace, run: RunFolder) -> Plan:
         calibration = calibrate(run, args.calibrate, step_cost=best_step_cost(run),
                                 on_progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     return _applied(args, lambda trial=None: make_plan(
-        run, max_hours=args.max_hours, epochs=args.epochs, priority=args.priority, margin_minutes=args.margin_minutes,
-        checkpoint_minutes=args.checkpoint_minutes, calibration=calibration, eval_data=args.eval_data,
-        eval_every=args.eval_every, eval_batch_size=args.eval_batch_size, trial=trial))
+        run, calibration=calibration, eval_data=args.eval_data, eval_every=args.eval_every,
+        eval_batch_size=args.eval_batch_size, trial=trial, **common))
+
+
+def _recorded_plan(run: RunFolder) -> Mapping[str, Any]:
+    """The ``plan:`` section the tune in ``run`` recorded; empty where its summary cannot be read yet
+    (the plan then says what is wrong with the folder, a running tune, a missing one)."""
+    try:
+        return run.summary.spec.plan
+    except TrainfitError:
+        return {}
+
+
+def _settings(args: argparse.Namespace, section: Mapping[str, Any]) -> dict[str, Any]:
+    """The window, priority, margin and checkpoint interval: each flag given, else the spec's ``plan:``
+    ``section`` (a tune folder's: as the tune recorded it), else the default; and ``--epochs`` (None:
+    the spec's ``tune.epochs``)."""
+    defaults = dataclasses.asdict(PlanSettings())
+    settings = {key: next((v for v in (getattr(args, key), section.get(key)) if v is not None), defaults[key])
+                for key in defaults}
+    if settings["max_hours"] is None:
+        raise TrainfitError("no time window: a plan fits the run into one",
+                            "give --max-hours H, or plan: {max_hours: H} in the spec (docs/plan.md)")
+    return {**settings, "epochs": args.epochs}
 
 
 def _applied(args: argparse.Namespace, plan_of: Callable[..., Plan]) -> Plan:

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from trainfit.errors import TrainfitError
 from trainfit.plan.eta import Eta, run_speed
 from trainfit.plan.inputs import Candidate
+from trainfit.spec.sections import PRIORITIES
 
-PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
 WITHIN = 0.10
 """``balanced`` and ``memory_efficient`` look among the configs this close to the fastest."""
 

@@ -19,12 +19,14 @@ from trainfit.spec.sections import (
     LENGTH_BY,
     MAX_MEMORY_GB,
     OBJECTIVES,
+    PRIORITIES,
     PROBE_DATA,
     STRATEGIES,
     TOP_LEVEL,
     Budget,
     DataSpec,
     ModelSpec,
+    PlanSettings,
     ProbeSettings,
     Spec,
     TuneSettings,
@@ -190,6 +192,20 @@ def _tune_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Tune
     return tune
 
 
+def _plan_section(typed: dict[str, Any] | None, problems: list[Problem]) -> PlanSettings | None:
+    """``plan:``: a known priority, a window and minutes in range."""
+    if typed is None:
+        return None
+    plan = PlanSettings(**typed)
+    check_one_of(plan, "plan", "priority", PRIORITIES, problems)
+    check_field_bounds(plan, "plan", ("max_hours", "checkpoint_minutes"), "> 0", problems)
+    check_field_bounds(plan, "plan", ("margin_minutes",), ">= 0", problems)
+    if plan.max_hours is not None and plan.margin_minutes >= plan.max_hours * 60:
+        problems.append(Problem("plan.margin_minutes", f"{plan.margin_minutes:g} leaves no time in the "
+                                f"{plan.max_hours:g} h window (plan.max_hours)", "a margin shorter than the window"))
+    return plan
+
+
 def _search_section(raw_search: Any, tune: TuneSettings | None, model: ModelSpec | None, params: Params,
                     problems: list[Problem]) -> SearchSpace | None:
     """``search:`` with ``tune``'s constraints and target effective batch; None when neither gives a
@@ -240,16 +256,17 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
     budget = _budget_section(sections["budget"], problems)
     probe = _probe_section(sections["probe"], problems)
     tune = _tune_section(sections["tune"], problems)
+    plan = _plan_section(sections["plan"], problems)
     space = _search_section(raw.get("search"), tune, model, params, problems)
     problems += params_problems(model, tune, params, space)
     tokenizer = _tokenizer(raw.get("tokenizer"), model, base_dir, problems)
     if problems:
         raise SpecError(problems, source=source or "spec")
     # A section that is not a mapping is None here, and added a problem above.
-    assert model is not None and budget is not None and probe is not None and tune is not None
+    assert model is not None and budget is not None and probe is not None and tune is not None and plan is not None
     raw_params = raw.get("params")
     return Spec(model=model, data=data, params=params, budget=budget, probe=probe, tokenizer=tokenizer,
-                search=space, tune=tune, source=source,
+                search=space, tune=tune, plan=plan, source=source,
                 stated=frozenset(raw_params) if isinstance(raw_params, Mapping) else frozenset())
 
 

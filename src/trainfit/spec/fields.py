@@ -78,6 +78,10 @@ def _field_value(f: dataclasses.Field[Any], key: str, value: Any, problems: list
     return value
 
 
+ELSEWHERE = {"plan.epochs": "tune.epochs: set it there (the tune's estimate, its command and the plan count one run)"}
+"""Keys a user may look for in one section that another holds, and where."""
+
+
 def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str, Any] | None:
     """Type-check one section against its dataclass; unknown keys get a did-you-mean."""
     if raw is None:
@@ -89,7 +93,9 @@ def _section(cls: type, raw: Any, key: str, problems: list[Problem]) -> dict[str
     values: dict[str, Any] = {}
     for name, value in raw.items():
         f = fields.get(name)
-        if f is None:
+        if f is None and f"{key}.{name}" in ELSEWHERE:
+            problems.append(Problem(f"{key}.{name}", f"is {ELSEWHERE[f'{key}.{name}']}"))
+        elif f is None:
             problems.append(unknown(f"{key}.{name}", "unknown key", str(name), list(fields), "known keys"))
         elif (checked := _field_value(f, f"{key}.{name}", value, problems)) is not _INVALID:
             values[name] = checked

@@ -171,6 +171,26 @@ class TuneSettings:
     between probes."""
 
 
+PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
+"""``trainfit plan``'s priorities (``plan.choose.RULES`` says what each picks)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSettings:
+    """How ``trainfit plan`` fits the run into its window, as guide 002's training_config.json holds
+    them; ``plan``'s flags win. The epochs are ``tune.epochs``: the tune's estimate, its command and
+    the plan count one run."""
+
+    max_hours: float | None = None
+    """The time window, in hours (None: ``plan --max-hours`` gives it)."""
+    priority: str = "balanced"
+    """fast | balanced | quality | memory_efficient: how the plan chooses among the measured configs."""
+    margin_minutes: float = 30.0
+    """Safety margin taken off the window."""
+    checkpoint_minutes: float = 30.0
+    """A checkpoint this often."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """A validated, frozen description of one tuning problem."""
@@ -186,6 +206,7 @@ class Spec:
     search: Any = None
     """The :class:`trainfit.space.SearchSpace` (None when the spec has no ``search:``)."""
     tune: TuneSettings = field(default_factory=TuneSettings)
+    plan: PlanSettings = field(default_factory=PlanSettings)
     source: str | None = None
     """The spec file this came from (for messages and reports)."""
     stated: frozenset[str] | None = None
@@ -222,7 +243,7 @@ class Spec:
         their defaults are left out, so one that a later trainfit adds (at its default) does not
         change the hash, and a study started before it still resumes."""
         d = self.to_dict()
-        for key in ("params", "source", "tune"):
+        for key in ("params", "source", "tune", "plan"):  # how a search or a plan runs, not what is measured
             d.pop(key)
         for name, cls in SECTIONS.items():
             if isinstance(d.get(name), dict):
@@ -254,7 +275,8 @@ SECTIONS = {
     "budget": Budget,
     "probe": ProbeSettings,
     "tune": TuneSettings,
+    "plan": PlanSettings,
 }
 
 
-TOP_LEVEL = ("model", "tokenizer", "data", "params", "budget", "probe", "search", "tune")
+TOP_LEVEL = ("model", "tokenizer", "data", "params", "budget", "probe", "search", "tune", "plan")
