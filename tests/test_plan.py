@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from conftest import TINY_LLAMA, make_spec_file
 
 from trainfit.cli import main
 from trainfit.errors import TrainfitError
+from trainfit.format import format_duration as dur
 from trainfit.params import Params
 from trainfit.plan import Plan, planned_command
 from trainfit.plan.choose import choose
@@ -545,8 +547,20 @@ def a_plan(total_s: float, spread: float, window_s: float, checkpoint_s: float =
 def test_on_track_projects_the_finish_from_the_pace_so_far(elapsed_at_half: float, state: str) -> None:
     from trainfit.train.monitor import OnTrack
 
+    before = time.time()
     status = OnTrack(a_plan(100.0, 0.10, 120.0)).status(50, 100, elapsed_at_half)
     assert status.state == state and status.projected_s == pytest.approx(2 * elapsed_at_half)
+    # The line a user watches: progress, the pace, the time left and the end as a clock time, as the
+    # trackers get them too.
+    left = status.projected_s - elapsed_at_half
+    assert status.left_s == pytest.approx(left) and status.steps_per_hour == pytest.approx(50 / left * 3600)
+    assert before <= status.at <= time.time()
+    end = time.strftime("%H:%M", time.localtime(status.at + left))
+    assert f"step 50/100 (50%), {dur(elapsed_at_half)} elapsed, {status.steps_per_hour:,.0f} steps/h, " \
+           f"{dur(left)} left, ends ~{end}; projected" in status.line
+    figures = status.figures()
+    assert figures["training/progress_percent"] == 50 and figures["training/steps_per_hour"] == status.steps_per_hour
+    assert figures["training/remaining_hours"] == pytest.approx(left / 3600)
     if state == "will miss the window":  # 1.5 s a step: 45 s of the window left holds 30 more steps
         assert status.steps_that_fit == 80 and status.epochs_that_fit == pytest.approx(0.8)
         assert "80 steps fit (0.80 epochs)" in status.line and "--deadline" in status.line

@@ -54,6 +54,28 @@ class Status(Record):
     plan_steps: int | None = None
     """The plan's own steps where this run's ``max_steps`` differs (``train --max-steps``): its
     ETA is then priced for ``max_steps`` steps. None: the run is the plan's."""
+    at: float = 0.0
+    """When it was reported (epoch seconds): the projected end as a clock time is ``at`` plus the
+    time left (0: not recorded, an on_track.json from before it was kept)."""
+
+    @property
+    def left_s(self) -> float:
+        """The time the run has left, at the projected pace."""
+        return max(0.0, self.projected_s - self.elapsed_s)
+
+    @property
+    def steps_per_hour(self) -> float:
+        """The pace of the steps to come as projected (every step's, once none is left)."""
+        if self.step < self.max_steps and self.left_s > 0:
+            return (self.max_steps - self.step) / self.left_s * 3600
+        return self.step / self.elapsed_s * 3600 if self.elapsed_s > 0 else 0.0
+
+    def ends_at(self) -> str | None:
+        """The projected end as a local clock time (with the day past 24 hours), None when not known."""
+        if not self.at:
+            return None
+        end = self.at + self.left_s
+        return time.strftime("%H:%M" if self.left_s < 86_400 else "%a %d %b %H:%M", time.localtime(end))
 
     def figures(self, *, final: bool = False) -> dict[str, float]:
         """The run's standing as the trainer's logs carry it to every ``report_to`` service (W&B,
@@ -61,9 +83,10 @@ class Status(Record):
         ``training/remaining_hours``, ``training/on_track`` (1 or 0) as the run goes; ``final``:
         also ``optimization/estimated_hours`` (the plan's ETA), ``optimization/actual_hours`` and
         ``optimization/time_accuracy`` (the estimate over the actual, in percent: 100 is exact)."""
-        out = {"training/elapsed_hours": self.elapsed_s / 3600,
-               "training/remaining_hours": max(0.0, self.projected_s - self.elapsed_s) / 3600,
-               "training/on_track": float(self.state == "on track")}
+        out = {"training/elapsed_hours": self.elapsed_s / 3600, "training/remaining_hours": self.left_s / 3600,
+               "training/on_track": float(self.state == "on track"),
+               "training/progress_percent": 100 * self.step / self.max_steps if self.max_steps else 0.0,
+               "training/steps_per_hour": self.steps_per_hour}
         if final:
             out |= {"optimization/estimated_hours": self.planned_s / 3600, "optimization/actual_hours": self.elapsed_s / 3600,
                     "optimization/time_accuracy": 100 * self.planned_s / self.elapsed_s if self.elapsed_s > 0 else 0.0}
@@ -73,7 +96,10 @@ class Status(Record):
     def line(self) -> str:
         planned = dur(self.planned_s) + (f" for a run of {self.max_steps:,} steps, the plan's {self.plan_steps:,}"
                                          if self.plan_steps is not None else "")
-        line = (f"{self.state}: step {self.step:,}/{self.max_steps:,}, {dur(self.elapsed_s)} elapsed, projected "
+        progress = f" ({self.step / self.max_steps:.0%})" if self.max_steps else ""
+        clock = f", ends ~{end}" if (end := self.ends_at()) is not None else ""
+        line = (f"{self.state}: step {self.step:,}/{self.max_steps:,}{progress}, {dur(self.elapsed_s)} elapsed, "
+                f"{self.steps_per_hour:,.0f} steps/h, {dur(self.left_s)} left{clock}; projected "
                 f"{dur(self.projected_s)} (planned {planned}, window {dur(self.window_s)})")
         if self.steps_that_fit is not None:
             line += (f"; at this pace {self.steps_that_fit:,} steps fit ({self.epochs_that_fit:.2f} epochs): stop "
@@ -175,7 +201,7 @@ class OnTrack:
                       planned_s=e.total_s, window_s=self.plan.window_s, state=state, steps_that_fit=fit,
                       epochs_that_fit=None if fit is None else self.plan.epochs * fit / (self.plan.eta.steps or max_steps),
                       own_pace_projected_s=None if pooled_left is None else own,
-                      plan_steps=None if e is self.plan.eta else self.plan.eta.steps)
+                      plan_steps=None if e is self.plan.eta else self.plan.eta.steps, at=time.time())
 
     def _remaining_s(self, step: int, max_steps: int, pace: Pace) -> tuple[float, float | None]:
         """The steps to come: the plan's expected work of them (its expected step, less what the
