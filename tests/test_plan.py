@@ -568,6 +568,37 @@ def test_on_track_projects_the_finish_from_the_pace_so_far(elapsed_at_half: floa
         assert status.steps_that_fit is None
 
 
+def test_an_uncalibrated_plan_is_held_against_the_run_less_its_start_up_and_says_so(tmp_path: Path) -> None:
+    """Issue 49: a plan without a calibration prices no start-up, and the monitor counted the run's,
+    so a run whose steps kept the plan's pace was called slower than planned. Like with like: the
+    run's start-up (its launch to the trainer's start) is left out of both sides, and the line says so."""
+    from types import SimpleNamespace
+
+    from trainfit.train.monitor import OnTrackCallback
+
+    plan = a_plan(100.0, 0.10, 120.0)  # 1 s a step, no start-up priced
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
+    launched = time.time() - 30.0  # 30 s of start-up before the trainer began
+    callback = OnTrackCallback(tmp_path / "plan.json", started_at=launched)
+    callback.on_train_begin(None, SimpleNamespace(global_step=0, max_steps=100), None)
+    callback.start -= 10.0  # ten steps' time on the plan's pace since the trainer began
+    callback.began_at -= 10.0
+    callback._report(SimpleNamespace(global_step=10, max_steps=100), ahead=False)
+    status = callback.latest
+    assert status is not None and status.state == "on track", status.line
+    assert status.startup_left_out_s == pytest.approx(20.0, abs=1.0)
+    assert status.elapsed_s == pytest.approx(10.0, abs=1.0) and status.projected_s == pytest.approx(100.0, rel=0.1)
+    assert "the start-up (20s) is left out, as the plan prices none (plan --calibrate measures it)" in status.line
+    # A calibrated plan prices the start-up: the run's counts on both sides.
+    calibrated = dataclasses.replace(plan, eta=dataclasses.replace(plan.eta, startup_s=20.0))
+    (tmp_path / "plan.json").write_text(json.dumps(calibrated.to_json()))
+    callback = OnTrackCallback(tmp_path / "plan.json", started_at=launched)
+    callback.on_train_begin(None, SimpleNamespace(global_step=0, max_steps=100), None)
+    callback._report(SimpleNamespace(global_step=10, max_steps=100), ahead=False)
+    assert callback.latest is not None and callback.latest.startup_left_out_s is None
+    assert callback.latest.elapsed_s == pytest.approx(30.0, abs=1.0)
+
+
 def test_a_run_cut_short_by_max_steps_is_checked_against_the_plans_price_of_its_own_steps() -> None:
     """`train --max-steps 10` of a 100-step plan: planned at 10 steps' price. (Checked against the
     whole plan's ETA, a 10-step run 3x slower than priced was called on track.)"""

@@ -12,6 +12,7 @@ plan. The check itself (:class:`OnTrack`) needs no trainer.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -57,6 +58,10 @@ class Status(Record):
     at: float = 0.0
     """When it was reported (epoch seconds): the projected end as a clock time is ``at`` plus the
     time left (0: not recorded, an on_track.json from before it was kept)."""
+    startup_left_out_s: float | None = None
+    """This run's start-up (its launch to the trainer's start), left out of ``elapsed_s`` and the
+    projection because the plan prices none (not calibrated): like is compared with like. None:
+    counted on both sides (a calibrated plan), or not known."""
 
     @property
     def left_s(self) -> float:
@@ -101,6 +106,9 @@ class Status(Record):
         line = (f"{self.state}: step {self.step:,}/{self.max_steps:,}{progress}, {dur(self.elapsed_s)} elapsed, "
                 f"{self.steps_per_hour:,.0f} steps/h, {dur(self.left_s)} left{clock}; projected "
                 f"{dur(self.projected_s)} (planned {planned}, window {dur(self.window_s)})")
+        if self.startup_left_out_s is not None:
+            line += (f"; the start-up ({dur(self.startup_left_out_s)}) is left out, as the plan prices none "
+                     "(plan --calibrate measures it)")
         if self.steps_that_fit is not None:
             line += (f"; at this pace {self.steps_that_fit:,} steps fit ({self.epochs_that_fit:.2f} epochs): stop "
                      f"there (--max-steps {self.steps_that_fit}, or --deadline to stop with a checkpoint before the "
@@ -287,7 +295,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
 
     ``started_at``: the run's start in epoch seconds (``time.time()``), when the caller knows it
     (``trainfit train`` does: the first start, so a resumed run counts its earlier parts and its
-    start-up); None: the time counts from the trainer's start, plus the plan's start-up. The pace
+    start-up; a plan that prices no start-up, uncalibrated, is held against the run less its own,
+    said so in the line); None: the time counts from the trainer's start, plus the plan's start-up. The pace
     is that of the steps this process ran, so a resumed run projects from its own steps.
     ``on_status``: also called with each :class:`Status` (``trainfit train`` logs them). Given the
     trainer (:meth:`watch`), each status's figures (:meth:`Status.figures`) also reach its callbacks
@@ -302,6 +311,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         self.on_status = on_status
         self.out = folder / "on_track.json" if folder is not None else None
         self.start: float | None = None
+        self.began_at = 0.0
+        """When the trainer started (epoch seconds): a run's start-up ends there."""
         self.first_step = 0
         self.last = 0.0
         self.latest: Status | None = None
@@ -351,6 +362,7 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.start = self.last = time.monotonic()
+        self.began_at = time.time()
         self.first_step = int(state.global_step)  # a resumed run's steps so far
         self.work_s = None
         self.met = set()
@@ -400,6 +412,14 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
                     eval_s=self.eval_s, evals=self.evals,
                     sights_s=self.sights_s - (self.ahead_sight_s if ahead else 0.0))
 
+    def _unpriced_startup(self) -> float | None:
+        """This run's start-up where the plan prices none (uncalibrated) and the time counts from the
+        run's launch: its launch to the trainer's start, left out of the verdict so that both sides
+        hold the same (a resumed run's earlier parts are not told apart: None)."""
+        if self.check.plan.eta.startup_s is not None or self.started_at is None or self.first_step:
+            return None
+        return max(0.0, self.began_at - self.started_at)
+
     def _report(self, state: Any, ahead: bool, ended: bool = False) -> None:
         assert self.start is not None
         self.last = time.monotonic()
@@ -407,12 +427,14 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         pace = self._done(state, ahead)
         if self.warm is not None and pace.steps > self.warm.steps:  # the pace since the first step's end
             pace = pace.since(self.warm)
+        startup = self._unpriced_startup()
         if self.started_at is not None:
-            elapsed = time.time() - self.started_at
+            elapsed = time.time() - self.started_at - (startup or 0.0)
         else:  # this process's time, and a resumed run's earlier steps at the plan's step time
             elapsed = self.last - self.start + self.first_step * self.check.plan.eta.step_time_s
-        self.latest = self.check.status(step, int(state.max_steps), elapsed, pace,
-                                        startup_counted=self.started_at is not None, ended=ended)
+        self.latest = dataclasses.replace(self.check.status(step, int(state.max_steps), elapsed, pace,
+                                                            startup_counted=self.started_at is not None, ended=ended),
+                                          startup_left_out_s=startup)
         from tqdm import tqdm  # type: ignore[import-untyped]
 
         tqdm.write(f"trainfit: {self.latest.line}", file=sys.stderr)  # above the trainer's bar, not inside it
