@@ -358,7 +358,8 @@ def test_each_option_applied_is_a_plan_that_fits_and_train_runs_exactly_that(tun
     # balanced: a pick that does not depend on the window (quality's takes one that fits where one does)
     assert main(["plan", str(run), "--max-hours", "10", "--epochs", "2", "--priority", "balanced"]) == 0
     whole = Plan.from_json(json.loads((run / "plan.json").read_text()))
-    window = ["--max-hours", f"{whole.eta.total_s * 0.65 / 3600:.8f}", "--margin-minutes", "0", "--epochs", "2",
+    # 3/4 of the 2 epochs' ETA at its interval's high end: 2 epochs do not fit, 1 does, however noisy the probe
+    window = ["--max-hours", f"{whole.eta.high_s * 0.75 / 3600:.8f}", "--margin-minutes", "0", "--epochs", "2",
               "--priority", "balanced"]
     assert main(["plan", str(run), *window]) == 1
     over = Plan.from_json(json.loads((run / "plan.json").read_text()))
@@ -395,7 +396,7 @@ def test_each_option_applied_is_a_plan_that_fits_and_train_runs_exactly_that(tun
     assert main(["plan", str(run), *window, "--apply", "99"]) == 2
     err = capsys.readouterr().err
     assert f"the plan lists {len(over.options)} option(s): 1. {over.options[0].change}" in err
-    no_room = ["--max-hours", f"{whole.eta.total_s * 1.5 / 3600:.8f}", "--margin-minutes", "0", "--epochs", "2"]
+    no_room = ["--max-hours", f"{whole.eta.high_s * 1.5 / 3600:.8f}", "--margin-minutes", "0", "--epochs", "2"]
     assert main(["plan", str(run), *no_room, "--apply", "1"]) == 2
     assert "with less than half of it to spare, so the plan lists no option" in capsys.readouterr().err
 
