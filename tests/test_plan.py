@@ -384,13 +384,6 @@ def test_each_option_applied_is_a_plan_that_fits_and_train_runs_exactly_that(tun
     assert applied["fewer_epochs"].epochs == 1 and "--num_train_epochs 1 " in applied["fewer_epochs"].command + " "
     subset = applied["subset"]
     assert subset.max_steps == subset.eta.steps and subset.epochs == 2
-    # The subset's plan is what train runs: its steps, and its actual time written as the plan's.
-    assert main(["plan", str(run), *window, "--apply", str(list(applied).index("subset") + 1)]) == 0
-    trained = Plan.from_json(json.loads((run / "plan.json").read_text()))
-    assert main(["train", str(run), "--output", str(tmp_path / "out")]) == 0
-    result = json.loads((tmp_path / "out" / "train_result.json").read_text())
-    assert result["step"] == result["max_steps"] == trained.max_steps == subset.max_steps
-    assert json.loads((run / "actual.json").read_text())["planned_s"] == trained.eta.total_s
     # No such option, or a plan that fits: nothing to apply, said with the way on.
     capsys.readouterr()
     assert main(["plan", str(run), *window, "--apply", "99"]) == 2
@@ -399,6 +392,13 @@ def test_each_option_applied_is_a_plan_that_fits_and_train_runs_exactly_that(tun
     no_room = ["--max-hours", f"{whole.eta.high_s * 1.5 / 3600:.8f}", "--margin-minutes", "0", "--epochs", "2"]
     assert main(["plan", str(run), *no_room, "--apply", "1"]) == 2
     assert "with less than half of it to spare, so the plan lists no option" in capsys.readouterr().err
+    # The subset's plan is what train runs: its steps, and its actual time written as the plan's.
+    assert main(["plan", str(run), *window, "--apply", str(list(applied).index("subset") + 1)]) == 0
+    trained = Plan.from_json(json.loads((run / "plan.json").read_text()))
+    assert main(["train", str(run), "--output", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "train_result.json").read_text())
+    assert result["step"] == result["max_steps"] == trained.max_steps == subset.max_steps
+    assert json.loads((run / "actual.json").read_text())["planned_s"] == trained.eta.total_s
 
     # A shorter max_length changes the config and the command; a faster config is planned anew for its
     # trial; your command template is run as written, so an option it would need is refused.

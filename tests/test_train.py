@@ -395,6 +395,24 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
     assert actual["peak_memory_bytes"] > peaks[-1] - 2**20
     said = f"peak memory {actual['peak_memory_bytes'] / 2**30:.3g} GiB, the probe's {probed['memory_peak_gb']:.3g} GiB"
     assert said in captured.err
+    # A later plan of this folder learns the run's pace and start-up from it (issue 49), and says so.
+    assert actual["trial"] == run["trial"] and actual["step_s"] > 0 and actual["startup_s"] > 0
+    learn = tmp_path / "learn"
+    shutil.copytree(plan_dir, learn)
+    assert main(["plan", str(learn), "--max-hours", "10", "--epochs", "1"]) == 0
+    capsys.readouterr()
+    learned = json.loads((learn / "plan.json").read_text())
+    assert any(line.startswith(f"learned from the run before ({learn / 'actual.json'}): its {actual['step']:,} steps")
+               for line in learned["rests_on"]), learned["rests_on"]
+    assert learned["eta"]["startup_s"] == pytest.approx(actual["startup_s"])
+    assert learned["eta"]["step_time_s"] == pytest.approx(max(actual["step_s"], learned["model_step_s"]))
+    # A resumed run's start-up is a resume's, and a damaged file teaches nothing: neither is learned from.
+    for written in (json.dumps({**actual, "resumed_from": "checkpoint-1"}), "{not json"):
+        (learn / "actual.json").write_text(written)
+        assert main(["plan", str(learn), "--max-hours", "10", "--epochs", "1"]) == 0
+        capsys.readouterr()
+        again = json.loads((learn / "plan.json").read_text())
+        assert again["eta"]["startup_s"] is None and not any("learned" in line for line in again["rests_on"])
     assert actual["status"] == "finished" and actual["planned_s"] == plan["eta"]["total_s"] and actual["resume"] is None
     assert actual["elapsed_s"] > 0 and json.loads((plan_dir / "on_track.json").read_text())["step"] == actual["step"]
 

@@ -27,6 +27,7 @@ from trainfit.plan.estimated import Estimated, from_throughput, like_estimated, 
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_speed
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
 from trainfit.plan.inputs import Candidate, Rebuilt, TuneRun, load_run, rebuild
+from trainfit.plan.learned import learned
 from trainfit.plan.options import Option, fewer_epochs, ranked, subset
 from trainfit.plan.rests_on import is_the_tunes, left_out, rests_on
 from trainfit.plan.spare import has_room, more_epochs, plan_options
@@ -229,7 +230,8 @@ def _inputs(folder: Path | RunFolder, calibration: Calibration | None, device: s
         raise TrainfitError(f"a calibration and an eval pass are timed on this machine, not on {device}",
                             "plan for another device without --calibrate and --eval-data (or tune on it)")
     run = load_run(folder)
-    calibration = calibration or (_tunes_calibration(run.folder, run.summary) if device is None else None)
+    calibration = calibration or ((learned(run) or _tunes_calibration(run.folder, run.summary)) if device is None
+                                  else None)  # the run before's measured pace first: the real run's own
     _check_candidates(run)
     if not run.summary.dataset_samples:
         raise TrainfitError(f"the tune in {run.folder} had no dataset: there is no epoch to plan",

@@ -80,8 +80,22 @@ def is_the_tunes(calibration: Calibration, s: Summary) -> bool:
         return False
 
 
+def _learned_lines(calibration: Calibration) -> list[str]:
+    """What a plan learned from the run before it (``plan.learned``) rests on."""
+    assert calibration.model_step_s is not None  # learned: the probe's expected step of its config
+    return [f"learned from the run before ({calibration.learned_from}): its {calibration.steps:,} steps of trial "
+            f"{calibration.trial} ran at {calibration.seconds_per_step:.3g} s a step where the probe expected "
+            f"{calibration.model_step_s:.3g} s; the difference (at least 0), {calibration.trainer_overhead_s():.3g} s "
+            f"a step of {calibration.micro_batches} micro-batch{'es' * (calibration.micro_batches != 1)}, so "
+            f"{calibration.step_overhead_s(1):.3g} s a micro-batch, is added to every micro-batch, and its start-up "
+            f"once ({calibration.startup_s:.0f} s, its launch to the trainer's start; --calibrate measures afresh)",
+            "the run before's spread was not kept: the interval holds the probe's alone"]
+
+
 def _calibration_lines(calibration: Calibration, s: Summary, chosen: Candidate) -> list[str]:
     """What a plan's trainer cost and start-ups rest on: the calibration that measured them."""
+    if calibration.learned_from is not None:
+        return _learned_lines(calibration)
     lines: list[str] = []
     against = (f"{calibration.seconds_per_step:.3g} s a step where the probe's cost of the very batches they "
                f"trained is {calibration.model_step_s:.3g} s" if calibration.model_step_s is not None else

@@ -98,11 +98,22 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
             resume=(past if control.stopped == "deadline" else again) if control.stopped else None,
             at_once=control.at_once,
             before_first_step=control.at_once and control.first_step is None,
-            peak_memory_bytes=_peak(peaks), probe_peak_memory_bytes=probed)
+            peak_memory_bytes=_peak(peaks), probe_peak_memory_bytes=probed, trial=record.trial,
+            **_pace(control, began, fresh=checkpoint is None))
         _write_result(result, run_dir, output, record, plan)
         _say_peaks(peaks, probed, say)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+def _pace(control: Any, began: float, *, fresh: bool) -> dict[str, Any]:
+    """What this process measured that a later plan learns from (``actual.json``): its steps' mean
+    time (saves and evaluation passes left out) and, for a run from step 0, its start-up (its
+    launch, ``began`` by the monotonic clock, to the trainer's start)."""
+    launched = time.time() - (time.monotonic() - began)
+    started = getattr(control, "began_at", None)
+    return {"step_s": control.step_s or None,
+            "startup_s": max(0.0, started - launched) if fresh and started else None}
 
 
 def _peaks(run: RunFolder, record: TrainRun) -> tuple[dict[str, int], int | None]:

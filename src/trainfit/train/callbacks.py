@@ -98,6 +98,10 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         self.evals: list[float] = []
         """This process's evaluation passes' times (s): not the steps' pace."""
         self.step_s = 0.0
+        self.saves_s = 0.0
+        """This process's saves' time: not the steps' pace."""
+        self.began_at: float | None = None
+        """When the trainer started in this process (epoch seconds): the start-up ends there."""
         self.first_step: int | None = None
         self.max_steps: int | None = None
         """The run's total steps, as the trainer counted them at its start (None: it has not started)."""
@@ -136,6 +140,7 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.interval.last = self.segment_began = time.monotonic()
+        self.began_at, self.saves_s = time.time(), 0.0
         self.evals = []
         self.first_step, self.max_steps = int(state.global_step), int(state.max_steps)
         self.saved_step = self.first_step or None  # a resume's checkpoint: never saved over in place
@@ -155,7 +160,7 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         done = step - (self.first_step or 0)
         if done == 1:  # what a resume costs: its launch to here
             self.log.write("first_step", step=step, elapsed_s=round(time.time() - self.started_at, 3))
-        self.step_s = max(0.0, now - self.segment_began - sum(self.evals)) / done if done else 0.0
+        self.step_s = max(0.0, now - self.segment_began - sum(self.evals) - self.saves_s) / done if done else 0.0
         stopping = step < state.max_steps and self._stops(step, control)  # a signal at the last step: it ends
         if stopping or self.signal is not None or self.interval.due(now) or step >= state.max_steps:
             self._save(control, now)
@@ -231,6 +236,7 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         removed = rotate(folder.parent, self.keep)
         now = time.monotonic()
         self.save_s = now - self.save_began
+        self.saves_s += self.save_s
         self.saved_step = int(state.global_step)
         self.interval.last = now
         self.say(f"trainfit: checkpoint at step {state.global_step:,} ({self.save_s:.1f} s): {folder}")

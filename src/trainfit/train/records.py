@@ -164,4 +164,13 @@ class TrainResult(Record):
     probe_peak_memory_bytes: int | None = None
     """The probe's peak for the trained config (``summary.json``), which promised the run fits; None
     where the summary does not report that trial."""
+    trial: int | None = None
+    """The tune trial trained (None: a result written before it was kept)."""
+    step_s: float | None = None
+    """This process's mean optimizer step (its saves and evaluation passes left out), as the trainer
+    ran it: what a later plan of this config learns its pace from. None: no step ran, or your own
+    command trained (its steps are its trainer's)."""
+    startup_s: float | None = None
+    """This process's launch to the trainer's start (model load, tokenization), for a run from step 0
+    (None for a resumed part, or your own command): what a later plan learns its start-up from."""
 

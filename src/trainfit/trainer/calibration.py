@@ -122,6 +122,10 @@ class Calibration:
     the steps can tell. A fresh process on a GPU still speeding up (docs/plan.md) reads below 0, and
     the run's steps are then faster than the figure; a machine slowing down reads above 0."""
 
+    learned_from: str | None = None
+    """The ``actual.json`` of the planned run this was learned from (its pace and start-up, as
+    ``trainfit train`` measured them: ``plan.learned``); None: timed by ``--calibrate``."""
+
     def trainer_overhead_s(self) -> float:
         """The trainer's own time per optimizer step beyond the model's step, at least 0: fitted
         apart from the machine's drift (:attr:`own_step_s`) where the timed steps' costs varied
@@ -159,7 +163,7 @@ class Calibration:
         check_schema(raw, SCHEMA_VERSION, "a calibration", "calibrate again with this trainfit")
         check_finite(raw)  # to_json writes an unknown figure as null
         later = {"train_startup_s", "model_step_s", "own_step_s", "trial", "micro_batches",
-                 "pace_change_rel"}  # absent from calibrations recorded before they were measured
+                 "pace_change_rel", "learned_from"}  # absent from calibrations recorded before they were measured
         missing = next((f.name for f in fields(cls) if f.name not in raw and f.name not in later), None)
         if missing is not None:
             raise Malformed(missing, "missing")
