@@ -5,6 +5,7 @@ and resumed (integration)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -576,6 +577,10 @@ def test_the_page_draws_each_curve_and_escapes_names(tmp_path: Path) -> None:
     assert "<script" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")  # self-contained
     table = {r[0]: r for r in rows(state)}
     assert table["d"][1] == "not run" and table["c"][6] == "not reached" and table["a<b"][6].startswith("step 20,")
+    # Without a target no "to target" column; without an eval pass no legend for dots that are not drawn.
+    untargeted = dataclasses.replace(state, target_loss=None)
+    assert all(len(r) == 6 for r in rows(untargeted)) and "to target" not in page(untargeted)
+    assert ("dots: eval loss" in html) == any(r.evals for r in state.runs.values())
     assert Comparison.from_json(json.loads(json.dumps(state.to_json()))) == state
 
 

@@ -170,8 +170,10 @@ def cells(row: Row) -> list[str]:
     if row.status != "ok":
         reason = (row.reason or "").splitlines()[0][:90] if row.reason else ""
         return [row.name, row.status, reason, "", "", "", "", row.claim or ""]
-    ratio = "" if row.speedup is None else f"x{row.speedup:.2f} ({ratio_interval(row)})" + (
-        f" vs {row.versus}" if row.versus else "")
+    # the baseline's two probes are each read against their mean, the reference: not "baseline x1.13" against itself
+    against = f" vs {row.versus}" if row.versus else " of the reference, the baseline's probes' mean" if row.name in (
+        "baseline", AGAIN) else ""
+    ratio = "" if row.speedup is None else f"x{row.speedup:.2f} ({ratio_interval(row)}){against}"
     change = "" if row.memory_change is None else f"{row.memory_change:+.0%}"
     name = row.name + (" *" if row.changes_learning else "")
     return [name, fmt_num(row.samples_per_second or 0), ratio, f"{row.peak_gb or 0:.2f}", change,

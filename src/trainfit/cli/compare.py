@@ -9,7 +9,7 @@ from typing import Any
 from trainfit.cli import COMMANDS
 from trainfit.cli.common import check_eval_flags, interrupted, number
 from trainfit.compare import compare
-from trainfit.compare.report import HEADER, rows
+from trainfit.compare.report import header, rows
 from trainfit.format import table
 
 EPILOG = """\
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as err:
         return interrupted(err, args.argv, out, f"the configs that finished are kept in {out / 'compare.json'}")
     print()
-    print(table([HEADER, *rows(state)]))
+    print(table([header(state), *rows(state)]))
     print("\nsuggestions for the next round:")
     for s in state.suggestions:
         print(f"  - {s.says}\n      ({s.evidence})")

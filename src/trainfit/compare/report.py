@@ -19,8 +19,17 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e3
 HEADER = ("config", "status", "steps", "final loss", "samples/s", "peak GiB", "to target")
 
 
+def header(state: Comparison) -> tuple[str, ...]:
+    """The table's columns: "to target" only where ``--target-loss`` gave one (an empty column says nothing)."""
+    return HEADER if state.target_loss is not None else HEADER[:-1]
+
+
 def rows(state: Comparison) -> list[tuple[str, ...]]:
-    """One row per config, in the file's order (the table's and the page's)."""
+    """One row per config, in the file's order (the table's and the page's), the columns of :func:`header`."""
+    return [row[:len(header(state))] for row in _rows(state)]
+
+
+def _rows(state: Comparison) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for name in state.configs:
         run = state.runs.get(name)
@@ -64,6 +73,7 @@ def page(state: Comparison) -> str:
     suggestions = "".join(f"<li><b>{html.escape(s.says)}</b><br><small>{html.escape(s.evidence)}</small></li>"
                           for s in state.suggestions)
     legend = " ".join(f'<span style="color:{color[n]}">&#9632; {html.escape(n)}</span>' for n in names)
+    dots = ", dots: eval loss" if any(r.evals for r in runs.values()) else ""  # no legend for dots not drawn
     charts = [
         _chart("loss against optimizer steps", {n: [(p[0], p[2]) for p in r.losses] for n, r in runs.items()},
                {n: [(p[0], p[2]) for p in r.evals] for n, r in runs.items()}, color, "step"),
@@ -78,8 +88,8 @@ def page(state: Comparison) -> str:
 <style>body{{font-family:sans-serif;margin:2em;max-width:70em}}td,th{{padding:.2em .8em;text-align:left}}
 svg{{background:#fafafa;margin:.5em 0}}</style></head><body>
 <h1>trainfit compare: {len(names)} configs, {state.steps} steps each</h1>
-<p>{html.escape(state.spec)} on {html.escape(state.device)}, seed {state.seed}; lines: train loss, dots: eval loss</p>
-<table><tr>{"".join(f"<th>{h}</th>" for h in HEADER)}</tr>{table}</table>
+<p>{html.escape(state.spec)} on {html.escape(state.device)}, seed {state.seed}; lines: train loss{dots}</p>
+<table><tr>{"".join(f"<th>{h}</th>" for h in header(state))}</tr>{table}</table>
 <h2>Suggestions for the next round</h2><ul>{suggestions}</ul>
 <p>{legend}</p>
 {"".join(charts)}
