@@ -209,7 +209,10 @@ def test_cli_analyze_json_round_trip_and_plot(tmp_path: Path, capsys) -> None:
     assert "p99.5" in printed and "histogram" in printed and "exceed the model's 40 positions" in printed
     stats = LengthStats.from_dict(json.loads(out.read_text()))
     assert stats.max == 50 and stats.over_max_positions == 10
-    assert "<svg" in plot.read_text()
+    page = plot.read_text()
+    assert "<svg" in page and "length (positions)" in page and ">samples</text>" in page
+    # the y-axis says how many samples the tallest bar holds
+    assert f">{max(stats.histogram['counts']):,}</text>" in page
     assert main(["analyze", str(path), "--text-field", "nope", "--quiet"]) == 2
     assert "fields in the first row: text, extra" in capsys.readouterr().err
     for option, message in ((["--multiple", "0"], "--multiple: 0 is out of range: expected an integer >= 1"),

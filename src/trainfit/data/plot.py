@@ -29,7 +29,9 @@ def histogram_html(stats: LengthStats) -> str:
                   f'max_length {fixed}</text>')
     axis = (f'<text x="{pad}" y="{height - 10}" font-size="12">{lo:.0f}</text>'
             f'<text x="{width - pad}" y="{height - 10}" font-size="12" text-anchor="end">'
-            f'{hi:.0f}{"+" if stats.max > hi else ""}</text>')
+            f'{hi:.0f}{"+" if stats.max > hi else ""}</text>'
+            f'<text x="{width / 2:.0f}" y="{height - 10}" font-size="12" text-anchor="middle">length (positions)</text>'
+            + _count_axis(peak, height, pad))
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:,.0f}</td></tr>" for k, v in stats.percentiles.items())
     waste = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.1%}</td></tr>" for k, v in stats.waste.items())
     return f"""<!doctype html><meta charset="utf-8"><title>trainfit: lengths of {html.escape(stats.source)}</title>
@@ -43,3 +45,13 @@ def histogram_html(stats: LengthStats) -> str:
 truncating {stats.truncated_share:.2%} of samples.</p>
 </body>
 """
+
+
+def _count_axis(peak: float, height: int, pad: int) -> str:
+    """The y-axis: a line, the sample counts at 0, half and the tallest bar, and its title."""
+    top, bottom = pad, height - pad
+    ticks = "".join(f'<text x="{pad - 4}" y="{bottom - (bottom - top) * share + 4:.1f}" font-size="11" '
+                    f'text-anchor="end">{round(peak * share):,}</text>' for share in (0.0, 0.5, 1.0))
+    return (f'<line x1="{pad}" x2="{pad}" y1="{top}" y2="{bottom}" stroke="#888"/>{ticks}'
+            f'<text x="12" y="{(top + bottom) / 2:.0f}" font-size="12" text-anchor="middle" '
+            f'transform="rotate(-90 12 {(top + bottom) / 2:.0f})">samples</text>')
