@@ -410,9 +410,15 @@ def test_each_option_applied_is_a_plan_that_fits_and_train_runs_exactly_that(tun
     cut = apply_option(dataclasses.replace(over, options=[shorter]), 1, replan=lambda trial: pytest.fail(trial))
     assert cut.config["max_length"] == 32 and "--max_length 32 " in cut.command and "--max_length 64" not in cut.command
     assert cut.epochs == over.epochs and cut.eta == base.eta and cut.priorities == []
-    faster = dataclasses.replace(base, kind="faster_config", sets={"trial": 0})
-    assert apply_option(dataclasses.replace(over, options=[faster]), 1, replan=lambda trial: dataclasses.replace(
-        over, trial=trial)).trial == 0
+    for kind, change in (("faster_config", "use batch_size=1"), ("quality_config", "use lora_r=None (the quality ...)")):
+        other = dataclasses.replace(base, kind=kind, change=change, sets={"trial": 0})
+        asked: list[int] = []
+        planned = apply_option(dataclasses.replace(over, options=[other]), 1, replan=lambda trial: (
+            asked.append(trial), dataclasses.replace(over, trial=trial, options=[]))[1])
+        assert asked == [0] and planned.trial == 0 and planned.applied == other  # planned anew for that trial
+        assert planned.rule == (f"option 1 of the plan before: {change}, in place of trial {over.trial}, the one "
+                                f"priority {over.priority} picks")
+        assert planned.rests_on[-1] == f"option 1 applied: {change} ({other.cost})"
     template = dataclasses.replace(over, options=[base], command="python train.py --epochs 3")
     with pytest.raises(TrainfitError, match="tune.command_template, which trainfit runs as written"):
         apply_option(template, 1, replan=lambda trial: pytest.fail(trial))

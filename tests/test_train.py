@@ -397,6 +397,7 @@ def test_a_planned_run_follows_the_plan_reports_on_track_and_stops_at_its_deadli
     assert said in captured.err
     # A later plan of this folder learns the run's pace and start-up from it (issue 49), and says so.
     assert actual["trial"] == run["trial"] and actual["step_s"] > 0 and actual["startup_s"] > 0
+    assert actual["planned_step_s"] == plan["model_step_s"]  # held against the step its plan expected
     learn = tmp_path / "learn"
     shutil.copytree(plan_dir, learn)
     assert main(["plan", str(learn), "--max-hours", "10", "--epochs", "1"]) == 0

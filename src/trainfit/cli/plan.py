@@ -112,8 +112,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--eval-batch-size", type=number(int, at_least=1), metavar="B",
                    help="samples per eval batch (default: the config's batch size)")
     p.add_argument("--apply", type=number(int, at_least=1), metavar="N",
-                   help="when the run does not fit: write the plan with its option N applied (fewer epochs, a "
-                        "shorter max_length, a subset's steps, a faster config), which `trainfit train` then runs")
+                   help="write the plan with its option N applied (when the run does not fit: fewer epochs, a shorter "
+                        "max_length, a subset's steps, a faster config; with room to spare: more epochs, the quality "
+                        "priority's config), which `trainfit train` then runs")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the text plan")
     p.set_defaults(run=run)
 
@@ -155,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         if tunes_pick is not None and plan.trial is not None and plan.trial != tunes_pick.trial:
             how = "run the command above, or `trainfit train`," if plan.command else "run `trainfit train`"
-            print(f"\nnote: this plan trains trial {plan.trial}, the one priority {plan.priority} picks ({plan.rule}), "
-                  f"not the tune's pick, trial {tunes_pick.trial}, which train_command.sh and the tune's other files "
+            why = plan.rule if plan.applied is not None else f"the one priority {plan.priority} picks ({plan.rule})"
+            print(f"\nnote: this plan trains trial {plan.trial}, {why}, not the tune's pick, trial {tunes_pick.trial}, which train_command.sh and the tune's other files "
                   f"are written for: {how} for the planned run")
         print(f"\nwritten: {folder / PLAN_FILE}, {folder / TEXT_FILE}")
     return 0 if plan.fits else 1

@@ -121,7 +121,7 @@ class Plan(Record):
     """The run stops after this many optimizer steps (an applied ``subset`` option: that many steps'
     samples, drawn from the whole dataset); None: its epochs decide."""
     applied: Option | None = field(default=None, metadata={"omit_none": True})
-    """The option of the plan that did not fit which this plan applies (``plan --apply N``)."""
+    """The option of the plan before which this plan applies (``plan --apply N``)."""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Plan:
@@ -186,7 +186,7 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
             chosen = again
             evaluation = _evaluation(run, rebuilt, chosen, Path(eval_data), eval_every, eval_batch_size)
     run_eta = eta(chosen)
-    save_steps = max(1, int(every // run_eta.step_time_s))
+    save_steps = steps_between_saves(every, run_eta.step_time_s)
     fits = run_eta.fits(window)
     options = plan_options(run, rebuilt, chosen, samples, epochs, total, window, eta)
     estimated = like_estimated(chosen, device, run) if device is not None else None
@@ -205,6 +205,11 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
                 options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s,
                 evaluation=evaluation, estimated=estimated)
+
+
+def steps_between_saves(every_s: float, step_time_s: float) -> int:
+    """Optimizer steps between checkpoints: the interval at the expected step time (at least 1)."""
+    return max(1, int(every_s // step_time_s))
 
 
 def _pick(priority: str, run: TuneRun, eta: EtaOf, window: float, trial: int | None) -> Candidate:
@@ -273,7 +278,7 @@ def plan_from_throughput(spec: Spec, stats: LengthStats, folder: Path, *, max_ho
                 dataset_samples=samples, priority=priority, rule="the spec's config at your figure (the priorities "
                 "choose among measured configs, and none was measured)", trial=None, searched={},
                 config=chosen.config, samples_per_second=chosen.samples_per_second, peak_gb=0.0, command=None,
-                save_steps=max(1, int(every // run_eta.step_time_s)), eta=run_eta, fits=fits, checkpoint_every_s=every,
+                save_steps=steps_between_saves(every, run_eta.step_time_s), eta=run_eta, fits=fits, checkpoint_every_s=every,
                 checkpoint_bytes=0, write_bytes_per_s=speed, calibration=None,
                 rests_on=throughput_lines(stats), priorities=[], options=options,
                 model_step_s=chosen.step_time_s, estimated=estimated)

@@ -1,6 +1,7 @@
-"""``plan --apply N``: the plan that did not fit, with its option N applied, so that ``trainfit train``
-runs exactly that: fewer epochs, a shorter ``max_length``, a subset's steps, or a faster measured
-config (planned anew for that trial, by the caller's ``replan``)."""
+"""``plan --apply N``: a plan with its option N applied (one that makes a run fit its window, or one
+that a run with room to spare could buy), so that ``trainfit train`` runs exactly that: fewer or more
+epochs, another ``max_length``, a subset's steps, or another measured config (planned anew for that
+trial, by the caller's ``replan``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 
 from trainfit.errors import TrainfitError
 from trainfit.format import format_duration as dur
-from trainfit.plan import Plan
+from trainfit.plan import Plan, steps_between_saves
 from trainfit.plan.options import Option
+from trainfit.plan.spare import has_room
 from trainfit.trainer.command import is_trl_command
 
 
@@ -24,8 +26,8 @@ def apply_option(plan: Plan, number: int, replan: Callable[[int], Plan]) -> Plan
     option = _option(plan, number)
     if "trial" in option.sets:
         applied = replan(int(option.sets["trial"]))
-        applied = dataclasses.replace(applied, rule=f"the faster config of option {number}, in place of "
-                                                    f"trial {plan.trial}, the one priority {plan.priority} picks")
+        applied = dataclasses.replace(applied, rule=f"option {number} of the plan before: {option.change}, in place "
+                                                    f"of trial {plan.trial}, the one priority {plan.priority} picks")
     else:
         applied = dataclasses.replace(plan, **_changes(plan, option, number))
     return dataclasses.replace(applied, applied=option,
@@ -34,9 +36,10 @@ def apply_option(plan: Plan, number: int, replan: Callable[[int], Plan]) -> Plan
 
 def _option(plan: Plan, number: int) -> Option:
     if plan.fits and not plan.options:
+        why = ("no option fits the time left (no other config, no longer max_length, not one more whole epoch)"
+               if has_room(plan.eta, plan.window_s) else "with less than half of it to spare, so the plan lists no option")
         raise TrainfitError(f"--apply {number}: the run fits its window (ETA {dur(plan.eta.total_s)} of "
-                            f"{dur(plan.window_s)}) with less than half of it to spare, so the plan lists no option",
-                            "drop --apply")
+                            f"{dur(plan.window_s)}) {why}", "drop --apply")
     if not plan.options:
         raise TrainfitError(f"--apply {number}: nothing measured fits the window, so the plan lists no option",
                             "give a longer --max-hours, or tune a faster space")
@@ -61,7 +64,7 @@ def _changes(plan: Plan, option: Option, number: int) -> dict[str, Any]:
     ETA, and what the trainer is told (the epochs, the config's ``max_length``, a cap on the steps)
     in the plan and in its ``trl sft`` command."""
     sets, e = option.sets, option.eta
-    save_steps = max(1, int(plan.checkpoint_every_s // e.step_time_s))
+    save_steps = steps_between_saves(plan.checkpoint_every_s, e.step_time_s)
     # each priority's pick was priced for the run that did not fit: not this one's
     changes: dict[str, Any] = {"eta": e, "fits": True, "options": [], "save_steps": save_steps, "priorities": []}
     flags = {"save_steps": save_steps}
@@ -70,8 +73,9 @@ def _changes(plan: Plan, option: Option, number: int) -> dict[str, Any]:
         flags["num_train_epochs"] = sets["epochs"]
     if "max_length" in sets:
         changes["config"] = {**plan.config, "max_length": sets["max_length"]}
-        changes["samples_per_second"] = plan.samples_per_second * plan.eta.step_time_s / e.step_time_s
-        changes["model_step_s"] = e.step_time_s - (e.trainer_overhead_s or 0.0)
+        changes["model_step_s"] = e.step_time_s - (e.trainer_overhead_s or 0.0)  # the probe's step, its cost fitted
+        before = plan.model_step_s or plan.eta.step_time_s - (plan.eta.trainer_overhead_s or 0.0)
+        changes["samples_per_second"] = plan.samples_per_second * before / changes["model_step_s"]
         flags["max_length"] = sets["max_length"]
     if "max_steps" in sets:
         changes["max_steps"] = int(sets["max_steps"])

@@ -18,7 +18,8 @@ ACTUAL_FILE = "actual.json"
 
 def learned(run: TuneRun) -> Calibration | None:
     """The calibration the last finished planned run in ``run``'s folder measured: its mean step
-    against the probe's expected step of its config, the difference being the trainer's own cost,
+    against the step its plan expected of the config it trained (an applied option's own: another
+    ``max_length``, say), the difference being the trainer's own cost,
     and its launch to the trainer's start once. None where there is none to learn from: no
     ``actual.json``, one unreadable, of a run resumed (its start-up is a resume's) or from before
     these were kept, or of a config the folder no longer plans."""
@@ -31,7 +32,9 @@ def learned(run: TuneRun) -> Calibration | None:
         return None
     trial, steps = actual.get("trial"), actual.get("step")
     step_s, startup_s = _number(actual.get("step_s")), _number(actual.get("startup_s"))
-    if not (isinstance(trial, int) and isinstance(steps, int) and steps > 0 and step_s and startup_s is not None):
+    planned = _number(actual.get("planned_step_s"))  # the step the plan expected of the very config trained
+    if not (isinstance(trial, int) and isinstance(steps, int) and steps > 0 and step_s and planned
+            and startup_s is not None):
         return None
     c = next((c for c in run.candidates if c.trial == trial), None)
     if c is None:
@@ -40,7 +43,7 @@ def learned(run: TuneRun) -> Calibration | None:
                        probe_samples_per_second=c.samples_per_second,
                        ratio=c.samples_per_step / step_s / c.samples_per_second, spread_rel=math.inf,
                        startup_s=startup_s, command=f"trainfit train of trial {trial}", device=run.summary.device,
-                       train_startup_s=startup_s, model_step_s=c.step_time_s, trial=trial,
+                       train_startup_s=startup_s, model_step_s=planned, trial=trial,
                        micro_batches=micro_batches(c.config), learned_from=str(path))
 
 

@@ -81,6 +81,8 @@ def longer_max_length(c: Candidate, rebuilt: Rebuilt, total: int, window_s: floa
     lengths = np.asarray(rebuilt.stats.length_sample)
     spec = rebuilt.spec
     now = float(np.mean(lengths > c.max_length)) if len(lengths) else 0.0
+    if not now:
+        return []  # nothing is cut today: a longer max_length buys nothing
     options = []
     for q, length in at_quantiles(lengths, LONGER_QUANTILES):
         scaled = at_max_length(c, spec.params, lengths, spec.probe.seed, length, rebuilt.stats.samples) \
@@ -111,7 +113,7 @@ def more_epochs(c: Candidate, samples: int, epochs: float, window_s: float,
     most = most_that_fit(lambda e: eta(c, samples * e).fits(window_s), low, high)
     if most is None:
         return None
-    return Option(kind="more_epochs", change=f"train {most} epochs instead of {epochs:g}",
+    return Option(kind="more_epochs", change=f"train {most} epoch{'s' * (most != 1)} instead of {epochs:g}",
                   cost=f"{most / epochs:.2g}x the passes over the data (watch the eval loss: more passes can overfit)",
                   basis=basis_of(c), eta=eta(c, samples * most), trial=c.trial, flags=f"--num_train_epochs {most}",
                   sets={"epochs": most})

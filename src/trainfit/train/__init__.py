@@ -99,20 +99,21 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
             at_once=control.at_once,
             before_first_step=control.at_once and control.first_step is None,
             peak_memory_bytes=_peak(peaks), probe_peak_memory_bytes=probed, trial=record.trial,
-            **_pace(control, began, fresh=checkpoint is None))
+            **_pace(control, began, plan, fresh=checkpoint is None))
         _write_result(result, run_dir, output, record, plan)
         _say_peaks(peaks, probed, say)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
 
 
-def _pace(control: Any, began: float, *, fresh: bool) -> dict[str, Any]:
+def _pace(control: Any, began: float, plan: Plan | None, *, fresh: bool) -> dict[str, Any]:
     """What this process measured that a later plan learns from (``actual.json``): its steps' mean
-    time (saves and evaluation passes left out) and, for a run from step 0, its start-up (its
-    launch, ``began`` by the monotonic clock, to the trainer's start)."""
+    time (saves and evaluation passes left out) beside the plan's expected step of the config trained
+    (the probe's), and, for a run from step 0, its start-up (its launch, ``began`` by the monotonic
+    clock, to the trainer's start)."""
     launched = time.time() - (time.monotonic() - began)
     started = getattr(control, "began_at", None)
-    return {"step_s": control.step_s or None,
+    return {"step_s": control.step_s or None, "planned_step_s": plan.model_step_s if plan is not None else None,
             "startup_s": max(0.0, started - launched) if fresh and started else None}
 
 
@@ -205,7 +206,7 @@ def _write_result(result: TrainResult, run_dir: Path, output: Path, record: Trai
     finished, not a part of it (a command template's steps are its trainer's: ``max_steps`` None)."""
     text = json.dumps(result.to_json(), indent=2) + "\n"
     write_atomically(output / "train_result.json", text)
-    if plan is not None and result.status == "finished" and record.max_steps is None \
+    if plan is not None and result.status == "finished" and record.max_steps in (None, plan.max_steps) \
             and (result.max_steps is None or plan.counts_its_run(result.max_steps)):
         write_atomically(run_dir / "actual.json", text)
 
@@ -244,8 +245,7 @@ def _run(run: RunFolder, output: Path, record: TrainRun, plan: Plan | None, chec
     with torch_threads(record.threads), _listening(control):
         try:
             if record.kind == "factory":
-                return _run_factory(run, record, output, checkpoint, callbacks, say,
-                                    max_steps=record.max_steps or (plan.max_steps if plan else None))
+                return _run_factory(run, record, output, checkpoint, callbacks, say)
             return _run_trl_sft(record, output, checkpoint, callbacks, control, record_batches)
         except Exception as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
             if isinstance(err, TrainfitError):
@@ -319,9 +319,8 @@ def _train_trl(trainer: Any, output: Path, checkpoint: Path | None, control: Any
 
 
 def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
-                 say: Callable[[str], None], max_steps: int | None) -> tuple[int, int]:
-    """Train a factory model with trainfit's loop, for ``max_steps`` (``--max-steps``, else the
-    plan's cap; None: the epochs decide); returns (steps done, total steps)."""
+                 say: Callable[[str], None]) -> tuple[int, int]:
+    """Train a factory model with trainfit's loop; returns (steps done, total steps)."""
     run = load_run(run_folder)
     summary, spec = run.summary, run.spec()
     if spec.data is None:
@@ -331,7 +330,7 @@ def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoi
     if problems:
         raise TrainfitError(f"the config of trial {record.trial} does not parse: {problems[0]}", "tune again")
     return run_loop(spec, params, samples=summary.dataset_samples or 0, epochs=record.epochs or 1.0,
-                    max_steps=max_steps, output=output, checkpoint=checkpoint, callbacks=callbacks, say=say,
+                    max_steps=record.max_steps, output=output, checkpoint=checkpoint, callbacks=callbacks, say=say,
                     evaluation=record.evaluation)
 
 

@@ -154,6 +154,8 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
         _one_process(int(chosen[1].get("nproc_per_node", 1)) * int(chosen[1].get("nnodes", 1)),
                      "train it with a loop of your own under torchrun (a tune.command_template), or plan a config of "
                      "one process")
+        if plan is not None and plan.max_steps and not max_steps:  # an applied subset's cap, kept with the run
+            common = functools.partial(common, max_steps=plan.max_steps)
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
                       config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None), plan
     command, source, trial = training_command(run, plan)

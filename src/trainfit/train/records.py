@@ -170,6 +170,9 @@ class TrainResult(Record):
     """This process's mean optimizer step (its saves and evaluation passes left out), as the trainer
     ran it: what a later plan of this config learns its pace from. None: no step ran, or your own
     command trained (its steps are its trainer's)."""
+    planned_step_s: float | None = None
+    """The plan's expected step of the config trained, the probe's alone (``Plan.model_step_s``): what
+    ``step_s`` is held against when a later plan learns the trainer's cost from it (None: no plan)."""
     startup_s: float | None = None
     """This process's launch to the trainer's start (model load, tokenization), for a run from step 0
     (None for a resumed part, or your own command): what a later plan learns its start-up from."""
