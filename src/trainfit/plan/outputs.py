@@ -110,7 +110,7 @@ def _options_lines(plan: Plan) -> list[str]:
     return ["", "to fit the window (most kept first):" if not plan.fits else
             "room to spare (the run takes under half the window); each of these still fits:",
             *(f"  {i}. {o.change}: ETA {dur(o.eta.total_s)} (up to {dur(o.eta.high_s)}); {o.cost}; from {o.basis}"
-              + (f"; in the command: {o.flags}" if o.flags else "") for i, o in enumerate(plan.options, 1)),
+              + (f"; in the command: {o.flags}" if o.flags and plan.command else "") for i, o in enumerate(plan.options, 1)),
             *([] if plan.applied is not None else
               ["  (plan again with the same flags and --apply N: the plan then holds option N)"])]
 
