@@ -505,6 +505,32 @@ def test_a_factory_model_trains_on_its_rows_and_resumes_after_sigkill_to_the_sam
     assert not (tmp_path / "y" / "train.json").exists()  # refused before any run was recorded: leaving it out works
 
 
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_factory_run_of_an_applied_subset_trains_to_its_cap_and_keeps_it(factory_tune: Path, tmp_path: Path,
+                                                                           capsys) -> None:
+    """``plan --apply`` of a subset: a factory model trains in trainfit's loop, which reads no command,
+    so the cap reaches it through the plan and is kept in train.json, where a resume checks it."""
+    planned = tmp_path / "planned"
+    shutil.copytree(factory_tune, planned)
+    assert main(["plan", str(planned), "--max-hours", "10", "--epochs", "3"]) == 0
+    whole = json.loads((planned / "plan.json").read_text())
+    window = ["--max-hours", f"{whole['eta']['high_s'] * 0.75 / 3600:.8f}", "--margin-minutes", "0", "--epochs", "3"]
+    assert main(["plan", str(planned), *window]) == 1
+    options = json.loads((planned / "plan.json").read_text())["options"]
+    subset = next(i for i, o in enumerate(options, 1) if o["kind"] == "subset")
+    assert main(["plan", str(planned), *window, "--apply", str(subset)]) == 0
+    plan = json.loads((planned / "plan.json").read_text())
+    assert plan["max_steps"] and plan["max_steps"] < whole["eta"]["steps"]
+    capsys.readouterr()
+    out = tmp_path / "run"
+    assert main(["train", str(planned), "--output", str(out)]) == 0
+    assert json.loads((out / "train.json").read_text())["max_steps"] == plan["max_steps"]
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["status"] == "finished" and result["step"] == result["max_steps"] == plan["max_steps"]
+    assert json.loads((planned / "actual.json").read_text())["step"] == plan["max_steps"]  # the plan's own run
+
+
 FAKE_TRAINER = """\
 import json, os, pathlib, sys
 import trainfit
