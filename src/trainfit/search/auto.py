@@ -322,10 +322,8 @@ class AutoStrategy:
             config = self._proposal(family, history, climbing, unsupported)
             if config is None:
                 continue
-            on_kept = self.lean(family) is not None and self._model_part(family) == kept
-            if first is None and (self.lean(family) is None or on_kept):
-                return config
-            if on_kept:
+            memory_only = self.lean(family) is not None
+            if (first is None and not memory_only) or (memory_only and self._model_part(family) == kept):
                 return config
             first = first or config
         return first

@@ -112,9 +112,9 @@ def _pace(control: Any, began: float, plan: Plan | None, *, fresh: bool) -> dict
     (the probe's), and, for a run from step 0, its start-up (its launch, ``began`` by the monotonic
     clock, to the trainer's start)."""
     launched = time.time() - (time.monotonic() - began)
-    started = getattr(control, "began_at", None)
+    started = control.began_at  # None: the trainer never started
     return {"step_s": control.step_s or None, "planned_step_s": plan.model_step_s if plan is not None else None,
-            "startup_s": max(0.0, started - launched) if fresh and started else None}
+            "startup_s": max(0.0, started - launched) if fresh and started is not None else None}
 
 
 def _peaks(run: RunFolder, record: TrainRun) -> tuple[dict[str, int], int | None]:
