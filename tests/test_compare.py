@@ -26,7 +26,7 @@ from trainfit.compare.runs import ConfigRun, diverged
 from trainfit.compare.suggest import final_loss, reached, suggest
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.spec import load_spec
-from trainfit.workloads.step import Schedule
+from trainfit.spec.training import Schedule
 
 
 @pytest.fixture
@@ -45,10 +45,10 @@ def test_a_configs_file_sets_knobs_and_training_values_over_the_spec(llama: Path
                                      "warmup_ratio: 0.1, lr_scheduler_type: cosine}\n")
     a, b = read_configs(tmp_path / "c.yaml", spec)
     assert (a.name, a.params.lora_r, a.params.max_length, a.training) == ("a", 4, 64, {"learning_rate": 1e-4})
-    assert b.params.lora_r == 16 and b.schedule(100).warmup_steps == 10 and b.schedule(100).lr_scheduler_type == "cosine"
-    args = b.trl_args(100)  # the warmup as steps, as both trainers take it; TRL's own parser accepts them
-    assert args == ["--learning_rate", "0.0003", "--lr_scheduler_type", "cosine", "--warmup_steps", "10",
-                    "--weight_decay", "0", "--max_grad_norm", "1"]
+    values = b.values(spec.train)  # over the spec's train: section (TRL's defaults here)
+    assert b.params.lora_r == 16 and values.schedule(100).warmup_steps == 10
+    args = values.trl_args(100)  # the warmup as steps, as both trainers take it; TRL's own parser accepts them
+    assert args == ["--learning_rate", "0.0003", "--lr_scheduler_type", "cosine", "--warmup_steps", "10"]
     pytest.importorskip("trl")
     from trainfit.train.sft import parse
 

@@ -220,7 +220,7 @@ def test_a_yaml_date_is_the_text_written_and_a_wrong_type_is_a_problem_under_its
     with pytest.raises(SpecError) as info:
         load_spec(path, ["lora_alpha=2024-01-02"])
     assert [str(p) for p in info.value.problems] == [
-        "notes: unknown section (sections are: model, tokenizer, data, params, budget, probe, search, tune, plan)",
+        "notes: unknown section (sections are: model, tokenizer, data, params, budget, probe, search, tune, plan, train)",
         "budget.memory_gb: expected a number (or null), got '2024-01-01'",
         "params.lora_alpha: expected a number, got '2024-01-02'"]
     assert main(["probe", str(path)]) == 2

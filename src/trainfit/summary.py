@@ -292,6 +292,8 @@ class RecordedSpec(Record):
     plan: dict[str, Any] = field(default_factory=dict)
     """``plan:``, what ``trainfit plan`` reads of the spec where its flags say nothing (empty: a tune
     before the section existed)."""
+    train: dict[str, Any] = field(default_factory=dict)
+    """``train:``, the values a real run trains by (empty: a tune before the section existed)."""
     source: str | None = None
     """The spec file the tune read."""
 

@@ -8,6 +8,7 @@ schedule. It writes ``result.json`` (a :class:`ConfigRun`) into its folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -98,7 +99,7 @@ def run(job: dict[str, Any]) -> ConfigRun:
         if spec.model.factory is not None:
             done = _factory(spec, config, job, log, folder)
         else:
-            done = _trl(config, job, log, folder, spec.probe.seed)
+            done = _trl(spec, config, job, log, folder)
     train_s = log.seconds()
     samples = config.params.effective_batch_size
     peak = peak_memory_gb(device)
@@ -131,13 +132,14 @@ def _factory(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder:
     steps = int(job["steps"])
     done, _ = run_loop(spec, config.params, samples=int(job["samples"]), epochs=float(steps), max_steps=steps,
                        output=folder, checkpoint=None, callbacks=[log], say=lambda line: None,
-                       evaluation=evaluation, schedule=config.schedule(steps), log_every=1)
+                       evaluation=evaluation, training=config.values(spec.train), log_every=1)
     return done
 
 
-def _trl(config: Any, job: dict[str, Any], log: CurveLog, folder: Path, seed: int) -> int:
-
-    argv = [*job["argv"], *config.trl_args(int(job["steps"])), "--seed", str(seed),  # the data order: one for all
+def _trl(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder: Path) -> int:
+    # The config's training values over the spec's train: section; its services stay out (a comparison reports none).
+    values = dataclasses.replace(config.values(spec.train), report_to=())
+    argv = [*job["argv"], *values.trl_args(int(job["steps"])), "--seed", str(spec.probe.seed),  # one data order
             "--max_steps", str(job["steps"]), "--logging_steps", "1",
             "--save_strategy", "no", "--report_to", "none", "--output_dir", str(folder / "trainer"),
             "--disable_tqdm", "true", "--log_level", "warning"]

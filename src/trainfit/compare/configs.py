@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,18 +20,7 @@ from trainfit.errors import Problem, SpecError, TrainfitError
 from trainfit.params import Params, parse_params
 from trainfit.spec import Spec, load_yaml, parse_override
 from trainfit.spec.rules import params_problems
-from trainfit.workloads.step import SCHEDULERS, Schedule
-
-TRAINING_KEYS: dict[str, str] = {
-    "learning_rate": "the peak learning rate (default 2e-5, TRL's)",
-    "lr_scheduler_type": f"the learning rate's schedule: {', '.join(SCHEDULERS)} (default linear; transformers' "
-                         "constant has no warmup, constant_with_warmup has)",
-    "warmup_steps": "optimizer steps of linear warmup (default 0)",
-    "warmup_ratio": "warmup as a share of the run's steps, 0-1 (instead of warmup_steps; given to TRL as steps)",
-    "weight_decay": "AdamW's weight decay (default 0)",
-    "max_grad_norm": "gradients clipped to this total norm (default 1.0)",
-}
-"""The training values a config may set besides knobs, and what each means."""
+from trainfit.spec.training import TRAINING_KEYS, TrainValues, check_training
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 """A config's name: it names the config's folder (``OUTPUT/configs/NAME``), so one plain folder
@@ -53,22 +41,9 @@ class NamedConfig:
     given: dict[str, Any] = field(default_factory=dict)
     """The config as written (knobs and training values), for the report and a later round."""
 
-    def schedule(self, total_steps: int) -> Schedule:
-        t = self.training
-        warmup = int(t.get("warmup_steps") or math.ceil(float(t.get("warmup_ratio") or 0.0) * total_steps))
-        return Schedule(learning_rate=float(t.get("learning_rate", 2e-5)),
-                        lr_scheduler_type=str(t.get("lr_scheduler_type", "linear")), warmup_steps=warmup,
-                        weight_decay=float(t.get("weight_decay", 0.0)),
-                        max_grad_norm=float(t.get("max_grad_norm", 1.0)), total_steps=total_steps)
-
-    def trl_args(self, total_steps: int) -> list[str]:
-        """The ``trl sft`` flags of its training values, for a run of ``total_steps``: the warmup as
-        steps (:meth:`schedule`'s), which both trainers take."""
-        s = self.schedule(total_steps)
-        values = {"learning_rate": s.learning_rate, "lr_scheduler_type": s.lr_scheduler_type,
-                  "warmup_steps": s.warmup_steps, "weight_decay": s.weight_decay, "max_grad_norm": s.max_grad_norm}
-        return [word for key, value in values.items() for word in (f"--{key}", f"{value:g}" if isinstance(
-            value, float) else str(value))]
+    def values(self, base: TrainValues) -> TrainValues:
+        """Its training values over ``base`` (the spec's ``train:`` section)."""
+        return base.over(self.training)
 
 
 def split_training(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
@@ -99,7 +74,7 @@ def read_configs(path: str | Path, spec: Spec, defaults: Mapping[str, Any] | Non
         raise TrainfitError(f"{path} must hold a mapping of config names to their settings",
                             "e.g. low_lr: {learning_rate: 1.0e-5}\\nhigh_lr: {learning_rate: 1.0e-4}")
     given = [Problem(f"--set {k}", bad) for k, v in (defaults or {}).items()
-             if (bad := _check_training(k, _yaml_number(v)))]
+             if (bad := check_training(k, _yaml_number(v)))]
     if given:  # named as given, once: not as a problem of each config in the file
         raise SpecError(given, source="the command line")
     problems: list[Problem] = _same_folder([str(name) for name in raw])
@@ -154,7 +129,7 @@ def _config(name: str, values: Any, spec: Spec, problems: list[Problem]) -> Name
     factory = spec.model.factory is not None and not spec.uses_trl_sft
     training = {k: _yaml_number(v) for k, v in values.items() if k in TRAINING_KEYS}
     for key, value in training.items():
-        problem = _check_training(key, value)
+        problem = check_training(key, value)
         if problem:
             problems.append(Problem(f"{name}.{key}", problem))
     knobs = {k: v for k, v in values.items() if k not in TRAINING_KEYS}
@@ -184,19 +159,3 @@ def _yaml_number(value: Any) -> Any:
         with contextlib.suppress(ValueError):
             return float(value)
     return value
-
-
-def _check_training(key: str, value: Any) -> str | None:
-    if key == "lr_scheduler_type":
-        return None if value in SCHEDULERS else f"must be one of {', '.join(SCHEDULERS)}, got {value!r}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"must be a number, got {value!r}"
-    if key == "warmup_steps" and (not isinstance(value, int) or value < 0):
-        return f"must be a whole number >= 0, got {value!r}"
-    if key == "warmup_ratio" and not 0 <= value <= 1:
-        return f"must be between 0 and 1, got {value!r}"
-    if key in ("learning_rate", "max_grad_norm") and not value > 0:
-        return f"must be > 0, got {value!r}"
-    if value < 0:
-        return f"must be >= 0, got {value!r}"
-    return None

@@ -31,6 +31,7 @@ from trainfit.spec.sections import (
     Spec,
     TuneSettings,
 )
+from trainfit.spec.training import TrainValues, check_training
 from trainfit.spec.yaml_input import load_yaml, merge_overrides, parse_override
 
 _DATA_FORMATS = ("auto", "jsonl", "json", "csv", "tsv", "parquet", "text", "hf")
@@ -206,6 +207,17 @@ def _plan_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Plan
     return plan
 
 
+def _train_section(typed: dict[str, Any] | None, problems: list[Problem]) -> TrainValues | None:
+    """``train:``: each value in range (as a compare config's), a warmup given one way."""
+    if typed is None:
+        return None
+    problems += [Problem(f"train.{key}", bad) for key, value in typed.items() if (bad := check_training(key, value))]
+    if typed.get("warmup_steps") and typed.get("warmup_ratio"):
+        problems.append(Problem("train.warmup_ratio", "is set with train.warmup_steps: the warmup is one or the other",
+                                "keep one of them"))
+    return TrainValues(**typed)
+
+
 def _search_section(raw_search: Any, tune: TuneSettings | None, model: ModelSpec | None, params: Params,
                     problems: list[Problem]) -> SearchSpace | None:
     """``search:`` with ``tune``'s constraints and target effective batch; None when neither gives a
@@ -257,6 +269,7 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
     probe = _probe_section(sections["probe"], problems)
     tune = _tune_section(sections["tune"], problems)
     plan = _plan_section(sections["plan"], problems)
+    train = _train_section(sections["train"], problems)
     space = _search_section(raw.get("search"), tune, model, params, problems)
     problems += params_problems(model, tune, params, space)
     tokenizer = _tokenizer(raw.get("tokenizer"), model, base_dir, problems)
@@ -264,9 +277,10 @@ def build_spec(raw: Mapping[str, Any], *, base_dir: Path, source: str | None = N
         raise SpecError(problems, source=source or "spec")
     # A section that is not a mapping is None here, and added a problem above.
     assert model is not None and budget is not None and probe is not None and tune is not None and plan is not None
+    assert train is not None
     raw_params = raw.get("params")
     return Spec(model=model, data=data, params=params, budget=budget, probe=probe, tokenizer=tokenizer,
-                search=space, tune=tune, plan=plan, source=source,
+                search=space, tune=tune, plan=plan, train=train, source=source,
                 stated=frozenset(raw_params) if isinstance(raw_params, Mapping) else frozenset())
 
 

@@ -78,7 +78,10 @@ def _field_value(f: dataclasses.Field[Any], key: str, value: Any, problems: list
     return value
 
 
-ELSEWHERE = {"plan.epochs": "tune.epochs: set it there (the tune's estimate, its command and the plan count one run)"}
+ELSEWHERE = {
+    "plan.epochs": "tune.epochs: set it there (the tune's estimate, its command and the plan count one run)",
+    "train.epochs": "tune.epochs: set it there (the tune's estimate, its command, the plan and the run count one run)",
+}
 """Keys a user may look for in one section that another holds, and where."""
 
 

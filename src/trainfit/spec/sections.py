@@ -1,4 +1,5 @@
-"""The spec's sections as frozen dataclasses (``model``, ``data``, ``budget``, ``probe``, ``tune``)
+"""The spec's sections as frozen dataclasses (``model``, ``data``, ``budget``, ``probe``, ``tune``,
+``plan``; ``train`` is :mod:`trainfit.spec.training`'s)
 and :class:`Spec`, the whole of it: what a user's YAML becomes once checked."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainfit.params import Params
+from trainfit.spec.training import TrainValues
 
 GiB = 1024**3
 
@@ -207,6 +209,9 @@ class Spec:
     """The :class:`trainfit.space.SearchSpace` (None when the spec has no ``search:``)."""
     tune: TuneSettings = field(default_factory=TuneSettings)
     plan: PlanSettings = field(default_factory=PlanSettings)
+    train: TrainValues = field(default_factory=TrainValues)
+    """``train:``: the values a real run trains by and where its metrics go (out of the digest: a
+    step's cost does not depend on them)."""
     source: str | None = None
     """The spec file this came from (for messages and reports)."""
     stated: frozenset[str] | None = None
@@ -243,7 +248,7 @@ class Spec:
         their defaults are left out, so one that a later trainfit adds (at its default) does not
         change the hash, and a study started before it still resumes."""
         d = self.to_dict()
-        for key in ("params", "source", "tune", "plan"):  # how a search or a plan runs, not what is measured
+        for key in ("params", "source", "tune", "plan", "train"):  # how a search or a plan runs, not what is measured
             d.pop(key)
         for name, cls in SECTIONS.items():
             if isinstance(d.get(name), dict):
@@ -276,7 +281,8 @@ SECTIONS = {
     "probe": ProbeSettings,
     "tune": TuneSettings,
     "plan": PlanSettings,
+    "train": TrainValues,
 }
 
 
-TOP_LEVEL = ("model", "tokenizer", "data", "params", "budget", "probe", "search", "tune", "plan")
+TOP_LEVEL = ("model", "tokenizer", "data", "params", "budget", "probe", "search", "tune", "plan", "train")

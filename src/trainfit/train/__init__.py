@@ -36,6 +36,7 @@ from trainfit.params import parse_params
 from trainfit.plan import Plan
 from trainfit.plan.inputs import load_run
 from trainfit.run_folder import RunFolder
+from trainfit.spec.training import TrainValues
 from trainfit.train.checkpoints import incomplete, latest_complete, step_of, unloadable
 from trainfit.train.child import child_environment, run_child
 from trainfit.train.loop import run_loop
@@ -224,13 +225,24 @@ def _watchers(run_dir: Path, output: Path, record: TrainRun, plan: Plan | None, 
     one_save = plan.eta.checkpoint_s / plan.eta.checkpoints if plan is not None and plan.eta.checkpoints else 0.0
     control = TrainControl(every_s=every_s, keep=keep, log=log, started_at=record.started_at, say=say,
                            deadline=record.started_at + deadline_hours * 3600 if deadline_hours else None,
-                           save_s=one_save, eval_s=plan.evaluation.pass_s if plan is not None and plan.evaluation else 0.0)
+                           save_s=one_save, eval_s=plan.evaluation.pass_s if plan is not None and plan.evaluation else 0.0,
+                           lower_lr=_lower_lr(record))
     callbacks: list[Any] = [control]
     if plan is not None:
         callbacks.append(OnTrackCallback(run_dir / "plan.json", every_s=monitor_every_s,
                                          started_at=record.started_at,
                                          on_status=lambda status: log.write("on_track", **status.to_json())))
     return log, control, callbacks
+
+
+def _lower_lr(record: TrainRun) -> str:
+    """How this run takes a lower learning rate: after ``--``, as ``trl sft`` and the factory loop both
+    do (the factory's is said, it prints none), or your own command's way."""
+    if record.kind == "command":
+        return "your command's own setting"
+    if record.kind == "factory":
+        return f"now {TrainValues.of(record.training).learning_rate:g}: -- --learning_rate X"
+    return "-- --learning_rate X"
 
 
 def _run(run: RunFolder, output: Path, record: TrainRun, plan: Plan | None, checkpoint: Path | None, control: Any,
@@ -320,7 +332,12 @@ def _train_trl(trainer: Any, output: Path, checkpoint: Path | None, control: Any
 
 def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
                  say: Callable[[str], None]) -> tuple[int, int]:
-    """Train a factory model with trainfit's loop; returns (steps done, total steps)."""
+    """Train a factory model with trainfit's loop, by the record's training values, its figures to
+    their ``report_to`` services; returns (steps done, total steps)."""
+    # local: torch and transformers load only where this process trains
+    from trainfit.train.monitor import OnTrackCallback
+    from trainfit.train.trackers import trackers
+
     run = load_run(run_folder)
     summary, spec = run.summary, run.spec()
     if spec.data is None:
@@ -329,9 +346,14 @@ def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoi
     params, problems = parse_params(record.config, allow_custom=True)
     if problems:
         raise TrainfitError(f"the config of trial {record.trial} does not parse: {problems[0]}", "tune again")
+    training = TrainValues.of(record.training)
+    services = trackers(training.report_to, output, {**record.config, **record.training})
+    for callback in callbacks:
+        if isinstance(callback, OnTrackCallback):
+            callback.services = services
     return run_loop(spec, params, samples=summary.dataset_samples or 0, epochs=record.epochs or 1.0,
-                    max_steps=record.max_steps, output=output, checkpoint=checkpoint, callbacks=callbacks, say=say,
-                    evaluation=record.evaluation)
+                    max_steps=record.max_steps, output=output, checkpoint=checkpoint, callbacks=[*callbacks, *services],
+                    say=say, evaluation=record.evaluation, training=training)
 
 
 __all__ = ["TrainOptions", "TrainResult", "TrainRun", "prepare", "train"]

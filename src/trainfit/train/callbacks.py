@@ -81,8 +81,10 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
 
     def __init__(self, *, every_s: float, keep: int, log: RunLog, started_at: float,
                  deadline: float | None = None, save_s: float = 0.0, eval_s: float = 0.0,
-                 say: Callable[[str], None] = print) -> None:
+                 lower_lr: str = "-- --learning_rate X", say: Callable[[str], None] = print) -> None:
         self.keep, self.log, self.say = keep, log, say
+        self.lower_lr = lower_lr
+        """How this run is given a lower learning rate, for the advice at a loss that is not finite."""
         self.started_at, self.deadline = started_at, deadline
         self.interval = Interval(every_s, time.monotonic())
         self.stopped: str | None = None
@@ -226,8 +228,8 @@ class TrainControl(trainer_callback_base()):  # type: ignore[misc]
         control.should_training_stop = True
         control.should_save = False  # the step's end may have asked for one (an interval, the last step)
         self.say(f"trainfit: the loss is not finite ({loss}) at step {step:,}: stopping without a save (the last "
-                 "checkpoint is from before it); train again into a new --output with a lower learning rate "
-                 "(-- --learning_rate X), or in bf16 rather than fp16")
+                 f"checkpoint is from before it); train again into a new --output with a lower learning rate "
+                 f"({self.lower_lr}), or in bf16 rather than fp16")
         self.log.write("stop", step=step, reason="diverged", loss=str(loss))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

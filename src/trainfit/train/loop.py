@@ -38,7 +38,7 @@ from trainfit.workloads.step import TrainStep
 
 if TYPE_CHECKING:
     from trainfit.plan.eval_pass import EvalSchedule
-    from trainfit.workloads.step import Schedule
+    from trainfit.spec.training import Schedule, TrainValues
 
 STATE = "loop_state.json"
 LOG_EVERY = 10
@@ -151,11 +151,12 @@ class _Hooks:
     def evaluates_at_epoch_end(self) -> bool:
         return self.evaluation is not None and not self.evaluation.every
 
-    def after_step(self, losses: list[float], save_now: Callable[[], None]) -> list[float]:
+    def after_step(self, losses: list[float], save_now: Callable[[], None],
+                   figures: Callable[[], dict[str, float]]) -> list[float]:
         """What the trainer does after a step, in its order: the step's callbacks (told of the
         evaluation due, which they may cancel: ``control.should_evaluate``), that evaluation, the
-        loss line every ``log_every`` steps, a save when the control asks for one. Returns the
-        losses not yet logged."""
+        loss line every ``log_every`` steps (with ``figures``: the gradient norm and learning rate,
+        as the trainer's), a save when the control asks for one. Returns the losses not yet logged."""
         state = self.state
         self.control.should_evaluate = self.evaluation is not None and self.evaluation.due(state.global_step,
                                                                                            state.max_steps)
@@ -165,7 +166,8 @@ class _Hooks:
         # A loss that is not finite is logged at once: the callbacks stop the run there (``TrainControl``).
         if state.global_step % self.log_every == 0 or state.global_step == state.max_steps \
                 or not math.isfinite(losses[-1]):
-            self.call("on_log", logs={"loss": round(sum(losses) / len(losses), 6), "epoch": round(state.epoch, 4)})
+            self.call("on_log", logs={"loss": round(sum(losses) / len(losses), 6), **figures(),
+                                      "epoch": round(state.epoch, 4)})
             losses = []
         self.saved(save_now)
         return losses
@@ -195,13 +197,13 @@ class _Hooks:
 
 def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_steps: int | None, output: Path,
              checkpoint: Path | None, callbacks: Sequence[Any], say: Callable[[str], None],
-             evaluation: EvalSchedule | None = None, schedule: Schedule | None = None,
+             evaluation: EvalSchedule | None = None, training: TrainValues | None = None,
              log_every: int = LOG_EVERY) -> tuple[int, int]:
     """Train ``spec``'s factory model with ``params`` for ``epochs`` over its ``samples`` rows (or
     ``max_steps``, over as many epochs as they take), from ``checkpoint`` when given; ``callbacks``
     are called as a Hugging Face trainer calls them. ``evaluation``: its eval set evaluated on its
-    schedule, as the trainer's step or epoch strategy does (also after the last step). ``schedule``:
-    the learning rate and the rest of :class:`trainfit.workloads.step.Schedule` (None: the probe's).
+    schedule, as the trainer's step or epoch strategy does (also after the last step). ``training``:
+    the learning rate and the rest (:class:`trainfit.spec.training.TrainValues`; None: the probe's).
     ``log_every``: steps between loss lines. Returns (steps done, total steps); the model's weights
     end in ``output/model.pt``."""
     import torch
@@ -210,7 +212,7 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     assert data is not None
     per_epoch, total = plan_steps(samples, params.effective_batch_size, epochs, max_steps)
     workload, runner, collate, device = _factory_runner(
-        spec, params, samples, dataclasses.replace(schedule, total_steps=total) if schedule else None)
+        spec, params, samples, training.schedule(total) if training else None)
     position = load(checkpoint, runner, device) if checkpoint is not None else Position()
     hooks = _Hooks(callbacks, output, (per_epoch, total), epochs, max_steps, position, evaluation, log_every,
                    lambda e: evaluate(runner, collate, e, fmt=data.format, on_bad_row=data.on_bad_row))
@@ -228,7 +230,8 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
                 state.global_step += 1
                 state.epoch = epoch + consumed / samples
                 logged, losses = losses, hooks.after_step(losses, functools.partial(
-                    save, output / f"checkpoint-{state.global_step}", runner, Position(state.global_step, epoch, consumed)))
+                    save, output / f"checkpoint-{state.global_step}", runner, Position(state.global_step, epoch, consumed)),
+                    runner.figures)
                 if logged and not losses:  # a loss line was logged: the console shows it too
                     shown = f", loss {sum(logged) / len(logged):.4g}"
                 bar.update(state.global_step, note=f"epoch {state.epoch:.2f}{shown}")

@@ -17,7 +17,7 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -327,6 +327,8 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
         """What the process had done at its first step's end (see :meth:`on_step_end`)."""
         self.trainer: Any = None
         """The trainer whose logs get each status's figures (:meth:`watch`)."""
+        self.services: Sequence[Any] = ()
+        """Callbacks that get each status's figures too: trainfit's loop has no trainer (:mod:`.trackers`)."""
 
     @classmethod
     def from_environment(cls, every_s: float = 60.0) -> OnTrackCallback | None:
@@ -390,18 +392,21 @@ class OnTrackCallback(trainer_callback_base()):  # type: ignore[misc]
             self._report(state, ahead=True)
             # The figures go to the trainer's services as the run goes and at its last step (not at its end:
             # they close their runs in their own on_train_end, which the trainer calls before this callback's).
-            self._to_services(self.latest.figures(final=last) if self.latest else {})
+            self._to_services(self.latest.figures(final=last) if self.latest else {}, args, state, control)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.start is not None:
             self._report(state, ahead=False, ended=int(state.global_step) >= int(state.max_steps))  # else stopped
 
-    def _to_services(self, figures: dict[str, float]) -> None:
+    def _to_services(self, figures: dict[str, float], args: Any, state: Any, control: Any) -> None:
         """``figures`` to every callback of the watched trainer's ``on_log`` (its ``report_to``
         services among them), as the trainer's own logs reach them; not through ``trainer.log``,
-        which would also take TRL's running metrics (token accuracy...) out of its next loss line."""
+        which would also take TRL's running metrics (token accuracy...) out of its next loss line;
+        and to :attr:`services`."""
         if self.trainer is not None and figures:
             self.trainer.callback_handler.on_log(self.trainer.args, self.trainer.state, self.trainer.control, figures)
+        for service in self.services if figures else ():
+            service.on_log(args, state, control, logs=figures)
 
     def _done(self, state: Any, ahead: bool) -> Pace:
         """What this process did until now: since its start, the steps, their batches' expected

@@ -18,6 +18,7 @@ from trainfit.files import write_atomically
 from trainfit.format import format_duration as dur
 from trainfit.plan import Plan
 from trainfit.run_folder import COMMAND_FILE, RunFolder
+from trainfit.spec.training import TrainValues
 from trainfit.summary import Summary
 from trainfit.train.checkpoints import incomplete, latest_complete
 from trainfit.train.data_check import identity, refuse_changed
@@ -141,9 +142,7 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
         return common(source=source, trial=trial, kind="command", threads=None,
                       argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])]), plan
     if factory:
-        if extra_args:
-            raise TrainfitError("arguments after -- go to `trl sft`, and this tune folder's model is a factory model, "
-                                "which trains in trainfit's own loop", "drop them (--max-steps caps the steps)")
+        training = TrainValues.of(summary.spec.train).with_flags(extra_args)
         best = summary.best_config
         if plan is None and (best is None or best.samples_per_second is None):
             raise TrainfitError(f"no config fit the budget in {run_dir}: there is nothing to train",
@@ -157,7 +156,8 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
         if plan is not None and plan.max_steps and not max_steps:  # an applied subset's cap, kept with the run
             common = functools.partial(common, max_steps=plan.max_steps)
         return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
-                      config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None), plan
+                      config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None,
+                      training=training.to_json()), plan
     command, source, trial = training_command(run, plan)
 
     threads, argv = split_command(command)

@@ -86,6 +86,9 @@ class TrainRun(Record):
     """A cap on the optimizer steps (``--max-steps``); None: the epochs decide."""
     evaluation: Evaluation | None = None
     """``factory``: the plan's eval set and schedule (a ``trl_sft`` run has them in its arguments)."""
+    training: dict[str, Any] = field(default_factory=dict)
+    """``factory``: the training values it trains by (``TrainValues``' JSON: the spec's ``train:``
+    section with the flags given after ``--`` over it; a ``trl_sft`` run has them in its arguments)."""
     started_at: float
     """Epoch seconds of the first start: a deadline and the actual time count from it."""
     data: str | None = None
@@ -123,7 +126,8 @@ class TrainRun(Record):
         if e is not None:
             out["evaluation"] = f"{e.path}, every {e.every or 'epoch'}, batch {e.batch_size}"
         return {**out, "epochs": f"{self.epochs:g}" if self.epochs is not None else "None",
-                **{k: json.dumps(v) for k, v in self.config.items()}}
+                **{k: json.dumps(v) for k, v in self.config.items()},
+                **{f"train.{k}": json.dumps(v) for k, v in self.training.items()}}
 
 
 @dataclass(frozen=True, kw_only=True)

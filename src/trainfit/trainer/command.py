@@ -19,12 +19,12 @@ from trainfit.data_paths import data_files
 from trainfit.errors import TrainfitError
 from trainfit.params import KNOBS, Params
 from trainfit.spec import Spec
+from trainfit.spec.training import TrainValues
 from trainfit.template import render_template
 from trainfit.trl_words import bool_word, word_value
 from trainfit.trainer.accelerate_launch import LAUNCH_FLAGS, SHELL_VALUES, launch_args, shell_word
 from trainfit.workloads.hf import save_initial_model
 from trainfit.workloads.lora import lora_kwargs, trl_lora_args
-from trainfit.workloads.step import Schedule
 
 if TYPE_CHECKING:
     from trainfit.data.stats import LengthStats
@@ -154,7 +154,7 @@ def trl_command(spec: Spec, params: Params, *, max_length: int | None = None, da
     threads = [f"OMP_NUM_THREADS={cpu_threads}"] if cpu_threads else []
     # TRL trains 3 epochs unless told: the command trains what the runtime estimate is for.
     return [*threads, "trl", "sft", "--model_name_or_path", model, *data,
-            *trl_args(params, max_length, cpu=cpu_threads is not None),
+            *trl_args(params, max_length, cpu=cpu_threads is not None), *spec.train.trl_args(),
             "--num_train_epochs", f"{spec.tune.epochs:g}", "--output_dir", "trainfit-run"]
 
 
@@ -316,25 +316,26 @@ def training_arguments(spec: Spec, params: Params, *, max_length: int | None = N
     ``trl sft`` (a template of your own, a factory model): its settings are its own."""
     if not spec.uses_trl_sft:
         return None
-    return trainer_settings(params, spec.tune.epochs, max_length=max_length, cpu_threads=cpu_threads)
+    return trainer_settings(params, spec.tune.epochs, values=spec.train, max_length=max_length, cpu_threads=cpu_threads)
 
 
-def trainer_settings(params: Params, epochs: float, *, max_length: int | None = None,
-                     cpu_threads: int | None = None) -> dict[str, Any]:
+def trainer_settings(params: Params, epochs: float, *, values: TrainValues = TrainValues(),
+                     max_length: int | None = None, cpu_threads: int | None = None) -> dict[str, Any]:
     """The trainer settings of ``params``: the very settings the ``trl sft`` command passes (read
     from its flags, so there is one mapping of the knobs), split by where each goes:
     ``TrainingArguments(**training_arguments)``, the model's ``from_pretrained(**model_init_kwargs)``,
     peft's ``LoraConfig(**lora)`` (null: full fine-tuning) and what TRL's ``SFTConfig`` adds
     (``sft``: the truncation length, packing, padding). ``epochs``: what the runtime estimate is for
-    (``tune.epochs``); the learning-rate schedule is the one ``trl sft`` trains with (its
-    ``SFTConfig``'s defaults, which a plain ``TrainingArguments`` does not share); ``notes``: what to
+    (``tune.epochs``); ``values``: the spec's ``train:`` section, the learning rate and the rest,
+    whose defaults are those ``trl sft`` trains with (its ``SFTConfig``'s, which a plain
+    ``TrainingArguments`` does not share); ``notes``: what to
     change on another machine. ``max_length`` and ``cpu_threads``: as for :func:`trl_args` (see
     :func:`command_inputs`). Every other export (``training_args.json``, ``axolotl.yaml``) is read
     from this."""
     from transformers import TrainingArguments
 
     trainer_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    schedule = Schedule()  # TRL's SFTConfig defaults: what the trl sft command trains with
+    schedule = TrainValues()  # TRL's SFTConfig defaults: what the trl sft command trains with; values' flags win
     lora = None if params.lora_r is None else {**lora_kwargs(params), "task_type": "CAUSAL_LM", "bias": "none"}
     out: dict[str, Any] = {"training_arguments": {
         "num_train_epochs": epochs, "learning_rate": schedule.learning_rate,
@@ -344,8 +345,8 @@ def trainer_settings(params: Params, epochs: float, *, max_length: int | None = 
         "notes": [] if cpu_threads is None else [
             "use_cpu: true and tf32: false: the config was measured on a CPU, so it trains on one; on a GPU machine "
             "drop use_cpu, and probe there: speed and memory differ"]}
-    for name, word in flags(trl_args(params, max_length, cpu=cpu_threads is not None)).items():
-        value = word_value(word)
+    for name, word in flags([*trl_args(params, max_length, cpu=cpu_threads is not None), *values.trl_args()]).items():
+        value = word.split() if name == "report_to" else word_value(word)
         if name in MODEL_ARGS:
             out["model_init_kwargs"][name] = value
         elif name in LAUNCH_FLAGS:  # accelerate launch's: the processes, not the trainer

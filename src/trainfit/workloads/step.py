@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import math
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from trainfit.devices import cpu_flags
 from trainfit.errors import TrainfitError, Unsupported
 from trainfit.params import Params
+from trainfit.spec.training import MAX_GRAD_NORM, Schedule
 from trainfit.workloads.base import Batch, Workload
 
 
@@ -100,43 +99,6 @@ def _needs_cuda_and(cuda: bool, module: str, package: str, *, knob: str, value: 
         raise Unsupported(f"{shown} needs the {package} package", f"{install}, or {instead}", knob=knob, value=value)
 
 
-MAX_GRAD_NORM = 1.0
-"""The trainers' default ``max_grad_norm`` (transformers ``TrainingArguments``, TRL's ``SFTConfig``)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Schedule:
-    """What a training run sets that a step's cost does not depend on: the learning rate and its
-    schedule, weight decay, gradient clipping. The defaults are TRL's ``SFTConfig``'s (linear decay
-    to 0 over ``total_steps``, no warmup, no weight decay, clipping at 1.0)."""
-
-    learning_rate: float = 2e-5
-    lr_scheduler_type: str = "linear"
-    """``linear``, ``cosine``, ``constant`` (no warmup, as transformers' ``constant`` has none) or
-    ``constant_with_warmup``."""
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = MAX_GRAD_NORM
-    total_steps: int = 1
-
-    def factor(self, step: int) -> float:
-        """The learning rate's multiplier at optimizer step ``step`` (0-based), as transformers'
-        schedules of the same names compute it."""
-        if self.lr_scheduler_type == "constant":
-            return 1.0
-        if step < self.warmup_steps:
-            return step / max(1, self.warmup_steps)
-        if self.lr_scheduler_type == "constant_with_warmup":
-            return 1.0
-        progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
-        if self.lr_scheduler_type == "cosine":
-            return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
-        return max(0.0, 1.0 - progress)
-
-
-SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
-
-
 def _optimizer(params: Params, trainable: list[Any], schedule: Schedule | None = None) -> Any:
     import torch
 
@@ -209,6 +171,8 @@ class TrainStep:
         self.skipped_steps = 0
         """fp16: the optimizer steps whose update the loss scaler skipped (their gradients overflowed)."""
         self.last_skipped = False
+        self.grad_norm: Any = None
+        """The last step's total gradient norm before clipping (a device tensor: :meth:`figures` reads it)."""
 
     def run(self, micro_batches: Sequence[Batch]) -> float:
         """One optimizer step over ``micro_batches`` (at least one); returns the mean loss (a host sync)."""
@@ -233,7 +197,7 @@ class TrainStep:
 
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.trainable, self.max_grad_norm)
+        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.max_grad_norm)  # read when logged
         if self.scaler is not None:
             scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
@@ -246,6 +210,12 @@ class TrainStep:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(total)  # one host sync per step, as a training loop that logs its loss has
+
+    def figures(self) -> dict[str, float]:
+        """The last step's gradient norm and the learning rate of the next, as the Hugging Face
+        trainer logs them beside the loss (``grad_norm``, ``learning_rate``); a host sync."""
+        out = {} if self.grad_norm is None else {"grad_norm": round(float(self.grad_norm), 6)}
+        return {**out, "learning_rate": float(self.optimizer.param_groups[0]["lr"])}
 
     def evaluate(self, inputs: Any) -> float:
         """The loss of one evaluation batch: forward only, no gradients, the model in eval mode
