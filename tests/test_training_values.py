@@ -154,3 +154,13 @@ def test_a_service_whose_library_is_missing_is_said_before_training(tmp_path: Pa
     err = capsys.readouterr().err
     assert "train.report_to names mlflow, and its library is not installed" in err and "pip install mlflow" in err
     assert "Traceback" not in err and not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_the_flags_against_a_command_s_own_values_say_only_what_changes() -> None:
+    """A compare winner's values after a command that already says the spec's (``plan --from-compare``):
+    a value back at TRL's default is said too, where the command said another."""
+    spec = TrainValues(learning_rate=1e-4, warmup_ratio=0.1, report_to=("tensorboard",))
+    winner = spec.over({"learning_rate": 2e-5, "lr_scheduler_type": "cosine"})
+    assert winner.trl_args(100, against=spec) == ["--learning_rate", "2e-05", "--lr_scheduler_type", "cosine"]
+    assert TrainValues().trl_args(100, against=spec) == ["--learning_rate", "2e-05", "--warmup_steps", "0",
+                                                         "--report_to", "none"]

@@ -20,6 +20,7 @@ from trainfit.errors import TrainfitError
 from trainfit.plan import MAX_EPOCHS, Plan, make_plan, plan_from_throughput
 from trainfit.plan.apply import apply_option
 from trainfit.plan.estimated import MAX_FIGURE
+from trainfit.plan.from_compare import Winner, read_winner
 from trainfit.plan.given_lengths import given_stats, parse_lengths
 from trainfit.plan.inputs import best_step_cost
 from trainfit.plan.outputs import PLAN_FILE, TEXT_FILE, write_plan
@@ -35,6 +36,7 @@ examples:
   trainfit plan RUN_DIR --max-hours 2 --json                              # plan.json on stdout
   trainfit plan RUN_DIR --max-hours 12 --eval-data val.jsonl --eval-every 500   # with evaluation passes
   trainfit plan RUN_DIR --max-hours 2 --apply 1        # it does not fit: write option 1 into the plan
+  trainfit plan RUN_DIR --max-hours 8 --from-compare CMP_DIR   # the comparison's best, trained the fastest way
 
 before the hardware (estimated, not measured; written to --output):
   trainfit plan --spec spec.yaml --throughput 800 --max-hours 12 --epochs 3   # your figure, tokens/s
@@ -115,6 +117,10 @@ def add_parser(sub: Any) -> None:
                    help="write the plan with its option N applied (when the run does not fit: fewer epochs, a shorter "
                         "max_length, a subset's steps, a faster config; with room to spare: more epochs, the quality "
                         "priority's config), which `trainfit train` then runs")
+    p.add_argument("--from-compare", metavar="DIR",
+                   help="carry a `trainfit compare` winner on: plan among the configs the tune measured that learn as "
+                        "it does (its learned knobs and effective batch), trained with its learning rate and schedule")
+    p.add_argument("--config", metavar="NAME", help="with --from-compare: that config instead of the comparison's best")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the text plan")
     p.set_defaults(run=run)
 
@@ -157,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         if tunes_pick is not None and plan.trial is not None and plan.trial != tunes_pick.trial:
             how = "run the command above, or `trainfit train`," if plan.command else "run `trainfit train`"
             why = plan.rule if plan.applied is not None else f"the one priority {plan.priority} picks ({plan.rule})"
+            if plan.from_compare is not None:
+                why = f"{why} among the configs that learn as compare's {plan.from_compare.name} does"
             print(f"\nnote: this plan trains trial {plan.trial}, {why}, not the tune's pick, trial {tunes_pick.trial}, which train_command.sh and the tune's other files "
                   f"are written for: {how} for the planned run")
         print(f"\nwritten: {folder / PLAN_FILE}, {folder / TEXT_FILE}")
@@ -191,6 +199,10 @@ def _check_source(args: argparse.Namespace) -> None:
          "your figure", "add --spec SPEC --throughput TOKENS_PER_S (a tune folder counted its data)"),
         (args.run_dir is not None and args.output is not None,
          "a plan of RUN_DIR is written into it, where `trainfit train` reads it", "drop --output"),
+        (args.config is not None and args.from_compare is None, "--config names a config of a comparison",
+         "add --from-compare DIR (a `trainfit compare` output folder)"),
+        (args.from_compare is not None and args.spec is not None, "--from-compare picks among the configs a tune "
+         "measured, and --spec plans the spec's config at your figure", "plan RUN_DIR --from-compare DIR"),
     ]
     for wrong, problem, fix in problems:
         if wrong:
@@ -203,7 +215,8 @@ def _estimated_plan(args: argparse.Namespace) -> tuple[Path, Plan]:
         run = RunFolder(args.like)
         common = _settings(args, run.summary.spec.plan)
         folder = _output(args, run.summary.spec.source or args.like)
-        plan = _applied(args, lambda trial=None: make_plan(run, device=args.device, trial=trial, **common))
+        plan = _applied(args, lambda trial=None: make_plan(run, device=args.device, trial=trial, winner=_winner(args),
+                                                           **common))
         folder.mkdir(parents=True, exist_ok=True)
         return folder, plan
     spec = load_spec(args.spec)
@@ -237,6 +250,7 @@ def _measured_plan(args: argparse.Namespace, run: RunFolder) -> Plan:
     """The plan of what the tune folder ``run`` measured (calibrated first with --calibrate)."""
     folder = run.path
     common = _settings(args, _recorded_plan(run))  # a window missing is said before a calibration runs
+    winner = _winner(args)  # and a comparison that cannot be read
     calibration = None
     if args.calibrate:
         what = "your tune.command_template" if run.summary.command_template else folder / "train_command.sh"
@@ -246,7 +260,11 @@ def _measured_plan(args: argparse.Namespace, run: RunFolder) -> Plan:
                                 on_progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     return _applied(args, lambda trial=None: make_plan(
         run, calibration=calibration, eval_data=args.eval_data, eval_every=args.eval_every,
-        eval_batch_size=args.eval_batch_size, trial=trial, **common))
+        eval_batch_size=args.eval_batch_size, trial=trial, winner=winner, **common))
+
+
+def _winner(args: argparse.Namespace) -> Winner | None:
+    return read_winner(args.from_compare, args.config) if args.from_compare is not None else None
 
 
 def _recorded_plan(run: RunFolder) -> Mapping[str, Any]:

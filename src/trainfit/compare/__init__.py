@@ -29,7 +29,7 @@ from trainfit.compare.jobs import CONFIGS, ConfigJobs, as_job_json, measured_run
 from trainfit.compare.report import write_report
 from trainfit.compare.runs import MEASURED, ConfigRun
 from trainfit.compare.shared import SharedConfigs
-from trainfit.compare.suggest import Suggestion, suggest
+from trainfit.compare.suggest import Suggestion, standing, suggest
 from trainfit.data.holdout import hold_out
 from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError
@@ -72,6 +72,9 @@ class Comparison(Record):
     runs: dict[str, ConfigRun] = field(default_factory=dict)
     """The configs trained so far."""
     suggestions: list[Suggestion] = field(default_factory=list)
+    ranking: list[str] = field(default_factory=list)
+    """The configs that finished, best first (:func:`~trainfit.compare.suggest.standing`): what
+    ``plan --from-compare`` and ``train --from-compare`` carry on."""
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Comparison:  # type: ignore[override]
@@ -138,7 +141,8 @@ def compare(spec_path: str | Path, configs_path: str | Path, *, steps: int, outp
             state = with_changes(state, runs={**state.runs, config.name: run})
             _write(output, state)  # kept before it is said: an interrupt after the line loses nothing
             say(f"[{i}/{len(configs)}] {config.name}: {run.status}" + (f" ({run.error})" if run.error else ""))
-        state = with_changes(state, suggestions=suggest(state.configs, state.runs, target_loss, steps, spec.params.to_dict()))
+        suggestions = suggest(state.configs, state.runs, target_loss, steps, spec.params.to_dict())
+        state = with_changes(state, suggestions=suggestions, ranking=standing(state.configs, state.runs))
         _write(output, state)
 
         write_report(output, state)

@@ -199,6 +199,22 @@ def ranked(runs: dict[str, ConfigRun]) -> list[str]:
     return sorted(done, key=lambda name: (not runs[name].evals, final_loss(runs[name])))
 
 
+def standing(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun]) -> list[str]:
+    """The configs that finished, best first, as the suggestions rank them (``compare.json``'s
+    ``ranking``: what ``plan --from-compare`` carries on)."""
+    order = ranked(runs)
+    return _best_first(order, _capacity(given, runs, order)[1]) if order else []
+
+
+def _best_first(order: list[str], kept: dict[str, str]) -> list[str]:
+    """``order`` with the best first: the lowest loss, or the smaller rank that matched it, as "keep"
+    says, all the way down (r32 kept r16, which r8 matched: r8)."""
+    best = order[0]
+    while best in kept:
+        best = kept[best]
+    return [best, *(name for name in order if name != best)]
+
+
 def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target_loss: float | None = None,
             steps: int | None = None, defaults: dict[str, Any] | None = None) -> list[Suggestion]:
     """The next round's suggestions (see the module) from the configs as written and their runs;
@@ -209,10 +225,8 @@ def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target
             if run.status in ("over_budget", "out_of_memory")]
     if order:
         capacity, kept = _capacity(given, runs, order)
+        order = _best_first(order, kept)
         best = order[0]
-        while best in kept:  # the lowest loss, matched by a smaller rank: that one is the best, as "keep" says,
-            best = kept[best]  # all the way down (r32 kept r16, which r8 matched: r8)
-        order.insert(0, order.pop(order.index(best)))
         out += _learning_rate_edge(best, given, runs, order)
         out += capacity
         if still_falling(runs[best]):

@@ -10,6 +10,7 @@ measured (``estimated``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import re
@@ -26,12 +27,14 @@ from trainfit.plan.choose import PRIORITIES, RULES, choose, of_trial
 from trainfit.plan.estimated import Estimated, from_throughput, like_estimated, like_lines, scaled_to, throughput_lines
 from trainfit.plan.eta import Eta, checkpoint_bytes, estimate, run_speed, write_speed
 from trainfit.plan.eval_pass import Evaluation, eval_set, measure_eval_pass, trl_dataset
+from trainfit.plan.from_compare import Winner, keep_learned
 from trainfit.plan.inputs import Candidate, Rebuilt, TuneRun, load_run, rebuild
 from trainfit.plan.learned import learned
 from trainfit.plan.options import Option, fewer_epochs, ranked, subset
 from trainfit.plan.rests_on import is_the_tunes, left_out, rests_on
 from trainfit.plan.spare import has_room, more_epochs, plan_options
 from trainfit.run_folder import TRAINER_COST_FILE, RunFolder
+from trainfit.spec.training import TrainValues
 from trainfit.summary import Summary
 from trainfit.trainer.calibration import Calibration
 from trainfit.trainer.command import build_command, command_inputs, trl_data_config, with_eval_split
@@ -122,6 +125,9 @@ class Plan(Record):
     samples, drawn from the whole dataset); None: its epochs decide."""
     applied: Option | None = field(default=None, metadata={"omit_none": True})
     """The option of the plan before which this plan applies (``plan --apply N``)."""
+    from_compare: Winner | None = field(default=None, metadata={"omit_none": True})
+    """The compare config this plan carries on (``plan --from-compare``): its configs learn as it
+    does, and its run trains with its training values."""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Plan:
@@ -148,21 +154,20 @@ class Plan(Record):
 def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | None = None, priority: str = "balanced",
               margin_minutes: float = 30.0, checkpoint_minutes: float = 30.0, calibration: Calibration | None = None,
               eval_data: str | Path | None = None, eval_every: int | None = None, eval_batch_size: int | None = None,
-              device: str | None = None, trial: int | None = None) -> Plan:
-    """The plan of a run of ``epochs`` (default: the tune's ``tune.epochs``) over the tune
-    folder ``folder``'s dataset in ``max_hours``, less ``margin_minutes``, with ``priority``'s config.
-
+              device: str | None = None, trial: int | None = None, winner: Winner | None = None) -> Plan:
+    """The plan of a run of ``epochs`` (default: the tune's ``tune.epochs``) over the tune folder
+    ``folder``'s dataset in ``max_hours``, less ``margin_minutes``, with ``priority``'s config.
     ``eval_data``: an eval set (the training data's format and fields), evaluated every
     ``eval_every`` optimizer steps (None: at each epoch's end) in batches of ``eval_batch_size``
     (default: the config's batch size); one pass is timed forward-only on the config the priority
-    picks without it, and the passes join every config's ETA.
-
-    ``device``: plan the run on that device instead (by name: ``H100``), each config's speed scaled
-    by the two devices' peak FLOP/s at its measured MFU (``estimated.scaled_to``): estimated, not
-    measured. Neither a calibration nor an eval pass can be timed for it here. ``trial``: that
-    measured config instead of the one ``priority`` picks (``plan --apply`` of a faster config)."""
+    picks without it, and the passes join every config's ETA. ``device``: plan the run on that
+    device instead (by name: ``H100``), each config's speed scaled by the two devices' peak FLOP/s
+    at its measured MFU (``estimated.scaled_to``): estimated, not measured. Neither a calibration
+    nor an eval pass can be timed for it here. ``trial``: that measured config instead of the one
+    ``priority`` picks (``plan --apply`` of a faster config). ``winner``: a compare config
+    (``plan --from-compare``): the configs that learn as it does, trained with its values."""
     window = usable_window_s(max_hours, epochs, margin_minutes, checkpoint_minutes, priority)
-    run, calibration = _inputs(folder, calibration, device, eval_data)
+    run, calibration = _inputs(folder, calibration, device, eval_data, winner)
     run_dir, summary = run.folder, run.summary
     epochs = _epochs(epochs, summary.epochs_for_estimate)
     samples = summary.dataset_samples
@@ -190,7 +195,8 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
     fits = run_eta.fits(window)
     options = plan_options(run, rebuilt, chosen, samples, epochs, total, window, eta)
     estimated = like_estimated(chosen, device, run) if device is not None else None
-    return Plan(created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_dir=str(run_dir),
+    return carried(winner, summary, Plan(
+                created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_dir=str(run_dir),
                 max_hours=max_hours, margin_minutes=margin_minutes, window_s=window, epochs=epochs,
                 dataset_samples=samples, priority=priority, rule=RULES[priority], trial=chosen.trial,
                 searched=chosen.searched, config=chosen.config, samples_per_second=chosen.samples_per_second,
@@ -204,7 +210,21 @@ def make_plan(folder: Path | RunFolder, *, max_hours: float, epochs: float | Non
                 + (like_lines(chosen, estimated) if estimated else []),
                 priorities=[_choice(p, choose(p, run.candidates, eta, window), eta, window) for p in PRIORITIES],
                 options=options, step_cost=_coefficients(chosen), model_step_s=chosen.step_time_s,
-                evaluation=evaluation, estimated=estimated)
+                evaluation=evaluation, estimated=estimated))
+
+
+def carried(winner: Winner | None, summary: Summary, plan: Plan) -> Plan:
+    """``plan`` carrying ``winner`` on: recorded, said in what it rests on, and its training values
+    as flags after the planned ``trl sft`` command's own (a later flag wins; warmup as steps of the
+    run). A command template is left as written (its values are your command's own)."""
+    if winner is None:
+        return plan
+    base = TrainValues.of(summary.spec.train)
+    command = plan.command
+    if command is not None and not summary.command_template and summary.spec.factory is None:
+        flags = winner.values(base).trl_args(plan.eta.steps, against=base)
+        command = " ".join([command, *(shlex.quote(w) for w in flags)])
+    return dataclasses.replace(plan, from_compare=winner, command=command, rests_on=[*plan.rests_on, winner.line()])
 
 
 def steps_between_saves(every_s: float, step_time_s: float) -> int:
@@ -228,13 +248,15 @@ def _own_costs(summary: Summary, calibration: Calibration | None) -> Callable[[C
 
 
 def _inputs(folder: Path | RunFolder, calibration: Calibration | None, device: str | None,
-            eval_data: str | Path | None) -> tuple[TuneRun, Calibration | None]:
-    """The tune folder's run (scaled to ``device`` where given) and the calibration the plan uses:
-    the one given, else the tune's own (none for another device: it timed this machine's trainer)."""
+            eval_data: str | Path | None, winner: Winner | None = None) -> tuple[TuneRun, Calibration | None]:
+    """The tune folder's run (scaled to ``device`` where given; its configs those that learn as
+    ``winner`` where given) and the calibration the plan uses: the one given, else the tune's own
+    (none for another device: it timed this machine's trainer)."""
     if device is not None and (calibration is not None or eval_data is not None):
         raise TrainfitError(f"a calibration and an eval pass are timed on this machine, not on {device}",
                             "plan for another device without --calibrate and --eval-data (or tune on it)")
     run = load_run(folder)
+    run = keep_learned(run, winner) if winner is not None else run
     calibration = calibration or ((learned(run) or _tunes_calibration(run.folder, run.summary)) if device is None
                                   else None)  # the run before's measured pace first: the real run's own
     _check_candidates(run)

@@ -133,22 +133,24 @@ class TrainValues:
                         warmup_steps=self.warmup(total_steps), weight_decay=self.weight_decay,
                         max_grad_norm=self.max_grad_norm, total_steps=total_steps)
 
-    def trl_args(self, total_steps: int | None = None) -> list[str]:
-        """The ``trl sft`` flags of the values that differ from TRL's defaults (none: the command as
-        before). ``total_steps``: the run's, where known, to give a warmup ratio as steps, which every
+    def trl_args(self, total_steps: int | None = None, against: TrainValues | None = None) -> list[str]:
+        """The ``trl sft`` flags of the values that differ from ``against`` (default: TRL's defaults,
+        so none at them: the command as before; a command's own values, for the flags that change
+        them). ``total_steps``: the run's, where known, to give a warmup ratio as steps, which every
         transformers release takes; else the ratio as the installed one takes it."""
-        default = TrainValues()
+        default = against or TrainValues()
         words: list[str] = []
         for key in ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm"):
             value = getattr(self, key)
-            if key == "warmup_steps" and self.warmup_ratio and total_steps is not None:
-                value = self.warmup(total_steps)
-            if value != getattr(default, key):
+            before = getattr(default, key)
+            if key == "warmup_steps" and total_steps is not None:
+                value, before = self.warmup(total_steps), default.warmup(total_steps)
+            if value != before:
                 words += [f"--{key}", f"{value:g}" if isinstance(value, float) else str(value)]
-        if self.warmup_ratio and total_steps is None:
+        if self.warmup_ratio != default.warmup_ratio and total_steps is None:
             words += [_ratio_flag(), f"{self.warmup_ratio:g}"]
-        if self.report_to:
-            words += ["--report_to", *self.report_to]
+        if self.report_to != default.report_to:
+            words += ["--report_to", *(self.report_to or ("none",))]
         return words
 
 

@@ -142,7 +142,8 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
         return common(source=source, trial=trial, kind="command", threads=None,
                       argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])]), plan
     if factory:
-        training = TrainValues.of(summary.spec.train).with_flags(extra_args)
+        training = TrainValues.of(summary.spec.train)  # a compare winner's values over the spec's, the flags over both
+        training = (plan.from_compare.values(training) if plan and plan.from_compare else training).with_flags(extra_args)
         best = summary.best_config
         if plan is None and (best is None or best.samples_per_second is None):
             raise TrainfitError(f"no config fit the budget in {run_dir}: there is nothing to train",

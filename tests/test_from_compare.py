@@ -1,0 +1,78 @@
+"""A compare winner carried on (``plan --from-compare``): planned among the tune's configs that learn
+as it does, with its training values, and trained by name (issue 48 item 3)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import make_spec_file, write_frames
+
+from trainfit.cli import main
+from trainfit.spec.training import TrainValues
+
+
+@pytest.fixture(scope="module")
+def tuned_and_compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A factory model tuned over its width (a key of its own, which changes what is learned), and
+    a comparison of two widths at two learning rates."""
+    root = tmp_path_factory.mktemp("from-compare")
+    data = write_frames(root / "frames.jsonl", 40)
+    spec = make_spec_file(root, model={"factory": f"{Path(__file__).parent / 'factories.py'}:learnable"},
+                          data={"path": str(data), "length_field": "n"},
+                          params={"batch_size": 2, "gradient_accumulation_steps": 1, "max_length": 16, "width_mul": 1})
+    spec.write_text(spec.read_text() + "search:\n  batch_size: [2]\n  width_mul: [1, 2]\n"
+                    "train:\n  weight_decay: 0.05\n")
+    run = root / "tune"
+    assert main(["tune", str(spec), "--output", str(run), "--strategy", "grid"]) == 0
+    (root / "configs.yaml").write_text("narrow: {width_mul: 1, learning_rate: 1.0e-3}\n"
+                                       "wide: {width_mul: 2, learning_rate: 3.0e-3, lr_scheduler_type: cosine}\n")
+    compared = root / "compare"
+    assert main(["compare", str(spec), "--configs", str(root / "configs.yaml"), "--steps", "6",
+                 "--output", str(compared)]) in (0, 1)
+    return run, compared
+
+
+@pytest.mark.integration
+def test_a_compare_winner_is_planned_and_trained_by_name(tuned_and_compared: tuple[Path, Path], tmp_path: Path,
+                                                         capsys) -> None:
+    run, compared = tuned_and_compared
+    ranking = json.loads((compared / "compare.json").read_text())["ranking"]
+    assert sorted(ranking) == ["narrow", "wide"]  # both finished, best first
+    for name in ("wide", "narrow"):
+        assert main(["plan", str(run), "--max-hours", "1", "--from-compare", str(compared), "--config", name]) in (0, 1)
+        plan = json.loads((run / "plan.json").read_text())
+        assert plan["config"]["width_mul"] == (2 if name == "wide" else 1)  # among the configs that learn as it does
+        assert plan["from_compare"]["name"] == name and plan["from_compare"]["chosen"] == "named"
+        assert f"learns as compare's {name} (named" in (run / "plan.txt").read_text()
+    assert plan["from_compare"]["training"] == {"learning_rate": 1e-3}
+    out = tmp_path / "out"
+    assert main(["train", str(run), "--output", str(out), "--max-steps", "4"]) == 0
+    trained = json.loads((out / "train.json").read_text())
+    assert trained["config"]["width_mul"] == 1 and trained["trial"] == plan["trial"]
+    # the winner's learning rate over the tune's train: section (its weight decay kept)
+    assert trained["training"] == TrainValues(learning_rate=1e-3, weight_decay=0.05).to_json()
+    # without --config: the comparison's best
+    assert main(["plan", str(run), "--max-hours", "1", "--from-compare", str(compared)]) in (0, 1)
+    best = json.loads((run / "plan.json").read_text())["from_compare"]
+    assert (best["name"], best["chosen"]) == (ranking[0], "best")
+
+
+@pytest.mark.integration
+def test_a_winner_the_tune_never_measured_is_refused_naming_what_differs(tuned_and_compared: tuple[Path, Path],
+                                                                        tmp_path: Path, capsys) -> None:
+    run, compared = tuned_and_compared
+    doc = json.loads((compared / "compare.json").read_text())
+    doc["configs"]["odd"] = {"width_mul": 3}
+    other = tmp_path / "compare"
+    other.mkdir()
+    (other / "compare.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["plan", str(run), "--max-hours", "1", "--from-compare", str(other), "--config", "odd"]) == 2
+    err = capsys.readouterr().err
+    assert "measured no config that learns as compare's odd does: width_mul=3 (the tune measured 1, 2)" in err
+    assert main(["plan", str(run), "--max-hours", "1", "--from-compare", str(other), "--config", "nope"]) == 2
+    assert "compared no config named 'nope'" in capsys.readouterr().err
+    assert main(["plan", str(run), "--max-hours", "1", "--config", "wide"]) == 2
+    assert "--config names a config of a comparison" in capsys.readouterr().err
