@@ -61,6 +61,16 @@ def write_frames(path: Path, n: int, seed: int = 0) -> Path:
     return path
 
 
+def learnable_spec(root: Path, rows: int, params: dict[str, Any], more: str = "") -> Path:
+    """A spec of ``factories.learnable`` over ``rows`` rows of ``write_frames``, with ``params`` and
+    the YAML ``more`` (sections such as ``search:``) after them."""
+    data = write_frames(root / "frames.jsonl", rows)
+    spec = make_spec_file(root, model={"factory": f"{TESTS / 'factories.py'}:learnable"},
+                          data={"path": str(data), "length_field": "n"}, params=params)
+    spec.write_text(spec.read_text() + more)
+    return spec
+
+
 def make_spec_file(tmp_path: Path, *, model: dict[str, Any], data: dict[str, Any] | None = None,
                    params: dict[str, Any] | None = None, budget: dict[str, Any] | None = None,
                    probe: dict[str, Any] | None = None, name: str = "spec.yaml") -> Path:

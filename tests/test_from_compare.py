@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import make_spec_file, write_frames
+from conftest import learnable_spec
 
 from trainfit.cli import main
 from trainfit.spec.training import TrainValues
@@ -18,12 +18,8 @@ def tuned_and_compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
     """A factory model tuned over its width (a key of its own, which changes what is learned), and
     a comparison of two widths at two learning rates."""
     root = tmp_path_factory.mktemp("from-compare")
-    data = write_frames(root / "frames.jsonl", 40)
-    spec = make_spec_file(root, model={"factory": f"{Path(__file__).parent / 'factories.py'}:learnable"},
-                          data={"path": str(data), "length_field": "n"},
-                          params={"batch_size": 2, "gradient_accumulation_steps": 1, "max_length": 16, "width_mul": 1})
-    spec.write_text(spec.read_text() + "search:\n  batch_size: [2]\n  width_mul: [1, 2]\n"
-                    "train:\n  weight_decay: 0.05\n")
+    spec = learnable_spec(root, 40, {"batch_size": 2, "gradient_accumulation_steps": 1, "max_length": 16, "width_mul": 1},
+                          "search:\n  batch_size: [2]\n  width_mul: [1, 2]\ntrain:\n  weight_decay: 0.05\n")
     run = root / "tune"
     assert main(["tune", str(spec), "--output", str(run), "--strategy", "grid"]) == 0
     (root / "configs.yaml").write_text("narrow: {width_mul: 1, learning_rate: 1.0e-3}\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EXAMPLES, make_spec_file, write_frames
+from conftest import EXAMPLES, learnable_spec
 
 from trainfit.cli import main
 from trainfit.compare.configs import read_configs
@@ -102,12 +102,10 @@ def test_a_factory_model_trains_by_the_spec_schedule_and_its_figures_reach_tenso
     import torch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    data = write_frames(tmp_path / "frames.jsonl", 40)
-    spec = make_spec_file(tmp_path, model={"factory": f"{Path(__file__).parent / 'factories.py'}:learnable"},
-                          data={"path": str(data), "length_field": "n"},
-                          params={"batch_size": 2, "gradient_accumulation_steps": 1, "max_length": 16, "width_mul": 2})
-    spec.write_text(spec.read_text() + "search:\n  batch_size: [2]\ntrain:\n  learning_rate: 0.01\n"
-                    "  lr_scheduler_type: cosine\n  warmup_steps: 3\n  weight_decay: 0.1\n  report_to: tensorboard\n")
+    spec = learnable_spec(tmp_path, 40, {"batch_size": 2, "gradient_accumulation_steps": 1, "max_length": 16,
+                                         "width_mul": 2},
+                          "search:\n  batch_size: [2]\ntrain:\n  learning_rate: 0.01\n  lr_scheduler_type: cosine\n"
+                          "  warmup_steps: 3\n  weight_decay: 0.1\n  report_to: tensorboard\n")
     run = tmp_path / "tune"
     assert main(["tune", str(spec), "--output", str(run), "--strategy", "grid"]) == 0
     assert main(["plan", str(run), "--max-hours", "1"]) == 0
@@ -144,9 +142,7 @@ def test_a_service_whose_library_is_missing_is_said_before_training(tmp_path: Pa
         pytest.skip("mlflow is installed here")
     except ImportError:
         pass
-    data = write_frames(tmp_path / "frames.jsonl", 10)
-    spec = make_spec_file(tmp_path, model={"factory": f"{Path(__file__).parent / 'factories.py'}:learnable"},
-                          data={"path": str(data), "length_field": "n"}, params={"batch_size": 2, "width_mul": 2})
+    spec = learnable_spec(tmp_path, 10, {"batch_size": 2, "width_mul": 2})
     run = tmp_path / "tune"
     assert main(["tune", str(spec), "--output", str(run), "--max-trials", "1"]) == 0
     capsys.readouterr()
