@@ -23,7 +23,8 @@ from trainfit.cli import main
 from trainfit.compare.configs import read_configs
 from trainfit.compare.report import page, rows
 from trainfit.compare.runs import ConfigRun, diverged
-from trainfit.compare.suggest import final_loss, reached, suggest
+from trainfit.compare.curves import final_loss
+from trainfit.compare.suggest import reached, suggest
 from trainfit.errors import SpecError, TrainfitError
 from trainfit.spec import load_spec
 from trainfit.spec.training import Schedule
@@ -216,7 +217,7 @@ def test_configs_of_the_same_shapes_at_speeds_far_apart_say_the_machine_changed(
 
 
 def test_a_best_config_within_the_noise_of_the_runner_up_is_said_to_be_so() -> None:
-    from trainfit.compare.suggest import loss_noise
+    from trainfit.compare.curves import loss_noise
 
     given = {"a": {"learning_rate": 1e-4}, "b": {"learning_rate": 2e-4}}
     wobble = [0.05, -0.05, 0.04, -0.04]  # a real loss's step-to-step scatter about its trend
@@ -248,7 +249,7 @@ def test_eval_losses_are_weighed_by_the_scatter_of_their_difference_pass_by_pass
     own scatter about a line was the measure)."""
     import math
 
-    from trainfit.compare.suggest import eval_gap_noise
+    from trainfit.compare.curves import eval_gap_noise
 
     given = {"a": {"learning_rate": 1e-4}, "b": {"learning_rate": 2e-4}}
     train = curve(3.0, 2.0)

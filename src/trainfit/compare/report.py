@@ -9,7 +9,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainfit.compare.suggest import final_loss, reached
+from trainfit.compare.curves import final_loss
+from trainfit.compare.suggest import reached
 from trainfit.files import write_atomically
 
 if TYPE_CHECKING:
