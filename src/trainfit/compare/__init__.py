@@ -27,9 +27,9 @@ from typing import IO, Any
 from trainfit.compare.configs import NamedConfig, read_configs, split_training
 from trainfit.compare.jobs import CONFIGS, ConfigJobs, as_job_json, measured_run, recorded_jobs, with_changes
 from trainfit.compare.report import write_report
-from trainfit.compare.runs import MEASURED, ConfigRun
+from trainfit.compare.runs import MEASURED, ConfigRun, Suggestion
 from trainfit.compare.shared import SharedConfigs
-from trainfit.compare.suggest import Suggestion, standing, suggest
+from trainfit.compare.suggest import standing, suggest
 from trainfit.data.holdout import hold_out
 from trainfit.devices import resolve_device_name
 from trainfit.errors import TrainfitError

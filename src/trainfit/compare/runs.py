@@ -1,5 +1,6 @@
 """What one config's training recorded (:class:`ConfigRun`, its ``result.json``: every loss and
-evaluation against the steps' own time) and when a run has diverged. The trainer callback that
+evaluation against the steps' own time), when a run has diverged, and what the comparison
+suggests from the runs (:class:`Suggestion`, in ``compare.json``). The trainer callback that
 records it is :class:`trainfit.compare.child.CurveLog`, in the config's own process."""
 
 from __future__ import annotations
@@ -66,3 +67,11 @@ def diverged(losses: list[float]) -> bool:
     if len(losses) < 10:
         return False
     return sum(losses[-5:]) / 5 > DIVERGED_RISE * sum(losses[:5]) / 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class Suggestion(Record):
+    says: str
+    evidence: str
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Configs for the next round (name -> settings), when the suggestion proposes some."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
 from typing import Any
 
 from trainfit.compare.configs import TRAINING_KEYS
@@ -20,8 +19,8 @@ from trainfit.compare.curves import (
     same_result,
     train_losses,
 )
-from trainfit.compare.runs import ConfigRun
-from trainfit.json_record import Record
+from trainfit.compare.moves import edge_moves
+from trainfit.compare.runs import ConfigRun, Suggestion
 
 SLOWER = 0.9
 """A config at less than 0.9x another's speed is slower."""
@@ -31,14 +30,6 @@ run's own drop so far; an eval loss, when it fell at each of the last two passes
 SAME_WORK_APART = 0.8
 """Two configs that train the same shapes (they differ only in training values, which cost no
 time) and ran with the slower under 0.8x the faster: the machine's speed changed between them."""
-
-@dataclass(frozen=True, kw_only=True)
-class Suggestion(Record):
-    says: str
-    evidence: str
-    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Configs for the next round (name -> settings), when the suggestion proposes some."""
-
 
 def _gap_noise(best: ConfigRun, second: ConfigRun) -> tuple[float | None, str]:
     """The noise the gap between two final losses is weighed against, and what it is (a template
@@ -157,6 +148,7 @@ def suggest(given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], target
         order = _best_first(order, kept)
         best = order[0]
         out += _learning_rate_edge(best, given, runs, order)
+        out += edge_moves(best, given, runs, order, defaults or {})
         out += capacity
         if still_falling(runs[best]):
             out.append(Suggestion(says=f"train {best} longer" + (f" (e.g. --steps {2 * steps})" if steps else ""),
