@@ -4,6 +4,7 @@ as it does, with its training values, and trained by name (issue 48 item 3)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,25 @@ def test_a_winner_the_tune_never_measured_is_refused_naming_what_differs(tuned_a
     assert "compared no config named 'nope'" in capsys.readouterr().err
     assert main(["plan", str(run), "--max-hours", "1", "--config", "wide"]) == 2
     assert "--config names a config of a comparison" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_train_takes_a_compare_winner_without_a_plan_and_refuses_a_plan_of_another(
+        tuned_and_compared: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    run, compared = tuned_and_compared
+    bare = tmp_path / "tune"
+    shutil.copytree(run, bare, ignore=shutil.ignore_patterns("plan.json", "plan.txt", "actual.json"))
+    out = tmp_path / "out"
+    assert main(["train", str(bare), "--output", str(out), "--max-steps", "3", "--from-compare", str(compared),
+                 "--config", "wide"]) == 0
+    trained = json.loads((out / "train.json").read_text())
+    assert (trained["source"], trained["config"]["width_mul"]) == ("compare.json", 2)
+    assert trained["training"] == TrainValues(learning_rate=3e-3, lr_scheduler_type="cosine",
+                                              weight_decay=0.05).to_json()
+    assert main(["plan", str(bare), "--max-hours", "1", "--from-compare", str(compared), "--config", "narrow"]) in (0, 1)
+    capsys.readouterr()
+    assert main(["train", str(bare), "--output", str(tmp_path / "again"), "--from-compare", str(compared),
+                 "--config", "wide"]) == 2
+    err = capsys.readouterr().err
+    assert "plan.json decides what trains, and it carries compare's narrow, not wide" in err
+    assert f"--from-compare {compared.resolve()} --config wide" in err

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainfit.cli import COMMANDS
 from trainfit.cli.common import number
+from trainfit.errors import TrainfitError
 from trainfit.train import TrainOptions, train
 
 if TYPE_CHECKING:
@@ -22,8 +23,10 @@ examples:
   trainfit train RUN_DIR --deadline                       # stop with a checkpoint before the plan's window ends
   trainfit train RUN_DIR --max-steps 100                  # a short run first
   trainfit train RUN_DIR -- --logging_steps 10 --report_to tensorboard   # more `trl sft` arguments
+  trainfit train RUN_DIR --from-compare CMP_DIR --config wide   # a compare winner, the fastest way measured
 
-What trains: the config RUN_DIR/plan.json chose (`trainfit plan`), else the fastest one: a Hugging
+What trains: the config RUN_DIR/plan.json chose (`trainfit plan`), else the fastest one (with
+--from-compare: the fastest that learns as the compare config, with its training values): a Hugging
 Face model with the written `trl sft` arguments, by TRL's own trainer in this process; a factory
 model in trainfit's loop on the probe's step (its factory's collate feeds it the rows); a spec's
 tune.command_template as a child process, told the plan, output, resume and deadline through
@@ -68,6 +71,10 @@ def add_parser(sub: Any) -> None:
                    help="stop with a checkpoint before HOURS after the first start (no value: the plan's window)")
     p.add_argument("--monitor-seconds", type=number(float, above=0), default=60.0,
                    help="seconds between on-track lines, with a plan (default: 60)")
+    p.add_argument("--from-compare", metavar="DIR",
+                   help="train a `trainfit compare` winner: the fastest config the tune measured that learns as it "
+                        "does, with its learning rate and schedule (a plan must carry it: plan --from-compare)")
+    p.add_argument("--config", metavar="NAME", help="with --from-compare: that config instead of the comparison's best")
     p.add_argument("--record-batches", metavar="FILE",
                    help="append each training micro-batch's padded length to FILE, one a line (a `trl sft` run; "
                         "`plan --calibrate` prices the steps it times by them)")
@@ -76,12 +83,14 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
+    if args.config is not None and args.from_compare is None:
+        raise TrainfitError("--config names a config of a comparison", "add --from-compare DIR")
     output = Path(args.output) if args.output else Path(args.run_dir) / "train"
     result = train(args.run_dir, output, TrainOptions(
         resume=args.resume, checkpoint_minutes=args.checkpoint_minutes, keep=args.keep,
         deadline_hours=args.deadline or None, use_plan_deadline=args.deadline == 0.0, extra_args=args.passed_on,
         max_steps=args.max_steps, loop=args.loop, monitor_every_s=args.monitor_seconds,
-        record_batches=args.record_batches))
+        from_compare=args.from_compare, compare_config=args.config, record_batches=args.record_batches))
     print(json.dumps(result.to_json(), indent=2))
     if result.status == "finished":
         print(f"\ntrained: {output}{_steps(result)}")

@@ -34,6 +34,7 @@ from trainfit.files import held_folder, refused_write, write_atomically
 from trainfit.format import format_duration
 from trainfit.params import parse_params
 from trainfit.plan import Plan
+from trainfit.plan.from_compare import Winner, read_winner
 from trainfit.plan.inputs import load_run
 from trainfit.run_folder import RunFolder
 from trainfit.spec.training import TrainValues
@@ -58,14 +59,14 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
     began = time.monotonic()
     run_dir, output = (run := RunFolder(run_dir)).path, Path(output).resolve()  # run: its files read once, by all below
     _check_inputs(run, keep, record_batches)
-    deadline = ["--deadline"] if use_plan_deadline else ["--deadline", f"{deadline_hours:g}"] if deadline_hours else []
-    again = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args, options=deadline)
-    past = resume_command(run_dir, output, max_steps=max_steps, loop=loop, extra_args=extra_args)  # the window spent
+    winner = read_winner(options.from_compare, options.compare_config) if options.from_compare else None
+    again, past = _resume_commands(run_dir, output, options, winner)
     with held_folder(output, functools.partial(_running, output)):
         if resume and (done := _finished(output, say)) is not None:
             return done
         record, checkpoint, plan = prepare(run, output, resume=resume, extra_args=extra_args, max_steps=max_steps,
-                                           loop=loop, record_batches=record_batches is not None, say=say, again=again)
+                                           loop=loop, record_batches=record_batches is not None, say=say, again=again,
+                                           winner=winner)
         if use_plan_deadline:
             if plan is None:
                 raise TrainfitError(f"--deadline with no hours needs a plan: {run_dir} holds no plan.json",
@@ -105,6 +106,16 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
         _say_peaks(peaks, probed, say)
         log.write("end", **{k: v for k, v in result.to_json().items() if k != "schema_version"})
     return result
+
+
+def _resume_commands(run_dir: Path, output: Path, options: TrainOptions, winner: Winner | None) -> tuple[str, str]:
+    """The commands that continue the run: with its deadline, and without (for a window spent)."""
+    hours = options.deadline_hours
+    deadline = ["--deadline"] if options.use_plan_deadline else ["--deadline", f"{hours:g}"] if hours else []
+    carried = ["--from-compare", winner.compare_dir, "--config", winner.name] if winner else []
+    again = functools.partial(resume_command, run_dir, output, max_steps=options.max_steps, loop=options.loop,
+                              extra_args=options.extra_args)
+    return again(options=[*deadline, *carried]), again(options=carried)
 
 
 def _pace(control: Any, began: float, plan: Plan | None, *, fresh: bool) -> dict[str, Any]:

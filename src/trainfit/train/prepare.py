@@ -16,7 +16,9 @@ from pathlib import Path
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
 from trainfit.format import format_duration as dur
-from trainfit.plan import Plan
+from trainfit.plan import Plan, chosen_command
+from trainfit.plan.inputs import Candidate, load_run, rebuild
+from trainfit.plan.from_compare import Winner, keep_learned
 from trainfit.run_folder import COMMAND_FILE, RunFolder
 from trainfit.spec.training import TrainValues
 from trainfit.summary import Summary
@@ -113,24 +115,26 @@ def _planned_since(run_dir: Path, record: TrainRun, now: TrainRun) -> str:
 
 
 def to_train(run_folder: Path | RunFolder, output: Path, *, extra_args: Sequence[str] = (), max_steps: int | None = None,
-             loop: bool = False) -> tuple[TrainRun, Plan | None]:
+             loop: bool = False, winner: Winner | None = None) -> tuple[TrainRun, Plan | None]:
     """What ``run_dir`` says to train (its plan's choice, else its fastest config), as a record
     started now with the fingerprint of the data it trains on, and the plan. A spec with a
     ``tune.command_template`` trains with that command, unless ``loop`` (a factory model, in
-    trainfit's loop)."""
+    trainfit's loop). ``winner``: a compare config to train, the fastest way that learns as it does
+    (:func:`compare_pick`)."""
     run = RunFolder.of(run_folder)
     if not run.path.is_dir():
         raise TrainfitError(f"{run.path} is not a folder", "pass the output folder of `trainfit tune`")
     summary = run.summary
-    record, plan = _chosen(run, output, summary, extra_args=extra_args, max_steps=max_steps, loop=loop)
+    record, plan = _chosen(run, output, summary, extra_args=extra_args, max_steps=max_steps, loop=loop, winner=winner)
     return dataclasses.replace(record, data=identity(record.data_files(summary.spec))), plan
 
 
 def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Sequence[str], max_steps: int | None,
-            loop: bool) -> tuple[TrainRun, Plan | None]:
+            loop: bool, winner: Winner | None) -> tuple[TrainRun, Plan | None]:
     """:func:`to_train`'s record, before its data's fingerprint."""
     run_dir = run.path
     plan = _plan(run_dir)
+    pick = compare_pick(run, plan, winner) if winner is not None else None
     common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time())
     factory = summary.spec.factory is not None
     if loop and not factory:
@@ -143,23 +147,26 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
                       argv=[" ".join([line, *(shlex.quote(a) for a in extra_args)])]), plan
     if factory:
         training = TrainValues.of(summary.spec.train)  # a compare winner's values over the spec's, the flags over both
-        training = (plan.from_compare.values(training) if plan and plan.from_compare else training).with_flags(extra_args)
+        carried = plan.from_compare if plan is not None else winner
+        training = (carried.values(training) if carried else training).with_flags(extra_args)
         best = summary.best_config
         if plan is None and (best is None or best.samples_per_second is None):
             raise TrainfitError(f"no config fit the budget in {run_dir}: there is nothing to train",
                                 "see its summary.json's all_failed advice, then tune again")
-        chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (
-            best.trial, best.config, float(summary.epochs_for_estimate or 1))  # type: ignore[union-attr]
+        epochs = float(summary.epochs_for_estimate or 1)
+        chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (pick.trial, pick.config, epochs) \
+            if pick is not None else (best.trial, best.config, epochs)  # type: ignore[union-attr]
         assert chosen[0] is not None  # _plan refuses an estimated plan
         _one_process(int(chosen[1].get("nproc_per_node", 1)) * int(chosen[1].get("nnodes", 1)),
                      "train it with a loop of your own under torchrun (a tune.command_template), or plan a config of "
                      "one process")
         if plan is not None and plan.max_steps and not max_steps:  # an applied subset's cap, kept with the run
             common = functools.partial(common, max_steps=plan.max_steps)
-        return common(source="plan.json" if plan else "summary.json", trial=chosen[0], kind="factory", threads=None,
+        return common(source="plan.json" if plan else "compare.json" if pick else "summary.json", trial=chosen[0], kind="factory", threads=None,
                       config=dict(chosen[1]), epochs=chosen[2], evaluation=plan.evaluation if plan else None,
                       training=training.to_json()), plan
-    command, source, trial = training_command(run, plan)
+    command, source, trial = training_command(run, plan) if pick is None or winner is None else pick_command(
+        run, pick, winner)
 
     threads, argv = split_command(command)
     _one_process(int(flags(argv).get("num_processes") or 1),
@@ -168,6 +175,34 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
     argv = [*relocated(argv, run_dir), *extra_args, *(["--max_steps", str(max_steps)] if max_steps else []),
             "--output_dir", str(output), "--save_strategy", "no", "--disable_tqdm", "false"]
     return common(source=source, trial=trial, kind="trl_sft", threads=threads, argv=argv), plan
+
+
+def compare_pick(run: RunFolder, plan: Plan | None, winner: Winner) -> Candidate | None:
+    """``train --from-compare``: the fastest config the tune measured that learns as ``winner`` does,
+    where there is no plan (None where the plan carries the winner: it decides); a plan that carries
+    another is refused."""
+    if plan is None:
+        return keep_learned(load_run(run), winner).candidates[0]  # fastest first
+    if plan.from_compare is not None and (plan.from_compare.compare_dir, plan.from_compare.name) == (
+            winner.compare_dir, winner.name):
+        return None
+    carried = f"compare's {plan.from_compare.name}" if plan.from_compare else "no compare winner"
+    raise TrainfitError(f"{run.path / 'plan.json'} decides what trains, and it carries {carried}, not {winner.name}",
+                        f"plan it so: trainfit plan {shlex.quote(str(run.path))} --max-hours H --from-compare "
+                        f"{shlex.quote(winner.compare_dir)} --config {winner.name}")
+
+
+def pick_command(run: RunFolder, pick: Candidate, winner: Winner) -> tuple[str, str, int]:
+    """The ``trl sft`` command of ``pick`` (tune's, or built as tune builds it) with ``winner``'s training
+    values as flags after it, where it came from, and its trial."""
+    loaded = load_run(run)
+    command = chosen_command(loaded, rebuild(loaded), pick)
+    if command is None or not is_trl_command(command):
+        raise TrainfitError(f"trial {pick.trial}, the fastest config that learns as compare's {winner.name}, has no "
+                            "`trl sft` command trainfit can write", "plan it: trainfit plan RUN_DIR --from-compare DIR")
+    base = TrainValues.of(run.summary.spec.train)
+    assert pick.trial is not None  # a measured config
+    return " ".join([command, *map(shlex.quote, winner.values(base).trl_args(against=base))]), "compare.json", pick.trial
 
 
 def _one_process(processes: int, fix: str) -> None:
@@ -189,7 +224,7 @@ def resume_command(run_dir: str | Path, output: str | Path, *, max_steps: int | 
 
 
 def prepare(run_folder: Path | RunFolder, output: Path, *, resume: bool, extra_args: Sequence[str] = (), max_steps: int | None = None,
-            loop: bool = False, record_batches: bool = False, again: str,
+            loop: bool = False, record_batches: bool = False, again: str, winner: Winner | None = None,
             say: Callable[[str], None] = print) -> tuple[TrainRun, Path | None, Plan | None]:
     """Check the input and the output folder; returns what to train, the checkpoint to resume
     from (None: from step 0) and the plan. Removes unfinished checkpoints (they cannot be resumed).
@@ -197,7 +232,7 @@ def prepare(run_folder: Path | RunFolder, output: Path, *, resume: bool, extra_a
     ``record_batches``: the run will record its batches, which only a ``trl sft`` run can."""
     run = RunFolder.of(run_folder)
     run_dir, output = run.path, Path(output).resolve()
-    now, plan = to_train(run, output, extra_args=extra_args, max_steps=max_steps, loop=loop)
+    now, plan = to_train(run, output, extra_args=extra_args, max_steps=max_steps, loop=loop, winner=winner)
     if record_batches and now.kind != "trl_sft":
         raise TrainfitError(f"--record-batches records the batches of a `trl sft` run; this run is a {now.kind}",
                             "leave --record-batches out")

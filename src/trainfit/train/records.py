@@ -67,8 +67,10 @@ class TrainRun(Record):
     run_dir: str
     """The tune output folder it came from."""
     source: str
-    """``plan.json`` (the plan's chosen config and epochs), else ``train_command.sh`` (a Hugging
-    Face model: the fastest config's command) or ``summary.json`` (a factory model: the fastest config)."""
+    """``plan.json`` (the plan's chosen config and epochs), ``compare.json`` (``--from-compare``
+    without a plan: the fastest config that learns as the winner), else ``train_command.sh`` (a
+    Hugging Face model: the fastest config's command) or ``summary.json`` (a factory model: the
+    fastest config)."""
     trial: int
     kind: str
     """``trl_sft`` (the written command, by TRL's trainer), ``factory`` (trainfit's loop on the

@@ -40,6 +40,10 @@ class TrainOptions:
     """A factory model trains in trainfit's loop even when the spec has a ``tune.command_template``."""
     monitor_every_s: float = 60.0
     """How often the on-track monitor projects the finish against the plan."""
+    from_compare: str | Path | None = None
+    """A ``trainfit compare`` output folder: train its winner (``compare_config``, else its best) the
+    fastest way the tune measured, with its training values (a plan, where there is one, must carry it)."""
+    compare_config: str | None = None
     record_batches: str | Path | None = None
     """A file to append each training micro-batch's padded length to, one a line, in the order they
     train (``trl sft`` runs only; what ``plan --calibrate`` prices its timed steps by)."""
