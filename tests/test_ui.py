@@ -117,17 +117,23 @@ def test_the_runs_below_a_stray_record_are_found(root: Path) -> None:
 
 
 def test_two_tune_runs_side_by_side_show_their_summaries_figures(root: Path) -> None:
-    for name, speed in (("slow", 20.0), ("fast", 80.0)):  # real tune folders; the probe's figure is given
+    for name, speed, rel in (("slow", 20.0, 0.12), ("fast", 80.0, None)):  # real tune folders; the figures given
         spec = load_spec(root / SPEC, ["tune.max_trials=1"])
-        tune(spec, TuneOptions(output=root / "runs" / name, probe_fn=fixed_speed(speed),
+        tune(spec, TuneOptions(output=root / "runs" / name, probe_fn=fixed_speed(speed, ci95_rel=rel),
                                stats=analyze_spec(spec, progress=False)))  # the data's samples: a full run's time
     client = create_app(root).test_client()
 
     page = client.get("/compare?a=runs/slow&b=runs/fast").get_data(as_text=True)
     run = client.get("/run?path=runs/fast").get_data(as_text=True)
+    listed = client.get("/").get_data(as_text=True)
 
+    # issue 50 item 6: the noise beside the figure, wherever it is (the CLI's ±)
     speeds = re.search(r"<th>samples/s</th><td>([^<]*)</td><td>([^<]*)</td>", page)
-    assert speeds and float(speeds.group(1)) < float(speeds.group(2)), page
+    assert speeds and speeds.groups() == ("20 ±12% (the probe&#39;s 95% interval)", "80"), page
+    assert re.findall(r'data-path="runs/(\w+)">.*?<td class="speed">([^<]*)</td>', listed, re.S) == [
+        ("fast", "80"), ("slow", "20 ±12%")]
+    report = (root / "runs" / "slow" / "report.html").read_text()
+    assert report.count('class="interval"') == 1 and "<td>20 ±12%</td>" in report  # the plot's bar, the table's ±
     assert "<th>best config</th>" in page and "<th>peak memory (GiB)</th>" in page
     # issue 50: a duration as the CLI says it, not "full run (hours) 0.01777"
     assert re.search(r"<th>full run</th><td>~\d+(m\d+)?s for 1 epoch\(s\)</td>", page), page

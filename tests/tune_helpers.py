@@ -139,15 +139,17 @@ def store_for(spec: Any, output: Path, **kw: Any) -> Any:
                       seed=0, **{"resume": False, "storage": None, **kw})
 
 
-def fixed_speed(samples_per_second: float = 50.0, step_time_s: float | None = None):
+def fixed_speed(samples_per_second: float = 50.0, step_time_s: float | None = None, ci95_rel: float | None = None):
     """A probe function that is not a probe, for tests about what a tune leaves behind (its folder,
     its command, its calibration): every config fits, at ``samples_per_second`` (an expected step of
-    ``step_time_s``, where a trainer's cost must be added to it)."""
+    ``step_time_s``, where a trainer's cost must be added to it; its step time's 95% interval
+    ``ci95_rel``)."""
 
     def probe(params: Params, number: int) -> Measurement:
         return Measurement(status="ok", config=params.to_dict(), samples_per_second=samples_per_second,
                            tokens_per_second=samples_per_second * 100, peak_memory_bytes=GiB, steps_measured=5,
-                           stable=True, device="cpu", cpu_threads=2, expected_step_time_s=step_time_s)
+                           stable=True, device="cpu", cpu_threads=2, expected_step_time_s=step_time_s,
+                           step_time_ci95_rel=ci95_rel)
 
     return probe
 

@@ -24,6 +24,12 @@ def fmt_num(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def spread(rel: float | None) -> str:
+    """A figure's 95% interval, relative, as every figure with one is followed by it (`` ±12%``); empty
+    where there is none or it rounds to nothing."""
+    return f" ±{rel:.0%}" if rel is not None and rel >= 0.005 else ""
+
+
 def values_line(values: Mapping[str, Any]) -> str:
     """Searched values as ``knob=value`` pairs, every one shown (``lora_r=None`` is a choice, said as
     what it is: ``lora_r=None (full fine-tuning)``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 
-from trainfit.format import OOM_NEED, fmt_need, fmt_num, format_duration, parts_line, table, unit, values_line
+from trainfit.format import OOM_NEED, fmt_need, fmt_num, format_duration, parts_line, spread, table, unit, values_line
 from trainfit.probe.events import Phase
 from trainfit.search.events import (
     ConfirmEnd,
@@ -189,8 +189,7 @@ def print_best(result: TuneResult, s: Summary, best: ConfigEntry) -> None:
     objective_unit = unit(s.objective)
     rows = [("config", values_line(best.searched)),
             ("samples/s", fmt_num(best.samples_per_second)
-             + (f" ±{best.spread_rel:.0%} (the probe's 95% interval)" if best.spread_rel and best.spread_rel >= 0.005
-                else "")
+             + (f"{spread(best.spread_rel)} (the probe's 95% interval)" if spread(best.spread_rel) else "")
              + (f" (confirmation median: {fmt_num(best.confirmed_median)} {objective_unit})"
                 if best.confirmed_median is not None else "")),
             ("tokens/s", f"{fmt_num(best.tokens_per_second)} (real tokens)"),

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trainfit.format import fmt_need, fmt_num, format_duration, values_line
+from trainfit.format import fmt_need, fmt_num, format_duration, spread, values_line
 from trainfit.page_slots import PLAN_SLOT
 from trainfit.search.loop import common_failure
 from trainfit.search.ranking import noise_warning
@@ -37,10 +37,12 @@ def _batch(t: Trial) -> int:
 
 
 def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: Callable[[Trial], float | None], *,
-           lines: Sequence[tuple[float, str]] = (), oom_y: Callable[[Trial], float | None] | None = None) -> str:
+           lines: Sequence[tuple[float, str]] = (), oom_y: Callable[[Trial], float | None] | None = None,
+           rel: Callable[[Trial], float | None] = lambda t: None) -> str:
     """One SVG chart: ``y_of(trial)`` (None: not drawn) against the batch size, a polyline per
     family; ``lines``: horizontal reference lines (value, label); ``oom_y(trial)``: where an OOM's
-    cross goes (None: on the x axis)."""
+    cross goes (None: on the x axis); ``rel(trial)``: the figure's 95% interval, relative to its step
+    time (a speed's bar runs from v/(1+r) to v/(1-r)), drawn as an error bar."""
     batches = sorted({_batch(t) for t in trials}) or [1]
     ys = [v for t in trials if (v := y_of(t)) is not None] + [v for v, _ in lines]
     ys += [v for t in trials if t.measurement.status == "oom" and oom_y and (v := oom_y(t)) is not None]
@@ -86,11 +88,24 @@ def _chart(title: str, trials: Sequence[Trial], color: Mapping[str, str], y_of: 
                            f'M{cx - 5:.1f},{cy + 5:.1f}L{cx + 5:.1f},{cy - 5:.1f}" stroke="{c}" '
                            f'stroke-width="2"><title>{tip}</title></path>')
             elif v is not None:
+                out += _error_bar(x(_batch(t)), v, rel(t), top / 1.1 * 1.09, y, c)
                 fill = c if t.feasible else "white"
                 out.append(f'<circle cx="{x(_batch(t)):.1f}" cy="{y(v):.1f}" r="4" fill="{fill}" stroke="{c}" '
                            f'stroke-width="1.5"><title>{tip}</title></circle>')
     return (f'<h3>{html.escape(title)}</h3><svg width="{_W}" height="{_H}" role="img">{"".join(out)}</svg>'
             f'<div style="font-size: 11px; text-align: center; width: {_W}px">batch size</div>')
+
+
+def _error_bar(cx: float, v: float, rel: float | None, most: float, y: Callable[[float], float], c: str) -> list[str]:
+    """A speed's 95% interval as a bar with caps: its step time's ``rel`` either way (none where it
+    rounds to nothing); the high end held under ``most``, the chart's top."""
+    if not spread(rel):
+        return []
+    assert rel is not None
+    low, high = y(v / (1 + rel)), y(min(most, v / (1 - rel)) if rel < 1 else most)
+    return [f'<path class="interval" d="M{cx:.1f},{high:.1f}V{low:.1f}M{cx - 3:.1f},{high:.1f}H{cx + 3:.1f}'
+            f'M{cx - 3:.1f},{low:.1f}H{cx + 3:.1f}" stroke="{c}" stroke-width="1"><title>95% interval: '
+            f'±{rel:.0%} of the step time</title></path>']
 
 
 def _best_html(summary: Summary, objective: str, trials: Sequence[Trial]) -> str:
@@ -156,8 +171,9 @@ def tune_report_html(summary: Summary, trials: Sequence[Trial], source: str) -> 
             limits = []
     legend = "".join(f'<span style="color: {c}">&#9632;</span> {html.escape(f)}&nbsp;&nbsp; '
                      for f, c in color.items())
-    speed = _chart(f"{objective.replace('_', ' ')} (filled: fits, hollow: over budget, x: OOM)", trials, color,
-                   lambda t: getattr(t.measurement, objective) if t.measurement.status == "ok" else None)
+    speed = _chart(f"{objective.replace('_', ' ')} (filled: fits, hollow: over budget, x: OOM; bars: 95% interval)",
+                   trials, color, lambda t: getattr(t.measurement, objective) if t.measurement.status == "ok" else None,
+                   rel=lambda t: t.measurement.step_time_ci95_rel)
     memory = _chart(memory_title, trials, color,
                     lambda t: t.measurement.peak_memory_gb if t.measurement.status == "ok" else None,
                     lines=limits, oom_y=lambda t: t.measurement.needed_bytes / 1024**3 or None)
@@ -167,7 +183,8 @@ def tune_report_html(summary: Summary, trials: Sequence[Trial], source: str) -> 
     rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in [
             t.number, t.measurement.status, *(t.values.get(n) for n in names),
-            fmt_num(getattr(t.measurement, objective), 4), fmt_num(t.measurement.peak_memory_gb), t.feasible]) + "</tr>"
+            fmt_num(getattr(t.measurement, objective), 4) + spread(t.measurement.step_time_ci95_rel),
+            fmt_num(t.measurement.peak_memory_gb), t.feasible]) + "</tr>"
         for t in sorted(trials, key=lambda t: t.number))
     return f"""<!doctype html><meta charset="utf-8"><title>trainfit tune: {html.escape(source)}</title>
 <body style="font-family: sans-serif; max-width: 760px">
