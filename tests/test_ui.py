@@ -165,6 +165,42 @@ def test_a_changed_control_is_an_override_and_the_rest_are_not(root: Path) -> No
     assert reply == {"ok": True, "problems": [], "overrides": ["batch_size=8", "gradient_checkpointing=true"]}
 
 
+def test_each_knob_is_fixed_or_searched_and_a_changed_search_is_one_override(root: Path) -> None:
+    """Issue 50 item 1: the example searches batch_size, gradient_checkpointing and lora_r. The form
+    shows them as searched, with their choices; editing the choices, searching another knob or fixing one
+    is one ``search={...}`` override, which a tune runs (its space says so), and a searched knob's
+    value field says nothing (the CLI would refuse its --set)."""
+    client = create_app(root).test_client()
+    page = client.get(f"/spec?path={SPEC}").get_data(as_text=True)
+    assert re.search(r'id="search-on-batch_size"[^>]*checked', page)
+    assert 'id="search-batch_size" name="search.batch_size" value="[1, 2, 4, 8, 16, 32]"' in page
+    assert not re.search(r'id="search-on-precision"[^>]*checked', page)
+    assert 'data-suggested="[eager, sdpa, flash_attention_2]"' in page  # a choice knob's every choice to start from
+    assert 'data-suggested="[false, true]"' in page  # a bool's both
+
+    same = {"search.present": "1", "search.batch_size.on": "on", "search.batch_size": "[1, 2, 4, 8, 16, 32]",
+            "search.gradient_checkpointing.on": "on", "search.gradient_checkpointing": "[false, true]",
+            "search.lora_r.on": "on", "search.lora_r": "[null, 8]"}
+    assert client.post("/api/validate", data=spec_form(root, **same)).get_json()["overrides"] == []
+    edited = {**same, "search.batch_size": "1, 2", "knob.batch_size": "8",  # its value field: disabled, not sent
+              "search.gradient_checkpointing.on": "", "knob.gradient_checkpointing.present": "1",
+              "knob.gradient_checkpointing": "on",  # fixed at true: no longer searched, so honoured
+              "search.precision.on": "on", "search.precision": "[fp32, bf16]"}
+    reply = client.post("/api/validate", data=spec_form(root, **edited)).get_json()
+    assert reply == {"ok": True, "problems": [], "overrides": ["gradient_checkpointing=true",
+                                                               "search={batch_size: [1, 2], lora_r: [null, 8], precision: [fp32, bf16]}"]}
+    bad = client.post("/api/validate", data=spec_form(root, **{**same, "search.batch_size": "[1, two]"})).get_json()
+    assert not bad["ok"] and bad["problems"][0]["key"] == "search.batch_size"
+
+    started = client.post("/spec/run", data=spec_form(root, command="tune", quick="on", max_trials="1",
+                                                      **{**same, "search.batch_size": "[1]"}))
+    assert started.status_code == 303
+    jobs = Jobs(Root(root))
+    [job] = jobs.all()
+    assert "search={batch_size: [1], gradient_checkpointing: [false, true], lora_r: [null, 8]}" in job.argv
+    wait_for_output(jobs, job.id, "space: batch_size [1], gradient_checkpointing [False, True]")
+
+
 def test_a_bad_spec_returns_its_problems_and_starts_nothing(root: Path) -> None:
     client = create_app(root).test_client()
     bad = spec_form(root, **{"knob.batch_size": "0", "knob.precision": "fp17", "command": "tune"})
@@ -476,3 +512,17 @@ def test_a_token_given_is_used_and_kept_and_a_bad_one_is_refused(root: Path, tmp
                            "--no-browser"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "a token is 16 to 128 of the characters" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_side_by_side_picks_two_runs_of_one_kind_at_first() -> None:
+    """Issue 50 item 8: the a/b picks were the two newest runs, whatever their kinds (a tune beside a
+    training: few rows line up)."""
+    from trainfit.ui.runs import Run, default_pair
+
+    def run(path: str, kind: str) -> Run:
+        return Run(path=path, kind=kind, status="finished", pages=[], modified=0.0)
+
+    newest_first = [run("t2", "tune"), run("tr", "train"), run("p", "probe"), run("t1", "tune")]
+    assert default_pair(newest_first) == ("t1", "t2")
+    assert default_pair([run("tr", "train"), run("t1", "tune")]) == ("t1", "tr")  # none alike: the next newest
+    assert default_pair([run("t1", "tune")]) == ("", "")

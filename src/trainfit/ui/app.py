@@ -23,7 +23,7 @@ from trainfit.files import DISK_ERRORS
 from trainfit.ui.jobs import Jobs
 from trainfit.ui.job_views import jobs_views
 from trainfit.ui.paths import Refused, Root, write_refused
-from trainfit.ui.runs import figures, find_runs
+from trainfit.ui.runs import default_pair, figures, find_runs
 from trainfit.ui.spec_views import spec_views
 from trainfit.ui.specs import spec_files
 from trainfit.ui.state import UiState, ui
@@ -145,7 +145,8 @@ def index() -> str:
     state = ui()
     found, damaged = state.jobs.scan()
     jobs = [(job, state.jobs.state(job)) for job in found]
-    return render_template("index.html", root=state.root.path, runs=find_runs(state.root, state.jobs),
+    runs = find_runs(state.root, state.jobs)
+    return render_template("index.html", root=state.root.path, runs=runs, pair=default_pair(runs),
                            specs=spec_files(state.root), jobs=jobs, damaged=damaged)
 
 

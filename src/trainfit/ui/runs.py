@@ -78,6 +78,16 @@ def find_runs(root: Root, jobs: Jobs) -> list[Run]:
     return sorted(found, key=lambda r: r.modified, reverse=True)
 
 
+def default_pair(runs: list[Run]) -> tuple[str, str]:
+    """The runs the side by side picks at first (a, b): the newest (b) and the newest other run of its
+    kind (a), whose figures line up row by row; else the next newest."""
+    if len(runs) < 2:
+        return "", ""
+    b = runs[0]
+    a = next((r for r in runs[1:] if r.kind == b.kind), runs[1])
+    return a.path, b.path
+
+
 def _run(root: Root, folder: Path, kind: str, job: tuple[Job, State] | None) -> Run:
     status = job[1].status if job else None
     if status != "running" and held(folder):

@@ -39,7 +39,7 @@ def _checked(form: Mapping[str, str]) -> tuple[Path, str, list[str], list[dict[s
     """The spec a form names, the form's YAML text, its knob overrides, and the spec loader's problems."""
     path, saved = _spec(form.get("path", ""))
     text = form.get("yaml", saved).replace("\r\n", "\n")  # a browser sends a textarea's lines ending in CRLF
-    overrides = forms.overrides(form, params_of(saved))
+    overrides = forms.overrides(form, params_of(saved), params_of(saved, "search"))
     result = check(text, overrides, folder=path.parent, source=ui().root.relative(path))
     return path, text, overrides, result.problems
 
@@ -51,7 +51,7 @@ def spec_page() -> str:
     relative = state.root.relative(path)
     specs = {listed.path for listed in spec_files(state.root)}
     configs = [f.path for f in yaml_files(state.root) if f.problem is None and f.path not in specs]
-    return render_template("spec.html", path=relative, text=text, controls=forms.controls(params_of(text)),
+    return render_template("spec.html", path=relative, text=text, controls=forms.controls(params_of(text), params_of(text, "search")),
                            problems=check(text, [], folder=path.parent, source=relative).problems,
                            configs=configs[:200], commands=commands.SPEC_COMMANDS)
 

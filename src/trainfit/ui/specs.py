@@ -81,13 +81,14 @@ def _looks_like_spec(path: Path) -> bool:
         return False
 
 
-def params_of(text: str) -> dict[str, Any]:
-    """The ``params:`` section of a spec's YAML text ({} where it has none or the text is not valid)."""
+def params_of(text: str, section: str = "params") -> dict[str, Any]:
+    """The ``params:`` section (or another, ``search:``) of a spec's YAML text ({} where it has none
+    or the text is not valid)."""
     try:
         raw = load_yaml(text, "the spec")
     except TrainfitError:
         return {}
-    params = raw.get("params") if isinstance(raw, dict) else None
+    params = raw.get(section) if isinstance(raw, dict) else None
     return dict(params) if isinstance(params, dict) else {}
 
 

@@ -37,12 +37,25 @@ function specEditor(form) {
       (result.overrides || []).length ? "passed as: " + result.overrides.map((o) => "--set " + o).join(" ") : "";
     refreshButtons();
   }
+  function searchMode(box) {
+    // A knob searched has no fixed value: its value control is off, its choices field shows.
+    const row = box.closest("tr"), choices = row.querySelector("input.choices");
+    if (box.checked && !choices.value) choices.value = choices.dataset.suggested;
+    choices.hidden = !box.checked;
+    row.querySelectorAll("[data-knob]").forEach((c) => { c.disabled = box.checked; });
+    row.classList.toggle("searched", box.checked);
+  }
+  function rowChanged(row) {
+    const differs = [...row.querySelectorAll("[data-initial]")].some((c) =>
+      (c.type === "checkbox" ? (c.checked ? "true" : "false") : c.value) !== c.dataset.initial && !c.disabled && !c.hidden);
+    const box = row.querySelector("[data-search]");
+    row.classList.toggle("changed", differs || (box && String(box.checked) !== box.dataset.initial));
+  }
+  form.querySelectorAll("[data-search]").forEach(searchMode);
   function changed(event) {
     const el = event.target;
-    if (el.dataset && el.dataset.knob !== undefined) {
-      const now = el.type === "checkbox" ? (el.checked ? "true" : "false") : el.value;
-      el.closest("tr").classList.toggle("changed", now !== el.dataset.initial);
-    }
+    if (el.dataset && el.dataset.search !== undefined) searchMode(el);
+    if (el.closest && el.closest("tr.knob")) rowChanged(el.closest("tr.knob"));
     refreshButtons();
     clearTimeout(timer);
     timer = setTimeout(validate, 250);
