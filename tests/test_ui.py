@@ -199,6 +199,12 @@ def test_each_knob_is_fixed_or_searched_and_a_changed_search_is_one_override(roo
     [job] = jobs.all()
     assert "search={batch_size: [1], gradient_checkpointing: [false, true], lora_r: [null, 8]}" in job.argv
     wait_for_output(jobs, job.id, "space: batch_size [1], gradient_checkpointing [False, True]")
+    wait_for(jobs, job.id, "finished")
+    live = client.get(f"/api/jobs/{job.id}").get_json()["live"]  # issue 50 item 4: the report, live on the job page
+    assert live["href"] == f"/files/{job.output}/report.html" and live["version"].isdigit()
+    assert live["line"].startswith("1 probed (1 fit, 0 OOM) in ") and "best so far: batch_size=1 " in live["line"]
+    assert f'src="/files/{job.output}/report.html?v={live["version"]}"' in client.get(f"/jobs/{job.id}").get_data(
+        as_text=True)
 
 
 def test_a_bad_spec_returns_its_problems_and_starts_nothing(root: Path) -> None:
@@ -284,7 +290,9 @@ def test_every_request_needs_the_token_and_names_this_machine(root: Path) -> Non
     page = rebound.get("/")
     assert page.headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
     (root / "page.html").write_text("<script>fetch('/spec/save', {method: 'POST'})</script>")
-    assert "sandbox" in rebound.get("/files/page.html").headers["Content-Security-Policy"]
+    served = rebound.get("/files/page.html")  # framed by the UI's own job page alone (a tune's live report)
+    assert served.headers["Content-Security-Policy"] == "frame-ancestors 'self'; sandbox"
+    assert served.headers["X-Frame-Options"] == "SAMEORIGIN"
     client = create_app(root, token="s3cret-token").test_client()
 
     refused = client.get("/")

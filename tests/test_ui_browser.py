@@ -104,7 +104,8 @@ def status_is(driver: Any, *words: str) -> Any:
 
 def test_edit_a_searched_knob_tune_and_train_in_the_browser(served: Served, browser: Any, tmp_path: Path) -> None:
     """Issue 50's done-when: a searched knob's choices edited in the form, a double-clicked tune
-    that starts one job, the space asked for in its first lines, the page through a restart of the UI."""
+    that starts one job, the space asked for in its first lines, its report live on the job page
+    trial by trial, the page through a restart of the UI."""
     url, root = served.url, served.root
     shots = tmp_path / "shots"
     shots.mkdir()
@@ -133,7 +134,14 @@ def test_edit_a_searched_knob_tune_and_train_in_the_browser(served: Served, brow
     assert "space: batch_size [1, 2], gradient_checkpointing [False, True];" in browser.find_element(By.ID, "log").text
     assert len(list((root / ".trainfit-ui" / "jobs").iterdir())) == 1  # the double click started one job
     WebDriverWait(browser, 300).until(seen.text_to_be_present_in_element((By.ID, "log"), "[1/"))  # a probe's line, live
+    live = browser.find_element(By.ID, "live-report")  # the report, redrawn as each trial finishes
+    WebDriverWait(browser, 120).until(lambda _: live.is_displayed() and live.get_attribute("data-version"))
+    first = live.get_attribute("data-version")
+    WebDriverWait(browser, 300).until(lambda _: live.get_attribute("data-version") != first)  # a later trial's
+    assert " probed (" in browser.find_element(By.ID, "live-line").text
     browser.save_screenshot(str(shots / "tune-running.png"))
+    if os.environ.get("TRAINFIT_UI_SCREENSHOT"):
+        shutil.copyfile(shots / "tune-running.png", DOCS_SHOT.with_name("ui-tune-live.png"))
     served.restart()  # the page survives it: the same token, the job goes on
     WebDriverWait(browser, 600).until(status_is(browser, "finished", "failed", "interrupted"))
     assert browser.find_element(By.ID, "status").text == "finished (exit 0)", browser.find_element(By.ID, "log").text

@@ -107,10 +107,12 @@ def _remember_token(response: Response) -> Response:
 
 def _no_framing(response: Response) -> Response:
     """No page of another site may frame the UI (a click on Stop or Save made for it); a file served
-    from the root runs no script as the UI (an HTML or SVG file of a cloned repository)."""
-    response.headers["X-Frame-Options"] = "DENY"
+    from the root runs no script as the UI (an HTML or SVG file of a cloned repository), and only the
+    UI's own pages frame it (a tune's report.html, live on its job's page)."""
+    served = request.path.startswith("/files/")  # a run's own page: framed by the UI's job page alone, live
+    response.headers["X-Frame-Options"] = "SAMEORIGIN" if served else "DENY"
     response.headers["X-Content-Type-Options"] = "nosniff"
-    policy = "frame-ancestors 'none'" + ("; sandbox" if request.path.startswith("/files/") else "")
+    policy = "frame-ancestors 'self'; sandbox" if served else "frame-ancestors 'none'"
     response.headers["Content-Security-Policy"] = policy
     return response
 

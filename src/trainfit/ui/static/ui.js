@@ -95,6 +95,19 @@ function showCut(result) {
   note.hidden = false;
 }
 
+function showLive(live) {
+  // A tune's report, live: framed (sandboxed) and loaded again each time a trial rewrites it.
+  const section = document.getElementById("live");
+  if (!section || !live) return;
+  section.hidden = false;
+  document.getElementById("live-line").textContent = live.line;
+  const frame = document.getElementById("live-report");
+  if (frame.dataset.version !== live.version) {
+    frame.dataset.version = live.version;
+    frame.src = live.href + "?v=" + encodeURIComponent(live.version);
+  }
+}
+
 function jobLog(pre) {
   let offset = null;
   const status = document.getElementById("status");
@@ -127,6 +140,7 @@ function jobLog(pre) {
       + (result.problem ? " (" + result.problem + ")" : "");
     status.className = "status " + result.status;
     links.replaceChildren(...result.links.map((l) => { const li = document.createElement("li"); const a = document.createElement("a"); a.href = l.href; a.textContent = l.name; li.append(a); return li; }));
+    showLive(result.live);
     const stop = document.getElementById("stop"), resume = document.getElementById("resume");
     if (stop) stop.disabled = result.status !== "running";
     if (resume) resume.disabled = ["running", "finished", "damaged"].includes(result.status);
