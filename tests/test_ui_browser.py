@@ -163,3 +163,27 @@ def test_edit_a_searched_knob_tune_and_train_in_the_browser(served: Served, brow
     assert browser.find_element(By.ID, "status").text == "finished (exit 0)", browser.find_element(By.ID, "log").text
     assert was == "running", "train ended before the reload: nothing was shown of a running job"
     assert (root / "trainfit-runs" / "tiny-llama").is_dir()
+
+
+def test_each_kind_of_run_page_in_the_browser(tmp_path: Path, browser: Any) -> None:
+    """Issue 50 item 5: a training, a probe, an ablation and a plan, each summarised as itself; their
+    screenshots are docs/ui-run-KIND.png (taken anew with TRAINFIT_UI_SCREENSHOT=1)."""
+    from test_ui_run_pages import write_runs
+
+    root = tmp_path / "root"
+    write_runs(root)
+    ui = Served(root)
+    ui.start()
+    try:
+        browser.get(ui.url)  # the token's cookie
+        base = ui.url.split("?")[0].rstrip("/")
+        for kind in ("train", "probe", "ablate", "plan"):
+            browser.get(f"{base}/run?path=runs/{kind}")
+            table = browser.find_element(By.ID, "figures")
+            assert table.is_displayed() and "error" not in table.text, table.text
+            shot = tmp_path / f"ui-run-{kind}.png"
+            browser.save_screenshot(str(shot))
+            if os.environ.get("TRAINFIT_UI_SCREENSHOT"):
+                shutil.copyfile(shot, DOCS_SHOT.with_name(shot.name))
+    finally:
+        ui.stop()

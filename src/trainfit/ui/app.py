@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, jsonify, render_template, request, send_file
+from markupsafe import Markup
 from werkzeug.exceptions import HTTPException
 
 from trainfit.errors import TrainfitError
@@ -23,7 +24,7 @@ from trainfit.files import DISK_ERRORS
 from trainfit.ui.jobs import Jobs
 from trainfit.ui.job_views import jobs_views
 from trainfit.ui.paths import Refused, Root, write_refused
-from trainfit.ui.runs import default_pair, figures, find_runs
+from trainfit.ui.runs import default_pair, figures, find_runs, summarised
 from trainfit.ui.spec_views import spec_views
 from trainfit.ui.specs import spec_files
 from trainfit.ui.state import UiState, ui
@@ -160,8 +161,9 @@ def run_page() -> str:
         raise Refused(f"{relative} is not a folder", "pick a run the list shows", status=404)
     jobs = [(job, state.jobs.state(job)) for job in state.jobs.all() if job.output == state.root.relative(folder)]
     runs = {r.path: r for r in find_runs(state.root, state.jobs)}
+    rows, chart = summarised(folder)
     return render_template("run.html", path=state.root.relative(folder), run=runs.get(state.root.relative(folder)),
-                           figures=figures(folder), pages=sorted(p.name for p in folder.glob("*.html")),
+                           figures=rows, chart=Markup(chart), pages=sorted(p.name for p in folder.glob("*.html")),
                            is_tune=(folder / "summary.json").is_file(), jobs=jobs)
 
 

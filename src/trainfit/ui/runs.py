@@ -15,6 +15,7 @@ from trainfit.format import format_duration, spread, values_line
 from trainfit.run_folder import SUMMARY_FILE, RunFolder
 from trainfit.ui.jobs import Job, Jobs, State
 from trainfit.ui.paths import Root, open_regular, read_regular
+from trainfit.ui.run_figures import kind_figures
 from trainfit.ui.specs import walk
 
 MARKERS = (
@@ -152,20 +153,19 @@ def _modified(folder: Path) -> float:
 
 def figures(folder: Path) -> list[tuple[str, str]]:
     """A run's key figures as (name, value) rows: a tune folder's best config and counts from its
-    ``summary.json``; for another kind, its record's top-level numbers and words."""
+    ``summary.json``; another kind's as itself (:mod:`trainfit.ui.run_figures`)."""
+    return summarised(folder)[0]
+
+
+def summarised(folder: Path) -> tuple[list[tuple[str, str]], str]:
+    """A run's key figures and, for a training or a probe, a chart of them (SVG; '' where none)."""
     if (folder / SUMMARY_FILE).is_file():
         try:
-            return _summary_figures(RunFolder(folder))
+            return _summary_figures(RunFolder(folder)), ""
         except TrainfitError as err:
-            return [("error", str(err))]
-    for marker, _ in MARKERS[1:]:
-        if (folder / marker).is_file():
-            try:
-                raw = json.loads(read_regular(folder / marker))
-            except (OSError, ValueError) as err:
-                return [("error", f"cannot read {marker}: {err}")]
-            return [(k, _text(v)) for k, v in (raw.items() if isinstance(raw, dict) else ()) if _plain(v)][:30]
-    return []
+            return [("error", str(err))], ""
+    kind = next((k for marker, k in MARKERS[1:] if (folder / marker).is_file()), None)
+    return kind_figures(folder, kind) if kind else ([], "")
 
 
 def _summary_figures(run: RunFolder) -> list[tuple[str, str]]:
@@ -185,10 +185,6 @@ def _summary_figures(run: RunFolder) -> list[tuple[str, str]]:
             ("full run", "—" if best.estimated_full_runtime_hours is None else
              f"~{format_duration(best.estimated_full_runtime_hours * 3600)} for {s.epochs_for_estimate:g} epoch(s)"),
             ("command", _text(best.command))]
-
-
-def _plain(value: Any) -> bool:
-    return value is None or isinstance(value, (str, int, float, bool))
 
 
 def _text(value: Any) -> str:
