@@ -203,8 +203,11 @@ def test_each_knob_is_fixed_or_searched_and_a_changed_search_is_one_override(roo
     live = client.get(f"/api/jobs/{job.id}").get_json()["live"]  # issue 50 item 4: the report, live on the job page
     assert live["href"] == f"/files/{job.output}/report.html" and live["version"].isdigit()
     assert live["line"].startswith("1 probed (1 fit, 0 OOM) in ") and "best so far: batch_size=1 " in live["line"]
-    assert f'src="/files/{job.output}/report.html?v={live["version"]}"' in client.get(f"/jobs/{job.id}").get_data(
-        as_text=True)
+    job_page = client.get(f"/jobs/{job.id}").get_data(as_text=True)
+    assert f'src="/files/{job.output}/report.html?v={live["version"]}"' in job_page
+    # issue 50 item 8: the command line as run in the root, its paths from there
+    assert '<code id="command">trainfit tune examples/tiny-llama.yaml --set &#39;search={batch_size: [1],' in job_page
+    assert f"--output {job.output} --quick --max-trials 1</code>" in job_page
 
 
 def test_a_bad_spec_returns_its_problems_and_starts_nothing(root: Path) -> None:

@@ -4,6 +4,7 @@ grows (the page polls ``/api/jobs/ID``), Stop and Resume."""
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,14 @@ def job_page(job_id: str) -> str:
     state = ui()
     job = state.jobs.get(job_id)
     return render_template("job.html", job=job, state=state.jobs.state(job), links=_links(job),
-                           resumable=job.command in commands.RESUMABLE, live=_live(job))
+                           resumable=job.command in commands.RESUMABLE, live=_live(job),
+                           shown=shlex.join(["trainfit", job.command, *(_under_root(a) for a in job.args)]))
+
+
+def _under_root(arg: str) -> str:
+    """A path under the root as the root's own (the job runs there: the line as shown runs as it is)."""
+    root = f"{ui().root.path}/"
+    return arg[len(root):] if arg.startswith(root) else arg
 
 
 @jobs_views.get("/api/jobs/<job_id>")
