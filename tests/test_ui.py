@@ -537,3 +537,33 @@ def test_the_side_by_side_picks_two_runs_of_one_kind_at_first() -> None:
     assert default_pair(newest_first) == ("t1", "t2")
     assert default_pair([run("tr", "train"), run("t1", "tune")]) == ("t1", "tr")  # none alike: the next newest
     assert default_pair([run("t1", "tune")]) == ("", "")
+
+
+@pytest.mark.slow
+def test_a_resumed_tune_is_one_run(root: Path) -> None:
+    """Issue 50 item 7: a tune and its resume are one run: each part's page lists the parts and links
+    the run's whole log, the run's tuning time is its parts' together, and a tune no process runs any
+    more is not "stopped: running"."""
+    jobs = Jobs(Root(root))
+    out = root / "runs" / "t"
+    first = jobs.start("tune", [str(root / SPEC), "--output", str(out), "--quick", "--max-trials", "1"], output=out)
+    wait_for(jobs, first.id, "finished")
+    second = jobs.start("tune", [str(root / SPEC), "--output", str(out), "--quick", "--max-trials", "2", "--resume"],
+                        output=out)
+    wait_for(jobs, second.id, "finished")
+    client = create_app(root).test_client()
+
+    page = client.get(f"/jobs/{second.id}").get_data(as_text=True)
+    assert "One run in 2 parts:" in page and f"1. tune {first.id}" in page and "<b>2. this one (tune)</b>" in page
+    whole = client.get(f"/jobs/{second.id}/run-log").get_data(as_text=True)
+    assert whole.index(f"=== part 1 of 2: trainfit tune ") < whole.index(f"(job {second.id}) ===")
+    assert whole.count("space: ") == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["total_tuning_time_s"] > summary["tuning_time_s"] > 0
+    rows = dict(re.findall(r"<tr><th>([^<]*)</th><td>([^<]*)</td></tr>", client.get("/run?path=runs/t").get_data(
+        as_text=True)))
+    assert re.fullmatch(r"\d+ s over its resumed parts \(the last \d+ s\)", rows["tuning time"])
+    (out / "summary.json").write_text(json.dumps({**summary, "stop_reason": "running"}))  # as a killed tune leaves it
+    rows = dict(re.findall(r"<tr><th>([^<]*)</th><td>([^<]*)</td></tr>", client.get("/run?path=runs/t").get_data(
+        as_text=True)))
+    assert rows["stopped"].startswith("interrupted: no process runs it")

@@ -345,6 +345,9 @@ class Summary(Record):
     strategy: str
     stop_reason: str
     tuning_time_s: float
+    """This part's: a resumed tune's last process, from its start."""
+    total_tuning_time_s: float | None = field(default=None, metadata={"omit_none": True})
+    """A resumed tune's parts together (absent: one part, ``tuning_time_s``)."""
     probe_time_s: float
     budget: Budget
     epochs_for_estimate: float = field(metadata={"above": 0.0})

@@ -18,7 +18,7 @@ from trainfit.tune.options import TuneOptions, TuneResult, best_trial
 from trainfit.tune.aside import packing_aside
 from trainfit.tune.levers import PADDING_SHARE, takes_liger, trainer_takes
 from trainfit.tune.outputs import write_outputs
-from trainfit.run_folder import RunFolder
+from trainfit.run_folder import SUMMARY_FILE, RunFolder
 from trainfit.search.loop import Search, SearchState, open_search
 from trainfit.data.analyze import analyze_spec
 from trainfit.data.stats import LengthStats
@@ -93,6 +93,8 @@ class TunePlan:
     """Real steps of the written command timed after the search (None: no calibration)."""
     default_search: bool
     """The spec had no ``search:`` section: :func:`with_default_search` chose the space."""
+    earlier_tuning_s: float = 0.0
+    """What the folder's earlier parts tuned for (a resumed tune's): its total counts them too."""
 
 
 def resolve(spec: Spec, options: TuneOptions) -> TunePlan:
@@ -156,6 +158,7 @@ def run_tune(plan: TunePlan) -> TuneResult:
     # trainer_cost.json for a later resume; without it, a stored cost keeps being applied.
     off = options.calibrate_steps == 0 and not options.calibration_optional
     stored = None if plan.calibrate_steps or off else RunFolder(output).trainer_cost
+    plan = dataclasses.replace(plan, earlier_tuning_s=_earlier_tuning(output))
     with open_search(plan.spec, options) as search:
         with contextlib.closing(search.measured()) as measured:
             for state in measured:
@@ -175,10 +178,21 @@ def run_tune(plan: TunePlan) -> TuneResult:
     return result
 
 
+def _earlier_tuning(output: Path) -> float:
+    """The tuning time a resumed folder's summary holds (its parts so far); 0 for a new one, or a
+    summary that cannot be read (it is written again)."""
+    try:
+        s = RunFolder(output).summary if (output / SUMMARY_FILE).is_file() else None
+    except TrainfitError:
+        return 0.0
+    return 0.0 if s is None else s.total_tuning_time_s if s.total_tuning_time_s is not None else s.tuning_time_s
+
+
 def write_state(plan: TunePlan, search: Search, state: SearchState, trainer_cost: TrainerCost | None,
                 aside: Sequence[LeverAside] = ()) -> Summary:
     """The run's outputs (:func:`write_outputs`) from the search's ``state``, ranked with ``trainer_cost``,
     with the levers measured aside (:mod:`trainfit.tune.aside`)."""
     return write_outputs(Path(plan.options.output), plan.spec, search.space, state.trials, stats=search.stats,
                          strategy=search.limits.strategy, stop_reason=state.stop_reason,
-                         elapsed_s=state.elapsed_s, repeats=state.repeats, trainer_cost=trainer_cost, aside=aside)
+                         elapsed_s=state.elapsed_s, repeats=state.repeats, trainer_cost=trainer_cost, aside=aside,
+                         earlier_s=plan.earlier_tuning_s)

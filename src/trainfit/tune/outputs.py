@@ -5,6 +5,7 @@ report.html, the command script, advice when nothing fits.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -343,7 +344,7 @@ def write_trials_csv(path: Path, space: SearchSpace, trials: Sequence[Trial], re
 def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence[Trial], *,
                   stats: LengthStats | None, strategy: str, stop_reason: str, elapsed_s: float,
                   repeats: Repeats | None = None, trainer_cost: TrainerCost | None = None,
-                  aside: Sequence[LeverAside] = ()) -> Summary:
+                  aside: Sequence[LeverAside] = (), earlier_s: float = 0.0) -> Summary:
     """Write summary.json, trials.csv, report.html and train_command.sh (atomically enough to run
     after every trial) and, for a ``trl sft`` command, trl_data.yaml: the TRL config that loads the
     spec's data file, and training_args.json: the best config for a Trainer of one's own; for a
@@ -351,7 +352,8 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     processes, accelerate_config.yaml: its launch as a config file; and for a ``config:``
     model, once a config fits, model/: the random-init model and its tokenizer, for the command to
     train. ``trainer_cost``: the trainer's own cost the speeds and the ranking include (``tune
-    --calibrate``; see ``RunFolder.trainer_cost``)."""
+    --calibrate``; see ``RunFolder.trainer_cost``). ``earlier_s``: a resumed tune's earlier parts'
+    tuning time (the summary's ``total_tuning_time_s`` adds them)."""
     data_config = None
     trl_data = trl_data_config(spec)
     if trl_data is not None:
@@ -361,6 +363,8 @@ def write_outputs(output: Path, spec: Spec, space: SearchSpace, trials: Sequence
     summary = build_summary(spec, space, trials, output=output.resolve(), stats=stats, strategy=strategy,
                             stop_reason=stop_reason, elapsed_s=elapsed_s, repeats=repeats, data_config=data_config,
                             model_dir=model_dir, trainer_cost=trainer_cost, aside=aside)
+    if earlier_s:  # a resumed tune: its parts together
+        summary = dataclasses.replace(summary, total_tuning_time_s=earlier_s + elapsed_s)
     write_atomically(output / "summary.json", json.dumps(summary.to_json(), indent=2, default=list) + "\n")
     write_trials_csv(output / "trials.csv", space, trials, repeats)
     write_atomically(output / "report.html", tune_report_html(summary, trials, spec.source or "spec"))

@@ -79,7 +79,7 @@ def _live(job: Job) -> dict[str, str] | None:
     standing = (f"best so far: {values_line(best.searched)} at {best.samples_per_second or 0:,.4g} samples/s"
                 f"{spread(best.spread_rel)}" if best else "nothing fits yet")
     return {"href": url_for("serve_file", relative=f"{job.output}/report.html"), "version": str(version),
-            "line": f"{s.total_tested} probed ({s.successful} fit, {s.failed_oom} OOM) in {s.tuning_time_s:.0f} s; "
+            "line": f"{s.total_tested} probed ({s.successful} fit, {s.failed_oom} OOM) in {s.total_tuning_time_s or s.tuning_time_s:.0f} s; "
                     f"{standing}" + ("" if s.stop_reason == "running" else f"; {s.stop_reason}")}
 
 
@@ -89,7 +89,8 @@ def job_page(job_id: str) -> str:
     job = state.jobs.get(job_id)
     return render_template("job.html", job=job, state=state.jobs.state(job), links=_links(job),
                            resumable=job.command in commands.RESUMABLE, live=_live(job),
-                           shown=shlex.join(["trainfit", job.command, *(_under_root(a) for a in job.args)]))
+                           shown=shlex.join(["trainfit", job.command, *(_under_root(a) for a in job.args)]),
+                           parts=_parts(job))
 
 
 def _under_root(arg: str) -> str:
@@ -133,6 +134,26 @@ def whole_log(job_id: str) -> Response:
     except OSError as err:
         raise Refused(f"cannot read the log of job {job_id}: {err.strerror or err}", status=422) from None
     return send_file(log, mimetype="text/plain", max_age=0)  # streamed, and closed once sent
+
+
+def _parts(job: Job) -> list[Job]:
+    """The jobs that wrote ``job``'s run folder (a tune and its resumes), the first first: one run."""
+    if job.output is None:
+        return [job]
+    return sorted((j for j in ui().jobs.all() if j.output == job.output), key=lambda j: j.started_at)
+
+
+@jobs_views.get("/jobs/<job_id>/run-log")
+def run_log(job_id: str) -> Response:
+    """The whole log of ``job``'s run: every part's (a tune and its resumes), in order, each headed."""
+    state = ui()
+    parts = _parts(state.jobs.get(job_id))
+    out = []
+    for i, part in enumerate(parts, 1):
+        text, _ = state.jobs.log(part)  # a chunk at most each: the part's own log page has the rest
+        out.append(f"=== part {i} of {len(parts)}: {shlex.join(['trainfit', part.command, *part.args])} "
+                   f"(job {part.id}) ===\n{text}")
+    return Response("\n".join(out), mimetype="text/plain")
 
 
 @jobs_views.post("/jobs/<job_id>/stop")

@@ -170,9 +170,15 @@ def summarised(folder: Path) -> tuple[list[tuple[str, str]], str]:
 
 def _summary_figures(run: RunFolder) -> list[tuple[str, str]]:
     s = run.summary
-    rows = [("device", _text(s.device)), ("strategy", s.strategy), ("stopped", s.stop_reason),
+    stopped = s.stop_reason
+    if stopped == "running" and not held(run.path):  # written as it went, and no process holds it now
+        stopped = "interrupted: no process runs it (Resume on its job, or `trainfit tune SPEC --output RUN --resume`)"
+    total = s.total_tuning_time_s
+    rows = [("device", _text(s.device)), ("strategy", s.strategy), ("stopped", stopped),
             ("probed", f"{s.total_tested} ({s.successful} ok, {s.failed_oom} OOM, {s.failed_error} error, "
-                       f"{s.failed_timeout} timeout)"), ("tuning time", f"{s.tuning_time_s:.0f} s")]
+                       f"{s.failed_timeout} timeout)"),
+            ("tuning time", f"{total:.0f} s over its resumed parts (the last {s.tuning_time_s:.0f} s)" if total
+             else f"{s.tuning_time_s:.0f} s")]
     best = s.best_config
     if best is None:
         return [*rows, ("best config", "none fits")]
