@@ -162,6 +162,7 @@ def test_edit_a_searched_knob_tune_and_train_in_the_browser(served: Served, brow
     WebDriverWait(browser, 300).until(status_is(browser, "finished", "failed", "interrupted"))
     assert browser.find_element(By.ID, "status").text == "finished (exit 0)", browser.find_element(By.ID, "log").text
     assert was == "running", "train ended before the reload: nothing was shown of a running job"
+    assert browser.find_element(By.ID, "live-line").text.startswith("step 10 of 10 (100%)")  # its progress, read live
     assert (root / "trainfit-runs" / "tiny-llama").is_dir()
 
 

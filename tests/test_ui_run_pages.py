@@ -95,3 +95,36 @@ def test_a_damaged_record_is_said_on_its_page(tmp_path: Path) -> None:
     (tmp_path / "runs" / "probe" / "measurement.json").write_text('{"status": 12}')
     page = create_app(tmp_path).test_client().get("/run?path=runs/probe")
     assert page.status_code == 200 and "cannot read measurement.json" in page.get_data(as_text=True)
+
+
+def test_a_training_and_a_comparison_show_their_progress_live(tmp_path: Path) -> None:
+    """Issue 50 item 4: a training's job page shows its steps as a bar, its last loss, its time and
+    what the monitor projects is left, read from the log trainfit train writes (RunLog, the writer
+    itself); a comparison's shows its configs trained."""
+    from trainfit.train.callbacks import RunLog
+    from trainfit.train.monitor import Status
+    from trainfit.ui.jobs import Job
+    from trainfit.ui.live import live_view
+
+    out = tmp_path / "runs" / "train"
+    out.mkdir(parents=True)
+    log = RunLog(out / "train_log.jsonl")
+    log.write("start", resumed_from=None, source="plan.json")
+    log.write("log", step=10, max_steps=40, elapsed_s=30.0, loss=2.5)
+    log.write("on_track", **Status(step=10, max_steps=40, elapsed_s=30.0, projected_s=120.0, planned_s=110.0,
+                                   window_s=3600.0, state="on track").to_json())
+    log.write("log", step=20, max_steps=40, elapsed_s=61.0, loss=2.0)
+    with (out / "train_log.jsonl").open("a") as f:
+        f.write('{"event": "log", "st')  # a line being written
+
+    def job(command: str, output: str) -> Job:
+        return Job(id="j", command=command, argv=[], cwd=str(tmp_path), started_at=0.0, output=output)
+
+    live = live_view(tmp_path, job("train", "runs/train"), lambda *a, **k: "")
+    assert live == {"progress": [20, 40], "line": "step 20 of 40 (50%); loss 2; 1m01s so far; ~1m30s left (on track)"}
+    (tmp_path / "runs" / "cmp").mkdir()
+    (tmp_path / "runs" / "cmp" / "compare.json").write_text(json.dumps(
+        {"configs": {"a": {}, "b": {}, "c": {}}, "steps": 20, "runs": {"a": {"status": "finished"}}}))
+    assert live_view(tmp_path, job("compare", "runs/cmp"), lambda *a, **k: "") == {
+        "progress": [1, 3], "line": "1 of 3 configs trained, 20 steps each (a: finished)"}
+    assert live_view(tmp_path, job("probe", "runs/train"), lambda *a, **k: "") is None

@@ -11,11 +11,9 @@ from typing import Any
 from flask import Blueprint, jsonify, redirect, render_template, request, send_file, url_for
 from werkzeug.wrappers import Response
 
-from trainfit.errors import TrainfitError
-from trainfit.format import spread, values_line
-from trainfit.run_folder import RunFolder
 from trainfit.ui import commands
 from trainfit.ui.jobs import Job
+from trainfit.ui.live import live_view
 from trainfit.ui.paths import Refused, open_regular, prune_empty, write_refused
 from trainfit.ui.runs import held
 from trainfit.ui.state import ui
@@ -63,32 +61,12 @@ def _links(job: Job) -> list[dict[str, str]]:
     return links
 
 
-def _live(job: Job) -> dict[str, str] | None:
-    """A tune's live view: its report (rewritten as each trial finishes, so ``version`` changes with
-    it) and a line of where it stands, from its ``summary.json``; None for another job, or before the
-    first trial."""
-    if job.command != "tune" or job.output is None:
-        return None
-    run = RunFolder(ui().root.path / job.output)
-    try:
-        version = (run.path / "report.html").stat().st_mtime_ns
-        s = run.summary
-    except (OSError, TrainfitError):
-        return None
-    best = s.best_config
-    standing = (f"best so far: {values_line(best.searched)} at {best.samples_per_second or 0:,.4g} samples/s"
-                f"{spread(best.spread_rel)}" if best else "nothing fits yet")
-    return {"href": url_for("serve_file", relative=f"{job.output}/report.html"), "version": str(version),
-            "line": f"{s.total_tested} probed ({s.successful} fit, {s.failed_oom} OOM) in {s.total_tuning_time_s or s.tuning_time_s:.0f} s; "
-                    f"{standing}" + ("" if s.stop_reason == "running" else f"; {s.stop_reason}")}
-
-
 @jobs_views.get("/jobs/<job_id>")
 def job_page(job_id: str) -> str:
     state = ui()
     job = state.jobs.get(job_id)
     return render_template("job.html", job=job, state=state.jobs.state(job), links=_links(job),
-                           resumable=job.command in commands.RESUMABLE, live=_live(job),
+                           resumable=job.command in commands.RESUMABLE, live=live_view(ui().root.path, job, url_for),
                            shown=shlex.join(["trainfit", job.command, *(_under_root(a) for a in job.args)]),
                            parts=_parts(job))
 
@@ -112,7 +90,7 @@ def job_json(job_id: str) -> Any:
     else:
         text, offset, cut = *state.jobs.log(job, _offset(asked)), 0
     return jsonify(ok=True, **dataclasses.asdict(job_state), log=text, offset=offset, cut=cut,
-                   whole_log=url_for("jobs.whole_log", job_id=job.id), links=_links(job), live=_live(job))
+                   whole_log=url_for("jobs.whole_log", job_id=job.id), links=_links(job), live=live_view(ui().root.path, job, url_for))
 
 
 def _offset(text: str) -> int:

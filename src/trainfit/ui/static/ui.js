@@ -96,12 +96,18 @@ function showCut(result) {
 }
 
 function showLive(live) {
-  // A tune's report, live: framed (sandboxed) and loaded again each time a trial rewrites it.
+  // Where the run stands: a line, a training's or a comparison's progress bar, a tune's report framed
+  // (sandboxed) and loaded again each time a trial rewrites it.
   const section = document.getElementById("live");
   if (!section || !live) return;
   section.hidden = false;
   document.getElementById("live-line").textContent = live.line;
+  const bar = document.getElementById("live-progress");
+  bar.hidden = !live.progress;
+  if (live.progress) { bar.max = live.progress[1] || 1; bar.value = live.progress[0]; }
   const frame = document.getElementById("live-report");
+  if (!live.href) return;
+  frame.hidden = false;
   if (frame.dataset.version !== live.version) {
     frame.dataset.version = live.version;
     frame.src = live.href + "?v=" + encodeURIComponent(live.version);
