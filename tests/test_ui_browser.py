@@ -178,7 +178,7 @@ def test_each_kind_of_run_page_in_the_browser(tmp_path: Path, browser: Any) -> N
     try:
         browser.get(ui.url)  # the token's cookie
         base = ui.url.split("?")[0].rstrip("/")
-        for kind in ("train", "probe", "ablate", "plan"):
+        for kind in ("train", "probe", "ablate", "plan", "compare", "analyze"):
             browser.get(f"{base}/run?path=runs/{kind}")
             table = browser.find_element(By.ID, "figures")
             assert table.is_displayed() and "error" not in table.text, table.text

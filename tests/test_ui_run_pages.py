@@ -17,6 +17,8 @@ from conftest import EXAMPLES  # noqa: E402
 
 from trainfit.ablate import Ablation, Row  # noqa: E402
 from trainfit.cli import main  # noqa: E402
+from trainfit.compare import Comparison  # noqa: E402
+from trainfit.compare.runs import ConfigRun  # noqa: E402
 from trainfit.probe.measurement import Measurement  # noqa: E402
 from trainfit.train.records import TrainResult  # noqa: E402
 from trainfit.ui.app import create_app  # noqa: E402
@@ -28,7 +30,8 @@ def figures(page: str) -> dict[str, str]:
 
 def write_runs(tmp_path: Path) -> None:
     """A root holding the examples and a run of each kind besides a tune, under ``runs/``: a plan from
-    a figure (written by the CLI), a training's result and log, a probe's measurement, an ablation."""
+    a figure and an analysis (written by the CLI), a training's result and log, a probe's measurement,
+    an ablation, a comparison (their records, written here)."""
     shutil.copytree(EXAMPLES, tmp_path / "examples", ignore=shutil.ignore_patterns("__pycache__"))
     runs = tmp_path / "runs"
     # a plan from a figure (a real one, written by the CLI)
@@ -58,6 +61,19 @@ def write_runs(tmp_path: Path) -> None:
         Row(name="flash attention", knobs={"attention": "flash_attention_2"}, status="unavailable",
             reason="needs CUDA")])
     (runs / "ablate" / "ablation.json").write_text(json.dumps(ablation.to_json()))
+    # an analysis of the bundled data (a real one, written by the CLI)
+    assert main(["analyze", "--spec", str(tmp_path / "examples" / "tiny-llama.yaml"), "--json",
+                 str(runs / "analyze" / "lengths.json")]) == 0
+    # a comparison's record
+    (runs / "compare").mkdir()
+    curve = [[s, s * 0.1, 3.0 - s / 40] for s in range(1, 21)]
+    done = {name: ConfigRun(name=name, status="finished", steps=20, max_steps=20, samples_per_step=4, train_s=2.0,
+                            eval_s=0.0, samples_per_second=sps, peak_memory_gb=1.0, losses=curve)
+            for name, sps in (("low_lr", 40.0), ("high_lr", 38.0))}
+    comparison = Comparison(created_at="2026-12-08", spec="s.yaml", spec_sha256="0", overrides=[], steps=20,
+                            minutes=None, seed=0, evaluation=None, target_loss=None, device="cpu",
+                            configs={"low_lr": {}, "high_lr": {}, "wide": {}}, runs=done, ranking=["high_lr", "low_lr"])
+    (runs / "compare" / "compare.json").write_text(json.dumps(comparison.to_json()))
 
 
 def test_each_kind_of_run_is_summarised_as_itself(tmp_path: Path, capsys) -> None:
@@ -88,6 +104,14 @@ def test_each_kind_of_run_is_summarised_as_itself(tmp_path: Path, capsys) -> Non
     assert rows["ETA"].startswith("~") and rows["window"].startswith("1 h less 30 min: ")
     assert rows["chosen"] == "the spec&#39;s config" and rows["priority"].startswith("balanced: ")
     assert "started_at" not in rows and "created_at" not in rows
+
+    rows = figures(page("compare"))
+    assert rows["best"] == "high_lr" and rows["wide"] == "not run"
+    assert rows["low_lr"] == "finished, final loss 2.513, 40 samples/s"  # its last tenth's mean
+
+    rows = figures(page("analyze"))
+    assert rows["samples"] == "1,500" and rows["lengths"].startswith("min 22, p50 99, ")
+    assert rows["max_length"].startswith("1024 (p99.5 rounded up") and rows["padding (packing)"] == "0% of positions"
 
 
 def test_a_damaged_record_is_said_on_its_page(tmp_path: Path) -> None:

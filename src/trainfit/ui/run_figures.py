@@ -5,7 +5,9 @@ record (a damaged one is said, never a traceback):
   its loss curve (from ``train_log.jsonl``);
 - a probe: its speed with its interval, its peak, and the memory parts as bars;
 - an ablation: its table, one row a lever;
-- a plan: the ETA with its interval, the window, the chosen config and the options.
+- a plan: the ETA with its interval, the window, the chosen config and the options;
+- a comparison: its best, and each config's status, final loss and speed;
+- an analysis: the samples, their lengths, the max_length it recommends and the padding each way wastes.
 
 A chart is SVG made here from numbers alone (labels escaped): no script, nothing fetched.
 """
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.ablate import Ablation
+from trainfit.compare import Comparison
+from trainfit.compare.curves import final_loss
 from trainfit.errors import TrainfitError
 from trainfit.format import fmt_bytes, format_duration, spread, values_line
 from trainfit.json_record import Malformed
@@ -31,15 +35,12 @@ Rows = list[tuple[str, str]]
 
 
 def kind_figures(folder: Path, kind: str) -> tuple[Rows, str]:
-    """The figures of a run of ``kind`` that is not a tune (its rows, and a chart's SVG or ''); the
-    rows of a kind without a summary here are its record's top-level words and numbers."""
-    marker, read = _READERS.get(kind, ("", _plain))
-    path = folder / marker if marker else None
+    """The figures of a run of ``kind`` that is not a tune (its rows, and a chart's SVG or '')."""
+    if kind not in _READERS:
+        return [], ""
+    marker, read = _READERS[kind]
     try:
-        if path is None:
-            return [], ""
-        raw = json.loads(read_regular(path))
-        return read(raw, folder)
+        return read(json.loads(read_regular(folder / marker)), folder)
     except (OSError, ValueError, TypeError, KeyError, Malformed, TrainfitError) as err:
         return [("error", f"cannot read {marker}: {err}")], ""
 
@@ -121,14 +122,35 @@ def _plan(raw: dict[str, Any], folder: Path) -> tuple[Rows, str]:
     return rows, ""
 
 
-def _plain(raw: dict[str, Any], folder: Path) -> tuple[Rows, str]:
-    return [(k, str(v)) for k, v in raw.items() if isinstance(v, (str, int, float, bool))][:30], ""
+def _compare(raw: dict[str, Any], folder: Path) -> tuple[Rows, str]:
+    c = Comparison.from_json(raw)
+    rows = [("best", c.ranking[0] if c.ranking else "none finished"), ("steps", f"{c.steps} each"),
+            ("device", c.device)]
+    for name in c.configs:
+        run = c.runs.get(name)
+        loss = final_loss(run) if run else None
+        rows.append((name, "not run" if run is None else f"{run.status}" + (f", final loss {loss:.4g}" if loss else "")
+                     + (f", {run.samples_per_second:.3g} samples/s" if run.samples_per_second else "")))
+    return rows, ""
+
+
+def _lengths(raw: dict[str, Any], folder: Path) -> tuple[Rows, str]:
+    p, waste = dict(raw.get("percentiles") or {}), dict(raw.get("waste") or {})
+    spread_of = ", ".join(f"{k} {float(v):,.0f}" for k, v in [("min", raw["min"]), *(
+        (k, p[k]) for k in ("p50", "p90", "p99") if k in p), ("max", raw["max"])])
+    rows = [("samples", f"{int(raw['samples']):,}" + (f" ({raw['bad_rows']} bad rows)" if raw.get("bad_rows") else "")),
+            ("lengths", spread_of), ("source", str(raw.get("description") or raw.get("source")))]
+    if raw.get("recommended_max_length"):
+        rows.append(("max_length", f"{raw['recommended_max_length']} ({raw.get('recommended_rule')}; "
+                                   f"{float(raw.get('truncated_share') or 0):.2%} of samples cut)"))
+    rows += [(f"padding ({k.replace('_', ' ')})", f"{float(v):.0%} of positions") for k, v in waste.items()]
+    return rows, ""
 
 
 _READERS: dict[str, tuple[str, Callable[[dict[str, Any], Path], tuple[Rows, str]]]] = {
     "train": ("train_result.json", _train), "probe": ("measurement.json", _probe),
     "ablate": ("ablation.json", _ablation), "plan": ("plan.json", _plan),
-    "compare": ("compare.json", _plain), "analyze": ("lengths.json", _plain)}
+    "compare": ("compare.json", _compare), "analyze": ("lengths.json", _lengths)}
 
 _W, _H, _PAD = 520, 200, 40
 
