@@ -22,21 +22,23 @@ import functools
 import json
 import shlex
 import shutil
+import tempfile
 import time
 from datetime import datetime
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainfit.devices import process_peak_memory, torch_threads
+from trainfit.devices import process_peak_memory, resolve_device_name, torch_threads
 from trainfit.errors import Terminated, TrainfitError, os_error
 from trainfit.files import held_folder, refused_write, write_atomically
 from trainfit.format import format_duration
-from trainfit.params import parse_params
+from trainfit.params import Params, parse_params
 from trainfit.plan import Plan
 from trainfit.plan.from_compare import Winner, read_winner
 from trainfit.plan.inputs import load_run
 from trainfit.run_folder import RunFolder
+from trainfit.spec import Spec
 from trainfit.spec.training import TrainValues
 from trainfit.train.checkpoints import incomplete, latest_complete, step_of, unloadable
 from trainfit.train.child import child_environment, run_child
@@ -268,7 +270,7 @@ def _run(run: RunFolder, output: Path, record: TrainRun, plan: Plan | None, chec
     with torch_threads(record.threads), _listening(control):
         try:
             if record.kind == "factory":
-                return _run_factory(run, record, output, checkpoint, callbacks, say)
+                return _run_factory(run, record, output, checkpoint, callbacks, say, again)
             return _run_trl_sft(record, output, checkpoint, callbacks, control, record_batches)
         except Exception as err:  # a full disk mid-save, say: that save has no mark, the last marked one stays
             if isinstance(err, TrainfitError):
@@ -342,13 +344,44 @@ def _train_trl(trainer: Any, output: Path, checkpoint: Path | None, control: Any
 
 
 def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoint: Path | None, callbacks: list[Any],
-                 say: Callable[[str], None]) -> tuple[int, int]:
+                 say: Callable[[str], None], again: str) -> tuple[int, int]:
     """Train a factory model with trainfit's loop, by the record's training values, its figures to
-    their ``report_to`` services; returns (steps done, total steps)."""
+    their ``report_to`` services, on the config's processes (this one rank 0: :mod:`.ranks`);
+    returns (steps done, total steps)."""
     # local: torch and transformers load only where this process trains
     from trainfit.train.monitor import OnTrackCallback
+    from trainfit.train.ranks import ranks
     from trainfit.train.trackers import trackers
 
+    spec, params, samples, training = _factory_inputs(run_folder, record)
+    services = trackers(training.report_to, output, {**record.config, **record.training})
+    for callback in callbacks:
+        if isinstance(callback, OnTrackCallback):
+            callback.services = services
+    device = resolve_device_name(spec.probe.device)
+    job = {"run_dir": str(run_folder.path), "output": str(output), "checkpoint": str(checkpoint) if checkpoint else None,
+           "device": device, "again": again}
+    with tempfile.TemporaryDirectory(prefix="trainfit-ranks-") as scratch, \
+            ranks(params.processes, job, Path(scratch), device):
+        return run_loop(spec, params, samples=samples, epochs=record.epochs or 1.0, max_steps=record.max_steps,
+                        output=output, checkpoint=checkpoint, callbacks=[*callbacks, *services], say=say,
+                        evaluation=record.evaluation, training=training)
+
+
+def train_rank(job: dict[str, Any]) -> None:
+    """A rank other than 0 of a factory run on several processes (:mod:`.ranks`): the same loop on
+    its share of the rows, with no callbacks (rank 0's decide), from the same checkpoint."""
+    run_folder, output = RunFolder(job["run_dir"]), Path(job["output"])
+    record = load_record(TrainRun, output / "train.json", "train.json", "resume from rank 0")
+    spec, params, samples, training = _factory_inputs(run_folder, record)
+    with torch_threads(record.threads):
+        run_loop(spec, params, samples=samples, epochs=record.epochs or 1.0, max_steps=record.max_steps, output=output,
+                 checkpoint=Path(job["checkpoint"]) if job["checkpoint"] else None, callbacks=[],
+                 say=lambda line: None, evaluation=record.evaluation, training=training)
+
+
+def _factory_inputs(run_folder: RunFolder, record: TrainRun) -> tuple[Spec, Params, int, TrainValues]:
+    """What a factory run trains: the tune's spec, the record's config and training values, the data's samples."""
     run = load_run(run_folder)
     summary, spec = run.summary, run.spec()
     if spec.data is None:
@@ -357,14 +390,7 @@ def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoi
     params, problems = parse_params(record.config, allow_custom=True)
     if problems:
         raise TrainfitError(f"the config of trial {record.trial} does not parse: {problems[0]}", "tune again")
-    training = TrainValues.of(record.training)
-    services = trackers(training.report_to, output, {**record.config, **record.training})
-    for callback in callbacks:
-        if isinstance(callback, OnTrackCallback):
-            callback.services = services
-    return run_loop(spec, params, samples=summary.dataset_samples or 0, epochs=record.epochs or 1.0,
-                    max_steps=record.max_steps, output=output, checkpoint=checkpoint, callbacks=[*callbacks, *services],
-                    say=say, evaluation=record.evaluation, training=training)
+    return spec, params, summary.dataset_samples or 0, TrainValues.of(record.training)
 
 
 __all__ = ["TrainOptions", "TrainResult", "TrainRun", "prepare", "train"]

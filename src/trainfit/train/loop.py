@@ -30,7 +30,9 @@ from trainfit.params import Params
 from trainfit.progress import Progress
 from trainfit.spec import Spec
 from trainfit.train.checkpoints import unloadable
+from trainfit.probe.ranks import distribute
 from trainfit.train.loading import loaded_steps, steps_of
+from trainfit.train.ranks import Rank, agree, barrier, mean_loss, rank_device, this_rank
 from trainfit.workloads import build_workload
 from trainfit.workloads.factory import FactoryWorkload
 from trainfit.workloads.base import to_device
@@ -68,17 +70,21 @@ def save(folder: Path, step_runner: Any, position: Position) -> None:
     import numpy as np
     import torch
 
+    me = this_rank()
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save(plain(step_runner.workload.model).state_dict(), folder / "model.pt")
-    torch.save(step_runner.optimizer.state_dict(), folder / "optimizer.pt")
-    if step_runner.scaler is not None:
-        torch.save(step_runner.scaler.state_dict(), folder / "scaler.pt")
-    if step_runner.scheduler is not None:
-        torch.save(step_runner.scheduler.state_dict(), folder / "scheduler.pt")
+    if me.rank == 0:  # DDP keeps the weights and the optimizer the same on every rank
+        torch.save(plain(step_runner.workload.model).state_dict(), folder / "model.pt")
+        torch.save(step_runner.optimizer.state_dict(), folder / "optimizer.pt")
+        if step_runner.scaler is not None:
+            torch.save(step_runner.scaler.state_dict(), folder / "scaler.pt")
+        if step_runner.scheduler is not None:
+            torch.save(step_runner.scheduler.state_dict(), folder / "scheduler.pt")
     rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-    torch.save(rng, folder / "rng_state.pth")
-    write_atomically(folder / STATE, json.dumps(dataclasses.asdict(position)) + "\n")
+    torch.save(rng, folder / _rng_file(me))
+    if me.rank == 0:
+        write_atomically(folder / STATE, json.dumps(dataclasses.asdict(position)) + "\n")
+    barrier()  # every rank's part written before rank 0's control marks it complete
 
 
 def load(folder: Path, step_runner: Any, device: Any) -> Position:
@@ -93,7 +99,7 @@ def load(folder: Path, step_runner: Any, device: Any) -> Position:
             step_runner.scaler.load_state_dict(torch.load(folder / "scaler.pt"))
         if step_runner.scheduler is not None:
             step_runner.scheduler.load_state_dict(torch.load(folder / "scheduler.pt"))
-        rng = torch.load(folder / "rng_state.pth", weights_only=False)
+        rng = torch.load(folder / _rng_file(this_rank()), weights_only=False)
         raw = json.loads((folder / STATE).read_text())
         position = Position(step=int(raw["step"]), epoch=int(raw["epoch"]), consumed=int(raw["consumed"]))
     except Exception as err:  # a damaged file, or a loop_state.json of valid JSON but the wrong shape
@@ -106,9 +112,16 @@ def load(folder: Path, step_runner: Any, device: Any) -> Position:
     return position
 
 
+def _rng_file(me: Rank) -> str:
+    """A rank's random state's file (one process: ``rng_state.pth``, the Hugging Face trainer's name too)."""
+    return "rng_state.pth" if me.world == 1 else f"rng_state_{me.rank}.pth"
+
+
 def plain(model: Any) -> Any:
-    """The module under a ``torch.compile`` wrapper: its weights' names are the model's own."""
-    return getattr(model, "_orig_mod", model)
+    """The module under a ``torch.compile`` or DDP wrapper: its weights' names are the model's own."""
+    while hasattr(model, "_orig_mod") or type(model).__name__ == "DistributedDataParallel":
+        model = getattr(model, "_orig_mod", None) or model.module
+    return model
 
 
 def evaluate(runner: Any, collate: Callable[[list[Any]], Any], evaluation: EvalSchedule, *, fmt: str = "auto",
@@ -135,8 +148,9 @@ class _Hooks:
 
     def __init__(self, callbacks: Sequence[Any], output: Path, steps: tuple[int, int], epochs: float,
                  max_steps: int | None, position: Position, evaluation: EvalSchedule | None, log_every: int,
-                 run_eval: Callable[[EvalSchedule], dict[str, float]]) -> None:
+                 run_eval: Callable[[EvalSchedule], dict[str, float]], device: Any = "cpu") -> None:
         self.callbacks, self.evaluation, self.run_eval, self.log_every = callbacks, evaluation, run_eval, log_every
+        self.device = device
         per_epoch, total = steps
         # The trainer's names: what the run was asked for (``args``), and the epochs its steps take (``state``).
         self.args = SimpleNamespace(output_dir=str(output), num_train_epochs=epochs, max_steps=max_steps or -1)
@@ -147,6 +161,8 @@ class _Hooks:
     def call(self, event: str, **kwargs: Any) -> None:
         for cb in self.callbacks:
             getattr(cb, event)(self.args, self.state, self.control, **kwargs)
+        if event in ("on_step_end", "on_log", "on_epoch_end"):
+            agree(self.control, self.device)  # on several processes: what rank 0's callbacks decided
 
     def evaluates_at_epoch_end(self) -> bool:
         return self.evaluation is not None and not self.evaluation.every
@@ -215,7 +231,7 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
         spec, params, samples, training.schedule(total) if training else None)
     position = load(checkpoint, runner, device) if checkpoint is not None else Position()
     hooks = _Hooks(callbacks, output, (per_epoch, total), epochs, max_steps, position, evaluation, log_every,
-                   lambda e: evaluate(runner, collate, e, fmt=data.format, on_bad_row=data.on_bad_row))
+                   lambda e: evaluate(runner, collate, e, fmt=data.format, on_bad_row=data.on_bad_row), device)
     state, control, call = hooks.state, hooks.control, hooks.call
     call("on_train_begin")
     bar = Progress("training", total, unit="steps", done=position.step)
@@ -225,7 +241,7 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
             rows = functools.partial(epoch_rows, data.path, seed=spec.probe.seed, epoch=epoch, fmt=data.format,
                                      skip=consumed, on_bad_row=data.on_bad_row)
             for count, inputs in loaded_steps(rows, params, collate, device):
-                losses.append(runner.run_inputs(inputs))
+                losses.append(mean_loss(runner.run_inputs(inputs), device))
                 consumed += count
                 state.global_step += 1
                 state.epoch = epoch + consumed / samples
@@ -251,7 +267,7 @@ def run_loop(spec: Spec, params: Params, *, samples: int, epochs: float, max_ste
     finally:
         bar.close(note=f"epoch {state.epoch:.2f}{shown}")
     call("on_train_end")
-    if not control.should_training_stop:
+    if not control.should_training_stop and this_rank().rank == 0:
         torch.save(plain(workload.model).state_dict(), output / "model.pt")
     return int(state.global_step), total
 
@@ -270,10 +286,11 @@ def _factory_runner(spec: Spec, params: Params, samples: int,
     import torch
 
     assert spec.data is not None
-    device = torch.device(resolve_device_name(spec.probe.device))
+    device = torch.device(rank_device(resolve_device_name(spec.probe.device)))
     torch.manual_seed(spec.probe.seed)
     workload = build_workload(spec, params, device)
     assert isinstance(workload, FactoryWorkload)
+    workload.model = distribute(workload.model, params, device)  # several processes: under DDP, as probed
     collate = workload.custom.collate
     if collate is None:
         raise TrainfitError(f"the factory {spec.model.factory} returns no collate: trainfit has no way to make the "

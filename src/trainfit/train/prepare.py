@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
@@ -157,9 +158,7 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
         chosen = (plan.trial, plan.config, plan.epochs) if plan is not None else (pick.trial, pick.config, epochs) \
             if pick is not None else (best.trial, best.config, epochs)  # type: ignore[union-attr]
         assert chosen[0] is not None  # _plan refuses an estimated plan
-        _one_process(int(chosen[1].get("nproc_per_node", 1)) * int(chosen[1].get("nnodes", 1)),
-                     "train it with a loop of your own under torchrun (a tune.command_template), or plan a config of "
-                     "one process")
+        _one_machine_ddp(chosen[1])
         if plan is not None and plan.max_steps and not max_steps:  # an applied subset's cap, kept with the run
             common = functools.partial(common, max_steps=plan.max_steps)
         return common(source="plan.json" if plan else "compare.json" if pick else "summary.json", trial=chosen[0], kind="factory", threads=None,
@@ -203,6 +202,19 @@ def pick_command(run: RunFolder, pick: Candidate, winner: Winner) -> tuple[str, 
     base = TrainValues.of(run.summary.spec.train)
     assert pick.trial is not None  # a measured config
     return " ".join([command, *map(shlex.quote, winner.values(base).trl_args(against=base))]), "compare.json", pick.trial
+
+
+def _one_machine_ddp(config: Mapping[str, Any]) -> None:
+    """A factory config of several processes trains here on one machine under DDP (:mod:`trainfit.train.ranks`);
+    several machines, or FSDP's shards, are refused, saying what runs them."""
+    fix = "train it with a loop of your own under torchrun (a tune.command_template), or plan a config of one machine"
+    if int(config.get("nnodes", 1)) > 1:
+        raise TrainfitError(f"this config trains on {config['nnodes']} machines (nnodes), and trainfit train runs "
+                            "on one", fix)
+    if int(config.get("nproc_per_node", 1)) > 1 and config.get("parallel") != "ddp":
+        raise TrainfitError(f"this config trains on {config['nproc_per_node']} processes under "
+                            f"parallel: {config.get('parallel')}, and trainfit train runs several under ddp only "
+                            "(an FSDP checkpoint holds each rank's shard)", fix + ", or one of parallel: ddp")
 
 
 def _one_process(processes: int, fix: str) -> None:
