@@ -95,3 +95,30 @@ def test_train_takes_a_compare_winner_without_a_plan_and_refuses_a_plan_of_anoth
     err = capsys.readouterr().err
     assert "plan.json decides what trains, and it carries compare's narrow, not wide" in err
     assert f"--from-compare {compared.resolve()} --config wide" in err
+
+
+@pytest.mark.integration
+def test_the_comparisons_best_run_to_completion_and_the_lowest_loss_is_picked(
+        tuned_and_compared: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    """Guide 001's phase 4 (issue 48 item 3): the comparison's 2 best, each the fastest way that
+    learns as it does, whatever the tune folder's plan chose; then set side by side."""
+    run, compared = tuned_and_compared
+    out = tmp_path / "finals"
+    capsys.readouterr()
+    assert main(["train", str(run), "--from-compare", str(compared), "--top", "2", "--max-steps", "3",
+                 "--output", str(out)]) == 0
+    said = capsys.readouterr()
+    finals = json.loads((out / "finals.json").read_text())
+    ranking = json.loads((compared / "compare.json").read_text())["ranking"]
+    assert [f["name"] for f in finals["finals"]] == ranking and {f["status"] for f in finals["finals"]} == {"finished"}
+    assert finals["pick"] == min(finals["finals"], key=lambda f: f["loss"])["name"]
+    assert f"final pick: {finals['pick']}, by the lowest final train loss" in said.out
+    assert "final 1 of 2: " in said.err and " epoch(s)" in said.err  # each one's ETA before it starts
+    for name, width in (("narrow", 1), ("wide", 2)):
+        trained = json.loads((out / name / "train.json").read_text())
+        assert (trained["source"], trained["config"]["width_mul"]) == ("compare.json", width)
+    # again with --resume: each final finished already, nothing trains again
+    assert main(["train", str(run), "--from-compare", str(compared), "--top", "2", "--max-steps", "3",
+                 "--output", str(out), "--resume"]) == 0
+    assert main(["train", str(run), "--top", "2"]) == 2
+    assert "--config and --top name configs of a comparison" in capsys.readouterr().err

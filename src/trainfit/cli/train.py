@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 from trainfit.cli import COMMANDS
 from trainfit.cli.common import number
 from trainfit.errors import TrainfitError
+from trainfit.format import format_duration, table
 from trainfit.train import TrainOptions, train
+from trainfit.train.finals import FINALS_FILE, MOST, train_finals
 
 if TYPE_CHECKING:
     from trainfit.train.records import TrainResult
@@ -24,6 +27,7 @@ examples:
   trainfit train RUN_DIR --max-steps 100                  # a short run first
   trainfit train RUN_DIR -- --logging_steps 10 --report_to tensorboard   # more `trl sft` arguments
   trainfit train RUN_DIR --from-compare CMP_DIR --config wide   # a compare winner, the fastest way measured
+  trainfit train RUN_DIR --from-compare CMP_DIR --top 3          # its 3 best to completion, then the pick
 
 What trains: the config RUN_DIR/plan.json chose (`trainfit plan`), else the fastest one (with
 --from-compare: the fastest that learns as the compare config, with its training values): a Hugging
@@ -75,6 +79,9 @@ def add_parser(sub: Any) -> None:
                    help="train a `trainfit compare` winner: the fastest config the tune measured that learns as it "
                         "does, with its learning rate and schedule (a plan must carry it: plan --from-compare)")
     p.add_argument("--config", metavar="NAME", help="with --from-compare: that config instead of the comparison's best")
+    p.add_argument("--top", type=number(int, at_least=2, at_most=MOST), metavar="N",
+                   help="with --from-compare: run the comparison's N best to completion, one after another, into "
+                        "OUTPUT/NAME (default RUN_DIR/finals), then pick the lowest final loss (guide 001's phase 4)")
     p.add_argument("--record-batches", metavar="FILE",
                    help="append each training micro-batch's padded length to FILE, one a line (a `trl sft` run; "
                         "`plan --calibrate` prices the steps it times by them)")
@@ -83,14 +90,19 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
-    if args.config is not None and args.from_compare is None:
-        raise TrainfitError("--config names a config of a comparison", "add --from-compare DIR")
-    output = Path(args.output) if args.output else Path(args.run_dir) / "train"
-    result = train(args.run_dir, output, TrainOptions(
+    if (args.config is not None or args.top) and args.from_compare is None:
+        raise TrainfitError("--config and --top name configs of a comparison", "add --from-compare DIR")
+    if args.config is not None and args.top:
+        raise TrainfitError("--config trains one config and --top the comparison's best few", "give one of them")
+    options = TrainOptions(
         resume=args.resume, checkpoint_minutes=args.checkpoint_minutes, keep=args.keep,
         deadline_hours=args.deadline or None, use_plan_deadline=args.deadline == 0.0, extra_args=args.passed_on,
         max_steps=args.max_steps, loop=args.loop, monitor_every_s=args.monitor_seconds,
-        from_compare=args.from_compare, compare_config=args.config, record_batches=args.record_batches))
+        from_compare=args.from_compare, compare_config=args.config, record_batches=args.record_batches)
+    if args.top:
+        return _finals(args, options)
+    output = Path(args.output) if args.output else Path(args.run_dir) / "train"
+    result = train(args.run_dir, output, options)
     print(json.dumps(result.to_json(), indent=2))
     if result.status == "finished":
         print(f"\ntrained: {output}{_steps(result)}")
@@ -106,6 +118,22 @@ def run(args: argparse.Namespace) -> int:
     saved = ", with a checkpoint" if result.step is not None else " (your trainer was told; its checkpoints are its own)"
     print(f"\nstopped by {result.stopped_by}{_steps(result)}{saved}; continue: {result.resume}")
     return STOP_STATUS.get(result.stopped_by or "", 1)
+
+
+def _finals(args: argparse.Namespace, options: TrainOptions) -> int:
+    """``--top N``: the comparison's N best to completion, set side by side (:mod:`trainfit.train.finals`)."""
+    output = Path(args.output) if args.output else Path(args.run_dir) / "finals"
+    finals = train_finals(Path(args.run_dir), Path(args.from_compare), args.top, output, options, train)
+    print(table([(f.name, f.status, f"{f.step}/{f.max_steps}", format_duration(f.elapsed_s),
+                  "" if f.loss is None else f"{f.loss:.4g}") for f in finals.finals],
+                ["final", "status", "steps", "elapsed", "final loss"]))
+    if finals.pick is not None:
+        print(f"\nfinal pick: {finals.pick}, by {finals.pick_by}; written: {output / FINALS_FILE}")
+        return 0
+    last = finals.finals[-1]
+    print(f"\nstopped at {last.name} ({last.status}); continue: trainfit train {shlex.quote(args.run_dir)} --from-compare "
+          f"{shlex.quote(args.from_compare)} --top {args.top} --output {shlex.quote(str(output))} --resume")
+    return 1
 
 
 def _steps(result: TrainResult) -> str:

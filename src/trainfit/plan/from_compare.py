@@ -40,7 +40,8 @@ class Winner(Record):
     compare_dir: str
     name: str
     chosen: str
-    """Why this config: ``best`` (the comparison's ranking) or ``named`` (``--config``)."""
+    """Why this config: ``best`` (the comparison's ranking), ``named`` (``--config``) or ``final``
+    (one of ``train --top N``'s, trained whatever the plan chose)."""
     training: dict[str, Any]
     """Its training values as the comparison trained it (``--set`` ones under its own)."""
     learned: dict[str, Any]

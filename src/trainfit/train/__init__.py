@@ -18,6 +18,7 @@ Output folder: ``train.json`` (what is trained, written once), ``checkpoint-STEP
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import shlex
@@ -61,7 +62,7 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
     began = time.monotonic()
     run_dir, output = (run := RunFolder(run_dir)).path, Path(output).resolve()  # run: its files read once, by all below
     _check_inputs(run, keep, record_batches)
-    winner = read_winner(options.from_compare, options.compare_config) if options.from_compare else None
+    winner = _winner(options)
     again, past = _resume_commands(run_dir, output, options, winner)
     with held_folder(output, functools.partial(_running, output)):
         if resume and (done := _finished(output, say)) is not None:
@@ -110,11 +111,19 @@ def train(run_dir: str | Path, output: str | Path, options: TrainOptions = Train
     return result
 
 
+def _winner(options: TrainOptions) -> Winner | None:
+    """The compare config ``options`` train (``--from-compare``), marked a final under ``--top``."""
+    winner = read_winner(options.from_compare, options.compare_config) if options.from_compare else None
+    return dataclasses.replace(winner, chosen="final") if winner is not None and options.final else winner
+
+
 def _resume_commands(run_dir: Path, output: Path, options: TrainOptions, winner: Winner | None) -> tuple[str, str]:
     """The commands that continue the run: with its deadline, and without (for a window spent)."""
     hours = options.deadline_hours
     deadline = ["--deadline"] if options.use_plan_deadline else ["--deadline", f"{hours:g}"] if hours else []
     carried = ["--from-compare", winner.compare_dir, "--config", winner.name] if winner else []
+    if options.resume_with is not None:
+        return options.resume_with, options.resume_with
     again = functools.partial(resume_command, run_dir, output, max_steps=options.max_steps, loop=options.loop,
                               extra_args=options.extra_args)
     return again(options=[*deadline, *carried]), again(options=carried)

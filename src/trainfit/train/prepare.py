@@ -134,7 +134,7 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
             loop: bool, winner: Winner | None) -> tuple[TrainRun, Plan | None]:
     """:func:`to_train`'s record, before its data's fingerprint."""
     run_dir = run.path
-    plan = _plan(run_dir)
+    plan = None if winner is not None and winner.chosen == "final" else _plan(run_dir)  # the finals: the compare's
     pick = compare_pick(run, plan, winner) if winner is not None else None
     common = functools.partial(TrainRun, run_dir=str(run_dir.resolve()), max_steps=max_steps, started_at=time.time())
     factory = summary.spec.factory is not None

@@ -44,6 +44,11 @@ class TrainOptions:
     """A ``trainfit compare`` output folder: train its winner (``compare_config``, else its best) the
     fastest way the tune measured, with its training values (a plan, where there is one, must carry it)."""
     compare_config: str | None = None
+    final: bool = False
+    """With ``from_compare``: one of ``--top N``'s finals (:mod:`trainfit.train.finals`): the plan, made
+    for one run, does not decide it."""
+    resume_with: str | None = None
+    """The command that continues the run, where another than its own does (the finals' one)."""
     record_batches: str | Path | None = None
     """A file to append each training micro-batch's padded length to, one a line, in the order they
     train (``trl sft`` runs only; what ``plan --calibrate`` prices its timed steps by)."""
