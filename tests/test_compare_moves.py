@@ -50,3 +50,14 @@ def test_a_factory_loss_weight_and_the_batch_move_too_and_a_tie_at_the_top_does_
     given = {"b4": {"batch_size": 4}, "b8": {"batch_size": 8}}
     runs = {"b4": a_run("b4", curve(3.0, 2.0)), "b8": a_run("b8", curve(3.0, 2.4))}
     assert moves(given, runs) == {"b4_batch_size_2": {"batch_size": 2}}
+
+
+def test_the_training_values_and_a_dropout_at_its_edge_do_not_move() -> None:
+    """The learning rate has its rule; a warmup has no such edge; a dropout past 1 is none (a review
+    found lr x1.25 beside the rule's x2, warmup_ratio 1.12 and lora_dropout 1.12 proposed)."""
+    given = {"a": {"learning_rate": 1e-4, "warmup_ratio": 0.5, "lora_dropout": 0.5},
+             "b": {"learning_rate": 1e-4, "warmup_ratio": 0.5, "lora_dropout": 0.9}}
+    runs = {"a": a_run("a", curve(3.0, 2.6)), "b": a_run("b", curve(3.0, 2.0))}
+    assert moves(given, runs) == {}
+    given = {"a": {"warmup_ratio": 0.1}, "b": {"warmup_ratio": 0.9}}
+    assert moves(given, runs) == {}

@@ -122,3 +122,20 @@ def test_the_comparisons_best_run_to_completion_and_the_lowest_loss_is_picked(
                  "--output", str(out), "--resume"]) == 0
     assert main(["train", str(run), "--top", "2"]) == 2
     assert "--config and --top name configs of a comparison" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_comparison_whose_spec_changed_since_is_refused(tuned_and_compared: tuple[Path, Path], tmp_path: Path,
+                                                         capsys) -> None:
+    """Its configs' knobs would be read over the spec as it is now (a review: a max_length edited
+    since was blamed on the tune)."""
+    run, compared = tuned_and_compared
+    doc = json.loads((compared / "compare.json").read_text())
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(Path(doc["spec"]).read_text() + "# edited since\n")
+    other = tmp_path / "compare"
+    other.mkdir()
+    (other / "compare.json").write_text(json.dumps({**doc, "spec": str(spec)}))
+    capsys.readouterr()
+    assert main(["plan", str(run), "--max-hours", "1", "--from-compare", str(other)]) == 2
+    assert f"the spec {spec} has changed since the comparison in {other} ran on it" in capsys.readouterr().err

@@ -107,3 +107,23 @@ def test_sigterm_to_every_rank_stops_them_together_with_a_checkpoint(two_ranks: 
     assert proc.returncode == 128 + signal.SIGTERM, text
     assert "stopped by SIGTERM" in text and "with a checkpoint" in text
     assert main(["train", str(two_ranks), "--output", str(out), *STEPS, "--resume"]) == 0
+
+
+def test_a_rank_that_ends_before_the_ranks_join_is_said_at_once(tmp_path: Path) -> None:
+    """Rank 0 waited for the group's whole timeout (30 minutes) for a rank that had failed before it
+    joined (a review found it). Run in a process of its own: the wait it stops is left behind."""
+    script = (
+        "import os, subprocess, sys\n"
+        "from trainfit.errors import TrainfitError\n"
+        "from trainfit.train.ranks import _free_port, _joined\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(_free_port()), WORLD_SIZE='2')\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.exit(3)'])\n"
+        "try:\n"
+        "    _joined([child], 2, 'cpu', 'trainfit train R --resume')\n"
+        "except TrainfitError as err:\n"
+        "    print(err.message, err.hint)\n"
+        "    os._exit(0)\n"
+        "os._exit(1)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 1 of 2 ended (exit status 3) before the ranks joined" in done.stdout

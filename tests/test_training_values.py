@@ -160,3 +160,24 @@ def test_the_flags_against_a_command_s_own_values_say_only_what_changes() -> Non
     assert winner.trl_args(100, against=spec) == ["--learning_rate", "2e-05", "--lr_scheduler_type", "cosine"]
     assert TrainValues().trl_args(100, against=spec) == ["--learning_rate", "2e-05", "--warmup_steps", "0",
                                                          "--report_to", "none"]
+
+
+def test_a_warmup_given_one_way_replaces_the_other() -> None:
+    spec = TrainValues(warmup_steps=10)
+    assert spec.over({"warmup_ratio": 0.5}).schedule(100).warmup_steps == 50
+    assert TrainValues(warmup_ratio=0.5).with_flags(["--warmup_steps", "0"]).schedule(100).warmup_steps == 0
+    assert TrainValues().with_flags(["--report_to", "tensorboard", "--report_to", "tensorboard"]).report_to == (
+        "tensorboard",)
+
+
+def test_a_factory_run_recorded_before_its_training_values_resumes_as_one_at_the_defaults() -> None:
+    """A train.json written before training values were kept trained at the defaults; where the figures
+    go does not change what trains: neither blocks a resume."""
+    from trainfit.train.records import TrainRun
+
+    def record(training: dict) -> TrainRun:
+        return TrainRun(run_dir="r", source="summary.json", trial=0, kind="factory", threads=None, started_at=0.0,
+                        config={"batch_size": 2}, training=training)
+
+    assert record({}).what() == record(TrainValues(report_to=("tensorboard",)).to_json()).what()
+    assert record({}).what() != record(TrainValues(learning_rate=1e-3).to_json()).what()

@@ -139,7 +139,8 @@ def _factory(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder:
 def _trl(spec: Any, config: Any, job: dict[str, Any], log: CurveLog, folder: Path) -> int:
     # The config's training values over the spec's train: section; its services stay out (a comparison reports none).
     values = dataclasses.replace(config.values(spec.train), report_to=())
-    argv = [*job["argv"], *values.trl_args(int(job["steps"])), "--seed", str(spec.probe.seed),  # one data order
+    # after the job's command, which says the spec's values already: the config's that differ from them
+    argv = [*job["argv"], *values.trl_args(int(job["steps"]), against=spec.train), "--seed", str(spec.probe.seed),
             "--max_steps", str(job["steps"]), "--logging_steps", "1",
             "--save_strategy", "no", "--report_to", "none", "--output_dir", str(folder / "trainer"),
             "--disable_tqdm", "true", "--log_level", "warning"]

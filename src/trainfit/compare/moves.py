@@ -11,7 +11,8 @@ and the best holds the edge of the values tried:
 
 The learning rate has its own rule (:mod:`trainfit.compare.suggest`). The settings moved are
 the LoRA rank and dropout, the batch, weight decay and clipping, and a factory model's own numeric
-keys (a loss weight, a regularizer's rate). The rank moves by 25%, the batch by 2x, the rest by 25%.
+keys (a loss weight, a regularizer's rate); not the other training values (the warmup's have no
+such edge). The rank moves by 25%, the batch by 2x, the rest by 25%.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from typing import Any
 from trainfit.compare.curves import final_loss, same_result
 from trainfit.compare.runs import ConfigRun, Suggestion
 from trainfit.params import KNOBS
-from trainfit.spec.training import TrainValues
+from trainfit.spec.training import TRAINING_KEYS, TrainValues
 
 MOVED = {"lora_r": 1.25, "lora_dropout": 1.25, "batch_size": 2.0, "gradient_accumulation_steps": 2.0,
          "weight_decay": 1.25, "max_grad_norm": 1.25}
 """The built-in settings a move changes, and by what factor; a factory's own numeric keys move by 1.25."""
 WHOLE = ("lora_r", "batch_size", "gradient_accumulation_steps")
+BELOW_ONE = ("lora_dropout",)
+"""Settings whose values lie below 1: a move past it is none."""
 
 
 def edge_moves(best: str, given: dict[str, dict[str, Any]], runs: dict[str, ConfigRun], order: list[str],
@@ -37,7 +40,7 @@ def edge_moves(best: str, given: dict[str, dict[str, Any]], runs: dict[str, Conf
     inherits where it names no value."""
     defaults = {**TrainValues().to_json(), **defaults}
     out = []
-    for key in sorted({k for n in order for k in given[n] if k in MOVED or k not in KNOBS}):
+    for key in sorted({k for n in order for k in given[n] if k in MOVED or k not in KNOBS and k not in TRAINING_KEYS}):
         tried = {n: v for n in order if (v := _number(given[n].get(key, defaults.get(key)))) is not None}
         rivals = [n for n in tried if n != best and _alike(given[n], given[best], key, defaults)]
         if best not in tried or not rivals:
@@ -49,8 +52,8 @@ def edge_moves(best: str, given: dict[str, dict[str, Any]], runs: dict[str, Conf
         factor = MOVED.get(key, 1.25)
         new = value * factor if up else value / factor
         new = max(1, round(new)) if key in WHOLE else float(f"{new:.3g}")
-        if new == value or new in values:
-            continue
+        if new == value or new in values or key in BELOW_ONE and new >= 1:
+            continue  # tried already, or past its range (a dropout of 1 drops everything)
         name = f"{best}_{key}_{new:g}"
         evidence = "; ".join(f"{n} ({key}={tried[n]:g}): final loss {final_loss(runs[n]):.4g}" for n in [best, *rivals])
         says = (f"{best} was the best at the {'highest' if up else 'lowest'} {key} tried ({value:g}), "

@@ -17,6 +17,7 @@ It reads ``compare.json`` as a record of its own (this tier does not import comp
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -77,6 +78,9 @@ def read_winner(compare_dir: str | Path, name: str | None = None) -> Winner:
         why = "ranks none (written before compare ranked its configs)" if ranking is None else "has no config that finished"
         raise TrainfitError(f"the comparison in {folder} {why}", f"name a config with --config ({', '.join(configs)})")
     chosen = name or str(ranking[0])  # type: ignore[index]  # refused above where there is no ranking
+    if chosen not in configs:
+        raise TrainfitError(f"{folder / COMPARE_FILE} ranks {chosen!r}, a config it does not hold (a damaged record)",
+                            "resume the comparison (compare --resume) to write it again, or name one with --config")
     given = dict(configs[chosen] or {})
     training_set = {_key(o): parse_override(o)[1] for o in raw.get("overrides", []) if _key(o) in TRAINING_KEYS}
     params = _params(folder, raw, {k: v for k, v in given.items() if k not in TRAINING_KEYS})
@@ -107,11 +111,16 @@ def _compare_json(folder: Path) -> dict[str, Any]:
 def _params(folder: Path, raw: Mapping[str, Any], knobs: Mapping[str, Any]) -> Params:
     """The config's every knob: the comparison's spec (with its ``--set`` knobs) and the config's over it."""
     overrides = [o for o in raw.get("overrides", []) if _key(o) not in TRAINING_KEYS]
+    path = Path(str(raw.get("spec", "")))
     try:
-        spec = load_spec(raw["spec"], overrides)
-    except (TrainfitError, KeyError) as err:
-        raise TrainfitError(f"the comparison in {folder} was run on a spec that cannot be read now: {err}",
+        changed = hashlib.sha256(path.read_bytes()).hexdigest() != raw.get("spec_sha256")
+        spec = load_spec(path, overrides)
+    except (TrainfitError, OSError) as err:
+        raise TrainfitError(f"the comparison in {folder} was run on the spec {path}, which cannot be read now: {err}",
                             "restore the spec at its path, or compare again") from None
+    if changed:  # its knobs now are not those the configs trained over
+        raise TrainfitError(f"the spec {path} has changed since the comparison in {folder} ran on it",
+                            "restore it as it was, or compare again")
     return spec.params.replace(**knobs)
 
 

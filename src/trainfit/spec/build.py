@@ -212,9 +212,11 @@ def _train_section(typed: dict[str, Any] | None, problems: list[Problem]) -> Tra
     if typed is None:
         return None
     problems += [Problem(f"train.{key}", bad) for key, value in typed.items() if (bad := check_training(key, value))]
-    if typed.get("warmup_steps") and typed.get("warmup_ratio"):
+    if (typed.get("warmup_steps") or 0) > 0 and (typed.get("warmup_ratio") or 0) > 0:
         problems.append(Problem("train.warmup_ratio", "is set with train.warmup_steps: the warmup is one or the other",
                                 "keep one of them"))
+    if "report_to" in typed:
+        typed["report_to"] = tuple(dict.fromkeys(typed["report_to"]))  # a service named twice reports once
     return TrainValues(**typed)
 
 

@@ -32,7 +32,8 @@ TRAINING_KEYS: dict[str, str] = {
     "lr_scheduler_type": f"the learning rate's schedule: {', '.join(SCHEDULERS)} (default linear; transformers' "
                          "constant has no warmup, constant_with_warmup has)",
     "warmup_steps": "optimizer steps of linear warmup (default 0)",
-    "warmup_ratio": "warmup as a share of the run's steps, 0-1 (instead of warmup_steps; given to TRL as steps)",
+    "warmup_ratio": "warmup as a share of the run's steps, 0-1 (instead of warmup_steps; a comparison gives it to TRL as "
+                    "steps, the written command as the installed transformers takes a ratio)",
     "weight_decay": "AdamW's weight decay (default 0)",
     "max_grad_norm": "gradients clipped to this total norm (default 1.0)",
 }
@@ -117,12 +118,18 @@ class TrainValues:
             raise TrainfitError(problems[0], "fix the value after --")
         values = {k: v for k, v in given.items() if k != "report_to"}
         out = self.over(values)
-        return dataclasses.replace(out, report_to=tuple(given["report_to"])) if "report_to" in given else out
+        return dataclasses.replace(out, report_to=tuple(dict.fromkeys(given["report_to"]))) if "report_to" in given else out
 
     def over(self, values: Mapping[str, Any]) -> TrainValues:
-        """These values with ``values`` (a compare config's, checked by :func:`check_training`) over them."""
+        """These values with ``values`` (a compare config's, checked by :func:`check_training`) over them:
+        a warmup given one way replaces the other."""
         typed = {"warmup_steps": int, "lr_scheduler_type": str}
-        return dataclasses.replace(self, **{k: typed.get(k, float)(v) for k, v in values.items()})
+        changes = {k: typed.get(k, float)(v) for k, v in values.items()}
+        if "warmup_steps" in changes and "warmup_ratio" not in changes:
+            changes["warmup_ratio"] = 0.0
+        elif "warmup_ratio" in changes and "warmup_steps" not in changes:
+            changes["warmup_steps"] = 0
+        return dataclasses.replace(self, **changes)
 
     def warmup(self, total_steps: int) -> int:
         """The warmup in optimizer steps for a run of ``total_steps``."""

@@ -370,11 +370,15 @@ def _run_factory(run_folder: RunFolder, record: TrainRun, output: Path, checkpoi
     device = resolve_device_name(spec.probe.device)
     job = {"run_dir": str(run_folder.path), "output": str(output), "checkpoint": str(checkpoint) if checkpoint else None,
            "device": device, "again": again}
-    with tempfile.TemporaryDirectory(prefix="trainfit-ranks-") as scratch, \
-            ranks(params.processes, job, Path(scratch), device):
-        return run_loop(spec, params, samples=samples, epochs=record.epochs or 1.0, max_steps=record.max_steps,
-                        output=output, checkpoint=checkpoint, callbacks=[*callbacks, *services], say=say,
-                        evaluation=record.evaluation, training=training)
+    try:
+        with tempfile.TemporaryDirectory(prefix="trainfit-ranks-") as scratch, \
+                ranks(params.processes, job, Path(scratch), device):
+            return run_loop(spec, params, samples=samples, epochs=record.epochs or 1.0, max_steps=record.max_steps,
+                            output=output, checkpoint=checkpoint, callbacks=[*callbacks, *services], say=say,
+                            evaluation=record.evaluation, training=training)
+    finally:
+        for service in services:  # closed at the run's end already, unless it raised
+            service.close()
 
 
 def train_rank(job: dict[str, Any]) -> None:

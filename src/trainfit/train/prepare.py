@@ -142,6 +142,11 @@ def _chosen(run: RunFolder, output: Path, summary: Summary, *, extra_args: Seque
         raise TrainfitError("--loop trains a factory model in trainfit's loop; this tune folder's model is a Hugging "
                             "Face one, trained by TRL's trainer", "drop --loop")
     if summary.command_template and not loop:
+        if pick is not None:  # the template filled for the pick would be a command trainfit cannot check
+            raise TrainfitError("--from-compare trains the fastest config that learns as the compare winner, and "
+                                "this tune folder trains with your tune.command_template, filled for its plan's or "
+                                "fastest config", "plan it (trainfit plan RUN_DIR --from-compare DIR), or add --loop "
+                                "to train a factory model in trainfit's loop")
         line, source, trial = (capped_template(run, plan, max_steps, factory) if max_steps
                                else template_command(run, plan))
         return common(source=source, trial=trial, kind="command", threads=None,

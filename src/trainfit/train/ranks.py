@@ -1,6 +1,6 @@
 """A factory model trained on several processes by ``trainfit train`` (``nproc_per_node`` > 1 on one
-machine), as its probe measured it: the model under DDP or FSDP2 (``probe.ranks.distribute``), each
-rank its share of every micro-batch.
+machine, ``parallel: ddp``), as its probe measured it: the model under DDP (``probe.ranks.distribute``),
+each rank its share of every micro-batch.
 
 ``trainfit train`` itself is rank 0. It starts the other ranks as child processes
 (``python -m trainfit.train.rank_child JOB``), joins their process group (gloo on a CPU, NCCL on GPUs) and
@@ -95,7 +95,7 @@ def _collective_device(device: Any) -> Any:
 def rank_device(device_name: str) -> str:
     """The device of this rank: on GPUs, its own (``cuda:RANK``); a CPU's for every rank."""
     me = this_rank()
-    return f"cuda:{me.rank}" if me.world > 1 and device_name.startswith("cuda") else device_name
+    return f"cuda:{me.rank}" if me.world > 1 and device_name.startswith("cuda") else device_name  # rank r: GPU r
 
 
 @contextlib.contextmanager
@@ -108,6 +108,7 @@ def ranks(world: int, job: dict[str, Any], scratch: Path, device_name: str) -> I
         return
     import torch.distributed as dist
 
+    _check_devices(world, device_name)
     port = _free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world)}
     scratch.mkdir(parents=True, exist_ok=True)
@@ -117,7 +118,7 @@ def ranks(world: int, job: dict[str, Any], scratch: Path, device_name: str) -> I
                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(1, world)]
     try:
         os.environ.update({k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")})
-        dist.init_process_group(_backend(device_name), rank=0, world_size=world)
+        _joined(children, world, device_name, job["again"])
         try:
             yield
         except (RuntimeError, OSError) as err:
@@ -130,17 +131,54 @@ def ranks(world: int, job: dict[str, Any], scratch: Path, device_name: str) -> I
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
     finally:
+        deadline = time.monotonic() + 60  # one for all: they end together, after rank 0
         for child in children:
             try:
-                child.wait(timeout=60)
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
 
 
-def _ended(children: list[subprocess.Popen[bytes]]) -> list[tuple[int, str]]:
-    """The ranks that ended, each with how (a signal's name, or an exit status)."""
-    time.sleep(0.5)  # the other side of a broken collective: its exit being recorded
+def _joined(children: list[subprocess.Popen[bytes]], world: int, device_name: str, again: str) -> None:
+    """Rank 0 joins the group, watching the others meanwhile: one that ends before it joins (a bad
+    input, a missing device) would leave rank 0 waiting for the group's whole timeout."""
+    import torch.distributed as dist
+
+    failed: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            dist.init_process_group(_backend(device_name), rank=0, world_size=world)
+        except BaseException as err:  # said below, by the thread that waits
+            failed.append(err)
+
+    joining = threading.Thread(target=join, daemon=True)  # left waiting where a rank never comes
+    joining.start()
+    while joining.is_alive():
+        joining.join(0.2)
+        if joining.is_alive() and (ended := _ended(children, wait=0.0)):
+            raise TrainfitError(f"rank {ended[0][0]} of {world} ended ({ended[0][1]}) before the ranks joined, so "
+                                "the run did not start", f"see its lines above, fix the cause, then: {again}")
+    if failed:
+        raise TrainfitError(f"the ranks could not join: {failed[0]}", f"fix the cause, then: {again}")
+
+
+def _check_devices(world: int, device_name: str) -> None:
+    """On GPUs, a rank a device: more ranks than this machine's GPUs are refused before any starts."""
+    if not device_name.startswith("cuda"):
+        return
+    import torch
+
+    if torch.cuda.device_count() < world:
+        raise TrainfitError(f"this config trains on {world} GPUs, and this machine has {torch.cuda.device_count()}",
+                            "train it on a machine with as many, or plan a config of fewer processes")
+
+
+def _ended(children: list[subprocess.Popen[bytes]], wait: float = 0.5) -> list[tuple[int, str]]:
+    """The ranks that ended, each with how (a signal's name, or an exit status); ``wait``: for the other
+    side of a broken collective, its exit being recorded."""
+    time.sleep(wait)
     out = []
     for r, child in enumerate(children, 1):
         code = child.poll()

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from trainfit.errors import TrainfitError
 from trainfit.json_record import Malformed, Record, check_schema
 from trainfit.plan.eval_pass import Evaluation
+from trainfit.spec.training import TrainValues
 from trainfit.summary import RecordedSpec
 from trainfit.train.data_check import trained_files
 from trainfit.trainer.command import flags
@@ -129,7 +130,10 @@ class TrainRun(Record):
             out["evaluation"] = f"{e.path}, every {e.every or 'epoch'}, batch {e.batch_size}"
         return {**out, "epochs": f"{self.epochs:g}" if self.epochs is not None else "None",
                 **{k: json.dumps(v) for k, v in self.config.items()},
-                **{f"train.{k}": json.dumps(v) for k, v in self.training.items()}}
+                # a record from before training values were kept trained at their defaults; the services
+                # the figures go to do not change what trains
+                **{f"train.{k}": json.dumps(v) for k, v in TrainValues.of(self.training).to_json().items()
+                   if k != "report_to"}}
 
 
 @dataclass(frozen=True, kw_only=True)

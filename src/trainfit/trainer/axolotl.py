@@ -56,7 +56,7 @@ ORDER = ("base_model", "sequence_len", "sample_packing", "pad_to_sequence_len", 
          "dataloader_prefetch_factor", "adapter", "load_in_4bit", "load_in_8bit", "bnb_config_kwargs", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
          "lora_target_linear", "lora_target_parameters", "plugins", "liger_rope", "liger_rms_norm",
          "liger_glu_activation", "liger_layer_norm", "liger_fused_linear_cross_entropy", "learning_rate",
-         "lr_scheduler", "warmup_steps", "weight_decay", "max_grad_norm", "num_epochs")
+         "lr_scheduler", "warmup_steps", "warmup_ratio", "weight_decay", "max_grad_norm", "num_epochs")
 """The order the keys are written in: the data's shape, the step, the adapters, the schedule."""
 
 LIGER_KEYS = ("liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_layer_norm",
@@ -98,7 +98,8 @@ def axolotl_fragment(spec: Spec, params: Params, *, max_length: int | None = Non
     the training command (``command_inputs``)."""
     if spec.model.factory is not None:
         return None
-    settings = trainer_settings(params, spec.tune.epochs, max_length=max_length, cpu_threads=cpu_threads)
+    settings = trainer_settings(params, spec.tune.epochs, values=spec.train, max_length=max_length,
+                                cpu_threads=cpu_threads)
     keys: dict[str, Any] = {"base_model": spec.model.path or (str(model_dir) if model_dir else MODEL_PLACEHOLDER),
                             "sample_packing": False, "group_by_length": False, "torch_compile": False}
     comments: dict[str, list[str]] = {}
@@ -121,8 +122,12 @@ def axolotl_fragment(spec: Spec, params: Params, *, max_length: int | None = Non
         notes.append("activation_offloading: true was measured without gradient checkpointing (TRL's offloading of "
                      "every saved activation); Axolotl's activation_offloading requires gradient_checkpointing: set "
                      "both for another trade of memory and speed than measured")
-    comments["learning_rate"] = ["trainfit tunes no schedule: these are the trl sft command's (TRL's SFTConfig "
-                                 "defaults, as in training_args.json), set because Axolotl's own differ (cosine)"]
+    comments["learning_rate"] = ["trainfit tunes no schedule: these are the trl sft command's (the spec's train: "
+                                 "section over TRL's SFTConfig defaults, as in training_args.json), set because "
+                                 "Axolotl's own differ (cosine)"]
+    if spec.train.warmup_ratio and not spec.train.warmup_steps:  # Axolotl takes a ratio by its own name
+        keys.pop("warmup_steps", None)
+        keys["warmup_ratio"] = spec.train.warmup_ratio
     _padding(params, keys, comments)
     _precision(params, merged, cpu_threads, comments)
     if settings["lora"] is not None:

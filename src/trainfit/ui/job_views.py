@@ -118,7 +118,8 @@ def _parts(job: Job) -> list[Job]:
     """The jobs that wrote ``job``'s run folder (a tune and its resumes), the first first: one run."""
     if job.output is None:
         return [job]
-    return sorted((j for j in ui().jobs.all() if j.output == job.output), key=lambda j: j.started_at)
+    return sorted((j for j in ui().jobs.all() if j.output == job.output and j.command == job.command),
+                  key=lambda j: j.started_at)  # a plan of a tune's folder writes into it too: no part of the tune
 
 
 @jobs_views.get("/jobs/<job_id>/run-log")
@@ -128,9 +129,11 @@ def run_log(job_id: str) -> Response:
     parts = _parts(state.jobs.get(job_id))
     out = []
     for i, part in enumerate(parts, 1):
-        text, _ = state.jobs.log(part)  # a chunk at most each: the part's own log page has the rest
+        text, end = state.jobs.log(part)  # a chunk at most each: the part's own log page has the rest
+        more = state.jobs.log(part, end)[0]
         out.append(f"=== part {i} of {len(parts)}: {shlex.join(['trainfit', part.command, *part.args])} "
-                   f"(job {part.id}) ===\n{text}")
+                   f"(job {part.id}) ===\n{text}"
+                   + (f"\n[... the rest of this part: {url_for('jobs.whole_log', job_id=part.id)}]\n" if more else ""))
     return Response("\n".join(out), mimetype="text/plain")
 
 

@@ -37,8 +37,8 @@ def live_view(root: Path, job: Job, url_for: Callable[..., str]) -> dict[str, An
             return _train(folder)
         if job.command == "compare":
             return _compare(folder)
-    except (OSError, ValueError, TrainfitError):
-        return None  # not written yet, or being written: the next poll reads it
+    except (OSError, ValueError, TrainfitError, KeyError, TypeError):
+        return None  # not written yet, being written, or not as trainfit writes it: the next poll reads it
     return None
 
 
@@ -56,9 +56,10 @@ def _tune(folder: Path, href: str) -> dict[str, Any]:
 
 def _train(folder: Path) -> dict[str, Any] | None:
     with open_regular(folder / "train_log.jsonl") as f:
-        f.seek(max(0, f.seek(0, 2) - TAIL))
+        start = max(0, f.seek(0, 2) - TAIL)
+        f.seek(start)
         lines = f.read().decode(errors="replace").splitlines()
-    events = [e for line in lines[1:] if (e := _event(line)) is not None]
+    events = [e for line in lines[1 if start else 0:] if (e := _event(line)) is not None]  # a cut first line left out
     logged = next((e for e in reversed(events) if e.get("event") == "log" and "max_steps" in e), None)
     if logged is None:
         return None
