@@ -80,6 +80,9 @@ def test_two_ranks_killed_and_resumed_end_on_the_weights_of_an_uninterrupted_run
     proc.wait()
     assert main(["train", str(two_ranks), "--output", str(part), *STEPS, "--resume"]) == 0
     assert same(weights(whole), weights(part))
+    # this process's environment as it was: a command it starts later took WORLD_SIZE=2 for its own and
+    # waited for a rank that never came (a later test's `trl sft` hung the slow tier)
+    assert not {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"} & set(os.environ)
 
 
 def test_a_killed_rank_stops_the_run_and_says_how_to_resume_it(two_ranks: Path, tmp_path: Path, capsys) -> None:

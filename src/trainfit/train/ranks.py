@@ -116,8 +116,9 @@ def ranks(world: int, job: dict[str, Any], scratch: Path, device_name: str) -> I
     path.write_text(json.dumps({**job, "parent": os.getpid()}))
     children = [subprocess.Popen([sys.executable, "-m", "trainfit.train.rank_child", str(path)],
                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(1, world)]
+    before = {k: os.environ.get(k) for k in GROUP_VARIABLES}
     try:
-        os.environ.update({k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")})
+        os.environ.update({k: env[k] for k in GROUP_VARIABLES})
         _joined(children, world, device_name, job["again"])
         try:
             yield
@@ -131,6 +132,13 @@ def ranks(world: int, job: dict[str, Any], scratch: Path, device_name: str) -> I
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
     finally:
+        # This process's variables as they were: a command it starts later (a trainer's own run, a test's
+        # next one) would take WORLD_SIZE for its own and wait for ranks that never come.
+        for k, value in before.items():
+            if value is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = value
         deadline = time.monotonic() + 60  # one for all: they end together, after rank 0
         for child in children:
             try:
@@ -138,6 +146,10 @@ def ranks(world: int, job: dict[str, Any], scratch: Path, device_name: str) -> I
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+GROUP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
+"""What rank 0 sets in its own environment while its group is up (torch's ``env://`` reads them)."""
 
 
 def _joined(children: list[subprocess.Popen[bytes]], world: int, device_name: str, again: str) -> None:
