@@ -16,7 +16,6 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from trainfit.errors import TrainfitError
 from trainfit.files import write_atomically
@@ -24,7 +23,7 @@ from trainfit.format import format_duration
 from trainfit.json_record import Record
 from trainfit.plan import make_plan
 from trainfit.plan.from_compare import read_winner
-from trainfit.train.records import TrainResult
+from trainfit.train.records import TrainResult, log_events
 from trainfit.train.train_options import TrainOptions
 
 FINALS_FILE = "finals.json"
@@ -109,16 +108,9 @@ def _eta(run_dir: Path, compare_dir: Path, name: str) -> str:
 
 def _last_loss(output: Path) -> float | None:
     """The last train loss a run's log holds."""
-    loss = None
     try:
-        lines = (output / "train_log.jsonl").read_text().splitlines()
+        lines = (output / "train_log.jsonl").read_text(errors="replace").splitlines()
     except OSError:
         return None
-    for line in lines:
-        try:
-            entry: Any = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("loss"), (int, float)):
-            loss = float(entry["loss"])
-    return loss
+    losses = [float(e["loss"]) for e in log_events(lines) if isinstance(e.get("loss"), (int, float))]
+    return losses[-1] if losses else None

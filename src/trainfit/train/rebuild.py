@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trainfit.errors import TrainfitError
 from trainfit.files import set_aside, write_atomically
 from trainfit.train.checkpoints import checkpoints, latest_complete
+from trainfit.train.records import log_events
 
 if TYPE_CHECKING:
     from trainfit.train.records import TrainRun
@@ -60,15 +61,7 @@ def _starts(log: Path) -> list[dict[str, Any]]:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return []
-    events = []
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") == "start":
-            events.append(event)
-    return events
+    return [e for e in log_events(lines) if e.get("event") == "start"]
 
 
 def _first_start(output: Path, starts: list[dict[str, Any]]) -> tuple[float, str]:

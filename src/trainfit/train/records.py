@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,6 +55,20 @@ def load_record(cls: type[R], path: Path, what: str, fix: str) -> R:
         return cls.from_json(read_object(path, what, fix))
     except Malformed as err:
         raise Damaged(f"{what} {path} is damaged: {err}", fix) from None
+
+
+def log_events(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The events of a run's ``train_log.jsonl`` (its lines), in order; a line that does not parse
+    is passed over (a crash, or a line being written, may cut the last one short)."""
+    events = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
 
 
 SCHEMA_VERSION = 1

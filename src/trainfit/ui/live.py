@@ -18,6 +18,7 @@ from typing import Any
 from trainfit.errors import TrainfitError
 from trainfit.format import format_duration, spread, values_line
 from trainfit.run_folder import RunFolder
+from trainfit.train.records import log_events
 from trainfit.ui.jobs import Job
 from trainfit.ui.paths import open_regular, read_regular
 
@@ -59,7 +60,7 @@ def _train(folder: Path) -> dict[str, Any] | None:
         start = max(0, f.seek(0, 2) - TAIL)
         f.seek(start)
         lines = f.read().decode(errors="replace").splitlines()
-    events = [e for line in lines[1 if start else 0:] if (e := _event(line)) is not None]  # a cut first line left out
+    events = log_events(lines[1 if start else 0:])  # a first line cut by the seek left out
     logged = next((e for e in reversed(events) if e.get("event") == "log" and "max_steps" in e), None)
     if logged is None:
         return None
@@ -72,14 +73,6 @@ def _train(folder: Path) -> dict[str, Any] | None:
             "line": f"step {step:,} of {total:,}" + (f" ({step / total:.0%})" if total else "")
                     + (f"; loss {loss:.4g}" if loss is not None else "")
                     + f"; {format_duration(float(logged.get('elapsed_s') or 0))} so far{left}"}
-
-
-def _event(line: str) -> dict[str, Any] | None:
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None  # a line being written
-    return event if isinstance(event, dict) else None
 
 
 def _compare(folder: Path) -> dict[str, Any] | None:

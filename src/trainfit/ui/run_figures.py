@@ -28,7 +28,7 @@ from trainfit.format import fmt_bytes, format_duration, spread, values_line
 from trainfit.json_record import Malformed
 from trainfit.plan import Plan
 from trainfit.probe.measurement import MEMORY_PARTS, Measurement
-from trainfit.train.records import TrainResult
+from trainfit.train.records import TrainResult, log_events
 from trainfit.ui.paths import read_regular
 
 Rows = list[tuple[str, str]]
@@ -65,20 +65,13 @@ def _train(raw: dict[str, Any], folder: Path) -> tuple[Rows, str]:
 
 def _losses(path: Path) -> list[tuple[float, float]]:
     """The logged (step, loss) of a training's log, in order."""
-    out = []
     try:
         lines = read_regular(path).splitlines()
     except OSError:
         return []
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a kill: the rest stands
-        loss = entry.get("loss") if isinstance(entry, dict) and entry.get("event") == "log" else None
-        if isinstance(loss, (int, float)) and isinstance(entry.get("step"), int) and loss == loss:
-            out.append((float(entry["step"]), float(loss)))
-    return out
+    return [(float(e["step"]), float(e["loss"])) for e in log_events(lines)
+            if e.get("event") == "log" and isinstance(e.get("step"), int) and isinstance(e.get("loss"), (int, float))
+            and e["loss"] == e["loss"]]  # a NaN loss drawn nowhere
 
 
 def _probe(raw: dict[str, Any], folder: Path) -> tuple[Rows, str]:
