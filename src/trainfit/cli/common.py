@@ -140,6 +140,13 @@ def stats_from_args(args: argparse.Namespace, spec, progress: bool = True):
     return analyze_spec(spec, progress=progress)
 
 
+def add_compare_arguments(p: argparse.ArgumentParser, does: str) -> None:
+    """``--from-compare DIR`` and ``--config NAME`` (``plan`` and ``train``): a compare winner carried
+    on; ``does``: what the command does with it, in words."""
+    p.add_argument("--from-compare", metavar="DIR", help=f"carry a `trainfit compare` winner on: {does}")
+    p.add_argument("--config", metavar="NAME", help="with --from-compare: that config instead of the comparison's best")
+
+
 def check_eval_flags(args: argparse.Namespace) -> None:
     """``--eval-every`` and ``--eval-batch-size`` say how to evaluate: refused without an eval set
     (``--eval-data``, or compare's ``--holdout``)."""

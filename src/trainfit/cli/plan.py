@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.cli import COMMANDS
-from trainfit.cli.common import check_eval_flags, number
+from trainfit.cli.common import add_compare_arguments, check_eval_flags, number
 from trainfit.data.analyze import analyze_spec
 from trainfit.errors import TrainfitError
 from trainfit.plan import MAX_EPOCHS, Plan, make_plan, plan_from_throughput
@@ -117,10 +117,8 @@ def add_parser(sub: Any) -> None:
                    help="write the plan with its option N applied (when the run does not fit: fewer epochs, a shorter "
                         "max_length, a subset's steps, a faster config; with room to spare: more epochs, the quality "
                         "priority's config), which `trainfit train` then runs")
-    p.add_argument("--from-compare", metavar="DIR",
-                   help="carry a `trainfit compare` winner on: plan among the configs the tune measured that learn as "
-                        "it does (its learned knobs and effective batch), trained with its learning rate and schedule")
-    p.add_argument("--config", metavar="NAME", help="with --from-compare: that config instead of the comparison's best")
+    add_compare_arguments(p, "plan among the configs the tune measured that learn as it does (its learned knobs and "
+                             "effective batch), trained with its learning rate and schedule")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the text plan")
     p.set_defaults(run=run)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainfit.cli import COMMANDS
-from trainfit.cli.common import number
+from trainfit.cli.common import add_compare_arguments, number
 from trainfit.errors import TrainfitError
 from trainfit.format import format_duration, table
 from trainfit.train import TrainOptions, train
@@ -75,10 +75,8 @@ def add_parser(sub: Any) -> None:
                    help="stop with a checkpoint before HOURS after the first start (no value: the plan's window)")
     p.add_argument("--monitor-seconds", type=number(float, above=0), default=60.0,
                    help="seconds between on-track lines, with a plan (default: 60)")
-    p.add_argument("--from-compare", metavar="DIR",
-                   help="train a `trainfit compare` winner: the fastest config the tune measured that learns as it "
-                        "does, with its learning rate and schedule (a plan must carry it: plan --from-compare)")
-    p.add_argument("--config", metavar="NAME", help="with --from-compare: that config instead of the comparison's best")
+    add_compare_arguments(p, "train the fastest config the tune measured that learns as it does, with its learning "
+                             "rate and schedule (a plan must carry it: plan --from-compare)")
     p.add_argument("--top", type=number(int, at_least=2, at_most=MOST), metavar="N",
                    help="with --from-compare: run the comparison's N best to completion, one after another, into "
                         "OUTPUT/NAME (default RUN_DIR/finals), then pick the lowest final loss (guide 001's phase 4)")
